@@ -1,0 +1,348 @@
+package store
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	"google.golang.org/protobuf/proto"
+
+	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+)
+
+var (
+	bucketRuns     = []byte("runs")     // run_id -> Job
+	bucketRunIndex = []byte("runindex") // creation seq (big endian) -> run_id, for newest-first listing
+	bucketRequests = []byte("requests") // request_id -> run_id
+	bucketEvents   = []byte("events")   // run_id -> bucket{seq -> JobEvent}
+	bucketIdem     = []byte("idem")     // key -> idemRecord
+	bucketLedger   = []byte("ledger")   // seq -> LedgerEntry (JSON)
+)
+
+// Bolt is the embedded Store on one bbolt file. bbolt serialises write transactions, which
+// is what makes Claim atomic across goroutines of one process. One file has one process.
+type Bolt struct {
+	db  *bolt.DB
+	now func() time.Time
+}
+
+// Open opens (or creates) the bbolt store at path.
+func Open(path string) (*Bolt, error) {
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 5 * time.Second})
+	if err != nil {
+		return nil, fmt.Errorf("open store %s: %w", path, err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		for _, b := range [][]byte{bucketRuns, bucketRunIndex, bucketRequests, bucketEvents, bucketIdem, bucketLedger} {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("init store %s: %w", path, err)
+	}
+	return &Bolt{db: db, now: time.Now}, nil
+}
+
+func (s *Bolt) Close() error { return s.db.Close() }
+
+func (s *Bolt) Ping(context.Context) error {
+	return s.db.View(func(tx *bolt.Tx) error {
+		if tx.Bucket(bucketRuns) == nil {
+			return fmt.Errorf("store: runs bucket missing")
+		}
+		return nil
+	})
+}
+
+func u64(n uint64) []byte {
+	b := make([]byte, 8)
+	binary.BigEndian.PutUint64(b, n)
+	return b
+}
+
+func (s *Bolt) CreateRun(_ context.Context, job *handoffv1.Job) (*handoffv1.Job, bool, error) {
+	if job.GetRunId() == "" {
+		return nil, false, fmt.Errorf("store: run_id is empty")
+	}
+	var out *handoffv1.Job
+	created := false
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		runs := tx.Bucket(bucketRuns)
+		if rid := job.GetRequestId(); rid != "" {
+			if prev := tx.Bucket(bucketRequests).Get([]byte(rid)); prev != nil {
+				j, err := decodeJob(runs.Get(prev))
+				if err != nil {
+					return err
+				}
+				out = j
+				return nil
+			}
+		}
+		if runs.Get([]byte(job.GetRunId())) != nil {
+			return fmt.Errorf("store: run %s already exists", job.GetRunId())
+		}
+		data, err := proto.Marshal(job)
+		if err != nil {
+			return err
+		}
+		if err := runs.Put([]byte(job.GetRunId()), data); err != nil {
+			return err
+		}
+		idx := tx.Bucket(bucketRunIndex)
+		seq, err := idx.NextSequence()
+		if err != nil {
+			return err
+		}
+		if err := idx.Put(u64(seq), []byte(job.GetRunId())); err != nil {
+			return err
+		}
+		if rid := job.GetRequestId(); rid != "" {
+			if err := tx.Bucket(bucketRequests).Put([]byte(rid), []byte(job.GetRunId())); err != nil {
+				return err
+			}
+		}
+		out, created = proto.Clone(job).(*handoffv1.Job), true
+		return nil
+	})
+	return out, created, err
+}
+
+func decodeJob(data []byte) (*handoffv1.Job, error) {
+	if data == nil {
+		return nil, ErrNotFound
+	}
+	j := &handoffv1.Job{}
+	if err := proto.Unmarshal(data, j); err != nil {
+		return nil, fmt.Errorf("store: decode run: %w", err)
+	}
+	return j, nil
+}
+
+func (s *Bolt) GetRun(_ context.Context, runID string) (*handoffv1.Job, error) {
+	var j *handoffv1.Job
+	err := s.db.View(func(tx *bolt.Tx) error {
+		var err error
+		j, err = decodeJob(tx.Bucket(bucketRuns).Get([]byte(runID)))
+		return err
+	})
+	return j, err
+}
+
+func (s *Bolt) PutRun(_ context.Context, job *handoffv1.Job) error {
+	data, err := proto.Marshal(job)
+	if err != nil {
+		return err
+	}
+	return s.db.Update(func(tx *bolt.Tx) error {
+		runs := tx.Bucket(bucketRuns)
+		if runs.Get([]byte(job.GetRunId())) == nil {
+			return fmt.Errorf("store: put run %s: %w", job.GetRunId(), ErrNotFound)
+		}
+		return runs.Put([]byte(job.GetRunId()), data)
+	})
+}
+
+func (s *Bolt) ListRuns(_ context.Context, state handoffv1.JobState, limit int, after string) ([]*handoffv1.Job, string, error) {
+	if limit <= 0 {
+		limit = 100
+	}
+	var start uint64
+	if after != "" {
+		n, err := strconv.ParseUint(after, 10, 64)
+		if err != nil {
+			return nil, "", fmt.Errorf("store: bad page token %q", after)
+		}
+		start = n
+	}
+	var out []*handoffv1.Job
+	next := ""
+	err := s.db.View(func(tx *bolt.Tx) error {
+		runs := tx.Bucket(bucketRuns)
+		c := tx.Bucket(bucketRunIndex).Cursor()
+		var k, v []byte
+		if start == 0 {
+			k, v = c.Last()
+		} else {
+			c.Seek(u64(start))
+			k, v = c.Prev()
+		}
+		for ; k != nil; k, v = c.Prev() {
+			j, err := decodeJob(runs.Get(v))
+			if err != nil {
+				return err
+			}
+			if state != handoffv1.JobState_JOB_STATE_UNSPECIFIED && j.GetState() != state {
+				continue
+			}
+			if len(out) == limit {
+				next = strconv.FormatUint(binary.BigEndian.Uint64(k)+1, 10)
+				return nil
+			}
+			out = append(out, j)
+		}
+		return nil
+	})
+	return out, next, err
+}
+
+func (s *Bolt) AppendEvent(_ context.Context, runID string, ev *handoffv1.JobEvent) (uint64, error) {
+	var seq uint64
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		if tx.Bucket(bucketRuns).Get([]byte(runID)) == nil {
+			return fmt.Errorf("store: append event to run %s: %w", runID, ErrNotFound)
+		}
+		b, err := tx.Bucket(bucketEvents).CreateBucketIfNotExists([]byte(runID))
+		if err != nil {
+			return err
+		}
+		if seq, err = b.NextSequence(); err != nil {
+			return err
+		}
+		ev = proto.Clone(ev).(*handoffv1.JobEvent)
+		ev.Seq = seq
+		data, err := proto.Marshal(ev)
+		if err != nil {
+			return err
+		}
+		return b.Put(u64(seq), data)
+	})
+	return seq, err
+}
+
+func (s *Bolt) Events(_ context.Context, runID string, afterSeq uint64) ([]*handoffv1.JobEvent, error) {
+	var out []*handoffv1.JobEvent
+	err := s.db.View(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketEvents).Bucket([]byte(runID))
+		if b == nil {
+			if tx.Bucket(bucketRuns).Get([]byte(runID)) == nil {
+				return ErrNotFound
+			}
+			return nil
+		}
+		c := b.Cursor()
+		for k, v := c.Seek(u64(afterSeq + 1)); k != nil; k, v = c.Next() {
+			ev := &handoffv1.JobEvent{}
+			if err := proto.Unmarshal(v, ev); err != nil {
+				return fmt.Errorf("store: decode event: %w", err)
+			}
+			out = append(out, ev)
+		}
+		return nil
+	})
+	return out, err
+}
+
+// idemRecord layout: state (1 byte) | expiry in unix nanoseconds, 0 = never (8 bytes) | value.
+func encodeIdem(state ClaimState, expires time.Time, value []byte) []byte {
+	b := make([]byte, 9+len(value))
+	b[0] = byte(state)
+	if !expires.IsZero() {
+		binary.BigEndian.PutUint64(b[1:9], uint64(expires.UnixNano()))
+	}
+	copy(b[9:], value)
+	return b
+}
+
+func decodeIdem(b []byte, now time.Time) (ClaimState, []byte, bool) {
+	if len(b) < 9 {
+		return 0, nil, false
+	}
+	if exp := binary.BigEndian.Uint64(b[1:9]); exp != 0 && now.UnixNano() >= int64(exp) {
+		return 0, nil, false // expired: as if absent
+	}
+	return ClaimState(b[0]), append([]byte(nil), b[9:]...), true
+}
+
+func (s *Bolt) Claim(_ context.Context, key string, pendingTTL time.Duration) (ClaimState, []byte, error) {
+	if key == "" {
+		return 0, nil, fmt.Errorf("store: empty idempotency key")
+	}
+	var state ClaimState
+	var value []byte
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketIdem)
+		now := s.now()
+		if st, v, ok := decodeIdem(b.Get([]byte(key)), now); ok {
+			state, value = st, v
+			return nil
+		}
+		var exp time.Time
+		if pendingTTL > 0 {
+			exp = now.Add(pendingTTL)
+		}
+		state = Claimed
+		return b.Put([]byte(key), encodeIdem(Pending, exp, nil))
+	})
+	return state, value, err
+}
+
+func (s *Bolt) Complete(_ context.Context, key string, value []byte, ttl time.Duration) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
+		var exp time.Time
+		if ttl > 0 {
+			exp = s.now().Add(ttl)
+		}
+		return tx.Bucket(bucketIdem).Put([]byte(key), encodeIdem(Done, exp, value))
+	})
+}
+
+func (s *Bolt) Release(_ context.Context, key string) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketIdem)
+		if st, _, ok := decodeIdem(b.Get([]byte(key)), s.now()); ok && st == Done {
+			return nil
+		}
+		return b.Delete([]byte(key))
+	})
+}
+
+func (s *Bolt) Lookup(_ context.Context, key string) (ClaimState, []byte, error) {
+	var state ClaimState
+	var value []byte
+	err := s.db.View(func(tx *bolt.Tx) error {
+		state, value, _ = decodeIdem(tx.Bucket(bucketIdem).Get([]byte(key)), s.now())
+		return nil
+	})
+	return state, value, err
+}
+
+func (s *Bolt) AppendLedger(_ context.Context, key string, payload []byte) (LedgerEntry, error) {
+	var e LedgerEntry
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketLedger)
+		seq, err := b.NextSequence()
+		if err != nil {
+			return err
+		}
+		e = LedgerEntry{ID: fmt.Sprintf("ledger-%06d", seq), Key: key, Payload: append([]byte(nil), payload...), At: s.now().UTC()}
+		data, err := json.Marshal(e)
+		if err != nil {
+			return err
+		}
+		return b.Put(u64(seq), data)
+	})
+	return e, err
+}
+
+func (s *Bolt) LedgerEntries(context.Context) ([]LedgerEntry, error) {
+	var out []LedgerEntry
+	err := s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketLedger).ForEach(func(_, v []byte) error {
+			var e LedgerEntry
+			if err := json.Unmarshal(v, &e); err != nil {
+				return err
+			}
+			out = append(out, e)
+			return nil
+		})
+	})
+	return out, err
+}

@@ -1,0 +1,102 @@
+// Package store holds the platform's durable state: job runs and their timelines,
+// idempotency records, and the demo ledger that stands in for an external system.
+//
+// Every service talks to the Store interface; the embedded bbolt implementation (Open) is
+// the default, so one laptop needs no server. Implementations must make Claim atomic: it
+// is the single point that keeps a write from happening twice.
+package store
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+)
+
+// ErrNotFound is returned when a run does not exist.
+var ErrNotFound = errors.New("not found")
+
+// Store is everything the services persist.
+type Store interface {
+	Runs
+	Idempotency
+	Ledger
+	// Ping reports whether the store is reachable (health checks).
+	Ping(ctx context.Context) error
+	Close() error
+}
+
+// Runs stores job runs and their event timelines. A run is written after every hop, so a
+// restarted coordinator resumes from the last completed hop.
+type Runs interface {
+	// CreateRun stores a new run. When job.RequestId is set and a run was already created
+	// with that request id, it returns that earlier run and created=false instead.
+	CreateRun(ctx context.Context, job *handoffv1.Job) (run *handoffv1.Job, created bool, err error)
+	// GetRun returns a run or ErrNotFound.
+	GetRun(ctx context.Context, runID string) (*handoffv1.Job, error)
+	// PutRun replaces a stored run (ErrNotFound if it was never created).
+	PutRun(ctx context.Context, job *handoffv1.Job) error
+	// ListRuns lists runs newest first, optionally only those in one state. after is the
+	// page token returned by the previous call ("" for the first page).
+	ListRuns(ctx context.Context, state handoffv1.JobState, limit int, after string) (runs []*handoffv1.Job, next string, err error)
+	// AppendEvent adds an event to a run's timeline, assigning the next sequence number
+	// (from 1), and returns it.
+	AppendEvent(ctx context.Context, runID string, ev *handoffv1.JobEvent) (uint64, error)
+	// Events returns a run's events with seq > afterSeq, in order.
+	Events(ctx context.Context, runID string, afterSeq uint64) ([]*handoffv1.JobEvent, error)
+}
+
+// ClaimState is the outcome of an idempotency claim.
+type ClaimState int
+
+const (
+	// Claimed: the caller now owns the key and must do the work, then Complete or Release.
+	Claimed ClaimState = iota + 1
+	// Pending: another caller owns the key and has not finished; retry later.
+	Pending
+	// Done: the work was done; the record's value is the first result.
+	Done
+)
+
+func (s ClaimState) String() string {
+	switch s {
+	case Claimed:
+		return "claimed"
+	case Pending:
+		return "pending"
+	case Done:
+		return "done"
+	}
+	return "unknown"
+}
+
+// Idempotency records make a repeated request return the first result. The protocol is
+// claim first (a pending marker), do the work, then store the result under the key.
+type Idempotency interface {
+	// Claim atomically takes key if it is free (or its pending marker expired after
+	// pendingTTL). Otherwise it reports Pending, or Done with the stored value.
+	Claim(ctx context.Context, key string, pendingTTL time.Duration) (ClaimState, []byte, error)
+	// Complete stores the result under a key the caller claimed. ttl <= 0 keeps it forever.
+	Complete(ctx context.Context, key string, value []byte, ttl time.Duration) error
+	// Release drops a pending claim after the work failed, so a retry can claim it again.
+	// A completed record is never released.
+	Release(ctx context.Context, key string) error
+	// Lookup reads a key without claiming it; state 0 means no record.
+	Lookup(ctx context.Context, key string) (ClaimState, []byte, error)
+}
+
+// LedgerEntry is one write to the demo ledger.
+type LedgerEntry struct {
+	ID      string
+	Key     string
+	Payload []byte
+	At      time.Time
+}
+
+// Ledger is the demo's external system: an append-only list of writes. It is deliberately
+// NOT idempotent itself, so tests can count double writes the platform failed to prevent.
+type Ledger interface {
+	AppendLedger(ctx context.Context, key string, payload []byte) (LedgerEntry, error)
+	LedgerEntries(ctx context.Context) ([]LedgerEntry, error)
+}

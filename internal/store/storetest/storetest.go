@@ -1,0 +1,208 @@
+// Package storetest is the contract test suite every store.Store implementation must pass.
+// Each implementation's own test calls Run with a constructor for a fresh, empty store.
+package storetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+	"github.com/handoffhq/handoff/internal/store"
+)
+
+// Run runs the suite. newStore must return an empty store that the suite may use freely.
+func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
+	t.Run("Runs", func(t *testing.T) { testRuns(t, newStore(t)) })
+	t.Run("ListRunsPaging", func(t *testing.T) { testListRuns(t, newStore(t)) })
+	t.Run("Events", func(t *testing.T) { testEvents(t, newStore(t)) })
+	t.Run("ClaimCompleteRelease", func(t *testing.T) { testClaim(t, newStore(t)) })
+	t.Run("ClaimExpiry", func(t *testing.T) { testClaimExpiry(t, newStore(t)) })
+	t.Run("ConcurrentClaim", func(t *testing.T) { testConcurrentClaim(t, newStore(t)) })
+	t.Run("Ledger", func(t *testing.T) { testLedger(t, newStore(t)) })
+}
+
+func testRuns(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	if _, err := s.GetRun(ctx, "nope"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("GetRun(missing) = %v, want ErrNotFound", err)
+	}
+	job := &handoffv1.Job{RunId: "run-1", JobId: "tkt_1", RequestId: "req-1", Goal: "g", State: handoffv1.JobState_JOB_STATE_RUNNING}
+	got, created, err := s.CreateRun(ctx, job)
+	if err != nil || !created || !proto.Equal(got, job) {
+		t.Fatalf("CreateRun = %v, %v, %v; want the job, created", got, created, err)
+	}
+	// Same request id, new run id: the first run comes back, nothing new is stored.
+	again := &handoffv1.Job{RunId: "run-2", JobId: "tkt_1", RequestId: "req-1"}
+	got, created, err = s.CreateRun(ctx, again)
+	if err != nil || created || got.GetRunId() != "run-1" {
+		t.Fatalf("CreateRun(same request id) = %v, %v, %v; want run-1, not created", got.GetRunId(), created, err)
+	}
+	if _, err := s.GetRun(ctx, "run-2"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("run-2 was stored although its request id was a retry: %v", err)
+	}
+	job.State = handoffv1.JobState_JOB_STATE_COMPLETED
+	job.Hops = 5
+	if err := s.PutRun(ctx, job); err != nil {
+		t.Fatal(err)
+	}
+	got, err = s.GetRun(ctx, "run-1")
+	if err != nil || got.GetHops() != 5 || got.GetState() != handoffv1.JobState_JOB_STATE_COMPLETED {
+		t.Fatalf("GetRun after PutRun = %v, %v", got, err)
+	}
+	if err := s.PutRun(ctx, &handoffv1.Job{RunId: "never-created"}); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("PutRun(unknown) = %v, want ErrNotFound", err)
+	}
+}
+
+func testListRuns(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	for i := 1; i <= 5; i++ {
+		st := handoffv1.JobState_JOB_STATE_COMPLETED
+		if i%2 == 0 {
+			st = handoffv1.JobState_JOB_STATE_ESCALATED
+		}
+		if _, _, err := s.CreateRun(ctx, &handoffv1.Job{RunId: fmt.Sprintf("run-%d", i), State: st}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var ids []string
+	token := ""
+	for page := 0; page < 10; page++ {
+		runs, next, err := s.ListRuns(ctx, 0, 2, token)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range runs {
+			ids = append(ids, r.GetRunId())
+		}
+		if next == "" {
+			break
+		}
+		token = next
+	}
+	if fmt.Sprint(ids) != "[run-5 run-4 run-3 run-2 run-1]" {
+		t.Fatalf("paged listing = %v, want newest first, each once", ids)
+	}
+	runs, _, err := s.ListRuns(ctx, handoffv1.JobState_JOB_STATE_ESCALATED, 10, "")
+	if err != nil || len(runs) != 2 || runs[0].GetRunId() != "run-4" {
+		t.Fatalf("state filter = %v, %v; want run-4, run-2", runs, err)
+	}
+}
+
+func testEvents(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	if _, err := s.AppendEvent(ctx, "missing", &handoffv1.JobEvent{}); err == nil {
+		t.Fatal("AppendEvent to a missing run succeeded")
+	}
+	if _, _, err := s.CreateRun(ctx, &handoffv1.Job{RunId: "r"}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i <= 3; i++ {
+		seq, err := s.AppendEvent(ctx, "r", &handoffv1.JobEvent{Stage: fmt.Sprint("s", i)})
+		if err != nil || seq != uint64(i) {
+			t.Fatalf("AppendEvent #%d = %d, %v", i, seq, err)
+		}
+	}
+	evs, err := s.Events(ctx, "r", 1)
+	if err != nil || len(evs) != 2 || evs[0].GetSeq() != 2 || evs[1].GetStage() != "s3" {
+		t.Fatalf("Events(after 1) = %v, %v", evs, err)
+	}
+}
+
+func testClaim(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	key := "job:stage:type"
+	if st, _, err := s.Lookup(ctx, key); err != nil || st != 0 {
+		t.Fatalf("Lookup(fresh) = %v, %v", st, err)
+	}
+	if st, _, err := s.Claim(ctx, key, time.Minute); err != nil || st != store.Claimed {
+		t.Fatalf("first Claim = %v, %v; want claimed", st, err)
+	}
+	if st, _, err := s.Claim(ctx, key, time.Minute); err != nil || st != store.Pending {
+		t.Fatalf("second Claim = %v, %v; want pending", st, err)
+	}
+	if err := s.Release(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	if st, _, err := s.Claim(ctx, key, time.Minute); err != nil || st != store.Claimed {
+		t.Fatalf("Claim after Release = %v, %v; want claimed", st, err)
+	}
+	if err := s.Complete(ctx, key, []byte("receipt-1"), 0); err != nil {
+		t.Fatal(err)
+	}
+	st, v, err := s.Claim(ctx, key, time.Minute)
+	if err != nil || st != store.Done || string(v) != "receipt-1" {
+		t.Fatalf("Claim after Complete = %v, %q, %v; want done with the receipt", st, v, err)
+	}
+	if err := s.Release(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	if st, v, _ := s.Lookup(ctx, key); st != store.Done || string(v) != "receipt-1" {
+		t.Fatalf("Release dropped a completed record: %v %q", st, v)
+	}
+}
+
+func testClaimExpiry(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	if st, _, _ := s.Claim(ctx, "k-exp", 50*time.Millisecond); st != store.Claimed {
+		t.Fatalf("claim = %v", st)
+	}
+	time.Sleep(120 * time.Millisecond)
+	if st, _, err := s.Claim(ctx, "k-exp", time.Minute); err != nil || st != store.Claimed {
+		t.Fatalf("Claim after the pending marker expired = %v, %v; want claimed", st, err)
+	}
+	if err := s.Complete(ctx, "k-exp", []byte("r"), 50*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(120 * time.Millisecond)
+	if st, _, _ := s.Lookup(ctx, "k-exp"); st != 0 {
+		t.Fatalf("record outlived its ttl: %v", st)
+	}
+}
+
+func testConcurrentClaim(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	counts := map[store.ClaimState]int{}
+	for i := 0; i < 100; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			st, _, err := s.Claim(ctx, "contended", time.Minute)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			counts[st]++
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	if counts[store.Claimed] != 1 || counts[store.Pending] != 99 {
+		t.Fatalf("100 concurrent claims: %v; want exactly one claimed", counts)
+	}
+}
+
+func testLedger(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	a, err := s.AppendLedger(ctx, "k1", []byte("one"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := s.AppendLedger(ctx, "k1", []byte("two"))
+	if err != nil || a.ID == b.ID {
+		t.Fatalf("ledger ids %q %q, %v: each append is its own entry", a.ID, b.ID, err)
+	}
+	es, err := s.LedgerEntries(ctx)
+	if err != nil || len(es) != 2 || string(es[1].Payload) != "two" {
+		t.Fatalf("LedgerEntries = %v, %v", es, err)
+	}
+}
