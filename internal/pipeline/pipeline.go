@@ -1,0 +1,279 @@
+// Package pipeline reads, checks and loads pipeline files: the declared stages a job runs
+// through, with each stage's input, typed and versioned output artifact, allowed tools,
+// writer and evaluator criteria.
+//
+// A pipeline is linted before it runs. Besides the structure (strict fields, names, kinds),
+// Lint enforces the rules of the interface-first design table:
+//
+//   - one-stage: two stages that hold the same tools and the same criteria are one stage;
+//   - artifact-type: every stage names its output artifact type;
+//   - artifact-version: every output artifact has a schema version (type.vN);
+//   - one-writer: exactly one writeback stage per external system, and only that stage
+//     holds write tools for the system;
+//   - judge-no-write: a judge holds no write tools;
+//   - writeback-gate: a writeback stage runs only after a judge's PASS;
+//   - max-hops: a job has a hop cap, after which it escalates.
+//
+// Parse returns every problem at once with its file, line and column; Load and LoadFS
+// refuse a pipeline that has any error-severity problem.
+package pipeline
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// Stage kinds.
+const (
+	// KindAgent is an ordinary stage: an agent reads the input and writes the output.
+	KindAgent = "agent"
+	// KindJudge evaluates the stage before it against its criteria and returns a verdict;
+	// a FAIL goes back to the stage named by Revise.
+	KindJudge = "judge"
+	// KindWriteback is the one stage that writes to an external system (Writer.System),
+	// through the writeback service, after a judge passed.
+	KindWriteback = "writeback"
+)
+
+// Tool access levels.
+const (
+	AccessRead  = "read"
+	AccessWrite = "write"
+)
+
+// Pipeline is a parsed pipeline file.
+type Pipeline struct {
+	// Name identifies the pipeline (SubmitJob's pipeline field).
+	Name        string
+	Description string
+	// MaxHops caps the hops of a job; after that many the job escalates.
+	MaxHops int
+	// MaxRevisions is how many judge FAILs are sent back for revision before the job
+	// escalates.
+	MaxRevisions int
+	Escalation   Escalation
+	// Tools is the catalogue: every tool a stage may hold.
+	Tools []Tool
+	// Stages run in this order.
+	Stages []Stage
+	// Source is the file the pipeline was read from (as given to Parse).
+	Source string
+
+	// pos maps a field path ("stages[2].output.schema_version") to its place in Source.
+	pos map[string]position
+	// bad holds the paths that already have a decode problem, so Lint does not report
+	// the same field twice.
+	bad map[string]bool
+}
+
+// Escalation says where jobs go when the rail stops them.
+type Escalation struct {
+	// Route is where escalations go ("support-leads").
+	Route string
+}
+
+// Tool is one entry of the tool catalogue.
+type Tool struct {
+	Name string
+	// Access is AccessRead or AccessWrite.
+	Access string
+	// System is the external system the tool reads or writes ("crm").
+	System string
+}
+
+// Stage is one declared stage.
+type Stage struct {
+	Name string
+	// Agent is the agent (role) name on the runner; empty means the stage name
+	// (see AgentName).
+	Agent string
+	// Kind is KindAgent, KindJudge or KindWriteback. Parse sets KindAgent when the file
+	// leaves it out.
+	Kind string
+	// Input is the schema version of the artifact this stage reads ("chunks.v1").
+	Input string
+	// Revise is, for a judge, the earlier stage that gets a FAIL's failures back.
+	Revise string
+	// Runner is the optional host:port of a remote agent runner for this stage.
+	Runner string
+	// Output is the artifact the stage produces.
+	Output Output
+	// Tools are the catalogue tools the stage holds (its role card).
+	Tools []string
+	// Criteria are the evaluator criteria codes for the stage's output.
+	Criteria []string
+	// Writer is set on writeback stages only.
+	Writer *Writer
+	// Line is the stage's line in Source (0 when the stage was not parsed from a file).
+	Line int
+}
+
+// Output is a stage's output artifact.
+type Output struct {
+	// Type is the artifact type, one noun ("summary_md").
+	Type string
+	// SchemaVersion is the version of the artifact's schema ("summary_md.v1").
+	SchemaVersion string
+}
+
+// Writer names the external system a writeback stage writes and the writeback service
+// target that performs the write.
+type Writer struct {
+	System string
+	Target string
+}
+
+// Severity of a problem.
+const (
+	// SeverityError problems make Load refuse the pipeline and `handoff lint` fail.
+	SeverityError = "error"
+	// SeverityWarning problems are reported but do not stop the pipeline.
+	SeverityWarning = "warning"
+)
+
+// Problem is one broken rule, at the YAML node that breaks it.
+type Problem struct {
+	File string
+	// Line and Col are 1-based; 0 when unknown (a pipeline built in code).
+	Line, Col int
+	// Rule is the kebab-case rule id ("one-writer").
+	Rule    string
+	Message string
+	// Severity is SeverityError (the zero value counts as an error) or SeverityWarning.
+	Severity string
+}
+
+// IsError reports whether the problem stops the pipeline from loading.
+func (pr Problem) IsError() bool { return pr.Severity != SeverityWarning }
+
+// String formats the problem as "file:line:col: rule: message". Warnings carry
+// "warning: " in front of the message.
+func (pr Problem) String() string {
+	file := pr.File
+	if file == "" {
+		file = "pipeline"
+	}
+	msg := pr.Message
+	if !pr.IsError() {
+		msg = "warning: " + msg
+	}
+	if pr.Line <= 0 {
+		return fmt.Sprintf("%s: %s: %s", file, pr.Rule, msg)
+	}
+	return fmt.Sprintf("%s:%d:%d: %s: %s", file, pr.Line, max(pr.Col, 1), pr.Rule, msg)
+}
+
+// HasErrors reports whether any problem is error-severity.
+func HasErrors(problems []Problem) bool {
+	return slices.ContainsFunc(problems, Problem.IsError)
+}
+
+// Error is returned by Load and friends when a pipeline has error-severity problems. Its
+// message lists every problem, one per line.
+type Error struct {
+	File     string
+	Problems []Problem
+}
+
+func (e *Error) Error() string {
+	var b strings.Builder
+	n := 0
+	for _, p := range e.Problems {
+		if p.IsError() {
+			n++
+		}
+	}
+	fmt.Fprintf(&b, "pipeline %s has %d %s:", e.File, n, plural(n, "problem", "problems"))
+	for _, p := range e.Problems {
+		b.WriteString("\n")
+		b.WriteString(p.String())
+	}
+	return b.String()
+}
+
+// SyntaxError is a file that is not valid YAML.
+type SyntaxError struct {
+	File string
+	// Line is 1-based; 0 when the YAML parser did not say.
+	Line int
+	Msg  string
+}
+
+// Problem returns the syntax error as a problem with rule "yaml-syntax".
+func (e *SyntaxError) Problem() Problem {
+	return Problem{File: e.File, Line: e.Line, Col: 1, Rule: "yaml-syntax", Message: e.Msg}
+}
+
+func (e *SyntaxError) Error() string { return e.Problem().String() }
+
+// Stage returns the stage with the given name and its index.
+func (p *Pipeline) Stage(name string) (*Stage, int, bool) {
+	for i := range p.Stages {
+		if p.Stages[i].Name == name {
+			return &p.Stages[i], i, true
+		}
+	}
+	return nil, -1, false
+}
+
+// First returns the first stage, or nil when there is none.
+func (p *Pipeline) First() *Stage {
+	if len(p.Stages) == 0 {
+		return nil
+	}
+	return &p.Stages[0]
+}
+
+// Next returns the stage after the named one, in declared order. It returns false when
+// name is the last stage or not a stage.
+func (p *Pipeline) Next(name string) (*Stage, bool) {
+	_, i, ok := p.Stage(name)
+	if !ok || i+1 >= len(p.Stages) {
+		return nil, false
+	}
+	return &p.Stages[i+1], true
+}
+
+// Tool returns the catalogue entry for a tool name.
+func (p *Pipeline) Tool(name string) (Tool, bool) {
+	for _, t := range p.Tools {
+		if t.Name == name {
+			return t, true
+		}
+	}
+	return Tool{}, false
+}
+
+// ToolsOf returns the catalogue entries of the tools the stage holds, in the stage's
+// order. Names missing from the catalogue are left out (Lint reports them).
+func (p *Pipeline) ToolsOf(s *Stage) []Tool {
+	var out []Tool
+	for _, name := range s.Tools {
+		if t, ok := p.Tool(name); ok {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// AgentName is the agent (role) that serves the stage: Agent, or the stage name.
+func (s *Stage) AgentName() string {
+	if s.Agent != "" {
+		return s.Agent
+	}
+	return s.Name
+}
+
+// IsJudge reports whether the stage is a judge.
+func (s *Stage) IsJudge() bool { return s.Kind == KindJudge }
+
+// IsWriteback reports whether the stage is a writeback stage.
+func (s *Stage) IsWriteback() bool { return s.Kind == KindWriteback }
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}
