@@ -1,0 +1,681 @@
+package writeback_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/test/bufconn"
+	"google.golang.org/protobuf/proto"
+
+	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+	"github.com/handoffhq/handoff/internal/artifact"
+	"github.com/handoffhq/handoff/internal/store"
+	"github.com/handoffhq/handoff/services/writeback"
+)
+
+const (
+	jobID       = "tkt-4821"
+	stage       = "writeback"
+	artType     = "reply_md"
+	traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	wantKey     = jobID + ":" + stage + ":" + artType
+)
+
+// env is one writeback server on bufconn over a real bbolt store and a real file artifact store.
+type env struct {
+	st     *store.Bolt
+	files  *artifact.Files
+	client handoffv1.WritebackServiceClient
+	art    *handoffv1.Artifact // the draft artifact (round 1)
+	body   []byte
+}
+
+type envOpts struct {
+	targets func(st *store.Bolt) []writeback.Target // default: an append-only ledger
+	mod     func(o *writeback.Options)
+}
+
+func newEnv(t *testing.T, eo envOpts) *env {
+	t.Helper()
+	dir := t.TempDir()
+	st, err := store.Open(filepath.Join(dir, "writeback.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	files, err := artifact.NewFiles(filepath.Join(dir, "artifacts"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &env{st: st, files: files, body: []byte("# Reply\n\nYour refund was issued on 3 May.\n")}
+	e.art = e.putArtifact(t, 1, e.body)
+
+	targets := []writeback.Target{&writeback.Ledger{Store: st, AppendOnly: true}}
+	if eo.targets != nil {
+		targets = eo.targets(st)
+	}
+	opts := writeback.Options{Store: st, Artifacts: files, Targets: targets}
+	if eo.mod != nil {
+		eo.mod(&opts)
+	}
+	srv, err := writeback.New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis := bufconn.Listen(1 << 20)
+	gs := grpc.NewServer()
+	writeback.Register(gs, srv)
+	go gs.Serve(lis)
+	t.Cleanup(gs.Stop)
+	conn, err := grpc.NewClient("passthrough:///bufnet",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	e.client = handoffv1.NewWritebackServiceClient(conn)
+	return e
+}
+
+func (e *env) putArtifact(t *testing.T, round uint32, data []byte) *handoffv1.Artifact {
+	t.Helper()
+	a, err := e.files.Put(context.Background(), artifact.Ref{
+		JobID: jobID, Stage: "draft", Round: round, Type: artType,
+		SchemaVersion: "reply_md.v1", MediaType: "text/markdown",
+	}, data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// pkg is a valid writeback package carrying the judge's PASS and e.art.
+func (e *env) pkg() *handoffv1.HandoffPackage {
+	return &handoffv1.HandoffPackage{
+		Schema:      "handoff.v1",
+		JobId:       jobID,
+		Stage:       stage,
+		Goal:        "Answer the customer's refund question",
+		Constraints: []string{"no refund promises"},
+		Artifacts:   []*handoffv1.Artifact{proto.Clone(e.art).(*handoffv1.Artifact)},
+		Evaluator:   &handoffv1.Evaluator{LastVerdict: handoffv1.Verdict_VERDICT_PASS, Rounds: 1},
+		Budget:      &handoffv1.Budget{UsdRemainingMicros: 400000, RevisionsRemaining: 1, HopsRemaining: 3},
+		Trace:       &handoffv1.Trace{Traceparent: traceparent},
+	}
+}
+
+func (e *env) req() *handoffv1.WriteRequest {
+	return &handoffv1.WriteRequest{Package: e.pkg(), Artifact: proto.Clone(e.art).(*handoffv1.Artifact), Target: "ledger"}
+}
+
+func (e *env) ledger(t *testing.T) []store.LedgerEntry {
+	t.Helper()
+	entries, err := e.st.LedgerEntries(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return entries
+}
+
+func (e *env) claimState(t *testing.T, key string) store.ClaimState {
+	t.Helper()
+	s, _, err := e.st.Lookup(context.Background(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func badRequestFields(err error) []string {
+	var out []string
+	for _, d := range status.Convert(err).Details() {
+		if br, ok := d.(*errdetails.BadRequest); ok {
+			for _, fv := range br.GetFieldViolations() {
+				out = append(out, fv.GetField())
+			}
+		}
+	}
+	return out
+}
+
+func TestGatesRefuseAndWriteNothing(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	cases := []struct {
+		name       string
+		mut        func(r *handoffv1.WriteRequest)
+		code       codes.Code
+		msg        []string // substrings of the status message
+		fields     []string // BadRequest field violations that must be present
+		keyClaimed string   // key that must not be claimed (default wantKey)
+	}{
+		{
+			name: "no verdict",
+			mut:  func(r *handoffv1.WriteRequest) { r.Package.Evaluator = nil },
+			code: codes.FailedPrecondition,
+			msg:  []string{"writeback refused: last verdict is absent; the judge must pass first"},
+		},
+		{
+			name: "FAIL verdict",
+			mut: func(r *handoffv1.WriteRequest) {
+				r.Package.Evaluator = &handoffv1.Evaluator{
+					LastVerdict: handoffv1.Verdict_VERDICT_FAIL, Rounds: 1,
+					Failures: []*handoffv1.Failure{{Code: "citation_missing"}},
+				}
+			},
+			code: codes.FailedPrecondition,
+			msg:  []string{"writeback refused: last verdict is FAIL; the judge must pass first"},
+		},
+		{
+			name:   "artifact uri not in package",
+			mut:    func(r *handoffv1.WriteRequest) { r.Artifact.Uri = "file:///elsewhere/reply.md" },
+			code:   codes.InvalidArgument,
+			msg:    []string{"not one of the package's artifacts"},
+			fields: []string{"artifact"},
+		},
+		{
+			name:       "artifact type not in package",
+			mut:        func(r *handoffv1.WriteRequest) { r.Artifact.Type = "summary_md" },
+			code:       codes.InvalidArgument,
+			msg:        []string{"not one of the package's artifacts"},
+			fields:     []string{"artifact"},
+			keyClaimed: jobID + ":" + stage + ":summary_md",
+		},
+		{
+			name:   "artifact sha256 differs from the package's",
+			mut:    func(r *handoffv1.WriteRequest) { r.Artifact.Sha256 = strings.Repeat("0", 64) },
+			code:   codes.InvalidArgument,
+			msg:    []string{"sha256"},
+			fields: []string{"artifact.sha256"},
+		},
+		{
+			name:   "unknown target",
+			mut:    func(r *handoffv1.WriteRequest) { r.Target = "crm" },
+			code:   codes.InvalidArgument,
+			msg:    []string{`unknown target "crm"`, "configured targets: ledger"},
+			fields: []string{"target"},
+		},
+		{
+			name: "invalid package names fields",
+			mut: func(r *handoffv1.WriteRequest) {
+				r.Package.JobId = ""
+				r.Package.Budget = nil
+				r.Package.Trace.Traceparent = "not-a-traceparent"
+			},
+			code:       codes.InvalidArgument,
+			msg:        []string{"package.job_id", "package.budget", "package.trace.traceparent"},
+			fields:     []string{"package.job_id", "package.budget", "package.trace.traceparent"},
+			keyClaimed: ":" + stage + ":" + artType,
+		},
+		{
+			name:   "unaccepted package version",
+			mut:    func(r *handoffv1.WriteRequest) { r.Package.Schema = "handoff.v9" },
+			code:   codes.InvalidArgument,
+			msg:    []string{"package.schema", "version.accepted"},
+			fields: []string{"package.schema"},
+		},
+		{
+			name:   "request without package, artifact, target",
+			mut:    func(r *handoffv1.WriteRequest) { r.Package, r.Artifact, r.Target = nil, nil, "" },
+			code:   codes.InvalidArgument,
+			msg:    []string{"package:", "artifact:", "target:"},
+			fields: []string{"package", "artifact", "target"},
+		},
+		{
+			name:   "malformed request artifact",
+			mut:    func(r *handoffv1.WriteRequest) { r.Artifact.SchemaVersion = "" },
+			code:   codes.InvalidArgument,
+			msg:    []string{"artifact.schema_version"},
+			fields: []string{"artifact.schema_version"},
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r := e.req()
+			tc.mut(r)
+			resp, err := e.client.Write(ctxT(t), r)
+			if err == nil {
+				t.Fatalf("Write succeeded: %v", resp)
+			}
+			st := status.Convert(err)
+			t.Logf("%s: %s", st.Code(), st.Message())
+			if st.Code() != tc.code {
+				t.Fatalf("code %s, want %s (%s)", st.Code(), tc.code, st.Message())
+			}
+			for _, m := range tc.msg {
+				if !strings.Contains(st.Message(), m) {
+					t.Errorf("message %q lacks %q", st.Message(), m)
+				}
+			}
+			got := badRequestFields(err)
+			for _, f := range tc.fields {
+				if !contains(got, f) {
+					t.Errorf("BadRequest fields %q lack %q", got, f)
+				}
+			}
+			if n := len(e.ledger(t)); n != 0 {
+				t.Errorf("ledger has %d entries, want 0", n)
+			}
+			key := tc.keyClaimed
+			if key == "" {
+				key = wantKey
+			}
+			if s := e.claimState(t, key); s != 0 {
+				t.Errorf("key %s is %s, want untouched", key, s)
+			}
+		})
+	}
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func TestFirstWriteThenRepeat(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	ctx := ctxT(t)
+	first, err := e.client.Write(ctx, e.req())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := first.GetReceipt()
+	if first.GetDuplicate() {
+		t.Error("first write reported duplicate")
+	}
+	if rc.GetIdempotencyKey() != wantKey || rc.GetTarget() != "ledger" || rc.GetJobId() != jobID ||
+		rc.GetTraceparent() != traceparent || rc.GetExternalId() == "" || rc.GetWrittenAt() == nil {
+		t.Errorf("receipt %v", rc)
+	}
+	entries := e.ledger(t)
+	if len(entries) != 1 {
+		t.Fatalf("ledger has %d entries, want 1", len(entries))
+	}
+	if entries[0].Key != wantKey || string(entries[0].Payload) != string(e.body) || entries[0].ID != rc.GetExternalId() {
+		t.Errorf("ledger entry %+v, receipt %v", entries[0], rc)
+	}
+
+	again, err := e.client.Write(ctx, e.req())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !again.GetDuplicate() {
+		t.Error("repeat not reported as duplicate")
+	}
+	if !proto.Equal(again.GetReceipt(), rc) {
+		t.Errorf("repeat receipt %v, want %v", again.GetReceipt(), rc)
+	}
+	if n := len(e.ledger(t)); n != 1 {
+		t.Errorf("ledger has %d entries after repeat, want 1", n)
+	}
+}
+
+// A later attempt of the same job+stage+type (a revised draft in round 2, a new trace span,
+// a spent wallet, another judge round) is the same key: it gets the first receipt.
+func TestOtherAttemptHitsSameKey(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	ctx := ctxT(t)
+	first, err := e.client.Write(ctx, e.req())
+	if err != nil {
+		t.Fatal(err)
+	}
+	art2 := e.putArtifact(t, 2, []byte("# Reply, revised\n"))
+	r := e.req()
+	r.Package.Artifacts = append(r.Package.Artifacts, art2)
+	r.Artifact = proto.Clone(art2).(*handoffv1.Artifact)
+	r.Package.Evaluator.Rounds = 2
+	r.Package.Budget.RevisionsRemaining = 0
+	r.Package.NextHint = "retry after timeout"
+	r.Package.Trace.Traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-b7ad6b7169203331-01"
+	second, err := e.client.Write(ctx, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !second.GetDuplicate() || !proto.Equal(second.GetReceipt(), first.GetReceipt()) {
+		t.Errorf("retry: duplicate=%v receipt %v, want the first receipt %v", second.GetDuplicate(), second.GetReceipt(), first.GetReceipt())
+	}
+	if second.GetReceipt().GetIdempotencyKey() != wantKey {
+		t.Errorf("key %q", second.GetReceipt().GetIdempotencyKey())
+	}
+	if n := len(e.ledger(t)); n != 1 {
+		t.Errorf("ledger has %d entries, want 1", n)
+	}
+	if got := writeback.Key(jobID, stage, artType); got != wantKey {
+		t.Errorf("Key = %q", got)
+	}
+}
+
+// slowTarget delays every write, so concurrent callers find the key in flight.
+type slowTarget struct {
+	writeback.Target
+	delay time.Duration
+	calls atomic.Int32
+}
+
+func (s *slowTarget) Write(ctx context.Context, w writeback.WriteInput) (string, error) {
+	s.calls.Add(1)
+	time.Sleep(s.delay)
+	return s.Target.Write(ctx, w)
+}
+
+func TestConcurrentSameKeyWritesOnce(t *testing.T) {
+	slow := &slowTarget{delay: 150 * time.Millisecond}
+	e := newEnv(t, envOpts{targets: func(st *store.Bolt) []writeback.Target {
+		slow.Target = &writeback.Ledger{Store: st, AppendOnly: true}
+		return []writeback.Target{slow}
+	}})
+	ctx := ctxT(t)
+	const n = 200
+	var (
+		wg       sync.WaitGroup
+		start    = make(chan struct{})
+		receipts = make([]*handoffv1.Receipt, n)
+		fresh    atomic.Int32
+		aborted  atomic.Int32
+		errs     = make(chan error, n)
+	)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			// The caller's retry loop: Aborted (in flight) means try again after RetryInfo's
+			// delay (shortened here to keep the test quick); anything else is final.
+			for {
+				resp, err := e.client.Write(ctx, e.req())
+				if err == nil {
+					receipts[i] = resp.GetReceipt()
+					if !resp.GetDuplicate() {
+						fresh.Add(1)
+					}
+					return
+				}
+				st := status.Convert(err)
+				if st.Code() != codes.Aborted {
+					errs <- err
+					return
+				}
+				aborted.Add(1)
+				if !strings.Contains(st.Message(), "write for key "+wantKey+" is in flight; retry") {
+					errs <- errors.New("aborted message: " + st.Message())
+					return
+				}
+				var delay time.Duration
+				for _, d := range st.Details() {
+					if ri, ok := d.(*errdetails.RetryInfo); ok {
+						delay = ri.GetRetryDelay().AsDuration()
+					}
+				}
+				if delay <= 0 {
+					errs <- errors.New("aborted without RetryInfo")
+					return
+				}
+				select {
+				case <-time.After(min(delay, 20*time.Millisecond)):
+				case <-ctx.Done():
+					errs <- ctx.Err()
+					return
+				}
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if t.Failed() {
+		return
+	}
+	if got := fresh.Load(); got != 1 {
+		t.Errorf("%d answers were non-duplicate writes, want 1", got)
+	}
+	if aborted.Load() == 0 {
+		t.Error("no caller ever saw the key in flight; the test did not exercise Pending")
+	}
+	if got := slow.calls.Load(); got != 1 {
+		t.Errorf("target called %d times, want 1", got)
+	}
+	if got := len(e.ledger(t)); got != 1 {
+		t.Errorf("ledger has %d entries, want 1", got)
+	}
+	for i, rc := range receipts {
+		if !proto.Equal(rc, receipts[0]) {
+			t.Fatalf("answer %d receipt %v differs from %v", i, rc, receipts[0])
+		}
+	}
+	t.Logf("200 callers: 1 write, %d Aborted answers retried", aborted.Load())
+}
+
+// flakyTarget fails (or panics) its first failures calls, then delegates.
+type flakyTarget struct {
+	writeback.Target
+	failures int32
+	panics   bool
+	calls    atomic.Int32
+}
+
+func (f *flakyTarget) Write(ctx context.Context, w writeback.WriteInput) (string, error) {
+	if f.calls.Add(1) <= f.failures {
+		if f.panics {
+			panic("target blew up")
+		}
+		return "", errors.New("connection reset by peer")
+	}
+	return f.Target.Write(ctx, w)
+}
+
+func TestFailingTargetReleasesClaim(t *testing.T) {
+	for _, panics := range []bool{false, true} {
+		name := "error"
+		if panics {
+			name = "panic"
+		}
+		t.Run(name, func(t *testing.T) {
+			flaky := &flakyTarget{failures: 2, panics: panics}
+			e := newEnv(t, envOpts{targets: func(st *store.Bolt) []writeback.Target {
+				flaky.Target = &writeback.Ledger{Store: st, AppendOnly: true}
+				return []writeback.Target{flaky}
+			}})
+			ctx := ctxT(t)
+			for i := range 2 {
+				_, err := e.client.Write(ctx, e.req())
+				if status.Code(err) != codes.Unavailable {
+					t.Fatalf("attempt %d: %v, want Unavailable", i+1, err)
+				}
+				if s := e.claimState(t, wantKey); s != 0 {
+					t.Fatalf("after a failed write the key is %s, want released", s)
+				}
+			}
+			resp, err := e.client.Write(ctx, e.req())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.GetDuplicate() {
+				t.Error("the retry that wrote reported duplicate")
+			}
+			if n := len(e.ledger(t)); n != 1 {
+				t.Errorf("ledger has %d entries, want 1", n)
+			}
+			again, err := e.client.Write(ctx, e.req())
+			if err != nil || !again.GetDuplicate() || !proto.Equal(again.GetReceipt(), resp.GetReceipt()) {
+				t.Errorf("repeat: %v %v", again, err)
+			}
+			if got := flaky.calls.Load(); got != 3 {
+				t.Errorf("target called %d times, want 3", got)
+			}
+		})
+	}
+}
+
+func TestArtifactReadFailuresRelease(t *testing.T) {
+	t.Run("missing", func(t *testing.T) {
+		e := newEnv(t, envOpts{})
+		path := strings.TrimPrefix(e.art.GetUri(), "file://")
+		if err := os.Remove(path); err != nil {
+			t.Fatal(err)
+		}
+		_, err := e.client.Write(ctxT(t), e.req())
+		if status.Code(err) != codes.NotFound {
+			t.Fatalf("%v, want NotFound", err)
+		}
+		if s := e.claimState(t, wantKey); s != 0 {
+			t.Errorf("key is %s, want released", s)
+		}
+		if n := len(e.ledger(t)); n != 0 {
+			t.Errorf("ledger has %d entries", n)
+		}
+	})
+	t.Run("tampered", func(t *testing.T) {
+		e := newEnv(t, envOpts{})
+		path := strings.TrimPrefix(e.art.GetUri(), "file://")
+		if err := os.WriteFile(path, []byte("# Reply\n\nWe promise a full refund.\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		_, err := e.client.Write(ctxT(t), e.req())
+		if status.Code(err) != codes.FailedPrecondition || !strings.Contains(status.Convert(err).Message(), "sha256") {
+			t.Fatalf("%v, want FailedPrecondition on sha256", err)
+		}
+		if s := e.claimState(t, wantKey); s != 0 {
+			t.Errorf("key is %s, want released", s)
+		}
+		if n := len(e.ledger(t)); n != 0 {
+			t.Errorf("ledger has %d entries", n)
+		}
+	})
+}
+
+// A caller that gives up mid-write does not abandon the write: the receipt is still stored,
+// and the caller's retry gets it.
+func TestCallerCancelDoesNotAbandonClaimedWrite(t *testing.T) {
+	slow := &slowTarget{delay: 300 * time.Millisecond}
+	e := newEnv(t, envOpts{targets: func(st *store.Bolt) []writeback.Target {
+		slow.Target = &writeback.Ledger{Store: st, AppendOnly: true}
+		return []writeback.Target{slow}
+	}})
+	short, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if _, err := e.client.Write(short, e.req()); status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("%v, want DeadlineExceeded", err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for e.claimState(t, wantKey) != store.Done {
+		if time.Now().After(deadline) {
+			t.Fatal("receipt never stored")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	resp, err := e.client.Write(ctxT(t), e.req())
+	if err != nil || !resp.GetDuplicate() {
+		t.Fatalf("retry: %v %v, want the stored receipt", resp, err)
+	}
+	if n := len(e.ledger(t)); n != 1 {
+		t.Errorf("ledger has %d entries, want 1", n)
+	}
+}
+
+// The writeback died after the ledger append and before storing the receipt: once the
+// pending claim lapses, the retry finds the ledger entry instead of appending again.
+func TestLedgerRecoversWriteOfDeadWriter(t *testing.T) {
+	const ttl = 200 * time.Millisecond
+	e := newEnv(t, envOpts{
+		targets: func(st *store.Bolt) []writeback.Target { return []writeback.Target{writeback.NewLedger(st)} },
+		mod:     func(o *writeback.Options) { o.PendingTTL = ttl },
+	})
+	ctx := ctxT(t)
+	if s, _, err := e.st.Claim(ctx, wantKey, ttl); err != nil || s != store.Claimed {
+		t.Fatalf("claim: %v %v", s, err)
+	}
+	entry, err := e.st.AppendLedger(ctx, wantKey, e.body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.client.Write(ctx, e.req()); status.Code(err) != codes.Aborted {
+		t.Fatalf("%v, want Aborted while the dead writer's claim is pending", err)
+	}
+	time.Sleep(ttl + 50*time.Millisecond)
+	resp, err := e.client.Write(ctx, e.req())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.GetReceipt().GetExternalId() != entry.ID {
+		t.Errorf("external id %q, want the existing entry %q", resp.GetReceipt().GetExternalId(), entry.ID)
+	}
+	if n := len(e.ledger(t)); n != 1 {
+		t.Errorf("ledger has %d entries, want 1", n)
+	}
+}
+
+// Documented behaviour: a repeat after ReceiptTTL is a new write.
+func TestReceiptTTLExpiry(t *testing.T) {
+	const ttl = 150 * time.Millisecond
+	e := newEnv(t, envOpts{mod: func(o *writeback.Options) { o.ReceiptTTL = ttl }})
+	ctx := ctxT(t)
+	if _, err := e.client.Write(ctx, e.req()); err != nil {
+		t.Fatal(err)
+	}
+	if resp, err := e.client.Write(ctx, e.req()); err != nil || !resp.GetDuplicate() {
+		t.Fatalf("repeat within ttl: %v %v", resp, err)
+	}
+	time.Sleep(ttl + 50*time.Millisecond)
+	resp, err := e.client.Write(ctx, e.req())
+	if err != nil || resp.GetDuplicate() {
+		t.Fatalf("repeat after ttl: %v %v, want a new write", resp, err)
+	}
+	if n := len(e.ledger(t)); n != 2 {
+		t.Errorf("ledger has %d entries, want 2 (append-only ledger, receipt expired)", n)
+	}
+}
+
+func TestNewRejectsBadOptions(t *testing.T) {
+	dir := t.TempDir()
+	st, err := store.Open(filepath.Join(dir, "s.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	files, err := artifact.NewFiles(filepath.Join(dir, "a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ledger := writeback.NewLedger(st)
+	cases := map[string]writeback.Options{
+		"no store":        {Artifacts: files, Targets: []writeback.Target{ledger}},
+		"no artifacts":    {Store: st, Targets: []writeback.Target{ledger}},
+		"no targets":      {Store: st, Artifacts: files},
+		"duplicate names": {Store: st, Artifacts: files, Targets: []writeback.Target{ledger, writeback.NewLedger(st)}},
+		"negative ttl":    {Store: st, Artifacts: files, Targets: []writeback.Target{ledger}, ReceiptTTL: -time.Second},
+	}
+	for name, o := range cases {
+		if _, err := writeback.New(o); err == nil {
+			t.Errorf("%s: New succeeded", name)
+		}
+	}
+	if _, err := writeback.New(writeback.Options{Store: st, Artifacts: files, Targets: []writeback.Target{ledger}}); err != nil {
+		t.Errorf("minimal options: %v", err)
+	}
+}
