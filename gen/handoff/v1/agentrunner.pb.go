@@ -78,8 +78,13 @@ func (StageStatus) EnumDescriptor() ([]byte, []int) {
 }
 
 type DeliverRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Package       *HandoffPackage        `protobuf:"bytes,1,opt,name=package,proto3" json:"package,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Package *HandoffPackage        `protobuf:"bytes,1,opt,name=package,proto3" json:"package,omitempty"`
+	// The agent (role) the pipeline assigns to the stage; the stage name when empty.
+	Agent string `protobuf:"bytes,2,opt,name=agent,proto3" json:"agent,omitempty"`
+	// Tools the pipeline lets this stage hold. The runner answers REJECTED_ROLE unless the
+	// agent's role card holds every one of them.
+	RequiredTools []string `protobuf:"bytes,3,rep,name=required_tools,json=requiredTools,proto3" json:"required_tools,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -117,6 +122,20 @@ func (*DeliverRequest) Descriptor() ([]byte, []int) {
 func (x *DeliverRequest) GetPackage() *HandoffPackage {
 	if x != nil {
 		return x.Package
+	}
+	return nil
+}
+
+func (x *DeliverRequest) GetAgent() string {
+	if x != nil {
+		return x.Agent
+	}
+	return ""
+}
+
+func (x *DeliverRequest) GetRequiredTools() []string {
+	if x != nil {
+		return x.RequiredTools
 	}
 	return nil
 }
@@ -204,8 +223,13 @@ func (*DeliverResponse_Ack) isDeliverResponse_Event() {}
 func (*DeliverResponse_Result) isDeliverResponse_Event() {}
 
 type CheckRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Package       *HandoffPackage        `protobuf:"bytes,1,opt,name=package,proto3" json:"package,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Package *HandoffPackage        `protobuf:"bytes,1,opt,name=package,proto3" json:"package,omitempty"`
+	// The agent (role) the pipeline assigns to the stage; the stage name when empty.
+	Agent string `protobuf:"bytes,2,opt,name=agent,proto3" json:"agent,omitempty"`
+	// Tools the pipeline lets this stage hold. The runner answers REJECTED_ROLE unless the
+	// agent's role card holds every one of them.
+	RequiredTools []string `protobuf:"bytes,3,rep,name=required_tools,json=requiredTools,proto3" json:"required_tools,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -243,6 +267,20 @@ func (*CheckRequest) Descriptor() ([]byte, []int) {
 func (x *CheckRequest) GetPackage() *HandoffPackage {
 	if x != nil {
 		return x.Package
+	}
+	return nil
+}
+
+func (x *CheckRequest) GetAgent() string {
+	if x != nil {
+		return x.Agent
+	}
+	return ""
+}
+
+func (x *CheckRequest) GetRequiredTools() []string {
+	if x != nil {
+		return x.RequiredTools
 	}
 	return nil
 }
@@ -426,15 +464,19 @@ var File_handoff_v1_agentrunner_proto protoreflect.FileDescriptor
 const file_handoff_v1_agentrunner_proto_rawDesc = "" +
 	"\n" +
 	"\x1chandoff/v1/agentrunner.proto\x12\n" +
-	"handoff.v1\x1a\x1bbuf/validate/validate.proto\x1a\x18handoff/v1/handoff.proto\"N\n" +
+	"handoff.v1\x1a\x1bbuf/validate/validate.proto\x1a\x18handoff/v1/handoff.proto\"\xbc\x01\n" +
 	"\x0eDeliverRequest\x12<\n" +
-	"\apackage\x18\x01 \x01(\v2\x1a.handoff.v1.HandoffPackageB\x06\xbaH\x03\xc8\x01\x01R\apackage\"y\n" +
+	"\apackage\x18\x01 \x01(\v2\x1a.handoff.v1.HandoffPackageB\x06\xbaH\x03\xc8\x01\x01R\apackage\x124\n" +
+	"\x05agent\x18\x02 \x01(\tB\x1e\xbaH\x1br\x19\x18@2\x15^([a-z][a-z0-9_-]*)?$R\x05agent\x126\n" +
+	"\x0erequired_tools\x18\x03 \x03(\tB\x0f\xbaH\f\x92\x01\t\x10@\"\x05r\x03\x18\x80\x01R\rrequiredTools\"y\n" +
 	"\x0fDeliverResponse\x12#\n" +
 	"\x03ack\x18\x01 \x01(\v2\x0f.handoff.v1.AckH\x00R\x03ack\x121\n" +
 	"\x06result\x18\x02 \x01(\v2\x17.handoff.v1.StageResultH\x00R\x06resultB\x0e\n" +
-	"\x05event\x12\x05\xbaH\x02\b\x01\"L\n" +
+	"\x05event\x12\x05\xbaH\x02\b\x01\"\xba\x01\n" +
 	"\fCheckRequest\x12<\n" +
-	"\apackage\x18\x01 \x01(\v2\x1a.handoff.v1.HandoffPackageB\x06\xbaH\x03\xc8\x01\x01R\apackage\"2\n" +
+	"\apackage\x18\x01 \x01(\v2\x1a.handoff.v1.HandoffPackageB\x06\xbaH\x03\xc8\x01\x01R\apackage\x124\n" +
+	"\x05agent\x18\x02 \x01(\tB\x1e\xbaH\x1br\x19\x18@2\x15^([a-z][a-z0-9_-]*)?$R\x05agent\x126\n" +
+	"\x0erequired_tools\x18\x03 \x03(\tB\x0f\xbaH\f\x92\x01\t\x10@\"\x05r\x03\x18\x80\x01R\rrequiredTools\"2\n" +
 	"\rCheckResponse\x12!\n" +
 	"\x03ack\x18\x01 \x01(\v2\x0f.handoff.v1.AckR\x03ack\"\xf9\x03\n" +
 	"\vStageResult\x12\x15\n" +

@@ -702,19 +702,21 @@ type Job struct {
 	// Hops made so far.
 	Hops uint32 `protobuf:"varint,9,opt,name=hops,proto3" json:"hops,omitempty"`
 	// Revisions made so far (judge FAILs sent back to the reviser).
-	Revisions     uint32                 `protobuf:"varint,10,opt,name=revisions,proto3" json:"revisions,omitempty"`
-	Evaluator     *Evaluator             `protobuf:"bytes,11,opt,name=evaluator,proto3" json:"evaluator,omitempty"`
-	Artifacts     []*Artifact            `protobuf:"bytes,12,rep,name=artifacts,proto3" json:"artifacts,omitempty"`
-	ToolsTried    []*ToolAttempt         `protobuf:"bytes,13,rep,name=tools_tried,json=toolsTried,proto3" json:"tools_tried,omitempty"`
-	MemoryRefs    []string               `protobuf:"bytes,14,rep,name=memory_refs,json=memoryRefs,proto3" json:"memory_refs,omitempty"`
-	OpenQuestions []string               `protobuf:"bytes,15,rep,name=open_questions,json=openQuestions,proto3" json:"open_questions,omitempty"`
-	NextHint      string                 `protobuf:"bytes,16,opt,name=next_hint,json=nextHint,proto3" json:"next_hint,omitempty"`
-	Receipt       *Receipt               `protobuf:"bytes,17,opt,name=receipt,proto3" json:"receipt,omitempty"`
-	Escalation    *Escalation            `protobuf:"bytes,18,opt,name=escalation,proto3" json:"escalation,omitempty"`
-	Traceparent   string                 `protobuf:"bytes,19,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
-	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,20,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
-	UpdatedAt     *timestamppb.Timestamp `protobuf:"bytes,21,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
-	RequestId     string                 `protobuf:"bytes,22,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Revisions     uint32         `protobuf:"varint,10,opt,name=revisions,proto3" json:"revisions,omitempty"`
+	Evaluator     *Evaluator     `protobuf:"bytes,11,opt,name=evaluator,proto3" json:"evaluator,omitempty"`
+	Artifacts     []*Artifact    `protobuf:"bytes,12,rep,name=artifacts,proto3" json:"artifacts,omitempty"`
+	ToolsTried    []*ToolAttempt `protobuf:"bytes,13,rep,name=tools_tried,json=toolsTried,proto3" json:"tools_tried,omitempty"`
+	MemoryRefs    []string       `protobuf:"bytes,14,rep,name=memory_refs,json=memoryRefs,proto3" json:"memory_refs,omitempty"`
+	OpenQuestions []string       `protobuf:"bytes,15,rep,name=open_questions,json=openQuestions,proto3" json:"open_questions,omitempty"`
+	NextHint      string         `protobuf:"bytes,16,opt,name=next_hint,json=nextHint,proto3" json:"next_hint,omitempty"`
+	Receipt       *Receipt       `protobuf:"bytes,17,opt,name=receipt,proto3" json:"receipt,omitempty"`
+	// Why the run stopped, when it is ESCALATED (with a cause) or FAILED (cause unspecified:
+	// the rail itself could not go on, e.g. a peer unreachable past every retry).
+	Escalation  *Escalation            `protobuf:"bytes,18,opt,name=escalation,proto3" json:"escalation,omitempty"`
+	Traceparent string                 `protobuf:"bytes,19,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
+	CreatedAt   *timestamppb.Timestamp `protobuf:"bytes,20,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	UpdatedAt   *timestamppb.Timestamp `protobuf:"bytes,21,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
+	RequestId   string                 `protobuf:"bytes,22,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	// Money spent so far, in micro-USD.
 	SpentUsdMicros int64 `protobuf:"varint,23,opt,name=spent_usd_micros,json=spentUsdMicros,proto3" json:"spent_usd_micros,omitempty"`
 	unknownFields  protoimpl.UnknownFields

@@ -966,7 +966,11 @@ type PriorResult struct {
 	// Receipt of the first external write, when the stage was a writer.
 	Receipt *Receipt `protobuf:"bytes,2,opt,name=receipt,proto3" json:"receipt,omitempty"`
 	// When the stage first completed.
-	CompletedAt   *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=completed_at,json=completedAt,proto3" json:"completed_at,omitempty"`
+	CompletedAt *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=completed_at,json=completedAt,proto3" json:"completed_at,omitempty"`
+	// A judge's first verdict, so a replayed job follows the path it took the first time.
+	Evaluator *Evaluator `protobuf:"bytes,4,opt,name=evaluator,proto3" json:"evaluator,omitempty"`
+	// The first completion's hint for the next stage.
+	NextHint      string `protobuf:"bytes,5,opt,name=next_hint,json=nextHint,proto3" json:"next_hint,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1020,6 +1024,20 @@ func (x *PriorResult) GetCompletedAt() *timestamppb.Timestamp {
 		return x.CompletedAt
 	}
 	return nil
+}
+
+func (x *PriorResult) GetEvaluator() *Evaluator {
+	if x != nil {
+		return x.Evaluator
+	}
+	return nil
+}
+
+func (x *PriorResult) GetNextHint() string {
+	if x != nil {
+		return x.NextHint
+	}
+	return ""
 }
 
 // Receipt is proof of one external write. A repeated write returns the first receipt.
@@ -1116,9 +1134,9 @@ var File_handoff_v2_handoff_proto protoreflect.FileDescriptor
 const file_handoff_v2_handoff_proto_rawDesc = "" +
 	"\n" +
 	"\x18handoff/v2/handoff.proto\x12\n" +
-	"handoff.v2\x1a\x1bbuf/validate/validate.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc5\x05\n" +
-	"\x0eHandoffPackage\x12)\n" +
-	"\x06schema\x18\x01 \x01(\tB\x11\xbaH\x0er\f\n" +
+	"handoff.v2\x1a\x1bbuf/validate/validate.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc8\x05\n" +
+	"\x0eHandoffPackage\x12,\n" +
+	"\x06schema\x18\x01 \x01(\tB\x14\xbaH\x11\xc8\x01\x01r\f\n" +
 	"\n" +
 	"handoff.v2R\x06schema\x12A\n" +
 	"\x06job_id\x18\x02 \x01(\tB*\xbaH'\xc8\x01\x01r\"\x18\x80\x012\x1d^[A-Za-z0-9][A-Za-z0-9_.:-]*$R\x05jobId\x124\n" +
@@ -1187,11 +1205,13 @@ const file_handoff_v2_handoff_proto_rawDesc = "" +
 	"\x06Reason\x12\x14\n" +
 	"\x05field\x18\x01 \x01(\tR\x05field\x12\x12\n" +
 	"\x04rule\x18\x02 \x01(\tR\x04rule\x12\x18\n" +
-	"\amessage\x18\x03 \x01(\tR\amessage\"\xaf\x01\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\"\x81\x02\n" +
 	"\vPriorResult\x122\n" +
 	"\tartifacts\x18\x01 \x03(\v2\x14.handoff.v2.ArtifactR\tartifacts\x12-\n" +
 	"\areceipt\x18\x02 \x01(\v2\x13.handoff.v2.ReceiptR\areceipt\x12=\n" +
-	"\fcompleted_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\vcompletedAt\"\xdf\x01\n" +
+	"\fcompleted_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\vcompletedAt\x123\n" +
+	"\tevaluator\x18\x04 \x01(\v2\x15.handoff.v2.EvaluatorR\tevaluator\x12\x1b\n" +
+	"\tnext_hint\x18\x05 \x01(\tR\bnextHint\"\xdf\x01\n" +
 	"\aReceipt\x12'\n" +
 	"\x0fidempotency_key\x18\x01 \x01(\tR\x0eidempotencyKey\x12\x16\n" +
 	"\x06target\x18\x02 \x01(\tR\x06target\x12\x1f\n" +
@@ -1260,12 +1280,13 @@ var file_handoff_v2_handoff_proto_depIdxs = []int32{
 	4,  // 12: handoff.v2.PriorResult.artifacts:type_name -> handoff.v2.Artifact
 	13, // 13: handoff.v2.PriorResult.receipt:type_name -> handoff.v2.Receipt
 	14, // 14: handoff.v2.PriorResult.completed_at:type_name -> google.protobuf.Timestamp
-	14, // 15: handoff.v2.Receipt.written_at:type_name -> google.protobuf.Timestamp
-	16, // [16:16] is the sub-list for method output_type
-	16, // [16:16] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	6,  // 15: handoff.v2.PriorResult.evaluator:type_name -> handoff.v2.Evaluator
+	14, // 16: handoff.v2.Receipt.written_at:type_name -> google.protobuf.Timestamp
+	17, // [17:17] is the sub-list for method output_type
+	17, // [17:17] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_handoff_v2_handoff_proto_init() }
