@@ -21,6 +21,7 @@ var (
 	bucketEvents   = []byte("events")   // run_id -> bucket{seq -> JobEvent}
 	bucketIdem     = []byte("idem")     // key -> idemRecord
 	bucketLedger   = []byte("ledger")   // seq -> LedgerEntry (JSON)
+	bucketWallets  = []byte("wallets")  // wallet id -> Budget
 )
 
 // Bolt is the embedded Store on one bbolt file. bbolt serialises write transactions, which
@@ -37,7 +38,7 @@ func Open(path string) (*Bolt, error) {
 		return nil, fmt.Errorf("open store %s: %w", path, err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketRuns, bucketRunIndex, bucketRequests, bucketEvents, bucketIdem, bucketLedger} {
+		for _, b := range [][]byte{bucketRuns, bucketRunIndex, bucketRequests, bucketEvents, bucketIdem, bucketLedger, bucketWallets} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
@@ -236,6 +237,69 @@ func (s *Bolt) Events(_ context.Context, runID string, afterSeq uint64) ([]*hand
 			out = append(out, ev)
 		}
 		return nil
+	})
+	return out, err
+}
+
+func decodeBudget(data []byte) (*handoffv1.Budget, error) {
+	if data == nil {
+		return nil, ErrNotFound
+	}
+	b := &handoffv1.Budget{}
+	if err := proto.Unmarshal(data, b); err != nil {
+		return nil, fmt.Errorf("store: decode wallet: %w", err)
+	}
+	return b, nil
+}
+
+func (s *Bolt) OpenWallet(_ context.Context, id string, b *handoffv1.Budget) (*handoffv1.Budget, error) {
+	if id == "" {
+		return nil, fmt.Errorf("store: empty wallet id")
+	}
+	var out *handoffv1.Budget
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		w := tx.Bucket(bucketWallets)
+		if cur := w.Get([]byte(id)); cur != nil {
+			var err error
+			out, err = decodeBudget(cur)
+			return err
+		}
+		data, err := proto.Marshal(b)
+		if err != nil {
+			return err
+		}
+		out = proto.Clone(b).(*handoffv1.Budget)
+		return w.Put([]byte(id), data)
+	})
+	return out, err
+}
+
+func (s *Bolt) Debit(_ context.Context, id string, d Debit) (*handoffv1.Budget, error) {
+	var out *handoffv1.Budget
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		w := tx.Bucket(bucketWallets)
+		cur, err := decodeBudget(w.Get([]byte(id)))
+		if err != nil {
+			return err
+		}
+		if out, err = ApplyDebit(cur, d); err != nil {
+			return err
+		}
+		data, err := proto.Marshal(out)
+		if err != nil {
+			return err
+		}
+		return w.Put([]byte(id), data)
+	})
+	return out, err
+}
+
+func (s *Bolt) Wallet(_ context.Context, id string) (*handoffv1.Budget, error) {
+	var out *handoffv1.Budget
+	err := s.db.View(func(tx *bolt.Tx) error {
+		var err error
+		out, err = decodeBudget(tx.Bucket(bucketWallets).Get([]byte(id)))
+		return err
 	})
 	return out, err
 }

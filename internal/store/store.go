@@ -14,12 +14,16 @@ import (
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 )
 
-// ErrNotFound is returned when a run does not exist.
+// ErrNotFound is returned when a run or wallet does not exist.
 var ErrNotFound = errors.New("not found")
+
+// ErrWalletEmpty is returned by Debit when the wallet cannot cover it; nothing was taken.
+var ErrWalletEmpty = errors.New("wallet empty")
 
 // Store is everything the services persist.
 type Store interface {
 	Runs
+	Wallets
 	Idempotency
 	Ledger
 	// Ping reports whether the store is reachable (health checks).
@@ -45,6 +49,46 @@ type Runs interface {
 	AppendEvent(ctx context.Context, runID string, ev *handoffv1.JobEvent) (uint64, error)
 	// Events returns a run's events with seq > afterSeq, in order.
 	Events(ctx context.Context, runID string, afterSeq uint64) ([]*handoffv1.JobEvent, error)
+}
+
+// Debit is what one step takes from a wallet.
+type Debit struct {
+	// Hops and Revisions are taken whole or not at all: when the wallet holds fewer,
+	// Debit returns ErrWalletEmpty and takes nothing.
+	Hops, Revisions uint32
+	// USDMicros is money actually spent (reported after the work), so it is clamped: the
+	// wallet ends at zero, never below.
+	USDMicros int64
+	// RequireMoney makes Debit fail with ErrWalletEmpty when no money is left before it.
+	RequireMoney bool
+}
+
+// Wallets hold each job's one budget. Debit is atomic, so concurrent hops on one wallet
+// can neither overspend it nor drive it below zero.
+type Wallets interface {
+	// OpenWallet creates wallet id holding b. If it already exists it is left unchanged and
+	// returned, so opening is safe to retry.
+	OpenWallet(ctx context.Context, id string, b *handoffv1.Budget) (*handoffv1.Budget, error)
+	// Debit takes d from wallet id and returns what is left (ErrNotFound, ErrWalletEmpty).
+	Debit(ctx context.Context, id string, d Debit) (*handoffv1.Budget, error)
+	// Wallet returns what wallet id holds.
+	Wallet(ctx context.Context, id string) (*handoffv1.Budget, error)
+}
+
+// ApplyDebit is the one definition of a debit, shared by the implementations: it returns
+// the budget after d, or ErrWalletEmpty when d cannot be covered.
+func ApplyDebit(b *handoffv1.Budget, d Debit) (*handoffv1.Budget, error) {
+	if b.GetHopsRemaining() < d.Hops || b.GetRevisionsRemaining() < d.Revisions || (d.RequireMoney && b.GetUsdRemainingMicros() <= 0) {
+		return nil, ErrWalletEmpty
+	}
+	if d.USDMicros < 0 {
+		return nil, errors.New("store: a debit cannot add money")
+	}
+	return &handoffv1.Budget{
+		UsdRemainingMicros: max(0, b.GetUsdRemainingMicros()-d.USDMicros),
+		RevisionsRemaining: b.GetRevisionsRemaining() - d.Revisions,
+		HopsRemaining:      b.GetHopsRemaining() - d.Hops,
+	}, nil
 }
 
 // ClaimState is the outcome of an idempotency claim.

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -25,6 +26,70 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 	t.Run("ClaimExpiry", func(t *testing.T) { testClaimExpiry(t, newStore(t)) })
 	t.Run("ConcurrentClaim", func(t *testing.T) { testConcurrentClaim(t, newStore(t)) })
 	t.Run("Ledger", func(t *testing.T) { testLedger(t, newStore(t)) })
+	t.Run("Wallet", func(t *testing.T) { testWallet(t, newStore(t)) })
+	t.Run("ConcurrentDebit", func(t *testing.T) { testConcurrentDebit(t, newStore(t)) })
+}
+
+func testWallet(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	if _, err := s.Debit(ctx, "w-missing", store.Debit{Hops: 1}); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("Debit(missing) = %v, want ErrNotFound", err)
+	}
+	start := &handoffv1.Budget{UsdRemainingMicros: 1000, RevisionsRemaining: 1, HopsRemaining: 2}
+	if _, err := s.OpenWallet(ctx, "w", start); err != nil {
+		t.Fatal(err)
+	}
+	// Opening again (a retried submit) changes nothing.
+	if got, err := s.OpenWallet(ctx, "w", &handoffv1.Budget{UsdRemainingMicros: 5}); err != nil || !proto.Equal(got, start) {
+		t.Fatalf("reopen = %v, %v; want the first budget", got, err)
+	}
+	got, err := s.Debit(ctx, "w", store.Debit{Hops: 1, USDMicros: 400, RequireMoney: true})
+	if err != nil || got.GetUsdRemainingMicros() != 600 || got.GetHopsRemaining() != 1 {
+		t.Fatalf("Debit = %v, %v", got, err)
+	}
+	if _, err := s.Debit(ctx, "w", store.Debit{Revisions: 2}); !errors.Is(err, store.ErrWalletEmpty) {
+		t.Fatalf("Debit of 2 revisions from 1 = %v, want ErrWalletEmpty", err)
+	}
+	// Spend beyond what is left: clamped at zero, never negative.
+	got, err = s.Debit(ctx, "w", store.Debit{Hops: 1, USDMicros: 5000})
+	if err != nil || got.GetUsdRemainingMicros() != 0 || got.GetHopsRemaining() != 0 || got.GetRevisionsRemaining() != 1 {
+		t.Fatalf("overspend = %v, %v; want money 0, hops 0, revisions untouched", got, err)
+	}
+	if _, err := s.Debit(ctx, "w", store.Debit{RequireMoney: true}); !errors.Is(err, store.ErrWalletEmpty) {
+		t.Fatalf("RequireMoney on an empty wallet = %v, want ErrWalletEmpty", err)
+	}
+	if w, err := s.Wallet(ctx, "w"); err != nil || w.GetUsdRemainingMicros() != 0 || w.GetRevisionsRemaining() != 1 {
+		t.Fatalf("Wallet = %v, %v; a refused debit must take nothing", w, err)
+	}
+}
+
+func testConcurrentDebit(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	if _, err := s.OpenWallet(ctx, "hot", &handoffv1.Budget{UsdRemainingMicros: 1_000_000, HopsRemaining: 10}); err != nil {
+		t.Fatal(err)
+	}
+	var ok, empty atomic.Int32
+	var wg sync.WaitGroup
+	for i := 0; i < 100; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := s.Debit(ctx, "hot", store.Debit{Hops: 1, USDMicros: 1, RequireMoney: true})
+			switch {
+			case err == nil:
+				ok.Add(1)
+			case errors.Is(err, store.ErrWalletEmpty):
+				empty.Add(1)
+			default:
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	w, err := s.Wallet(ctx, "hot")
+	if err != nil || ok.Load() != 10 || empty.Load() != 90 || w.GetHopsRemaining() != 0 || w.GetUsdRemainingMicros() != 1_000_000-10 {
+		t.Fatalf("100 concurrent debits on 10 hops: %d ok, %d empty, wallet %v (%v); want 10, 90, hops 0", ok.Load(), empty.Load(), w, err)
+	}
 }
 
 func testRuns(t *testing.T, s store.Store) {
