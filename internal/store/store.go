@@ -84,8 +84,12 @@ func ApplyDebit(b *handoffv1.Budget, d Debit) (*handoffv1.Budget, error) {
 	if d.USDMicros < 0 {
 		return nil, errors.New("store: a debit cannot add money")
 	}
+	left := int64(0)
+	if b.GetUsdRemainingMicros() > d.USDMicros { // compare, not subtract: no overflow
+		left = b.GetUsdRemainingMicros() - d.USDMicros
+	}
 	return &handoffv1.Budget{
-		UsdRemainingMicros: max(0, b.GetUsdRemainingMicros()-d.USDMicros),
+		UsdRemainingMicros: left,
 		RevisionsRemaining: b.GetRevisionsRemaining() - d.Revisions,
 		HopsRemaining:      b.GetHopsRemaining() - d.Hops,
 	}, nil

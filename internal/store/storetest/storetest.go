@@ -28,6 +28,149 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 	t.Run("Ledger", func(t *testing.T) { testLedger(t, newStore(t)) })
 	t.Run("Wallet", func(t *testing.T) { testWallet(t, newStore(t)) })
 	t.Run("ConcurrentDebit", func(t *testing.T) { testConcurrentDebit(t, newStore(t)) })
+	t.Run("WalletExactMoney", func(t *testing.T) { testWalletExactMoney(t, newStore(t)) })
+	t.Run("RunEdges", func(t *testing.T) { testRunEdges(t, newStore(t)) })
+	t.Run("ListRunsFilteredPaging", func(t *testing.T) { testListRunsFiltered(t, newStore(t)) })
+	t.Run("IdempotencyEdges", func(t *testing.T) { testIdempotencyEdges(t, newStore(t)) })
+}
+
+// testWalletExactMoney: money is an exact int64 all the way up (no float rounding), and a
+// debit that would add money is refused without taking anything.
+func testWalletExactMoney(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	const big = 1<<62 + 1 // far past 2^53, where a float64 stops being exact
+	if _, err := s.OpenWallet(ctx, "rich", &handoffv1.Budget{UsdRemainingMicros: big, HopsRemaining: 3, RevisionsRemaining: 2}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Debit(ctx, "rich", store.Debit{USDMicros: 1, RequireMoney: true})
+	if err != nil || got.GetUsdRemainingMicros() != big-1 {
+		t.Fatalf("Debit 1 from %d = %v, %v; want %d", int64(big), got, err, int64(big-1))
+	}
+	got, err = s.Debit(ctx, "rich", store.Debit{Hops: 1, Revisions: 1, USDMicros: big - 3})
+	if err != nil || got.GetUsdRemainingMicros() != 2 || got.GetHopsRemaining() != 2 || got.GetRevisionsRemaining() != 1 {
+		t.Fatalf("Debit %d = %v, %v; want 2 left, 2 hops, 1 revision", int64(big-3), got, err)
+	}
+	if _, err := s.Debit(ctx, "rich", store.Debit{USDMicros: -5}); err == nil || errors.Is(err, store.ErrWalletEmpty) {
+		t.Fatalf("negative Debit = %v; want an error other than ErrWalletEmpty", err)
+	}
+	// Exactly what is left: ends at zero; then a zero debit without RequireMoney succeeds.
+	if got, err = s.Debit(ctx, "rich", store.Debit{USDMicros: 2}); err != nil || got.GetUsdRemainingMicros() != 0 {
+		t.Fatalf("Debit of exactly what is left = %v, %v; want 0", got, err)
+	}
+	if got, err = s.Debit(ctx, "rich", store.Debit{}); err != nil || got.GetHopsRemaining() != 2 {
+		t.Fatalf("empty Debit = %v, %v; want the wallet unchanged", got, err)
+	}
+	if _, err := s.Wallet(ctx, "missing"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("Wallet(missing) = %v, want ErrNotFound", err)
+	}
+}
+
+// testRunEdges: a taken run id is refused (and not listed twice), a caller's seq is ignored,
+// and Events tells a run with no events from a missing run.
+func testRunEdges(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	if _, _, err := s.CreateRun(ctx, &handoffv1.Job{}); err == nil {
+		t.Fatal("CreateRun with no run_id succeeded")
+	}
+	if _, _, err := s.CreateRun(ctx, &handoffv1.Job{RunId: "dup", Goal: "first"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, created, err := s.CreateRun(ctx, &handoffv1.Job{RunId: "dup", Goal: "second"}); err == nil || created {
+		t.Fatalf("CreateRun of a taken run id = %v, %v; want an error", created, err)
+	}
+	if got, err := s.GetRun(ctx, "dup"); err != nil || got.GetGoal() != "first" {
+		t.Fatalf("GetRun(dup) = %v, %v; want the first run untouched", got, err)
+	}
+	if runs, next, err := s.ListRuns(ctx, 0, 10, ""); err != nil || len(runs) != 1 || next != "" {
+		t.Fatalf("ListRuns = %v, %q, %v; want the one run once", runs, next, err)
+	}
+	if evs, err := s.Events(ctx, "dup", 0); err != nil || len(evs) != 0 {
+		t.Fatalf("Events(run with none) = %v, %v; want none, no error", evs, err)
+	}
+	if _, err := s.Events(ctx, "missing", 0); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("Events(missing run) = %v, want ErrNotFound", err)
+	}
+	if seq, err := s.AppendEvent(ctx, "dup", &handoffv1.JobEvent{Seq: 42, Stage: "a"}); err != nil || seq != 1 {
+		t.Fatalf("AppendEvent with a caller-set seq = %d, %v; want 1", seq, err)
+	}
+	evs, err := s.Events(ctx, "dup", 0)
+	if err != nil || len(evs) != 1 || evs[0].GetSeq() != 1 || evs[0].GetStage() != "a" {
+		t.Fatalf("Events = %v, %v; want the one event with seq 1", evs, err)
+	}
+	if evs, err := s.Events(ctx, "dup", 1); err != nil || len(evs) != 0 {
+		t.Fatalf("Events(after the last) = %v, %v; want none", evs, err)
+	}
+}
+
+// testListRunsFiltered: page tokens walk a state-filtered listing one match at a time.
+func testListRunsFiltered(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	for i := 1; i <= 7; i++ {
+		st := handoffv1.JobState_JOB_STATE_COMPLETED
+		if i%3 == 0 {
+			st = handoffv1.JobState_JOB_STATE_ESCALATED
+		}
+		if _, _, err := s.CreateRun(ctx, &handoffv1.Job{RunId: fmt.Sprintf("run-%d", i), State: st}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var ids []string
+	token := ""
+	for page := 0; page < 10; page++ {
+		runs, next, err := s.ListRuns(ctx, handoffv1.JobState_JOB_STATE_ESCALATED, 1, token)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range runs {
+			ids = append(ids, r.GetRunId())
+		}
+		if next == "" {
+			break
+		}
+		token = next
+	}
+	if fmt.Sprint(ids) != "[run-6 run-3]" {
+		t.Fatalf("filtered paging = %v, want [run-6 run-3]", ids)
+	}
+	if _, _, err := s.ListRuns(ctx, 0, 1, "not-a-token"); err == nil {
+		t.Fatal("ListRuns with a bad page token succeeded")
+	}
+}
+
+// testIdempotencyEdges: values are stored byte for byte, a done record without ttl outlives
+// the pending marker's ttl, and a claim with no ttl does not expire.
+func testIdempotencyEdges(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	if _, _, err := s.Claim(ctx, "", time.Minute); err == nil {
+		t.Fatal("Claim of an empty key succeeded")
+	}
+	bin := []byte{'P', 0, 0xff, 'D', '\n'}
+	if st, _, _ := s.Claim(ctx, "bin", 50*time.Millisecond); st != store.Claimed {
+		t.Fatalf("claim = %v", st)
+	}
+	if err := s.Complete(ctx, "bin", bin, 0); err != nil {
+		t.Fatal(err)
+	}
+	if st, _, _ := s.Claim(ctx, "forever", 0); st != store.Claimed {
+		t.Fatalf("claim without ttl = %v", st)
+	}
+	time.Sleep(120 * time.Millisecond)
+	if st, v, err := s.Claim(ctx, "bin", time.Minute); err != nil || st != store.Done || string(v) != string(bin) {
+		t.Fatalf("Claim after Complete(ttl 0) and the pending ttl = %v, %q, %v; want done, %q", st, v, err, bin)
+	}
+	if st, v, err := s.Lookup(ctx, "bin"); err != nil || st != store.Done || string(v) != string(bin) {
+		t.Fatalf("Lookup = %v, %q, %v", st, v, err)
+	}
+	if st, _, err := s.Claim(ctx, "forever", time.Minute); err != nil || st != store.Pending {
+		t.Fatalf("Claim of a key claimed with no ttl = %v, %v; want pending", st, err)
+	}
+	// Completing with an empty value is still a done record.
+	if err := s.Complete(ctx, "forever", nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	if st, v, err := s.Lookup(ctx, "forever"); err != nil || st != store.Done || len(v) != 0 {
+		t.Fatalf("Lookup after Complete(nil) = %v, %q, %v; want done, empty", st, v, err)
+	}
 }
 
 func testWallet(t *testing.T, s store.Store) {

@@ -1,0 +1,642 @@
+package store
+
+// Redis is the Store for more than one process: coordinators and runners on several hosts
+// share one Redis, so a Claim or a Debit made by one is seen by all of them.
+//
+// Key layout. Every key starts with RedisOptions.Prefix ("handoff:" by default; left out
+// below), so several deployments or test runs can share one Redis, and one can be deleted by
+// prefix without touching the others:
+//
+//	run:<run_id>         string  proto.Marshal(Job): the run as of its last PutRun.
+//	runs:index           zset    member run_id, score its creation number from runs:seq:
+//	                             ListRuns walks it newest first; the page token is a score.
+//	runs:seq             string  INCR counter giving each created run its creation number.
+//	request:<request_id> string  run_id created for that request id (CreateRun dedupe).
+//	events:<run_id>      list    proto.Marshal(JobEvent) with seq cleared; the element at
+//	                             index i is the event with seq i+1 (append-only, so the
+//	                             position is the sequence number and needs no counter).
+//	idem:<key>           string  idempotency record: "P" (pending claim) or "D"+value
+//	                             (done, value is the first result). Lifetime: a pending
+//	                             marker is SET NX PX pendingTTL (no expiry if <= 0), so
+//	                             a claimer that died frees the key when it lapses; Complete
+//	                             replaces it with the done record, expiring after ttl (PX)
+//	                             or never (ttl <= 0: SET drops the marker's expiry);
+//	                             Release deletes it only while it is still pending. Redis
+//	                             expiry replaces bbolt's stored deadline: an expired record
+//	                             is simply absent.
+//	wallet:<id>          hash    fields usd, revisions, hops: decimal integers, so the Debit
+//	                             script does exact integer arithmetic on them.
+//	ledger               list    JSON {Key, Payload, At}; the element at index i is entry
+//	                             ledger-%06d of i+1 (append-only, like events).
+//
+// Atomicity. Each operation that reads and then writes, or touches several keys, is one Lua
+// script (EVALSHA, falling back to EVAL when the server has not cached it), which Redis runs
+// with nothing interleaved, so concurrent callers in different processes cannot race. Where
+// one command is already atomic it is used alone: PutRun is SET XX, Complete is SET,
+// AppendLedger is RPUSH (whose reply is the new length, i.e. the sequence number).
+//
+// Scripts name all their keys in KEYS. On Redis Cluster they still need every key in one
+// slot: use a prefix with a hash tag, such as "{handoff}:".
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/protobuf/proto"
+
+	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+)
+
+var _ Store = (*Redis)(nil)
+
+// RedisOptions configures OpenRedis. The zero value talks to 127.0.0.1:6379.
+type RedisOptions struct {
+	// Addr is host:port of the server; default 127.0.0.1:6379. Ignored when Client is set.
+	Addr string
+	// Password and DB select the server's auth and logical database. Ignored with Client.
+	Password string
+	DB       int
+	// Prefix starts every key this store writes; default "handoff:" (empty means default).
+	Prefix string
+	// Timeouts are short by default (2s dial, 3s read and write) so an unreachable Redis
+	// fails a health check or a hop quickly instead of hanging it. Ignored with Client.
+	DialTimeout, ReadTimeout, WriteTimeout time.Duration
+	// Client, when set, is used instead of dialling a new one, so several stores (or other
+	// users) can share one connection pool. Close leaves it open: its owner closes it.
+	// It should have retries disabled (MaxRetries -1), for the reason given in OpenRedis.
+	Client redis.UniversalClient
+}
+
+// Redis is the Store on a Redis server (see the key layout above). It is safe for concurrent
+// use, and any number of processes may share one server and prefix.
+type Redis struct {
+	rdb    redis.UniversalClient
+	owned  bool   // Close closes rdb only when OpenRedis dialled it
+	addr   string // for error messages
+	prefix string
+	now    func() time.Time
+}
+
+// OpenRedis connects to Redis and checks that it answers a PING, so a wrong address fails at
+// start-up, naming the address, rather than on the first hop.
+//
+// The client it dials has retries off: go-redis retries a command after a connection error,
+// which may come after the server has run it, and a retried Debit or AppendLedger would then
+// be applied twice, and a retried Claim would report Pending to the caller that owns the key.
+// A failed call is returned instead; callers already retry hops at their own level.
+func OpenRedis(ctx context.Context, o RedisOptions) (*Redis, error) {
+	if o.Prefix == "" {
+		o.Prefix = "handoff:"
+	}
+	s := &Redis{prefix: o.Prefix, now: time.Now}
+	if o.Client != nil {
+		s.rdb, s.addr = o.Client, clientAddr(o.Client)
+	} else {
+		if o.Addr == "" {
+			o.Addr = "127.0.0.1:6379"
+		}
+		s.rdb = redis.NewClient(&redis.Options{
+			Addr:                  o.Addr,
+			Password:              o.Password,
+			DB:                    o.DB,
+			DialTimeout:           orDefault(o.DialTimeout, 2*time.Second),
+			ReadTimeout:           orDefault(o.ReadTimeout, 3*time.Second),
+			WriteTimeout:          orDefault(o.WriteTimeout, 3*time.Second),
+			ContextTimeoutEnabled: true, // a caller's deadline bounds each command too
+			MaxRetries:            -1,   // see above: never run a write twice
+		})
+		s.addr, s.owned = o.Addr, true
+	}
+	if err := s.Ping(ctx); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+func orDefault(d, def time.Duration) time.Duration {
+	if d == 0 {
+		return def
+	}
+	return d
+}
+
+// clientAddr names a shared client's server(s) for error messages.
+func clientAddr(c redis.UniversalClient) string {
+	switch c := c.(type) {
+	case *redis.Client:
+		return c.Options().Addr
+	case *redis.ClusterClient:
+		return strings.Join(c.Options().Addrs, ",")
+	case *redis.Ring:
+		return strings.Join(slices.Sorted(maps.Values(c.Options().Addrs)), ",")
+	}
+	return "(shared client)"
+}
+
+// errf formats an error that says which server failed and what was being done.
+func (s *Redis) errf(format string, args ...any) error {
+	return fmt.Errorf("redis %s: "+format, append([]any{s.addr}, args...)...)
+}
+
+func (s *Redis) key(parts ...string) string { return s.prefix + strings.Join(parts, ":") }
+
+// Ping sends a PING (health checks).
+func (s *Redis) Ping(ctx context.Context) error {
+	if err := s.rdb.Ping(ctx).Err(); err != nil {
+		return s.errf("ping: %w", err)
+	}
+	return nil
+}
+
+// Close closes the client if OpenRedis dialled it; a shared Client is left to its owner.
+func (s *Redis) Close() error {
+	if !s.owned {
+		return nil
+	}
+	if err := s.rdb.Close(); err != nil {
+		return s.errf("close: %w", err)
+	}
+	return nil
+}
+
+// ---- Runs ----
+
+// createRunScript stores a run and indexes it, unless its request id was seen before (then it
+// returns {"dup", earlier run_id}) or its run id is taken ({"exists"}).
+// KEYS: run, runs:index, runs:seq[, request]. ARGV: run_id, Job bytes.
+var createRunScript = redis.NewScript(`
+if KEYS[4] then
+  local prev = redis.call('GET', KEYS[4])
+  if prev then return {'dup', prev} end
+end
+if redis.call('EXISTS', KEYS[1]) == 1 then return {'exists'} end
+redis.call('SET', KEYS[1], ARGV[2])
+local seq = redis.call('INCR', KEYS[3])
+redis.call('ZADD', KEYS[2], seq, ARGV[1])
+if KEYS[4] then redis.call('SET', KEYS[4], ARGV[1]) end
+return {'created'}
+`)
+
+func (s *Redis) CreateRun(ctx context.Context, job *handoffv1.Job) (*handoffv1.Job, bool, error) {
+	if job.GetRunId() == "" {
+		return nil, false, fmt.Errorf("store: run_id is empty")
+	}
+	data, err := proto.Marshal(job)
+	if err != nil {
+		return nil, false, fmt.Errorf("store: encode run %s: %w", job.GetRunId(), err)
+	}
+	keys := []string{s.key("run", job.GetRunId()), s.key("runs", "index"), s.key("runs", "seq")}
+	if rid := job.GetRequestId(); rid != "" {
+		keys = append(keys, s.key("request", rid))
+	}
+	res, err := createRunScript.Run(ctx, s.rdb, keys, job.GetRunId(), data).StringSlice()
+	if err != nil {
+		return nil, false, s.errf("create run %s: %w", job.GetRunId(), err)
+	}
+	switch res[0] {
+	case "created":
+		return proto.Clone(job).(*handoffv1.Job), true, nil
+	case "exists":
+		return nil, false, s.errf("create run %s: run already exists", job.GetRunId())
+	case "dup":
+		// Runs are never deleted, so the earlier run is still there to read.
+		prev, err := s.GetRun(ctx, res[1])
+		if err != nil {
+			return nil, false, s.errf("create run %s: earlier run %s for request %s: %w", job.GetRunId(), res[1], job.GetRequestId(), err)
+		}
+		return prev, false, nil
+	}
+	return nil, false, s.errf("create run %s: unexpected script reply %q", job.GetRunId(), res)
+}
+
+func (s *Redis) GetRun(ctx context.Context, runID string) (*handoffv1.Job, error) {
+	data, err := s.rdb.Get(ctx, s.key("run", runID)).Bytes()
+	if errors.Is(err, redis.Nil) {
+		return nil, s.errf("get run %s: %w", runID, ErrNotFound)
+	}
+	if err != nil {
+		return nil, s.errf("get run %s: %w", runID, err)
+	}
+	return decodeJob(data)
+}
+
+// PutRun is SET XX: one command that writes only when the run exists.
+func (s *Redis) PutRun(ctx context.Context, job *handoffv1.Job) error {
+	data, err := proto.Marshal(job)
+	if err != nil {
+		return fmt.Errorf("store: encode run %s: %w", job.GetRunId(), err)
+	}
+	ok, err := s.rdb.SetXX(ctx, s.key("run", job.GetRunId()), data, 0).Result()
+	if err != nil {
+		return s.errf("put run %s: %w", job.GetRunId(), err)
+	}
+	if !ok {
+		return s.errf("put run %s: %w", job.GetRunId(), ErrNotFound)
+	}
+	return nil
+}
+
+// ListRuns walks runs:index from the page token's score down, reading the runs in batches
+// (one pipelined round trip each) until limit matching runs and one more are found. It is not
+// one snapshot, but runs are never deleted and a run's index score never changes, so a page
+// holds every run once; only a state read may be newer than the index read.
+func (s *Redis) ListRuns(ctx context.Context, state handoffv1.JobState, limit int, after string) ([]*handoffv1.Job, string, error) {
+	if limit <= 0 {
+		limit = 100
+	}
+	maxScore := "+inf"
+	if after != "" {
+		n, err := strconv.ParseUint(after, 10, 64)
+		if err != nil {
+			return nil, "", fmt.Errorf("store: bad page token %q", after)
+		}
+		if n != 0 { // bbolt treats 0 as the first page too
+			maxScore = "(" + strconv.FormatUint(n, 10) // exclusive: the token is one past the next run
+		}
+	}
+	batch := limit + 1
+	if state != handoffv1.JobState_JOB_STATE_UNSPECIFIED {
+		batch = max(batch, 256) // most runs may not match: read ahead
+	}
+	batch = min(batch, 1000)
+	var out []*handoffv1.Job
+	for {
+		ids, err := s.rdb.ZRevRangeByScoreWithScores(ctx, s.key("runs", "index"), &redis.ZRangeBy{
+			Max: maxScore, Min: "-inf", Count: int64(batch),
+		}).Result()
+		if err != nil {
+			return nil, "", s.errf("list runs: %w", err)
+		}
+		if len(ids) == 0 {
+			return out, "", nil
+		}
+		pipe := s.rdb.Pipeline()
+		gets := make([]*redis.StringCmd, len(ids))
+		for i, z := range ids {
+			gets[i] = pipe.Get(ctx, s.key("run", z.Member.(string)))
+		}
+		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+			return nil, "", s.errf("list runs: %w", err)
+		}
+		for i, z := range ids {
+			data, err := gets[i].Bytes()
+			if err != nil {
+				return nil, "", s.errf("list runs: run %v (indexed): %w", z.Member, err)
+			}
+			j, err := decodeJob(data)
+			if err != nil {
+				return nil, "", err
+			}
+			if state != handoffv1.JobState_JOB_STATE_UNSPECIFIED && j.GetState() != state {
+				continue
+			}
+			if len(out) == limit {
+				return out, strconv.FormatUint(uint64(z.Score)+1, 10), nil
+			}
+			out = append(out, j)
+		}
+		if len(ids) < batch {
+			return out, "", nil
+		}
+		maxScore = "(" + strconv.FormatUint(uint64(ids[len(ids)-1].Score), 10)
+	}
+}
+
+// appendEventScript appends an event to a run's timeline if the run exists, returning its
+// seq (the list's new length), or 0 when there is no such run. KEYS: run, events. ARGV: bytes.
+var appendEventScript = redis.NewScript(`
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+return redis.call('RPUSH', KEYS[2], ARGV[1])
+`)
+
+func (s *Redis) AppendEvent(ctx context.Context, runID string, ev *handoffv1.JobEvent) (uint64, error) {
+	ev = proto.Clone(ev).(*handoffv1.JobEvent)
+	ev.Seq = 0 // the position in the list is the seq; Events puts it back
+	data, err := proto.Marshal(ev)
+	if err != nil {
+		return 0, fmt.Errorf("store: encode event for run %s: %w", runID, err)
+	}
+	seq, err := appendEventScript.Run(ctx, s.rdb, []string{s.key("run", runID), s.key("events", runID)}, data).Int64()
+	if err != nil {
+		return 0, s.errf("append event to run %s: %w", runID, err)
+	}
+	if seq == 0 {
+		return 0, s.errf("append event to run %s: %w", runID, ErrNotFound)
+	}
+	return uint64(seq), nil
+}
+
+func (s *Redis) Events(ctx context.Context, runID string, afterSeq uint64) ([]*handoffv1.JobEvent, error) {
+	var raw []string
+	if afterSeq < math.MaxInt64 {
+		var err error
+		raw, err = s.rdb.LRange(ctx, s.key("events", runID), int64(afterSeq), -1).Result()
+		if err != nil {
+			return nil, s.errf("events of run %s: %w", runID, err)
+		}
+	}
+	if len(raw) == 0 {
+		// No events after afterSeq: tell a missing run apart (runs are never deleted, so
+		// this second read cannot contradict the first).
+		n, err := s.rdb.Exists(ctx, s.key("run", runID)).Result()
+		if err != nil {
+			return nil, s.errf("events of run %s: %w", runID, err)
+		}
+		if n == 0 {
+			return nil, s.errf("events of run %s: %w", runID, ErrNotFound)
+		}
+		return nil, nil
+	}
+	out := make([]*handoffv1.JobEvent, len(raw))
+	for i, r := range raw {
+		ev := &handoffv1.JobEvent{}
+		if err := proto.Unmarshal([]byte(r), ev); err != nil {
+			return nil, fmt.Errorf("store: decode event %d of run %s: %w", afterSeq+1+uint64(i), runID, err)
+		}
+		ev.Seq = afterSeq + 1 + uint64(i)
+		out[i] = ev
+	}
+	return out, nil
+}
+
+// ---- Wallets ----
+
+// openWalletScript creates the wallet unless it exists, and returns what it holds.
+// KEYS: wallet. ARGV: usd, revisions, hops. Reply: {usd, revisions, hops} as strings.
+var openWalletScript = redis.NewScript(`
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return redis.call('HMGET', KEYS[1], 'usd', 'revisions', 'hops')
+end
+redis.call('HSET', KEYS[1], 'usd', ARGV[1], 'revisions', ARGV[2], 'hops', ARGV[3])
+return {ARGV[1], ARGV[2], ARGV[3]}
+`)
+
+// debitScript is ApplyDebit in Lua, on the wallet hash: hops and revisions are taken whole or
+// the reply is {"empty"}; money is clamped at zero; RequireMoney refuses when none is left; a
+// refusal ({"empty"}, {"negative"}, {"notfound"}) writes nothing. Reply on success: {"ok",
+// usd, revisions, hops} as strings.
+//
+// Money is compared as decimal strings and changed with HINCRBY, never through a Lua number:
+// those are doubles, exact only to 2^53, while the wallet holds any int64.
+// KEYS: wallet. ARGV: hops, revisions, usd (all >= 0 decimal except usd may be negative),
+// requireMoney ("1" or "0").
+var debitScript = redis.NewScript(`
+local function cmp(a, b)
+  local na, nb = a:sub(1, 1) == '-', b:sub(1, 1) == '-'
+  if na ~= nb then if na then return -1 else return 1 end end
+  local sign = 1
+  if na then a, b, sign = a:sub(2), b:sub(2), -1 end
+  if #a ~= #b then if #a < #b then return -sign else return sign end end
+  if a == b then return 0 end
+  if a < b then return -sign else return sign end
+end
+local w = redis.call('HMGET', KEYS[1], 'usd', 'revisions', 'hops')
+if not w[1] then return {'notfound'} end
+local dhops, drevs, dusd = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
+if tonumber(w[3]) < dhops or tonumber(w[2]) < drevs or (ARGV[4] == '1' and cmp(w[1], '0') <= 0) then
+  return {'empty'}
+end
+if dusd:sub(1, 1) == '-' then return {'negative'} end
+if cmp(w[1], dusd) <= 0 then
+  redis.call('HSET', KEYS[1], 'usd', '0')
+elseif dusd ~= '0' then
+  redis.call('HINCRBY', KEYS[1], 'usd', '-' .. dusd)
+end
+if drevs > 0 then redis.call('HINCRBY', KEYS[1], 'revisions', -drevs) end
+if dhops > 0 then redis.call('HINCRBY', KEYS[1], 'hops', -dhops) end
+local r = redis.call('HMGET', KEYS[1], 'usd', 'revisions', 'hops')
+return {'ok', r[1], r[2], r[3]}
+`)
+
+// parseBudget reads {usd, revisions, hops} decimal strings.
+func parseBudget(f []string) (*handoffv1.Budget, error) {
+	if len(f) != 3 {
+		return nil, fmt.Errorf("wallet has %d fields, want 3", len(f))
+	}
+	usd, err := strconv.ParseInt(f[0], 10, 64)
+	if err != nil {
+		return nil, fmt.Errorf("wallet usd: %w", err)
+	}
+	revs, err := strconv.ParseUint(f[1], 10, 32)
+	if err != nil {
+		return nil, fmt.Errorf("wallet revisions: %w", err)
+	}
+	hops, err := strconv.ParseUint(f[2], 10, 32)
+	if err != nil {
+		return nil, fmt.Errorf("wallet hops: %w", err)
+	}
+	return &handoffv1.Budget{UsdRemainingMicros: usd, RevisionsRemaining: uint32(revs), HopsRemaining: uint32(hops)}, nil
+}
+
+func (s *Redis) OpenWallet(ctx context.Context, id string, b *handoffv1.Budget) (*handoffv1.Budget, error) {
+	if id == "" {
+		return nil, fmt.Errorf("store: empty wallet id")
+	}
+	res, err := openWalletScript.Run(ctx, s.rdb, []string{s.key("wallet", id)},
+		b.GetUsdRemainingMicros(), b.GetRevisionsRemaining(), b.GetHopsRemaining()).StringSlice()
+	if err != nil {
+		return nil, s.errf("open wallet %s: %w", id, err)
+	}
+	out, err := parseBudget(res)
+	if err != nil {
+		return nil, s.errf("open wallet %s: %w", id, err)
+	}
+	return out, nil
+}
+
+func (s *Redis) Debit(ctx context.Context, id string, d Debit) (*handoffv1.Budget, error) {
+	require := "0"
+	if d.RequireMoney {
+		require = "1"
+	}
+	res, err := debitScript.Run(ctx, s.rdb, []string{s.key("wallet", id)},
+		d.Hops, d.Revisions, d.USDMicros, require).StringSlice()
+	if err != nil {
+		return nil, s.errf("debit wallet %s: %w", id, err)
+	}
+	switch res[0] {
+	case "ok":
+		out, err := parseBudget(res[1:])
+		if err != nil {
+			return nil, s.errf("debit wallet %s: %w", id, err)
+		}
+		return out, nil
+	case "notfound":
+		return nil, s.errf("debit wallet %s: %w", id, ErrNotFound)
+	case "empty":
+		return nil, s.errf("debit wallet %s: %w", id, ErrWalletEmpty)
+	case "negative":
+		return nil, errors.New("store: a debit cannot add money")
+	}
+	return nil, s.errf("debit wallet %s: unexpected script reply %q", id, res)
+}
+
+func (s *Redis) Wallet(ctx context.Context, id string) (*handoffv1.Budget, error) {
+	vals, err := s.rdb.HMGet(ctx, s.key("wallet", id), "usd", "revisions", "hops").Result()
+	if err != nil {
+		return nil, s.errf("wallet %s: %w", id, err)
+	}
+	f := make([]string, len(vals))
+	for i, v := range vals {
+		str, ok := v.(string)
+		if !ok {
+			return nil, s.errf("wallet %s: %w", id, ErrNotFound)
+		}
+		f[i] = str
+	}
+	out, err := parseBudget(f)
+	if err != nil {
+		return nil, s.errf("wallet %s: %w", id, err)
+	}
+	return out, nil
+}
+
+// ---- Idempotency ----
+
+// Idempotency records are "P" (pending) or "D" followed by the stored value.
+const (
+	idemPending = "P"
+	idemDone    = "D"
+)
+
+// claimScript sets the pending marker if the key is free (SET NX, with PX when ttl > 0) and
+// replies nil; otherwise it replies with the record there. KEYS: idem. ARGV: ttl in ms.
+var claimScript = redis.NewScript(`
+local ok
+if tonumber(ARGV[1]) > 0 then
+  ok = redis.call('SET', KEYS[1], 'P', 'NX', 'PX', ARGV[1])
+else
+  ok = redis.call('SET', KEYS[1], 'P', 'NX')
+end
+if ok then return false end
+return redis.call('GET', KEYS[1])
+`)
+
+// releaseScript deletes the record only while it is pending: a done record is never released.
+var releaseScript = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if v and v:sub(1, 1) == 'P' then redis.call('DEL', KEYS[1]) end
+return 0
+`)
+
+// ttlMillis rounds d up to whole milliseconds (PX has no finer unit); 0 means no expiry.
+func ttlMillis(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Millisecond - 1) / time.Millisecond)
+}
+
+func decodeIdemRecord(v string) (ClaimState, []byte, error) {
+	switch {
+	case v == idemPending:
+		return Pending, nil, nil
+	case strings.HasPrefix(v, idemDone):
+		return Done, []byte(v[len(idemDone):]), nil
+	}
+	return 0, nil, fmt.Errorf("unrecognised idempotency record %.16q", v)
+}
+
+func (s *Redis) Claim(ctx context.Context, key string, pendingTTL time.Duration) (ClaimState, []byte, error) {
+	if key == "" {
+		return 0, nil, fmt.Errorf("store: empty idempotency key")
+	}
+	v, err := claimScript.Run(ctx, s.rdb, []string{s.key("idem", key)}, ttlMillis(pendingTTL)).Text()
+	if errors.Is(err, redis.Nil) {
+		return Claimed, nil, nil
+	}
+	if err != nil {
+		return 0, nil, s.errf("claim %q: %w", key, err)
+	}
+	st, val, err := decodeIdemRecord(v)
+	if err != nil {
+		return 0, nil, s.errf("claim %q: %w", key, err)
+	}
+	return st, val, nil
+}
+
+// Complete is one SET: it replaces the pending marker, and SET without KEEPTTL drops the
+// marker's expiry, so ttl <= 0 keeps the result forever.
+func (s *Redis) Complete(ctx context.Context, key string, value []byte, ttl time.Duration) error {
+	rec := make([]byte, 0, len(idemDone)+len(value))
+	rec = append(append(rec, idemDone...), value...)
+	if err := s.rdb.Set(ctx, s.key("idem", key), rec, time.Duration(ttlMillis(ttl))*time.Millisecond).Err(); err != nil {
+		return s.errf("complete %q: %w", key, err)
+	}
+	return nil
+}
+
+func (s *Redis) Release(ctx context.Context, key string) error {
+	if err := releaseScript.Run(ctx, s.rdb, []string{s.key("idem", key)}).Err(); err != nil {
+		return s.errf("release %q: %w", key, err)
+	}
+	return nil
+}
+
+func (s *Redis) Lookup(ctx context.Context, key string) (ClaimState, []byte, error) {
+	v, err := s.rdb.Get(ctx, s.key("idem", key)).Result()
+	if errors.Is(err, redis.Nil) {
+		return 0, nil, nil
+	}
+	if err != nil {
+		return 0, nil, s.errf("lookup %q: %w", key, err)
+	}
+	st, val, err := decodeIdemRecord(v)
+	if err != nil {
+		return 0, nil, s.errf("lookup %q: %w", key, err)
+	}
+	return st, val, nil
+}
+
+// ---- Ledger ----
+
+// ledgerRecord is a ledger entry as stored; its ID comes from its position in the list.
+type ledgerRecord struct {
+	Key     string    `json:"key"`
+	Payload []byte    `json:"payload"`
+	At      time.Time `json:"at"`
+}
+
+func ledgerID(seq int64) string { return fmt.Sprintf("ledger-%06d", seq) }
+
+// AppendLedger is one RPUSH: its reply, the list's new length, is the entry's sequence number,
+// so no two appends (from any process) get the same ID.
+func (s *Redis) AppendLedger(ctx context.Context, key string, payload []byte) (LedgerEntry, error) {
+	e := LedgerEntry{Key: key, Payload: append([]byte(nil), payload...), At: s.now().UTC()}
+	data, err := json.Marshal(ledgerRecord{Key: e.Key, Payload: e.Payload, At: e.At})
+	if err != nil {
+		return LedgerEntry{}, fmt.Errorf("store: encode ledger entry: %w", err)
+	}
+	n, err := s.rdb.RPush(ctx, s.key("ledger"), data).Result()
+	if err != nil {
+		return LedgerEntry{}, s.errf("append ledger %q: %w", key, err)
+	}
+	e.ID = ledgerID(n)
+	return e, nil
+}
+
+func (s *Redis) LedgerEntries(ctx context.Context) ([]LedgerEntry, error) {
+	raw, err := s.rdb.LRange(ctx, s.key("ledger"), 0, -1).Result()
+	if err != nil {
+		return nil, s.errf("ledger entries: %w", err)
+	}
+	var out []LedgerEntry
+	for i, r := range raw {
+		var rec ledgerRecord
+		if err := json.Unmarshal([]byte(r), &rec); err != nil {
+			return nil, fmt.Errorf("store: decode ledger entry %d: %w", i+1, err)
+		}
+		out = append(out, LedgerEntry{ID: ledgerID(int64(i + 1)), Key: rec.Key, Payload: rec.Payload, At: rec.At})
+	}
+	return out, nil
+}
