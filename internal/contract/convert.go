@@ -52,6 +52,7 @@ func V1ToV2(p *handoffv1.HandoffPackage, deadline time.Time) (*handoffv2.Handoff
 			Deadline:           dl,
 			RevisionsRemaining: p.GetBudget().GetRevisionsRemaining(),
 			HopsRemaining:      p.GetBudget().GetHopsRemaining(),
+			WalletId:           p.GetBudget().GetWalletId(),
 		},
 	}
 	for i, a := range p.GetArtifacts() {
@@ -120,6 +121,7 @@ func V2ToV1(p *handoffv2.HandoffPackage) (*handoffv1.HandoffPackage, error) {
 			UsdRemainingMicros: b.GetUsdRemainingMicros(),
 			RevisionsRemaining: b.GetRevisionsRemaining(),
 			HopsRemaining:      b.GetHopsRemaining(),
+			WalletId:           b.GetWalletId(),
 		}
 	}
 	for i, a := range p.GetArtifacts() {

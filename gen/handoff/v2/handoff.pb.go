@@ -676,6 +676,8 @@ type Budget struct {
 	RevisionsRemaining uint32 `protobuf:"varint,2,opt,name=revisions_remaining,json=revisionsRemaining,proto3" json:"revisions_remaining,omitempty"`
 	// Hops left before the job escalates, so two stages cannot bounce a job forever.
 	HopsRemaining uint32 `protobuf:"varint,3,opt,name=hops_remaining,json=hopsRemaining,proto3" json:"hops_remaining,omitempty"`
+	// The wallet this budget is a view of; as in v1.
+	WalletId      string `protobuf:"bytes,5,opt,name=wallet_id,json=walletId,proto3" json:"wallet_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -736,6 +738,13 @@ func (x *Budget) GetHopsRemaining() uint32 {
 		return x.HopsRemaining
 	}
 	return 0
+}
+
+func (x *Budget) GetWalletId() string {
+	if x != nil {
+		return x.WalletId
+	}
+	return ""
 }
 
 // Trace is W3C Trace Context carried in the package, so a package read from a file or a
@@ -1180,12 +1189,13 @@ const file_handoff_v2_handoff_proto_rawDesc = "" +
 	"\x12evaluator.failures\x12Aa FAIL verdict needs at least one failure and a PASS verdict none\x1aMthis.last_verdict == 2 ? this.failures.size() > 0 : this.failures.size() == 0\"^\n" +
 	"\aFailure\x121\n" +
 	"\x04code\x18\x01 \x01(\tB\x1d\xbaH\x1a\xc8\x01\x01r\x15\x18@2\x11^[a-z][a-z0-9_]*$R\x04code\x12 \n" +
-	"\x06detail\x18\x02 \x01(\tB\b\xbaH\x05r\x03\x18\xf4\x03R\x06detail\"\xee\x01\n" +
+	"\x06detail\x18\x02 \x01(\tB\b\xbaH\x05r\x03\x18\xf4\x03R\x06detail\"\xac\x02\n" +
 	"\x06Budget\x129\n" +
 	"\x14usd_remaining_micros\x18\x01 \x01(\x03B\a\xbaH\x04\"\x02(\x00R\x12usdRemainingMicros\x12>\n" +
 	"\bdeadline\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampB\x06\xbaH\x03\xc8\x01\x01R\bdeadline\x128\n" +
 	"\x13revisions_remaining\x18\x02 \x01(\rB\a\xbaH\x04*\x02\x18dR\x12revisionsRemaining\x12/\n" +
-	"\x0ehops_remaining\x18\x03 \x01(\rB\b\xbaH\x05*\x03\x18\xe8\aR\rhopsRemaining\"\xb1\x02\n" +
+	"\x0ehops_remaining\x18\x03 \x01(\rB\b\xbaH\x05*\x03\x18\xe8\aR\rhopsRemaining\x12<\n" +
+	"\twallet_id\x18\x05 \x01(\tB\x1f\xbaH\x1cr\x1a\x18\x80\x012\x15^([A-Za-z0-9_.:-]+)?$R\bwalletId\"\xb1\x02\n" +
 	"\x05Trace\x12\xfd\x01\n" +
 	"\vtraceparent\x18\x01 \x01(\tB\xda\x01\xbaH\xd6\x01\xba\x01\xa1\x01\n" +
 	"\x13traceparent.nonzero\x12,trace id and parent id must not be all zeros\x1a\\!this.contains('-00000000000000000000000000000000-') && !this.contains('-0000000000000000-')\xc8\x01\x01r,2*^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$R\vtraceparent\x12(\n" +
