@@ -1,0 +1,235 @@
+// Package stack runs the whole platform in one process: coordinator, agent runner and
+// writeback, each on its own gRPC listener on loopback, talking to each other over real
+// gRPC, all on one embedded store. It is what `handoff up`, `handoff demo` and the
+// end-to-end tests start; production runs the three services as separate binaries.
+package stack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+
+	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+	"github.com/handoffhq/handoff/internal/artifact"
+	"github.com/handoffhq/handoff/internal/contract"
+	"github.com/handoffhq/handoff/internal/pipeline"
+	"github.com/handoffhq/handoff/internal/store"
+	"github.com/handoffhq/handoff/pipelines"
+	"github.com/handoffhq/handoff/services/agentrunner"
+	"github.com/handoffhq/handoff/services/agentrunner/support"
+	"github.com/handoffhq/handoff/services/coordinator"
+	"github.com/handoffhq/handoff/services/writeback"
+)
+
+// Config says where the stack listens and keeps its data. Zero values are filled in by
+// Start: the shipped pipelines and support agents, the default ports.
+type Config struct {
+	// DataDir holds the store file (handoff.db) and the artifacts folder.
+	DataDir string
+	// Listen addresses; "127.0.0.1:0" picks a free port.
+	CoordinatorAddr, RunnerAddr, WritebackAddr string
+	Pipelines                                  map[string]*pipeline.Pipeline
+	Agents                                     []agentrunner.Agent
+	// WebhookURL, when set, adds the "webhook" writeback target.
+	WebhookURL string
+	Logger     *slog.Logger
+	// Tamper is passed to the coordinator: fault injection for tests only.
+	Tamper func(*handoffv1.HandoffPackage)
+}
+
+// Default listen addresses of `handoff up`.
+const (
+	DefaultCoordinatorAddr = "127.0.0.1:50051"
+	DefaultRunnerAddr      = "127.0.0.1:50052"
+	DefaultWritebackAddr   = "127.0.0.1:50053"
+)
+
+// Stack is a running platform.
+type Stack struct {
+	Store       *store.Bolt
+	Artifacts   *artifact.Files
+	Runner      *agentrunner.Server
+	Coordinator *coordinator.Server
+	// Addresses actually listened on.
+	CoordinatorAddr, RunnerAddr, WritebackAddr string
+
+	servers []*grpc.Server
+	healths []*health.Server
+	conns   []*grpc.ClientConn
+}
+
+// ShippedPipelines loads the pipelines compiled into the binary.
+func ShippedPipelines() (map[string]*pipeline.Pipeline, error) {
+	return pipeline.LoadAll(pipelines.FS)
+}
+
+// Start opens the store, starts the three services and resumes any run left in flight.
+func Start(ctx context.Context, cfg Config) (st *Stack, err error) {
+	if cfg.DataDir == "" {
+		return nil, errors.New("stack: DataDir is required")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Pipelines == nil {
+		if cfg.Pipelines, err = ShippedPipelines(); err != nil {
+			return nil, fmt.Errorf("stack: load shipped pipelines: %w", err)
+		}
+	}
+	if cfg.Agents == nil {
+		cfg.Agents = support.Agents()
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
+		return nil, fmt.Errorf("stack: data dir: %w", err)
+	}
+	s := &Stack{}
+	defer func() {
+		if err != nil {
+			s.Close()
+		}
+	}()
+	if s.Store, err = store.Open(filepath.Join(cfg.DataDir, "handoff.db")); err != nil {
+		return nil, err
+	}
+	if s.Artifacts, err = artifact.NewFiles(filepath.Join(cfg.DataDir, "artifacts")); err != nil {
+		return nil, err
+	}
+	val, err := contract.NewValidator()
+	if err != nil {
+		return nil, err
+	}
+	log := cfg.Logger
+
+	// Listen first, so a taken port fails before anything runs.
+	lis := map[string]net.Listener{}
+	for name, addr := range map[string]string{"coordinator": or(cfg.CoordinatorAddr, DefaultCoordinatorAddr), "agent runner": or(cfg.RunnerAddr, DefaultRunnerAddr), "writeback": or(cfg.WritebackAddr, DefaultWritebackAddr)} {
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			for _, l := range lis {
+				l.Close()
+			}
+			return nil, fmt.Errorf("stack: %s cannot listen on %s: %w", name, addr, err)
+		}
+		lis[name] = l
+	}
+	s.CoordinatorAddr, s.RunnerAddr, s.WritebackAddr = lis["coordinator"].Addr().String(), lis["agent runner"].Addr().String(), lis["writeback"].Addr().String()
+
+	s.Runner, err = agentrunner.New(agentrunner.Options{Validator: val, Store: s.Store, Artifacts: s.Artifacts, Agents: cfg.Agents, Logger: log.With("service", "agentrunner")})
+	if err != nil {
+		return nil, err
+	}
+	s.serve(lis["agent runner"], handoffv1.AgentRunnerService_ServiceDesc.ServiceName, func(g *grpc.Server) { agentrunner.Register(g, s.Runner) })
+
+	// The demo ledger appends every write it receives (no key check of its own), so a
+	// double write the platform let through would show in its count.
+	targets := []writeback.Target{&writeback.Ledger{Store: s.Store, AppendOnly: true}}
+	if cfg.WebhookURL != "" {
+		wh, err := writeback.NewWebhook(writeback.WebhookConfig{URL: cfg.WebhookURL})
+		if err != nil {
+			return nil, err
+		}
+		targets = append(targets, wh)
+	}
+	wb, err := writeback.New(writeback.Options{Validator: val, Store: s.Store, Artifacts: s.Artifacts, Targets: targets, Logger: log.With("service", "writeback")})
+	if err != nil {
+		return nil, err
+	}
+	s.serve(lis["writeback"], handoffv1.WritebackService_ServiceDesc.ServiceName, func(g *grpc.Server) { writeback.Register(g, wb) })
+
+	runnerConn, err := s.dial(s.RunnerAddr)
+	if err != nil {
+		return nil, err
+	}
+	wbConn, err := s.dial(s.WritebackAddr)
+	if err != nil {
+		return nil, err
+	}
+	s.Coordinator, err = coordinator.New(coordinator.Options{
+		Store: s.Store, Pipelines: cfg.Pipelines, Validator: val, Logger: log.With("service", "coordinator"),
+		Runner:    handoffv1.NewAgentRunnerServiceClient(runnerConn),
+		Writeback: handoffv1.NewWritebackServiceClient(wbConn),
+		Dial:      func(addr string) (grpc.ClientConnInterface, error) { return s.dial(addr) },
+		Tamper:    cfg.Tamper,
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.serve(lis["coordinator"], handoffv1.CoordinatorService_ServiceDesc.ServiceName, func(g *grpc.Server) { coordinator.Register(g, s.Coordinator) })
+	if n, err := s.Coordinator.Resume(ctx); err != nil {
+		return nil, fmt.Errorf("stack: resume runs: %w", err)
+	} else if n > 0 {
+		log.Info("resumed runs left in flight", "runs", n)
+	}
+	return s, nil
+}
+
+func or(v, def string) string {
+	if v == "" {
+		return def
+	}
+	return v
+}
+
+// serve starts a gRPC server on l with the service, health and reflection (so grpcurl can
+// list and call it without proto files).
+func (s *Stack) serve(l net.Listener, service string, register func(*grpc.Server)) {
+	g := grpc.NewServer()
+	register(g)
+	hs := health.NewServer()
+	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	hs.SetServingStatus(service, healthpb.HealthCheckResponse_SERVING)
+	healthpb.RegisterHealthServer(g, hs)
+	reflection.Register(g)
+	s.servers = append(s.servers, g)
+	s.healths = append(s.healths, hs)
+	go g.Serve(l)
+}
+
+func (s *Stack) dial(addr string) (*grpc.ClientConn, error) {
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, err
+	}
+	s.conns = append(s.conns, cc)
+	return cc, nil
+}
+
+// Dial returns a client connection to one of the stack's addresses; Close closes it.
+func (s *Stack) Dial(addr string) (*grpc.ClientConn, error) { return s.dial(addr) }
+
+// Close drains the servers (in-flight calls finish, up to 10 s), stops the drivers and
+// closes the store. Runs still RUNNING resume at the next Start on the same DataDir.
+func (s *Stack) Close() {
+	for _, hs := range s.healths {
+		hs.Shutdown()
+	}
+	if s.Coordinator != nil {
+		s.Coordinator.Close()
+	}
+	for _, g := range s.servers {
+		done := make(chan struct{})
+		go func() { g.GracefulStop(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			g.Stop()
+		}
+	}
+	for _, c := range s.conns {
+		c.Close()
+	}
+	if s.Store != nil {
+		s.Store.Close()
+	}
+}

@@ -1,0 +1,351 @@
+// Package coordinator is the rail: deterministic code (never a model) that owns each job
+// run's state transitions, its one wallet, its hop count, the critique loop, the writeback
+// gate and escalation. It builds every package from the run's durable state, sends it to an
+// agent runner or the writeback service, and records the outcome before the next hop.
+package coordinator
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+	"github.com/handoffhq/handoff/internal/contract"
+	"github.com/handoffhq/handoff/internal/pipeline"
+	"github.com/handoffhq/handoff/internal/store"
+	"github.com/handoffhq/handoff/internal/traceparent"
+)
+
+// Options configure a Server. Store, Pipelines, Runner and Writeback are required.
+type Options struct {
+	Store     store.Store
+	Pipelines map[string]*pipeline.Pipeline
+	// Runner is the agent runner for stages that name no runner address of their own.
+	Runner handoffv1.AgentRunnerServiceClient
+	// Dial connects to a stage's own runner address (pipeline `runner:`). Nil: such
+	// pipelines are refused at start.
+	Dial func(addr string) (grpc.ClientConnInterface, error)
+	// Writeback is the only writer; the coordinator calls it only after a judge's PASS.
+	Writeback handoffv1.WritebackServiceClient
+	Validator *contract.Validator
+	Logger    *slog.Logger
+	// HopTimeout bounds one hop (ack plus stage result). Default 2m.
+	HopTimeout time.Duration
+	// Retry is how often a hop is retried when the peer is unreachable or answers Aborted
+	// (the stage or write is in flight elsewhere), with backoff. Default 8.
+	Retry int
+	// Tamper, when set, may modify each package right before it is sent. Fault injection
+	// for tests and the chaos harness only; never set in production.
+	Tamper func(*handoffv1.HandoffPackage)
+	Now    func() time.Time
+}
+
+// Server implements handoffv1.CoordinatorServiceServer.
+type Server struct {
+	handoffv1.UnimplementedCoordinatorServiceServer
+
+	opts    Options
+	log     *slog.Logger
+	runners map[string]handoffv1.AgentRunnerServiceClient // by address; "" = default
+
+	mu      sync.Mutex
+	driving map[string]bool          // run ids with a live driver in this process
+	notify  map[string]chan struct{} // closed and replaced whenever a run gets an event
+
+	wg     sync.WaitGroup
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+// New checks the options and returns a Server. Call Resume to pick up runs left in flight.
+func New(opts Options) (*Server, error) {
+	if opts.Store == nil || opts.Runner == nil || opts.Writeback == nil || opts.Validator == nil {
+		return nil, errors.New("coordinator: Store, Runner, Writeback and Validator are required")
+	}
+	if len(opts.Pipelines) == 0 {
+		return nil, errors.New("coordinator: no pipelines loaded")
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.HopTimeout <= 0 {
+		opts.HopTimeout = 2 * time.Minute
+	}
+	if opts.Retry <= 0 {
+		opts.Retry = 8
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	s := &Server{
+		opts:    opts,
+		log:     opts.Logger,
+		runners: map[string]handoffv1.AgentRunnerServiceClient{"": opts.Runner},
+		driving: map[string]bool{},
+		notify:  map[string]chan struct{}{},
+	}
+	for _, p := range opts.Pipelines {
+		for _, st := range p.Stages {
+			if st.Runner == "" || s.runners[st.Runner] != nil {
+				continue
+			}
+			if opts.Dial == nil {
+				return nil, fmt.Errorf("coordinator: pipeline %s stage %s names runner %s but no Dial is configured", p.Name, st.Name, st.Runner)
+			}
+			cc, err := opts.Dial(st.Runner)
+			if err != nil {
+				return nil, fmt.Errorf("coordinator: pipeline %s stage %s: dial runner %s: %w", p.Name, st.Name, st.Runner, err)
+			}
+			s.runners[st.Runner] = handoffv1.NewAgentRunnerServiceClient(cc)
+		}
+	}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	return s, nil
+}
+
+// Register adds the coordinator to a gRPC server.
+func Register(g *grpc.Server, s *Server) { handoffv1.RegisterCoordinatorServiceServer(g, s) }
+
+// Close stops driving runs and waits for the drivers to return. Runs left RUNNING stay so
+// in the store and are resumed by the next Resume.
+func (s *Server) Close() {
+	s.cancel()
+	s.wg.Wait()
+}
+
+// Resume starts a driver for every run the store has in RUNNING state.
+func (s *Server) Resume(ctx context.Context) (int, error) {
+	n, token := 0, ""
+	for {
+		runs, next, err := s.opts.Store.ListRuns(ctx, handoffv1.JobState_JOB_STATE_RUNNING, 200, token)
+		if err != nil {
+			return n, err
+		}
+		for _, r := range runs {
+			s.drive(r.GetRunId())
+			n++
+		}
+		if next == "" {
+			return n, nil
+		}
+		token = next
+	}
+}
+
+func newRunID() string {
+	b := make([]byte, 8)
+	if _, err := rand.Read(b); err != nil {
+		panic(err)
+	}
+	return "run_" + hex.EncodeToString(b)
+}
+
+func (s *Server) invalid(err error) error {
+	reasons := contract.Reasons(err)
+	parts := make([]string, 0, len(reasons))
+	for _, r := range reasons {
+		parts = append(parts, fmt.Sprintf("%s: %s", r.GetField(), r.GetMessage()))
+	}
+	return status.Errorf(codes.InvalidArgument, "invalid request: %s", strings.Join(parts, "; "))
+}
+
+func (s *Server) pipelineNames() string {
+	names := make([]string, 0, len(s.opts.Pipelines))
+	for n := range s.opts.Pipelines {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return strings.Join(names, ", ")
+}
+
+// SubmitJob creates a run and starts driving it.
+func (s *Server) SubmitJob(ctx context.Context, req *handoffv1.SubmitJobRequest) (*handoffv1.SubmitJobResponse, error) {
+	if err := s.opts.Validator.Validate(req); err != nil {
+		return nil, s.invalid(err)
+	}
+	p, ok := s.opts.Pipelines[req.GetPipeline()]
+	if !ok {
+		return nil, status.Errorf(codes.NotFound, "pipeline %q is not loaded (loaded: %s)", req.GetPipeline(), s.pipelineNames())
+	}
+	if tp := req.GetTrace().GetTraceparent(); tp != "" && !traceparent.Valid(tp) {
+		return nil, status.Errorf(codes.InvalidArgument, "invalid request: trace.traceparent %q is not a valid W3C traceparent", tp)
+	}
+	wallet := proto.Clone(req.GetBudget()).(*handoffv1.Budget)
+	if wallet.GetHopsRemaining() == 0 {
+		wallet.HopsRemaining = uint32(p.MaxHops)
+	}
+	if wallet.GetRevisionsRemaining() == 0 {
+		wallet.RevisionsRemaining = uint32(p.MaxRevisions)
+	}
+	tp := req.GetTrace().GetTraceparent()
+	if tp == "" {
+		tp = traceparent.New()
+	}
+	now := timestamppb.New(s.opts.Now())
+	job := &handoffv1.Job{
+		RunId:       newRunID(),
+		JobId:       req.GetJobId(),
+		Pipeline:    p.Name,
+		State:       handoffv1.JobState_JOB_STATE_RUNNING,
+		Goal:        req.GetGoal(),
+		Constraints: req.GetConstraints(),
+		Wallet:      wallet,
+		Stage:       p.First().Name,
+		Artifacts:   req.GetInputs(),
+		MemoryRefs:  req.GetMemoryRefs(),
+		Traceparent: tp,
+		CreatedAt:   now,
+		UpdatedAt:   now,
+		RequestId:   req.GetRequestId(),
+	}
+	run, created, err := s.opts.Store.CreateRun(ctx, job)
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "store: %v", err)
+	}
+	if !created {
+		return &handoffv1.SubmitJobResponse{Job: run, Existing: true}, nil
+	}
+	s.event(ctx, run, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_SUBMITTED, Stage: run.GetStage()})
+	s.log.Info("job submitted", "run_id", run.GetRunId(), "job_id", run.GetJobId(), "pipeline", p.Name, "trace_id", traceparent.TraceID(tp))
+	s.drive(run.GetRunId())
+	return &handoffv1.SubmitJobResponse{Job: run}, nil
+}
+
+func (s *Server) GetJob(ctx context.Context, req *handoffv1.GetJobRequest) (*handoffv1.GetJobResponse, error) {
+	if err := s.opts.Validator.Validate(req); err != nil {
+		return nil, s.invalid(err)
+	}
+	job, err := s.opts.Store.GetRun(ctx, req.GetRunId())
+	if err != nil {
+		return nil, storeErr(err, req.GetRunId())
+	}
+	return &handoffv1.GetJobResponse{Job: job}, nil
+}
+
+func storeErr(err error, runID string) error {
+	if errors.Is(err, store.ErrNotFound) {
+		return status.Errorf(codes.NotFound, "run %q not found", runID)
+	}
+	return status.Errorf(codes.Unavailable, "store: %v", err)
+}
+
+func (s *Server) ListJobs(ctx context.Context, req *handoffv1.ListJobsRequest) (*handoffv1.ListJobsResponse, error) {
+	if err := s.opts.Validator.Validate(req); err != nil {
+		return nil, s.invalid(err)
+	}
+	size := int(req.GetPageSize())
+	if size == 0 {
+		size = 50
+	}
+	runs, next, err := s.opts.Store.ListRuns(ctx, req.GetState(), size, req.GetPageToken())
+	if err != nil {
+		if strings.Contains(err.Error(), "page token") {
+			return nil, status.Errorf(codes.InvalidArgument, "invalid request: page_token: %v", err)
+		}
+		return nil, status.Errorf(codes.Unavailable, "store: %v", err)
+	}
+	return &handoffv1.ListJobsResponse{Jobs: runs, NextPageToken: next}, nil
+}
+
+// WatchJob sends the run's events from after_seq on, then live ones, and returns once the
+// run has reached a terminal state and every event was sent.
+func (s *Server) WatchJob(req *handoffv1.WatchJobRequest, stream grpc.ServerStreamingServer[handoffv1.WatchJobResponse]) error {
+	if err := s.opts.Validator.Validate(req); err != nil {
+		return s.invalid(err)
+	}
+	ctx := stream.Context()
+	after := req.GetAfterSeq()
+	for {
+		wait := s.waiter(req.GetRunId())
+		job, err := s.opts.Store.GetRun(ctx, req.GetRunId())
+		if err != nil {
+			return storeErr(err, req.GetRunId())
+		}
+		evs, err := s.opts.Store.Events(ctx, req.GetRunId(), after)
+		if err != nil {
+			return storeErr(err, req.GetRunId())
+		}
+		for _, ev := range evs {
+			if err := stream.Send(&handoffv1.WatchJobResponse{Event: ev}); err != nil {
+				return err
+			}
+			after = ev.GetSeq()
+		}
+		if terminal(job.GetState()) && len(evs) == 0 {
+			return nil
+		}
+		if len(evs) > 0 {
+			continue // the run may have ended while we were sending: read once more
+		}
+		select {
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
+		case <-s.ctx.Done():
+			return status.Error(codes.Unavailable, "coordinator is shutting down; watch again with after_seq to resume")
+		case <-wait:
+		case <-time.After(500 * time.Millisecond): // runs driven by another process
+		}
+	}
+}
+
+func terminal(st handoffv1.JobState) bool {
+	switch st {
+	case handoffv1.JobState_JOB_STATE_COMPLETED, handoffv1.JobState_JOB_STATE_ESCALATED, handoffv1.JobState_JOB_STATE_FAILED:
+		return true
+	}
+	return false
+}
+
+// waiter returns a channel closed at the run's next event.
+func (s *Server) waiter(runID string) <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ch, ok := s.notify[runID]
+	if !ok {
+		ch = make(chan struct{})
+		s.notify[runID] = ch
+	}
+	return ch
+}
+
+func (s *Server) wake(runID string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if ch, ok := s.notify[runID]; ok {
+		close(ch)
+		delete(s.notify, runID)
+	}
+}
+
+// event appends an event to the run's timeline, stamped with the run's state.
+func (s *Server) event(ctx context.Context, job *handoffv1.Job, ev *handoffv1.JobEvent) {
+	ev.RunId = job.GetRunId()
+	ev.JobId = job.GetJobId()
+	ev.At = timestamppb.New(s.opts.Now())
+	if ev.Traceparent == "" {
+		ev.Traceparent = job.GetTraceparent()
+	}
+	if ev.Wallet == nil {
+		ev.Wallet = proto.Clone(job.GetWallet()).(*handoffv1.Budget)
+	}
+	if ev.Hop == 0 {
+		ev.Hop = job.GetHops()
+	}
+	if _, err := s.opts.Store.AppendEvent(ctx, job.GetRunId(), ev); err != nil {
+		s.log.Error("append event", "run_id", job.GetRunId(), "kind", ev.GetKind().String(), "err", err)
+	}
+	s.wake(job.GetRunId())
+}

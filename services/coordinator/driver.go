@@ -1,0 +1,390 @@
+package coordinator
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+	"github.com/handoffhq/handoff/internal/contract"
+	"github.com/handoffhq/handoff/internal/pipeline"
+	"github.com/handoffhq/handoff/internal/traceparent"
+)
+
+// maxCarried caps the lists a package carries (the contract's size caps). The run keeps
+// everything; a package carries the most recent entries.
+const maxCarried = 64
+
+// drive starts the run's driver unless one is already running in this process.
+func (s *Server) drive(runID string) {
+	s.mu.Lock()
+	if s.driving[runID] {
+		s.mu.Unlock()
+		return
+	}
+	s.driving[runID] = true
+	s.mu.Unlock()
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		defer func() {
+			s.mu.Lock()
+			delete(s.driving, runID)
+			s.mu.Unlock()
+		}()
+		if err := s.run(s.ctx, runID); err != nil && s.ctx.Err() == nil {
+			s.log.Error("driver stopped", "run_id", runID, "err", err)
+		}
+	}()
+}
+
+// run advances the run hop by hop until it ends. The run is saved after every hop, so a
+// restart resumes at the last completed hop.
+func (s *Server) run(ctx context.Context, runID string) error {
+	for {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		job, err := s.opts.Store.GetRun(ctx, runID)
+		if err != nil {
+			return err
+		}
+		if terminal(job.GetState()) {
+			return nil
+		}
+		if err := s.step(ctx, job); err != nil {
+			return err
+		}
+	}
+}
+
+// step makes one hop of a RUNNING run and saves the outcome.
+func (s *Server) step(ctx context.Context, job *handoffv1.Job) error {
+	p, ok := s.opts.Pipelines[job.GetPipeline()]
+	if !ok {
+		return s.finish(ctx, job, handoffv1.JobState_JOB_STATE_FAILED, nil, fmt.Sprintf("pipeline %q is no longer loaded", job.GetPipeline()))
+	}
+	st, _, ok := p.Stage(job.GetStage())
+	if !ok {
+		return s.finish(ctx, job, handoffv1.JobState_JOB_STATE_FAILED, nil, fmt.Sprintf("stage %q is not in pipeline %s", job.GetStage(), p.Name))
+	}
+	// The rail checks the wallet before it sends anything: an empty wallet or the hop cap
+	// ends the run here, gracefully, instead of in the middle of a stage.
+	if job.GetWallet().GetHopsRemaining() == 0 {
+		return s.escalate(ctx, job, p, handoffv1.EscalationCause_ESCALATION_CAUSE_HOP_CAP, fmt.Sprintf("hop cap reached after %d hops", job.GetHops()), nil)
+	}
+	if job.GetWallet().GetUsdRemainingMicros() == 0 {
+		return s.escalate(ctx, job, p, handoffv1.EscalationCause_ESCALATION_CAUSE_WALLET_EMPTY, "the job's wallet is empty", nil)
+	}
+	pkg := s.buildPackage(job, st)
+	if st.IsWriteback() {
+		return s.writeback(ctx, job, p, st, pkg)
+	}
+	return s.agentHop(ctx, job, p, st, pkg)
+}
+
+// buildPackage makes the package for stage st from the run's durable state alone. Goal and
+// constraints come from intake and nothing else can change them.
+func (s *Server) buildPackage(job *handoffv1.Job, st *pipeline.Stage) *handoffv1.HandoffPackage {
+	pkg := &handoffv1.HandoffPackage{
+		Schema:        contract.V1,
+		JobId:         job.GetJobId(),
+		Stage:         st.Name,
+		Goal:          job.GetGoal(),
+		Constraints:   job.GetConstraints(),
+		Artifacts:     last(job.GetArtifacts()),
+		OpenQuestions: last(job.GetOpenQuestions()),
+		ToolsTried:    last(job.GetToolsTried()),
+		Evaluator:     job.GetEvaluator(),
+		Budget:        job.GetWallet(),
+		MemoryRefs:    job.GetMemoryRefs(),
+		Trace:         &handoffv1.Trace{Traceparent: traceparent.Child(job.GetTraceparent())},
+		NextHint:      job.GetNextHint(),
+	}
+	pkg = proto.Clone(pkg).(*handoffv1.HandoffPackage)
+	if s.opts.Tamper != nil {
+		s.opts.Tamper(pkg)
+	}
+	return pkg
+}
+
+func last[T any](xs []T) []T {
+	if len(xs) > maxCarried {
+		return xs[len(xs)-maxCarried:]
+	}
+	return xs
+}
+
+// agentHop sends the package to the stage's agent runner and applies the outcome.
+func (s *Server) agentHop(ctx context.Context, job *handoffv1.Job, p *pipeline.Pipeline, st *pipeline.Stage, pkg *handoffv1.HandoffPackage) error {
+	runner := s.runners[st.Runner]
+	req := &handoffv1.DeliverRequest{Package: pkg, Agent: st.AgentName(), RequiredTools: st.Tools}
+	hop := job.GetHops() + 1
+	s.event(ctx, job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_PACKAGE_SENT, Stage: st.Name, Traceparent: pkg.GetTrace().GetTraceparent(), Hop: hop})
+
+	var ack *handoffv1.Ack
+	var result *handoffv1.StageResult
+	err := s.retry(ctx, job, st.Name, func(ctx context.Context) error {
+		var err error
+		ack, result, err = deliver(ctx, runner, req)
+		return err
+	})
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return s.finish(ctx, job, handoffv1.JobState_JOB_STATE_FAILED, nil, fmt.Sprintf("stage %s: agent runner unreachable: %v", st.Name, err))
+	}
+
+	// The hop happened: one hop off the wallet, whatever the ack says.
+	job.Hops = hop
+	job.Wallet.HopsRemaining--
+	s.event(ctx, job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_ACK, Stage: st.Name, Ack: ack, Traceparent: ack.GetTraceparent(), Hop: hop})
+
+	switch ack.GetStatus() {
+	case handoffv1.AckStatus_ACK_STATUS_ACCEPTED:
+	case handoffv1.AckStatus_ACK_STATUS_DUPLICATE:
+		// The stage already completed for this job: take its first result, do no new work.
+		prior := ack.GetPrior()
+		result = &handoffv1.StageResult{
+			JobId: job.GetJobId(), Stage: st.Name, Status: handoffv1.StageStatus_STAGE_STATUS_COMPLETED,
+			Artifacts: prior.GetArtifacts(), Evaluator: prior.GetEvaluator(), NextHint: prior.GetNextHint(),
+			Traceparent: ack.GetTraceparent(),
+		}
+	default:
+		return s.escalate(ctx, job, p, causeFor(ack.GetStatus()), fmt.Sprintf("stage %s answered %s", st.Name, ack.GetStatus()), ack.GetReasons())
+	}
+	if err := s.opts.Validator.Validate(result); err != nil {
+		// Fail closed on agent output: nothing of an invalid result enters the run.
+		return s.escalate(ctx, job, p, handoffv1.EscalationCause_ESCALATION_CAUSE_STAGE_FAILED, fmt.Sprintf("stage %s returned an invalid result", st.Name), contract.Reasons(err))
+	}
+
+	// One wallet: the stage's spend comes off it, never below zero.
+	spent := result.GetSpentUsdMicros()
+	job.SpentUsdMicros += spent
+	job.Wallet.UsdRemainingMicros = max(0, job.GetWallet().GetUsdRemainingMicros()-spent)
+	s.event(ctx, job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_STAGE_RESULT, Stage: st.Name, Result: result, Traceparent: ack.GetTraceparent(), Hop: hop})
+
+	if result.GetStatus() == handoffv1.StageStatus_STAGE_STATUS_FAILED {
+		return s.escalate(ctx, job, p, handoffv1.EscalationCause_ESCALATION_CAUSE_STAGE_FAILED, fmt.Sprintf("stage %s failed: %s", st.Name, result.GetError()), nil)
+	}
+	job.Artifacts = append(job.Artifacts, result.GetArtifacts()...)
+	job.ToolsTried = append(job.ToolsTried, result.GetToolsTried()...)
+	job.OpenQuestions = result.GetOpenQuestions()
+	job.NextHint = result.GetNextHint()
+
+	if st.IsJudge() {
+		ev := result.GetEvaluator()
+		if ev.GetLastVerdict() == handoffv1.Verdict_VERDICT_UNSPECIFIED {
+			return s.escalate(ctx, job, p, handoffv1.EscalationCause_ESCALATION_CAUSE_STAGE_FAILED, fmt.Sprintf("judge %s returned no verdict", st.Name), nil)
+		}
+		job.Evaluator = ev
+		s.event(ctx, job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_VERDICT, Stage: st.Name, Evaluator: ev, Traceparent: ack.GetTraceparent(), Hop: hop})
+		if ev.GetLastVerdict() == handoffv1.Verdict_VERDICT_FAIL {
+			if job.GetWallet().GetRevisionsRemaining() == 0 {
+				return s.escalate(ctx, job, p, handoffv1.EscalationCause_ESCALATION_CAUSE_REVISIONS_EXHAUSTED,
+					fmt.Sprintf("judge %s failed the work and no revisions are left", st.Name), failureReasons(ev))
+			}
+			// Critique loop: back to the reviser, with the failures in the package.
+			job.Wallet.RevisionsRemaining--
+			job.Revisions++
+			job.Stage = st.Revise
+			return s.save(ctx, job)
+		}
+	}
+	ns, ok := p.Next(st.Name)
+	if !ok {
+		return s.finish(ctx, job, handoffv1.JobState_JOB_STATE_COMPLETED, nil, "")
+	}
+	job.Stage = ns.Name
+	return s.save(ctx, job)
+}
+
+// writeback calls the writeback service, only ever after a judge's PASS.
+func (s *Server) writeback(ctx context.Context, job *handoffv1.Job, p *pipeline.Pipeline, st *pipeline.Stage, pkg *handoffv1.HandoffPackage) error {
+	if job.GetEvaluator().GetLastVerdict() != handoffv1.Verdict_VERDICT_PASS {
+		return s.escalate(ctx, job, p, handoffv1.EscalationCause_ESCALATION_CAUSE_WRITE_REFUSED,
+			fmt.Sprintf("writeback %s refused by the rail: last verdict is %s, not PASS", st.Name, job.GetEvaluator().GetLastVerdict()), nil)
+	}
+	art := latestArtifact(job.GetArtifacts(), st.Input)
+	if art == nil {
+		return s.escalate(ctx, job, p, handoffv1.EscalationCause_ESCALATION_CAUSE_WRITE_REFUSED,
+			fmt.Sprintf("writeback %s: no artifact with schema version %q to write", st.Name, st.Input), nil)
+	}
+	hop := job.GetHops() + 1
+	s.event(ctx, job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_PACKAGE_SENT, Stage: st.Name, Traceparent: pkg.GetTrace().GetTraceparent(), Hop: hop})
+	req := &handoffv1.WriteRequest{Package: pkg, Artifact: art, Target: st.Writer.Target}
+	var resp *handoffv1.WriteResponse
+	err := s.retry(ctx, job, st.Name, func(ctx context.Context) error {
+		var err error
+		resp, err = s.opts.Writeback.Write(ctx, req)
+		return err
+	})
+	job.Hops = hop
+	job.Wallet.HopsRemaining--
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return s.escalate(ctx, job, p, handoffv1.EscalationCause_ESCALATION_CAUSE_WRITE_REFUSED, fmt.Sprintf("writeback %s: %v", st.Name, status.Convert(err).Message()), nil)
+	}
+	job.Receipt = resp.GetReceipt()
+	// The hop belongs to this run's trace. A duplicate's receipt keeps the trace of the run
+	// that made the write, which is what it documents.
+	tp := pkg.GetTrace().GetTraceparent()
+	ack := &handoffv1.Ack{Status: handoffv1.AckStatus_ACK_STATUS_ACCEPTED, JobId: job.GetJobId(), Stage: st.Name, Traceparent: tp, Schema: contract.V1}
+	if resp.GetDuplicate() {
+		ack.Status = handoffv1.AckStatus_ACK_STATUS_DUPLICATE
+		ack.Prior = &handoffv1.PriorResult{Receipt: resp.GetReceipt(), CompletedAt: resp.GetReceipt().GetWrittenAt()}
+	}
+	s.event(ctx, job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_ACK, Stage: st.Name, Ack: ack, Traceparent: ack.GetTraceparent(), Hop: hop})
+	s.event(ctx, job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_RECEIPT, Stage: st.Name, Receipt: resp.GetReceipt(), Traceparent: tp, Hop: hop})
+	if ns, ok := p.Next(st.Name); ok {
+		job.Stage = ns.Name
+		return s.save(ctx, job)
+	}
+	return s.finish(ctx, job, handoffv1.JobState_JOB_STATE_COMPLETED, nil, "")
+}
+
+func latestArtifact(arts []*handoffv1.Artifact, schemaVersion string) *handoffv1.Artifact {
+	for i := len(arts) - 1; i >= 0; i-- {
+		if schemaVersion == "" || arts[i].GetSchemaVersion() == schemaVersion {
+			return arts[i]
+		}
+	}
+	return nil
+}
+
+// deliver sends one package and reads the ack and, after ACCEPTED, the stage result.
+func deliver(ctx context.Context, runner handoffv1.AgentRunnerServiceClient, req *handoffv1.DeliverRequest) (*handoffv1.Ack, *handoffv1.StageResult, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := runner.Deliver(ctx, req)
+	if err != nil {
+		return nil, nil, err
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		return nil, nil, err
+	}
+	ack := first.GetAck()
+	if ack == nil {
+		return nil, nil, status.Error(codes.Internal, "agent runner broke the protocol: first message is not an ack")
+	}
+	if ack.GetStatus() != handoffv1.AckStatus_ACK_STATUS_ACCEPTED {
+		return ack, nil, nil
+	}
+	msg, err := stream.Recv()
+	if err == io.EOF {
+		return nil, nil, status.Error(codes.Unavailable, "agent runner closed the stream after ACCEPTED without a result")
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	if msg.GetResult() == nil {
+		return nil, nil, status.Error(codes.Internal, "agent runner broke the protocol: second message is not a stage result")
+	}
+	return ack, msg.GetResult(), nil
+}
+
+// retry runs call until it succeeds, fails for good, or the attempts run out. Unavailable
+// (peer down), Aborted (the same stage or write is in flight elsewhere),
+// ResourceExhausted and DeadlineExceeded are retried with backoff; the rail's keys make a
+// repeat harmless.
+func (s *Server) retry(ctx context.Context, job *handoffv1.Job, stage string, call func(context.Context) error) error {
+	backoff := 50 * time.Millisecond
+	var err error
+	for attempt := 1; attempt <= s.opts.Retry; attempt++ {
+		hctx, cancel := context.WithTimeout(ctx, s.opts.HopTimeout)
+		err = call(hctx)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		switch status.Code(err) {
+		case codes.Unavailable, codes.Aborted, codes.ResourceExhausted, codes.DeadlineExceeded:
+		default:
+			return err
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		s.log.Warn("hop failed, retrying", "run_id", job.GetRunId(), "job_id", job.GetJobId(), "stage", stage, "attempt", attempt, "err", err)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
+	return err
+}
+
+func causeFor(st handoffv1.AckStatus) handoffv1.EscalationCause {
+	switch st {
+	case handoffv1.AckStatus_ACK_STATUS_REJECTED_SCHEMA:
+		return handoffv1.EscalationCause_ESCALATION_CAUSE_REJECTED_SCHEMA
+	case handoffv1.AckStatus_ACK_STATUS_REJECTED_ROLE:
+		return handoffv1.EscalationCause_ESCALATION_CAUSE_REJECTED_ROLE
+	case handoffv1.AckStatus_ACK_STATUS_REJECTED_BUDGET:
+		return handoffv1.EscalationCause_ESCALATION_CAUSE_REJECTED_BUDGET
+	}
+	return handoffv1.EscalationCause_ESCALATION_CAUSE_STAGE_FAILED
+}
+
+func failureReasons(ev *handoffv1.Evaluator) []*handoffv1.Reason {
+	out := make([]*handoffv1.Reason, 0, len(ev.GetFailures()))
+	for _, f := range ev.GetFailures() {
+		out = append(out, &handoffv1.Reason{Field: "evaluator.failures", Rule: f.GetCode(), Message: f.GetDetail()})
+	}
+	return out
+}
+
+func (s *Server) save(ctx context.Context, job *handoffv1.Job) error {
+	job.UpdatedAt = timestamppb.New(s.opts.Now())
+	if err := s.opts.Store.PutRun(ctx, job); err != nil {
+		return fmt.Errorf("save run %s: %w", job.GetRunId(), err)
+	}
+	return nil
+}
+
+func (s *Server) escalate(ctx context.Context, job *handoffv1.Job, p *pipeline.Pipeline, cause handoffv1.EscalationCause, detail string, reasons []*handoffv1.Reason) error {
+	job.Escalation = &handoffv1.Escalation{
+		Cause: cause, Stage: job.GetStage(), Detail: detail, Reasons: reasons,
+		Route: p.Escalation.Route, At: timestamppb.New(s.opts.Now()),
+	}
+	return s.finish(ctx, job, handoffv1.JobState_JOB_STATE_ESCALATED, job.Escalation, detail)
+}
+
+// finish saves the run in a terminal state and records the last event.
+func (s *Server) finish(ctx context.Context, job *handoffv1.Job, state handoffv1.JobState, esc *handoffv1.Escalation, detail string) error {
+	job.State = state
+	if state == handoffv1.JobState_JOB_STATE_FAILED {
+		// The rail itself could not go on (a peer unreachable past every retry, a pipeline
+		// gone): no escalation cause, but the run still says why it stopped.
+		esc = &handoffv1.Escalation{Stage: job.GetStage(), Detail: detail, At: timestamppb.New(s.opts.Now())}
+		job.Escalation = esc
+	}
+	if err := s.save(ctx, job); err != nil {
+		return err
+	}
+	ev := &handoffv1.JobEvent{Stage: job.GetStage(), Escalation: esc}
+	switch state {
+	case handoffv1.JobState_JOB_STATE_COMPLETED:
+		ev.Kind = handoffv1.EventKind_EVENT_KIND_COMPLETED
+	case handoffv1.JobState_JOB_STATE_ESCALATED:
+		ev.Kind = handoffv1.EventKind_EVENT_KIND_ESCALATED
+	default:
+		ev.Kind = handoffv1.EventKind_EVENT_KIND_FAILED
+	}
+	s.event(ctx, job, ev)
+	s.log.Info("job ended", "run_id", job.GetRunId(), "job_id", job.GetJobId(), "state", state.String(), "stage", job.GetStage(), "detail", detail,
+		"trace_id", traceparent.TraceID(job.GetTraceparent()))
+	return nil
+}
