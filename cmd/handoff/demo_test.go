@@ -1,0 +1,53 @@
+package main
+
+import (
+	"bytes"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// TestDemo runs the README's first command in-process and checks what it promises: the
+// job completes through one judge FAIL, a revision and a PASS; every hop line of a run
+// carries that run's one trace id; the resubmitted job answers DUPLICATE at every hop; and
+// exactly one external write happened.
+func TestDemo(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := runDemo([]string{"--data", t.TempDir()}, &out, &errb); code != 0 {
+		t.Fatalf("demo exit %d\nstdout:\n%s\nstderr:\n%s", code, out.String(), errb.String())
+	}
+	text := out.String()
+	runs := strings.Split(text, "\nrun ")
+	if len(runs) != 3 {
+		t.Fatalf("want two runs in the output, got:\n%s", text)
+	}
+	hopLine := regexp.MustCompile(`(?m)^\s+(\d+)\s+(\w+)\s+(\w+)\s+(.*?)\s+(\$\S+ r\d+ h\d+)\s+([0-9a-f]{32})$`)
+	for i, run := range runs[1:] {
+		trace := regexp.MustCompile(`trace ([0-9a-f]{32})`).FindStringSubmatch(run)
+		if trace == nil {
+			t.Fatalf("run %d has no trace id:\n%s", i+1, run)
+		}
+		lines := hopLine.FindAllStringSubmatch(run, -1)
+		if len(lines) != 7 {
+			t.Fatalf("run %d: %d hop lines, want 7 (intake, retrieve, draft, judge FAIL, draft, judge PASS, writeback):\n%s", i+1, len(lines), run)
+		}
+		var verdicts []string
+		for _, l := range lines {
+			if l[6] != trace[1] {
+				t.Errorf("run %d hop %s (%s) on trace %s, want %s", i+1, l[1], l[2], l[6], trace[1])
+			}
+			if i == 1 && l[3] != "DUPLICATE" {
+				t.Errorf("second run hop %s (%s) acked %s, want DUPLICATE", l[1], l[2], l[3])
+			}
+			if strings.Contains(l[4], "verdict") {
+				verdicts = append(verdicts, l[4])
+			}
+		}
+		if len(verdicts) != 2 || !strings.HasPrefix(verdicts[0], "verdict FAIL citation_missing") || verdicts[1] != "verdict PASS" {
+			t.Errorf("run %d verdicts %q; want FAIL citation_missing then PASS", i+1, verdicts)
+		}
+	}
+	if !strings.Contains(text, "external writes in the ledger: 1 ") {
+		t.Fatalf("want exactly one external write:\n%s", text)
+	}
+}
