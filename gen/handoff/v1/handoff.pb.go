@@ -748,7 +748,11 @@ type Ack struct {
 	// On DUPLICATE: what the first completion produced.
 	Prior *PriorResult `protobuf:"bytes,6,opt,name=prior,proto3" json:"prior,omitempty"`
 	// The package's schema version as received (useful when it was the version that failed).
-	Schema        string `protobuf:"bytes,7,opt,name=schema,proto3" json:"schema,omitempty"`
+	Schema string `protobuf:"bytes,7,opt,name=schema,proto3" json:"schema,omitempty"`
+	// The job's wallet after the receiver debited this hop from the shared store; absent when
+	// the receiver did not debit (the wallet is not in its store, or the package was rejected
+	// before the budget check). The sender debits the hop itself only when this is absent.
+	Wallet        *Budget `protobuf:"bytes,8,opt,name=wallet,proto3" json:"wallet,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -830,6 +834,13 @@ func (x *Ack) GetSchema() string {
 		return x.Schema
 	}
 	return ""
+}
+
+func (x *Ack) GetWallet() *Budget {
+	if x != nil {
+		return x.Wallet
+	}
+	return nil
 }
 
 // Reason is one machine-readable cause of a rejection.
@@ -1128,7 +1139,7 @@ const file_handoff_v1_handoff_proto_rawDesc = "" +
 	"\x13traceparent.nonzero\x12,trace id and parent id must not be all zeros\x1a\\!this.contains('-00000000000000000000000000000000-') && !this.contains('-0000000000000000-')\xc8\x01\x01r,2*^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$R\vtraceparent\x12(\n" +
 	"\n" +
 	"tracestate\x18\x02 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x04R\n" +
-	"tracestate\"\x8b\x04\n" +
+	"tracestate\"\xb7\x04\n" +
 	"\x03Ack\x12:\n" +
 	"\x06status\x18\x01 \x01(\x0e2\x15.handoff.v1.AckStatusB\v\xbaH\b\xc8\x01\x01\x82\x01\x02\x10\x01R\x06status\x12\x1f\n" +
 	"\x06job_id\x18\x02 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x01R\x05jobId\x12\x1d\n" +
@@ -1136,7 +1147,8 @@ const file_handoff_v1_handoff_proto_rawDesc = "" +
 	"\vtraceparent\x18\x04 \x01(\tB\a\xbaH\x04r\x02\x187R\vtraceparent\x126\n" +
 	"\areasons\x18\x05 \x03(\v2\x12.handoff.v1.ReasonB\b\xbaH\x05\x92\x01\x02\x10@R\areasons\x12-\n" +
 	"\x05prior\x18\x06 \x01(\v2\x17.handoff.v1.PriorResultR\x05prior\x12\x1f\n" +
-	"\x06schema\x18\a \x01(\tB\a\xbaH\x04r\x02\x18@R\x06schema:\xd4\x01\xbaH\xd0\x01\x1ao\n" +
+	"\x06schema\x18\a \x01(\tB\a\xbaH\x04r\x02\x18@R\x06schema\x12*\n" +
+	"\x06wallet\x18\b \x01(\v2\x12.handoff.v1.BudgetR\x06wallet:\xd4\x01\xbaH\xd0\x01\x1ao\n" +
 	"\vack.reasons\x12(a rejected ack needs at least one reason\x1a6!(this.status in [2, 3, 4]) || this.reasons.size() > 0\x1a]\n" +
 	"\tack.prior\x12+a DUPLICATE ack must carry the prior result\x1a#this.status != 5 || has(this.prior)\"L\n" +
 	"\x06Reason\x12\x14\n" +
@@ -1211,16 +1223,17 @@ var file_handoff_v1_handoff_proto_depIdxs = []int32{
 	1,  // 7: handoff.v1.Ack.status:type_name -> handoff.v1.AckStatus
 	10, // 8: handoff.v1.Ack.reasons:type_name -> handoff.v1.Reason
 	11, // 9: handoff.v1.Ack.prior:type_name -> handoff.v1.PriorResult
-	3,  // 10: handoff.v1.PriorResult.artifacts:type_name -> handoff.v1.Artifact
-	12, // 11: handoff.v1.PriorResult.receipt:type_name -> handoff.v1.Receipt
-	13, // 12: handoff.v1.PriorResult.completed_at:type_name -> google.protobuf.Timestamp
-	5,  // 13: handoff.v1.PriorResult.evaluator:type_name -> handoff.v1.Evaluator
-	13, // 14: handoff.v1.Receipt.written_at:type_name -> google.protobuf.Timestamp
-	15, // [15:15] is the sub-list for method output_type
-	15, // [15:15] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	7,  // 10: handoff.v1.Ack.wallet:type_name -> handoff.v1.Budget
+	3,  // 11: handoff.v1.PriorResult.artifacts:type_name -> handoff.v1.Artifact
+	12, // 12: handoff.v1.PriorResult.receipt:type_name -> handoff.v1.Receipt
+	13, // 13: handoff.v1.PriorResult.completed_at:type_name -> google.protobuf.Timestamp
+	5,  // 14: handoff.v1.PriorResult.evaluator:type_name -> handoff.v1.Evaluator
+	13, // 15: handoff.v1.Receipt.written_at:type_name -> google.protobuf.Timestamp
+	16, // [16:16] is the sub-list for method output_type
+	16, // [16:16] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_handoff_v1_handoff_proto_init() }
