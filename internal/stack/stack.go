@@ -14,8 +14,8 @@ import (
 	"path/filepath"
 	"time"
 
+	oteltrace "go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
@@ -24,7 +24,9 @@ import (
 	"github.com/handoffhq/handoff/internal/artifact"
 	"github.com/handoffhq/handoff/internal/contract"
 	"github.com/handoffhq/handoff/internal/pipeline"
+	"github.com/handoffhq/handoff/internal/rpc"
 	"github.com/handoffhq/handoff/internal/store"
+	"github.com/handoffhq/handoff/internal/telemetry"
 	"github.com/handoffhq/handoff/pipelines"
 	"github.com/handoffhq/handoff/services/agentrunner"
 	"github.com/handoffhq/handoff/services/agentrunner/support"
@@ -46,6 +48,9 @@ type Config struct {
 	Logger     *slog.Logger
 	// Tamper is passed to the coordinator: fault injection for tests only.
 	Tamper func(*handoffv1.HandoffPackage)
+	// TracerProvider for every service's spans; default: an SDK provider that makes ids
+	// and exports over OTLP only when OTEL_EXPORTER_OTLP_ENDPOINT is set.
+	TracerProvider oteltrace.TracerProvider
 }
 
 // Default listen addresses of `handoff up`.
@@ -64,9 +69,15 @@ type Stack struct {
 	// Addresses actually listened on.
 	CoordinatorAddr, RunnerAddr, WritebackAddr string
 
-	servers []*grpc.Server
-	healths []*health.Server
-	conns   []*grpc.ClientConn
+	// Metrics of each service, by name (coordinator, agentrunner, writeback).
+	Metrics map[string]*telemetry.Metrics
+
+	tp       oteltrace.TracerProvider
+	shutdown func(context.Context) error
+	log      *slog.Logger
+	servers  []*grpc.Server
+	healths  []*health.Server
+	conns    []*grpc.ClientConn
 }
 
 // ShippedPipelines loads the pipelines compiled into the binary.
@@ -93,7 +104,14 @@ func Start(ctx context.Context, cfg Config) (st *Stack, err error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
 		return nil, fmt.Errorf("stack: data dir: %w", err)
 	}
-	s := &Stack{}
+	s := &Stack{Metrics: map[string]*telemetry.Metrics{}, tp: cfg.TracerProvider, log: cfg.Logger}
+	if s.tp == nil {
+		tp, err := telemetry.NewTracerProvider(ctx, "handoff")
+		if err != nil {
+			return nil, err
+		}
+		s.tp, s.shutdown = tp, tp.Shutdown
+	}
 	defer func() {
 		if err != nil {
 			s.Close()
@@ -129,7 +147,7 @@ func Start(ctx context.Context, cfg Config) (st *Stack, err error) {
 	if err != nil {
 		return nil, err
 	}
-	s.serve(lis["agent runner"], handoffv1.AgentRunnerService_ServiceDesc.ServiceName, func(g *grpc.Server) { agentrunner.Register(g, s.Runner) })
+	s.serve(lis["agent runner"], "agentrunner", handoffv1.AgentRunnerService_ServiceDesc.ServiceName, func(g *grpc.Server) { agentrunner.Register(g, s.Runner) })
 
 	// The demo ledger appends every write it receives (no key check of its own), so a
 	// double write the platform let through would show in its count.
@@ -145,7 +163,7 @@ func Start(ctx context.Context, cfg Config) (st *Stack, err error) {
 	if err != nil {
 		return nil, err
 	}
-	s.serve(lis["writeback"], handoffv1.WritebackService_ServiceDesc.ServiceName, func(g *grpc.Server) { writeback.Register(g, wb) })
+	s.serve(lis["writeback"], "writeback", handoffv1.WritebackService_ServiceDesc.ServiceName, func(g *grpc.Server) { writeback.Register(g, wb) })
 
 	runnerConn, err := s.dial(s.RunnerAddr)
 	if err != nil {
@@ -157,15 +175,16 @@ func Start(ctx context.Context, cfg Config) (st *Stack, err error) {
 	}
 	s.Coordinator, err = coordinator.New(coordinator.Options{
 		Store: s.Store, Pipelines: cfg.Pipelines, Validator: val, Logger: log.With("service", "coordinator"),
-		Runner:    handoffv1.NewAgentRunnerServiceClient(runnerConn),
-		Writeback: handoffv1.NewWritebackServiceClient(wbConn),
-		Dial:      func(addr string) (grpc.ClientConnInterface, error) { return s.dial(addr) },
-		Tamper:    cfg.Tamper,
+		Runner:         handoffv1.NewAgentRunnerServiceClient(runnerConn),
+		Writeback:      handoffv1.NewWritebackServiceClient(wbConn),
+		Dial:           func(addr string) (grpc.ClientConnInterface, error) { return s.dial(addr) },
+		Tamper:         cfg.Tamper,
+		TracerProvider: s.tp,
 	})
 	if err != nil {
 		return nil, err
 	}
-	s.serve(lis["coordinator"], handoffv1.CoordinatorService_ServiceDesc.ServiceName, func(g *grpc.Server) { coordinator.Register(g, s.Coordinator) })
+	s.serve(lis["coordinator"], "coordinator", handoffv1.CoordinatorService_ServiceDesc.ServiceName, func(g *grpc.Server) { coordinator.Register(g, s.Coordinator) })
 	if n, err := s.Coordinator.Resume(ctx); err != nil {
 		return nil, fmt.Errorf("stack: resume runs: %w", err)
 	} else if n > 0 {
@@ -181,23 +200,26 @@ func or(v, def string) string {
 	return v
 }
 
-// serve starts a gRPC server on l with the service, health and reflection (so grpcurl can
-// list and call it without proto files).
-func (s *Stack) serve(l net.Listener, service string, register func(*grpc.Server)) {
-	g := grpc.NewServer()
+// serve starts a gRPC server on l with the platform's interceptor chain, the service,
+// health and reflection (so grpcurl can list and call it without proto files).
+func (s *Stack) serve(l net.Listener, name, service string, register func(*grpc.Server)) {
+	m := telemetry.NewMetrics()
+	s.Metrics[name] = m
+	g := rpc.NewServer(rpc.ServerConfig{Service: name, Logger: s.log, TracerProvider: s.tp, Metrics: m})
 	register(g)
 	hs := health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	hs.SetServingStatus(service, healthpb.HealthCheckResponse_SERVING)
 	healthpb.RegisterHealthServer(g, hs)
 	reflection.Register(g)
+	m.RPC.InitializeMetrics(g)
 	s.servers = append(s.servers, g)
 	s.healths = append(s.healths, hs)
 	go g.Serve(l)
 }
 
 func (s *Stack) dial(addr string) (*grpc.ClientConn, error) {
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	cc, err := rpc.Dial(addr, rpc.DialConfig{TracerProvider: s.tp})
 	if err != nil {
 		return nil, err
 	}
@@ -231,5 +253,10 @@ func (s *Stack) Close() {
 	}
 	if s.Store != nil {
 		s.Store.Close()
+	}
+	if s.shutdown != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		s.shutdown(ctx) // flush spans to the OTLP exporter, when one is configured
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	oteltrace "go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -24,6 +25,7 @@ import (
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/contract"
+	hoptrace "github.com/handoffhq/handoff/internal/interceptor/trace"
 	"github.com/handoffhq/handoff/internal/pipeline"
 	"github.com/handoffhq/handoff/internal/store"
 	"github.com/handoffhq/handoff/internal/traceparent"
@@ -51,6 +53,9 @@ type Options struct {
 	// for tests and the chaos harness only; never set in production.
 	Tamper func(*handoffv1.HandoffPackage)
 	Now    func() time.Time
+	// TracerProvider starts the job's spans: one per hop the coordinator sends, parent of
+	// the receiver's ack span. A no-op provider falls back to bare traceparents.
+	TracerProvider oteltrace.TracerProvider
 }
 
 // Server implements handoffv1.CoordinatorServiceServer.
@@ -59,6 +64,7 @@ type Server struct {
 
 	opts    Options
 	log     *slog.Logger
+	tracer  oteltrace.Tracer
 	runners map[string]handoffv1.AgentRunnerServiceClient // by address; "" = default
 
 	mu      sync.Mutex
@@ -90,9 +96,13 @@ func New(opts Options) (*Server, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
+	if opts.TracerProvider == nil {
+		opts.TracerProvider = oteltrace.NewNoopTracerProvider()
+	}
 	s := &Server{
 		opts:    opts,
 		log:     opts.Logger,
+		tracer:  opts.TracerProvider.Tracer("github.com/handoffhq/handoff/services/coordinator"),
 		runners: map[string]handoffv1.AgentRunnerServiceClient{"": opts.Runner},
 		driving: map[string]bool{},
 		notify:  map[string]chan struct{}{},
@@ -192,7 +202,12 @@ func (s *Server) SubmitJob(ctx context.Context, req *handoffv1.SubmitJobRequest)
 	}
 	tp := req.GetTrace().GetTraceparent()
 	if tp == "" {
-		tp = traceparent.New()
+		// The job's trace starts here (under the caller's gRPC trace when it sent one).
+		sctx, span := s.tracer.Start(ctx, "handoff.submit "+req.GetJobId())
+		span.End()
+		if tp = hoptrace.Format(sctx); tp == "" {
+			tp = traceparent.New()
+		}
 	}
 	now := timestamppb.New(s.opts.Now())
 	job := &handoffv1.Job{

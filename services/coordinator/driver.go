@@ -6,6 +6,8 @@ import (
 	"io"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	oteltrace "go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -13,6 +15,7 @@ import (
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/contract"
+	hoptrace "github.com/handoffhq/handoff/internal/interceptor/trace"
 	"github.com/handoffhq/handoff/internal/pipeline"
 	"github.com/handoffhq/handoff/internal/traceparent"
 )
@@ -82,16 +85,28 @@ func (s *Server) step(ctx context.Context, job *handoffv1.Job) error {
 	if job.GetWallet().GetUsdRemainingMicros() == 0 {
 		return s.escalate(ctx, job, p, handoffv1.EscalationCause_ESCALATION_CAUSE_WALLET_EMPTY, "the job's wallet is empty", nil)
 	}
-	pkg := s.buildPackage(job, st)
-	if st.IsWriteback() {
-		return s.writeback(ctx, job, p, st, pkg)
+	// The hop's send span: a child of the job's trace, and the parent of the receiver's
+	// ack span through the package's traceparent (and of the gRPC client span).
+	parent, _ := hoptrace.Parse(ctx, job.GetTraceparent(), "")
+	hctx, span := s.tracer.Start(parent, "handoff.send "+st.Name, oteltrace.WithSpanKind(oteltrace.SpanKindProducer),
+		oteltrace.WithAttributes(attribute.String("handoff.job_id", job.GetJobId()), attribute.String("handoff.stage", st.Name), attribute.String("handoff.run_id", job.GetRunId())))
+	defer span.End()
+	tp := hoptrace.Format(hctx)
+	if tp == "" {
+		tp = traceparent.Child(job.GetTraceparent())
 	}
-	return s.agentHop(ctx, job, p, st, pkg)
+	pkg := s.buildPackage(job, st, tp)
+	// Hop calls run under the span (so gRPC metadata carries it); saving state does not
+	// depend on it.
+	if st.IsWriteback() {
+		return s.writeback(hctx, job, p, st, pkg)
+	}
+	return s.agentHop(hctx, job, p, st, pkg)
 }
 
 // buildPackage makes the package for stage st from the run's durable state alone. Goal and
 // constraints come from intake and nothing else can change them.
-func (s *Server) buildPackage(job *handoffv1.Job, st *pipeline.Stage) *handoffv1.HandoffPackage {
+func (s *Server) buildPackage(job *handoffv1.Job, st *pipeline.Stage, tp string) *handoffv1.HandoffPackage {
 	pkg := &handoffv1.HandoffPackage{
 		Schema:        contract.V1,
 		JobId:         job.GetJobId(),
@@ -104,7 +119,7 @@ func (s *Server) buildPackage(job *handoffv1.Job, st *pipeline.Stage) *handoffv1
 		Evaluator:     job.GetEvaluator(),
 		Budget:        job.GetWallet(),
 		MemoryRefs:    job.GetMemoryRefs(),
-		Trace:         &handoffv1.Trace{Traceparent: traceparent.Child(job.GetTraceparent())},
+		Trace:         &handoffv1.Trace{Traceparent: tp},
 		NextHint:      job.GetNextHint(),
 	}
 	pkg = proto.Clone(pkg).(*handoffv1.HandoffPackage)

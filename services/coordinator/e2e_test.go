@@ -6,6 +6,7 @@ package coordinator_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -102,12 +103,24 @@ type env struct {
 	defaultBudget *handoffv1.Budget
 }
 
+// testLogger keeps warnings and errors in the test log, where a failure shows them.
+func testLogger(t *testing.T) *slog.Logger {
+	return slog.New(slog.NewTextHandler(tlog{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
+
+type tlog struct{ t *testing.T }
+
+func (w tlog) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
+
 // start runs the stack with the relay pipeline and scripted agents, or with the shipped
 // support pipeline and agents when judge is nil.
 func start(t *testing.T, maxHops, maxRevisions int, verdicts []handoffv1.Verdict, tamper func(*handoffv1.HandoffPackage)) *env {
 	t.Helper()
 	e := &env{defaultBudget: &handoffv1.Budget{UsdRemainingMicros: 1_000_000}}
-	cfg := stack.Config{DataDir: t.TempDir(), CoordinatorAddr: "127.0.0.1:0", RunnerAddr: "127.0.0.1:0", WritebackAddr: "127.0.0.1:0", Tamper: tamper}
+	cfg := stack.Config{DataDir: t.TempDir(), CoordinatorAddr: "127.0.0.1:0", RunnerAddr: "127.0.0.1:0", WritebackAddr: "127.0.0.1:0", Tamper: tamper, Logger: testLogger(t)}
 	if verdicts != nil {
 		p, problems, err := pipeline.Parse("relay.yaml", []byte(fmt.Sprintf(relay, maxHops, maxRevisions)))
 		if err != nil || pipeline.HasErrors(problems) {

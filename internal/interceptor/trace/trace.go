@@ -1,0 +1,175 @@
+// Package trace keeps one W3C trace across every hop of a job. The trace travels twice:
+// in gRPC metadata (otelgrpc's stats handler reads and writes it) and in the package's
+// trace.traceparent, so a package read from a file, a queue or grpcurl still joins the trace
+// it came from. When the two disagree the package wins: it is the durable record of the
+// job, metadata is whatever the last client happened to send. The mismatch is logged.
+package trace
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	oteltrace "go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+
+	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+)
+
+// TracerName is the instrumentation scope of the spans this package starts.
+const TracerName = "github.com/handoffhq/handoff/internal/interceptor/trace"
+
+var w3c = propagation.TraceContext{}
+
+// Format renders the span context in ctx as a traceparent ("" when there is none).
+func Format(ctx context.Context) string {
+	c := propagation.MapCarrier{}
+	w3c.Inject(ctx, c)
+	return c["traceparent"]
+}
+
+// Parse returns ctx carrying tp as its remote parent span context, and whether tp was a
+// valid traceparent.
+func Parse(ctx context.Context, tp, tracestate string) (context.Context, bool) {
+	c := propagation.MapCarrier{"traceparent": tp}
+	if tracestate != "" {
+		c["tracestate"] = tracestate
+	}
+	out := w3c.Extract(ctx, c)
+	return out, oteltrace.SpanContextFromContext(out).IsValid()
+}
+
+type options struct {
+	tp  oteltrace.TracerProvider
+	log *slog.Logger
+}
+
+// Option configures the interceptors.
+type Option func(*options)
+
+// WithTracerProvider sets the provider spans are started with (required in practice: the
+// global provider is a no-op that makes no trace ids).
+func WithTracerProvider(tp oteltrace.TracerProvider) Option { return func(o *options) { o.tp = tp } }
+
+// WithLogger sets where trace mismatches are logged.
+func WithLogger(l *slog.Logger) Option { return func(o *options) { o.log = l } }
+
+func build(opts []Option) *options {
+	o := &options{log: slog.Default()}
+	for _, f := range opts {
+		f(o)
+	}
+	if o.tp == nil {
+		o.tp = oteltrace.NewNoopTracerProvider()
+	}
+	return o
+}
+
+// packageOf finds the HandoffPackage a request carries: the request itself, or its
+// "package" field.
+func packageOf(m any) *handoffv1.HandoffPackage {
+	pm, ok := m.(proto.Message)
+	if !ok {
+		return nil
+	}
+	if p, ok := pm.(*handoffv1.HandoffPackage); ok {
+		return p
+	}
+	r := pm.ProtoReflect()
+	fd := r.Descriptor().Fields().ByName("package")
+	if fd == nil || fd.Kind() != protoreflect.MessageKind || !r.Has(fd) {
+		return nil
+	}
+	p, _ := r.Get(fd).Message().Interface().(*handoffv1.HandoffPackage)
+	return p
+}
+
+// join starts the hop's server span. With a package traceparent, the span continues the
+// package's trace; without one, it continues the metadata's (or a new) trace and the
+// package is stamped with it, so the stages after this one see the same trace.
+func (o *options) join(ctx context.Context, fullMethod string, req any) (context.Context, oteltrace.Span) {
+	name := "handoff " + strings.TrimPrefix(fullMethod, "/")
+	p := packageOf(req)
+	parent := ctx
+	var attrs []attribute.KeyValue
+	if p != nil {
+		attrs = append(attrs, attribute.String("handoff.job_id", p.GetJobId()), attribute.String("handoff.stage", p.GetStage()))
+		name = "handoff.ack " + p.GetStage()
+		if pctx, ok := Parse(ctx, p.GetTrace().GetTraceparent(), p.GetTrace().GetTracestate()); ok {
+			md := oteltrace.SpanContextFromContext(ctx)
+			pkg := oteltrace.SpanContextFromContext(pctx)
+			if md.IsValid() && md.TraceID() != pkg.TraceID() {
+				o.log.WarnContext(ctx, "trace mismatch: metadata and package carry different traces; the package's wins",
+					"method", fullMethod, "job_id", p.GetJobId(), "stage", p.GetStage(),
+					"metadata_trace_id", md.TraceID().String(), "package_trace_id", pkg.TraceID().String())
+			}
+			parent = pctx
+		}
+	}
+	ctx, span := o.tp.Tracer(TracerName).Start(parent, name, oteltrace.WithSpanKind(oteltrace.SpanKindInternal), oteltrace.WithAttributes(attrs...))
+	if p != nil && p.GetTrace().GetTraceparent() == "" {
+		if tp := Format(ctx); tp != "" {
+			p.Trace = &handoffv1.Trace{Traceparent: tp}
+		}
+	}
+	return ctx, span
+}
+
+func end(span oteltrace.Span, err error) {
+	if err != nil {
+		span.SetStatus(codes.Error, status.Convert(err).Message())
+	}
+	span.End()
+}
+
+// UnaryServerInterceptor joins each call to its package's trace.
+func UnaryServerInterceptor(opts ...Option) grpc.UnaryServerInterceptor {
+	o := build(opts)
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		ctx, span := o.join(ctx, info.FullMethod, req)
+		resp, err := handler(ctx, req)
+		end(span, err)
+		return resp, err
+	}
+}
+
+// StreamServerInterceptor does the same for streams. The request is only known once it is
+// received, so the span starts at the first RecvMsg and Context() returns the joined
+// context from then on (the generated handlers receive before they read the context).
+func StreamServerInterceptor(opts ...Option) grpc.StreamServerInterceptor {
+	o := build(opts)
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		w := &stream{ServerStream: ss, o: o, method: info.FullMethod, ctx: ss.Context()}
+		err := handler(srv, w)
+		if w.span != nil {
+			end(w.span, err)
+		}
+		return err
+	}
+}
+
+type stream struct {
+	grpc.ServerStream
+	o      *options
+	method string
+	ctx    context.Context
+	span   oteltrace.Span
+}
+
+func (s *stream) Context() context.Context { return s.ctx }
+
+func (s *stream) RecvMsg(m any) error {
+	if err := s.ServerStream.RecvMsg(m); err != nil {
+		return err
+	}
+	if s.span == nil {
+		s.ctx, s.span = s.o.join(s.ctx, s.method, m)
+	}
+	return nil
+}

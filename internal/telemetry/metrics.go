@@ -1,0 +1,104 @@
+package telemetry
+
+import (
+	"context"
+	"net/http"
+	"strings"
+
+	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+
+	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+)
+
+// Metrics are one service's Prometheus metrics: go-grpc-middleware's per-method RPC
+// metrics (grpc_server_handled_total{grpc_method, grpc_code}, handling-time histogram) and
+// handoff_acks_total{grpc_method, status}, one count per Ack the service answers with.
+type Metrics struct {
+	Registry *prometheus.Registry
+	RPC      *grpcprom.ServerMetrics
+	Acks     *prometheus.CounterVec
+}
+
+// NewMetrics registers the metrics (and the Go runtime and process collectors) on a fresh
+// registry, so tests and several in-process services never collide.
+func NewMetrics() *Metrics {
+	m := &Metrics{
+		Registry: prometheus.NewRegistry(),
+		RPC:      grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram()),
+		Acks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "handoff_acks_total",
+			Help: "Acks sent, by gRPC method and ack status (ACCEPTED, REJECTED_SCHEMA, REJECTED_ROLE, REJECTED_BUDGET, DUPLICATE).",
+		}, []string{"grpc_method", "status"}),
+	}
+	m.Registry.MustRegister(m.RPC, m.Acks, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// Handler serves the registry in the Prometheus text format (mount it at /metrics).
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{Registry: m.Registry})
+}
+
+// ackOf finds an Ack in a response: the message itself, or its "ack" field.
+func ackOf(msg any) *handoffv1.Ack {
+	pm, ok := msg.(proto.Message)
+	if !ok {
+		return nil
+	}
+	if a, ok := pm.(*handoffv1.Ack); ok {
+		return a
+	}
+	r := pm.ProtoReflect()
+	fd := r.Descriptor().Fields().ByName("ack")
+	if fd == nil || fd.Kind() != protoreflect.MessageKind || !r.Has(fd) {
+		return nil
+	}
+	a, _ := r.Get(fd).Message().Interface().(*handoffv1.Ack)
+	return a
+}
+
+func (m *Metrics) count(fullMethod string, msg any) {
+	if a := ackOf(msg); a != nil {
+		method := fullMethod[strings.LastIndex(fullMethod, "/")+1:]
+		m.Acks.WithLabelValues(method, strings.TrimPrefix(a.GetStatus().String(), "ACK_STATUS_")).Inc()
+	}
+}
+
+// AckUnaryInterceptor counts the Ack in each unary response.
+func (m *Metrics) AckUnaryInterceptor() grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		resp, err := handler(ctx, req)
+		if err == nil {
+			m.count(info.FullMethod, resp)
+		}
+		return resp, err
+	}
+}
+
+// AckStreamInterceptor counts each Ack a stream sends (whoever sends it: a rejecting
+// interceptor or the handler).
+func (m *Metrics) AckStreamInterceptor() grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		return handler(srv, &ackStream{ServerStream: ss, m: m, method: info.FullMethod})
+	}
+}
+
+type ackStream struct {
+	grpc.ServerStream
+	m      *Metrics
+	method string
+}
+
+func (s *ackStream) SendMsg(msg any) error {
+	err := s.ServerStream.SendMsg(msg)
+	if err == nil {
+		s.m.count(s.method, msg)
+	}
+	return err
+}

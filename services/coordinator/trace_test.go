@@ -1,0 +1,74 @@
+package coordinator_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+	"github.com/handoffhq/handoff/internal/artifact"
+	"github.com/handoffhq/handoff/internal/stack"
+	"github.com/handoffhq/handoff/internal/traceparent"
+	"github.com/handoffhq/handoff/services/agentrunner/support"
+)
+
+// TestOneTracePerJob runs the support job with an in-memory span exporter and checks that
+// the coordinator's send span, the receiver's ack span and the writeback receipt of every
+// hop are on the job's one trace, and that each ack span is the child of its send span (the
+// package's traceparent, not only gRPC metadata, carried it).
+func TestOneTracePerJob(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	t.Cleanup(func() { tp.Shutdown(context.Background()) })
+	st, err := stack.Start(context.Background(), stack.Config{DataDir: t.TempDir(), CoordinatorAddr: "127.0.0.1:0", RunnerAddr: "127.0.0.1:0", WritebackAddr: "127.0.0.1:0", TracerProvider: tp, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	cc, err := st.Dial(st.CoordinatorAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &env{st: st, client: handoffv1.NewCoordinatorServiceClient(cc), defaultBudget: &handoffv1.Budget{UsdRemainingMicros: 1_000_000}}
+	if e.input, err = st.Artifacts.Put(context.Background(), artifact.Ref{JobID: "tkt_1", Stage: "submit", Type: "raw_ticket", SchemaVersion: "raw_ticket.v1", MediaType: "application/json"}, support.SampleTicket()); err != nil {
+		t.Fatal(err)
+	}
+	job, _ := e.submit(t, "support-ticket", "tkt_1", "", e.defaultBudget)
+	if job.GetState() != handoffv1.JobState_JOB_STATE_COMPLETED {
+		t.Fatalf("job %s: %v", job.GetState(), job.GetEscalation())
+	}
+	want := traceparent.TraceID(job.GetTraceparent())
+	if got := traceparent.TraceID(job.GetReceipt().GetTraceparent()); got != want {
+		t.Fatalf("receipt on trace %s, job on %s", got, want)
+	}
+	sends := map[string]sdktrace.ReadOnlySpan{} // span id -> send span
+	var acks []sdktrace.ReadOnlySpan
+	for _, s := range exp.GetSpans().Snapshots() {
+		switch {
+		case strings.HasPrefix(s.Name(), "handoff.send "):
+			sends[s.SpanContext().SpanID().String()] = s
+		case strings.HasPrefix(s.Name(), "handoff.ack "):
+			acks = append(acks, s)
+		}
+	}
+	if len(sends) != 7 || len(acks) != 7 {
+		t.Fatalf("%d send spans and %d ack spans, want 7 each (intake, retrieve, draft, judge, draft, judge, writeback)", len(sends), len(acks))
+	}
+	for _, s := range sends {
+		if s.SpanContext().TraceID().String() != want {
+			t.Errorf("send span %s on trace %s, want %s", s.Name(), s.SpanContext().TraceID(), want)
+		}
+	}
+	for _, a := range acks {
+		if a.SpanContext().TraceID().String() != want {
+			t.Errorf("ack span %s on trace %s, want %s", a.Name(), a.SpanContext().TraceID(), want)
+		}
+		send, ok := sends[a.Parent().SpanID().String()]
+		if !ok || strings.TrimPrefix(send.Name(), "handoff.send ") != strings.TrimPrefix(a.Name(), "handoff.ack ") {
+			t.Errorf("ack span %s is not the child of its stage's send span (parent %s)", a.Name(), a.Parent().SpanID())
+		}
+	}
+}
