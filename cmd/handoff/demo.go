@@ -25,7 +25,7 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 	var f stackFlags
 	b := config.New(fs)
 	// Free ports and a fresh folder by default, so the demo runs beside `handoff up`.
-	bindStack(b, &f, "", "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0")
+	bindStack(b, &f, "", "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0", "")
 	if err := b.Parse(args); err != nil {
 		if err == flag.ErrHelp {
 			return 0

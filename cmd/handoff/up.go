@@ -6,26 +6,31 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"net/http"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/handoffhq/handoff/internal/config"
 	"github.com/handoffhq/handoff/internal/stack"
+	"github.com/handoffhq/handoff/internal/telemetry"
 )
 
 // stackFlags are the settings `up` and `demo` share.
 type stackFlags struct {
-	data, coordinator, runner, writeback, webhook string
-	verbose                                       bool
+	data, coordinator, runner, writeback, webhook, metrics string
+	verbose                                                bool
 }
 
-func bindStack(b *config.Binder, f *stackFlags, defData, defCoord, defRunner, defWB string) {
+func bindStack(b *config.Binder, f *stackFlags, defData, defCoord, defRunner, defWB, defMetrics string) {
 	b.String(&f.data, "data", "HANDOFF_DATA", defData, "folder for the embedded store and the artifacts")
 	b.String(&f.coordinator, "coordinator-listen", "HANDOFF_COORDINATOR_LISTEN", defCoord, "coordinator gRPC address")
 	b.String(&f.runner, "agentrunner-listen", "HANDOFF_AGENTRUNNER_LISTEN", defRunner, "agent runner gRPC address")
 	b.String(&f.writeback, "writeback-listen", "HANDOFF_WRITEBACK_LISTEN", defWB, "writeback gRPC address")
 	b.String(&f.webhook, "webhook-url", "HANDOFF_WEBHOOK_URL", "", "add a 'webhook' writeback target posting to this URL")
-	b.Bool(&f.verbose, "v", "HANDOFF_VERBOSE", false, "log every hop (JSON on stderr)")
+	b.String(&f.metrics, "metrics-listen", "HANDOFF_METRICS_LISTEN", defMetrics, "serve Prometheus metrics at http://ADDR/metrics (empty: off)")
+	b.Bool(&f.verbose, "v", "HANDOFF_VERBOSE", false, "log every call (JSON on stderr)")
 }
 
 func (f *stackFlags) config(stderr io.Writer) stack.Config {
@@ -49,7 +54,7 @@ func runUp(args []string, stdout, stderr io.Writer) int {
 	}
 	var f stackFlags
 	b := config.New(fs)
-	bindStack(b, &f, "handoff-data", stack.DefaultCoordinatorAddr, stack.DefaultRunnerAddr, stack.DefaultWritebackAddr)
+	bindStack(b, &f, "handoff-data", stack.DefaultCoordinatorAddr, stack.DefaultRunnerAddr, stack.DefaultWritebackAddr, "127.0.0.1:9464")
 	if err := b.Parse(args); err != nil {
 		if err == flag.ErrHelp {
 			return 0
@@ -64,8 +69,23 @@ func runUp(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "handoff up:", err)
 		return 1
 	}
-	fmt.Fprintf(stdout, "handoff up: data in %s\n  coordinator   %s\n  agent runner  %s\n  writeback     %s\ntry: grpcurl -plaintext %s list\nCtrl-C drains in-flight calls and stops.\n",
-		f.data, st.CoordinatorAddr, st.RunnerAddr, st.WritebackAddr, st.CoordinatorAddr)
+	fmt.Fprintf(stdout, "handoff up: data in %s\n  coordinator   %s\n  agent runner  %s\n  writeback     %s\n",
+		f.data, st.CoordinatorAddr, st.RunnerAddr, st.WritebackAddr)
+	if f.metrics != "" {
+		lis, err := net.Listen("tcp", f.metrics)
+		if err != nil {
+			st.Close()
+			fmt.Fprintf(stderr, "handoff up: --metrics-listen %s: %v\n", f.metrics, err)
+			return 1
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", telemetry.Handler(st.Registry))
+		hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		go hs.Serve(lis)
+		defer hs.Close()
+		fmt.Fprintf(stdout, "  metrics       http://%s/metrics\n", lis.Addr())
+	}
+	fmt.Fprintf(stdout, "try: grpcurl -plaintext %s list\nCtrl-C drains in-flight calls and stops.\n", st.CoordinatorAddr)
 	<-ctx.Done()
 	fmt.Fprintln(stdout, "handoff up: stopping")
 	st.Close()

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	oteltrace "go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
@@ -69,8 +70,9 @@ type Stack struct {
 	// Addresses actually listened on.
 	CoordinatorAddr, RunnerAddr, WritebackAddr string
 
-	// Metrics of each service, by name (coordinator, agentrunner, writeback).
-	Metrics map[string]*telemetry.Metrics
+	// Registry holds the three services' metrics (label service=...); serve it with
+	// telemetry.Handler.
+	Registry *prometheus.Registry
 
 	tp       oteltrace.TracerProvider
 	shutdown func(context.Context) error
@@ -104,7 +106,7 @@ func Start(ctx context.Context, cfg Config) (st *Stack, err error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
 		return nil, fmt.Errorf("stack: data dir: %w", err)
 	}
-	s := &Stack{Metrics: map[string]*telemetry.Metrics{}, tp: cfg.TracerProvider, log: cfg.Logger}
+	s := &Stack{Registry: telemetry.NewRegistry(), tp: cfg.TracerProvider, log: cfg.Logger}
 	if s.tp == nil {
 		tp, err := telemetry.NewTracerProvider(ctx, "handoff")
 		if err != nil {
@@ -203,8 +205,7 @@ func or(v, def string) string {
 // serve starts a gRPC server on l with the platform's interceptor chain, the service,
 // health and reflection (so grpcurl can list and call it without proto files).
 func (s *Stack) serve(l net.Listener, name, service string, register func(*grpc.Server)) {
-	m := telemetry.NewMetrics()
-	s.Metrics[name] = m
+	m := telemetry.NewMetrics(s.Registry, name)
 	g := rpc.NewServer(rpc.ServerConfig{Service: name, Logger: s.log, TracerProvider: s.tp, Metrics: m})
 	register(g)
 	hs := health.NewServer()

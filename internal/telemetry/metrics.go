@@ -19,30 +19,37 @@ import (
 // Metrics are one service's Prometheus metrics: go-grpc-middleware's per-method RPC
 // metrics (grpc_server_handled_total{grpc_method, grpc_code}, handling-time histogram) and
 // handoff_acks_total{grpc_method, status}, one count per Ack the service answers with.
+// Every series carries service="<name>", so several services can share one registry (as
+// in `handoff up`).
 type Metrics struct {
-	Registry *prometheus.Registry
-	RPC      *grpcprom.ServerMetrics
-	Acks     *prometheus.CounterVec
+	RPC  *grpcprom.ServerMetrics
+	Acks *prometheus.CounterVec
 }
 
-// NewMetrics registers the metrics (and the Go runtime and process collectors) on a fresh
-// registry, so tests and several in-process services never collide.
-func NewMetrics() *Metrics {
+// NewRegistry returns a registry with the Go runtime and process collectors. A fresh
+// registry per process (or per test) keeps registrations from colliding.
+func NewRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}
+
+// NewMetrics registers service's metrics on reg.
+func NewMetrics(reg prometheus.Registerer, service string) *Metrics {
 	m := &Metrics{
-		Registry: prometheus.NewRegistry(),
-		RPC:      grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram()),
+		RPC: grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram()),
 		Acks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "handoff_acks_total",
 			Help: "Acks sent, by gRPC method and ack status (ACCEPTED, REJECTED_SCHEMA, REJECTED_ROLE, REJECTED_BUDGET, DUPLICATE).",
 		}, []string{"grpc_method", "status"}),
 	}
-	m.Registry.MustRegister(m.RPC, m.Acks, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	prometheus.WrapRegistererWith(prometheus.Labels{"service": service}, reg).MustRegister(m.RPC, m.Acks)
 	return m
 }
 
-// Handler serves the registry in the Prometheus text format (mount it at /metrics).
-func (m *Metrics) Handler() http.Handler {
-	return promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{Registry: m.Registry})
+// Handler serves reg in the Prometheus text format (mount it at /metrics).
+func Handler(reg *prometheus.Registry) http.Handler {
+	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})
 }
 
 // ackOf finds an Ack in a response: the message itself, or its "ack" field.
