@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"github.com/handoffhq/handoff/internal/contract"
 	hoptrace "github.com/handoffhq/handoff/internal/interceptor/trace"
 	"github.com/handoffhq/handoff/internal/pipeline"
+	"github.com/handoffhq/handoff/internal/store"
 	"github.com/handoffhq/handoff/internal/traceparent"
 )
 
@@ -48,23 +50,72 @@ func (s *Server) drive(runID string) {
 }
 
 // run advances the run hop by hop until it ends. The run is saved after every hop, so a
-// restart resumes at the last completed hop.
+// restart resumes at the last completed hop. When the store fails, the run waits and tries
+// again: it neither skips a hop nor ends in a state it did not reach.
 func (s *Server) run(ctx context.Context, runID string) error {
+	backoff := 100 * time.Millisecond
 	for {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		job, err := s.opts.Store.GetRun(ctx, runID)
-		if err != nil {
-			return err
-		}
-		if terminal(job.GetState()) {
+		err := s.advance(ctx, runID)
+		if err == errDone {
 			return nil
 		}
-		if err := s.step(ctx, job); err != nil {
-			return err
+		if err == nil {
+			backoff = 100 * time.Millisecond
+			continue
 		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		s.log.Warn("run waits for the store", "run_id", runID, "retry_in", backoff, "err", err)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 5*time.Second)
 	}
+}
+
+var errDone = errors.New("run ended")
+
+// advance loads the run and makes one hop (errDone when the run has ended).
+func (s *Server) advance(ctx context.Context, runID string) error {
+	job, err := s.opts.Store.GetRun(ctx, runID)
+	if err != nil {
+		return err
+	}
+	if terminal(job.GetState()) {
+		return errDone
+	}
+	// The wallet lives in the store under the run id, where every receiver that shares the
+	// store debits it. Opening is idempotent: it creates the wallet on the first hop (or
+	// after a crash between submit and here) and otherwise returns what is left.
+	w, err := s.opts.Store.OpenWallet(ctx, job.GetRunId(), job.GetWallet())
+	if err != nil {
+		return fmt.Errorf("open wallet: %w", err)
+	}
+	s.setWallet(job, w)
+	return s.step(ctx, job)
+}
+
+// setWallet mirrors the store's wallet into the run, tagged with its id.
+func (s *Server) setWallet(job *handoffv1.Job, w *handoffv1.Budget) {
+	w = proto.Clone(w).(*handoffv1.Budget)
+	w.WalletId = job.GetRunId()
+	job.Wallet = w
+}
+
+// debit takes d from the run's wallet in the store and mirrors the result into the run.
+func (s *Server) debit(ctx context.Context, job *handoffv1.Job, d store.Debit) error {
+	w, err := s.opts.Store.Debit(ctx, job.GetRunId(), d)
+	if err != nil {
+		return err
+	}
+	s.setWallet(job, w)
+	return nil
 }
 
 // step makes one hop of a RUNNING run and saves the outcome.
@@ -157,9 +208,15 @@ func (s *Server) agentHop(ctx context.Context, job *handoffv1.Job, p *pipeline.P
 		return s.finish(ctx, job, handoffv1.JobState_JOB_STATE_FAILED, nil, fmt.Sprintf("stage %s: agent runner unreachable: %v", st.Name, err))
 	}
 
-	// The hop happened: one hop off the wallet, whatever the ack says.
+	// The hop happened: one hop off the wallet, whatever the ack says. A receiver that
+	// shares the store has already taken it (and says so in ack.wallet); otherwise the rail
+	// takes it here, so each hop is debited exactly once.
 	job.Hops = hop
-	job.Wallet.HopsRemaining--
+	if w := ack.GetWallet(); w != nil {
+		s.setWallet(job, w)
+	} else if err := s.debit(ctx, job, store.Debit{Hops: 1}); err != nil && !errors.Is(err, store.ErrWalletEmpty) {
+		return err
+	}
 	s.event(ctx, job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_ACK, Stage: st.Name, Ack: ack, Traceparent: ack.GetTraceparent(), Hop: hop})
 
 	switch ack.GetStatus() {
@@ -183,7 +240,9 @@ func (s *Server) agentHop(ctx context.Context, job *handoffv1.Job, p *pipeline.P
 	// One wallet: the stage's spend comes off it, never below zero.
 	spent := result.GetSpentUsdMicros()
 	job.SpentUsdMicros += spent
-	job.Wallet.UsdRemainingMicros = max(0, job.GetWallet().GetUsdRemainingMicros()-spent)
+	if err := s.debit(ctx, job, store.Debit{USDMicros: spent}); err != nil {
+		return err
+	}
 	s.event(ctx, job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_STAGE_RESULT, Stage: st.Name, Result: result, Traceparent: ack.GetTraceparent(), Hop: hop})
 
 	if result.GetStatus() == handoffv1.StageStatus_STAGE_STATUS_FAILED {
@@ -207,7 +266,13 @@ func (s *Server) agentHop(ctx context.Context, job *handoffv1.Job, p *pipeline.P
 					fmt.Sprintf("judge %s failed the work and no revisions are left", st.Name), failureReasons(ev))
 			}
 			// Critique loop: back to the reviser, with the failures in the package.
-			job.Wallet.RevisionsRemaining--
+			if err := s.debit(ctx, job, store.Debit{Revisions: 1}); err != nil {
+				if errors.Is(err, store.ErrWalletEmpty) {
+					return s.escalate(ctx, job, p, handoffv1.EscalationCause_ESCALATION_CAUSE_REVISIONS_EXHAUSTED,
+						fmt.Sprintf("judge %s failed the work and no revisions are left", st.Name), failureReasons(ev))
+				}
+				return err
+			}
 			job.Revisions++
 			job.Stage = st.Revise
 			return s.save(ctx, job)
@@ -242,7 +307,9 @@ func (s *Server) writeback(ctx context.Context, job *handoffv1.Job, p *pipeline.
 		return err
 	})
 	job.Hops = hop
-	job.Wallet.HopsRemaining--
+	if derr := s.debit(ctx, job, store.Debit{Hops: 1}); derr != nil && !errors.Is(derr, store.ErrWalletEmpty) {
+		return derr
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()
