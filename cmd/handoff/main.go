@@ -16,6 +16,7 @@ Usage:
   handoff lint PIPELINE.yaml...                              check pipelines against the workshop rules
   handoff up [flags]                                         run coordinator, agent runner, writeback
   handoff demo [flags]                                       run the sample support ticket end to end
+  handoff certs [--dir DIR] [--services a,b] [--days N]      make a development CA and service certificates (mTLS)
 
 Run 'handoff COMMAND --help' for a command's flags.
 `
@@ -41,6 +42,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return runUp(rest, stdout, stderr)
 	case "demo":
 		return runDemo(rest, stdout, stderr)
+	case "certs":
+		return runCerts(rest, stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0

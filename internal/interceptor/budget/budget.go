@@ -1,0 +1,448 @@
+// Package budget enforces the job's one wallet at the receiving service: gRPC server
+// interceptors that check a hop's budget, and debit it, before any handler runs, so an empty
+// wallet costs no agent work.
+//
+// They act on requests that carry a handoff package (a field named "package" of message type
+// handoff.v1.HandoffPackage, found by reflection); other requests pass through untouched.
+//
+//   - budget.wallet_id is set and the wallet is in the store, and the method debits
+//     (WithDebitMethods; default AgentRunnerService/Deliver): one hop is taken from the
+//     wallet, atomically, with Wallets.Debit(ctx, id, store.Debit{Hops: 1, RequireMoney:
+//     true}). When the wallet cannot cover it (store.ErrWalletEmpty) the package is rejected
+//     (REJECTED_BUDGET, rule "budget.empty", one reason per empty part, read once with
+//     Wallets.Wallet: "budget.hops_remaining" and/or "budget.usd_remaining_micros"). When the
+//     debit succeeds, the wallet after it (with its wallet_id) is in the handler's context
+//     (FromContext) and in ack.wallet of every Ack the handler sends that leaves it unset, so
+//     the sender knows the hop was already paid for.
+//   - The wallet is in the store and the method does not debit (AgentRunnerService/Check):
+//     the stored wallet is read and the package rejected when it has no hops or no money;
+//     nothing is taken and ack.wallet is left alone.
+//   - No wallet_id, or a wallet this store does not hold (store.ErrNotFound): the package's
+//     own numbers are checked (usd_remaining_micros == 0, hops_remaining == 0: one reason per
+//     empty field); nothing is debited and ack.wallet is left nil.
+//   - Any other store error is codes.Unavailable ("wallet store: ..."), a cancelled or
+//     expired call its context's code: the interceptor fails closed and never lets a package
+//     through unchecked.
+//
+// A rejection is answered by the Rejecter (default PackageAckRejecter: a REJECTED_BUDGET Ack
+// for AgentRunnerService Deliver and Check) or else ends with codes.ResourceExhausted; the
+// handler is not called. Reasons given to the Rejecter and the WithOnReject hook name fields
+// relative to the request ("package.budget.hops_remaining"); the Ack's are relative to the
+// package ("budget.hops_remaining").
+//
+// Chain order: validate runs before budget (grpc.ChainStreamInterceptor(validate..., budget...)),
+// so budget only sees packages that passed the schema gate: wallet_id is well formed, the
+// numbers are not negative. budget checks nothing else about the package (a request without
+// one is InvalidArgument, fail closed).
+//
+// A debit is final: the store has no refund. A handler that refuses the package after the
+// debit (REJECTED_ROLE, DUPLICATE, an error) still leaves the hop taken, and any Ack it sends
+// says so in ack.wallet.
+package budget
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+
+	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+	"github.com/handoffhq/handoff/internal/contract"
+	"github.com/handoffhq/handoff/internal/store"
+)
+
+// RuleEmpty is the rule id of a budget rejection (the agent runner's RuleBudgetEmpty).
+const RuleEmpty = "budget.empty"
+
+// Field paths of the budget reasons, relative to the package.
+const (
+	FieldHops  = "budget.hops_remaining"
+	FieldMoney = "budget.usd_remaining_micros"
+)
+
+var (
+	packageName = (&handoffv1.HandoffPackage{}).ProtoReflect().Descriptor().FullName()
+	ackName     = (&handoffv1.Ack{}).ProtoReflect().Descriptor().FullName()
+)
+
+type ctxKey struct{}
+
+// FromContext returns the job's wallet after this call's debit (a copy, wallet_id set), and
+// whether there was one: false when the method does not debit or the package had no wallet
+// in this store.
+func FromContext(ctx context.Context) (*handoffv1.Budget, bool) {
+	b, ok := ctx.Value(ctxKey{}).(*handoffv1.Budget)
+	if !ok || b == nil {
+		return nil, false
+	}
+	return proto.Clone(b).(*handoffv1.Budget), true
+}
+
+// UnaryServerInterceptor checks (and, for methods in WithDebitMethods, debits) the budget of
+// every unary request that carries a handoff package, before the handler runs; see the
+// package documentation. After a debit, the handler's response gets the post-debit wallet
+// in its ack.wallet (a top-level field "ack" of type handoff.v1.Ack, e.g. CheckResponse)
+// when the handler left it unset.
+func UnaryServerInterceptor(w store.Wallets, opts ...Option) grpc.UnaryServerInterceptor {
+	if w == nil {
+		panic("budget: UnaryServerInterceptor: nil Wallets")
+	}
+	o := newOptions(opts)
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		m, ok := req.(proto.Message)
+		if !ok {
+			return handler(ctx, req) // not protobuf: it cannot carry a handoff package
+		}
+		fd := packageField(m.ProtoReflect().Descriptor())
+		if fd == nil {
+			return handler(ctx, req)
+		}
+		wallet, reasons, err := o.decide(ctx, w, info.FullMethod, m, fd)
+		if err != nil {
+			return nil, err
+		}
+		if len(reasons) > 0 {
+			if resp, ok := o.reject(info.FullMethod, m, reasons); ok {
+				return resp, nil
+			}
+			return nil, exhausted(reasons)
+		}
+		if wallet == nil {
+			return handler(ctx, req)
+		}
+		resp, err := handler(context.WithValue(ctx, ctxKey{}, wallet), req)
+		if err != nil {
+			return resp, err
+		}
+		return stamp(resp, wallet), nil
+	}
+}
+
+// StreamServerInterceptor checks (and, for methods in WithDebitMethods, debits) the budget of
+// the streaming methods configured with WithStreamRequest (AgentRunnerService/Deliver by
+// default). It receives the request itself (ss.RecvMsg), decides, and answers a rejection
+// without calling the handler: with one SendMsg of the Rejecter's response and a nil error,
+// or with codes.ResourceExhausted. Otherwise the handler gets a wrapped stream whose first
+// RecvMsg returns the request (proto.Merge into the handler's message) and later ones io.EOF
+// (server-streaming) or the real stream's next messages (client-streaming), whose Context
+// carries the post-debit wallet (FromContext), and whose SendMsg puts that wallet into
+// ack.wallet of any message with an "ack" field of type handoff.v1.Ack
+// (DeliverResponse{ack}) when the handler left it unset.
+//
+// It composes with validate.StreamServerInterceptor placed before it: validate receives the
+// request and replays it, budget receives that replay. Streaming methods that are not
+// configured pass through, but a message carrying a handoff package fails RecvMsg with
+// codes.Internal (a package is never let through unchecked); so does one in a later message
+// of a configured client-streaming method.
+func StreamServerInterceptor(w store.Wallets, opts ...Option) grpc.StreamServerInterceptor {
+	if w == nil {
+		panic("budget: StreamServerInterceptor: nil Wallets")
+	}
+	o := newOptions(opts)
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		newReq, ok := o.streamReqs[info.FullMethod]
+		if !ok {
+			return handler(srv, &guardStream{ServerStream: ss, method: info.FullMethod})
+		}
+		req := newReq()
+		if err := ss.RecvMsg(req); err != nil {
+			return err
+		}
+		bs := &budgetStream{ServerStream: ss, first: req}
+		if info.IsClientStream {
+			bs.rest = &guardStream{ServerStream: ss, method: info.FullMethod}
+		}
+		fd := packageField(req.ProtoReflect().Descriptor())
+		if fd == nil {
+			return handler(srv, bs)
+		}
+		wallet, reasons, err := o.decide(ss.Context(), w, info.FullMethod, req, fd)
+		if err != nil {
+			return err
+		}
+		if len(reasons) > 0 {
+			if resp, ok := o.reject(info.FullMethod, req, reasons); ok {
+				return ss.SendMsg(resp)
+			}
+			return exhausted(reasons)
+		}
+		bs.wallet = wallet
+		return handler(srv, bs)
+	}
+}
+
+// decide checks the budget of the package in m's field fd. It returns the wallet after a
+// debit (nil when nothing was debited) or the reasons for a rejection (request-relative), or
+// an error (a gRPC status) when the store failed.
+func (o *options) decide(ctx context.Context, w store.Wallets, method string, m proto.Message, fd protoreflect.FieldDescriptor) (*handoffv1.Budget, []*handoffv1.Reason, error) {
+	r := m.ProtoReflect()
+	if !r.Has(fd) {
+		return nil, nil, status.Errorf(codes.InvalidArgument, "%s is required (budget check)", fd.Name())
+	}
+	pkg, err := asPackage(r.Get(fd).Message())
+	if err != nil {
+		return nil, nil, status.Errorf(codes.Internal, "budget: reading the package: %v", err)
+	}
+	wallet, reasons, err := check(ctx, w, pkg, o.debit[method])
+	if err != nil {
+		return nil, nil, err
+	}
+	for i, x := range reasons {
+		reasons[i] = under(string(fd.Name()), x)
+	}
+	return wallet, reasons, nil
+}
+
+// check is decide for one package; reasons are relative to the package.
+func check(ctx context.Context, w store.Wallets, pkg *handoffv1.HandoffPackage, debit bool) (*handoffv1.Budget, []*handoffv1.Reason, error) {
+	b := pkg.GetBudget()
+	if id := b.GetWalletId(); id != "" {
+		if debit {
+			after, err := w.Debit(ctx, id, store.Debit{Hops: 1, RequireMoney: true})
+			switch {
+			case err == nil:
+				after = proto.Clone(after).(*handoffv1.Budget)
+				after.WalletId = id
+				return after, nil, nil
+			case errors.Is(err, store.ErrWalletEmpty):
+				cur, err := w.Wallet(ctx, id)
+				if err != nil {
+					return nil, nil, storeError(err)
+				}
+				reasons := emptyParts(cur, fmt.Sprintf("wallet %q", id))
+				if len(reasons) == 0 { // not for lack of hops or money: say so as a whole
+					reasons = []*handoffv1.Reason{{Field: "budget", Rule: RuleEmpty,
+						Message: fmt.Sprintf("wallet %q cannot cover one hop", id)}}
+				}
+				return nil, reasons, nil
+			case errors.Is(err, store.ErrNotFound):
+				// Not a wallet of this store: check the package's own numbers below.
+			default:
+				return nil, nil, storeError(err)
+			}
+		} else {
+			cur, err := w.Wallet(ctx, id)
+			switch {
+			case err == nil:
+				return nil, emptyParts(cur, fmt.Sprintf("wallet %q", id)), nil
+			case errors.Is(err, store.ErrNotFound):
+			default:
+				return nil, nil, storeError(err)
+			}
+		}
+	}
+	return nil, emptyParts(b, "the job's wallet"), nil
+}
+
+// emptyParts names each empty part of b (no money, no hops).
+func emptyParts(b *handoffv1.Budget, whose string) []*handoffv1.Reason {
+	var out []*handoffv1.Reason
+	if b.GetUsdRemainingMicros() <= 0 {
+		out = append(out, &handoffv1.Reason{Field: FieldMoney, Rule: RuleEmpty, Message: "no money left in " + whose})
+	}
+	if b.GetHopsRemaining() == 0 {
+		out = append(out, &handoffv1.Reason{Field: FieldHops, Rule: RuleEmpty, Message: "no hops left in " + whose})
+	}
+	return out
+}
+
+func storeError(err error) error {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return status.FromContextError(err).Err()
+	}
+	return status.Errorf(codes.Unavailable, "wallet store: %v", err)
+}
+
+// reject calls the hook and the rejecter; ok reports that resp answers the request.
+func (o *options) reject(method string, req proto.Message, reasons []*handoffv1.Reason) (proto.Message, bool) {
+	if o.onReject != nil {
+		o.onReject(method, reasons)
+	}
+	if o.rejecter == nil {
+		return nil, false
+	}
+	resp, ok := o.rejecter(method, req, reasons)
+	return resp, ok && resp != nil
+}
+
+// exhausted is the error for a rejection nobody answered: codes.ResourceExhausted listing
+// "field: message" pairs, with a google.rpc.QuotaFailure detail (subject = field).
+func exhausted(reasons []*handoffv1.Reason) error {
+	parts := make([]string, 0, len(reasons))
+	vs := make([]*errdetails.QuotaFailure_Violation, 0, len(reasons))
+	for _, r := range reasons {
+		parts = append(parts, fmt.Sprintf("%s: %s", r.GetField(), r.GetMessage()))
+		vs = append(vs, &errdetails.QuotaFailure_Violation{Subject: r.GetField(), Description: r.GetMessage()})
+	}
+	st := status.New(codes.ResourceExhausted, "budget exhausted: "+strings.Join(parts, "; "))
+	if d, err := st.WithDetails(&errdetails.QuotaFailure{Violations: vs}); err == nil {
+		st = d
+	}
+	return st.Err()
+}
+
+// budgetStream hands the handler the request the interceptor already received, the wallet in
+// its context, and stamps the wallet into the Acks it sends.
+type budgetStream struct {
+	grpc.ServerStream
+	first  proto.Message
+	sent   bool
+	rest   grpc.ServerStream // nil: io.EOF after first
+	wallet *handoffv1.Budget // nil: nothing debited
+}
+
+func (s *budgetStream) Context() context.Context {
+	ctx := s.ServerStream.Context() // asked each time: outer wrappers may update theirs
+	if s.wallet != nil {
+		ctx = context.WithValue(ctx, ctxKey{}, s.wallet)
+	}
+	return ctx
+}
+
+func (s *budgetStream) RecvMsg(m any) error {
+	if s.sent {
+		if s.rest == nil {
+			return io.EOF
+		}
+		return s.rest.RecvMsg(m)
+	}
+	s.sent = true
+	pm, ok := m.(proto.Message)
+	if !ok {
+		return status.Errorf(codes.Internal, "budget: handler receives into %T, not a protobuf message", m)
+	}
+	if got, want := pm.ProtoReflect().Descriptor().FullName(), s.first.ProtoReflect().Descriptor().FullName(); got != want {
+		return status.Errorf(codes.Internal, "budget: handler receives a %s, the interceptor read a %s (WithStreamRequest is misconfigured)", got, want)
+	}
+	proto.Merge(pm, s.first)
+	return nil
+}
+
+func (s *budgetStream) SendMsg(m any) error {
+	if s.wallet != nil {
+		m = stamp(m, s.wallet)
+	}
+	return s.ServerStream.SendMsg(m)
+}
+
+// guardStream refuses stream messages carrying a package the interceptor did not check.
+type guardStream struct {
+	grpc.ServerStream
+	method string
+}
+
+func (s *guardStream) RecvMsg(m any) error {
+	if err := s.ServerStream.RecvMsg(m); err != nil {
+		return err
+	}
+	if pm, ok := m.(proto.Message); ok && packageField(pm.ProtoReflect().Descriptor()) != nil {
+		return status.Errorf(codes.Internal,
+			"budget: %s: this stream message carries a handoff package the budget interceptor did not check "+
+				"(only the first message of a method configured with WithStreamRequest is checked)", s.method)
+	}
+	return nil
+}
+
+// stamp returns m with wallet in its ack.wallet when m has a set "ack" field of type
+// handoff.v1.Ack whose wallet is unset (a copy of m: the handler's message is not modified);
+// otherwise m itself.
+func stamp(m any, wallet *handoffv1.Budget) any {
+	pm, ok := m.(proto.Message)
+	if !ok || pm == nil {
+		return m
+	}
+	r := pm.ProtoReflect()
+	if !r.IsValid() {
+		return m
+	}
+	fd := r.Descriptor().Fields().ByName("ack")
+	if fd == nil || fd.Kind() != protoreflect.MessageKind || fd.IsList() || fd.IsMap() || fd.Message().FullName() != ackName || !r.Has(fd) {
+		return m
+	}
+	if ack, ok := r.Get(fd).Message().Interface().(*handoffv1.Ack); !ok || ack.GetWallet() != nil {
+		return m
+	}
+	c := proto.Clone(pm)
+	ack := c.ProtoReflect().Get(fd).Message().Interface().(*handoffv1.Ack)
+	ack.Wallet = proto.Clone(wallet).(*handoffv1.Budget)
+	return c
+}
+
+// packageField returns md's "package" field when it is a singular handoff.v1.HandoffPackage.
+func packageField(md protoreflect.MessageDescriptor) protoreflect.FieldDescriptor {
+	fd := md.Fields().ByName("package")
+	if fd == nil || fd.Kind() != protoreflect.MessageKind || fd.IsList() || fd.IsMap() || fd.Message().FullName() != packageName {
+		return nil
+	}
+	return fd
+}
+
+// asPackage returns m as the generated type (copying it when it is, e.g., a dynamicpb message).
+func asPackage(m protoreflect.Message) (*handoffv1.HandoffPackage, error) {
+	if p, ok := m.Interface().(*handoffv1.HandoffPackage); ok {
+		return p, nil
+	}
+	b, err := proto.Marshal(m.Interface())
+	if err != nil {
+		return nil, err
+	}
+	p := &handoffv1.HandoffPackage{}
+	return p, proto.Unmarshal(b, p)
+}
+
+// packageCarrier is a request with a generated GetPackage (DeliverRequest, CheckRequest).
+type packageCarrier interface {
+	GetPackage() *handoffv1.HandoffPackage
+}
+
+// under returns r with its field moved under the request field name.
+func under(name string, r *handoffv1.Reason) *handoffv1.Reason {
+	field := name
+	if r.GetField() != "" {
+		field += "." + r.GetField()
+	}
+	return &handoffv1.Reason{Field: field, Rule: r.GetRule(), Message: r.GetMessage()}
+}
+
+// PackageAckRejecter answers a budget rejection of AgentRunnerService Deliver or Check with a
+// REJECTED_BUDGET Ack: Deliver gets DeliverResponse{ack} (the one message of the stream),
+// Check gets CheckResponse{ack}. The Ack is contract.AckFor(package, REJECTED_BUDGET,
+// reasons...) with the reasons renamed relative to the package ("budget.hops_remaining",
+// rule "budget.empty"); ack.wallet is nil (nothing was debited). It declines for any other
+// method.
+func PackageAckRejecter() Rejecter {
+	return func(fullMethod string, req proto.Message, reasons []*handoffv1.Reason) (proto.Message, bool) {
+		if fullMethod != handoffv1.AgentRunnerService_Deliver_FullMethodName && fullMethod != handoffv1.AgentRunnerService_Check_FullMethodName {
+			return nil, false
+		}
+		var pr []*handoffv1.Reason
+		for _, r := range reasons {
+			switch f := r.GetField(); {
+			case f == "package":
+				pr = append(pr, &handoffv1.Reason{Rule: r.GetRule(), Message: r.GetMessage()})
+			case strings.HasPrefix(f, "package."):
+				pr = append(pr, &handoffv1.Reason{Field: strings.TrimPrefix(f, "package."), Rule: r.GetRule(), Message: r.GetMessage()})
+			}
+		}
+		if len(pr) == 0 {
+			return nil, false
+		}
+		var pkg *handoffv1.HandoffPackage
+		if g, ok := req.(packageCarrier); ok {
+			pkg = g.GetPackage()
+		}
+		ack := contract.AckFor(pkg, handoffv1.AckStatus_ACK_STATUS_REJECTED_BUDGET, pr...)
+		if fullMethod == handoffv1.AgentRunnerService_Deliver_FullMethodName {
+			return &handoffv1.DeliverResponse{Event: &handoffv1.DeliverResponse_Ack{Ack: ack}}, true
+		}
+		return &handoffv1.CheckResponse{Ack: ack}, true
+	}
+}

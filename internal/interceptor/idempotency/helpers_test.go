@@ -1,0 +1,488 @@
+package idempotency_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/test/bufconn"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+	"github.com/handoffhq/handoff/internal/contract"
+	"github.com/handoffhq/handoff/internal/interceptor/idempotency"
+	"github.com/handoffhq/handoff/internal/store"
+)
+
+const (
+	writeMethod   = handoffv1.WritebackService_Write_FullMethodName
+	deliverMethod = handoffv1.AgentRunnerService_Deliver_FullMethodName
+	checkMethod   = handoffv1.AgentRunnerService_Check_FullMethodName
+)
+
+var quiet = slog.New(slog.DiscardHandler)
+
+// ---- stores ----
+
+// openBolt is the real embedded store on a fresh file.
+func openBolt(t testing.TB) *store.Bolt {
+	t.Helper()
+	st, err := store.Open(filepath.Join(t.TempDir(), "s.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return st
+}
+
+// redisAddr is the server the Redis tests use: HANDOFF_TEST_REDIS, or the local default.
+func redisAddr() string {
+	if a := os.Getenv("HANDOFF_TEST_REDIS"); a != "" {
+		return a
+	}
+	return "127.0.0.1:6379"
+}
+
+// openRedis is the Redis store under a prefix unique to the test; the test's keys (and only
+// those) are deleted afterwards. Without a server the test fails under CI and is skipped
+// elsewhere.
+func openRedis(t testing.TB) *store.Redis {
+	t.Helper()
+	b := make([]byte, 6)
+	rand.Read(b)
+	prefix := "handofftest:idempotency:" + t.Name() + ":" + hex.EncodeToString(b) + ":"
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	st, err := store.OpenRedis(ctx, store.RedisOptions{Addr: redisAddr(), Prefix: prefix})
+	if err != nil {
+		msg := fmt.Sprintf("no Redis at %s (%v): start one with `redis-server --port 6379 --save '' --appendonly no`, or point HANDOFF_TEST_REDIS at one", redisAddr(), err)
+		if os.Getenv("CI") != "" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	t.Cleanup(func() {
+		st.Close()
+		rdb := redis.NewClient(&redis.Options{Addr: redisAddr()})
+		defer rdb.Close()
+		ctx := context.Background()
+		iter := rdb.Scan(ctx, 0, globEscape(prefix)+"*", 1000).Iterator()
+		var keys []string
+		for iter.Next(ctx) {
+			keys = append(keys, iter.Val())
+		}
+		if err := iter.Err(); err != nil {
+			t.Errorf("scan %s*: %v", prefix, err)
+			return
+		}
+		for _, k := range keys {
+			if !strings.HasPrefix(k, prefix) { // never touch another test's keys
+				t.Errorf("scan returned %q outside prefix %q", k, prefix)
+				continue
+			}
+			if err := rdb.Del(ctx, k).Err(); err != nil {
+				t.Errorf("del %s: %v", k, err)
+			}
+		}
+	})
+	return st
+}
+
+// globEscape quotes the pattern characters of SCAN MATCH, so a test name matches literally.
+func globEscape(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		if strings.ContainsRune(`*?[]\^`, r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// faultStore wraps a real store, counts calls and fails the ones it is told to.
+type faultStore struct {
+	store.Idempotency
+	claimErr, completeErr, releaseErr error
+
+	claims, completes, releases atomic.Int32
+}
+
+func (f *faultStore) Claim(ctx context.Context, key string, ttl time.Duration) (store.ClaimState, []byte, error) {
+	f.claims.Add(1)
+	if f.claimErr != nil {
+		return 0, nil, f.claimErr
+	}
+	return f.Idempotency.Claim(ctx, key, ttl)
+}
+
+func (f *faultStore) Complete(ctx context.Context, key string, value []byte, ttl time.Duration) error {
+	f.completes.Add(1)
+	if f.completeErr != nil {
+		return f.completeErr
+	}
+	return f.Idempotency.Complete(ctx, key, value, ttl)
+}
+
+func (f *faultStore) Release(ctx context.Context, key string) error {
+	f.releases.Add(1)
+	if f.releaseErr != nil {
+		return f.releaseErr
+	}
+	return f.Idempotency.Release(ctx, key)
+}
+
+// lookup reads key's record state (0: none).
+func lookup(t testing.TB, st store.Idempotency, key string) (store.ClaimState, []byte) {
+	t.Helper()
+	state, value, err := st.Lookup(context.Background(), key)
+	if err != nil {
+		t.Fatalf("Lookup(%s): %v", key, err)
+	}
+	return state, value
+}
+
+// waitDone polls until key holds a result.
+func waitDone(t testing.TB, st store.Idempotency, key string) []byte {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if state, value := lookup(t, st, key); state == store.Done {
+			return value
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatalf("key %s never completed", key)
+	return nil
+}
+
+// ---- requests and keys ----
+
+func pkg(jobID, stage string) *handoffv1.HandoffPackage {
+	return &handoffv1.HandoffPackage{
+		Schema: "handoff.v1", JobId: jobID, Stage: stage, Goal: "answer the ticket",
+		Budget:    &handoffv1.Budget{UsdRemainingMicros: 1_000_000, HopsRemaining: 5},
+		Evaluator: &handoffv1.Evaluator{LastVerdict: handoffv1.Verdict_VERDICT_PASS, Rounds: 1},
+		Artifacts: []*handoffv1.Artifact{{Type: "summary_md", SchemaVersion: "summary_md.v1", Uri: "file:///a/summary.md"}},
+		Trace:     &handoffv1.Trace{Traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
+	}
+}
+
+func writeReq(jobID string) *handoffv1.WriteRequest {
+	p := pkg(jobID, "writeback")
+	return &handoffv1.WriteRequest{Package: p, Artifact: p.GetArtifacts()[0], Target: "ledger"}
+}
+
+// writeKey is the writeback's key: job_id:stage:artifact_type.
+func writeKey(m proto.Message) (string, error) {
+	r := m.(*handoffv1.WriteRequest)
+	p := r.GetPackage()
+	if p.GetJobId() == "" || p.GetStage() == "" || r.GetArtifact().GetType() == "" {
+		return "", errors.New("job_id, stage and artifact.type are required")
+	}
+	return p.GetJobId() + ":" + p.GetStage() + ":" + r.GetArtifact().GetType(), nil
+}
+
+func markDuplicate(m proto.Message) { m.(*handoffv1.WriteResponse).Duplicate = true }
+
+// writeOpts are the interceptor options the writeback would use.
+func writeOpts(extra ...idempotency.Option) []idempotency.Option {
+	return append([]idempotency.Option{
+		idempotency.WithKey(writeMethod, func() proto.Message { return &handoffv1.WriteResponse{} }, writeKey),
+		idempotency.WithReplay(writeMethod, markDuplicate),
+		idempotency.WithLogger(quiet),
+	}, extra...)
+}
+
+func deliverReq(jobID string) *handoffv1.DeliverRequest {
+	return &handoffv1.DeliverRequest{Package: pkg(jobID, "draft")}
+}
+
+// deliverKey is the runner's completion key: stage:<job_id>:<stage>:<round>.
+func deliverKey(m proto.Message) (string, error) {
+	p := m.(*handoffv1.DeliverRequest).GetPackage()
+	if p.GetJobId() == "" || p.GetStage() == "" {
+		return "", errors.New("package.job_id and package.stage are required")
+	}
+	return fmt.Sprintf("stage:%s:%s:%d", p.GetJobId(), p.GetStage(), p.GetEvaluator().GetRounds()), nil
+}
+
+// deliverReplay answers a re-delivery with a DUPLICATE ack carrying the stored PriorResult.
+func deliverReplay(req proto.Message, stored []byte) (proto.Message, error) {
+	prior := &handoffv1.PriorResult{}
+	if err := proto.Unmarshal(stored, prior); err != nil {
+		return nil, err
+	}
+	ack := contract.AckFor(req.(*handoffv1.DeliverRequest).GetPackage(), handoffv1.AckStatus_ACK_STATUS_DUPLICATE)
+	ack.Prior = prior
+	return &handoffv1.DeliverResponse{Event: &handoffv1.DeliverResponse_Ack{Ack: ack}}, nil
+}
+
+// deliverRecord settles the key on the StageResult: COMPLETED is stored as a PriorResult,
+// FAILED releases. The ack settles nothing.
+func deliverRecord(_ proto.Message, sent proto.Message) ([]byte, bool, bool) {
+	res := sent.(*handoffv1.DeliverResponse).GetResult()
+	if res == nil {
+		return nil, false, false
+	}
+	if res.GetStatus() != handoffv1.StageStatus_STAGE_STATUS_COMPLETED {
+		return nil, false, true
+	}
+	b, err := proto.Marshal(&handoffv1.PriorResult{
+		Artifacts: res.GetArtifacts(), Evaluator: res.GetEvaluator(), NextHint: res.GetNextHint(),
+		CompletedAt: timestamppb.Now(),
+	})
+	if err != nil {
+		return nil, false, true
+	}
+	return b, true, false
+}
+
+func deliverOpts(extra ...idempotency.StreamOption) []idempotency.StreamOption {
+	return append([]idempotency.StreamOption{
+		idempotency.WithStreamKey(deliverMethod, func() proto.Message { return &handoffv1.DeliverRequest{} }, deliverKey),
+		idempotency.WithStreamReplay(deliverMethod, deliverReplay),
+		idempotency.WithStreamRecord(deliverMethod, deliverRecord),
+		idempotency.WithLogger(quiet),
+	}, extra...)
+}
+
+// ---- status helpers ----
+
+func retryDelay(err error) (time.Duration, bool) {
+	for _, d := range status.Convert(err).Details() {
+		if ri, ok := d.(*errdetails.RetryInfo); ok {
+			return ri.GetRetryDelay().AsDuration(), true
+		}
+	}
+	return 0, false
+}
+
+func wantCode(t testing.TB, err error, code codes.Code, msgPart string) {
+	t.Helper()
+	if status.Code(err) != code {
+		t.Fatalf("error = %v; want code %s", err, code)
+	}
+	if msgPart != "" && !strings.Contains(status.Convert(err).Message(), msgPart) {
+		t.Fatalf("error message %q; want it to contain %q", status.Convert(err).Message(), msgPart)
+	}
+}
+
+// ---- bufconn ----
+
+// serve starts a gRPC server over bufconn and returns a client connection to it.
+func serve(t testing.TB, register func(*grpc.Server), opts ...grpc.ServerOption) *grpc.ClientConn {
+	t.Helper()
+	lis := bufconn.Listen(1 << 20)
+	s := grpc.NewServer(opts...)
+	register(s)
+	go s.Serve(lis)
+	t.Cleanup(s.Stop)
+	conn, err := grpc.NewClient("passthrough:///bufnet",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// retrying calls fn until it answers other than Aborted, sleeping the RetryInfo delay
+// between attempts. It returns the answer and how many Aborted answers came first.
+func retrying[T any](ctx context.Context, fn func() (T, error)) (T, int, error) {
+	aborts := 0
+	for {
+		out, err := fn()
+		if status.Code(err) != codes.Aborted {
+			return out, aborts, err
+		}
+		d, ok := retryDelay(err)
+		if !ok {
+			return out, aborts, fmt.Errorf("aborted without RetryInfo: %w", err)
+		}
+		aborts++
+		select {
+		case <-time.After(d):
+		case <-ctx.Done():
+			return out, aborts, ctx.Err()
+		}
+	}
+}
+
+// ---- fake WritebackService ----
+
+// sink is the external system: an append-only list of writes, deliberately not idempotent.
+type sink struct {
+	mu     sync.Mutex
+	writes []string
+}
+
+func (s *sink) write(key string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.writes = append(s.writes, key)
+	return fmt.Sprintf("ext-%03d", len(s.writes))
+}
+
+func (s *sink) count() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.writes)
+}
+
+type fakeWriteback struct {
+	handoffv1.UnimplementedWritebackServiceServer
+	sink  sink
+	calls atomic.Int32
+	// delay is how long a write takes; failFirst calls fail (Unavailable) before writing.
+	delay     time.Duration
+	failFirst atomic.Int32
+	// started receives once per call when set; the call then waits for proceed.
+	started chan struct{}
+	proceed chan struct{}
+}
+
+func (f *fakeWriteback) Write(ctx context.Context, req *handoffv1.WriteRequest) (*handoffv1.WriteResponse, error) {
+	f.calls.Add(1)
+	if f.started != nil {
+		f.started <- struct{}{}
+	}
+	if f.proceed != nil {
+		select {
+		case <-f.proceed:
+		case <-ctx.Done(): // a handler that honours cancellation: only detaching lets it write
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+	}
+	if f.delay > 0 {
+		select {
+		case <-time.After(f.delay):
+		case <-ctx.Done():
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+	}
+	if f.failFirst.Add(-1) >= 0 {
+		return nil, status.Error(codes.Unavailable, "target ledger: connection refused")
+	}
+	key, _ := writeKey(req)
+	id := f.sink.write(key)
+	return &handoffv1.WriteResponse{Receipt: &handoffv1.Receipt{
+		IdempotencyKey: key, Target: req.GetTarget(), ExternalId: id,
+		WrittenAt: timestamppb.Now(), JobId: req.GetPackage().GetJobId(),
+		Traceparent: req.GetPackage().GetTrace().GetTraceparent(),
+	}}, nil
+}
+
+func writebackClient(t testing.TB, st store.Idempotency, f *fakeWriteback, opts ...idempotency.Option) handoffv1.WritebackServiceClient {
+	conn := serve(t, func(s *grpc.Server) { handoffv1.RegisterWritebackServiceServer(s, f) },
+		grpc.ChainUnaryInterceptor(idempotency.UnaryServerInterceptor(st, writeOpts(opts...)...)))
+	return handoffv1.NewWritebackServiceClient(conn)
+}
+
+// ---- fake AgentRunnerService ----
+
+type fakeRunner struct {
+	handoffv1.UnimplementedAgentRunnerServiceServer
+	calls atomic.Int32
+	// delay is how long a stage runs; failFirst runs report STAGE_STATUS_FAILED;
+	// errFirst runs return an error after the ack, without a result.
+	delay     time.Duration
+	failFirst atomic.Int32
+	errFirst  atomic.Int32
+	// started receives once per run after the ack when set; the run then waits for proceed.
+	started chan struct{}
+	proceed chan struct{}
+	lastJob atomic.Value // job id of the last request the handler read
+}
+
+func (f *fakeRunner) Deliver(req *handoffv1.DeliverRequest, stream grpc.ServerStreamingServer[handoffv1.DeliverResponse]) error {
+	n := f.calls.Add(1)
+	p := req.GetPackage()
+	f.lastJob.Store(p.GetJobId())
+	ack := contract.AckFor(p, handoffv1.AckStatus_ACK_STATUS_ACCEPTED)
+	if err := stream.Send(&handoffv1.DeliverResponse{Event: &handoffv1.DeliverResponse_Ack{Ack: ack}}); err != nil {
+		return err
+	}
+	ctx := stream.Context()
+	if f.started != nil {
+		f.started <- struct{}{}
+	}
+	if f.proceed != nil {
+		select {
+		case <-f.proceed:
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
+		}
+	}
+	if f.delay > 0 {
+		select {
+		case <-time.After(f.delay):
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
+		}
+	}
+	if f.errFirst.Add(-1) >= 0 {
+		return status.Error(codes.Internal, "agent lost")
+	}
+	res := &handoffv1.StageResult{
+		JobId: p.GetJobId(), Stage: p.GetStage(), Status: handoffv1.StageStatus_STAGE_STATUS_COMPLETED,
+		Artifacts: []*handoffv1.Artifact{{Type: "draft_md", SchemaVersion: "draft_md.v1", Uri: fmt.Sprintf("file:///a/draft-%d.md", n), ProducedBy: "draft"}},
+		NextHint:  fmt.Sprintf("run %d", n),
+	}
+	if f.failFirst.Add(-1) >= 0 {
+		res = &handoffv1.StageResult{JobId: p.GetJobId(), Stage: p.GetStage(), Status: handoffv1.StageStatus_STAGE_STATUS_FAILED, Error: "agent crashed"}
+	}
+	return stream.Send(&handoffv1.DeliverResponse{Event: &handoffv1.DeliverResponse_Result{Result: res}})
+}
+
+func runnerClient(t testing.TB, st store.Idempotency, f *fakeRunner, opts ...idempotency.StreamOption) handoffv1.AgentRunnerServiceClient {
+	conn := serve(t, func(s *grpc.Server) { handoffv1.RegisterAgentRunnerServiceServer(s, f) },
+		grpc.ChainStreamInterceptor(idempotency.StreamServerInterceptor(st, deliverOpts(opts...)...)))
+	return handoffv1.NewAgentRunnerServiceClient(conn)
+}
+
+// deliver makes one Deliver call and reads its stream to the end.
+func deliver(ctx context.Context, c handoffv1.AgentRunnerServiceClient, req *handoffv1.DeliverRequest) ([]*handoffv1.DeliverResponse, error) {
+	stream, err := c.Deliver(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	var out []*handoffv1.DeliverResponse
+	for {
+		m, err := stream.Recv()
+		if err == io.EOF {
+			return out, nil
+		}
+		if err != nil {
+			return out, err
+		}
+		out = append(out, m)
+	}
+}
+
+func ackStatus(msgs []*handoffv1.DeliverResponse) handoffv1.AckStatus {
+	if len(msgs) == 0 {
+		return handoffv1.AckStatus_ACK_STATUS_UNSPECIFIED
+	}
+	return msgs[0].GetAck().GetStatus()
+}

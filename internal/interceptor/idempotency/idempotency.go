@@ -1,0 +1,246 @@
+// Package idempotency makes gRPC methods run at most once per idempotency key, on a
+// store.Idempotency (bbolt on one host, Redis across hosts). A repeat of a finished request
+// gets the first answer back without running the handler again; a repeat of a request still
+// in flight gets Aborted with a google.rpc.RetryInfo and then, on retry, the first answer.
+//
+// UnaryServerInterceptor serves unary methods registered with WithKey (the writeback's
+// Write); StreamServerInterceptor serves server-streaming "ack first" methods registered with
+// WithStreamKey (the agent runner's Deliver). Methods without a key pass through untouched.
+//
+// # Protocol
+//
+// For each keyed call: Claim(key, pendingTTL) in the store, then
+//
+//   - Done: the stored result is the answer (unary: unmarshalled into a new response and
+//     passed to the WithReplay hook; stream: the one message WithStreamReplay builds). The
+//     handler is not called.
+//   - Pending: another call holds the key. Aborted, with a RetryInfo of the retry delay and
+//     the message "request with idempotency key K is in flight; retry in 1s".
+//   - Claimed: the handler runs. On success the result is stored under the key (Complete,
+//     kept for the result TTL) before it is sent; on a handler error the key is released
+//     (Release) and the error is returned unchanged, so a retry runs again.
+//
+// A handler must therefore return an error only when it did no external effect: the
+// interceptor releases the key on every error, and the retry runs the handler again.
+//
+// # Failure behaviour
+//
+// Fail closed. When the store cannot be reached to Claim, the call fails with Unavailable
+// ("idempotency store: ...") and the handler is not called: there is no write without its
+// idempotency record.
+//
+// A result that cannot be stored (Complete fails, after a few attempts) means the work was
+// done but nothing remembers it. The call fails with Internal, and the key is NOT released:
+// releasing would let the caller's retry do the work a second time. The pending claim instead
+// blocks repeats (Aborted) until the pending TTL lapses; after that a repeat runs again, and
+// only an external system that enforces the key itself can then catch the duplicate.
+//
+// A handler that panics leaves its key claimed for the same reason (it may have panicked
+// after its external write); the panic continues up the chain. Put a recovery interceptor
+// inside this one (later in the chain) to turn panics into errors, which release the key.
+//
+// # Cancellation
+//
+// Once the key is claimed the handler runs with a context detached from the caller's
+// cancellation and deadline (context.WithoutCancel, so its values such as metadata and the
+// trace are kept) under a deadline of pendingTTL/2. A caller that hangs up mid-write
+// therefore neither leaves a half-done write nor a claim that blocks its retry: the write
+// finishes, its result is stored, and the retry gets it. The pendingTTL/2 deadline keeps the
+// claim from lapsing (and a second caller from taking it) while its handler still runs.
+// Claim, Complete and Release themselves run detached too, each bounded by 10s.
+package idempotency
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/handoffhq/handoff/internal/store"
+)
+
+// storeTimeout bounds one Claim, Complete or Release, which run detached from the caller.
+const storeTimeout = 10 * time.Second
+
+// completeBackoff is the pause before each attempt of Complete: the work is done, so a
+// transient store failure is worth a few attempts before the result is given up on.
+var completeBackoff = []time.Duration{0, 100 * time.Millisecond, 200 * time.Millisecond}
+
+// UnaryServerInterceptor returns a unary interceptor that runs each method registered with
+// WithKey at most once per key (see the package documentation for the protocol). It panics
+// on a nil store or a misconfiguration (an option given twice, a replay without a key, a
+// newResp of the wrong type).
+func UnaryServerInterceptor(st store.Idempotency, opts ...Option) grpc.UnaryServerInterceptor {
+	if st == nil {
+		panic("idempotency: UnaryServerInterceptor: store is nil")
+	}
+	cfg := newUnaryConfig(opts)
+	e := &engine{st: st, common: cfg.common}
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		m, ok := cfg.methods[info.FullMethod]
+		if !ok {
+			return handler(ctx, req)
+		}
+		msg, ok := req.(proto.Message)
+		if !ok {
+			return nil, status.Errorf(codes.Internal, "idempotency: %s: request %T is not a protobuf message", info.FullMethod, req)
+		}
+		key, err := computeKey(m.key, msg)
+		if err != nil {
+			return nil, err
+		}
+		state, value, err := e.claim(ctx, info.FullMethod, key)
+		if err != nil {
+			return nil, err
+		}
+		switch state {
+		case store.Done:
+			out := m.newResp()
+			if err := proto.Unmarshal(value, out); err != nil {
+				e.log.ErrorContext(ctx, "idempotency: stored result unreadable", "method", info.FullMethod, "key", key, "error", err)
+				return nil, status.Errorf(codes.Internal, "idempotency: stored result for key %s is unreadable: %v", key, err)
+			}
+			if m.replay != nil {
+				m.replay(out)
+			}
+			return out, nil
+		case store.Pending:
+			return nil, e.inFlight(key)
+		}
+
+		// Claimed: from here every path Completes, Releases, or deliberately leaves the claim.
+		if err := ctx.Err(); err != nil { // the caller left before any work: free the key
+			e.release(ctx, info.FullMethod, key)
+			return nil, status.FromContextError(err).Err()
+		}
+		wctx, cancel := e.workContext(ctx)
+		defer cancel()
+		returned := false
+		defer func() {
+			if !returned {
+				e.log.ErrorContext(ctx, "idempotency: handler panicked; its key stays claimed until the pending TTL lapses",
+					"method", info.FullMethod, "key", key, "pending_ttl", e.pendingTTL)
+			}
+		}()
+		resp, herr := handler(wctx, req)
+		returned = true
+		if herr != nil {
+			e.release(ctx, info.FullMethod, key)
+			return resp, herr
+		}
+		out, ok := resp.(proto.Message)
+		if !ok {
+			err = fmt.Errorf("response %T is not a protobuf message", resp)
+		} else {
+			var data []byte
+			if data, err = proto.Marshal(out); err == nil {
+				err = e.complete(ctx, key, data)
+			}
+		}
+		if err != nil {
+			return nil, e.notRecorded(ctx, info.FullMethod, key, err)
+		}
+		return resp, nil
+	}
+}
+
+// engine is the claim/complete/release protocol both interceptors share.
+type engine struct {
+	st store.Idempotency
+	common
+}
+
+// detached returns ctx without its cancellation and deadline, bounded by d.
+func detached(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), d)
+}
+
+// workContext is the context a handler holding a claim runs under.
+func (e *engine) workContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return detached(ctx, e.pendingTTL/2)
+}
+
+// claim claims key. Its errors are gRPC statuses: Unavailable when the store failed.
+func (e *engine) claim(ctx context.Context, method, key string) (store.ClaimState, []byte, error) {
+	cctx, cancel := detached(ctx, storeTimeout)
+	defer cancel()
+	state, value, err := e.st.Claim(cctx, key, e.pendingTTL)
+	if err != nil {
+		e.log.ErrorContext(ctx, "idempotency: claim failed; request refused", "method", method, "key", key, "error", err)
+		return 0, nil, status.Errorf(codes.Unavailable, "idempotency store: claim %s: %v", key, err)
+	}
+	switch state {
+	case store.Claimed, store.Pending, store.Done:
+		return state, value, nil
+	}
+	e.log.ErrorContext(ctx, "idempotency: claim returned an unknown state", "method", method, "key", key, "state", int(state))
+	return 0, nil, status.Errorf(codes.Internal, "idempotency store: claim %s: unexpected state %d", key, state)
+}
+
+// complete stores value under key, retrying: after the work the record is the one thing
+// that keeps a retry from doing it again.
+func (e *engine) complete(ctx context.Context, key string, value []byte) error {
+	var err error
+	for _, pause := range completeBackoff {
+		time.Sleep(pause)
+		cctx, cancel := detached(ctx, storeTimeout)
+		err = e.st.Complete(cctx, key, value, e.resultTTL)
+		cancel()
+		if err == nil {
+			return nil
+		}
+	}
+	return err
+}
+
+// release frees key after a failure. A failed release is logged: the key then stays
+// claimed until the pending TTL lapses, which delays the retry but never doubles work.
+func (e *engine) release(ctx context.Context, method, key string) {
+	rctx, cancel := detached(ctx, storeTimeout)
+	defer cancel()
+	if err := e.st.Release(rctx, key); err != nil {
+		e.log.ErrorContext(ctx, "idempotency: release failed; the key stays claimed until the pending TTL lapses",
+			"method", method, "key", key, "pending_ttl", e.pendingTTL, "error", err)
+	}
+}
+
+// notRecorded is the answer when the work was done but its result could not be stored. The
+// claim is deliberately left in place (see the package documentation).
+func (e *engine) notRecorded(ctx context.Context, method, key string, cause error) error {
+	e.log.ErrorContext(ctx, "idempotency: request done but its result could not be stored; the key stays claimed until the pending TTL lapses",
+		"method", method, "key", key, "pending_ttl", e.pendingTTL, "error", cause)
+	return status.Errorf(codes.Internal,
+		"idempotency store: the request with idempotency key %s was done but its result could not be stored: %v; repeats are refused until %s after it started",
+		key, cause, e.pendingTTL)
+}
+
+// inFlight is Aborted with a google.rpc.RetryInfo of the retry delay.
+func (e *engine) inFlight(key string) error {
+	st := status.New(codes.Aborted, fmt.Sprintf("request with idempotency key %s is in flight; retry in %s", key, e.retryDelay))
+	if d, err := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(e.retryDelay)}); err == nil {
+		st = d
+	}
+	return st.Err()
+}
+
+// computeKey runs a key function: its error, or an empty key, is InvalidArgument.
+func computeKey(fn func(proto.Message) (string, error), req proto.Message) (string, error) {
+	key, err := fn(req)
+	if err != nil {
+		msg := err.Error()
+		if s, ok := status.FromError(err); ok {
+			msg = s.Message()
+		}
+		return "", status.Errorf(codes.InvalidArgument, "idempotency key: %s", msg)
+	}
+	if key == "" {
+		return "", status.Error(codes.InvalidArgument, "idempotency key: empty")
+	}
+	return key, nil
+}

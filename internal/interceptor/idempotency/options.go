@@ -1,0 +1,322 @@
+package idempotency
+
+import (
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
+)
+
+// Defaults of the shared options.
+const (
+	// DefaultPendingTTL is how long an in-flight claim blocks repeats of its key.
+	DefaultPendingTTL = 2 * time.Minute
+	// DefaultRetryDelay is the delay an Aborted (in flight) answer suggests in its RetryInfo.
+	DefaultRetryDelay = time.Second
+)
+
+// Option configures UnaryServerInterceptor. WithKey and WithReplay are Options; the shared
+// options (WithPendingTTL, WithResultTTL, WithRetryDelay, WithLogger) are both Options and
+// StreamOptions.
+type Option interface{ applyUnary(*unaryConfig) }
+
+// StreamOption configures StreamServerInterceptor. WithStreamKey, WithStreamReplay and
+// WithStreamRecord are StreamOptions; so are the shared options.
+type StreamOption interface{ applyStream(*streamConfig) }
+
+// SharedOption configures either interceptor: it is an Option and a StreamOption.
+type SharedOption struct{ apply func(*common) }
+
+func (o SharedOption) applyUnary(c *unaryConfig)   { o.apply(&c.common) }
+func (o SharedOption) applyStream(c *streamConfig) { o.apply(&c.common) }
+
+type unaryOption func(*unaryConfig)
+
+func (f unaryOption) applyUnary(c *unaryConfig) { f(c) }
+
+type streamOption func(*streamConfig)
+
+func (f streamOption) applyStream(c *streamConfig) { f(c) }
+
+// common is what both interceptors are configured with.
+type common struct {
+	pendingTTL time.Duration
+	resultTTL  time.Duration
+	retryDelay time.Duration
+	log        *slog.Logger
+}
+
+func defaultCommon() common {
+	return common{pendingTTL: DefaultPendingTTL, retryDelay: DefaultRetryDelay}
+}
+
+func (c *common) check() {
+	if c.pendingTTL <= 0 {
+		panic(fmt.Sprintf("idempotency: WithPendingTTL(%s): the pending TTL must be positive", c.pendingTTL))
+	}
+	if c.resultTTL < 0 {
+		panic(fmt.Sprintf("idempotency: WithResultTTL(%s): must not be negative (0 keeps results forever)", c.resultTTL))
+	}
+	if c.retryDelay < 0 {
+		panic(fmt.Sprintf("idempotency: WithRetryDelay(%s): must not be negative", c.retryDelay))
+	}
+	if c.log == nil {
+		c.log = slog.Default()
+	}
+}
+
+// WithPendingTTL sets how long an in-flight claim blocks repeats of its key (they get
+// Aborted with RetryInfo); default DefaultPendingTTL. It must be positive.
+//
+// After it lapses, a claim whose holder died (a crashed process) can be taken again, so it
+// must exceed the handler's worst-case running time. The interceptor enforces that from its
+// side: the handler runs under a deadline of pendingTTL/2, so the claim never lapses while
+// its handler still runs.
+func WithPendingTTL(d time.Duration) SharedOption {
+	return SharedOption{func(c *common) { c.pendingTTL = d }}
+}
+
+// WithResultTTL sets how long a completed result answers repeats of its key; default 0,
+// which keeps results forever. A repeat that arrives after the result expired is a new
+// request: it runs the handler again (a second external write), so set it longer than any
+// retry or redelivery horizon of the callers.
+func WithResultTTL(d time.Duration) SharedOption {
+	return SharedOption{func(c *common) { c.resultTTL = d }}
+}
+
+// WithRetryDelay sets the delay that an Aborted "in flight" answer suggests in its
+// google.rpc.RetryInfo detail and message; default DefaultRetryDelay.
+func WithRetryDelay(d time.Duration) SharedOption {
+	return SharedOption{func(c *common) { c.retryDelay = d }}
+}
+
+// WithLogger sets where store failures (claim, complete, release) and handler panics are
+// logged; default slog.Default().
+func WithLogger(l *slog.Logger) SharedOption {
+	return SharedOption{func(c *common) { c.log = l }}
+}
+
+// ---- unary ----
+
+type unaryMethod struct {
+	newResp func() proto.Message
+	key     func(req proto.Message) (string, error)
+	replay  func(stored proto.Message)
+}
+
+type unaryConfig struct {
+	common
+	methods map[string]*unaryMethod
+	replays map[string]func(stored proto.Message)
+}
+
+// WithKey makes the unary method fullMethod ("/handoff.v1.WritebackService/Write")
+// idempotent on key(req). Methods without a key function pass through untouched.
+//
+// newResp returns an empty response of the method's type; a replayed answer is the stored
+// result unmarshalled into it. nil looks the type up in the global protobuf registry from
+// fullMethod (it panics when the method is not registered there); when the method is
+// registered, a newResp that makes another type panics too.
+//
+// key must be deterministic for a logical request and never contain the attempt; keys must
+// be unique across all methods that share a store (prefix them per method). An error from
+// key, or an empty key, answers InvalidArgument and nothing is claimed.
+func WithKey(fullMethod string, newResp func() proto.Message, key func(req proto.Message) (string, error)) Option {
+	return unaryOption(func(c *unaryConfig) {
+		if key == nil {
+			panic(fmt.Sprintf("idempotency: WithKey(%q): key function is nil", fullMethod))
+		}
+		if _, dup := c.methods[fullMethod]; dup {
+			panic(fmt.Sprintf("idempotency: WithKey(%q) given twice", fullMethod))
+		}
+		var out protoreflect.MessageDescriptor
+		if md := lookupMethod(fullMethod, "WithKey"); md != nil {
+			if md.IsStreamingClient() || md.IsStreamingServer() {
+				panic(fmt.Sprintf("idempotency: WithKey(%q): the method is streaming; use StreamServerInterceptor and WithStreamKey", fullMethod))
+			}
+			out = md.Output()
+		}
+		newResp = messageFactory("WithKey", fullMethod, "newResp", newResp, out)
+		c.methods[fullMethod] = &unaryMethod{newResp: newResp, key: key}
+	})
+}
+
+// WithReplay sets a hook that adjusts a replayed answer of fullMethod before it is returned:
+// stored is the first call's response, freshly unmarshalled (e.g. set
+// WriteResponse.duplicate = true). The method needs a WithKey.
+func WithReplay(fullMethod string, fn func(stored proto.Message)) Option {
+	return unaryOption(func(c *unaryConfig) {
+		if fn == nil {
+			panic(fmt.Sprintf("idempotency: WithReplay(%q): function is nil", fullMethod))
+		}
+		c.replays[fullMethod] = fn
+	})
+}
+
+func newUnaryConfig(opts []Option) *unaryConfig {
+	c := &unaryConfig{
+		common:  defaultCommon(),
+		methods: map[string]*unaryMethod{},
+		replays: map[string]func(proto.Message){},
+	}
+	for _, o := range opts {
+		if o != nil {
+			o.applyUnary(c)
+		}
+	}
+	c.check()
+	for name, fn := range c.replays {
+		m, ok := c.methods[name]
+		if !ok {
+			panic(fmt.Sprintf("idempotency: WithReplay(%q) without WithKey for the method", name))
+		}
+		m.replay = fn
+	}
+	return c
+}
+
+// ---- stream ----
+
+type streamMethod struct {
+	newReq func() proto.Message
+	key    func(req proto.Message) (string, error)
+	replay func(req proto.Message, stored []byte) (proto.Message, error)
+	record func(req proto.Message, sent proto.Message) (value []byte, done bool, failed bool)
+}
+
+type streamConfig struct {
+	common
+	methods map[string]*streamMethod
+}
+
+func (c *streamConfig) method(name string) *streamMethod {
+	m, ok := c.methods[name]
+	if !ok {
+		m = &streamMethod{}
+		c.methods[name] = m
+	}
+	return m
+}
+
+// WithStreamKey makes the server-streaming method fullMethod
+// ("/handoff.v1.AgentRunnerService/Deliver") idempotent on key(req). The interceptor reads
+// the request itself into newReq() (nil looks the request type up in the global protobuf
+// registry). The method also needs WithStreamReplay and WithStreamRecord. Methods without a
+// key function pass through untouched. key is as for WithKey.
+func WithStreamKey(fullMethod string, newReq func() proto.Message, key func(req proto.Message) (string, error)) StreamOption {
+	return streamOption(func(c *streamConfig) {
+		if key == nil {
+			panic(fmt.Sprintf("idempotency: WithStreamKey(%q): key function is nil", fullMethod))
+		}
+		m := c.method(fullMethod)
+		if m.key != nil {
+			panic(fmt.Sprintf("idempotency: WithStreamKey(%q) given twice", fullMethod))
+		}
+		var in protoreflect.MessageDescriptor
+		if md := lookupMethod(fullMethod, "WithStreamKey"); md != nil {
+			if md.IsStreamingClient() || !md.IsStreamingServer() {
+				panic(fmt.Sprintf("idempotency: WithStreamKey(%q): only server-streaming methods (one request, a stream of answers) can be keyed", fullMethod))
+			}
+			in = md.Input()
+		}
+		newReq = messageFactory("WithStreamKey", fullMethod, "newReq", newReq, in)
+		m.newReq, m.key = newReq, key
+	})
+}
+
+// WithStreamReplay sets how a repeat of fullMethod is answered when its key is done: fn
+// builds the one message sent (e.g. a DUPLICATE Ack carrying the stored PriorResult) from
+// the request and the stored value; the handler is not called and the stream then ends. An
+// error from fn is returned to the caller (as Internal unless it is a gRPC status).
+func WithStreamReplay(fullMethod string, fn func(req proto.Message, stored []byte) (proto.Message, error)) StreamOption {
+	return streamOption(func(c *streamConfig) {
+		if fn == nil {
+			panic(fmt.Sprintf("idempotency: WithStreamReplay(%q): function is nil", fullMethod))
+		}
+		c.method(fullMethod).replay = fn
+	})
+}
+
+// WithStreamRecord sets how the messages the handler of fullMethod sends settle its key. fn
+// is called with the request for every message the handler sends, before it is sent:
+//
+//   - done: value is stored under the key (Complete) before the message goes out, so a
+//     caller that has seen it and retries gets the replay. done wins over failed.
+//   - failed: the key is released before the message goes out, so a retry runs again.
+//   - neither: nothing happens (an ACCEPTED ack, progress).
+//
+// Only the first done or failed settles the key; later ones are ignored. A handler that
+// returns before either has its key released.
+func WithStreamRecord(fullMethod string, fn func(req proto.Message, sent proto.Message) (value []byte, done bool, failed bool)) StreamOption {
+	return streamOption(func(c *streamConfig) {
+		if fn == nil {
+			panic(fmt.Sprintf("idempotency: WithStreamRecord(%q): function is nil", fullMethod))
+		}
+		c.method(fullMethod).record = fn
+	})
+}
+
+func newStreamConfig(opts []StreamOption) *streamConfig {
+	c := &streamConfig{common: defaultCommon(), methods: map[string]*streamMethod{}}
+	for _, o := range opts {
+		if o != nil {
+			o.applyStream(c)
+		}
+	}
+	c.check()
+	for name, m := range c.methods {
+		switch {
+		case m.key == nil:
+			panic(fmt.Sprintf("idempotency: WithStreamReplay/WithStreamRecord(%q) without WithStreamKey", name))
+		case m.replay == nil:
+			panic(fmt.Sprintf("idempotency: WithStreamKey(%q) needs WithStreamReplay", name))
+		case m.record == nil:
+			panic(fmt.Sprintf("idempotency: WithStreamKey(%q) needs WithStreamRecord", name))
+		}
+	}
+	return c
+}
+
+// lookupMethod finds fullMethod ("/pkg.Service/Method") in the global protobuf registry; nil
+// when it is not registered there. It panics on a malformed name.
+func lookupMethod(fullMethod, opt string) protoreflect.MethodDescriptor {
+	svc, name, ok := strings.Cut(strings.TrimPrefix(fullMethod, "/"), "/")
+	if !ok || !strings.HasPrefix(fullMethod, "/") || svc == "" || name == "" || strings.Contains(name, "/") {
+		panic(fmt.Sprintf("idempotency: %s(%q): want a full method name \"/package.Service/Method\"", opt, fullMethod))
+	}
+	d, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(svc))
+	if err != nil {
+		return nil
+	}
+	sd, ok := d.(protoreflect.ServiceDescriptor)
+	if !ok {
+		return nil
+	}
+	return sd.Methods().ByName(protoreflect.Name(name))
+}
+
+// messageFactory returns newMsg, or when it is nil a factory for msg's registered Go type. It
+// panics when neither is available or newMsg makes another type than msg.
+func messageFactory(opt, fullMethod, what string, newMsg func() proto.Message, msg protoreflect.MessageDescriptor) func() proto.Message {
+	if msg == nil {
+		if newMsg == nil {
+			panic(fmt.Sprintf("idempotency: %s(%q): %s is nil and the method is not in the protobuf registry", opt, fullMethod, what))
+		}
+		return newMsg
+	}
+	if newMsg == nil {
+		mt, err := protoregistry.GlobalTypes.FindMessageByName(msg.FullName())
+		if err != nil {
+			panic(fmt.Sprintf("idempotency: %s(%q): %s is nil and %s has no registered Go type", opt, fullMethod, what, msg.FullName()))
+		}
+		return func() proto.Message { return mt.New().Interface() }
+	}
+	if got := newMsg().ProtoReflect().Descriptor().FullName(); got != msg.FullName() {
+		panic(fmt.Sprintf("idempotency: %s(%q): %s makes %s, the method's message is %s", opt, fullMethod, what, got, msg.FullName()))
+	}
+	return newMsg
+}

@@ -1,0 +1,205 @@
+package idempotency
+
+import (
+	"context"
+	"io"
+	"sync"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/handoffhq/handoff/internal/store"
+)
+
+// StreamServerInterceptor returns a stream interceptor that runs each server-streaming
+// method registered with WithStreamKey at most once per key, for "ack first" methods whose
+// stream ends in one result (AgentRunnerService/Deliver).
+//
+// The interceptor reads the request itself (RecvMsg into newReq()), computes its key and
+// claims it:
+//
+//   - Done: the one message WithStreamReplay builds from the request and the stored value
+//     is sent and the stream ends; the handler is not called.
+//   - Pending: Aborted with RetryInfo, as for unary methods; nothing is sent.
+//   - Claimed: the handler runs on a wrapped stream. Its RecvMsg hands back the request once
+//     (proto.Merge into the handler's message) and io.EOF after; its SendMsg passes every
+//     message to the WithStreamRecord hook before sending it, which settles the key
+//     (Complete on done, Release on failed). A handler that returns before either has its
+//     key released. Its Context is detached from the caller (see the package
+//     documentation), so a caller that hangs up after the ack does not stop the work: the
+//     result is still recorded, and the retry gets the replay.
+//
+// When a done result cannot be stored, SendMsg returns Internal without sending it, the
+// call ends with that Internal whatever the handler returns, and the key is left claimed
+// (see the package documentation).
+//
+// It panics on a nil store or a misconfiguration (a key without a replay or record hook, a
+// method that is not server-streaming).
+func StreamServerInterceptor(st store.Idempotency, opts ...StreamOption) grpc.StreamServerInterceptor {
+	if st == nil {
+		panic("idempotency: StreamServerInterceptor: store is nil")
+	}
+	cfg := newStreamConfig(opts)
+	e := &engine{st: st, common: cfg.common}
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		m, ok := cfg.methods[info.FullMethod]
+		if !ok {
+			return handler(srv, ss)
+		}
+		if info.IsClientStream {
+			return status.Errorf(codes.Internal, "idempotency: %s is client-streaming; only server-streaming methods can be keyed", info.FullMethod)
+		}
+		ctx := ss.Context()
+		req := m.newReq()
+		if err := ss.RecvMsg(req); err != nil {
+			if err == io.EOF {
+				return status.Errorf(codes.InvalidArgument, "%s: the request message is missing", info.FullMethod)
+			}
+			return err
+		}
+		key, err := computeKey(m.key, req)
+		if err != nil {
+			return err
+		}
+		state, value, err := e.claim(ctx, info.FullMethod, key)
+		if err != nil {
+			return err
+		}
+		switch state {
+		case store.Done:
+			out, err := m.replay(req, value)
+			if err != nil {
+				e.log.ErrorContext(ctx, "idempotency: replay failed", "method", info.FullMethod, "key", key, "error", err)
+				if status.Code(err) != codes.Unknown { // already a gRPC status
+					return err
+				}
+				return status.Errorf(codes.Internal, "idempotency: replaying the stored result for key %s: %v", key, err)
+			}
+			return ss.SendMsg(out)
+		case store.Pending:
+			return e.inFlight(key)
+		}
+
+		// Claimed.
+		if err := ctx.Err(); err != nil {
+			e.release(ctx, info.FullMethod, key)
+			return status.FromContextError(err).Err()
+		}
+		wctx, cancel := e.workContext(ctx)
+		defer cancel()
+		ws := &claimedStream{ServerStream: ss, ctx: wctx, e: e, m: m, method: info.FullMethod, key: key, req: req}
+		returned := false
+		defer func() {
+			if !returned {
+				ws.mu.Lock()
+				settled := ws.outcome != open
+				ws.mu.Unlock()
+				if !settled {
+					e.log.ErrorContext(ctx, "idempotency: handler panicked; its key stays claimed until the pending TTL lapses",
+						"method", info.FullMethod, "key", key, "pending_ttl", e.pendingTTL)
+				}
+			}
+		}()
+		herr := handler(srv, ws)
+		returned = true
+
+		ws.mu.Lock()
+		defer ws.mu.Unlock()
+		switch ws.outcome {
+		case open:
+			ws.outcome = released
+			e.release(ctx, info.FullMethod, key)
+		case unrecorded:
+			return ws.recordErr
+		}
+		return herr
+	}
+}
+
+// outcome is how a claimed key was settled.
+type outcome int
+
+const (
+	open       outcome = iota // not yet
+	completed                 // result stored
+	released                  // failed: key freed
+	unrecorded                // done, but the result could not be stored: claim left
+)
+
+// claimedStream is the stream the handler of a claimed key sees.
+type claimedStream struct {
+	grpc.ServerStream
+	ctx    context.Context
+	e      *engine
+	m      *streamMethod
+	method string
+	key    string
+	req    proto.Message
+
+	mu        sync.Mutex
+	received  bool
+	outcome   outcome
+	recordErr error
+}
+
+func (s *claimedStream) Context() context.Context { return s.ctx }
+
+// RecvMsg hands the request the interceptor read to the handler once, then io.EOF.
+func (s *claimedStream) RecvMsg(m any) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.received {
+		return io.EOF
+	}
+	dst, ok := m.(proto.Message)
+	if !ok || dst.ProtoReflect().Descriptor().FullName() != s.req.ProtoReflect().Descriptor().FullName() {
+		return status.Errorf(codes.Internal, "idempotency: %s: the handler reads %T, the request is %s",
+			s.method, m, s.req.ProtoReflect().Descriptor().FullName())
+	}
+	s.received = true
+	proto.Merge(dst, s.req)
+	return nil
+}
+
+// SendMsg settles the key by the record hook's verdict on m, then sends m.
+func (s *claimedStream) SendMsg(m any) error {
+	if err := s.settle(m); err != nil {
+		return err
+	}
+	return s.ServerStream.SendMsg(m)
+}
+
+// settle passes m to the record hook and Completes or Releases the key as it says. Its
+// error (the result could not be stored) means m must not be sent.
+func (s *claimedStream) settle(m any) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.outcome == unrecorded {
+		return s.recordErr
+	}
+	msg, ok := m.(proto.Message)
+	if !ok {
+		return nil
+	}
+	value, done, failed := s.m.record(s.req, msg)
+	switch {
+	case s.outcome != open:
+		if done || failed {
+			s.e.log.WarnContext(s.ctx, "idempotency: the key is already settled; later result ignored",
+				"method", s.method, "key", s.key, "done", done, "failed", failed)
+		}
+	case done:
+		if err := s.e.complete(s.ctx, s.key, value); err != nil {
+			s.outcome = unrecorded
+			s.recordErr = s.e.notRecorded(s.ctx, s.method, s.key, err)
+			return s.recordErr
+		}
+		s.outcome = completed
+	case failed:
+		s.e.release(s.ctx, s.method, s.key)
+		s.outcome = released
+	}
+	return nil
+}

@@ -1,0 +1,208 @@
+package idempotency_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
+
+	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+	"github.com/handoffhq/handoff/internal/interceptor/idempotency"
+	"github.com/handoffhq/handoff/internal/store"
+)
+
+func TestConcurrentWritesBolt(t *testing.T) { testConcurrentWrites(t, openBolt(t)) }
+
+func TestConcurrentWritesRedis(t *testing.T) { testConcurrentWrites(t, openRedis(t)) }
+
+// testConcurrentWrites: 200 callers send the same write at once and retry on Aborted as its
+// RetryInfo says. The external sink sees one write; every caller gets its receipt; all but
+// the writer's answer are marked duplicate by the replay hook.
+func testConcurrentWrites(t *testing.T, st store.Idempotency) {
+	const n = 200
+	f := &fakeWriteback{delay: 100 * time.Millisecond}
+	c := writebackClient(t, st, f, idempotency.WithRetryDelay(25*time.Millisecond))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	var (
+		wg      sync.WaitGroup
+		start   = make(chan struct{})
+		answers = make([]*handoffv1.WriteResponse, n)
+		errs    = make([]error, n)
+		aborts  = make([]int, n)
+	)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			answers[i], aborts[i], errs[i] = retrying(ctx, func() (*handoffv1.WriteResponse, error) {
+				return c.Write(ctx, writeReq("job-200"))
+			})
+		}()
+	}
+	close(start)
+	wg.Wait()
+
+	if got := f.sink.count(); got != 1 {
+		t.Fatalf("sink has %d writes; want exactly 1", got)
+	}
+	if got := f.calls.Load(); got != 1 {
+		t.Errorf("handler ran %d times; want 1", got)
+	}
+	var first *handoffv1.Receipt
+	dups, totalAborts := 0, 0
+	for i := range n {
+		if errs[i] != nil {
+			t.Fatalf("caller %d: %v", i, errs[i])
+		}
+		rc := answers[i].GetReceipt()
+		if first == nil {
+			first = rc
+		}
+		if !proto.Equal(rc, first) {
+			t.Fatalf("caller %d got receipt %v; want %v", i, rc, first)
+		}
+		if answers[i].GetDuplicate() {
+			dups++
+		}
+		totalAborts += aborts[i]
+	}
+	if first.GetExternalId() != "ext-001" {
+		t.Errorf("receipt %v; want the sink's first write", first)
+	}
+	if dups != n-1 {
+		t.Errorf("%d answers marked duplicate; want %d", dups, n-1)
+	}
+	if totalAborts == 0 {
+		t.Error("no caller was ever told the write was in flight; the test did not race")
+	}
+	t.Logf("%d callers, 1 write, %d duplicates, %d Aborted answers retried", n, dups, totalAborts)
+}
+
+// TestHandlerErrorReleases: a failed write frees the key; the retry writes once, and the
+// next call gets that write's receipt.
+func TestHandlerErrorReleases(t *testing.T) {
+	st := openBolt(t)
+	f := &fakeWriteback{}
+	f.failFirst.Store(1)
+	c := writebackClient(t, st, f)
+	ctx := context.Background()
+
+	_, err := c.Write(ctx, writeReq("job-err"))
+	wantCode(t, err, codes.Unavailable, "target ledger: connection refused")
+	if state, _ := lookup(t, st, "job-err:writeback:summary_md"); state != 0 {
+		t.Fatalf("after the failed write the key is %v; want released", state)
+	}
+	second, err := c.Write(ctx, writeReq("job-err"))
+	if err != nil || second.GetDuplicate() {
+		t.Fatalf("retry = %v, %v; want a fresh write", second, err)
+	}
+	third, err := c.Write(ctx, writeReq("job-err"))
+	if err != nil || !third.GetDuplicate() || !proto.Equal(third.GetReceipt(), second.GetReceipt()) {
+		t.Fatalf("repeat = %v, %v; want the retry's receipt, duplicate", third, err)
+	}
+	if f.sink.count() != 1 || f.calls.Load() != 2 {
+		t.Errorf("%d writes, %d handler calls; want 1 and 2", f.sink.count(), f.calls.Load())
+	}
+}
+
+// TestCallerCancelsMidWrite: the caller hangs up while the write runs. The write (whose
+// handler honours its context) still completes and is recorded; a retry in the meantime is
+// told it is in flight, and the retry after gets the stored receipt.
+func TestCallerCancelsMidWrite(t *testing.T) {
+	st := openBolt(t)
+	f := &fakeWriteback{started: make(chan struct{}, 1), proceed: make(chan struct{})}
+	c := writebackClient(t, st, f, idempotency.WithRetryDelay(10*time.Millisecond))
+	const key = "job-cancel:writeback:summary_md"
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Write(ctx, writeReq("job-cancel"))
+		done <- err
+	}()
+	<-f.started
+	cancel()
+	wantCode(t, <-done, codes.Canceled, "")
+
+	_, err := c.Write(context.Background(), writeReq("job-cancel"))
+	wantCode(t, err, codes.Aborted, "request with idempotency key "+key+" is in flight")
+
+	close(f.proceed)
+	waitDone(t, st, key)
+	resp, _, err := retrying(context.Background(), func() (*handoffv1.WriteResponse, error) {
+		return c.Write(context.Background(), writeReq("job-cancel"))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !resp.GetDuplicate() || resp.GetReceipt().GetExternalId() != "ext-001" {
+		t.Errorf("retry = %v; want the abandoned call's receipt, duplicate", resp)
+	}
+	if f.sink.count() != 1 || f.calls.Load() != 1 {
+		t.Errorf("%d writes, %d handler calls; want 1 and 1", f.sink.count(), f.calls.Load())
+	}
+}
+
+// TestCompleteFailure: the write happened but its receipt cannot be stored. The caller gets
+// Internal, and the claim is left in place, so a retry within the pending TTL is refused
+// (Aborted) instead of writing again.
+func TestCompleteFailure(t *testing.T) {
+	fs := &faultStore{Idempotency: openBolt(t), completeErr: errors.New("disk full")}
+	f := &fakeWriteback{}
+	c := writebackClient(t, fs, f, idempotency.WithPendingTTL(time.Minute))
+	ctx := context.Background()
+
+	_, err := c.Write(ctx, writeReq("job-cf"))
+	wantCode(t, err, codes.Internal, "was done but its result could not be stored: disk full")
+	for range 3 {
+		_, err = c.Write(ctx, writeReq("job-cf"))
+		wantCode(t, err, codes.Aborted, "is in flight")
+	}
+	if f.sink.count() != 1 || f.calls.Load() != 1 {
+		t.Errorf("%d writes, %d handler calls; want 1 and 1", f.sink.count(), f.calls.Load())
+	}
+	if fs.completes.Load() != 3 || fs.releases.Load() != 0 {
+		t.Errorf("%d completes, %d releases; want 3 attempts, no release", fs.completes.Load(), fs.releases.Load())
+	}
+}
+
+// TestStoreDownOnClaim: no write without its idempotency record.
+func TestStoreDownOnClaim(t *testing.T) {
+	fs := &faultStore{Idempotency: openBolt(t), claimErr: errors.New("connection refused")}
+	f := &fakeWriteback{}
+	c := writebackClient(t, fs, f)
+	_, err := c.Write(context.Background(), writeReq("job-down"))
+	wantCode(t, err, codes.Unavailable, "idempotency store: claim job-down:writeback:summary_md: connection refused")
+	if f.calls.Load() != 0 || f.sink.count() != 0 {
+		t.Errorf("%d handler calls, %d writes; want none", f.calls.Load(), f.sink.count())
+	}
+}
+
+// TestResultTTLExpiry documents WithResultTTL: a repeat after the result expired is a new
+// request and writes again.
+func TestResultTTLExpiry(t *testing.T) {
+	st := openBolt(t)
+	f := &fakeWriteback{}
+	c := writebackClient(t, st, f, idempotency.WithResultTTL(50*time.Millisecond))
+	ctx := context.Background()
+	if _, err := c.Write(ctx, writeReq("job-ttl")); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := c.Write(ctx, writeReq("job-ttl")); err != nil || !r.GetDuplicate() {
+		t.Fatalf("repeat within the TTL = %v, %v; want duplicate", r, err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if r, err := c.Write(ctx, writeReq("job-ttl")); err != nil || r.GetDuplicate() {
+		t.Fatalf("repeat after the TTL = %v, %v; want a fresh write", r, err)
+	}
+	if f.sink.count() != 2 {
+		t.Errorf("%d writes; want 2 (the result had expired)", f.sink.count())
+	}
+}

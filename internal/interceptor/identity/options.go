@@ -1,0 +1,56 @@
+package identity
+
+import (
+	"log/slog"
+	"slices"
+	"time"
+)
+
+// Option configures the interceptors.
+type Option func(*options)
+
+type options struct {
+	policy       Policy
+	signer       *Signer
+	defaultAllow []string
+	logger       *slog.Logger
+	now          func() time.Time
+}
+
+// WithPolicy sets the policy (a copy is kept; a later WithPolicy replaces it). Without
+// one, every method but health and reflection is open only to WithDefaultAllow.
+func WithPolicy(p Policy) Option {
+	return func(o *options) { o.policy = p.clone() }
+}
+
+// WithSigner accepts service tokens verified with s. Without it, a call that carries a
+// service token and no client certificate is refused.
+func WithSigner(s *Signer) Option {
+	return func(o *options) { o.signer = s }
+}
+
+// WithDefaultAllow sets the services allowed to call methods the policy does not match;
+// Anyone ("*") opens them to every caller. Default: none, so unlisted methods are denied.
+func WithDefaultAllow(services ...string) Option {
+	return func(o *options) { o.defaultAllow = slices.Clone(services) }
+}
+
+// WithLogger logs every refused call at Warn (method, peer, code, reason). Default: no
+// logging; the logging interceptor reports the status anyway.
+func WithLogger(l *slog.Logger) Option {
+	return func(o *options) { o.logger = l }
+}
+
+func newOptions(opts []Option) *options {
+	o := &options{now: time.Now}
+	for _, opt := range opts {
+		opt(o)
+	}
+	if err := o.policy.Validate(); err != nil {
+		panic(err.Error())
+	}
+	if err := checkServices(o.defaultAllow); err != nil {
+		panic("identity: WithDefaultAllow: " + err.Error())
+	}
+	return o
+}

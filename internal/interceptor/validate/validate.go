@@ -1,0 +1,388 @@
+// Package validate is the schema gate of every hop: gRPC server interceptors that check each
+// request with protovalidate (contract.Validator) before any handler runs, so a malformed
+// package costs no handler work.
+//
+// A request that carries a handoff package (a field named "package" of message type
+// handoff.v1.HandoffPackage, found by reflection) also passes the contract's version gate:
+// the package is checked with Validator.CheckV1 first (version gate, size cap, then its
+// rules), and when the gate or the size cap refuses it, nothing else in the request is
+// read. The rest of the request (agent, required_tools, ...) is then checked with
+// Validator.Validate.
+//
+// A rejected request ends with codes.InvalidArgument, whose message lists "field: message"
+// pairs and whose google.rpc.BadRequest detail has one field violation per reason (field,
+// description = the reason's message, reason = the rule id in UPPER_SNAKE_CASE), unless a
+// Rejecter (WithRejecter) answers it instead: PackageAckRejecter turns a bad package sent to
+// AgentRunnerService Deliver or Check into a REJECTED_SCHEMA Ack.
+//
+// Field paths. Reasons handed to a Rejecter or to the WithOnReject hook, and those in the
+// error, name fields relative to the request, with proto names: "package.job_id",
+// "package.artifacts[0].uri", "package" for the package as a whole (missing, too big),
+// "agent". The Ack's reasons (PackageAckRejecter) name fields relative to the package, as
+// handoff.v1.Reason requires: "job_id", "artifacts[0].uri", "" for the whole package.
+//
+// A validation that cannot run (protovalidate compilation or runtime error) is codes.Internal:
+// it is no verdict on the request, and the request is not let through either.
+//
+// Chain order: install these interceptors before (outside of) every interceptor that reads
+// the package (budget, idempotency), so those only ever see schema-valid packages.
+package validate
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+
+	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+	"github.com/handoffhq/handoff/internal/contract"
+)
+
+// maxListed caps the "field: message" pairs in an InvalidArgument message; the BadRequest
+// detail carries all of them.
+const maxListed = 16
+
+var packageName = (&handoffv1.HandoffPackage{}).ProtoReflect().Descriptor().FullName()
+
+// UnaryServerInterceptor validates every unary request before the handler runs: a request
+// that fails Validator.Validate (and, when it carries a handoff package, Validator.CheckV1)
+// ends with codes.InvalidArgument, or with the response of the Rejecter when one is set and
+// answers it. The handler is not called for a rejected request. A request that is not a
+// protobuf message is refused (codes.Internal): it cannot be checked.
+func UnaryServerInterceptor(v *contract.Validator, opts ...Option) grpc.UnaryServerInterceptor {
+	if v == nil {
+		panic("validate: UnaryServerInterceptor: nil Validator")
+	}
+	o := newOptions(opts)
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		m, ok := req.(proto.Message)
+		if !ok {
+			return nil, status.Errorf(codes.Internal, "validate: %s: request %T is not a protobuf message", info.FullMethod, req)
+		}
+		reasons, err := check(v, m)
+		if err != nil {
+			return nil, err
+		}
+		if len(reasons) == 0 {
+			return handler(ctx, req)
+		}
+		if resp, ok := o.reject(info.FullMethod, m, reasons); ok {
+			return resp, nil
+		}
+		return nil, InvalidArgument(reasons)
+	}
+}
+
+// StreamServerInterceptor validates the requests of streaming methods.
+//
+// For a method configured with WithStreamRequest (AgentRunnerService/Deliver by default) the
+// interceptor receives the request itself (ss.RecvMsg into a new request message) and checks
+// it before the handler runs. A rejected request is answered without calling the handler:
+// with one SendMsg of the Rejecter's response and a nil error, or with InvalidArgument. A
+// valid request is handed to the handler through a wrapped stream whose first RecvMsg
+// returns it (proto.Merge into the handler's message); for a server-streaming method every
+// later RecvMsg returns io.EOF, for a client-streaming one it receives from the real stream
+// and validates each message as below.
+//
+// Any other streaming method is validated message by message as the handler receives them:
+// RecvMsg returns InvalidArgument for a message that fails validation (the Rejecter is not
+// used: the handler is already running).
+func StreamServerInterceptor(v *contract.Validator, opts ...Option) grpc.StreamServerInterceptor {
+	if v == nil {
+		panic("validate: StreamServerInterceptor: nil Validator")
+	}
+	o := newOptions(opts)
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		newReq, ok := o.streamReqs[info.FullMethod]
+		if !ok {
+			return handler(srv, &checkedStream{ServerStream: ss, v: v, o: o, method: info.FullMethod})
+		}
+		req := newReq()
+		if err := ss.RecvMsg(req); err != nil {
+			return err
+		}
+		reasons, err := check(v, req)
+		if err != nil {
+			return err
+		}
+		if len(reasons) > 0 {
+			if resp, ok := o.reject(info.FullMethod, req, reasons); ok {
+				return ss.SendMsg(resp)
+			}
+			return InvalidArgument(reasons)
+		}
+		rs := &replayStream{ServerStream: ss, first: req}
+		if info.IsClientStream {
+			rs.rest = &checkedStream{ServerStream: ss, v: v, o: o, method: info.FullMethod}
+		}
+		return handler(srv, rs)
+	}
+}
+
+// reject calls the hook and the rejecter; ok reports that resp answers the request.
+func (o *options) reject(method string, req proto.Message, reasons []*handoffv1.Reason) (proto.Message, bool) {
+	if o.onReject != nil {
+		o.onReject(method, reasons)
+	}
+	if o.rejecter == nil {
+		return nil, false
+	}
+	resp, ok := o.rejecter(method, req, reasons)
+	return resp, ok && resp != nil
+}
+
+// replayStream hands the handler the request the interceptor already received.
+type replayStream struct {
+	grpc.ServerStream
+	first proto.Message
+	sent  bool
+	rest  grpc.ServerStream // nil: io.EOF after first
+}
+
+func (s *replayStream) RecvMsg(m any) error {
+	if s.sent {
+		if s.rest == nil {
+			return io.EOF
+		}
+		return s.rest.RecvMsg(m)
+	}
+	s.sent = true
+	return mergeInto(m, s.first)
+}
+
+// mergeInto copies src into the handler's message dst, which must be of the same type.
+func mergeInto(dst any, src proto.Message) error {
+	pm, ok := dst.(proto.Message)
+	if !ok {
+		return status.Errorf(codes.Internal, "validate: handler receives into %T, not a protobuf message", dst)
+	}
+	if got, want := pm.ProtoReflect().Descriptor().FullName(), src.ProtoReflect().Descriptor().FullName(); got != want {
+		return status.Errorf(codes.Internal, "validate: handler receives a %s, the interceptor read a %s (WithStreamRequest is misconfigured)", got, want)
+	}
+	proto.Merge(pm, src)
+	return nil
+}
+
+// checkedStream validates every message the handler receives.
+type checkedStream struct {
+	grpc.ServerStream
+	v      *contract.Validator
+	o      *options
+	method string
+}
+
+func (s *checkedStream) RecvMsg(m any) error {
+	if err := s.ServerStream.RecvMsg(m); err != nil {
+		return err
+	}
+	pm, ok := m.(proto.Message)
+	if !ok {
+		return status.Errorf(codes.Internal, "validate: %s: message %T is not a protobuf message", s.method, m)
+	}
+	reasons, err := check(s.v, pm)
+	if err != nil {
+		return err
+	}
+	if len(reasons) > 0 {
+		if s.o.onReject != nil {
+			s.o.onReject(s.method, reasons)
+		}
+		return InvalidArgument(reasons)
+	}
+	return nil
+}
+
+// check returns the violations of m, field paths relative to m; an error (a gRPC status)
+// when validation could not run.
+func check(v *contract.Validator, m proto.Message) ([]*handoffv1.Reason, error) {
+	r := m.ProtoReflect()
+	fd := packageField(r.Descriptor())
+	var out []*handoffv1.Reason
+	pkgChecked := false
+	if fd != nil && r.Has(fd) {
+		pkg, err := asPackage(r.Get(fd).Message())
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "validate: reading the package: %v", err)
+		}
+		pr := v.CheckV1(pkg)
+		for _, x := range pr {
+			if x.GetRule() == contract.RuleValidateError {
+				return nil, status.Errorf(codes.Internal, "package validation could not run: %s", x.GetMessage())
+			}
+			out = append(out, under(string(fd.Name()), x))
+		}
+		if stopsAtGate(pr) {
+			// The version is not one this consumer reads, or the package is over the size
+			// cap: nothing else is interpreted.
+			return out, nil
+		}
+		pkgChecked = true
+	}
+	for _, x := range contract.Reasons(v.Validate(m)) {
+		if x.GetRule() == contract.RuleValidateError {
+			return nil, status.Errorf(codes.Internal, "request validation could not run: %s", x.GetMessage())
+		}
+		if pkgChecked && inField(x.GetField(), string(fd.Name())) {
+			continue // CheckV1 already reported the package's own violations
+		}
+		out = append(out, x)
+	}
+	return out, nil
+}
+
+// stopsAtGate reports whether CheckV1 stopped before the package's rules: the version gate
+// or the size cap refused it (exactly one reason, from the contract itself).
+func stopsAtGate(pr []*handoffv1.Reason) bool {
+	if len(pr) != 1 {
+		return false
+	}
+	switch pr[0].GetRule() {
+	case contract.RuleSizeMax:
+		return true
+	case contract.RuleRequired, contract.RuleVersionAccepted, contract.RuleVersionMismatch:
+		return pr[0].GetField() == "schema"
+	}
+	return false
+}
+
+// packageField returns md's "package" field when it is a singular handoff.v1.HandoffPackage.
+func packageField(md protoreflect.MessageDescriptor) protoreflect.FieldDescriptor {
+	fd := md.Fields().ByName("package")
+	if fd == nil || fd.Kind() != protoreflect.MessageKind || fd.IsList() || fd.IsMap() || fd.Message().FullName() != packageName {
+		return nil
+	}
+	return fd
+}
+
+// asPackage returns m as the generated type (copying it when it is, e.g., a dynamicpb message).
+func asPackage(m protoreflect.Message) (*handoffv1.HandoffPackage, error) {
+	if p, ok := m.Interface().(*handoffv1.HandoffPackage); ok {
+		return p, nil
+	}
+	b, err := proto.Marshal(m.Interface())
+	if err != nil {
+		return nil, err
+	}
+	p := &handoffv1.HandoffPackage{}
+	return p, proto.Unmarshal(b, p)
+}
+
+// packageCarrier is a request with a generated GetPackage (DeliverRequest, CheckRequest).
+type packageCarrier interface {
+	GetPackage() *handoffv1.HandoffPackage
+}
+
+// under returns r with its field moved under the request field name.
+func under(name string, r *handoffv1.Reason) *handoffv1.Reason {
+	field := name
+	if r.GetField() != "" {
+		field += "." + r.GetField()
+	}
+	return &handoffv1.Reason{Field: field, Rule: r.GetRule(), Message: r.GetMessage()}
+}
+
+// inField reports whether path is name or a path inside it.
+func inField(path, name string) bool {
+	return path == name || strings.HasPrefix(path, name+".")
+}
+
+// InvalidArgument is the error for a rejected request: codes.InvalidArgument whose message
+// lists "field: message" pairs (at most 16, then "and N more") and whose
+// google.rpc.BadRequest detail has one field violation per reason: field, description =
+// message, reason = the rule id in UPPER_SNAKE_CASE ("string.pattern" -> "STRING_PATTERN").
+// A reason without a field is listed as "(request)".
+func InvalidArgument(reasons []*handoffv1.Reason) error {
+	parts := make([]string, 0, min(len(reasons), maxListed)+1)
+	fvs := make([]*errdetails.BadRequest_FieldViolation, 0, len(reasons))
+	for i, r := range reasons {
+		field := r.GetField()
+		if i < maxListed {
+			shown := field
+			if shown == "" {
+				shown = "(request)"
+			}
+			parts = append(parts, fmt.Sprintf("%s: %s", shown, r.GetMessage()))
+		}
+		fvs = append(fvs, &errdetails.BadRequest_FieldViolation{
+			Field:       field,
+			Description: r.GetMessage(),
+			Reason:      ruleCode(r.GetRule()),
+		})
+	}
+	if len(reasons) > maxListed {
+		parts = append(parts, fmt.Sprintf("and %d more", len(reasons)-maxListed))
+	}
+	st := status.New(codes.InvalidArgument, "invalid request: "+strings.Join(parts, "; "))
+	if d, err := st.WithDetails(&errdetails.BadRequest{FieldViolations: fvs}); err == nil {
+		st = d
+	}
+	return st.Err()
+}
+
+// ruleCode turns a rule id into the UPPER_SNAKE_CASE a google.rpc reason wants (at most 63
+// characters).
+func ruleCode(rule string) string {
+	var b strings.Builder
+	for _, r := range strings.ToUpper(rule) {
+		if (r >= 'A' && r <= 'Z') || (r >= '0' && r <= '9') {
+			b.WriteRune(r)
+		} else {
+			b.WriteByte('_')
+		}
+	}
+	out := strings.Trim(b.String(), "_")
+	if len(out) > 63 {
+		out = out[:63]
+	}
+	return out
+}
+
+// PackageAckRejecter answers a rejected AgentRunnerService request with a REJECTED_SCHEMA Ack
+// instead of an RPC error: Deliver gets DeliverResponse{ack} (the one message of the
+// stream), Check gets CheckResponse{ack}. The Ack is contract.AckFor(package,
+// REJECTED_SCHEMA, reasons...) with the reasons about the package, renamed relative to it:
+// with a package these are exactly Validator.CheckV1's reasons, without one a single reason
+// for the package as a whole (field "", rule "required").
+//
+// It declines (the caller gets InvalidArgument) for other methods and when the package is
+// valid and only other request fields are not (a malformed agent or required_tools): that is
+// a broken request, not a package to reject.
+func PackageAckRejecter() Rejecter {
+	return func(fullMethod string, req proto.Message, reasons []*handoffv1.Reason) (proto.Message, bool) {
+		if fullMethod != handoffv1.AgentRunnerService_Deliver_FullMethodName && fullMethod != handoffv1.AgentRunnerService_Check_FullMethodName {
+			return nil, false
+		}
+		var pr []*handoffv1.Reason
+		for _, r := range reasons {
+			switch f := r.GetField(); {
+			case f == "package":
+				msg := r.GetMessage()
+				if r.GetRule() == contract.RuleRequired {
+					msg = "no package: the request carries no handoff package"
+				}
+				pr = append(pr, &handoffv1.Reason{Rule: r.GetRule(), Message: msg})
+			case strings.HasPrefix(f, "package."):
+				pr = append(pr, &handoffv1.Reason{Field: strings.TrimPrefix(f, "package."), Rule: r.GetRule(), Message: r.GetMessage()})
+			}
+		}
+		if len(pr) == 0 {
+			return nil, false
+		}
+		var pkg *handoffv1.HandoffPackage
+		if g, ok := req.(packageCarrier); ok {
+			pkg = g.GetPackage()
+		}
+		ack := contract.AckFor(pkg, handoffv1.AckStatus_ACK_STATUS_REJECTED_SCHEMA, pr...)
+		if fullMethod == handoffv1.AgentRunnerService_Deliver_FullMethodName {
+			return &handoffv1.DeliverResponse{Event: &handoffv1.DeliverResponse_Ack{Ack: ack}}, true
+		}
+		return &handoffv1.CheckResponse{Ack: ack}, true
+	}
+}
