@@ -24,6 +24,7 @@ import (
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/artifact"
 	"github.com/handoffhq/handoff/internal/contract"
+	"github.com/handoffhq/handoff/internal/interceptor/identity"
 	"github.com/handoffhq/handoff/internal/pipeline"
 	"github.com/handoffhq/handoff/internal/rpc"
 	"github.com/handoffhq/handoff/internal/store"
@@ -74,6 +75,7 @@ type Stack struct {
 	// telemetry.Handler.
 	Registry *prometheus.Registry
 
+	signer   *identity.Signer
 	tp       oteltrace.TracerProvider
 	shutdown func(context.Context) error
 	log      *slog.Logger
@@ -107,6 +109,11 @@ func Start(ctx context.Context, cfg Config) (st *Stack, err error) {
 		return nil, fmt.Errorf("stack: data dir: %w", err)
 	}
 	s := &Stack{Registry: telemetry.NewRegistry(), tp: cfg.TracerProvider, log: cfg.Logger}
+	// One process, plaintext on loopback: the services prove who they are to each other
+	// with tokens signed by a key that never leaves this process.
+	if s.signer, err = identity.NewRandomSigner(); err != nil {
+		return nil, err
+	}
 	if s.tp == nil {
 		tp, err := telemetry.NewTracerProvider(ctx, "handoff")
 		if err != nil {
@@ -167,11 +174,11 @@ func Start(ctx context.Context, cfg Config) (st *Stack, err error) {
 	}
 	s.serve(lis["writeback"], "writeback", handoffv1.WritebackService_ServiceDesc.ServiceName, func(g *grpc.Server) { writeback.Register(g, wb) })
 
-	runnerConn, err := s.dial(s.RunnerAddr)
+	runnerConn, err := s.DialAs(s.RunnerAddr, "coordinator")
 	if err != nil {
 		return nil, err
 	}
-	wbConn, err := s.dial(s.WritebackAddr)
+	wbConn, err := s.DialAs(s.WritebackAddr, "coordinator")
 	if err != nil {
 		return nil, err
 	}
@@ -179,7 +186,7 @@ func Start(ctx context.Context, cfg Config) (st *Stack, err error) {
 		Store: s.Store, Pipelines: cfg.Pipelines, Validator: val, Logger: log.With("service", "coordinator"),
 		Runner:         handoffv1.NewAgentRunnerServiceClient(runnerConn),
 		Writeback:      handoffv1.NewWritebackServiceClient(wbConn),
-		Dial:           func(addr string) (grpc.ClientConnInterface, error) { return s.dial(addr) },
+		Dial:           func(addr string) (grpc.ClientConnInterface, error) { return s.DialAs(addr, "coordinator") },
 		Tamper:         cfg.Tamper,
 		TracerProvider: s.tp,
 	})
@@ -206,7 +213,11 @@ func or(v, def string) string {
 // health and reflection (so grpcurl can list and call it without proto files).
 func (s *Stack) serve(l net.Listener, name, service string, register func(*grpc.Server)) {
 	m := telemetry.NewMetrics(s.Registry, name)
-	g := rpc.NewServer(rpc.ServerConfig{Service: name, Logger: s.log, TracerProvider: s.tp, Metrics: m})
+	idOpts := []identity.Option{identity.WithSigner(s.signer), identity.WithPolicy(identity.DefaultPolicy()), identity.WithLogger(s.log)}
+	g := rpc.NewServer(rpc.ServerConfig{
+		Service: name, Logger: s.log, TracerProvider: s.tp, Metrics: m,
+		IdentityUnary: identity.UnaryServerInterceptor(idOpts...), IdentityStream: identity.StreamServerInterceptor(idOpts...),
+	})
 	register(g)
 	hs := health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
@@ -219,17 +230,25 @@ func (s *Stack) serve(l net.Listener, name, service string, register func(*grpc.
 	go g.Serve(l)
 }
 
-func (s *Stack) dial(addr string) (*grpc.ClientConn, error) {
-	cc, err := rpc.Dial(addr, rpc.DialConfig{TracerProvider: s.tp})
+// Dial returns a client connection to one of the stack's addresses, calling without a
+// service identity (as grpcurl or a client would); Close closes it.
+func (s *Stack) Dial(addr string) (*grpc.ClientConn, error) {
+	return s.dial(addr, rpc.DialConfig{TracerProvider: s.tp})
+}
+
+// DialAs returns a connection whose calls carry service's identity token.
+func (s *Stack) DialAs(addr, service string) (*grpc.ClientConn, error) {
+	return s.dial(addr, rpc.DialConfig{TracerProvider: s.tp, PerRPC: s.signer.PerRPCCredentials(service)})
+}
+
+func (s *Stack) dial(addr string, dc rpc.DialConfig) (*grpc.ClientConn, error) {
+	cc, err := rpc.Dial(addr, dc)
 	if err != nil {
 		return nil, err
 	}
 	s.conns = append(s.conns, cc)
 	return cc, nil
 }
-
-// Dial returns a client connection to one of the stack's addresses; Close closes it.
-func (s *Stack) Dial(addr string) (*grpc.ClientConn, error) { return s.dial(addr) }
 
 // Close drains the servers (in-flight calls finish, up to 10 s), stops the drivers and
 // closes the store. Runs still RUNNING resume at the next Start on the same DataDir.

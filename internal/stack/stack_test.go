@@ -8,7 +8,12 @@ import (
 	"strings"
 	"testing"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+	"github.com/handoffhq/handoff/internal/artifact"
 	"github.com/handoffhq/handoff/internal/stack"
 	"github.com/handoffhq/handoff/internal/telemetry"
 )
@@ -48,6 +53,52 @@ func TestMetrics(t *testing.T) {
 	} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("metrics lack %s", want)
+		}
+	}
+}
+
+// TestOnlyTheCoordinatorWrites calls Writeback with a write the judge passed, as the agent
+// runner and as nobody: both are refused before any handler runs and nothing is written.
+func TestOnlyTheCoordinatorWrites(t *testing.T) {
+	st, err := stack.Start(context.Background(), stack.Config{DataDir: t.TempDir(), CoordinatorAddr: "127.0.0.1:0", RunnerAddr: "127.0.0.1:0", WritebackAddr: "127.0.0.1:0",
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	art, err := st.Artifacts.Put(context.Background(), artifact.Ref{JobID: "tkt_1", Stage: "draft", Type: "summary_md", SchemaVersion: "summary_md.v1", MediaType: "text/markdown"}, []byte("summary [hc-refund-policy]"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := &handoffv1.WriteRequest{
+		Package: &handoffv1.HandoffPackage{
+			Schema: "handoff.v1", JobId: "tkt_1", Stage: "writeback", Goal: "g",
+			Budget:    &handoffv1.Budget{UsdRemainingMicros: 1, HopsRemaining: 1},
+			Evaluator: &handoffv1.Evaluator{LastVerdict: handoffv1.Verdict_VERDICT_PASS, Rounds: 1},
+			Artifacts: []*handoffv1.Artifact{art},
+		},
+		Artifact: art, Target: "ledger",
+	}
+	for _, tt := range []struct {
+		caller string
+		code   codes.Code
+	}{{"agentrunner", codes.PermissionDenied}, {"", codes.Unauthenticated}, {"coordinator", codes.OK}} {
+		var cc *grpc.ClientConn
+		if tt.caller == "" {
+			cc, err = st.Dial(st.WritebackAddr)
+		} else {
+			cc, err = st.DialAs(st.WritebackAddr, tt.caller)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err := handoffv1.NewWritebackServiceClient(cc).Write(context.Background(), req)
+		if status.Code(err) != tt.code {
+			t.Fatalf("Write as %q: %v, want %s", tt.caller, err, tt.code)
+		}
+		writes, _ := st.Store.LedgerEntries(context.Background())
+		if want := map[bool]int{true: 1, false: 0}[tt.code == codes.OK]; len(writes) != want {
+			t.Fatalf("after Write as %q: %d ledger entries, want %d", tt.caller, len(writes), want)
 		}
 	}
 }
