@@ -1,5 +1,16 @@
 // Command writeback runs the WritebackService: the only writer to external systems. It writes
-// to the demo ledger in its embedded store and, when --webhook-url is set, to a webhook.
+// to the demo ledger in its store and, when --webhook-url is set, to a webhook.
+//
+// The server is writeback.NewGRPCServer: the platform's interceptor chain (metrics, logging,
+// identity, trace) with the writeback's enforcement (validate, gate, idempotency) as its step
+// 6. Transport security is rpc.Security: --certs DIR (mTLS) or --plaintext-loopback (loopback
+// only, service tokens signed with --token-key-file); one of them is required, and by the
+// platform's policy only the coordinator may call Write.
+//
+// --store is a bbolt file, or redis://host:port[/db] so that several writeback processes
+// share one set of receipts (keys under "handoff:"). Tracing exports over OTLP when
+// OTEL_EXPORTER_OTLP_ENDPOINT is set; Prometheus metrics are served on /metrics at
+// --metrics-listen when it is set.
 //
 // Every flag falls back to an environment variable; a bad value stops it at start, naming the
 // flag. Server reflection and grpc.health.v1 are on. SIGINT/SIGTERM stop it gracefully: calls
@@ -14,35 +25,53 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/health"
+	"google.golang.org/grpc/credentials"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/grpc/reflection"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/artifact"
+	hconfig "github.com/handoffhq/handoff/internal/config"
 	"github.com/handoffhq/handoff/internal/contract"
+	"github.com/handoffhq/handoff/internal/rpc"
 	"github.com/handoffhq/handoff/internal/store"
+	"github.com/handoffhq/handoff/internal/telemetry"
 	"github.com/handoffhq/handoff/services/writeback"
 )
+
+// service is the writeback's name in logs, metrics, traces and its certificate.
+const service = "writeback"
 
 // config is the parsed command line.
 type config struct {
 	listen         string
-	storePath      string
+	storePath      string              // --store as given
+	redis          *store.RedisOptions // set when --store is a redis:// URL
 	artifacts      string
 	webhookURL     string
 	webhookName    string
 	webhookTimeout time.Duration
 	pendingTTL     time.Duration
 	receiptTTL     time.Duration
+	metricsListen  string // "" = no metrics endpoint
+	security       rpc.Security
+}
+
+// transport is what rpc.Security resolved: the server's credentials and identity check.
+type transport struct {
+	creds  credentials.TransportCredentials
+	unary  grpc.UnaryServerInterceptor
+	stream grpc.StreamServerInterceptor
 }
 
 // stopGrace bounds a graceful stop; calls still running after it are cut.
@@ -61,15 +90,24 @@ func run(args []string, getenv func(string) string, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "writeback: %v\n", err)
 		return 2
 	}
-	log := slog.New(slog.NewJSONHandler(stderr, nil)).With("service", "writeback")
-	if err := serve(cfg, log); err != nil {
-		log.Error("writeback stopped", "error", err)
+	creds, unary, stream, err := cfg.security.Server(service, cfg.listen)
+	if err != nil {
+		fmt.Fprintf(stderr, "writeback: %v\n", err)
+		return 2
+	}
+	log := slog.New(slog.NewJSONHandler(stderr, nil))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := serve(ctx, cfg, transport{creds, unary, stream}, log, nil); err != nil {
+		log.Error("writeback stopped", "service", service, "error", err)
 		return 1
 	}
 	return 0
 }
 
-// parseConfig reads flags with environment fallbacks and checks every value.
+// parseConfig reads flags with environment fallbacks and checks every value. The security
+// flags (--certs, --token-key-file, --plaintext-loopback) are rpc.Security's, read through
+// internal/config.
 func parseConfig(args []string, getenv func(string) string, out io.Writer) (config, error) {
 	env := func(name, def string) string {
 		if v := getenv(name); v != "" {
@@ -86,29 +124,37 @@ func parseConfig(args []string, getenv func(string) string, out io.Writer) (conf
 		receiptTTL     string
 	)
 	fs.StringVar(&cfg.listen, "listen", env("HANDOFF_WRITEBACK_LISTEN", "127.0.0.1:50053"), "gRPC listen address host:port (env HANDOFF_WRITEBACK_LISTEN)")
-	fs.StringVar(&cfg.storePath, "store", env("HANDOFF_STORE", "./handoff-data/writeback.db"), "bbolt file for receipts and the demo ledger (env HANDOFF_STORE)")
+	fs.StringVar(&cfg.storePath, "store", env("HANDOFF_STORE", "./handoff-data/writeback.db"), "receipts and the demo ledger: a bbolt file, or redis://host:port[/db] to share them between processes (env HANDOFF_STORE)")
 	fs.StringVar(&cfg.artifacts, "artifacts", env("HANDOFF_ARTIFACTS", "./handoff-data/artifacts"), "artifact folder (env HANDOFF_ARTIFACTS)")
 	fs.StringVar(&cfg.webhookURL, "webhook-url", env("HANDOFF_WEBHOOK_URL", ""), "when set, also serve a webhook target POSTing to this http(s) URL (env HANDOFF_WEBHOOK_URL)")
 	fs.StringVar(&cfg.webhookName, "webhook-name", env("HANDOFF_WEBHOOK_NAME", writeback.WebhookName), "target name of the webhook (env HANDOFF_WEBHOOK_NAME)")
 	fs.StringVar(&webhookTimeout, "webhook-timeout", env("HANDOFF_WEBHOOK_TIMEOUT", writeback.DefaultWebhookTimeout.String()), "timeout of one webhook POST (env HANDOFF_WEBHOOK_TIMEOUT)")
 	fs.StringVar(&pendingTTL, "pending-ttl", env("HANDOFF_WRITEBACK_PENDING_TTL", writeback.DefaultPendingTTL.String()), "how long an in-flight write blocks other callers of its key (env HANDOFF_WRITEBACK_PENDING_TTL)")
 	fs.StringVar(&receiptTTL, "receipt-ttl", env("HANDOFF_WRITEBACK_RECEIPT_TTL", "0"), "how long receipts are kept, 0 = forever; a repeat after expiry writes again (env HANDOFF_WRITEBACK_RECEIPT_TTL)")
-	if err := fs.Parse(args); err != nil {
+	fs.StringVar(&cfg.metricsListen, "metrics-listen", env("HANDOFF_METRICS_LISTEN", ""), "serve Prometheus metrics on http://host:port/metrics; empty = off (env HANDOFF_METRICS_LISTEN)")
+	b := hconfig.New(fs)
+	cfg.security.Bind(b)
+	if err := b.Parse(args); err != nil {
 		return config{}, err
 	}
-	if fs.NArg() > 0 {
-		return config{}, fmt.Errorf("unexpected argument %q", fs.Arg(0))
-	}
 
-	_, port, err := net.SplitHostPort(cfg.listen)
-	if err != nil {
+	if err := checkHostPort(cfg.listen); err != nil {
 		return config{}, fmt.Errorf("--listen %q: %v", cfg.listen, err)
 	}
-	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
-		return config{}, fmt.Errorf("--listen %q: port %q is not a number from 0 to 65535", cfg.listen, port)
+	if cfg.metricsListen != "" {
+		if err := checkHostPort(cfg.metricsListen); err != nil {
+			return config{}, fmt.Errorf("--metrics-listen %q: %v", cfg.metricsListen, err)
+		}
 	}
 	if cfg.storePath == "" {
 		return config{}, errors.New("--store: must not be empty")
+	}
+	if strings.Contains(cfg.storePath, "://") {
+		ro, err := parseRedisURL(cfg.storePath)
+		if err != nil {
+			return config{}, fmt.Errorf("--store: %v", err)
+		}
+		cfg.redis = ro
 	}
 	if cfg.artifacts == "" {
 		return config{}, errors.New("--artifacts: must not be empty")
@@ -145,13 +191,96 @@ func parseConfig(args []string, getenv func(string) string, out io.Writer) (conf
 	return cfg, nil
 }
 
-func serve(cfg config, log *slog.Logger) error {
+// checkHostPort checks a listen address host:port (the host may be empty).
+func checkHostPort(addr string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return err
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		return fmt.Errorf("port %q is not a number from 0 to 65535", port)
+	}
+	return nil
+}
+
+// parseRedisURL reads redis://[:password@]host:port[/db].
+func parseRedisURL(raw string) (*store.RedisOptions, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return nil, fmt.Errorf("%q is neither a file path nor a redis:// URL: %v", raw, err)
+	}
+	shown := u.Redacted()
+	if u.Scheme != "redis" {
+		return nil, fmt.Errorf("%q: only redis://host:port[/db] URLs are supported (or give a bbolt file path)", shown)
+	}
+	if u.Opaque != "" || u.RawQuery != "" || u.Fragment != "" {
+		return nil, fmt.Errorf("%q: want redis://host:port[/db], without query or fragment", shown)
+	}
+	if err := checkHostPort(u.Host); err != nil || u.Hostname() == "" {
+		return nil, fmt.Errorf("%q: want redis://host:port[/db] with a host and a port", shown)
+	}
+	ro := &store.RedisOptions{Addr: u.Host, Prefix: "handoff:"}
+	if u.User != nil {
+		if u.User.Username() != "" {
+			return nil, fmt.Errorf("%q: a user name is not supported; give only a password (redis://:password@host:port)", shown)
+		}
+		ro.Password, _ = u.User.Password()
+	}
+	if db := strings.TrimPrefix(u.Path, "/"); db != "" {
+		n, err := strconv.Atoi(db)
+		if err != nil || n < 0 {
+			return nil, fmt.Errorf("%q: database %q is not a number from 0", shown, db)
+		}
+		ro.DB = n
+	}
+	return ro, nil
+}
+
+// openStore opens the bbolt file or connects to Redis.
+func openStore(ctx context.Context, cfg config) (store.Store, string, error) {
+	if cfg.redis != nil {
+		shown := cfg.storePath
+		if u, err := url.Parse(cfg.storePath); err == nil {
+			shown = u.Redacted()
+		}
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		st, err := store.OpenRedis(cctx, *cfg.redis)
+		if err != nil {
+			return nil, "", fmt.Errorf("--store %s: %w", shown, err)
+		}
+		return st, shown, nil
+	}
 	if err := os.MkdirAll(filepath.Dir(cfg.storePath), 0o755); err != nil {
-		return fmt.Errorf("--store %s: %w", cfg.storePath, err)
+		return nil, "", fmt.Errorf("--store %s: %w", cfg.storePath, err)
 	}
 	st, err := store.Open(cfg.storePath)
 	if err != nil {
-		return fmt.Errorf("--store: %w", err)
+		return nil, "", fmt.Errorf("--store: %w", err)
+	}
+	return st, cfg.storePath, nil
+}
+
+// serve runs the service until ctx ends. ready, when set, is called with the bound gRPC and
+// metrics addresses (metrics nil when off) once both accept connections.
+func serve(ctx context.Context, cfg config, tr transport, base *slog.Logger, ready func(grpcAddr, metricsAddr net.Addr)) error {
+	log := base.With("service", service)
+
+	tp, err := telemetry.NewTracerProvider(ctx, service)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := tp.Shutdown(sctx); err != nil {
+			log.Warn("tracer shutdown", "error", err)
+		}
+	}()
+
+	st, storeShown, err := openStore(ctx, cfg)
+	if err != nil {
+		return err
 	}
 	defer st.Close()
 	files, err := artifact.NewFiles(cfg.artifacts)
@@ -183,28 +312,44 @@ func serve(cfg config, log *slog.Logger) error {
 		return err
 	}
 
+	rcfg := rpc.ServerConfig{
+		Service:        service,
+		Logger:         base, // the chain adds service=writeback itself
+		TracerProvider: tp,
+		IdentityUnary:  tr.unary,
+		IdentityStream: tr.stream,
+		Creds:          tr.creds,
+	}
+	var metrics *http.Server
+	var metricsLis net.Listener
+	if cfg.metricsListen != "" {
+		reg := telemetry.NewRegistry()
+		rcfg.Metrics = telemetry.NewMetrics(reg, service)
+		if metricsLis, err = net.Listen("tcp", cfg.metricsListen); err != nil {
+			return fmt.Errorf("--metrics-listen: %w", err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", telemetry.Handler(reg))
+		metrics = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	}
+	gs, hs := writeback.NewGRPCServer(srv, rcfg)
+
 	lis, err := net.Listen("tcp", cfg.listen)
 	if err != nil {
+		if metricsLis != nil {
+			metricsLis.Close()
+		}
 		return fmt.Errorf("--listen: %w", err)
 	}
-	gs := grpc.NewServer()
-	writeback.Register(gs, srv)
-	hs := health.NewServer()
-	healthpb.RegisterHealthServer(gs, hs)
-	reflection.Register(gs)
-	service := handoffv1.WritebackService_ServiceDesc.ServiceName
+	grpcService := handoffv1.WritebackService_ServiceDesc.ServiceName
 	setHealth := func(ok bool) {
 		s := healthpb.HealthCheckResponse_SERVING
 		if !ok {
 			s = healthpb.HealthCheckResponse_NOT_SERVING
 		}
 		hs.SetServingStatus("", s)
-		hs.SetServingStatus(service, s)
+		hs.SetServingStatus(grpcService, s)
 	}
-	setHealth(true)
-
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	// The store is the service's one dependency: health follows it.
 	go func() {
 		tick := time.NewTicker(10 * time.Second)
@@ -228,21 +373,42 @@ func serve(cfg config, log *slog.Logger) error {
 		}
 	}()
 
-	served := make(chan error, 1)
+	served := make(chan error, 2)
 	go func() { served <- gs.Serve(lis) }()
+	var metricsAddr net.Addr
+	if metrics != nil {
+		metricsAddr = metricsLis.Addr()
+		go func() {
+			if err := metrics.Serve(metricsLis); !errors.Is(err, http.ErrServerClosed) {
+				served <- fmt.Errorf("metrics: %w", err)
+			}
+		}()
+	}
 	names := make([]string, len(targets))
 	for i, t := range targets {
 		names[i] = t.Name()
 	}
-	log.Info("writeback listening", "addr", lis.Addr().String(), "store", cfg.storePath,
-		"artifacts", files.Root(), "targets", names, "pending_ttl", cfg.pendingTTL.String(), "receipt_ttl", cfg.receiptTTL.String())
+	security := "mtls"
+	if tr.creds == nil {
+		security = "plaintext-loopback"
+	}
+	attrs := []any{"addr", lis.Addr().String(), "security", security, "store", storeShown,
+		"artifacts", files.Root(), "targets", names, "pending_ttl", cfg.pendingTTL.String(), "receipt_ttl", cfg.receiptTTL.String()}
+	if metricsAddr != nil {
+		attrs = append(attrs, "metrics", "http://"+metricsAddr.String()+"/metrics")
+	}
+	log.Info("writeback listening", attrs...)
+	if ready != nil {
+		ready(lis.Addr(), metricsAddr)
+	}
 
+	var serveErr error
 	select {
 	case err := <-served:
-		return fmt.Errorf("serve: %w", err)
+		serveErr = fmt.Errorf("serve: %w", err)
 	case <-ctx.Done():
+		log.Info("writeback stopping")
 	}
-	log.Info("writeback stopping")
 	hs.Shutdown()
 	done := make(chan struct{})
 	go func() { gs.GracefulStop(); close(done) }()
@@ -252,5 +418,10 @@ func serve(cfg config, log *slog.Logger) error {
 		log.Warn("graceful stop timed out; cutting remaining calls")
 		gs.Stop()
 	}
-	return nil
+	if metrics != nil {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		metrics.Shutdown(sctx)
+		cancel()
+	}
+	return serveErr
 }

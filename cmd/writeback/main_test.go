@@ -1,10 +1,33 @@
 package main
 
 import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+	"github.com/handoffhq/handoff/internal/artifact"
+	"github.com/handoffhq/handoff/internal/certs"
+	"github.com/handoffhq/handoff/internal/interceptor/identity"
+	"github.com/handoffhq/handoff/internal/store"
 )
 
 func envOf(m map[string]string) func(string) string {
@@ -18,7 +41,7 @@ func TestParseConfigDefaultsAndEnv(t *testing.T) {
 	}
 	if cfg.listen != "127.0.0.1:50053" || cfg.storePath != "./handoff-data/writeback.db" ||
 		cfg.artifacts != "./handoff-data/artifacts" || cfg.webhookURL != "" ||
-		cfg.pendingTTL != 2*time.Minute || cfg.receiptTTL != 0 {
+		cfg.pendingTTL != 2*time.Minute || cfg.receiptTTL != 0 || cfg.metricsListen != "" || cfg.redis != nil {
 		t.Errorf("defaults %+v", cfg)
 	}
 	cfg, err = parseConfig([]string{"--listen", ":7000"}, envOf(map[string]string{
@@ -26,13 +49,85 @@ func TestParseConfigDefaultsAndEnv(t *testing.T) {
 		"HANDOFF_STORE":            "/data/wb.db",
 		"HANDOFF_ARTIFACTS":        "/data/art",
 		"HANDOFF_WEBHOOK_URL":      "https://hooks.example.com/x",
+		"HANDOFF_METRICS_LISTEN":   "127.0.0.1:9464",
 	}), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if cfg.listen != ":7000" || cfg.storePath != "/data/wb.db" || cfg.artifacts != "/data/art" ||
-		cfg.webhookURL != "https://hooks.example.com/x" {
+		cfg.webhookURL != "https://hooks.example.com/x" || cfg.metricsListen != "127.0.0.1:9464" {
 		t.Errorf("flags over env %+v", cfg)
+	}
+}
+
+func TestParseConfigSecurityFlags(t *testing.T) {
+	t.Setenv("HANDOFF_PLAINTEXT_LOOPBACK", "true")
+	t.Setenv("HANDOFF_TOKEN_KEY_FILE", "/etc/handoff/token.key")
+	cfg, err := parseConfig([]string{"--certs", "/etc/handoff/certs"}, envOf(nil), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !cfg.security.PlaintextLoopback || cfg.security.TokenKeyFile != "/etc/handoff/token.key" || cfg.security.CertsDir != "/etc/handoff/certs" {
+		t.Errorf("security %+v", cfg.security)
+	}
+	t.Setenv("HANDOFF_PLAINTEXT_LOOPBACK", "maybe")
+	if _, err := parseConfig(nil, envOf(nil), io.Discard); err == nil || !strings.Contains(err.Error(), "--plaintext-loopback") {
+		t.Errorf("bad HANDOFF_PLAINTEXT_LOOPBACK: %v, want an error naming --plaintext-loopback", err)
+	}
+}
+
+func TestParseConfigRedisStore(t *testing.T) {
+	cases := map[string]store.RedisOptions{
+		"redis://127.0.0.1:6379":            {Addr: "127.0.0.1:6379", Prefix: "handoff:"},
+		"redis://redis.internal:6380/2":     {Addr: "redis.internal:6380", DB: 2, Prefix: "handoff:"},
+		"redis://:s3cret@10.0.0.5:6379/0":   {Addr: "10.0.0.5:6379", Password: "s3cret", Prefix: "handoff:"},
+		"redis://[::1]:6379/":               {Addr: "[::1]:6379", Prefix: "handoff:"},
+		"redis://localhost:6379/15":         {Addr: "localhost:6379", DB: 15, Prefix: "handoff:"},
+		"redis://redis.internal:6379/1?x=1": {}, // error
+	}
+	for raw, want := range cases {
+		cfg, err := parseConfig([]string{"--store", raw}, envOf(nil), io.Discard)
+		if want.Addr == "" {
+			if err == nil {
+				t.Errorf("%s: accepted", raw)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%s: %v", raw, err)
+			continue
+		}
+		if cfg.redis == nil || *cfg.redis != want {
+			t.Errorf("%s: %+v, want %+v", raw, cfg.redis, want)
+		}
+	}
+	cfg, err := parseConfig([]string{"--store", "/var/lib/handoff/wb.db"}, envOf(nil), io.Discard)
+	if err != nil || cfg.redis != nil || cfg.storePath != "/var/lib/handoff/wb.db" {
+		t.Errorf("bbolt path: %+v %v", cfg, err)
+	}
+}
+
+// Without --certs or --plaintext-loopback the service does not start; nor does plaintext on
+// a non-loopback address.
+func TestRunRefusesWithoutTransportSecurity(t *testing.T) {
+	dir := t.TempDir()
+	base := []string{"--store", filepath.Join(dir, "wb.db"), "--artifacts", filepath.Join(dir, "art")}
+	cases := map[string]struct {
+		args []string
+		want string
+	}{
+		"neither":              {nil, "no transport security"},
+		"plaintext off-host":   {[]string{"--plaintext-loopback", "--listen", "0.0.0.0:0"}, "not a loopback address"},
+		"missing certificates": {[]string{"--certs", filepath.Join(dir, "nope")}, "--certs"},
+	}
+	for name, tc := range cases {
+		var stderr bytes.Buffer
+		if code := run(append(append([]string{}, base...), tc.args...), envOf(nil), &stderr); code != 2 || !strings.Contains(stderr.String(), tc.want) {
+			t.Errorf("%s: exit %d, stderr %q; want 2 naming %q", name, code, stderr.String(), tc.want)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "wb.db")); !os.IsNotExist(err) {
+		t.Errorf("the store was created (%v) although the service refused to start", err)
 	}
 }
 
@@ -51,11 +146,162 @@ func TestParseConfigBadValuesNameTheFlag(t *testing.T) {
 		{[]string{"--receipt-ttl", "-1h"}, nil, "--receipt-ttl"},
 		{[]string{"--store", ""}, nil, "--store"},
 		{[]string{"--webhook-url", "http://h", "--webhook-timeout", "2m"}, nil, "--webhook-timeout"},
+		{[]string{"--metrics-listen", "9464"}, nil, "--metrics-listen"},
+		{nil, map[string]string{"HANDOFF_METRICS_LISTEN": "localhost:x"}, "--metrics-listen"},
+		{[]string{"--store", "redis://h"}, nil, "--store"},
+		{[]string{"--store", "redis://h:6379/db"}, nil, "--store"},
+		{[]string{"--store", "rediss://h:6379"}, nil, "--store"},
+		{[]string{"--store", "redis://admin:pw@h:6379"}, nil, "--store"},
+		{[]string{"extra"}, nil, "unexpected argument"},
 	}
 	for _, tc := range cases {
 		_, err := parseConfig(tc.args, envOf(tc.env), io.Discard)
 		if err == nil || !strings.Contains(err.Error(), tc.flag) {
 			t.Errorf("%v %v: err %v, want it to name %s", tc.args, tc.env, err, tc.flag)
 		}
+	}
+}
+
+// serve end to end, over mTLS and over plaintext loopback with service tokens: health is
+// SERVING, the coordinator writes (and its repeat is a duplicate), the agent runner is
+// refused, and /metrics counts the calls.
+func TestServeEndToEnd(t *testing.T) {
+	certsDir := t.TempDir()
+	if err := certs.Generate(certsDir, []string{"writeback", "coordinator", "agentrunner"}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	key := make([]byte, 32)
+	rand.Read(key)
+	keyFile := filepath.Join(t.TempDir(), "token.key")
+	if err := os.WriteFile(keyFile, []byte(hex.EncodeToString(key)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	signer, err := identity.NewSigner([]byte(hex.EncodeToString(key)))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	modes := map[string]struct {
+		flags []string
+		dial  func(t *testing.T, caller string) []grpc.DialOption
+	}{
+		"mtls": {
+			flags: []string{"--certs", certsDir},
+			dial: func(t *testing.T, caller string) []grpc.DialOption {
+				tc, err := certs.ClientTLS(certsDir, caller)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(tc))}
+			},
+		},
+		"plaintext loopback": {
+			flags: []string{"--plaintext-loopback", "--token-key-file", keyFile},
+			dial: func(t *testing.T, caller string) []grpc.DialOption {
+				return []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()),
+					grpc.WithPerRPCCredentials(signer.PerRPCCredentials(caller))}
+			},
+		},
+	}
+	for name, mode := range modes {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			args := append([]string{"--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
+				"--store", filepath.Join(dir, "wb.db"), "--artifacts", filepath.Join(dir, "artifacts")}, mode.flags...)
+			cfg, err := parseConfig(args, envOf(nil), io.Discard)
+			if err != nil {
+				t.Fatal(err)
+			}
+			creds, unary, stream, err := cfg.security.Server(service, cfg.listen)
+			if err != nil {
+				t.Fatal(err)
+			}
+			files, err := artifact.NewFiles(cfg.artifacts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			art, err := files.Put(context.Background(), artifact.Ref{JobID: "tkt-1", Stage: "draft", Round: 1, Type: "reply_md",
+				SchemaVersion: "reply_md.v1", MediaType: "text/markdown"}, []byte("# Reply\n"))
+			if err != nil {
+				t.Fatal(err)
+			}
+
+			ctx, cancel := context.WithCancel(context.Background())
+			addrs := make(chan [2]net.Addr, 1)
+			done := make(chan error, 1)
+			go func() {
+				done <- serve(ctx, cfg, transport{creds, unary, stream}, slog.New(slog.DiscardHandler),
+					func(g, m net.Addr) { addrs <- [2]net.Addr{g, m} })
+			}()
+			var grpcAddr, metricsAddr net.Addr
+			select {
+			case a := <-addrs:
+				grpcAddr, metricsAddr = a[0], a[1]
+			case err := <-done:
+				t.Fatalf("serve: %v", err)
+			case <-time.After(20 * time.Second):
+				t.Fatal("serve did not start")
+			}
+			defer func() {
+				cancel()
+				if err := <-done; err != nil {
+					t.Errorf("serve returned %v after stop", err)
+				}
+			}()
+
+			client := func(caller string) (*grpc.ClientConn, handoffv1.WritebackServiceClient) {
+				conn, err := grpc.NewClient(grpcAddr.String(), mode.dial(t, caller)...)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { conn.Close() })
+				return conn, handoffv1.NewWritebackServiceClient(conn)
+			}
+			cctx, ccancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer ccancel()
+			req := &handoffv1.WriteRequest{
+				Package: &handoffv1.HandoffPackage{
+					Schema: "handoff.v1", JobId: "tkt-1", Stage: "writeback", Goal: "Answer the customer",
+					Artifacts: []*handoffv1.Artifact{art},
+					Evaluator: &handoffv1.Evaluator{LastVerdict: handoffv1.Verdict_VERDICT_PASS, Rounds: 1},
+					Budget:    &handoffv1.Budget{UsdRemainingMicros: 1000, RevisionsRemaining: 1, HopsRemaining: 1},
+				},
+				Artifact: proto.Clone(art).(*handoffv1.Artifact),
+				Target:   "ledger",
+			}
+
+			conn, coordinator := client("coordinator")
+			hc, err := healthpb.NewHealthClient(conn).Check(cctx, &healthpb.HealthCheckRequest{Service: handoffv1.WritebackService_ServiceDesc.ServiceName})
+			if err != nil || hc.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+				t.Fatalf("health: %v %v", hc, err)
+			}
+			_, runner := client("agentrunner")
+			if _, err := runner.Write(cctx, req); status.Code(err) != codes.PermissionDenied {
+				t.Fatalf("agentrunner: %v, want PermissionDenied", err)
+			}
+			first, err := coordinator.Write(cctx, req)
+			if err != nil || first.GetDuplicate() || first.GetReceipt().GetIdempotencyKey() != "tkt-1:writeback:reply_md" {
+				t.Fatalf("coordinator: %v %v", first, err)
+			}
+			again, err := coordinator.Write(cctx, req)
+			if err != nil || !again.GetDuplicate() || !proto.Equal(again.GetReceipt(), first.GetReceipt()) {
+				t.Fatalf("repeat: %v %v", again, err)
+			}
+
+			resp, err := http.Get("http://" + metricsAddr.String() + "/metrics")
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			for _, want := range []string{
+				`grpc_server_handled_total{grpc_code="OK",grpc_method="Write",grpc_service="handoff.v1.WritebackService",grpc_type="unary",service="writeback"} 2`,
+				`grpc_server_handled_total{grpc_code="PermissionDenied",grpc_method="Write",grpc_service="handoff.v1.WritebackService",grpc_type="unary",service="writeback"} 1`,
+			} {
+				if !strings.Contains(string(body), want) {
+					t.Errorf("/metrics lacks %s", want)
+				}
+			}
+		})
 	}
 }

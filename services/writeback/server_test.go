@@ -3,6 +3,7 @@ package writeback_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -16,12 +17,15 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/proto"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/artifact"
+	"github.com/handoffhq/handoff/internal/interceptor/identity"
+	"github.com/handoffhq/handoff/internal/rpc"
 	"github.com/handoffhq/handoff/internal/store"
 	"github.com/handoffhq/handoff/services/writeback"
 )
@@ -34,7 +38,8 @@ const (
 	wantKey     = jobID + ":" + stage + ":" + artType
 )
 
-// env is one writeback server on bufconn over a real bbolt store and a real file artifact store.
+// env is one writeback server on bufconn over a real bbolt store and a real file artifact
+// store, built with NewGRPCServer: every call runs the real interceptor chain.
 type env struct {
 	st     *store.Bolt
 	files  *artifact.Files
@@ -46,6 +51,8 @@ type env struct {
 type envOpts struct {
 	targets func(st *store.Bolt) []writeback.Target // default: an append-only ledger
 	mod     func(o *writeback.Options)
+	rpc     func(c *rpc.ServerConfig) // e.g. identity interceptors
+	dial    []grpc.DialOption         // e.g. per-RPC credentials
 }
 
 func newEnv(t *testing.T, eo envOpts) *env {
@@ -67,7 +74,7 @@ func newEnv(t *testing.T, eo envOpts) *env {
 	if eo.targets != nil {
 		targets = eo.targets(st)
 	}
-	opts := writeback.Options{Store: st, Artifacts: files, Targets: targets}
+	opts := writeback.Options{Store: st, Artifacts: files, Targets: targets, Logger: slog.New(slog.DiscardHandler)}
 	if eo.mod != nil {
 		eo.mod(&opts)
 	}
@@ -75,20 +82,31 @@ func newEnv(t *testing.T, eo envOpts) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
+	cfg := rpc.ServerConfig{Logger: slog.New(slog.DiscardHandler)}
+	if eo.rpc != nil {
+		eo.rpc(&cfg)
+	}
+	gs, _ := writeback.NewGRPCServer(srv, cfg)
+	e.client = handoffv1.NewWritebackServiceClient(serve(t, gs, eo.dial...))
+	return e
+}
+
+// serve runs gs on bufconn and returns a client connection to it.
+func serve(t *testing.T, gs *grpc.Server, opts ...grpc.DialOption) *grpc.ClientConn {
+	t.Helper()
 	lis := bufconn.Listen(1 << 20)
-	gs := grpc.NewServer()
-	writeback.Register(gs, srv)
 	go gs.Serve(lis)
 	t.Cleanup(gs.Stop)
-	conn, err := grpc.NewClient("passthrough:///bufnet",
+	opts = append([]grpc.DialOption{
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+	}, opts...)
+	conn, err := grpc.NewClient("passthrough:///bufnet", opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	e.client = handoffv1.NewWritebackServiceClient(conn)
-	return e
+	return conn
 }
 
 func (e *env) putArtifact(t *testing.T, round uint32, data []byte) *handoffv1.Artifact {
@@ -158,6 +176,18 @@ func badRequestFields(err error) []string {
 	return out
 }
 
+func badRequestReasons(err error) []string {
+	var out []string
+	for _, d := range status.Convert(err).Details() {
+		if br, ok := d.(*errdetails.BadRequest); ok {
+			for _, fv := range br.GetFieldViolations() {
+				out = append(out, fv.GetReason())
+			}
+		}
+	}
+	return out
+}
+
 func TestGatesRefuseAndWriteNothing(t *testing.T) {
 	e := newEnv(t, envOpts{})
 	cases := []struct {
@@ -166,6 +196,7 @@ func TestGatesRefuseAndWriteNothing(t *testing.T) {
 		code       codes.Code
 		msg        []string // substrings of the status message
 		fields     []string // BadRequest field violations that must be present
+		reasons    []string // BadRequest reasons that must be present
 		keyClaimed string   // key that must not be claimed (default wantKey)
 	}{
 		{
@@ -227,11 +258,14 @@ func TestGatesRefuseAndWriteNothing(t *testing.T) {
 			keyClaimed: ":" + stage + ":" + artType,
 		},
 		{
-			name:   "unaccepted package version",
-			mut:    func(r *handoffv1.WriteRequest) { r.Package.Schema = "handoff.v9" },
-			code:   codes.InvalidArgument,
-			msg:    []string{"package.schema", "version.accepted"},
-			fields: []string{"package.schema"},
+			// The validate interceptor's message lists "field: message" without the rule
+			// id; the rule is the BadRequest reason.
+			name:    "unaccepted package version",
+			mut:     func(r *handoffv1.WriteRequest) { r.Package.Schema = "handoff.v9" },
+			code:    codes.InvalidArgument,
+			msg:     []string{"package.schema", "handoff.v9"},
+			fields:  []string{"package.schema"},
+			reasons: []string{"VERSION_ACCEPTED"},
 		},
 		{
 			name:   "request without package, artifact, target",
@@ -270,6 +304,12 @@ func TestGatesRefuseAndWriteNothing(t *testing.T) {
 			for _, f := range tc.fields {
 				if !contains(got, f) {
 					t.Errorf("BadRequest fields %q lack %q", got, f)
+				}
+			}
+			gotReasons := badRequestReasons(err)
+			for _, r := range tc.reasons {
+				if !contains(gotReasons, r) {
+					t.Errorf("BadRequest reasons %q lack %q", gotReasons, r)
 				}
 			}
 			if n := len(e.ledger(t)); n != 0 {
@@ -419,7 +459,7 @@ func TestConcurrentSameKeyWritesOnce(t *testing.T) {
 					return
 				}
 				aborted.Add(1)
-				if !strings.Contains(st.Message(), "write for key "+wantKey+" is in flight; retry") {
+				if !strings.Contains(st.Message(), "request with idempotency key "+wantKey+" is in flight; retry") {
 					errs <- errors.New("aborted message: " + st.Message())
 					return
 				}
@@ -678,4 +718,178 @@ func TestNewRejectsBadOptions(t *testing.T) {
 	if _, err := writeback.New(writeback.Options{Store: st, Artifacts: files, Targets: []writeback.Target{ledger}}); err != nil {
 		t.Errorf("minimal options: %v", err)
 	}
+}
+
+// The gate runs before idempotency: a repeat of a completed key whose package now carries a
+// FAIL verdict (or names an unknown target) is refused, not answered with the stored receipt.
+func TestRefusedRepeatOfCompletedKeyIsNotReplayed(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	ctx := ctxT(t)
+	first, err := e.client.Write(ctx, e.req())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := e.claimState(t, wantKey); s != store.Done {
+		t.Fatalf("key is %s after the write, want done", s)
+	}
+
+	failed := e.req()
+	failed.Package.Evaluator = &handoffv1.Evaluator{
+		LastVerdict: handoffv1.Verdict_VERDICT_FAIL, Rounds: 2,
+		Failures: []*handoffv1.Failure{{Code: "citation_missing"}},
+	}
+	resp, err := e.client.Write(ctx, failed)
+	if st := status.Convert(err); st.Code() != codes.FailedPrecondition ||
+		st.Message() != "writeback refused: last verdict is FAIL; the judge must pass first" {
+		t.Fatalf("FAIL repeat: %v %v, want FailedPrecondition (not the stored receipt)", resp, err)
+	}
+
+	unknown := e.req()
+	unknown.Target = "crm"
+	if _, err := e.client.Write(ctx, unknown); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("unknown-target repeat: %v, want InvalidArgument", err)
+	}
+
+	// The receipt is untouched: a PASS repeat still gets it.
+	again, err := e.client.Write(ctx, e.req())
+	if err != nil || !again.GetDuplicate() || !proto.Equal(again.GetReceipt(), first.GetReceipt()) {
+		t.Fatalf("PASS repeat: %v %v, want the first receipt, duplicate", again, err)
+	}
+	if n := len(e.ledger(t)); n != 1 {
+		t.Errorf("ledger has %d entries, want 1", n)
+	}
+}
+
+// With identity on the chain (step 4), only the coordinator may write; the refusal comes
+// before anything is validated, claimed or written.
+func TestOnlyCoordinatorMayWrite(t *testing.T) {
+	signer, err := identity.NewRandomSigner()
+	if err != nil {
+		t.Fatal(err)
+	}
+	as := func(t *testing.T, caller string) *env {
+		return newEnv(t, envOpts{
+			rpc: func(c *rpc.ServerConfig) {
+				c.IdentityUnary = identity.UnaryServerInterceptor(identity.WithSigner(signer), identity.WithPolicy(identity.DefaultPolicy()))
+			},
+			dial: []grpc.DialOption{grpc.WithPerRPCCredentials(signer.PerRPCCredentials(caller))},
+		})
+	}
+
+	t.Run("agentrunner is denied", func(t *testing.T) {
+		e := as(t, "agentrunner")
+		resp, err := e.client.Write(ctxT(t), e.req())
+		if status.Code(err) != codes.PermissionDenied {
+			t.Fatalf("%v %v, want PermissionDenied", resp, err)
+		}
+		if !strings.Contains(status.Convert(err).Message(), "allowed callers: coordinator") {
+			t.Errorf("message %q", status.Convert(err).Message())
+		}
+		if n := len(e.ledger(t)); n != 0 {
+			t.Errorf("ledger has %d entries, want 0", n)
+		}
+		if s := e.claimState(t, wantKey); s != 0 {
+			t.Errorf("key is %s, want untouched", s)
+		}
+	})
+
+	t.Run("coordinator writes", func(t *testing.T) {
+		e := as(t, "coordinator")
+		resp, err := e.client.Write(ctxT(t), e.req())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.GetDuplicate() || resp.GetReceipt().GetIdempotencyKey() != wantKey {
+			t.Errorf("response %v", resp)
+		}
+		if n := len(e.ledger(t)); n != 1 {
+			t.Errorf("ledger has %d entries, want 1", n)
+		}
+	})
+
+	t.Run("no token is unauthenticated", func(t *testing.T) {
+		e := newEnv(t, envOpts{rpc: func(c *rpc.ServerConfig) {
+			c.IdentityUnary = identity.UnaryServerInterceptor(identity.WithSigner(signer), identity.WithPolicy(identity.DefaultPolicy()))
+		}})
+		if _, err := e.client.Write(ctxT(t), e.req()); status.Code(err) != codes.Unauthenticated {
+			t.Fatalf("%v, want Unauthenticated", err)
+		}
+		if n := len(e.ledger(t)); n != 0 {
+			t.Errorf("ledger has %d entries, want 0", n)
+		}
+	})
+}
+
+// A server that registers the service without its interceptors must not write ungated.
+func TestWriteWithoutChainRefuses(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	srv, err := writeback.New(writeback.Options{
+		Store: e.st, Artifacts: e.files, Targets: []writeback.Target{&writeback.Ledger{Store: e.st, AppendOnly: true}},
+		Logger: slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	writeback.Register(gs, srv)
+	bare := handoffv1.NewWritebackServiceClient(serve(t, gs))
+
+	r := e.req()
+	r.Package.Evaluator.LastVerdict = handoffv1.Verdict_VERDICT_FAIL
+	if _, err := bare.Write(ctxT(t), r); status.Code(err) != codes.Internal ||
+		!strings.Contains(status.Convert(err).Message(), "without its interceptor chain") {
+		t.Fatalf("%v, want Internal: no interceptor chain", err)
+	}
+	if n := len(e.ledger(t)); n != 0 {
+		t.Errorf("ledger has %d entries, want 0", n)
+	}
+	if s := e.claimState(t, wantKey); s != 0 {
+		t.Errorf("key is %s, want untouched", s)
+	}
+}
+
+// NewGRPCServer serves health (SERVING) and reflection next to the service.
+func TestNewGRPCServerServesHealthAndReflection(t *testing.T) {
+	srv, err := writeback.New(writeback.Options{
+		Store: openStore(t), Artifacts: openFiles(t), Targets: []writeback.Target{writeback.NewLedger(nil)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs, hs := writeback.NewGRPCServer(srv, rpc.ServerConfig{Logger: slog.New(slog.DiscardHandler)})
+	if hs == nil {
+		t.Fatal("no health server")
+	}
+	conn := serve(t, gs)
+	for _, svc := range []string{"", handoffv1.WritebackService_ServiceDesc.ServiceName} {
+		resp, err := healthpb.NewHealthClient(conn).Check(ctxT(t), &healthpb.HealthCheckRequest{Service: svc})
+		if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+			t.Errorf("health %q: %v %v", svc, resp, err)
+		}
+	}
+	info := gs.GetServiceInfo()
+	for _, svc := range []string{handoffv1.WritebackService_ServiceDesc.ServiceName, "grpc.reflection.v1.ServerReflection"} {
+		if _, ok := info[svc]; !ok {
+			t.Errorf("service %s not registered (have %v)", svc, info)
+		}
+	}
+}
+
+func openStore(t *testing.T) *store.Bolt {
+	t.Helper()
+	st, err := store.Open(filepath.Join(t.TempDir(), "s.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return st
+}
+
+func openFiles(t *testing.T) *artifact.Files {
+	t.Helper()
+	files, err := artifact.NewFiles(filepath.Join(t.TempDir(), "a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return files
 }

@@ -1,0 +1,92 @@
+package writeback
+
+import (
+	"fmt"
+	"slices"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+	"google.golang.org/protobuf/proto"
+
+	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+	"github.com/handoffhq/handoff/internal/interceptor/idempotency"
+	"github.com/handoffhq/handoff/internal/interceptor/validate"
+	"github.com/handoffhq/handoff/internal/rpc"
+)
+
+// Interceptors returns the writeback's enforcement (step 6 of the rpc chain, after identity
+// and trace, before recovery), outermost first. Each sits where it does for a reason:
+//
+//  1. validate: protovalidate on the WriteRequest and contract CheckV1 on its package;
+//     InvalidArgument whose message and google.rpc.BadRequest name the fields
+//     ("package.job_id", "artifact.uri", "target"). First, because everything after it reads
+//     the package and the artifact and must only ever see schema-valid ones; a malformed
+//     request costs nothing further.
+//  2. gate: the judge passed (else FailedPrecondition), the artifact is one of the package's
+//     (type+uri, consistent sha256; else InvalidArgument), the target is configured (else
+//     InvalidArgument naming the known targets). Before idempotency, so a refused write
+//     claims nothing and writes nothing, and a repeat of a completed key whose package now
+//     carries a FAIL verdict (or names a foreign artifact or unknown target) is refused
+//     rather than answered with the stored receipt: the gate holds on every call.
+//  3. idempotency on Key(job_id, stage, artifact.type): claim with PendingTTL; a completed
+//     key is answered with its stored response marked duplicate=true and the handler does not
+//     run; a key in flight is Aborted with a RetryInfo of RetryDelay; a claimed one runs the
+//     handler detached from the caller's cancellation (under PendingTTL/2), stores its
+//     response for ReceiptTTL before it is sent, or releases the key when the handler fails.
+//     Last, right around the handler, so only a write that is allowed is claimed, and
+//     recovery (inside it) turns a handler panic into an error that releases the key.
+//
+// The handler (Write) then only reads the artifact and calls the target. Each call returns
+// new interceptors over the Server's store and options.
+func (s *Server) Interceptors() []grpc.UnaryServerInterceptor {
+	const write = handoffv1.WritebackService_Write_FullMethodName
+	return []grpc.UnaryServerInterceptor{
+		validate.UnaryServerInterceptor(s.v),
+		s.gate(),
+		idempotency.UnaryServerInterceptor(s.idem,
+			idempotency.WithKey(write, func() proto.Message { return &handoffv1.WriteResponse{} }, writeKey),
+			idempotency.WithReplay(write, func(stored proto.Message) {
+				stored.(*handoffv1.WriteResponse).Duplicate = true
+			}),
+			idempotency.WithPendingTTL(s.pendingTTL),
+			idempotency.WithResultTTL(s.receiptTTL),
+			idempotency.WithRetryDelay(RetryDelay),
+			idempotency.WithLogger(s.log),
+		),
+	}
+}
+
+// writeKey is the idempotency key of a WriteRequest.
+func writeKey(m proto.Message) (string, error) {
+	r, ok := m.(*handoffv1.WriteRequest)
+	if !ok {
+		return "", fmt.Errorf("request %T is not a WriteRequest", m)
+	}
+	return Key(r.GetPackage().GetJobId(), r.GetPackage().GetStage(), r.GetArtifact().GetType()), nil
+}
+
+// NewGRPCServer returns the writeback's gRPC server: rpc.NewServer(cfg) with
+// srv.Interceptors() appended to cfg.Unary (step 6 of the chain), the WritebackService
+// registered, grpc.health.v1 (SERVING, for "" and the service) and server reflection.
+// cfg.Service defaults to "writeback". When cfg.Metrics is set its per-method series are
+// initialised. The health server is returned so the caller can follow its dependencies and
+// Shutdown it when stopping.
+func NewGRPCServer(srv *Server, cfg rpc.ServerConfig) (*grpc.Server, *health.Server) {
+	if cfg.Service == "" {
+		cfg.Service = "writeback"
+	}
+	cfg.Unary = append(slices.Clip(cfg.Unary), srv.Interceptors()...)
+	g := rpc.NewServer(cfg)
+	Register(g, srv)
+	hs := health.NewServer()
+	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	hs.SetServingStatus(handoffv1.WritebackService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	healthpb.RegisterHealthServer(g, hs)
+	reflection.Register(g)
+	if cfg.Metrics != nil {
+		cfg.Metrics.RPC.InitializeMetrics(g)
+	}
+	return g, hs
+}
