@@ -1,8 +1,16 @@
 // Command agentrunner serves handoff.v1.AgentRunnerService with the built-in support agents
-// (intake, retrieve, draft, judge), server reflection and gRPC health.
+// (intake, retrieve, draft, judge), server reflection and gRPC health, behind the platform's
+// interceptor chain (rpc.NewServer plus the runner's enforcement: schema, role, stage
+// de-duplication, the job's wallet).
 //
 // Every flag has an environment fallback; flags win. Optionally, stages can be served by an
 // OpenAI-compatible model (--llm-stages draft,judge) or by a program (--exec).
+//
+// Transport security is required: --certs DIR (mTLS with the certificates `handoff certs`
+// made) or --plaintext-loopback on a loopback --listen address (callers then prove who they
+// are with service tokens signed with --token-key-file). --store is a bbolt file, or
+// redis://[:password@]host:port[/db] so that several runners (and the coordinator) share
+// one set of completion records and wallets.
 package main
 
 import (
@@ -12,6 +20,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -21,94 +31,106 @@ import (
 	"time"
 
 	"github.com/handoffhq/handoff/internal/artifact"
+	"github.com/handoffhq/handoff/internal/config"
 	"github.com/handoffhq/handoff/internal/contract"
+	"github.com/handoffhq/handoff/internal/rpc"
 	"github.com/handoffhq/handoff/internal/store"
+	"github.com/handoffhq/handoff/internal/telemetry"
 	"github.com/handoffhq/handoff/services/agentrunner"
 	"github.com/handoffhq/handoff/services/agentrunner/execagent"
 	"github.com/handoffhq/handoff/services/agentrunner/llmagent"
 	"github.com/handoffhq/handoff/services/agentrunner/support"
 )
 
-func env(key, def string) string {
-	if v, ok := os.LookupEnv(key); ok && v != "" {
-		return v
-	}
-	return def
-}
-
-func envDuration(key string, def time.Duration) time.Duration {
-	if v := os.Getenv(key); v != "" {
-		if d, err := time.ParseDuration(v); err == nil {
-			return d
-		}
-		fmt.Fprintf(os.Stderr, "agentrunner: ignoring %s=%q: not a duration\n", key, v)
-	}
-	return def
-}
+// service is this binary's identity: its certificate name, its name in logs, traces and
+// metrics.
+const service = "agentrunner"
 
 type multi []string
 
 func (m *multi) String() string     { return strings.Join(*m, "; ") }
 func (m *multi) Set(v string) error { *m = append(*m, v); return nil }
 
+type settings struct {
+	listen, metricsListen, storeSpec, artifactsDir string
+	stageTimeout, resultTTL                        time.Duration
+	llmStages, llmBaseURL, llmModel                string
+	llmPrice                                       int
+	execAgents                                     multi
+	sec                                            rpc.Security
+}
+
 func main() {
-	if err := run(); err != nil {
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	if err := run(os.Args[1:], log); err != nil {
 		fmt.Fprintln(os.Stderr, "agentrunner:", err)
 		os.Exit(1)
 	}
 }
 
-func run() error {
-	var (
-		listen       = flag.String("listen", env("HANDOFF_AGENTRUNNER_LISTEN", "127.0.0.1:50052"), "gRPC listen address (env HANDOFF_AGENTRUNNER_LISTEN)")
-		storePath    = flag.String("store", env("HANDOFF_STORE", "./handoff-data/agentrunner.db"), "bbolt file for stage-completion records (env HANDOFF_STORE)")
-		artifactsDir = flag.String("artifacts", env("HANDOFF_ARTIFACTS", "./handoff-data/artifacts"), "artifact folder, shared with the other services (env HANDOFF_ARTIFACTS)")
-		stageTimeout = flag.Duration("stage-timeout", envDuration("HANDOFF_STAGE_TIMEOUT", agentrunner.DefaultStageTimeout), "bound on one agent run (env HANDOFF_STAGE_TIMEOUT)")
-		resultTTL    = flag.Duration("result-ttl", envDuration("HANDOFF_RESULT_TTL", 0), "how long stage-completion records are kept, 0 = forever (env HANDOFF_RESULT_TTL)")
-		llmStages    = flag.String("llm-stages", env("HANDOFF_LLM_STAGES", ""), "comma-separated support stages served by an OpenAI-compatible model instead of the built-in agents (env HANDOFF_LLM_STAGES)")
-		llmBaseURL   = flag.String("llm-base-url", env("HANDOFF_LLM_BASE_URL", "https://api.openai.com/v1"), "OpenAI-compatible API base URL (env HANDOFF_LLM_BASE_URL); the key is read from HANDOFF_LLM_API_KEY only")
-		llmModel     = flag.String("llm-model", env("HANDOFF_LLM_MODEL", ""), "model name (env HANDOFF_LLM_MODEL)")
-		llmPrice     = flag.Int64("llm-price", 0, "micro-USD per 1000 tokens (env HANDOFF_LLM_PRICE_MICROS_PER_1K)")
-		execAgents   multi
-	)
-	flag.Var(&execAgents, "exec", `serve a role by a program: "name[:tool,tool]=/path/to/program arg..." (repeatable; env HANDOFF_EXEC_AGENTS, entries separated by ";")`)
-	flag.Parse()
-	if v := os.Getenv("HANDOFF_LLM_PRICE_MICROS_PER_1K"); v != "" && !flagSet("llm-price") {
-		p, err := strconv.ParseInt(v, 10, 64)
-		if err != nil {
-			return fmt.Errorf("HANDOFF_LLM_PRICE_MICROS_PER_1K=%q: %w", v, err)
-		}
-		*llmPrice = p
+func parse(args []string) (*settings, error) {
+	fs := flag.NewFlagSet(service, flag.ContinueOnError)
+	var s settings
+	b := config.New(fs)
+	b.String(&s.listen, "listen", "HANDOFF_AGENTRUNNER_LISTEN", "127.0.0.1:50052", "gRPC listen address")
+	b.String(&s.metricsListen, "metrics-listen", "HANDOFF_METRICS_LISTEN", "", "serve Prometheus metrics on this address at /metrics (empty: off)")
+	b.String(&s.storeSpec, "store", "HANDOFF_STORE", "./handoff-data/agentrunner.db",
+		"stage-completion records and wallets: a bbolt file, or redis://[:password@]host:port[/db] to share them between processes")
+	b.String(&s.artifactsDir, "artifacts", "HANDOFF_ARTIFACTS", "./handoff-data/artifacts", "artifact folder, shared with the other services")
+	b.Duration(&s.stageTimeout, "stage-timeout", "HANDOFF_STAGE_TIMEOUT", agentrunner.DefaultStageTimeout, "bound on one agent run")
+	b.Duration(&s.resultTTL, "result-ttl", "HANDOFF_RESULT_TTL", 0, "how long stage-completion records are kept, 0 = forever")
+	b.String(&s.llmStages, "llm-stages", "HANDOFF_LLM_STAGES", "", "comma-separated support stages served by an OpenAI-compatible model instead of the built-in agents")
+	b.String(&s.llmBaseURL, "llm-base-url", "HANDOFF_LLM_BASE_URL", "https://api.openai.com/v1", "OpenAI-compatible API base URL; the key is read from HANDOFF_LLM_API_KEY only")
+	b.String(&s.llmModel, "llm-model", "HANDOFF_LLM_MODEL", "", "model name")
+	b.Int(&s.llmPrice, "llm-price", "HANDOFF_LLM_PRICE_MICROS_PER_1K", 0, "micro-USD per 1000 tokens")
+	fs.Var(&s.execAgents, "exec", `serve a role by a program: "name[:tool,tool]=/path/to/program arg..." (repeatable; env HANDOFF_EXEC_AGENTS, entries separated by ";")`)
+	s.sec.Bind(b)
+	if err := b.Parse(args); err != nil {
+		return nil, err
 	}
-	if len(execAgents) == 0 && os.Getenv("HANDOFF_EXEC_AGENTS") != "" {
+	if len(s.execAgents) == 0 {
 		for _, e := range strings.Split(os.Getenv("HANDOFF_EXEC_AGENTS"), ";") {
 			if e = strings.TrimSpace(e); e != "" {
-				execAgents = append(execAgents, e)
+				s.execAgents = append(s.execAgents, e)
 			}
 		}
 	}
+	return &s, nil
+}
 
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-
-	agents, err := buildAgents(*llmStages, llmagent.Config{
-		BaseURL: *llmBaseURL, Model: *llmModel, APIKey: os.Getenv("HANDOFF_LLM_API_KEY"),
-		PriceMicrosPer1KTokens: *llmPrice, Timeout: *stageTimeout,
-	}, execAgents, *stageTimeout)
+func run(args []string, log *slog.Logger) error {
+	s, err := parse(args)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	// Security first: a runner never serves without an identity check.
+	creds, idUnary, idStream, err := s.sec.Server(service, s.listen)
 	if err != nil {
 		return err
 	}
 
-	if err := os.MkdirAll(filepath.Dir(*storePath), 0o755); err != nil {
-		return err
-	}
-	st, err := store.Open(*storePath)
+	agents, err := buildAgents(s.llmStages, llmagent.Config{
+		BaseURL: s.llmBaseURL, Model: s.llmModel, APIKey: os.Getenv("HANDOFF_LLM_API_KEY"),
+		PriceMicrosPer1KTokens: int64(s.llmPrice), Timeout: s.stageTimeout,
+	}, s.execAgents, s.stageTimeout)
 	if err != nil {
 		return err
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	st, storeName, err := openStore(ctx, s.storeSpec)
+	if err != nil {
+		return fmt.Errorf("--store: %w", err)
 	}
 	defer st.Close()
-	arts, err := artifact.NewFiles(*artifactsDir)
+	arts, err := artifact.NewFiles(s.artifactsDir)
 	if err != nil {
-		return err
+		return fmt.Errorf("--artifacts: %w", err)
 	}
 	v, err := contract.NewValidator()
 	if err != nil {
@@ -116,26 +138,68 @@ func run() error {
 	}
 	srv, err := agentrunner.New(agentrunner.Options{
 		Validator: v, Store: st, Artifacts: arts, Agents: agents,
-		StageTimeout: *stageTimeout, ResultTTL: *resultTTL, Logger: log,
+		StageTimeout: s.stageTimeout, ResultTTL: s.resultTTL, Logger: log,
 	})
 	if err != nil {
 		return err
 	}
-	gs, hs := agentrunner.NewGRPCServer(srv)
 
-	lis, err := net.Listen("tcp", *listen)
+	tp, err := telemetry.NewTracerProvider(ctx, service)
 	if err != nil {
 		return err
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := tp.Shutdown(sctx); err != nil {
+			log.Warn("agentrunner: flushing traces failed", "err", err)
+		}
+	}()
+	cfg := rpc.ServerConfig{
+		Service: service, Logger: log, TracerProvider: tp,
+		IdentityUnary: idUnary, IdentityStream: idStream, Creds: creds,
+	}
+	var metricsSrv *http.Server
+	var metricsLis net.Listener
+	if s.metricsListen != "" {
+		reg := telemetry.NewRegistry()
+		cfg.Metrics = telemetry.NewMetrics(reg, service)
+		if metricsLis, err = net.Listen("tcp", s.metricsListen); err != nil {
+			return fmt.Errorf("--metrics-listen %s: %w", s.metricsListen, err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", telemetry.Handler(reg))
+		metricsSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	}
+	gs, hs := agentrunner.NewGRPCServer(srv, cfg)
+
+	lis, err := net.Listen("tcp", s.listen)
+	if err != nil {
+		if metricsLis != nil {
+			metricsLis.Close()
+		}
+		return fmt.Errorf("--listen %s: %w", s.listen, err)
+	}
+	if metricsSrv != nil {
+		go func() {
+			if err := metricsSrv.Serve(metricsLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("agentrunner: metrics server stopped", "err", err)
+			}
+		}()
+		defer metricsSrv.Close()
 	}
 	names := make([]string, 0, len(agents))
 	for _, a := range agents {
 		names = append(names, a.Card().Name)
 	}
+	transport := "mtls"
+	if creds == nil {
+		transport = "plaintext-loopback"
+	}
 	log.Info("agentrunner: serving", "addr", lis.Addr().String(), "agents", strings.Join(names, ","),
-		"store", *storePath, "artifacts", arts.Root(), "stage_timeout", *stageTimeout)
+		"store", storeName, "artifacts", arts.Root(), "stage_timeout", s.stageTimeout,
+		"transport", transport, "metrics", s.metricsListen)
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	served := make(chan error, 1)
 	go func() { served <- gs.Serve(lis) }()
 
@@ -144,13 +208,14 @@ func run() error {
 		return err
 	case <-ctx.Done():
 	}
-	log.Info("agentrunner: stopping; finishing running stages", "grace", *stageTimeout+5*time.Second)
+	grace := s.stageTimeout + 5*time.Second
+	log.Info("agentrunner: stopping; finishing running stages", "grace", grace)
 	hs.Shutdown()
 	done := make(chan struct{})
 	go func() { gs.GracefulStop(); close(done) }()
 	select {
 	case <-done:
-	case <-time.After(*stageTimeout + 5*time.Second):
+	case <-time.After(grace):
 		log.Warn("agentrunner: grace period over; stopping now (unfinished claims expire after the claim TTL)")
 		gs.Stop()
 	}
@@ -160,10 +225,70 @@ func run() error {
 	return nil
 }
 
-func flagSet(name string) bool {
-	set := false
-	flag.Visit(func(f *flag.Flag) { set = set || f.Name == name })
-	return set
+// runnerStore is what the runner needs from --store, and closing it.
+type runnerStore interface {
+	agentrunner.Store
+	Close() error
+}
+
+// openStore opens --store: redis://[:password@]host:port[/db] (keys under "handoff:", so
+// every process of a deployment shares them), or else a bbolt file. It returns the store and
+// a name for logs (without the password).
+func openStore(ctx context.Context, spec string) (runnerStore, string, error) {
+	if !strings.Contains(spec, "://") {
+		if err := os.MkdirAll(filepath.Dir(spec), 0o755); err != nil {
+			return nil, "", err
+		}
+		st, err := store.Open(spec)
+		if err != nil {
+			return nil, "", err
+		}
+		return st, spec, nil
+	}
+	o, err := redisOptions(spec)
+	if err != nil {
+		return nil, "", err
+	}
+	u, _ := url.Parse(spec)
+	octx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	st, err := store.OpenRedis(octx, o)
+	if err != nil {
+		return nil, "", fmt.Errorf("%s: %w", u.Redacted(), err)
+	}
+	return st, u.Redacted(), nil
+}
+
+// redisOptions parses redis://[:password@]host:port[/db].
+func redisOptions(spec string) (store.RedisOptions, error) {
+	u, err := url.Parse(spec)
+	if err != nil {
+		return store.RedisOptions{}, fmt.Errorf("%q: %w", spec, err)
+	}
+	if u.Scheme != "redis" {
+		return store.RedisOptions{}, fmt.Errorf("%s: want a bbolt file path or redis://host:port[/db]", u.Redacted())
+	}
+	if u.Hostname() == "" || u.Port() == "" {
+		return store.RedisOptions{}, fmt.Errorf("%s: want redis://host:port[/db]", u.Redacted())
+	}
+	if u.RawQuery != "" || u.Fragment != "" {
+		return store.RedisOptions{}, fmt.Errorf("%s: query parameters are not supported", u.Redacted())
+	}
+	o := store.RedisOptions{Addr: u.Host, Prefix: "handoff:"}
+	if db := strings.Trim(u.Path, "/"); db != "" {
+		n, err := strconv.Atoi(db)
+		if err != nil || n < 0 {
+			return store.RedisOptions{}, fmt.Errorf("%s: database %q is not a number", u.Redacted(), db)
+		}
+		o.DB = n
+	}
+	if u.User != nil {
+		if name := u.User.Username(); name != "" && name != "default" {
+			return store.RedisOptions{}, fmt.Errorf("%s: only the default user is supported (redis://:password@host:port)", u.Redacted())
+		}
+		o.Password, _ = u.User.Password()
+	}
+	return o, nil
 }
 
 // buildAgents returns the built-in support agents, with the --llm-stages replaced by model

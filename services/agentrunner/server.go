@@ -1,9 +1,12 @@
 // Package agentrunner hosts stage agents behind handoff.v1.AgentRunnerService.
 //
 // Every package is answered with an Ack before any agent work: a package that is malformed,
-// misrouted, over budget or already done costs no agent call. Accepted packages run their
-// agent once per completion key; the result is recorded in the idempotency store, so a
-// re-delivered package gets the first result back (DUPLICATE) instead of a second run.
+// misrouted, already done or over budget costs no agent call. Those decisions are made by
+// the server's interceptor chain (Server.Interceptors, installed by NewGRPCServer), not by
+// the handlers: schema, role, stage de-duplication and the job's wallet, in that order. The
+// Deliver handler only runs the agent of an accepted package; the idempotency interceptor
+// records its result under the completion key, so a re-delivered package gets the first
+// result back (DUPLICATE) instead of a second run.
 package agentrunner
 
 import (
@@ -13,6 +16,7 @@ import (
 	"log/slog"
 	"regexp"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"time"
 
@@ -23,31 +27,41 @@ import (
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/artifact"
 	"github.com/handoffhq/handoff/internal/contract"
+	"github.com/handoffhq/handoff/internal/interceptor/budget"
+	"github.com/handoffhq/handoff/internal/rpc"
 	"github.com/handoffhq/handoff/internal/store"
 )
 
 // DefaultStageTimeout bounds one agent run when Options.StageTimeout is zero.
 const DefaultStageTimeout = 60 * time.Second
 
-// Rule ids of the reasons this runner emits itself (schema reasons come from contract).
+// Rule ids of the reasons this runner emits itself (schema reasons come from contract, budget
+// reasons from the budget interceptor, whose rule is the same "budget.empty").
 const (
-	RuleRoleAgent   = "role.agent"   // no agent is registered under the requested name
-	RuleRoleTools   = "role.tools"   // the agent's role card lacks a required tool
-	RuleBudgetEmpty = "budget.empty" // money or hops left is zero
+	RuleRoleAgent   = "role.agent"     // no agent is registered under the requested name
+	RuleRoleTools   = "role.tools"     // the agent's role card lacks a required tool
+	RuleBudgetEmpty = budget.RuleEmpty // money or hops left is zero (the budget interceptor's rule)
 )
+
+// Store is what the runner keeps in the shared store: stage-completion records (the
+// idempotency interceptor) and the jobs' wallets (the budget interceptor). store.Store (bbolt
+// or Redis) satisfies it.
+type Store interface {
+	store.Idempotency
+	store.Wallets
+}
 
 // Options configure a Server.
 type Options struct {
 	// Validator checks packages (CheckV1) and results (Validate). nil builds the default
 	// (accepting handoff.v1 and handoff.v2).
 	Validator *contract.Validator
-	// Store records stage completions (required).
-	Store store.Idempotency
+	// Store records stage completions and holds the wallets hops are debited from (required).
+	Store Store
 	// Artifacts is handed to agents to read and write artifacts (required).
 	Artifacts artifact.Store
 	// Agents served by this runner, addressed by their card names (unique).
@@ -55,9 +69,10 @@ type Options struct {
 	// StageTimeout bounds one agent run (default 60s).
 	StageTimeout time.Duration
 	// ClaimTTL is how long a pending claim blocks other deliveries of the same stage before
-	// it counts as abandoned (a runner that died mid-stage). Default StageTimeout+30s. Keep
-	// it above StageTimeout: a shorter TTL lets a re-delivery run a stage that is still
-	// running (New logs a warning).
+	// it counts as abandoned (a runner that died mid-stage). Default and minimum
+	// 2*StageTimeout+30s: the idempotency interceptor bounds the handler by ClaimTTL/2, which
+	// must leave the whole stage timeout (plus sending the ack and the result) to the agent.
+	// A smaller value is raised to the minimum (New logs a warning).
 	ClaimTTL time.Duration
 	// ResultTTL is how long stage-completion records are kept (0 = forever).
 	ResultTTL time.Duration
@@ -65,21 +80,30 @@ type Options struct {
 	Logger *slog.Logger
 }
 
-// Server implements handoffv1.AgentRunnerServiceServer.
+// Server implements handoffv1.AgentRunnerServiceServer. Its handlers rely on the interceptors
+// of Server.Interceptors; serve it with NewGRPCServer.
 type Server struct {
 	handoffv1.UnimplementedAgentRunnerServiceServer
 
 	v         *contract.Validator
-	st        store.Idempotency
+	st        Store
 	artifacts artifact.Store
 	agents    map[string]Agent
 	timeout   time.Duration
 	claimTTL  time.Duration
 	resultTTL time.Duration
 	log       *slog.Logger
+
+	unary  []grpc.UnaryServerInterceptor
+	stream []grpc.StreamServerInterceptor
 }
 
 var roleName = regexp.MustCompile(`^[a-z][a-z0-9_-]*$`)
+
+// MinClaimTTL is the smallest claim TTL for a stage timeout: 2*stageTimeout+30s.
+func MinClaimTTL(stageTimeout time.Duration) time.Duration {
+	return 2*stageTimeout + 30*time.Second
+}
 
 // New builds a Server. It fails on a missing store, artifact store, or an agent whose card
 // name is empty, malformed or taken by another agent.
@@ -113,11 +137,12 @@ func New(opts Options) (*Server, error) {
 	if s.log == nil {
 		s.log = slog.Default()
 	}
-	if s.claimTTL <= 0 {
-		s.claimTTL = s.timeout + 30*time.Second
-	} else if s.claimTTL <= s.timeout {
-		s.log.Warn("agentrunner: ClaimTTL is not longer than StageTimeout; a re-delivery may run a stage that is still running",
-			"claim_ttl", s.claimTTL, "stage_timeout", s.timeout)
+	if minTTL := MinClaimTTL(s.timeout); s.claimTTL <= 0 {
+		s.claimTTL = minTTL
+	} else if s.claimTTL < minTTL {
+		s.log.Warn("agentrunner: ClaimTTL is below 2*StageTimeout+30s; raised, so a claim cannot lapse while its stage still runs",
+			"claim_ttl", s.claimTTL, "stage_timeout", s.timeout, "raised_to", minTTL)
+		s.claimTTL = minTTL
 	}
 	if s.resultTTL < 0 {
 		s.resultTTL = 0
@@ -135,6 +160,7 @@ func New(opts Options) (*Server, error) {
 		}
 		s.agents[name] = a
 	}
+	s.unary, s.stream = s.buildInterceptors()
 	return s, nil
 }
 
@@ -147,22 +173,35 @@ func (s *Server) Agents() map[string]RoleCard {
 	return out
 }
 
-// Register registers srv's AgentRunnerService on s.
+// Register registers srv's AgentRunnerService on s. The server must run srv.Interceptors()
+// (NewGRPCServer does): without them Deliver and Check fail with codes.Internal rather than
+// answer a package nobody checked.
 func Register(s grpc.ServiceRegistrar, srv *Server) {
 	handoffv1.RegisterAgentRunnerServiceServer(s, srv)
 }
 
-// NewGRPCServer returns a gRPC server serving srv, server reflection and the standard health
-// service. Health reports SERVING for "" and for handoff.v1.AgentRunnerService; set it to
-// NOT_SERVING (hs.Shutdown()) before a graceful stop.
-func NewGRPCServer(srv *Server, opts ...grpc.ServerOption) (gs *grpc.Server, hs *health.Server) {
-	gs = grpc.NewServer(opts...)
+// NewGRPCServer returns a gRPC server built by rpc.NewServer from cfg, with srv.Interceptors()
+// appended to cfg.Unary and cfg.Stream (chain step 6), serving srv, server reflection and the
+// standard health service. Health reports SERVING for "" and for
+// handoff.v1.AgentRunnerService; set it to NOT_SERVING (hs.Shutdown()) before a graceful stop.
+// cfg.Service defaults to "agentrunner".
+func NewGRPCServer(srv *Server, cfg rpc.ServerConfig) (gs *grpc.Server, hs *health.Server) {
+	unary, stream := srv.Interceptors()
+	cfg.Unary = append(slices.Clone(cfg.Unary), unary...)
+	cfg.Stream = append(slices.Clone(cfg.Stream), stream...)
+	if cfg.Service == "" {
+		cfg.Service = "agentrunner"
+	}
+	gs = rpc.NewServer(cfg)
 	Register(gs, srv)
 	hs = health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	hs.SetServingStatus(handoffv1.AgentRunnerService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	healthpb.RegisterHealthServer(gs, hs)
 	reflection.Register(gs)
+	if cfg.Metrics != nil {
+		cfg.Metrics.RPC.InitializeMetrics(gs)
+	}
 	return gs, hs
 }
 
@@ -172,86 +211,6 @@ func NewGRPCServer(srv *Server, opts ...grpc.ServerOption) (gs *grpc.Server, hs 
 // a judge FAIL (one more verdict) is a new key.
 func CompletionKey(jobID, stage string, round uint32) string {
 	return fmt.Sprintf("stage:%s:%s:%d", jobID, stage, round)
-}
-
-// request is what Deliver and Check have in common.
-type request interface {
-	GetPackage() *handoffv1.HandoffPackage
-	GetAgent() string
-	GetRequiredTools() []string
-}
-
-// checkRequest rejects a request the runner cannot even ack: no package, or request-level
-// fields (agent, required_tools) that break their own rules.
-func checkRequest(req request) error {
-	if req == nil || req.GetPackage() == nil {
-		return status.Error(codes.InvalidArgument, "package is required")
-	}
-	if a := req.GetAgent(); a != "" && (len(a) > 64 || !roleName.MatchString(a)) {
-		return status.Errorf(codes.InvalidArgument, "agent %q must match %s (at most 64 bytes)", clip(a, 80), roleName)
-	}
-	tools := req.GetRequiredTools()
-	if len(tools) > 64 {
-		return status.Errorf(codes.InvalidArgument, "required_tools has %d entries, at most 64 allowed", len(tools))
-	}
-	for i, t := range tools {
-		if len(t) > 128 {
-			return status.Errorf(codes.InvalidArgument, "required_tools[%d] is longer than 128 bytes", i)
-		}
-	}
-	return nil
-}
-
-// gates runs the checks that need no store: (a) schema, (b) role, (c) budget. It returns the
-// rejection Ack, or nil and the agent that will serve the package.
-func (s *Server) gates(req request) (*handoffv1.Ack, Agent) {
-	p := req.GetPackage()
-	// (a) schema: version gate and protovalidate rules; nothing else is read before it.
-	if reasons := s.v.CheckV1(p); len(reasons) > 0 {
-		return contract.AckFor(p, handoffv1.AckStatus_ACK_STATUS_REJECTED_SCHEMA, reasons...), nil
-	}
-	// (b) role: an agent must be registered under the requested name and hold every tool
-	// the pipeline assigns to the stage.
-	name, field := req.GetAgent(), "agent"
-	if name == "" {
-		name, field = p.GetStage(), "stage"
-	}
-	ag, ok := s.agents[name]
-	if !ok {
-		return contract.AckFor(p, handoffv1.AckStatus_ACK_STATUS_REJECTED_ROLE, &handoffv1.Reason{
-			Field: field, Rule: RuleRoleAgent,
-			Message: fmt.Sprintf("no agent %q on this runner", name),
-		}), nil
-	}
-	card := ag.Card()
-	var missing []*handoffv1.Reason
-	for i, t := range req.GetRequiredTools() {
-		if !card.Holds(t) {
-			missing = append(missing, &handoffv1.Reason{
-				Field: fmt.Sprintf("required_tools[%d]", i), Rule: RuleRoleTools,
-				Message: fmt.Sprintf("agent %q does not hold tool %q", name, clip(t, 128)),
-			})
-		}
-	}
-	if len(missing) > 0 {
-		return contract.AckFor(p, handoffv1.AckStatus_ACK_STATUS_REJECTED_ROLE, missing...), nil
-	}
-	// (c) budget: an empty wallet (money or hops) stops the job here, not after the agent.
-	var empty []*handoffv1.Reason
-	if p.GetBudget().GetUsdRemainingMicros() == 0 {
-		empty = append(empty, &handoffv1.Reason{
-			Field: "budget.usd_remaining_micros", Rule: RuleBudgetEmpty, Message: "no money left in the job's wallet",
-		})
-	}
-	if p.GetBudget().GetHopsRemaining() == 0 {
-		empty = append(empty, &handoffv1.Reason{
-			Field: "budget.hops_remaining", Rule: RuleBudgetEmpty, Message: "no hops left for this job",
-		})
-	}
-	if len(empty) > 0 {
-		return contract.AckFor(p, handoffv1.AckStatus_ACK_STATUS_REJECTED_BUDGET, empty...), nil
-	}
-	return nil, ag
 }
 
 // duplicateAck decodes a stored completion into a DUPLICATE Ack.
@@ -265,81 +224,41 @@ func duplicateAck(p *handoffv1.HandoffPackage, value []byte) (*handoffv1.Ack, er
 	return ack, nil
 }
 
-func inFlight(key string) error {
-	return status.Errorf(codes.Aborted, "stage %s is in flight on another delivery; retry later", key)
+// noChain is the answer of a handler reached without the runner's interceptors: it would
+// otherwise run a package that nobody checked.
+func noChain(method string) error {
+	return status.Errorf(codes.Internal,
+		"agentrunner: %s reached its handler without the runner's interceptors; serve the runner with agentrunner.NewGRPCServer or install Server.Interceptors()", method)
 }
 
-// Deliver answers a package. The first message is always the Ack, decided by these gates in
-// this order (the first that fails decides; a rejected package never reaches an agent):
+// Deliver runs the agent of an accepted package. Everything that can refuse the package has
+// already happened in the interceptor chain (see Interceptors): schema (REJECTED_SCHEMA),
+// role (REJECTED_ROLE), the completion key (DUPLICATE with the prior result, or gRPC Aborted
+// while the stage is in flight), the wallet (REJECTED_BUDGET; a hop is debited). So the
+// handler sends the ACCEPTED Ack (the budget interceptor stamps ack.wallet when it debited
+// a stored wallet), runs the agent bounded by the stage timeout, and sends one StageResult.
+// A failed run (error, timeout, panic, invalid result) sends a STAGE_STATUS_FAILED result,
+// which releases the claim so a retry runs the stage again; a COMPLETED result is recorded
+// under the completion key before it is sent.
 //
-//	(a) schema: contract CheckV1 (version gate + protovalidate) -> REJECTED_SCHEMA with one
-//	    reason per broken rule;
-//	(b) role: the agent is req.agent, or the package's stage when empty; none registered ->
-//	    REJECTED_ROLE (field "agent"/"stage", rule "role.agent"); a req.required_tools entry
-//	    missing from the agent's role card -> REJECTED_ROLE, one reason per missing tool
-//	    (field "required_tools[i]", rule "role.tools");
-//	(c) budget: budget.usd_remaining_micros == 0 or budget.hops_remaining == 0 ->
-//	    REJECTED_BUDGET naming each empty field (rule "budget.empty");
-//	(d) duplicate: claim CompletionKey(job_id, stage, evaluator.rounds) in the store:
-//	    Done -> DUPLICATE carrying the stored PriorResult, and the stream ends;
-//	    Pending -> no Ack: gRPC Aborted (the stage is in flight; retry later);
-//	    Claimed -> ACCEPTED, the agent runs (bounded by the stage timeout), the completion is
-//	    recorded, then one StageResult follows. A failed run (error, timeout, panic, invalid
-//	    result) sends a STAGE_STATUS_FAILED result and releases the claim so a retry runs
-//	    the stage again.
-//
-// A request without a package, or with malformed agent/required_tools, is InvalidArgument.
-//
-// Once accepted, the agent run is detached from the caller's cancellation (it keeps the
-// context's values): a caller that hangs up does not waste the work, which is recorded and
-// returned as DUPLICATE to the retry.
+// The run is detached from the caller's cancellation by the idempotency interceptor (the
+// context keeps its values): a caller that hangs up does not waste the work, which is
+// recorded and returned as DUPLICATE to the retry.
 func (s *Server) Deliver(req *handoffv1.DeliverRequest, stream grpc.ServerStreamingServer[handoffv1.DeliverResponse]) error {
-	if err := checkRequest(req); err != nil {
-		return err
-	}
 	ctx := stream.Context()
-	ack, ag := s.gates(req)
-	if ack != nil {
-		s.logAck(ctx, ack, "deliver")
-		return sendAck(stream, ack)
+	ag, ok := agentFrom(ctx)
+	if !ok {
+		return noChain("Deliver")
 	}
-	return s.deliverAccepted(ctx, req, ag, stream)
-}
-
-func (s *Server) deliverAccepted(ctx context.Context, req *handoffv1.DeliverRequest, ag Agent, stream grpc.ServerStreamingServer[handoffv1.DeliverResponse]) error {
 	p := req.GetPackage()
 	round := p.GetEvaluator().GetRounds()
-	key := CompletionKey(p.GetJobId(), p.GetStage(), round)
-	state, value, err := s.st.Claim(ctx, key, s.claimTTL)
-	if err != nil {
-		s.log.ErrorContext(ctx, "agentrunner: claim failed", "job_id", p.GetJobId(), "stage", p.GetStage(), "key", key, "err", err)
-		return status.Errorf(codes.Unavailable, "idempotency store: %v", err)
-	}
-	switch state {
-	case store.Done:
-		ack, err := duplicateAck(p, value)
-		if err != nil {
-			return err
-		}
-		s.logAck(ctx, ack, "deliver")
-		return sendAck(stream, ack)
-	case store.Pending:
-		s.log.InfoContext(ctx, "agentrunner: stage in flight", "job_id", p.GetJobId(), "stage", p.GetStage(), "round", round, "status", "IN_FLIGHT")
-		return inFlight(key)
-	case store.Claimed:
-	default:
-		return status.Errorf(codes.Internal, "idempotency store: unexpected claim state %v", state)
-	}
-
-	// From here the key is ours: every path must Complete or Release it.
 	ack := contract.AckFor(p, handoffv1.AckStatus_ACK_STATUS_ACCEPTED)
 	s.logAck(ctx, ack, "deliver")
 	if err := sendAck(stream, ack); err != nil {
-		s.release(ctx, key)
 		return err
 	}
 
-	runCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.timeout)
+	runCtx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	start := time.Now()
 	res, runErr := s.run(runCtx, ag, Input{Package: p, Round: round, Artifacts: s.artifacts})
@@ -347,7 +266,6 @@ func (s *Server) deliverAccepted(ctx context.Context, req *handoffv1.DeliverRequ
 		runErr = s.finish(p, res)
 	}
 	if runErr != nil {
-		s.release(runCtx, key)
 		failed := &handoffv1.StageResult{
 			JobId: p.GetJobId(), Stage: p.GetStage(),
 			Status:      handoffv1.StageStatus_STAGE_STATUS_FAILED,
@@ -367,62 +285,41 @@ func (s *Server) deliverAccepted(ctx context.Context, req *handoffv1.DeliverRequ
 			"agent", ag.Card().Name, "status", failed.Status.String(), "duration", time.Since(start), "err", runErr)
 		return stream.Send(&handoffv1.DeliverResponse{Event: &handoffv1.DeliverResponse_Result{Result: failed}})
 	}
-
-	prior := &handoffv1.PriorResult{
-		Artifacts:   res.GetArtifacts(),
-		Evaluator:   res.GetEvaluator(),
-		NextHint:    res.GetNextHint(),
-		CompletedAt: timestamppb.Now(),
-	}
-	value, err = proto.Marshal(prior)
-	if err == nil {
-		err = s.st.Complete(runCtx, key, value, s.resultTTL)
-	}
-	if err != nil {
-		// The work is done but not recorded: report it as failed (with what it spent) and free
-		// the key, so the rail does not move on from a stage a duplicate could not replay.
-		s.release(runCtx, key)
-		s.log.ErrorContext(ctx, "agentrunner: recording completion failed", "job_id", p.GetJobId(), "stage", p.GetStage(), "key", key, "err", err)
-		failed := &handoffv1.StageResult{
-			JobId: p.GetJobId(), Stage: p.GetStage(),
-			Status:         handoffv1.StageStatus_STAGE_STATUS_FAILED,
-			Error:          clip("stage ran but its completion could not be recorded: "+err.Error(), 2000),
-			SpentUsdMicros: res.GetSpentUsdMicros(),
-			Traceparent:    p.GetTrace().GetTraceparent(),
-		}
-		return stream.Send(&handoffv1.DeliverResponse{Event: &handoffv1.DeliverResponse_Result{Result: failed}})
+	if err := stream.Send(&handoffv1.DeliverResponse{Event: &handoffv1.DeliverResponse_Result{Result: res}}); err != nil {
+		s.log.ErrorContext(ctx, "agentrunner: stage completed but its result was not delivered", "job_id", p.GetJobId(), "stage", p.GetStage(),
+			"round", round, "agent", ag.Card().Name, "err", err)
+		return err
 	}
 	s.log.InfoContext(ctx, "agentrunner: stage completed", "job_id", p.GetJobId(), "stage", p.GetStage(), "round", round,
 		"agent", ag.Card().Name, "status", res.GetStatus().String(), "artifacts", len(res.GetArtifacts()),
 		"spent_usd_micros", res.GetSpentUsdMicros(), "duration", time.Since(start))
-	return stream.Send(&handoffv1.DeliverResponse{Event: &handoffv1.DeliverResponse_Result{Result: res}})
+	return nil
 }
 
-// Check answers with the Ack Deliver would send first and does no work: gates (a)-(c), then a
-// lookup (not a claim) of the completion key: Done -> DUPLICATE with the prior result,
-// Pending -> gRPC Aborted (as Deliver), no record -> ACCEPTED.
+// Check answers with the Ack Deliver would send first and does no work. Schema, role and
+// budget (read, never debited) are decided by the interceptor chain; the handler looks the
+// completion key up (it never claims it): Done -> DUPLICATE with the prior result, Pending
+// -> gRPC Aborted (as Deliver), no record -> ACCEPTED.
 func (s *Server) Check(ctx context.Context, req *handoffv1.CheckRequest) (*handoffv1.CheckResponse, error) {
-	if err := checkRequest(req); err != nil {
-		return nil, err
+	if _, ok := agentFrom(ctx); !ok {
+		return nil, noChain("Check")
 	}
 	p := req.GetPackage()
-	ack, _ := s.gates(req)
-	if ack == nil {
-		key := CompletionKey(p.GetJobId(), p.GetStage(), p.GetEvaluator().GetRounds())
-		state, value, err := s.st.Lookup(ctx, key)
-		if err != nil {
-			return nil, status.Errorf(codes.Unavailable, "idempotency store: %v", err)
+	key := CompletionKey(p.GetJobId(), p.GetStage(), p.GetEvaluator().GetRounds())
+	state, value, err := s.st.Lookup(ctx, key)
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "idempotency store: %v", err)
+	}
+	var ack *handoffv1.Ack
+	switch state {
+	case store.Done:
+		if ack, err = duplicateAck(p, value); err != nil {
+			return nil, err
 		}
-		switch state {
-		case store.Done:
-			if ack, err = duplicateAck(p, value); err != nil {
-				return nil, err
-			}
-		case store.Pending:
-			return nil, inFlight(key)
-		default:
-			ack = contract.AckFor(p, handoffv1.AckStatus_ACK_STATUS_ACCEPTED)
-		}
+	case store.Pending:
+		return nil, status.Errorf(codes.Aborted, "stage %s is in flight on another delivery; retry later", key)
+	default:
+		ack = contract.AckFor(p, handoffv1.AckStatus_ACK_STATUS_ACCEPTED)
 	}
 	s.logAck(ctx, ack, "check")
 	return &handoffv1.CheckResponse{Ack: ack}, nil
@@ -515,25 +412,6 @@ func (s *Server) finish(p *handoffv1.HandoffPackage, res *handoffv1.StageResult)
 		return fmt.Errorf("agent result is invalid: %w", err)
 	}
 	return nil
-}
-
-func (s *Server) release(ctx context.Context, key string) {
-	if err := s.st.Release(context.WithoutCancel(ctx), key); err != nil {
-		s.log.Error("agentrunner: releasing claim failed; it expires after the claim TTL", "key", key, "ttl", s.claimTTL, "err", err)
-	}
-}
-
-func (s *Server) logAck(ctx context.Context, ack *handoffv1.Ack, rpc string) {
-	attrs := []any{"rpc", rpc, "job_id", ack.GetJobId(), "stage", ack.GetStage(), "status", ack.GetStatus().String()}
-	if len(ack.GetReasons()) > 0 {
-		r := ack.GetReasons()[0]
-		attrs = append(attrs, "reasons", len(ack.GetReasons()), "field", r.GetField(), "rule", r.GetRule())
-	}
-	s.log.InfoContext(ctx, "agentrunner: ack", attrs...)
-}
-
-func sendAck(stream grpc.ServerStreamingServer[handoffv1.DeliverResponse], ack *handoffv1.Ack) error {
-	return stream.Send(&handoffv1.DeliverResponse{Event: &handoffv1.DeliverResponse_Ack{Ack: ack}})
 }
 
 // clip makes s valid UTF-8 and shortens it to at most n bytes without splitting a rune.

@@ -25,6 +25,7 @@ import (
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/artifact"
 	"github.com/handoffhq/handoff/internal/contract"
+	"github.com/handoffhq/handoff/internal/rpc"
 	"github.com/handoffhq/handoff/internal/store"
 	"github.com/handoffhq/handoff/services/agentrunner"
 	"github.com/handoffhq/handoff/services/agentrunner/support"
@@ -97,7 +98,8 @@ func start(t *testing.T, opts agentrunner.Options, dbPath string) *env {
 		t.Fatal(err)
 	}
 	lis := bufconn.Listen(1 << 20)
-	gs, _ := agentrunner.NewGRPCServer(srv)
+	// The real chain (rpc.NewServer + the runner's interceptors), as the binary serves it.
+	gs, _ := agentrunner.NewGRPCServer(srv, rpc.ServerConfig{Service: "agentrunner", Logger: opts.Logger})
 	go gs.Serve(lis)
 	conn, err := grpc.NewClient("passthrough:///bufnet",
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
@@ -257,15 +259,16 @@ func TestGatesReject(t *testing.T) {
 
 func TestBadRequest(t *testing.T) {
 	e := start(t, agentrunner.Options{Agents: []agentrunner.Agent{&fake{card: agentrunner.RoleCard{Name: "draft"}}}}, "")
+	tooMany := make([]string, 65)
+	for i := range tooMany {
+		tooMany[i] = "t" + strconv.Itoa(i)
+	}
 	for name, req := range map[string]*handoffv1.DeliverRequest{
-		"nil package":  {},
-		"bad agent":    {Package: pkg("draft"), Agent: "Not A Name"},
-		"long tool":    {Package: pkg("draft"), RequiredTools: []string{strings.Repeat("x", 129)}},
-		"no budget ok": nil,
+		"bad agent":      {Package: pkg("draft"), Agent: "Not A Name"},
+		"long agent":     {Package: pkg("draft"), Agent: strings.Repeat("a", 65)},
+		"long tool":      {Package: pkg("draft"), RequiredTools: []string{strings.Repeat("x", 129)}},
+		"too many tools": {Package: pkg("draft"), RequiredTools: tooMany},
 	} {
-		if req == nil {
-			continue
-		}
 		t.Run(name, func(t *testing.T) {
 			_, err := deliver(t, e.client, req)
 			if status.Code(err) != codes.InvalidArgument {
@@ -277,6 +280,24 @@ func TestBadRequest(t *testing.T) {
 			}
 		})
 	}
+	// No package at all: the schema gate answers it with a REJECTED_SCHEMA Ack for the package
+	// as a whole (validate.PackageAckRejecter). Before the interceptor chain this was
+	// InvalidArgument.
+	t.Run("nil package", func(t *testing.T) {
+		msgs, err := deliver(t, e.client, &handoffv1.DeliverRequest{})
+		if err != nil || len(msgs) != 1 {
+			t.Fatalf("Deliver: %v %v", msgs, err)
+		}
+		ack := msgs[0].GetAck()
+		if ack.GetStatus() != handoffv1.AckStatus_ACK_STATUS_REJECTED_SCHEMA || len(ack.Reasons) != 1 ||
+			ack.Reasons[0].Field != "" || ack.Reasons[0].Rule != "required" {
+			t.Fatalf("Deliver ack %v", ack)
+		}
+		cr, err := e.client.Check(context.Background(), &handoffv1.CheckRequest{})
+		if err != nil || !proto.Equal(cr.GetAck(), ack) {
+			t.Fatalf("Check: %v %v, want %v", cr, err, ack)
+		}
+	})
 }
 
 func TestAcceptedThenDuplicate(t *testing.T) {
@@ -594,12 +615,12 @@ func TestSupportPipelineOverGRPC(t *testing.T) {
 	}
 }
 
-// A claim left by a runner that died mid-stage blocks re-deliveries until ClaimTTL, then
-// the stage runs; a completion record expires after ResultTTL.
+// A claim left by a runner that died mid-stage blocks re-deliveries until its claim TTL
+// lapses, then the stage runs; a completion record expires after ResultTTL.
 func TestClaimAndResultTTL(t *testing.T) {
 	ag := &fake{card: agentrunner.RoleCard{Name: "draft"}}
 	e := start(t, agentrunner.Options{Agents: []agentrunner.Agent{ag}, StageTimeout: 100 * time.Millisecond,
-		ClaimTTL: 300 * time.Millisecond, ResultTTL: 400 * time.Millisecond}, "")
+		ResultTTL: 400 * time.Millisecond}, "")
 	p := pkg("draft")
 	key := agentrunner.CompletionKey(p.JobId, p.Stage, 0)
 	if st, _, err := e.st.Claim(context.Background(), key, 300*time.Millisecond); err != nil || st != store.Claimed {
@@ -642,8 +663,9 @@ func TestFailedRunKeepsSpend(t *testing.T) {
 	}
 }
 
-// BenchmarkDeliverNoop measures one hop through the runner (gates, claim, Noop agent,
-// completion record, Ack + StageResult) over bufconn with the bbolt store.
+// BenchmarkDeliverNoop measures one hop through the runner (the rpc chain with the runner's
+// interceptors: schema, role, claim, budget; Noop agent, completion record, Ack +
+// StageResult) over bufconn with the bbolt store.
 func BenchmarkDeliverNoop(b *testing.B) {
 	dir := b.TempDir()
 	st, err := store.Open(filepath.Join(dir, "bench.db"))
@@ -658,7 +680,7 @@ func BenchmarkDeliverNoop(b *testing.B) {
 		b.Fatal(err)
 	}
 	lis := bufconn.Listen(1 << 20)
-	gs, _ := agentrunner.NewGRPCServer(srv)
+	gs, _ := agentrunner.NewGRPCServer(srv, rpc.ServerConfig{Service: "agentrunner", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	go gs.Serve(lis)
 	defer gs.Stop()
 	conn, err := grpc.NewClient("passthrough:///bufnet",

@@ -1,0 +1,293 @@
+package agentrunner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"path"
+	"slices"
+	"strings"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+	"github.com/handoffhq/handoff/internal/contract"
+	"github.com/handoffhq/handoff/internal/interceptor/budget"
+	"github.com/handoffhq/handoff/internal/interceptor/idempotency"
+	"github.com/handoffhq/handoff/internal/interceptor/validate"
+)
+
+// Interceptors returns the runner's enforcement (step 6 of the rpc chain), outermost first.
+// The first interceptor that refuses a package answers it, and nothing after it runs:
+//
+//  1. validate (schema; validate.PackageAckRejecter): first, because every later step reads
+//     the package (the stage, the completion key, the wallet id) and may only read a valid
+//     one. A broken package -> REJECTED_SCHEMA Ack, one reason per broken rule; a malformed
+//     agent or required_tools with a valid package -> InvalidArgument.
+//  2. role (this package): before anything touches the store, so a misrouted package claims
+//     no key and pays no hop, and Deliver and Check agree on it. The agent is req.agent, or
+//     the package's stage when empty; none registered -> REJECTED_ROLE (field
+//     "agent"/"stage", rule "role.agent"); a required_tools entry the agent's role card
+//     lacks -> REJECTED_ROLE, one reason per missing tool (field "required_tools[i]", rule
+//     "role.tools"). An accepted package carries its agent to the handler in the context.
+//  3. idempotency (Deliver only; key CompletionKey(job_id, stage, evaluator.rounds)):
+//     before budget on purpose. A re-delivery of a completed stage is answered DUPLICATE
+//     with the stored PriorResult, and one still in flight gets gRPC Aborted, without
+//     paying a second hop: the replayed Ack carries no wallet, so the coordinator debits
+//     that hop itself, exactly once. A COMPLETED StageResult is recorded (done) before it
+//     is sent; a FAILED StageResult or any Ack other than ACCEPTED (a budget rejection
+//     below) releases the claim, so a later delivery runs the stage. The claim's TTL is
+//     at least 2*StageTimeout+30s, since the interceptor bounds the handler by TTL/2.
+//  4. budget (Deliver debits one hop from the wallet in the store and stamps ack.wallet;
+//     Check only reads it): last, so only a package that will really run (valid, routed,
+//     not done, not in flight) pays. An empty wallet -> REJECTED_BUDGET (rule
+//     "budget.empty"), the agent is not called and the claim above is released.
+//
+// Then the handler: Deliver sends ACCEPTED and runs the agent; Check looks the completion
+// key up (DUPLICATE / Aborted / ACCEPTED). Check's chain is the same without step 3.
+func (s *Server) Interceptors() ([]grpc.UnaryServerInterceptor, []grpc.StreamServerInterceptor) {
+	return slices.Clone(s.unary), slices.Clone(s.stream)
+}
+
+func (s *Server) buildInterceptors() ([]grpc.UnaryServerInterceptor, []grpc.StreamServerInterceptor) {
+	vopts := []validate.Option{validate.WithRejecter(s.logged(validate.PackageAckRejecter()))}
+	bopts := []budget.Option{budget.WithRejecter(s.logged(budget.PackageAckRejecter()))}
+	unary := []grpc.UnaryServerInterceptor{
+		validate.UnaryServerInterceptor(s.v, vopts...),
+		s.roleUnary,
+		budget.UnaryServerInterceptor(s.st, bopts...),
+	}
+	stream := []grpc.StreamServerInterceptor{
+		validate.StreamServerInterceptor(s.v, vopts...),
+		s.roleStream,
+		idempotency.StreamServerInterceptor(s.st,
+			idempotency.WithStreamKey(handoffv1.AgentRunnerService_Deliver_FullMethodName,
+				func() proto.Message { return &handoffv1.DeliverRequest{} }, deliverKey),
+			idempotency.WithStreamReplay(handoffv1.AgentRunnerService_Deliver_FullMethodName, s.replay),
+			idempotency.WithStreamRecord(handoffv1.AgentRunnerService_Deliver_FullMethodName, s.record),
+			idempotency.WithPendingTTL(s.claimTTL),
+			idempotency.WithResultTTL(s.resultTTL),
+			idempotency.WithLogger(s.log),
+		),
+		budget.StreamServerInterceptor(s.st, bopts...),
+	}
+	return unary, stream
+}
+
+// ---- role ----
+
+type agentKey struct{}
+
+// agentFrom returns the agent the role interceptor chose for this call.
+func agentFrom(ctx context.Context) (Agent, bool) {
+	ag, ok := ctx.Value(agentKey{}).(Agent)
+	return ag, ok && ag != nil
+}
+
+// request is what Deliver and Check have in common.
+type request interface {
+	GetPackage() *handoffv1.HandoffPackage
+	GetAgent() string
+	GetRequiredTools() []string
+}
+
+// role is gate (b): the REJECTED_ROLE Ack, or nil and the agent that will serve the package.
+func (s *Server) role(req request) (*handoffv1.Ack, Agent) {
+	p := req.GetPackage()
+	name, field := req.GetAgent(), "agent"
+	if name == "" {
+		name, field = p.GetStage(), "stage"
+	}
+	ag, ok := s.agents[name]
+	if !ok {
+		return contract.AckFor(p, handoffv1.AckStatus_ACK_STATUS_REJECTED_ROLE, &handoffv1.Reason{
+			Field: field, Rule: RuleRoleAgent,
+			Message: fmt.Sprintf("no agent %q on this runner", name),
+		}), nil
+	}
+	card := ag.Card()
+	var missing []*handoffv1.Reason
+	for i, t := range req.GetRequiredTools() {
+		if !card.Holds(t) {
+			missing = append(missing, &handoffv1.Reason{
+				Field: fmt.Sprintf("required_tools[%d]", i), Rule: RuleRoleTools,
+				Message: fmt.Sprintf("agent %q does not hold tool %q", name, clip(t, 128)),
+			})
+		}
+	}
+	if len(missing) > 0 {
+		return contract.AckFor(p, handoffv1.AckStatus_ACK_STATUS_REJECTED_ROLE, missing...), nil
+	}
+	return nil, ag
+}
+
+// errNoPackage fails closed when the role interceptor sees no package (validate would have
+// answered it: the chain is misassembled).
+var errNoPackage = status.Error(codes.InvalidArgument, "package is required")
+
+// roleUnary is the role gate of Check.
+func (s *Server) roleUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if info.FullMethod != handoffv1.AgentRunnerService_Check_FullMethodName {
+		return handler(ctx, req)
+	}
+	r, ok := req.(*handoffv1.CheckRequest)
+	if !ok {
+		return nil, status.Errorf(codes.Internal, "agentrunner: %s: request is %T", info.FullMethod, req)
+	}
+	if r.GetPackage() == nil {
+		return nil, errNoPackage
+	}
+	ack, ag := s.role(r)
+	if ack != nil {
+		s.logAck(ctx, ack, "check")
+		return &handoffv1.CheckResponse{Ack: ack}, nil
+	}
+	return handler(context.WithValue(ctx, agentKey{}, ag), req)
+}
+
+// roleStream is the role gate of Deliver: it receives the request itself and answers a
+// misrouted package with its REJECTED_ROLE Ack without calling the rest of the chain.
+func (s *Server) roleStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	if info.FullMethod != handoffv1.AgentRunnerService_Deliver_FullMethodName {
+		return handler(srv, ss)
+	}
+	req := &handoffv1.DeliverRequest{}
+	if err := ss.RecvMsg(req); err != nil {
+		if errors.Is(err, io.EOF) {
+			return status.Errorf(codes.InvalidArgument, "%s: the request message is missing", info.FullMethod)
+		}
+		return err
+	}
+	if req.GetPackage() == nil {
+		return errNoPackage
+	}
+	ack, ag := s.role(req)
+	if ack != nil {
+		s.logAck(ss.Context(), ack, "deliver")
+		return sendAck(ss, ack)
+	}
+	return handler(srv, &routedStream{ServerStream: ss, req: req, agent: ag})
+}
+
+// routedStream hands the next interceptor the request the role gate read, and the chosen
+// agent in its context.
+type routedStream struct {
+	grpc.ServerStream
+	req   *handoffv1.DeliverRequest
+	agent Agent
+	read  bool
+}
+
+func (s *routedStream) Context() context.Context {
+	return context.WithValue(s.ServerStream.Context(), agentKey{}, s.agent) // outer wrappers may update theirs
+}
+
+func (s *routedStream) RecvMsg(m any) error {
+	if s.read {
+		return s.ServerStream.RecvMsg(m) // io.EOF: Deliver's client sends one message
+	}
+	dst, ok := m.(*handoffv1.DeliverRequest)
+	if !ok {
+		return status.Errorf(codes.Internal, "agentrunner: Deliver receives into %T, not a DeliverRequest", m)
+	}
+	s.read = true
+	proto.Merge(dst, s.req)
+	return nil
+}
+
+// ---- idempotency hooks ----
+
+func deliverKey(req proto.Message) (string, error) {
+	r, ok := req.(*handoffv1.DeliverRequest)
+	if !ok || r.GetPackage() == nil {
+		return "", errors.New("package is required")
+	}
+	p := r.GetPackage()
+	return CompletionKey(p.GetJobId(), p.GetStage(), p.GetEvaluator().GetRounds()), nil
+}
+
+// replay answers a re-delivery of a completed stage: DUPLICATE carrying the stored result.
+func (s *Server) replay(req proto.Message, stored []byte) (proto.Message, error) {
+	p := req.(*handoffv1.DeliverRequest).GetPackage()
+	ack, err := duplicateAck(p, stored)
+	if err != nil {
+		return nil, err
+	}
+	s.logAck(context.Background(), ack, "deliver")
+	return &handoffv1.DeliverResponse{Event: &handoffv1.DeliverResponse_Ack{Ack: ack}}, nil
+}
+
+// record settles the completion key by what Deliver sends: a COMPLETED result is stored as the
+// PriorResult a re-delivery replays; a FAILED result, or an Ack that is not ACCEPTED (the
+// budget interceptor's REJECTED_BUDGET), releases the claim; an ACCEPTED Ack leaves it open.
+func (s *Server) record(_ proto.Message, sent proto.Message) (value []byte, done, failed bool) {
+	m, ok := sent.(*handoffv1.DeliverResponse)
+	if !ok {
+		return nil, false, false
+	}
+	switch ev := m.GetEvent().(type) {
+	case *handoffv1.DeliverResponse_Ack:
+		return nil, false, ev.Ack.GetStatus() != handoffv1.AckStatus_ACK_STATUS_ACCEPTED
+	case *handoffv1.DeliverResponse_Result:
+		res := ev.Result
+		if res.GetStatus() != handoffv1.StageStatus_STAGE_STATUS_COMPLETED {
+			return nil, false, true
+		}
+		value, err := proto.Marshal(&handoffv1.PriorResult{
+			Artifacts:   res.GetArtifacts(),
+			Evaluator:   res.GetEvaluator(),
+			NextHint:    res.GetNextHint(),
+			CompletedAt: timestamppb.Now(),
+		})
+		if err != nil {
+			s.log.Error("agentrunner: encoding the completion failed; the claim is released", "job_id", res.GetJobId(), "stage", res.GetStage(), "err", err)
+			return nil, false, true
+		}
+		return value, true, false
+	}
+	return nil, false, false
+}
+
+// ---- logging ----
+
+// logged wraps a rejecter (validate's or budget's) so that every Ack it answers with is
+// logged like the runner's own.
+func (s *Server) logged(r validate.Rejecter) validate.Rejecter {
+	return func(fullMethod string, req proto.Message, reasons []*handoffv1.Reason) (proto.Message, bool) {
+		resp, ok := r(fullMethod, req, reasons)
+		if ok {
+			var ack *handoffv1.Ack
+			switch m := resp.(type) {
+			case *handoffv1.DeliverResponse:
+				ack = m.GetAck()
+			case *handoffv1.CheckResponse:
+				ack = m.GetAck()
+			}
+			if ack != nil {
+				s.logAck(context.Background(), ack, strings.ToLower(path.Base(fullMethod)))
+			}
+		}
+		return resp, ok
+	}
+}
+
+func (s *Server) logAck(ctx context.Context, ack *handoffv1.Ack, rpc string) {
+	attrs := []any{"rpc", rpc, "job_id", ack.GetJobId(), "stage", ack.GetStage(), "status", ack.GetStatus().String()}
+	if len(ack.GetReasons()) > 0 {
+		r := ack.GetReasons()[0]
+		attrs = append(attrs, "reasons", len(ack.GetReasons()), "field", r.GetField(), "rule", r.GetRule())
+	}
+	if w := ack.GetWallet(); w != nil {
+		attrs = append(attrs, "wallet_id", w.GetWalletId(), "hops_left", w.GetHopsRemaining())
+	}
+	s.log.InfoContext(ctx, "agentrunner: ack", attrs...)
+}
+
+func sendAck(ss grpc.ServerStream, ack *handoffv1.Ack) error {
+	return ss.SendMsg(&handoffv1.DeliverResponse{Event: &handoffv1.DeliverResponse_Ack{Ack: ack}})
+}
