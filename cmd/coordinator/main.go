@@ -4,18 +4,18 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
@@ -24,43 +24,61 @@ import (
 	"github.com/handoffhq/handoff/internal/config"
 	"github.com/handoffhq/handoff/internal/contract"
 	"github.com/handoffhq/handoff/internal/pipeline"
+	"github.com/handoffhq/handoff/internal/rpc"
 	"github.com/handoffhq/handoff/internal/stack"
 	"github.com/handoffhq/handoff/internal/store"
+	"github.com/handoffhq/handoff/internal/telemetry"
 	"github.com/handoffhq/handoff/services/coordinator"
 )
 
+// settings are the coordinator's configuration, from flags with HANDOFF_* fallbacks.
 type settings struct {
-	listen, storePath, runner, writeback, pipelines string
-	hopTimeout                                      time.Duration
+	listen, store, runner, writeback, pipelines, metrics string
+	hopTimeout                                           time.Duration
+	security                                             rpc.Security
 }
 
 func main() {
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
 	if err := run(os.Args[1:], log); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return
+		}
 		fmt.Fprintln(os.Stderr, "coordinator:", err)
 		os.Exit(1)
 	}
 }
 
-func run(args []string, log *slog.Logger) error {
+func parse(args []string) (*settings, error) {
 	fs := flag.NewFlagSet("coordinator", flag.ContinueOnError)
 	var s settings
 	b := config.New(fs)
 	b.String(&s.listen, "listen", "HANDOFF_COORDINATOR_LISTEN", stack.DefaultCoordinatorAddr, "gRPC listen address")
-	b.String(&s.storePath, "store", "HANDOFF_STORE", "handoff-data/coordinator.db", "embedded store file")
+	b.String(&s.store, "store", "HANDOFF_STORE", "handoff-data/coordinator.db", "bbolt file, or redis://host:port[/db] shared with the other services")
 	b.String(&s.runner, "agentrunner", "HANDOFF_AGENTRUNNER_ADDR", stack.DefaultRunnerAddr, "default agent runner address")
 	b.String(&s.writeback, "writeback", "HANDOFF_WRITEBACK_ADDR", stack.DefaultWritebackAddr, "writeback service address")
 	b.String(&s.pipelines, "pipelines", "HANDOFF_PIPELINES", "", "folder of pipeline YAML files (default: the shipped pipelines)")
+	b.String(&s.metrics, "metrics-listen", "HANDOFF_METRICS_LISTEN", "", "serve Prometheus metrics at http://ADDR/metrics (empty: off)")
 	b.Duration(&s.hopTimeout, "hop-timeout", "HANDOFF_HOP_TIMEOUT", 2*time.Minute, "bound on one hop (ack and stage result)")
+	s.security.Bind(b)
 	if err := b.Parse(args); err != nil {
-		if err == flag.ErrHelp {
-			return nil
-		}
+		return nil, err
+	}
+	if s.hopTimeout <= 0 {
+		return nil, fmt.Errorf("--hop-timeout must be positive, got %s", s.hopTimeout)
+	}
+	return &s, nil
+}
+
+func run(args []string, log *slog.Logger) error {
+	s, err := parse(args)
+	if err != nil {
 		return err
 	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
 
 	var pls map[string]*pipeline.Pipeline
-	var err error
 	if s.pipelines != "" {
 		pls, err = pipeline.LoadDir(s.pipelines)
 	} else {
@@ -69,50 +87,77 @@ func run(args []string, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("--pipelines: %w", err)
 	}
-	if err := os.MkdirAll(filepath.Dir(s.storePath), 0o755); err != nil {
-		return fmt.Errorf("--store: %w", err)
+	creds, idUnary, idStream, err := s.security.Server("coordinator", s.listen)
+	if err != nil {
+		return err
 	}
-	st, err := store.Open(s.storePath)
+	dc, err := s.security.Client("coordinator")
+	if err != nil {
+		return err
+	}
+	st, err := store.OpenURL(ctx, s.store)
 	if err != nil {
 		return fmt.Errorf("--store: %w", err)
 	}
 	defer st.Close()
+	tp, err := telemetry.NewTracerProvider(ctx, "coordinator")
+	if err != nil {
+		return err
+	}
+	defer tp.Shutdown(context.Background())
+	dc.TracerProvider = tp
 	val, err := contract.NewValidator()
 	if err != nil {
 		return err
 	}
-	dial := func(addr string) (grpc.ClientConnInterface, error) {
-		return grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	}
-	rc, err := dial(s.runner)
+	dial := func(addr string) (grpc.ClientConnInterface, error) { return rpc.Dial(addr, dc) }
+	rc, err := rpc.Dial(s.runner, dc)
 	if err != nil {
 		return fmt.Errorf("--agentrunner: %w", err)
 	}
-	wc, err := dial(s.writeback)
+	defer rc.Close()
+	wc, err := rpc.Dial(s.writeback, dc)
 	if err != nil {
 		return fmt.Errorf("--writeback: %w", err)
 	}
+	defer wc.Close()
 	srv, err := coordinator.New(coordinator.Options{
-		Store: st, Pipelines: pls, Validator: val, Logger: log, HopTimeout: s.hopTimeout, Dial: dial,
+		Store: st, Pipelines: pls, Validator: val, Logger: log, HopTimeout: s.hopTimeout, Dial: dial, TracerProvider: tp,
 		Runner:    handoffv1.NewAgentRunnerServiceClient(rc),
 		Writeback: handoffv1.NewWritebackServiceClient(wc),
 	})
 	if err != nil {
 		return err
 	}
-	lis, err := net.Listen("tcp", s.listen)
-	if err != nil {
-		return fmt.Errorf("--listen %s: %w", s.listen, err)
-	}
-	g := grpc.NewServer()
+	reg := telemetry.NewRegistry()
+	metrics := telemetry.NewMetrics(reg, "coordinator")
+	unary, stream := srv.Interceptors()
+	g := rpc.NewServer(rpc.ServerConfig{
+		Service: "coordinator", Logger: log, TracerProvider: tp, Metrics: metrics, Creds: creds,
+		IdentityUnary: idUnary, IdentityStream: idStream, Unary: unary, Stream: stream,
+	})
 	coordinator.Register(g, srv)
 	hs := health.NewServer()
 	hs.SetServingStatus(handoffv1.CoordinatorService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	healthpb.RegisterHealthServer(g, hs)
 	reflection.Register(g)
+	metrics.RPC.InitializeMetrics(g)
 
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
+	lis, err := net.Listen("tcp", s.listen)
+	if err != nil {
+		return fmt.Errorf("--listen %s: %w", s.listen, err)
+	}
+	if s.metrics != "" {
+		ml, err := net.Listen("tcp", s.metrics)
+		if err != nil {
+			return fmt.Errorf("--metrics-listen %s: %w", s.metrics, err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", telemetry.Handler(reg))
+		hsrv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		go hsrv.Serve(ml)
+		defer hsrv.Close()
+	}
 	if n, err := srv.Resume(ctx); err != nil {
 		return fmt.Errorf("resume runs: %w", err)
 	} else if n > 0 {
@@ -120,6 +165,9 @@ func run(args []string, log *slog.Logger) error {
 	}
 	go func() {
 		<-ctx.Done()
+		// Drain: health says NOT_SERVING first so load balancers stop sending, drivers stop
+		// after their current hop (runs stay RUNNING and resume on the next start), then
+		// in-flight calls finish.
 		hs.Shutdown()
 		srv.Close()
 		g.GracefulStop()

@@ -156,7 +156,8 @@ func Start(ctx context.Context, cfg Config) (st *Stack, err error) {
 	if err != nil {
 		return nil, err
 	}
-	s.serve(lis["agent runner"], "agentrunner", handoffv1.AgentRunnerService_ServiceDesc.ServiceName, func(g *grpc.Server) { agentrunner.Register(g, s.Runner) })
+	ru, rs := s.Runner.Interceptors()
+	s.serve(lis["agent runner"], "agentrunner", handoffv1.AgentRunnerService_ServiceDesc.ServiceName, func(g *grpc.Server) { agentrunner.Register(g, s.Runner) }, ru, rs)
 
 	// The demo ledger appends every write it receives (no key check of its own), so a
 	// double write the platform let through would show in its count.
@@ -172,7 +173,7 @@ func Start(ctx context.Context, cfg Config) (st *Stack, err error) {
 	if err != nil {
 		return nil, err
 	}
-	s.serve(lis["writeback"], "writeback", handoffv1.WritebackService_ServiceDesc.ServiceName, func(g *grpc.Server) { writeback.Register(g, wb) })
+	s.serve(lis["writeback"], "writeback", handoffv1.WritebackService_ServiceDesc.ServiceName, func(g *grpc.Server) { writeback.Register(g, wb) }, wb.Interceptors(), nil)
 
 	runnerConn, err := s.DialAs(s.RunnerAddr, "coordinator")
 	if err != nil {
@@ -193,7 +194,8 @@ func Start(ctx context.Context, cfg Config) (st *Stack, err error) {
 	if err != nil {
 		return nil, err
 	}
-	s.serve(lis["coordinator"], "coordinator", handoffv1.CoordinatorService_ServiceDesc.ServiceName, func(g *grpc.Server) { coordinator.Register(g, s.Coordinator) })
+	cu, cs := s.Coordinator.Interceptors()
+	s.serve(lis["coordinator"], "coordinator", handoffv1.CoordinatorService_ServiceDesc.ServiceName, func(g *grpc.Server) { coordinator.Register(g, s.Coordinator) }, cu, cs)
 	if n, err := s.Coordinator.Resume(ctx); err != nil {
 		return nil, fmt.Errorf("stack: resume runs: %w", err)
 	} else if n > 0 {
@@ -211,12 +213,14 @@ func or(v, def string) string {
 
 // serve starts a gRPC server on l with the platform's interceptor chain, the service,
 // health and reflection (so grpcurl can list and call it without proto files).
-func (s *Stack) serve(l net.Listener, name, service string, register func(*grpc.Server)) {
+// unary and stream are the service's own enforcement interceptors (step 6 of the chain).
+func (s *Stack) serve(l net.Listener, name, service string, register func(*grpc.Server), unary []grpc.UnaryServerInterceptor, stream []grpc.StreamServerInterceptor) {
 	m := telemetry.NewMetrics(s.Registry, name)
 	idOpts := []identity.Option{identity.WithSigner(s.signer), identity.WithPolicy(identity.DefaultPolicy()), identity.WithLogger(s.log)}
 	g := rpc.NewServer(rpc.ServerConfig{
 		Service: name, Logger: s.log, TracerProvider: s.tp, Metrics: m,
 		IdentityUnary: identity.UnaryServerInterceptor(idOpts...), IdentityStream: identity.StreamServerInterceptor(idOpts...),
+		Unary: unary, Stream: stream,
 	})
 	register(g)
 	hs := health.NewServer()

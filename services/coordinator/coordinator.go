@@ -26,6 +26,7 @@ import (
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/contract"
 	hoptrace "github.com/handoffhq/handoff/internal/interceptor/trace"
+	"github.com/handoffhq/handoff/internal/interceptor/validate"
 	"github.com/handoffhq/handoff/internal/pipeline"
 	"github.com/handoffhq/handoff/internal/store"
 	"github.com/handoffhq/handoff/internal/traceparent"
@@ -129,6 +130,14 @@ func New(opts Options) (*Server, error) {
 // Register adds the coordinator to a gRPC server.
 func Register(g *grpc.Server, s *Server) { handoffv1.RegisterCoordinatorServiceServer(g, s) }
 
+// Interceptors are the coordinator's enforcement step of the chain (internal/rpc): every
+// request is validated before a handler reads it.
+func (s *Server) Interceptors() ([]grpc.UnaryServerInterceptor, []grpc.StreamServerInterceptor) {
+	return []grpc.UnaryServerInterceptor{validate.UnaryServerInterceptor(s.opts.Validator)},
+		[]grpc.StreamServerInterceptor{validate.StreamServerInterceptor(s.opts.Validator,
+			validate.WithStreamRequest(handoffv1.CoordinatorService_WatchJob_FullMethodName, func() proto.Message { return &handoffv1.WatchJobRequest{} }))}
+}
+
 // Close stops driving runs and waits for the drivers to return. Runs left RUNNING stay so
 // in the store and are resumed by the next Resume.
 func (s *Server) Close() {
@@ -163,15 +172,6 @@ func newRunID() string {
 	return "run_" + hex.EncodeToString(b)
 }
 
-func (s *Server) invalid(err error) error {
-	reasons := contract.Reasons(err)
-	parts := make([]string, 0, len(reasons))
-	for _, r := range reasons {
-		parts = append(parts, fmt.Sprintf("%s: %s", r.GetField(), r.GetMessage()))
-	}
-	return status.Errorf(codes.InvalidArgument, "invalid request: %s", strings.Join(parts, "; "))
-}
-
 func (s *Server) pipelineNames() string {
 	names := make([]string, 0, len(s.opts.Pipelines))
 	for n := range s.opts.Pipelines {
@@ -183,9 +183,6 @@ func (s *Server) pipelineNames() string {
 
 // SubmitJob creates a run and starts driving it.
 func (s *Server) SubmitJob(ctx context.Context, req *handoffv1.SubmitJobRequest) (*handoffv1.SubmitJobResponse, error) {
-	if err := s.opts.Validator.Validate(req); err != nil {
-		return nil, s.invalid(err)
-	}
 	p, ok := s.opts.Pipelines[req.GetPipeline()]
 	if !ok {
 		return nil, status.Errorf(codes.NotFound, "pipeline %q is not loaded (loaded: %s)", req.GetPipeline(), s.pipelineNames())
@@ -240,9 +237,6 @@ func (s *Server) SubmitJob(ctx context.Context, req *handoffv1.SubmitJobRequest)
 }
 
 func (s *Server) GetJob(ctx context.Context, req *handoffv1.GetJobRequest) (*handoffv1.GetJobResponse, error) {
-	if err := s.opts.Validator.Validate(req); err != nil {
-		return nil, s.invalid(err)
-	}
 	job, err := s.opts.Store.GetRun(ctx, req.GetRunId())
 	if err != nil {
 		return nil, storeErr(err, req.GetRunId())
@@ -258,9 +252,6 @@ func storeErr(err error, runID string) error {
 }
 
 func (s *Server) ListJobs(ctx context.Context, req *handoffv1.ListJobsRequest) (*handoffv1.ListJobsResponse, error) {
-	if err := s.opts.Validator.Validate(req); err != nil {
-		return nil, s.invalid(err)
-	}
 	size := int(req.GetPageSize())
 	if size == 0 {
 		size = 50
@@ -278,9 +269,6 @@ func (s *Server) ListJobs(ctx context.Context, req *handoffv1.ListJobsRequest) (
 // WatchJob sends the run's events from after_seq on, then live ones, and returns once the
 // run has reached a terminal state and every event was sent.
 func (s *Server) WatchJob(req *handoffv1.WatchJobRequest, stream grpc.ServerStreamingServer[handoffv1.WatchJobResponse]) error {
-	if err := s.opts.Validator.Validate(req); err != nil {
-		return s.invalid(err)
-	}
 	ctx := stream.Context()
 	after := req.GetAfterSeq()
 	for {

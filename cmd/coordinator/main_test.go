@@ -1,0 +1,29 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestParseNamesBadSettings(t *testing.T) {
+	t.Setenv("HANDOFF_HOP_TIMEOUT", "forever")
+	_, err := parse(nil)
+	if err == nil || !strings.Contains(err.Error(), "HANDOFF_HOP_TIMEOUT") {
+		t.Fatalf("parse with a bad env = %v; want the setting named", err)
+	}
+	t.Setenv("HANDOFF_HOP_TIMEOUT", "")
+	if _, err := parse([]string{"--hop-timeout", "0s"}); err == nil || !strings.Contains(err.Error(), "--hop-timeout") {
+		t.Fatalf("parse(--hop-timeout 0s) = %v; want it named", err)
+	}
+}
+
+func TestRunRefusesNoTransportSecurity(t *testing.T) {
+	err := run([]string{"--store", t.TempDir() + "/c.db", "--listen", "127.0.0.1:0"}, nil)
+	if err == nil || !strings.Contains(err.Error(), "--certs") {
+		t.Fatalf("run without --certs or --plaintext-loopback = %v; want a refusal naming --certs", err)
+	}
+	err = run([]string{"--plaintext-loopback", "--listen", "0.0.0.0:0", "--store", t.TempDir() + "/c.db"}, nil)
+	if err == nil || !strings.Contains(err.Error(), "loopback") {
+		t.Fatalf("plaintext on 0.0.0.0 = %v; want a refusal", err)
+	}
+}
