@@ -14,14 +14,15 @@ test: check gotest
 
 check: lint breaking gencheck
 
-# Pinned tools: buf from npm (seconds), protoc plugins from tools/go.mod.
-tools: $(BUF) $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(BIN)/protoc-gen-jsonschema
+# Pinned tools: buf from npm (seconds); protoc plugins and grpcurl (for the README recipe
+# tests) from tools/go.mod.
+tools: $(BUF) $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(BIN)/protoc-gen-jsonschema $(BIN)/grpcurl
 
 $(BUF): tools/package.json tools/package-lock.json
 	cd tools && npm ci --no-audit --no-fund --loglevel=error
 	touch $(BUF)
 
-$(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(BIN)/protoc-gen-jsonschema &: tools/go.mod tools/go.sum
+$(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(BIN)/protoc-gen-jsonschema $(BIN)/grpcurl &: tools/go.mod tools/go.sum
 	cd tools && GOBIN=$(BIN) go install tool
 
 protodeps: .build/protovalidate/buf/validate/validate.proto
