@@ -9,8 +9,8 @@
 // Transport security is required: --certs DIR (mTLS with the certificates `handoff certs`
 // made) or --plaintext-loopback on a loopback --listen address (callers then prove who they
 // are with service tokens signed with --token-key-file). --store is a bbolt file, or
-// redis://[:password@]host:port[/db] so that several runners (and the coordinator) share
-// one set of completion records and wallets.
+// redis://[:password@]host:port[/db][?prefix=P] so that several runners (and the
+// coordinator) share one set of completion records and wallets (store.OpenURL reads it).
 package main
 
 import (
@@ -21,11 +21,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"os/signal"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -75,7 +72,7 @@ func parse(args []string) (*settings, error) {
 	b.String(&s.listen, "listen", "HANDOFF_AGENTRUNNER_LISTEN", "127.0.0.1:50052", "gRPC listen address")
 	b.String(&s.metricsListen, "metrics-listen", "HANDOFF_METRICS_LISTEN", "", "serve Prometheus metrics on this address at /metrics (empty: off)")
 	b.String(&s.storeSpec, "store", "HANDOFF_STORE", "./handoff-data/agentrunner.db",
-		"stage-completion records and wallets: a bbolt file, or redis://[:password@]host:port[/db] to share them between processes")
+		"stage-completion records and wallets: a bbolt file, or redis://[:password@]host:port[/db][?prefix=P] to share them between processes")
 	b.String(&s.artifactsDir, "artifacts", "HANDOFF_ARTIFACTS", "./handoff-data/artifacts", "artifact folder, shared with the other services")
 	b.Duration(&s.stageTimeout, "stage-timeout", "HANDOFF_STAGE_TIMEOUT", agentrunner.DefaultStageTimeout, "bound on one agent run")
 	b.Duration(&s.resultTTL, "result-ttl", "HANDOFF_RESULT_TTL", 0, "how long stage-completion records are kept, 0 = forever")
@@ -123,7 +120,7 @@ func run(args []string, log *slog.Logger) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	st, storeName, err := openStore(ctx, s.storeSpec)
+	st, err := store.OpenURL(ctx, s.storeSpec)
 	if err != nil {
 		return fmt.Errorf("--store: %w", err)
 	}
@@ -197,7 +194,7 @@ func run(args []string, log *slog.Logger) error {
 		transport = "plaintext-loopback"
 	}
 	log.Info("agentrunner: serving", "addr", lis.Addr().String(), "agents", strings.Join(names, ","),
-		"store", storeName, "artifacts", arts.Root(), "stage_timeout", s.stageTimeout,
+		"store", store.Redact(s.storeSpec), "artifacts", arts.Root(), "stage_timeout", s.stageTimeout,
 		"transport", transport, "metrics", s.metricsListen)
 
 	served := make(chan error, 1)
@@ -223,72 +220,6 @@ func run(args []string, log *slog.Logger) error {
 		return err
 	}
 	return nil
-}
-
-// runnerStore is what the runner needs from --store, and closing it.
-type runnerStore interface {
-	agentrunner.Store
-	Close() error
-}
-
-// openStore opens --store: redis://[:password@]host:port[/db] (keys under "handoff:", so
-// every process of a deployment shares them), or else a bbolt file. It returns the store and
-// a name for logs (without the password).
-func openStore(ctx context.Context, spec string) (runnerStore, string, error) {
-	if !strings.Contains(spec, "://") {
-		if err := os.MkdirAll(filepath.Dir(spec), 0o755); err != nil {
-			return nil, "", err
-		}
-		st, err := store.Open(spec)
-		if err != nil {
-			return nil, "", err
-		}
-		return st, spec, nil
-	}
-	o, err := redisOptions(spec)
-	if err != nil {
-		return nil, "", err
-	}
-	u, _ := url.Parse(spec)
-	octx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	st, err := store.OpenRedis(octx, o)
-	if err != nil {
-		return nil, "", fmt.Errorf("%s: %w", u.Redacted(), err)
-	}
-	return st, u.Redacted(), nil
-}
-
-// redisOptions parses redis://[:password@]host:port[/db].
-func redisOptions(spec string) (store.RedisOptions, error) {
-	u, err := url.Parse(spec)
-	if err != nil {
-		return store.RedisOptions{}, fmt.Errorf("%q: %w", spec, err)
-	}
-	if u.Scheme != "redis" {
-		return store.RedisOptions{}, fmt.Errorf("%s: want a bbolt file path or redis://host:port[/db]", u.Redacted())
-	}
-	if u.Hostname() == "" || u.Port() == "" {
-		return store.RedisOptions{}, fmt.Errorf("%s: want redis://host:port[/db]", u.Redacted())
-	}
-	if u.RawQuery != "" || u.Fragment != "" {
-		return store.RedisOptions{}, fmt.Errorf("%s: query parameters are not supported", u.Redacted())
-	}
-	o := store.RedisOptions{Addr: u.Host, Prefix: "handoff:"}
-	if db := strings.Trim(u.Path, "/"); db != "" {
-		n, err := strconv.Atoi(db)
-		if err != nil || n < 0 {
-			return store.RedisOptions{}, fmt.Errorf("%s: database %q is not a number", u.Redacted(), db)
-		}
-		o.DB = n
-	}
-	if u.User != nil {
-		if name := u.User.Username(); name != "" && name != "default" {
-			return store.RedisOptions{}, fmt.Errorf("%s: only the default user is supported (redis://:password@host:port)", u.Redacted())
-		}
-		o.Password, _ = u.User.Password()
-	}
-	return o, nil
 }
 
 // buildAgents returns the built-in support agents, with the --llm-stages replaced by model

@@ -4,7 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
-	"os"
+	"net/url"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -12,29 +12,8 @@ import (
 	"time"
 
 	"github.com/handoffhq/handoff/internal/store"
+	"github.com/handoffhq/handoff/internal/store/storetest"
 )
-
-func TestRedisOptions(t *testing.T) {
-	for spec, want := range map[string]store.RedisOptions{
-		"redis://127.0.0.1:6379":             {Addr: "127.0.0.1:6379", Prefix: "handoff:"},
-		"redis://redis.internal:6380/2":      {Addr: "redis.internal:6380", DB: 2, Prefix: "handoff:"},
-		"redis://:s3cret@127.0.0.1:6379/0":   {Addr: "127.0.0.1:6379", Password: "s3cret", Prefix: "handoff:"},
-		"redis://default:s3cret@[::1]:6379/": {Addr: "[::1]:6379", Password: "s3cret", Prefix: "handoff:"},
-	} {
-		got, err := redisOptions(spec)
-		if err != nil || got != want {
-			t.Errorf("redisOptions(%q) = %+v, %v; want %+v", spec, got, err, want)
-		}
-	}
-	for _, spec := range []string{
-		"redis://127.0.0.1", "redis:///0", "redis://h:1/x", "redis://h:1/-1", "redis://h:1/0?x=1",
-		"rediss://h:1", "postgres://h:1", "redis://alice:pw@h:1",
-	} {
-		if _, err := redisOptions(spec); err == nil {
-			t.Errorf("redisOptions(%q) succeeded", spec)
-		}
-	}
-}
 
 func TestRunRefusesWithoutSecurity(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -57,25 +36,24 @@ func TestRunRefusesWithoutSecurity(t *testing.T) {
 	}
 }
 
-// Two processes given the same redis:// --store share completion records. Needs a Redis:
-// HANDOFF_TEST_REDIS=host:port (skipped otherwise).
+// Two processes given the same redis:// --store share completion records. Needs a Redis
+// (storetest: HANDOFF_TEST_REDIS or 127.0.0.1:6379; fails under CI without one, skipped
+// elsewhere). The --store URLs name a prefix unique to the test, deleted afterwards.
 func TestOpenStoreRedisShared(t *testing.T) {
-	addr := os.Getenv("HANDOFF_TEST_REDIS")
-	if addr == "" {
-		t.Skip("HANDOFF_TEST_REDIS is not set")
-	}
+	prefix := "?prefix=" + url.QueryEscape(storetest.RedisPrefix(t))
 	ctx := context.Background()
-	a, nameA, err := openStore(ctx, "redis://"+addr+"/0")
+	specA := "redis://" + storetest.RedisAddr() + "/0" + prefix
+	a, err := store.OpenURL(ctx, specA)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer a.Close()
-	b, _, err := openStore(ctx, "redis://"+addr)
+	b, err := store.OpenURL(ctx, "redis://"+storetest.RedisAddr()+prefix)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	if strings.Contains(nameA, "@") {
+	if nameA := store.Redact(specA); strings.Contains(nameA, "@") {
 		t.Errorf("store name %q", nameA)
 	}
 	key := "agentrunner-cmd-test:" + strconv.FormatInt(time.Now().UnixNano(), 36)

@@ -7,8 +7,9 @@
 // only, service tokens signed with --token-key-file); one of them is required, and by the
 // platform's policy only the coordinator may call Write.
 //
-// --store is a bbolt file, or redis://host:port[/db] so that several writeback processes
-// share one set of receipts (keys under "handoff:"). Tracing exports over OTLP when
+// --store is a bbolt file, or redis://[:password@]host:port[/db][?prefix=P] so that several
+// writeback processes share one set of receipts (keys under "handoff:" unless ?prefix= names
+// another; store.OpenURL reads it, as for every service). Tracing exports over OTLP when
 // OTEL_EXPORTER_OTLP_ENDPOINT is set; Prometheus metrics are served on /metrics at
 // --metrics-listen when it is set.
 //
@@ -26,12 +27,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
@@ -55,8 +53,7 @@ const service = "writeback"
 // config is the parsed command line.
 type config struct {
 	listen         string
-	storePath      string              // --store as given
-	redis          *store.RedisOptions // set when --store is a redis:// URL
+	storePath      string // --store as given, checked by store.ParseURL
 	artifacts      string
 	webhookURL     string
 	webhookName    string
@@ -124,7 +121,7 @@ func parseConfig(args []string, getenv func(string) string, out io.Writer) (conf
 		receiptTTL     string
 	)
 	fs.StringVar(&cfg.listen, "listen", env("HANDOFF_WRITEBACK_LISTEN", "127.0.0.1:50053"), "gRPC listen address host:port (env HANDOFF_WRITEBACK_LISTEN)")
-	fs.StringVar(&cfg.storePath, "store", env("HANDOFF_STORE", "./handoff-data/writeback.db"), "receipts and the demo ledger: a bbolt file, or redis://host:port[/db] to share them between processes (env HANDOFF_STORE)")
+	fs.StringVar(&cfg.storePath, "store", env("HANDOFF_STORE", "./handoff-data/writeback.db"), "receipts and the demo ledger: a bbolt file, or redis://[:password@]host:port[/db][?prefix=P] to share them between processes (env HANDOFF_STORE)")
 	fs.StringVar(&cfg.artifacts, "artifacts", env("HANDOFF_ARTIFACTS", "./handoff-data/artifacts"), "artifact folder (env HANDOFF_ARTIFACTS)")
 	fs.StringVar(&cfg.webhookURL, "webhook-url", env("HANDOFF_WEBHOOK_URL", ""), "when set, also serve a webhook target POSTing to this http(s) URL (env HANDOFF_WEBHOOK_URL)")
 	fs.StringVar(&cfg.webhookName, "webhook-name", env("HANDOFF_WEBHOOK_NAME", writeback.WebhookName), "target name of the webhook (env HANDOFF_WEBHOOK_NAME)")
@@ -149,12 +146,8 @@ func parseConfig(args []string, getenv func(string) string, out io.Writer) (conf
 	if cfg.storePath == "" {
 		return config{}, errors.New("--store: must not be empty")
 	}
-	if strings.Contains(cfg.storePath, "://") {
-		ro, err := parseRedisURL(cfg.storePath)
-		if err != nil {
-			return config{}, fmt.Errorf("--store: %v", err)
-		}
-		cfg.redis = ro
+	if _, err := store.ParseURL(cfg.storePath); err != nil {
+		return config{}, fmt.Errorf("--store: %v", err)
 	}
 	if cfg.artifacts == "" {
 		return config{}, errors.New("--artifacts: must not be empty")
@@ -203,64 +196,6 @@ func checkHostPort(addr string) error {
 	return nil
 }
 
-// parseRedisURL reads redis://[:password@]host:port[/db].
-func parseRedisURL(raw string) (*store.RedisOptions, error) {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return nil, fmt.Errorf("%q is neither a file path nor a redis:// URL: %v", raw, err)
-	}
-	shown := u.Redacted()
-	if u.Scheme != "redis" {
-		return nil, fmt.Errorf("%q: only redis://host:port[/db] URLs are supported (or give a bbolt file path)", shown)
-	}
-	if u.Opaque != "" || u.RawQuery != "" || u.Fragment != "" {
-		return nil, fmt.Errorf("%q: want redis://host:port[/db], without query or fragment", shown)
-	}
-	if err := checkHostPort(u.Host); err != nil || u.Hostname() == "" {
-		return nil, fmt.Errorf("%q: want redis://host:port[/db] with a host and a port", shown)
-	}
-	ro := &store.RedisOptions{Addr: u.Host, Prefix: "handoff:"}
-	if u.User != nil {
-		if u.User.Username() != "" {
-			return nil, fmt.Errorf("%q: a user name is not supported; give only a password (redis://:password@host:port)", shown)
-		}
-		ro.Password, _ = u.User.Password()
-	}
-	if db := strings.TrimPrefix(u.Path, "/"); db != "" {
-		n, err := strconv.Atoi(db)
-		if err != nil || n < 0 {
-			return nil, fmt.Errorf("%q: database %q is not a number from 0", shown, db)
-		}
-		ro.DB = n
-	}
-	return ro, nil
-}
-
-// openStore opens the bbolt file or connects to Redis.
-func openStore(ctx context.Context, cfg config) (store.Store, string, error) {
-	if cfg.redis != nil {
-		shown := cfg.storePath
-		if u, err := url.Parse(cfg.storePath); err == nil {
-			shown = u.Redacted()
-		}
-		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		st, err := store.OpenRedis(cctx, *cfg.redis)
-		if err != nil {
-			return nil, "", fmt.Errorf("--store %s: %w", shown, err)
-		}
-		return st, shown, nil
-	}
-	if err := os.MkdirAll(filepath.Dir(cfg.storePath), 0o755); err != nil {
-		return nil, "", fmt.Errorf("--store %s: %w", cfg.storePath, err)
-	}
-	st, err := store.Open(cfg.storePath)
-	if err != nil {
-		return nil, "", fmt.Errorf("--store: %w", err)
-	}
-	return st, cfg.storePath, nil
-}
-
 // serve runs the service until ctx ends. ready, when set, is called with the bound gRPC and
 // metrics addresses (metrics nil when off) once both accept connections.
 func serve(ctx context.Context, cfg config, tr transport, base *slog.Logger, ready func(grpcAddr, metricsAddr net.Addr)) error {
@@ -278,9 +213,9 @@ func serve(ctx context.Context, cfg config, tr transport, base *slog.Logger, rea
 		}
 	}()
 
-	st, storeShown, err := openStore(ctx, cfg)
+	st, err := store.OpenURL(ctx, cfg.storePath)
 	if err != nil {
-		return err
+		return fmt.Errorf("--store: %w", err)
 	}
 	defer st.Close()
 	files, err := artifact.NewFiles(cfg.artifacts)
@@ -392,7 +327,7 @@ func serve(ctx context.Context, cfg config, tr transport, base *slog.Logger, rea
 	if tr.creds == nil {
 		security = "plaintext-loopback"
 	}
-	attrs := []any{"addr", lis.Addr().String(), "security", security, "store", storeShown,
+	attrs := []any{"addr", lis.Addr().String(), "security", security, "store", store.Redact(cfg.storePath),
 		"artifacts", files.Root(), "targets", names, "pending_ttl", cfg.pendingTTL.String(), "receipt_ttl", cfg.receiptTTL.String()}
 	if metricsAddr != nil {
 		attrs = append(attrs, "metrics", "http://"+metricsAddr.String()+"/metrics")

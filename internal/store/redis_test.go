@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -15,113 +14,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/store"
 	"github.com/handoffhq/handoff/internal/store/storetest"
 )
 
-// testRedisAddr is the server the Redis tests use: HANDOFF_TEST_REDIS, or the local default.
-func testRedisAddr() string {
-	if a := os.Getenv("HANDOFF_TEST_REDIS"); a != "" {
-		return a
-	}
-	return "127.0.0.1:6379"
-}
-
-// requireRedis returns a raw client on the test server. Without a server the test fails under
-// CI (which must never skip silently) and is skipped elsewhere, saying how to start one.
-func requireRedis(tb testing.TB) *redis.Client {
-	tb.Helper()
-	addr := testRedisAddr()
-	rdb := redis.NewClient(&redis.Options{Addr: addr, DialTimeout: time.Second, MaxRetries: -1})
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	if err := rdb.Ping(ctx).Err(); err != nil {
-		rdb.Close()
-		msg := fmt.Sprintf("no Redis at %s (%v): start one with `redis-server --port 6379 --save '' --appendonly no`, or point HANDOFF_TEST_REDIS at one", addr, err)
-		if os.Getenv("CI") != "" {
-			tb.Fatal(msg)
-		}
-		tb.Skip(msg)
-	}
-	tb.Cleanup(func() { rdb.Close() })
-	return rdb
-}
-
-// testPrefix is unique to one test, so tests sharing the server never see each other's keys.
-func testPrefix(tb testing.TB) string {
-	b := make([]byte, 6)
-	rand.Read(b)
-	return "handofftest:" + tb.Name() + ":" + hex.EncodeToString(b) + ":"
-}
-
-// globEscape quotes the pattern characters of SCAN MATCH, so a test name matches literally.
-func globEscape(s string) string {
-	var b strings.Builder
-	for _, r := range s {
-		if strings.ContainsRune(`*?[]\^`, r) {
-			b.WriteByte('\\')
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
-}
-
-// keysWithPrefix lists every key under prefix.
-func keysWithPrefix(tb testing.TB, rdb *redis.Client, prefix string) []string {
-	tb.Helper()
-	var keys []string
-	iter := rdb.Scan(context.Background(), 0, globEscape(prefix)+"*", 1000).Iterator()
-	for iter.Next(context.Background()) {
-		keys = append(keys, iter.Val())
-	}
-	if err := iter.Err(); err != nil {
-		tb.Fatalf("scan %s*: %v", prefix, err)
-	}
-	return keys
-}
-
-// deletePrefixOnCleanup deletes, when the test ends, only the keys under prefix.
-func deletePrefixOnCleanup(tb testing.TB, rdb *redis.Client, prefix string) {
-	tb.Cleanup(func() {
-		keys := keysWithPrefix(tb, rdb, prefix)
-		for len(keys) > 0 {
-			n := min(len(keys), 500)
-			if err := rdb.Del(context.Background(), keys[:n]...).Err(); err != nil {
-				tb.Errorf("cleanup %s*: %v", prefix, err)
-				return
-			}
-			keys = keys[n:]
-		}
-	})
-}
-
-// openRedis opens a store on the test server under prefix, closed when the test ends.
-func openRedis(tb testing.TB, prefix string) *store.Redis {
-	tb.Helper()
-	s, err := store.OpenRedis(context.Background(), store.RedisOptions{Addr: testRedisAddr(), Prefix: prefix})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { s.Close() })
-	return s
-}
-
-// newRedisStore is a fresh, empty store: its own prefix, deleted afterwards.
-func newRedisStore(tb testing.TB) (*store.Redis, string) {
-	tb.Helper()
-	rdb := requireRedis(tb)
-	prefix := testPrefix(tb)
-	deletePrefixOnCleanup(tb, rdb, prefix)
-	return openRedis(tb, prefix), prefix
-}
-
 func TestRedis(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) store.Store {
-		s, _ := newRedisStore(t)
-		return s
+		return storetest.OpenRedis(t)
 	})
 }
 
@@ -148,9 +48,8 @@ func TestOpenRedisUnreachable(t *testing.T) {
 
 // TestRedisSharedClient: a passed-in client is used, and Close leaves it open for its owner.
 func TestRedisSharedClient(t *testing.T) {
-	rdb := requireRedis(t)
-	prefix := testPrefix(t)
-	deletePrefixOnCleanup(t, rdb, prefix)
+	rdb := storetest.RedisClient(t)
+	prefix := storetest.RedisPrefix(t)
 	s, err := store.OpenRedis(context.Background(), store.RedisOptions{Client: rdb, Prefix: prefix})
 	if err != nil {
 		t.Fatal(err)
@@ -171,8 +70,9 @@ func TestRedisSharedClient(t *testing.T) {
 
 // TestRedisKeysStayUnderPrefix: every key any operation writes starts with the prefix.
 func TestRedisKeysStayUnderPrefix(t *testing.T) {
-	rdb := requireRedis(t)
-	s, prefix := newRedisStore(t)
+	rdb := storetest.RedisClient(t)
+	prefix := storetest.RedisPrefix(t)
+	s := storetest.OpenRedisPrefix(t, prefix)
 	ctx := context.Background()
 	rnd := make([]byte, 8)
 	rand.Read(rnd)
@@ -208,7 +108,7 @@ func TestRedisKeysStayUnderPrefix(t *testing.T) {
 			t.Errorf("key %q is outside the prefix %q", k, prefix)
 		}
 	}
-	own := keysWithPrefix(t, rdb, prefix)
+	own := storetest.RedisKeys(t, rdb, prefix)
 	// run, runs:index, runs:seq, request, events, wallet, idem, ledger.
 	if len(own) != 8 {
 		t.Errorf("keys under the prefix = %v, want the 8 of the documented layout", own)
@@ -218,8 +118,8 @@ func TestRedisKeysStayUnderPrefix(t *testing.T) {
 // TestRedisCrossClientClaim: two stores with their own connections (as two processes would
 // have) racing for one key: exactly one claims it.
 func TestRedisCrossClientClaim(t *testing.T) {
-	a, prefix := newRedisStore(t)
-	b := openRedis(t, prefix)
+	prefix := storetest.RedisPrefix(t)
+	a, b := storetest.OpenRedisPrefix(t, prefix), storetest.OpenRedisPrefix(t, prefix)
 	stores := []store.Store{a, b}
 	var claimed, pending atomic.Int32
 	var wg sync.WaitGroup
@@ -246,8 +146,8 @@ func TestRedisCrossClientClaim(t *testing.T) {
 
 // TestRedisCrossClientDebit: 100 one-hop debits from two clients on a 10-hop wallet.
 func TestRedisCrossClientDebit(t *testing.T) {
-	a, prefix := newRedisStore(t)
-	b := openRedis(t, prefix)
+	prefix := storetest.RedisPrefix(t)
+	a, b := storetest.OpenRedisPrefix(t, prefix), storetest.OpenRedisPrefix(t, prefix)
 	ctx := context.Background()
 	if _, err := a.OpenWallet(ctx, "hot", &handoffv1.Budget{UsdRemainingMicros: 1000, HopsRemaining: 10}); err != nil {
 		t.Fatal(err)
@@ -280,7 +180,7 @@ func TestRedisCrossClientDebit(t *testing.T) {
 // TestRedisListRunsBatches: a filtered listing whose matches lie beyond the first batch that
 // ListRuns reads from the index still finds them, in order, one page at a time.
 func TestRedisListRunsBatches(t *testing.T) {
-	s, _ := newRedisStore(t)
+	s := storetest.OpenRedis(t)
 	ctx := context.Background()
 	for i := 1; i <= 600; i++ {
 		st := handoffv1.JobState_JOB_STATE_COMPLETED
@@ -317,9 +217,9 @@ func TestRedisListRunsBatches(t *testing.T) {
 
 // TestRedisErrorsNameServer: failures say which server they came from.
 func TestRedisErrorsNameServer(t *testing.T) {
-	s, _ := newRedisStore(t)
+	s := storetest.OpenRedis(t)
 	_, err := s.GetRun(context.Background(), "missing")
-	if !errors.Is(err, store.ErrNotFound) || !strings.Contains(err.Error(), "redis "+testRedisAddr()) || !strings.Contains(err.Error(), "missing") {
+	if !errors.Is(err, store.ErrNotFound) || !strings.Contains(err.Error(), "redis "+storetest.RedisAddr()) || !strings.Contains(err.Error(), "missing") {
 		t.Fatalf("GetRun(missing) = %v; want ErrNotFound naming the server and the run", err)
 	}
 }
@@ -343,7 +243,7 @@ func benchClaim(b *testing.B, s store.Store) {
 
 // BenchmarkRedisClaim: uncontended claims of fresh keys (one script round trip each).
 func BenchmarkRedisClaim(b *testing.B) {
-	s, _ := newRedisStore(b)
+	s := storetest.OpenRedis(b)
 	benchClaim(b, s)
 }
 

@@ -2,21 +2,15 @@ package budget_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
-	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/test/bufconn"
@@ -26,6 +20,7 @@ import (
 	"github.com/handoffhq/handoff/internal/interceptor/budget"
 	"github.com/handoffhq/handoff/internal/interceptor/validate"
 	"github.com/handoffhq/handoff/internal/store"
+	"github.com/handoffhq/handoff/internal/store/storetest"
 )
 
 // fakeRunner is an AgentRunnerService whose Deliver sends an ACCEPTED Ack, then a result.
@@ -156,7 +151,7 @@ func TestIntegrationConcurrentDebitsBolt(t *testing.T) {
 }
 
 func TestIntegrationConcurrentDebitsRedis(t *testing.T) {
-	concurrentDebits(t, openRedis(t))
+	concurrentDebits(t, storetest.OpenRedis(t))
 }
 
 func concurrentDebits(t *testing.T, w store.Wallets) {
@@ -313,72 +308,4 @@ func TestIntegrationCheckDoesNotDebit(t *testing.T) {
 	if runner.checks.Load() != 3 {
 		t.Fatal("Check handler called for a rejected package")
 	}
-}
-
-// ---- Redis ----
-
-func testRedisAddr() string {
-	if a := os.Getenv("HANDOFF_TEST_REDIS"); a != "" {
-		return a
-	}
-	return "127.0.0.1:6379"
-}
-
-// openRedis opens the Redis store under a prefix unique to the test and deletes that prefix's
-// keys (only those) when the test ends. No server: t.Fatal under CI, else t.Skip.
-func openRedis(t *testing.T) *store.Redis {
-	t.Helper()
-	addr := testRedisAddr()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-	defer cancel()
-	b := make([]byte, 6)
-	rand.Read(b)
-	prefix := "handofftest:budget:" + strings.ReplaceAll(t.Name(), "/", "_") + ":" + hex.EncodeToString(b) + ":"
-	st, err := store.OpenRedis(ctx, store.RedisOptions{Addr: addr, Prefix: prefix})
-	if err != nil {
-		msg := fmt.Sprintf("no Redis at %s (%v): start one with `redis-server --port 6379 --save '' --appendonly no`, or point HANDOFF_TEST_REDIS at one", addr, err)
-		if os.Getenv("CI") != "" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
-	t.Cleanup(func() {
-		st.Close()
-		rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
-		defer rdb.Close()
-		ctx := context.Background()
-		var keys []string
-		iter := rdb.Scan(ctx, 0, globEscape(prefix)+"*", 1000).Iterator()
-		for iter.Next(ctx) {
-			keys = append(keys, iter.Val())
-		}
-		if err := iter.Err(); err != nil {
-			t.Errorf("scanning %s*: %v", prefix, err)
-			return
-		}
-		for _, k := range keys {
-			if !strings.HasPrefix(k, prefix) {
-				t.Errorf("SCAN returned %q outside %q", k, prefix)
-				return
-			}
-		}
-		if len(keys) > 0 {
-			if err := rdb.Del(ctx, keys...).Err(); err != nil {
-				t.Errorf("deleting %s*: %v", prefix, err)
-			}
-		}
-	})
-	return st
-}
-
-// globEscape quotes the pattern characters of SCAN MATCH, so the prefix matches literally.
-func globEscape(s string) string {
-	var b strings.Builder
-	for _, r := range s {
-		if strings.ContainsRune(`*?[]\^`, r) {
-			b.WriteByte('\\')
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
 }

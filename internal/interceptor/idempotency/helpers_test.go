@@ -2,14 +2,11 @@ package idempotency_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -17,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -31,6 +27,7 @@ import (
 	"github.com/handoffhq/handoff/internal/contract"
 	"github.com/handoffhq/handoff/internal/interceptor/idempotency"
 	"github.com/handoffhq/handoff/internal/store"
+	"github.com/handoffhq/handoff/internal/store/storetest"
 )
 
 const (
@@ -54,70 +51,9 @@ func openBolt(t testing.TB) *store.Bolt {
 	return st
 }
 
-// redisAddr is the server the Redis tests use: HANDOFF_TEST_REDIS, or the local default.
-func redisAddr() string {
-	if a := os.Getenv("HANDOFF_TEST_REDIS"); a != "" {
-		return a
-	}
-	return "127.0.0.1:6379"
-}
-
-// openRedis is the Redis store under a prefix unique to the test; the test's keys (and only
-// those) are deleted afterwards. Without a server the test fails under CI and is skipped
-// elsewhere.
-func openRedis(t testing.TB) *store.Redis {
-	t.Helper()
-	b := make([]byte, 6)
-	rand.Read(b)
-	prefix := "handofftest:idempotency:" + t.Name() + ":" + hex.EncodeToString(b) + ":"
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-	defer cancel()
-	st, err := store.OpenRedis(ctx, store.RedisOptions{Addr: redisAddr(), Prefix: prefix})
-	if err != nil {
-		msg := fmt.Sprintf("no Redis at %s (%v): start one with `redis-server --port 6379 --save '' --appendonly no`, or point HANDOFF_TEST_REDIS at one", redisAddr(), err)
-		if os.Getenv("CI") != "" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
-	t.Cleanup(func() {
-		st.Close()
-		rdb := redis.NewClient(&redis.Options{Addr: redisAddr()})
-		defer rdb.Close()
-		ctx := context.Background()
-		iter := rdb.Scan(ctx, 0, globEscape(prefix)+"*", 1000).Iterator()
-		var keys []string
-		for iter.Next(ctx) {
-			keys = append(keys, iter.Val())
-		}
-		if err := iter.Err(); err != nil {
-			t.Errorf("scan %s*: %v", prefix, err)
-			return
-		}
-		for _, k := range keys {
-			if !strings.HasPrefix(k, prefix) { // never touch another test's keys
-				t.Errorf("scan returned %q outside prefix %q", k, prefix)
-				continue
-			}
-			if err := rdb.Del(ctx, k).Err(); err != nil {
-				t.Errorf("del %s: %v", k, err)
-			}
-		}
-	})
-	return st
-}
-
-// globEscape quotes the pattern characters of SCAN MATCH, so a test name matches literally.
-func globEscape(s string) string {
-	var b strings.Builder
-	for _, r := range s {
-		if strings.ContainsRune(`*?[]\^`, r) {
-			b.WriteByte('\\')
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
-}
+// openRedis is the Redis store every Redis test here uses: storetest.OpenRedis (its own key
+// prefix, deleted afterwards; fails under CI without a server, skipped elsewhere).
+var openRedis = storetest.OpenRedis
 
 // faultStore wraps a real store, counts calls and fails the ones it is told to.
 type faultStore struct {
