@@ -116,4 +116,3 @@ func (s *Security) Client(service string) (DialConfig, error) {
 	}
 	return dc, nil
 }
-

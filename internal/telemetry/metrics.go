@@ -10,10 +10,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
-	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protoreflect"
 
-	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+	"github.com/handoffhq/handoff/internal/interceptor/hop"
 )
 
 // Metrics are one service's Prometheus metrics: go-grpc-middleware's per-method RPC
@@ -52,26 +50,8 @@ func Handler(reg *prometheus.Registry) http.Handler {
 	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})
 }
 
-// ackOf finds an Ack in a response: the message itself, or its "ack" field.
-func ackOf(msg any) *handoffv1.Ack {
-	pm, ok := msg.(proto.Message)
-	if !ok {
-		return nil
-	}
-	if a, ok := pm.(*handoffv1.Ack); ok {
-		return a
-	}
-	r := pm.ProtoReflect()
-	fd := r.Descriptor().Fields().ByName("ack")
-	if fd == nil || fd.Kind() != protoreflect.MessageKind || !r.Has(fd) {
-		return nil
-	}
-	a, _ := r.Get(fd).Message().Interface().(*handoffv1.Ack)
-	return a
-}
-
 func (m *Metrics) count(fullMethod string, msg any) {
-	if a := ackOf(msg); a != nil {
+	if a := hop.FindAck(msg); a != nil { // the response itself, or its "ack" field
 		method := fullMethod[strings.LastIndex(fullMethod, "/")+1:]
 		m.Acks.WithLabelValues(method, strings.TrimPrefix(a.GetStatus().String(), "ACK_STATUS_")).Inc()
 	}

@@ -44,7 +44,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"strings"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -55,7 +54,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
-	"github.com/handoffhq/handoff/internal/contract"
+	"github.com/handoffhq/handoff/internal/interceptor/hop"
 	"github.com/handoffhq/handoff/internal/store"
 )
 
@@ -66,11 +65,6 @@ const RuleEmpty = "budget.empty"
 const (
 	FieldHops  = "budget.hops_remaining"
 	FieldMoney = "budget.usd_remaining_micros"
-)
-
-var (
-	packageName = (&handoffv1.HandoffPackage{}).ProtoReflect().Descriptor().FullName()
-	ackName     = (&handoffv1.Ack{}).ProtoReflect().Descriptor().FullName()
 )
 
 type ctxKey struct{}
@@ -101,7 +95,7 @@ func UnaryServerInterceptor(w store.Wallets, opts ...Option) grpc.UnaryServerInt
 		if !ok {
 			return handler(ctx, req) // not protobuf: it cannot carry a handoff package
 		}
-		fd := packageField(m.ProtoReflect().Descriptor())
+		fd := hop.PackageField(m.ProtoReflect().Descriptor())
 		if fd == nil {
 			return handler(ctx, req)
 		}
@@ -110,7 +104,7 @@ func UnaryServerInterceptor(w store.Wallets, opts ...Option) grpc.UnaryServerInt
 			return nil, err
 		}
 		if len(reasons) > 0 {
-			if resp, ok := o.reject(info.FullMethod, m, reasons); ok {
+			if resp, ok := o.Reject(info.FullMethod, m, reasons); ok {
 				return resp, nil
 			}
 			return nil, exhausted(reasons)
@@ -156,11 +150,11 @@ func StreamServerInterceptor(w store.Wallets, opts ...Option) grpc.StreamServerI
 		if err := ss.RecvMsg(req); err != nil {
 			return err
 		}
-		bs := &budgetStream{ServerStream: ss, first: req}
+		bs := &budgetStream{ReplayStream: hop.NewReplayStream(ss, req, "budget")}
 		if info.IsClientStream {
-			bs.rest = &guardStream{ServerStream: ss, method: info.FullMethod}
+			bs.Rest = &guardStream{ServerStream: ss, method: info.FullMethod}
 		}
-		fd := packageField(req.ProtoReflect().Descriptor())
+		fd := hop.PackageField(req.ProtoReflect().Descriptor())
 		if fd == nil {
 			return handler(srv, bs)
 		}
@@ -169,7 +163,7 @@ func StreamServerInterceptor(w store.Wallets, opts ...Option) grpc.StreamServerI
 			return err
 		}
 		if len(reasons) > 0 {
-			if resp, ok := o.reject(info.FullMethod, req, reasons); ok {
+			if resp, ok := o.Reject(info.FullMethod, req, reasons); ok {
 				return ss.SendMsg(resp)
 			}
 			return exhausted(reasons)
@@ -187,7 +181,7 @@ func (o *options) decide(ctx context.Context, w store.Wallets, method string, m 
 	if !r.Has(fd) {
 		return nil, nil, status.Errorf(codes.InvalidArgument, "%s is required (budget check)", fd.Name())
 	}
-	pkg, err := asPackage(r.Get(fd).Message())
+	pkg, err := hop.AsPackage(r.Get(fd).Message())
 	if err != nil {
 		return nil, nil, status.Errorf(codes.Internal, "budget: reading the package: %v", err)
 	}
@@ -196,7 +190,7 @@ func (o *options) decide(ctx context.Context, w store.Wallets, method string, m 
 		return nil, nil, err
 	}
 	for i, x := range reasons {
-		reasons[i] = under(string(fd.Name()), x)
+		reasons[i] = hop.Under(string(fd.Name()), x)
 	}
 	return wallet, reasons, nil
 }
@@ -261,18 +255,6 @@ func storeError(err error) error {
 	return status.Errorf(codes.Unavailable, "wallet store: %v", err)
 }
 
-// reject calls the hook and the rejecter; ok reports that resp answers the request.
-func (o *options) reject(method string, req proto.Message, reasons []*handoffv1.Reason) (proto.Message, bool) {
-	if o.onReject != nil {
-		o.onReject(method, reasons)
-	}
-	if o.rejecter == nil {
-		return nil, false
-	}
-	resp, ok := o.rejecter(method, req, reasons)
-	return resp, ok && resp != nil
-}
-
 // exhausted is the error for a rejection nobody answered: codes.ResourceExhausted listing
 // "field: message" pairs, with a google.rpc.QuotaFailure detail (subject = field).
 func exhausted(reasons []*handoffv1.Reason) error {
@@ -292,10 +274,7 @@ func exhausted(reasons []*handoffv1.Reason) error {
 // budgetStream hands the handler the request the interceptor already received, the wallet in
 // its context, and stamps the wallet into the Acks it sends.
 type budgetStream struct {
-	grpc.ServerStream
-	first  proto.Message
-	sent   bool
-	rest   grpc.ServerStream // nil: io.EOF after first
+	*hop.ReplayStream
 	wallet *handoffv1.Budget // nil: nothing debited
 }
 
@@ -305,25 +284,6 @@ func (s *budgetStream) Context() context.Context {
 		ctx = context.WithValue(ctx, ctxKey{}, s.wallet)
 	}
 	return ctx
-}
-
-func (s *budgetStream) RecvMsg(m any) error {
-	if s.sent {
-		if s.rest == nil {
-			return io.EOF
-		}
-		return s.rest.RecvMsg(m)
-	}
-	s.sent = true
-	pm, ok := m.(proto.Message)
-	if !ok {
-		return status.Errorf(codes.Internal, "budget: handler receives into %T, not a protobuf message", m)
-	}
-	if got, want := pm.ProtoReflect().Descriptor().FullName(), s.first.ProtoReflect().Descriptor().FullName(); got != want {
-		return status.Errorf(codes.Internal, "budget: handler receives a %s, the interceptor read a %s (WithStreamRequest is misconfigured)", got, want)
-	}
-	proto.Merge(pm, s.first)
-	return nil
 }
 
 func (s *budgetStream) SendMsg(m any) error {
@@ -343,7 +303,7 @@ func (s *guardStream) RecvMsg(m any) error {
 	if err := s.ServerStream.RecvMsg(m); err != nil {
 		return err
 	}
-	if pm, ok := m.(proto.Message); ok && packageField(pm.ProtoReflect().Descriptor()) != nil {
+	if pm, ok := m.(proto.Message); ok && hop.PackageField(pm.ProtoReflect().Descriptor()) != nil {
 		return status.Errorf(codes.Internal,
 			"budget: %s: this stream message carries a handoff package the budget interceptor did not check "+
 				"(only the first message of a method configured with WithStreamRequest is checked)", s.method)
@@ -363,8 +323,8 @@ func stamp(m any, wallet *handoffv1.Budget) any {
 	if !r.IsValid() {
 		return m
 	}
-	fd := r.Descriptor().Fields().ByName("ack")
-	if fd == nil || fd.Kind() != protoreflect.MessageKind || fd.IsList() || fd.IsMap() || fd.Message().FullName() != ackName || !r.Has(fd) {
+	fd := hop.AckField(r.Descriptor())
+	if fd == nil || !r.Has(fd) {
 		return m
 	}
 	if ack, ok := r.Get(fd).Message().Interface().(*handoffv1.Ack); !ok || ack.GetWallet() != nil {
@@ -376,42 +336,6 @@ func stamp(m any, wallet *handoffv1.Budget) any {
 	return c
 }
 
-// packageField returns md's "package" field when it is a singular handoff.v1.HandoffPackage.
-func packageField(md protoreflect.MessageDescriptor) protoreflect.FieldDescriptor {
-	fd := md.Fields().ByName("package")
-	if fd == nil || fd.Kind() != protoreflect.MessageKind || fd.IsList() || fd.IsMap() || fd.Message().FullName() != packageName {
-		return nil
-	}
-	return fd
-}
-
-// asPackage returns m as the generated type (copying it when it is, e.g., a dynamicpb message).
-func asPackage(m protoreflect.Message) (*handoffv1.HandoffPackage, error) {
-	if p, ok := m.Interface().(*handoffv1.HandoffPackage); ok {
-		return p, nil
-	}
-	b, err := proto.Marshal(m.Interface())
-	if err != nil {
-		return nil, err
-	}
-	p := &handoffv1.HandoffPackage{}
-	return p, proto.Unmarshal(b, p)
-}
-
-// packageCarrier is a request with a generated GetPackage (DeliverRequest, CheckRequest).
-type packageCarrier interface {
-	GetPackage() *handoffv1.HandoffPackage
-}
-
-// under returns r with its field moved under the request field name.
-func under(name string, r *handoffv1.Reason) *handoffv1.Reason {
-	field := name
-	if r.GetField() != "" {
-		field += "." + r.GetField()
-	}
-	return &handoffv1.Reason{Field: field, Rule: r.GetRule(), Message: r.GetMessage()}
-}
-
 // PackageAckRejecter answers a budget rejection of AgentRunnerService Deliver or Check with a
 // REJECTED_BUDGET Ack: Deliver gets DeliverResponse{ack} (the one message of the stream),
 // Check gets CheckResponse{ack}. The Ack is contract.AckFor(package, REJECTED_BUDGET,
@@ -419,30 +343,5 @@ func under(name string, r *handoffv1.Reason) *handoffv1.Reason {
 // rule "budget.empty"); ack.wallet is nil (nothing was debited). It declines for any other
 // method.
 func PackageAckRejecter() Rejecter {
-	return func(fullMethod string, req proto.Message, reasons []*handoffv1.Reason) (proto.Message, bool) {
-		if fullMethod != handoffv1.AgentRunnerService_Deliver_FullMethodName && fullMethod != handoffv1.AgentRunnerService_Check_FullMethodName {
-			return nil, false
-		}
-		var pr []*handoffv1.Reason
-		for _, r := range reasons {
-			switch f := r.GetField(); {
-			case f == "package":
-				pr = append(pr, &handoffv1.Reason{Rule: r.GetRule(), Message: r.GetMessage()})
-			case strings.HasPrefix(f, "package."):
-				pr = append(pr, &handoffv1.Reason{Field: strings.TrimPrefix(f, "package."), Rule: r.GetRule(), Message: r.GetMessage()})
-			}
-		}
-		if len(pr) == 0 {
-			return nil, false
-		}
-		var pkg *handoffv1.HandoffPackage
-		if g, ok := req.(packageCarrier); ok {
-			pkg = g.GetPackage()
-		}
-		ack := contract.AckFor(pkg, handoffv1.AckStatus_ACK_STATUS_REJECTED_BUDGET, pr...)
-		if fullMethod == handoffv1.AgentRunnerService_Deliver_FullMethodName {
-			return &handoffv1.DeliverResponse{Event: &handoffv1.DeliverResponse_Ack{Ack: ack}}, true
-		}
-		return &handoffv1.CheckResponse{Ack: ack}, true
-	}
+	return hop.AckRejecter(handoffv1.AckStatus_ACK_STATUS_REJECTED_BUDGET, nil)
 }

@@ -1,21 +1,17 @@
 package budget
 
 import (
-	"fmt"
-	"strings"
-
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protoreflect"
-	"google.golang.org/protobuf/reflect/protoregistry"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+	"github.com/handoffhq/handoff/internal/interceptor/hop"
 )
 
 // Rejecter answers a budget rejection with a response (a REJECTED_BUDGET Ack) instead of an
 // RPC error. reasons name fields relative to the request ("package.budget.hops_remaining").
-// ok=false (or a nil resp) declines: the caller then gets codes.ResourceExhausted. It is a
-// type alias with the same shape as validate.Rejecter, so one function can serve both.
-type Rejecter = func(fullMethod string, req proto.Message, reasons []*handoffv1.Reason) (resp proto.Message, ok bool)
+// ok=false (or a nil resp) declines: the caller then gets codes.ResourceExhausted. It is an
+// alias of hop.Rejecter, as validate.Rejecter is, so one function can serve both.
+type Rejecter = hop.Rejecter
 
 // Option configures UnaryServerInterceptor and StreamServerInterceptor.
 type Option func(*options)
@@ -23,8 +19,7 @@ type Option func(*options)
 type options struct {
 	streamReqs map[string]func() proto.Message
 	debit      map[string]bool
-	rejecter   Rejecter
-	onReject   func(fullMethod string, reasons []*handoffv1.Reason)
+	hop.Rejection
 }
 
 func newOptions(opts []Option) *options {
@@ -32,8 +27,8 @@ func newOptions(opts []Option) *options {
 		streamReqs: map[string]func() proto.Message{
 			handoffv1.AgentRunnerService_Deliver_FullMethodName: func() proto.Message { return &handoffv1.DeliverRequest{} },
 		},
-		debit:    map[string]bool{handoffv1.AgentRunnerService_Deliver_FullMethodName: true},
-		rejecter: PackageAckRejecter(),
+		debit:     map[string]bool{handoffv1.AgentRunnerService_Deliver_FullMethodName: true},
+		Rejection: hop.Rejection{Rejecter: PackageAckRejecter()},
 	}
 	for _, f := range opts {
 		if f != nil {
@@ -55,7 +50,7 @@ func newOptions(opts []Option) *options {
 // configured is passed through, except that a message carrying a handoff package fails
 // RecvMsg with codes.Internal: the interceptor never lets a package through unchecked.
 func WithStreamRequest(fullMethod string, newReq func() proto.Message) Option {
-	newReq = messageFactory("WithStreamRequest", fullMethod, newReq)
+	newReq = hop.MessageFactory("budget", "WithStreamRequest", fullMethod, newReq)
 	return func(o *options) { o.streamReqs[fullMethod] = newReq }
 }
 
@@ -66,7 +61,7 @@ func WithStreamRequest(fullMethod string, newReq func() proto.Message) Option {
 // AgentRunnerService/Check answers what Deliver would, without taking anything.
 func WithDebitMethods(fullMethods ...string) Option {
 	for _, m := range fullMethods {
-		checkMethodName("WithDebitMethods", m)
+		hop.Site{Pkg: "budget", Opt: "WithDebitMethods", FullMethod: m}.MethodName()
 	}
 	return func(o *options) {
 		o.debit = make(map[string]bool, len(fullMethods))
@@ -81,50 +76,11 @@ func WithDebitMethods(fullMethods ...string) Option {
 // codes.ResourceExhausted for other methods). nil means every rejection is
 // codes.ResourceExhausted.
 func WithRejecter(r Rejecter) Option {
-	return func(o *options) { o.rejecter = r }
+	return func(o *options) { o.Rejecter = r }
 }
 
 // WithOnReject sets a hook called once per budget rejection (before the rejecter), for metrics
 // and logging. reasons are as the Rejecter gets them; the hook must not modify them.
 func WithOnReject(fn func(fullMethod string, reasons []*handoffv1.Reason)) Option {
-	return func(o *options) { o.onReject = fn }
-}
-
-func checkMethodName(opt, fullMethod string) (svc, name string) {
-	svc, name, ok := strings.Cut(strings.TrimPrefix(fullMethod, "/"), "/")
-	if !ok || !strings.HasPrefix(fullMethod, "/") || svc == "" || name == "" || strings.Contains(name, "/") {
-		panic(fmt.Sprintf("budget: %s(%q): want a full method name \"/package.Service/Method\"", opt, fullMethod))
-	}
-	return svc, name
-}
-
-// messageFactory returns newMsg, or when it is nil a factory for the registered input type of
-// fullMethod. It panics when neither is available or newMsg makes another type than the
-// method's input.
-func messageFactory(opt, fullMethod string, newMsg func() proto.Message) func() proto.Message {
-	svc, name := checkMethodName(opt, fullMethod)
-	var in protoreflect.MessageDescriptor
-	if d, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(svc)); err == nil {
-		if sd, ok := d.(protoreflect.ServiceDescriptor); ok {
-			if md := sd.Methods().ByName(protoreflect.Name(name)); md != nil {
-				in = md.Input()
-			}
-		}
-	}
-	switch {
-	case in == nil && newMsg == nil:
-		panic(fmt.Sprintf("budget: %s(%q): newReq is nil and the method is not in the protobuf registry", opt, fullMethod))
-	case in == nil:
-		return newMsg
-	case newMsg == nil:
-		mt, err := protoregistry.GlobalTypes.FindMessageByName(in.FullName())
-		if err != nil {
-			panic(fmt.Sprintf("budget: %s(%q): newReq is nil and %s has no registered Go type", opt, fullMethod, in.FullName()))
-		}
-		return func() proto.Message { return mt.New().Interface() }
-	}
-	if got := newMsg().ProtoReflect().Descriptor().FullName(); got != in.FullName() {
-		panic(fmt.Sprintf("budget: %s(%q): newReq makes %s, the method's input is %s", opt, fullMethod, got, in.FullName()))
-	}
-	return newMsg
+	return func(o *options) { o.OnReject = fn }
 }

@@ -3,12 +3,12 @@ package idempotency
 import (
 	"fmt"
 	"log/slog"
-	"strings"
 	"time"
 
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
-	"google.golang.org/protobuf/reflect/protoregistry"
+
+	"github.com/handoffhq/handoff/internal/interceptor/hop"
 )
 
 // Defaults of the shared options.
@@ -133,14 +133,15 @@ func WithKey(fullMethod string, newResp func() proto.Message, key func(req proto
 		if _, dup := c.methods[fullMethod]; dup {
 			panic(fmt.Sprintf("idempotency: WithKey(%q) given twice", fullMethod))
 		}
+		site := hop.Site{Pkg: "idempotency", Opt: "WithKey", FullMethod: fullMethod}
 		var out protoreflect.MessageDescriptor
-		if md := lookupMethod(fullMethod, "WithKey"); md != nil {
+		if md := site.Lookup(); md != nil {
 			if md.IsStreamingClient() || md.IsStreamingServer() {
 				panic(fmt.Sprintf("idempotency: WithKey(%q): the method is streaming; use StreamServerInterceptor and WithStreamKey", fullMethod))
 			}
 			out = md.Output()
 		}
-		newResp = messageFactory("WithKey", fullMethod, "newResp", newResp, out)
+		newResp = site.Factory("newResp", "message", newResp, out)
 		c.methods[fullMethod] = &unaryMethod{newResp: newResp, key: key}
 	})
 }
@@ -216,14 +217,15 @@ func WithStreamKey(fullMethod string, newReq func() proto.Message, key func(req 
 		if m.key != nil {
 			panic(fmt.Sprintf("idempotency: WithStreamKey(%q) given twice", fullMethod))
 		}
+		site := hop.Site{Pkg: "idempotency", Opt: "WithStreamKey", FullMethod: fullMethod}
 		var in protoreflect.MessageDescriptor
-		if md := lookupMethod(fullMethod, "WithStreamKey"); md != nil {
+		if md := site.Lookup(); md != nil {
 			if md.IsStreamingClient() || !md.IsStreamingServer() {
 				panic(fmt.Sprintf("idempotency: WithStreamKey(%q): only server-streaming methods (one request, a stream of answers) can be keyed", fullMethod))
 			}
 			in = md.Input()
 		}
-		newReq = messageFactory("WithStreamKey", fullMethod, "newReq", newReq, in)
+		newReq = site.Factory("newReq", "message", newReq, in)
 		m.newReq, m.key = newReq, key
 	})
 }
@@ -279,44 +281,4 @@ func newStreamConfig(opts []StreamOption) *streamConfig {
 		}
 	}
 	return c
-}
-
-// lookupMethod finds fullMethod ("/pkg.Service/Method") in the global protobuf registry; nil
-// when it is not registered there. It panics on a malformed name.
-func lookupMethod(fullMethod, opt string) protoreflect.MethodDescriptor {
-	svc, name, ok := strings.Cut(strings.TrimPrefix(fullMethod, "/"), "/")
-	if !ok || !strings.HasPrefix(fullMethod, "/") || svc == "" || name == "" || strings.Contains(name, "/") {
-		panic(fmt.Sprintf("idempotency: %s(%q): want a full method name \"/package.Service/Method\"", opt, fullMethod))
-	}
-	d, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(svc))
-	if err != nil {
-		return nil
-	}
-	sd, ok := d.(protoreflect.ServiceDescriptor)
-	if !ok {
-		return nil
-	}
-	return sd.Methods().ByName(protoreflect.Name(name))
-}
-
-// messageFactory returns newMsg, or when it is nil a factory for msg's registered Go type. It
-// panics when neither is available or newMsg makes another type than msg.
-func messageFactory(opt, fullMethod, what string, newMsg func() proto.Message, msg protoreflect.MessageDescriptor) func() proto.Message {
-	if msg == nil {
-		if newMsg == nil {
-			panic(fmt.Sprintf("idempotency: %s(%q): %s is nil and the method is not in the protobuf registry", opt, fullMethod, what))
-		}
-		return newMsg
-	}
-	if newMsg == nil {
-		mt, err := protoregistry.GlobalTypes.FindMessageByName(msg.FullName())
-		if err != nil {
-			panic(fmt.Sprintf("idempotency: %s(%q): %s is nil and %s has no registered Go type", opt, fullMethod, what, msg.FullName()))
-		}
-		return func() proto.Message { return mt.New().Interface() }
-	}
-	if got := newMsg().ProtoReflect().Descriptor().FullName(); got != msg.FullName() {
-		panic(fmt.Sprintf("idempotency: %s(%q): %s makes %s, the method's message is %s", opt, fullMethod, what, got, msg.FullName()))
-	}
-	return newMsg
 }

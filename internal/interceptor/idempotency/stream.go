@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/handoffhq/handoff/internal/interceptor/hop"
 	"github.com/handoffhq/handoff/internal/store"
 )
 
@@ -89,7 +90,7 @@ func StreamServerInterceptor(st store.Idempotency, opts ...StreamOption) grpc.St
 		}
 		wctx, cancel := e.workContext(ctx)
 		defer cancel()
-		ws := &claimedStream{ServerStream: ss, ctx: wctx, e: e, m: m, method: info.FullMethod, key: key, req: req}
+		ws := &claimedStream{ReplayStream: replay(ss, info.FullMethod, req), ctx: wctx, e: e, m: m, method: info.FullMethod, key: key, req: req}
 		returned := false
 		defer func() {
 			if !returned {
@@ -130,7 +131,7 @@ const (
 
 // claimedStream is the stream the handler of a claimed key sees.
 type claimedStream struct {
-	grpc.ServerStream
+	*hop.ReplayStream
 	ctx    context.Context
 	e      *engine
 	m      *streamMethod
@@ -138,29 +139,33 @@ type claimedStream struct {
 	key    string
 	req    proto.Message
 
-	mu        sync.Mutex
-	received  bool
+	mu        sync.Mutex // guards ReplayStream's RecvMsg and the outcome
 	outcome   outcome
 	recordErr error
 }
 
 func (s *claimedStream) Context() context.Context { return s.ctx }
 
+// replay is the ReplayStream that hands the request the interceptor read to the handler
+// once, then io.EOF. A RecvMsg into another type is Internal and leaves the request for the
+// next one.
+func replay(ss grpc.ServerStream, method string, req proto.Message) *hop.ReplayStream {
+	return &hop.ReplayStream{
+		ServerStream: ss,
+		First:        req,
+		Refuse: func(m any) error {
+			return status.Errorf(codes.Internal, "idempotency: %s: the handler reads %T, the request is %s",
+				method, m, req.ProtoReflect().Descriptor().FullName())
+		},
+		KeepOnRefuse: true,
+	}
+}
+
 // RecvMsg hands the request the interceptor read to the handler once, then io.EOF.
 func (s *claimedStream) RecvMsg(m any) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.received {
-		return io.EOF
-	}
-	dst, ok := m.(proto.Message)
-	if !ok || dst.ProtoReflect().Descriptor().FullName() != s.req.ProtoReflect().Descriptor().FullName() {
-		return status.Errorf(codes.Internal, "idempotency: %s: the handler reads %T, the request is %s",
-			s.method, m, s.req.ProtoReflect().Descriptor().FullName())
-	}
-	s.received = true
-	proto.Merge(dst, s.req)
-	return nil
+	return s.ReplayStream.RecvMsg(m)
 }
 
 // SendMsg settles the key by the record hook's verdict on m, then sends m.

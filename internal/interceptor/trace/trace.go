@@ -16,10 +16,9 @@ import (
 	oteltrace "go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protoreflect"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+	"github.com/handoffhq/handoff/internal/interceptor/hop"
 )
 
 // TracerName is the instrumentation scope of the spans this package starts.
@@ -71,31 +70,12 @@ func build(opts []Option) *options {
 	return o
 }
 
-// packageOf finds the HandoffPackage a request carries: the request itself, or its
-// "package" field.
-func packageOf(m any) *handoffv1.HandoffPackage {
-	pm, ok := m.(proto.Message)
-	if !ok {
-		return nil
-	}
-	if p, ok := pm.(*handoffv1.HandoffPackage); ok {
-		return p
-	}
-	r := pm.ProtoReflect()
-	fd := r.Descriptor().Fields().ByName("package")
-	if fd == nil || fd.Kind() != protoreflect.MessageKind || !r.Has(fd) {
-		return nil
-	}
-	p, _ := r.Get(fd).Message().Interface().(*handoffv1.HandoffPackage)
-	return p
-}
-
 // join starts the hop's server span. With a package traceparent, the span continues the
 // package's trace; without one, it continues the metadata's (or a new) trace and the
 // package is stamped with it, so the stages after this one see the same trace.
 func (o *options) join(ctx context.Context, fullMethod string, req any) (context.Context, oteltrace.Span) {
 	name := "handoff " + strings.TrimPrefix(fullMethod, "/")
-	p := packageOf(req)
+	p := hop.FindPackage(req) // the request's own package: stamping it below stamps the request
 	parent := ctx
 	var attrs []attribute.KeyValue
 	if p != nil {

@@ -1,30 +1,25 @@
 package validate
 
 import (
-	"fmt"
-	"strings"
-
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protoreflect"
-	"google.golang.org/protobuf/reflect/protoregistry"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+	"github.com/handoffhq/handoff/internal/interceptor/hop"
 )
 
 // Rejecter answers a rejected request with a response instead of an RPC error. reasons are
 // the request's violations with field paths relative to the request ("package.job_id",
 // "agent"; see UnaryServerInterceptor). ok=false (or a nil resp) declines: the caller then
-// gets the InvalidArgument error. It is a type alias so that a function of this shape can be
-// passed to any interceptor package that takes one (budget.Rejecter has the same shape).
-type Rejecter = func(fullMethod string, req proto.Message, reasons []*handoffv1.Reason) (resp proto.Message, ok bool)
+// gets the InvalidArgument error. It is an alias of hop.Rejecter, as budget.Rejecter is, so
+// that a function of this shape can be passed to any interceptor package that takes one.
+type Rejecter = hop.Rejecter
 
 // Option configures UnaryServerInterceptor and StreamServerInterceptor.
 type Option func(*options)
 
 type options struct {
 	streamReqs map[string]func() proto.Message
-	rejecter   Rejecter
-	onReject   func(fullMethod string, reasons []*handoffv1.Reason)
+	hop.Rejection
 }
 
 func newOptions(opts []Option) *options {
@@ -52,7 +47,7 @@ func newOptions(opts []Option) *options {
 // still validated, message by message, as the handler receives them (see
 // StreamServerInterceptor), but a rejection is then an RPC error from RecvMsg.
 func WithStreamRequest(fullMethod string, newReq func() proto.Message) Option {
-	newReq = messageFactory("WithStreamRequest", fullMethod, newReq)
+	newReq = hop.MessageFactory("validate", "WithStreamRequest", fullMethod, newReq)
 	return func(o *options) { o.streamReqs[fullMethod] = newReq }
 }
 
@@ -62,46 +57,12 @@ func WithStreamRequest(fullMethod string, newReq func() proto.Message) Option {
 // and the call ends OK. It is not used for messages rejected mid-stream (after the handler
 // started), which always end with InvalidArgument.
 func WithRejecter(r Rejecter) Option {
-	return func(o *options) { o.rejecter = r }
+	return func(o *options) { o.Rejecter = r }
 }
 
 // WithOnReject sets a hook called once per rejected request or stream message (before the
 // rejecter), for metrics and logging. reasons are as the Rejecter gets them; the hook must not
 // modify them.
 func WithOnReject(fn func(fullMethod string, reasons []*handoffv1.Reason)) Option {
-	return func(o *options) { o.onReject = fn }
-}
-
-// messageFactory returns newMsg, or when it is nil a factory for the registered input type of
-// fullMethod. It panics when neither is available or newMsg makes another type than the
-// method's input.
-func messageFactory(opt, fullMethod string, newMsg func() proto.Message) func() proto.Message {
-	svc, name, ok := strings.Cut(strings.TrimPrefix(fullMethod, "/"), "/")
-	if !ok || !strings.HasPrefix(fullMethod, "/") || svc == "" || name == "" || strings.Contains(name, "/") {
-		panic(fmt.Sprintf("validate: %s(%q): want a full method name \"/package.Service/Method\"", opt, fullMethod))
-	}
-	var in protoreflect.MessageDescriptor
-	if d, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(svc)); err == nil {
-		if sd, ok := d.(protoreflect.ServiceDescriptor); ok {
-			if md := sd.Methods().ByName(protoreflect.Name(name)); md != nil {
-				in = md.Input()
-			}
-		}
-	}
-	switch {
-	case in == nil && newMsg == nil:
-		panic(fmt.Sprintf("validate: %s(%q): newReq is nil and the method is not in the protobuf registry", opt, fullMethod))
-	case in == nil:
-		return newMsg
-	case newMsg == nil:
-		mt, err := protoregistry.GlobalTypes.FindMessageByName(in.FullName())
-		if err != nil {
-			panic(fmt.Sprintf("validate: %s(%q): newReq is nil and %s has no registered Go type", opt, fullMethod, in.FullName()))
-		}
-		return func() proto.Message { return mt.New().Interface() }
-	}
-	if got := newMsg().ProtoReflect().Descriptor().FullName(); got != in.FullName() {
-		panic(fmt.Sprintf("validate: %s(%q): newReq makes %s, the method's input is %s", opt, fullMethod, got, in.FullName()))
-	}
-	return newMsg
+	return func(o *options) { o.OnReject = fn }
 }

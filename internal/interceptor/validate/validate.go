@@ -31,7 +31,6 @@ package validate
 import (
 	"context"
 	"fmt"
-	"io"
 	"strings"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -39,17 +38,15 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protoreflect"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/contract"
+	"github.com/handoffhq/handoff/internal/interceptor/hop"
 )
 
 // maxListed caps the "field: message" pairs in an InvalidArgument message; the BadRequest
 // detail carries all of them.
 const maxListed = 16
-
-var packageName = (&handoffv1.HandoffPackage{}).ProtoReflect().Descriptor().FullName()
 
 // UnaryServerInterceptor validates every unary request before the handler runs: a request
 // that fails Validator.Validate (and, when it carries a handoff package, Validator.CheckV1)
@@ -73,7 +70,7 @@ func UnaryServerInterceptor(v *contract.Validator, opts ...Option) grpc.UnarySer
 		if len(reasons) == 0 {
 			return handler(ctx, req)
 		}
-		if resp, ok := o.reject(info.FullMethod, m, reasons); ok {
+		if resp, ok := o.Reject(info.FullMethod, m, reasons); ok {
 			return resp, nil
 		}
 		return nil, InvalidArgument(reasons)
@@ -113,61 +110,17 @@ func StreamServerInterceptor(v *contract.Validator, opts ...Option) grpc.StreamS
 			return err
 		}
 		if len(reasons) > 0 {
-			if resp, ok := o.reject(info.FullMethod, req, reasons); ok {
+			if resp, ok := o.Reject(info.FullMethod, req, reasons); ok {
 				return ss.SendMsg(resp)
 			}
 			return InvalidArgument(reasons)
 		}
-		rs := &replayStream{ServerStream: ss, first: req}
+		rs := hop.NewReplayStream(ss, req, "validate")
 		if info.IsClientStream {
-			rs.rest = &checkedStream{ServerStream: ss, v: v, o: o, method: info.FullMethod}
+			rs.Rest = &checkedStream{ServerStream: ss, v: v, o: o, method: info.FullMethod}
 		}
 		return handler(srv, rs)
 	}
-}
-
-// reject calls the hook and the rejecter; ok reports that resp answers the request.
-func (o *options) reject(method string, req proto.Message, reasons []*handoffv1.Reason) (proto.Message, bool) {
-	if o.onReject != nil {
-		o.onReject(method, reasons)
-	}
-	if o.rejecter == nil {
-		return nil, false
-	}
-	resp, ok := o.rejecter(method, req, reasons)
-	return resp, ok && resp != nil
-}
-
-// replayStream hands the handler the request the interceptor already received.
-type replayStream struct {
-	grpc.ServerStream
-	first proto.Message
-	sent  bool
-	rest  grpc.ServerStream // nil: io.EOF after first
-}
-
-func (s *replayStream) RecvMsg(m any) error {
-	if s.sent {
-		if s.rest == nil {
-			return io.EOF
-		}
-		return s.rest.RecvMsg(m)
-	}
-	s.sent = true
-	return mergeInto(m, s.first)
-}
-
-// mergeInto copies src into the handler's message dst, which must be of the same type.
-func mergeInto(dst any, src proto.Message) error {
-	pm, ok := dst.(proto.Message)
-	if !ok {
-		return status.Errorf(codes.Internal, "validate: handler receives into %T, not a protobuf message", dst)
-	}
-	if got, want := pm.ProtoReflect().Descriptor().FullName(), src.ProtoReflect().Descriptor().FullName(); got != want {
-		return status.Errorf(codes.Internal, "validate: handler receives a %s, the interceptor read a %s (WithStreamRequest is misconfigured)", got, want)
-	}
-	proto.Merge(pm, src)
-	return nil
 }
 
 // checkedStream validates every message the handler receives.
@@ -191,8 +144,8 @@ func (s *checkedStream) RecvMsg(m any) error {
 		return err
 	}
 	if len(reasons) > 0 {
-		if s.o.onReject != nil {
-			s.o.onReject(s.method, reasons)
+		if s.o.OnReject != nil {
+			s.o.OnReject(s.method, reasons)
 		}
 		return InvalidArgument(reasons)
 	}
@@ -203,11 +156,11 @@ func (s *checkedStream) RecvMsg(m any) error {
 // when validation could not run.
 func check(v *contract.Validator, m proto.Message) ([]*handoffv1.Reason, error) {
 	r := m.ProtoReflect()
-	fd := packageField(r.Descriptor())
+	fd := hop.PackageField(r.Descriptor())
 	var out []*handoffv1.Reason
 	pkgChecked := false
 	if fd != nil && r.Has(fd) {
-		pkg, err := asPackage(r.Get(fd).Message())
+		pkg, err := hop.AsPackage(r.Get(fd).Message())
 		if err != nil {
 			return nil, status.Errorf(codes.Internal, "validate: reading the package: %v", err)
 		}
@@ -216,7 +169,7 @@ func check(v *contract.Validator, m proto.Message) ([]*handoffv1.Reason, error) 
 			if x.GetRule() == contract.RuleValidateError {
 				return nil, status.Errorf(codes.Internal, "package validation could not run: %s", x.GetMessage())
 			}
-			out = append(out, under(string(fd.Name()), x))
+			out = append(out, hop.Under(string(fd.Name()), x))
 		}
 		if stopsAtGate(pr) {
 			// The version is not one this consumer reads, or the package is over the size
@@ -250,42 +203,6 @@ func stopsAtGate(pr []*handoffv1.Reason) bool {
 		return pr[0].GetField() == "schema"
 	}
 	return false
-}
-
-// packageField returns md's "package" field when it is a singular handoff.v1.HandoffPackage.
-func packageField(md protoreflect.MessageDescriptor) protoreflect.FieldDescriptor {
-	fd := md.Fields().ByName("package")
-	if fd == nil || fd.Kind() != protoreflect.MessageKind || fd.IsList() || fd.IsMap() || fd.Message().FullName() != packageName {
-		return nil
-	}
-	return fd
-}
-
-// asPackage returns m as the generated type (copying it when it is, e.g., a dynamicpb message).
-func asPackage(m protoreflect.Message) (*handoffv1.HandoffPackage, error) {
-	if p, ok := m.Interface().(*handoffv1.HandoffPackage); ok {
-		return p, nil
-	}
-	b, err := proto.Marshal(m.Interface())
-	if err != nil {
-		return nil, err
-	}
-	p := &handoffv1.HandoffPackage{}
-	return p, proto.Unmarshal(b, p)
-}
-
-// packageCarrier is a request with a generated GetPackage (DeliverRequest, CheckRequest).
-type packageCarrier interface {
-	GetPackage() *handoffv1.HandoffPackage
-}
-
-// under returns r with its field moved under the request field name.
-func under(name string, r *handoffv1.Reason) *handoffv1.Reason {
-	field := name
-	if r.GetField() != "" {
-		field += "." + r.GetField()
-	}
-	return &handoffv1.Reason{Field: field, Rule: r.GetRule(), Message: r.GetMessage()}
 }
 
 // inField reports whether path is name or a path inside it.
@@ -355,34 +272,10 @@ func ruleCode(rule string) string {
 // valid and only other request fields are not (a malformed agent or required_tools): that is
 // a broken request, not a package to reject.
 func PackageAckRejecter() Rejecter {
-	return func(fullMethod string, req proto.Message, reasons []*handoffv1.Reason) (proto.Message, bool) {
-		if fullMethod != handoffv1.AgentRunnerService_Deliver_FullMethodName && fullMethod != handoffv1.AgentRunnerService_Check_FullMethodName {
-			return nil, false
+	return hop.AckRejecter(handoffv1.AckStatus_ACK_STATUS_REJECTED_SCHEMA, func(r *handoffv1.Reason) string {
+		if r.GetRule() == contract.RuleRequired {
+			return "no package: the request carries no handoff package"
 		}
-		var pr []*handoffv1.Reason
-		for _, r := range reasons {
-			switch f := r.GetField(); {
-			case f == "package":
-				msg := r.GetMessage()
-				if r.GetRule() == contract.RuleRequired {
-					msg = "no package: the request carries no handoff package"
-				}
-				pr = append(pr, &handoffv1.Reason{Rule: r.GetRule(), Message: msg})
-			case strings.HasPrefix(f, "package."):
-				pr = append(pr, &handoffv1.Reason{Field: strings.TrimPrefix(f, "package."), Rule: r.GetRule(), Message: r.GetMessage()})
-			}
-		}
-		if len(pr) == 0 {
-			return nil, false
-		}
-		var pkg *handoffv1.HandoffPackage
-		if g, ok := req.(packageCarrier); ok {
-			pkg = g.GetPackage()
-		}
-		ack := contract.AckFor(pkg, handoffv1.AckStatus_ACK_STATUS_REJECTED_SCHEMA, pr...)
-		if fullMethod == handoffv1.AgentRunnerService_Deliver_FullMethodName {
-			return &handoffv1.DeliverResponse{Event: &handoffv1.DeliverResponse_Ack{Ack: ack}}, true
-		}
-		return &handoffv1.CheckResponse{Ack: ack}, true
-	}
+		return r.GetMessage()
+	})
 }
