@@ -3,14 +3,15 @@ SHELL := /bin/bash
 BUF := tools/node_modules/.bin/buf
 BIN := $(CURDIR)/bin
 
-.PHONY: demo test tools protodeps gen lint breaking gencheck check gotest fuzz
+.PHONY: demo test tools protodeps gen lint breaking gencheck check gotest deploytest fuzz
 
 demo:
 	go run ./cmd/handoff demo
 
 # Everything CI checks, in order: contract lint, breaking check against the previous commit,
-# generated code up to date, then every Go test.
-test: check gotest
+# generated code up to date, every Go test, then the Kubernetes manifests and static
+# binaries (their own module, so k8s.io/api stays out of the app's go.mod).
+test: check gotest deploytest
 
 check: lint breaking gencheck
 
@@ -50,6 +51,9 @@ gencheck: gen
 
 gotest: tools protodeps
 	go test -count=1 ./...
+
+deploytest:
+	cd deploy/k8s/manifesttest && go test -count=1 ./...
 
 # The decode+validate fuzz target; FUZZTIME=10m for a long run.
 FUZZTIME ?= 30s
