@@ -1,0 +1,61 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"testing"
+
+	"github.com/handoffhq/handoff/internal/bench"
+)
+
+// TestBenchJSON runs `handoff bench --duration 200ms --json` (with J's throughput bursts at
+// 4 jobs in flight, so the bbolt drain stays short) and checks that every figure is there,
+// measured or skipped with a reason, with the ratios and targets.
+func TestBenchJSON(t *testing.T) {
+	var out, errb bytes.Buffer
+	code := run([]string{"bench", "--duration", "200ms", "--json", "--jobs-concurrency", "4", "--bolt-dir", t.TempDir()}, nil, &out, &errb)
+	var rep struct {
+		Figures map[string]struct {
+			P50us          float64 `json:"p50_us"`
+			OpsPerSec      float64 `json:"ops_per_sec"`
+			LatencySamples int     `json:"latency_samples"`
+			AgentCalls     *int64  `json:"agent_calls"`
+			Skipped, Error string
+		} `json:"figures"`
+		Ratios  map[string]json.RawMessage `json:"ratios"`
+		Targets []bench.Target             `json:"targets"`
+		Machine bench.Machine              `json:"machine"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatalf("exit %d, not JSON: %v\n%s\n%s", code, err, out.String(), errb.String())
+	}
+	if code != 0 {
+		t.Fatalf("exit %d: %s\n%s", code, errb.String(), out.String())
+	}
+	redisDown := bench.RedisReachable(context.Background(), bench.DefaultRedisAddr) != nil
+	for _, k := range bench.FigureKeys {
+		f, ok := rep.Figures[k]
+		switch {
+		case !ok:
+			t.Errorf("figure %s is missing", k)
+		case f.Skipped != "":
+			if !redisDown {
+				t.Errorf("figure %s skipped (%s) with Redis up", k, f.Skipped)
+			}
+		case f.Error != "" || f.LatencySamples == 0 || f.P50us <= 0 || f.OpsPerSec <= 0:
+			t.Errorf("figure %s: error %q, %d samples, p50 %v µs, %v ops/s", k, f.Error, f.LatencySamples, f.P50us, f.OpsPerSec)
+		}
+	}
+	if r := rep.Figures["R"]; r.Skipped == "" && (r.AgentCalls == nil || *r.AgentCalls != 0) {
+		t.Errorf("R made agent calls: %v", r.AgentCalls)
+	}
+	for _, k := range []string{"B/A_p50", "C/A_p50", "B/A_throughput", "R/echo_p50"} {
+		if _, ok := rep.Ratios[k]; !ok {
+			t.Errorf("ratio %s is missing", k)
+		}
+	}
+	if len(rep.Targets) != 5 || rep.Machine.NumCPU == 0 || rep.Machine.Go == "" {
+		t.Errorf("targets %d (want 5), machine %+v", len(rep.Targets), rep.Machine)
+	}
+}

@@ -1,0 +1,52 @@
+package bench
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/handoffhq/handoff/internal/contract"
+)
+
+func TestPackageIsValidAndTwoKB(t *testing.T) {
+	v, err := contract.NewValidator()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := newTemplate(benchStage).make("bench-0123456789abcdef-01", newTraceparent(nil), "run_0123456789abcdef_0001")
+	if rs := v.CheckV1(p); len(rs) > 0 {
+		t.Fatalf("benchmark package is invalid: %v", rs)
+	}
+	if n := proto.Size(p); n < PackageBytes-64 || n > PackageBytes+64 {
+		t.Fatalf("package is %d bytes, want ~%d", n, PackageBytes)
+	}
+}
+
+func TestPercentile(t *testing.T) {
+	var s []time.Duration
+	for i := 1; i <= 100; i++ {
+		s = append(s, time.Duration(i))
+	}
+	if p50, p99 := quantiles(s); p50 != 50 || p99 != 99 {
+		t.Fatalf("p50 %d p99 %d, want 50 and 99", p50, p99)
+	}
+	if percentile(nil, 0.5) != 0 || percentile([]time.Duration{7}, 0.99) != 7 {
+		t.Fatal("edge cases")
+	}
+}
+
+// TestRunJobs is the API another module uses to run figure J beside a peer.
+func TestRunJobs(t *testing.T) {
+	res, err := RunJobs(context.Background(), JobsConfig{N: 4, Concurrency: 2, Store: StoreBolt})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.P50 <= 0 || res.P99 < res.P50 || res.JobsPerSec <= 0 {
+		t.Fatalf("RunJobs = %+v", res)
+	}
+	if _, err := RunJobs(context.Background(), JobsConfig{N: 1, Store: "etcd"}); err == nil {
+		t.Fatal("an unknown store must be an error")
+	}
+}

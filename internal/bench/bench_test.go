@@ -1,0 +1,115 @@
+package bench
+
+import (
+	"context"
+	"testing"
+
+	"github.com/handoffhq/handoff/internal/contract"
+)
+
+// The Go benchmarks run the same operations on the same rigs as `handoff bench`, one call
+// at a time (ns/op is the serial latency). Figures that need Redis skip when it does not
+// answer at DefaultRedisAddr.
+
+func needRedis(b *testing.B) {
+	b.Helper()
+	if err := RedisReachable(context.Background(), DefaultRedisAddr); err != nil {
+		b.Skip(err)
+	}
+}
+
+func loop(b *testing.B, op func(context.Context, int) error) {
+	b.Helper()
+	ctx := context.Background()
+	for range 10 { // warm-up, as Run does
+		if err := op(ctx, 0); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		if err := op(ctx, 0); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func bareRigFor(b *testing.B, redisAddr string) *bareRig {
+	b.Helper()
+	r, err := newBareRig(context.Background(), redisAddr, 1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(r.close)
+	return r
+}
+
+func hopRigFor(b *testing.B, kind string) *hopRig {
+	b.Helper()
+	r, err := newHopRig(context.Background(), hopConfig{Store: kind, RedisAddr: DefaultRedisAddr, Workers: 1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(r.close)
+	return r
+}
+
+// BenchmarkBareHop is figure A.
+func BenchmarkBareHop(b *testing.B) {
+	needRedis(b)
+	loop(b, bareRigFor(b, DefaultRedisAddr).hop)
+}
+
+// BenchmarkEcho is figure echo.
+func BenchmarkEcho(b *testing.B) { loop(b, bareRigFor(b, "").echo) }
+
+// BenchmarkPlatformHopRedis is figure B.
+func BenchmarkPlatformHopRedis(b *testing.B) {
+	needRedis(b)
+	loop(b, hopRigFor(b, StoreRedis).hop)
+}
+
+// BenchmarkPlatformHopBolt is figure C.
+func BenchmarkPlatformHopBolt(b *testing.B) { loop(b, hopRigFor(b, StoreBolt).hop) }
+
+// BenchmarkRejected is figure R; it fails if the agent ran.
+func BenchmarkRejected(b *testing.B) {
+	r := hopRigFor(b, StoreBolt)
+	loop(b, r.rejected)
+	if n := r.agent.Calls(); n != 0 {
+		b.Fatalf("the agent ran %d times for rejected packages", n)
+	}
+}
+
+// BenchmarkValidate is figure V.
+func BenchmarkValidate(b *testing.B) {
+	v, err := contract.NewValidator()
+	if err != nil {
+		b.Fatal(err)
+	}
+	p := newTemplate(benchStage).make("bench-0123456789abcdef-01", newTraceparent(nil), "run_0123456789abcdef_0001")
+	loop(b, func(context.Context, int) error {
+		if rs := v.CheckV1(p); len(rs) > 0 {
+			b.Fatal(rs)
+		}
+		return nil
+	})
+}
+
+// BenchmarkJob is figure J, one job at a time, on each store.
+func BenchmarkJob(b *testing.B) {
+	for _, kind := range []string{StoreBolt, StoreRedis} {
+		b.Run(kind, func(b *testing.B) {
+			if kind == StoreRedis {
+				needRedis(b)
+			}
+			r, err := newJobsRig(context.Background(), kind, DefaultRedisAddr, "", nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(r.close)
+			loop(b, r.job)
+		})
+	}
+}

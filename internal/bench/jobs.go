@@ -1,0 +1,386 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+
+	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+	"github.com/handoffhq/handoff/internal/artifact"
+	"github.com/handoffhq/handoff/internal/contract"
+	"github.com/handoffhq/handoff/internal/demo"
+	"github.com/handoffhq/handoff/internal/interceptor/identity"
+	"github.com/handoffhq/handoff/internal/pipeline"
+	"github.com/handoffhq/handoff/internal/rpc"
+	"github.com/handoffhq/handoff/internal/stack"
+	"github.com/handoffhq/handoff/internal/store"
+	"github.com/handoffhq/handoff/internal/telemetry"
+	"github.com/handoffhq/handoff/services/agentrunner"
+	"github.com/handoffhq/handoff/services/coordinator"
+	"github.com/handoffhq/handoff/services/writeback"
+)
+
+// JobsPipeline is the name of figure J's pipeline: five agent stages served by Noop agents,
+// no judge and no writeback, so it measures the rail itself.
+const JobsPipeline = "bench-noop-5"
+
+const jobsPipelineYAML = `name: bench-noop-5
+description: five no-op stages, to measure what the rail itself costs per job
+max_hops: 10
+max_revisions: 0
+escalation: {route: bench}
+tools: []
+stages:
+  - {name: s1, input: bench_in.v1, output: {type: s1_out, schema_version: s1_out.v1}, tools: [], criteria: [c1]}
+  - {name: s2, input: s1_out.v1, output: {type: s2_out, schema_version: s2_out.v1}, tools: [], criteria: [c2]}
+  - {name: s3, input: s2_out.v1, output: {type: s3_out, schema_version: s3_out.v1}, tools: [], criteria: [c3]}
+  - {name: s4, input: s3_out.v1, output: {type: s4_out, schema_version: s4_out.v1}, tools: [], criteria: [c4]}
+  - {name: s5, input: s4_out.v1, output: {type: s5_out, schema_version: s5_out.v1}, tools: [], criteria: [c5]}
+`
+
+func jobsPipelines() (map[string]*pipeline.Pipeline, []agentrunner.Agent, error) {
+	p, problems, err := pipeline.Parse("bench-noop-5.yaml", []byte(jobsPipelineYAML))
+	if err != nil {
+		return nil, nil, err
+	}
+	if pipeline.HasErrors(problems) {
+		return nil, nil, &pipeline.Error{File: "bench-noop-5.yaml", Problems: problems}
+	}
+	var agents []agentrunner.Agent
+	for _, st := range p.Stages {
+		agents = append(agents, agentrunner.NewNoop(st.AgentName()))
+	}
+	return map[string]*pipeline.Pipeline{p.Name: p}, agents, nil
+}
+
+// JobsConfig configures RunJobs.
+type JobsConfig struct {
+	// N jobs are run (after one warm-up job that is not counted), Concurrency at a time
+	// (default 1).
+	N, Concurrency int
+	// Store is "bolt" (stack.Start: the embedded store in a temporary folder, exactly what
+	// `handoff up` runs) or "redis" (the same three services on store.OpenRedis with a
+	// unique key prefix, deleted afterwards).
+	Store string
+	// RedisAddr for Store "redis"; default DefaultRedisAddr.
+	RedisAddr string
+	// Logger of the services; default JSON warnings to io.Discard.
+	Logger *slog.Logger
+}
+
+// JobsResult is what RunJobs measured: per-job latency from SubmitJob until WatchJob
+// reports the run COMPLETED (under Concurrency jobs in flight), and completed jobs per
+// second of wall time.
+type JobsResult struct {
+	P50, P99   time.Duration
+	JobsPerSec float64
+}
+
+// RunJobs starts a platform on cfg.Store, runs cfg.N five-stage Noop jobs through its
+// coordinator with cfg.Concurrency in flight, stops the platform and reports. Any job that
+// does not end COMPLETED is an error.
+func RunJobs(ctx context.Context, cfg JobsConfig) (JobsResult, error) {
+	if cfg.N <= 0 {
+		return JobsResult{}, errors.New("bench: JobsConfig.N must be positive")
+	}
+	rig, err := newJobsRig(ctx, cfg.Store, cfg.RedisAddr, "", cfg.Logger)
+	if err != nil {
+		return JobsResult{}, err
+	}
+	defer rig.close()
+	if err := rig.job(ctx, 0); err != nil { // warm-up: connections, buckets, scripts
+		return JobsResult{}, err
+	}
+	lat, elapsed, err := runN(ctx, cfg.N, max(cfg.Concurrency, 1), rig.job)
+	if err != nil {
+		return JobsResult{}, err
+	}
+	p50, p99 := quantiles(lat)
+	return JobsResult{P50: p50, P99: p99, JobsPerSec: float64(cfg.N) / elapsed.Seconds()}, nil
+}
+
+// runN runs op n times with conc in flight; it returns every latency and the wall time.
+func runN(ctx context.Context, n, conc int, op func(context.Context, int) error) ([]time.Duration, time.Duration, error) {
+	var next atomic.Int64
+	lat := make([]time.Duration, n)
+	errs := make([]error, conc)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for w := range conc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := next.Add(1) - 1
+				if i >= int64(n) || ctx.Err() != nil {
+					return
+				}
+				t := time.Now()
+				if err := op(ctx, w); err != nil {
+					errs[w] = err
+					return
+				}
+				lat[i] = time.Since(t)
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if err := errors.Join(errs...); err != nil {
+		return nil, 0, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, 0, err
+	}
+	return lat, elapsed, nil
+}
+
+// jobsRig is a running platform with figure J's pipeline and a coordinator client.
+type jobsRig struct {
+	client handoffv1.CoordinatorServiceClient
+	// missedEnd counts watches that ended before the terminal event was streamed (the run's
+	// state was COMPLETED all the same): see job.
+	missedEnd atomic.Int64
+	closers   []func()
+	jobPrefix string
+	seq       atomic.Uint64
+}
+
+// newJobsRig starts a platform on store kind; its files go in a new folder under baseDir
+// ("" = os.TempDir()).
+func newJobsRig(ctx context.Context, kind, redisAddr, baseDir string, log *slog.Logger) (_ *jobsRig, err error) {
+	if log == nil {
+		log = quietLogger()
+	}
+	pipes, agents, err := jobsPipelines()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp(baseDir, "handoff-bench-jobs-")
+	if err != nil {
+		return nil, err
+	}
+	r := &jobsRig{jobPrefix: "job-" + randomHex(4)}
+	r.closers = append(r.closers, func() { os.RemoveAll(dir) })
+	defer func() {
+		if err != nil {
+			r.close()
+		}
+	}()
+	var cc *grpc.ClientConn
+	switch kind {
+	case StoreBolt:
+		st, err := stack.Start(ctx, stack.Config{
+			DataDir: dir, CoordinatorAddr: "127.0.0.1:0", RunnerAddr: "127.0.0.1:0", WritebackAddr: "127.0.0.1:0",
+			Pipelines: pipes, Agents: agents, Logger: log,
+		})
+		if err != nil {
+			return nil, err
+		}
+		r.closers = append(r.closers, st.Close)
+		if cc, err = st.Dial(st.CoordinatorAddr); err != nil {
+			return nil, err
+		}
+	case StoreRedis:
+		if redisAddr == "" {
+			redisAddr = DefaultRedisAddr
+		}
+		p, err := startRedisPlatform(ctx, dir, redisAddr, pipes, agents, log)
+		if err != nil {
+			return nil, err
+		}
+		r.closers = append(r.closers, p.close)
+		cc = p.client
+	default:
+		return nil, fmt.Errorf("bench: unknown store %q (want %q or %q)", kind, StoreBolt, StoreRedis)
+	}
+	r.client = handoffv1.NewCoordinatorServiceClient(cc)
+	return r, nil
+}
+
+// job is one five-stage job: SubmitJob, then WatchJob until the stream ends; the run must
+// end COMPLETED. When the stream ends without the terminal event (the coordinator's
+// WatchJob can return between finish saving the terminal state and appending its event),
+// the run's state decides, with GetJob, and the miss is counted.
+func (r *jobsRig) job(ctx context.Context, _ int) error {
+	id := fmt.Sprintf("%s-%d", r.jobPrefix, r.seq.Add(1))
+	resp, err := r.client.SubmitJob(ctx, &handoffv1.SubmitJobRequest{
+		JobId: id, Pipeline: JobsPipeline, Goal: "measure the rail", Budget: &handoffv1.Budget{UsdRemainingMicros: 1_000_000},
+	})
+	if err != nil {
+		return fmt.Errorf("submit %s: %w", id, err)
+	}
+	evs, err := demo.Watch(ctx, r.client, resp.GetJob().GetRunId(), nil)
+	if err != nil {
+		return err
+	}
+	if n := len(evs); n > 0 && evs[n-1].GetKind() == handoffv1.EventKind_EVENT_KIND_COMPLETED {
+		return nil
+	}
+	got, err := r.client.GetJob(ctx, &handoffv1.GetJobRequest{RunId: resp.GetJob().GetRunId()})
+	if err != nil {
+		return fmt.Errorf("job %s: watch ended without the terminal event; get: %w", id, err)
+	}
+	if job := got.GetJob(); job.GetState() != handoffv1.JobState_JOB_STATE_COMPLETED {
+		return fmt.Errorf("job %s ended %s at %s: %s", id, job.GetState(), job.GetStage(), job.GetEscalation().GetDetail())
+	}
+	r.missedEnd.Add(1)
+	return nil
+}
+
+func (r *jobsRig) close() {
+	for i := len(r.closers) - 1; i >= 0; i-- {
+		r.closers[i]()
+	}
+}
+
+// redisPlatform is stack.Start's assembly on a Redis store (stack.Start only opens the
+// embedded one): the same three services, each on rpc.NewServer with its enforcement,
+// identity (one signer, the default policy), metrics, health and reflection, talking over
+// loopback gRPC with the coordinator's token.
+type redisPlatform struct {
+	client  *grpc.ClientConn
+	closers []func()
+}
+
+func startRedisPlatform(ctx context.Context, dir, redisAddr string, pipes map[string]*pipeline.Pipeline, agents []agentrunner.Agent, log *slog.Logger) (_ *redisPlatform, err error) {
+	p := &redisPlatform{}
+	defer func() {
+		if err != nil {
+			p.close()
+		}
+	}()
+	prefix := newPrefix("jobs")
+	st, err := store.OpenRedis(ctx, store.RedisOptions{Addr: redisAddr, Prefix: prefix})
+	if err != nil {
+		return nil, err
+	}
+	p.closers = append(p.closers, func() {
+		st.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		deletePrefix(ctx, redisAddr, prefix)
+		cancel()
+	})
+	arts, err := artifact.NewFiles(filepath.Join(dir, "artifacts"))
+	if err != nil {
+		return nil, err
+	}
+	val, err := contract.NewValidator()
+	if err != nil {
+		return nil, err
+	}
+	signer, err := identity.NewRandomSigner()
+	if err != nil {
+		return nil, err
+	}
+	tp, err := telemetry.NewTracerProvider(ctx, "handoff")
+	if err != nil {
+		return nil, err
+	}
+	p.closers = append(p.closers, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		tp.Shutdown(ctx)
+		cancel()
+	})
+	reg := telemetry.NewRegistry()
+	serve := func(name, service string, register func(*grpc.Server), unary []grpc.UnaryServerInterceptor, stream []grpc.StreamServerInterceptor) (string, error) {
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return "", err
+		}
+		m := telemetry.NewMetrics(reg, name)
+		idOpts := []identity.Option{identity.WithSigner(signer), identity.WithPolicy(identity.DefaultPolicy()), identity.WithLogger(log)}
+		g := rpc.NewServer(rpc.ServerConfig{
+			Service: name, Logger: log, TracerProvider: tp, Metrics: m,
+			IdentityUnary: identity.UnaryServerInterceptor(idOpts...), IdentityStream: identity.StreamServerInterceptor(idOpts...),
+			Unary: unary, Stream: stream,
+		})
+		register(g)
+		hs := health.NewServer()
+		hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+		hs.SetServingStatus(service, healthpb.HealthCheckResponse_SERVING)
+		healthpb.RegisterHealthServer(g, hs)
+		reflection.Register(g)
+		m.RPC.InitializeMetrics(g)
+		go g.Serve(lis)
+		p.closers = append(p.closers, func() { hs.Shutdown(); g.Stop() })
+		return lis.Addr().String(), nil
+	}
+	dialAs := func(addr, service string) (*grpc.ClientConn, error) {
+		cc, err := rpc.Dial(addr, rpc.DialConfig{TracerProvider: tp, PerRPC: signer.PerRPCCredentials(service)})
+		if err == nil {
+			p.closers = append(p.closers, func() { cc.Close() })
+		}
+		return cc, err
+	}
+
+	runner, err := agentrunner.New(agentrunner.Options{Validator: val, Store: st, Artifacts: arts, Agents: agents, Logger: log.With("service", "agentrunner")})
+	if err != nil {
+		return nil, err
+	}
+	ru, rs := runner.Interceptors()
+	runnerAddr, err := serve("agentrunner", handoffv1.AgentRunnerService_ServiceDesc.ServiceName, func(g *grpc.Server) { agentrunner.Register(g, runner) }, ru, rs)
+	if err != nil {
+		return nil, err
+	}
+	wb, err := writeback.New(writeback.Options{Validator: val, Store: st, Artifacts: arts, Targets: []writeback.Target{&writeback.Ledger{Store: st, AppendOnly: true}}, Logger: log.With("service", "writeback")})
+	if err != nil {
+		return nil, err
+	}
+	wbAddr, err := serve("writeback", handoffv1.WritebackService_ServiceDesc.ServiceName, func(g *grpc.Server) { writeback.Register(g, wb) }, wb.Interceptors(), nil)
+	if err != nil {
+		return nil, err
+	}
+	runnerConn, err := dialAs(runnerAddr, "coordinator")
+	if err != nil {
+		return nil, err
+	}
+	wbConn, err := dialAs(wbAddr, "coordinator")
+	if err != nil {
+		return nil, err
+	}
+	coord, err := coordinator.New(coordinator.Options{
+		Store: st, Pipelines: pipes, Validator: val, Logger: log.With("service", "coordinator"),
+		Runner:         handoffv1.NewAgentRunnerServiceClient(runnerConn),
+		Writeback:      handoffv1.NewWritebackServiceClient(wbConn),
+		Dial:           func(addr string) (grpc.ClientConnInterface, error) { return dialAs(addr, "coordinator") },
+		TracerProvider: tp,
+	})
+	if err != nil {
+		return nil, err
+	}
+	p.closers = append(p.closers, coord.Close)
+	cu, cs := coord.Interceptors()
+	coordAddr, err := serve("coordinator", handoffv1.CoordinatorService_ServiceDesc.ServiceName, func(g *grpc.Server) { coordinator.Register(g, coord) }, cu, cs)
+	if err != nil {
+		return nil, err
+	}
+	// A client without a service identity, as `handoff demo` submits.
+	cc, err := rpc.Dial(coordAddr, rpc.DialConfig{TracerProvider: tp})
+	if err != nil {
+		return nil, err
+	}
+	p.closers = append(p.closers, func() { cc.Close() })
+	p.client = cc
+	return p, nil
+}
+
+// close runs the closers newest first: clients, then the coordinator's drivers, servers,
+// tracing and the store (whose keys are deleted).
+func (p *redisPlatform) close() {
+	for i := len(p.closers) - 1; i >= 0; i-- {
+		p.closers[i]()
+	}
+}

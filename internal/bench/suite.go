@@ -1,0 +1,596 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"runtime"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/handoffhq/handoff/internal/contract"
+)
+
+// Config configures Run.
+type Config struct {
+	// Duration is the time spent starting operations, shared by every figure (default 3s).
+	// Jobs in flight when a J burst ends are waited for, so the wall time is longer.
+	Duration time.Duration
+	// RedisAddr is the Redis of figures A, B and J_redis (default DefaultRedisAddr); "off"
+	// skips them. When it does not answer, they are reported skipped with the reason.
+	RedisAddr string
+	// Concurrency is the number of calls in flight in the throughput bursts (default 32;
+	// V uses GOMAXPROCS: it is pure CPU).
+	Concurrency int
+	// JobsConcurrency is the number of jobs in flight in J's throughput bursts (default
+	// Concurrency). Each J burst waits for its jobs in flight, which on bbolt is about one
+	// job latency under that load.
+	JobsConcurrency int
+	// BoltDir is where the bbolt files of C, R and J_bolt live (default os.TempDir()).
+	BoltDir string
+	// TmpfsBolt adds figure C_tmpfs: C with its bbolt file on /dev/shm, where fsync does
+	// nothing. NOT DURABLE: it only shows how much of C is the disk.
+	TmpfsBolt bool
+	// Logger of the services (default: JSON warnings to io.Discard).
+	Logger *slog.Logger
+	// Progress, when set, gets one line per round.
+	Progress io.Writer
+}
+
+// Figure is one measured figure.
+type Figure struct {
+	Key  string `json:"key"`
+	What string `json:"what"`
+	// Label flags a figure that is not the real configuration.
+	Label string  `json:"label,omitempty"`
+	P50us float64 `json:"p50_us"`
+	P99us float64 `json:"p99_us"`
+	// OpsPerSec is completed operations per second of wall time with Concurrency in flight.
+	OpsPerSec      float64 `json:"ops_per_sec"`
+	Concurrency    int     `json:"concurrency"`
+	LatencySamples int     `json:"latency_samples"`
+	ThroughputOps  int     `json:"throughput_ops"`
+	// AgentCalls is how many times the figure's agent ran (R: must be 0).
+	AgentCalls *int64 `json:"agent_calls,omitempty"`
+	// Anomaly reports something the figure saw that is not a failure of the measurement.
+	Anomaly string `json:"anomaly,omitempty"`
+	Skipped string `json:"skipped,omitempty"`
+	Error   string `json:"error,omitempty"`
+
+	p50, p99 time.Duration
+}
+
+// Ratio is one of the ratios the targets are stated in.
+type Ratio struct {
+	Value   float64 `json:"value"`
+	Skipped string  `json:"skipped,omitempty"`
+}
+
+// Target is one target of issue 6 and whether this run met it.
+type Target struct {
+	Name  string  `json:"name"`
+	Value float64 `json:"value"`
+	Limit string  `json:"limit"`
+	Met   bool    `json:"met"`
+	// Skipped says why it could not be judged.
+	Skipped string `json:"skipped,omitempty"`
+}
+
+// Machine says where the figures came from.
+type Machine struct {
+	NumCPU     int    `json:"nproc"`
+	GOMAXPROCS int    `json:"gomaxprocs"`
+	CPU        string `json:"cpu,omitempty"`
+	Go         string `json:"go"`
+	OS         string `json:"os"`
+	Date       string `json:"date"`
+	// Load is /proc/loadavg (1, 5, 15 min) when the run started and ended: the machine is
+	// shared, and a load above its CPU count means the figures competed for them.
+	LoadStart string `json:"load_start,omitempty"`
+	LoadEnd   string `json:"load_end,omitempty"`
+}
+
+func loadavg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return ""
+	}
+	return strings.Join(f[:3], " ")
+}
+
+// Report is the outcome of Run.
+type Report struct {
+	Machine     Machine            `json:"machine"`
+	Duration    string             `json:"duration"`
+	Wall        string             `json:"wall"`
+	Rounds      int                `json:"rounds"`
+	Burst       string             `json:"burst"`
+	Concurrency int                `json:"concurrency"`
+	JobsConc    int                `json:"jobs_concurrency"`
+	Figures     map[string]*Figure `json:"figures"`
+	Ratios      map[string]*Ratio  `json:"ratios"`
+	Targets     []Target           `json:"targets"`
+	Notes       []string           `json:"notes"`
+	order       []string
+}
+
+// figure is a Figure being measured.
+type figure struct {
+	*Figure
+	op    func(context.Context, int) error
+	conc  int
+	agent *CountingAgent
+	close func()
+	after func() // called once the figure is measured
+
+	lat     []time.Duration
+	ops     int
+	elapsed time.Duration
+}
+
+// FigureKeys are the keys of every figure Run reports (C_tmpfs only with Config.TmpfsBolt).
+var FigureKeys = []string{"A", "B", "C", "W_bolt", "R", "echo", "V", "J_redis", "J_bolt"}
+
+// Run measures every figure, interleaved, and reports them with the ratios and targets.
+// A figure whose setup fails for want of Redis is reported skipped; any other failure
+// (setup or an operation) is an error in that figure and in the returned error.
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	if cfg.Duration <= 0 {
+		cfg.Duration = 3 * time.Second
+	}
+	if cfg.RedisAddr == "" {
+		cfg.RedisAddr = DefaultRedisAddr
+	}
+	if cfg.Concurrency <= 0 {
+		cfg.Concurrency = 32
+	}
+	if cfg.JobsConcurrency <= 0 {
+		cfg.JobsConcurrency = cfg.Concurrency
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = quietLogger()
+	}
+	wallStart := time.Now()
+	rep := &Report{Machine: machine(), Concurrency: cfg.Concurrency, JobsConc: cfg.JobsConcurrency, Figures: map[string]*Figure{}, Ratios: map[string]*Ratio{}}
+	var figs []*figure
+	defer func() {
+		for _, f := range figs {
+			if f.close != nil {
+				f.close()
+			}
+		}
+	}()
+	add := func(key, what string, conc int) *figure {
+		f := &figure{Figure: &Figure{Key: key, What: what, Concurrency: conc}, conc: conc}
+		rep.Figures[key] = f.Figure
+		rep.order = append(rep.order, key)
+		figs = append(figs, f)
+		return f
+	}
+
+	redisSkip := ""
+	if cfg.RedisAddr == "off" {
+		redisSkip = "Redis turned off (--redis off)"
+	} else if err := RedisReachable(ctx, cfg.RedisAddr); err != nil {
+		redisSkip = fmt.Sprintf("Redis unreachable: %v", err)
+	}
+	val, err := contract.NewValidator()
+	if err != nil {
+		return nil, err
+	}
+	var setupErrs []string
+	setup := func(f *figure, needsRedis bool, build func() error) {
+		if needsRedis && redisSkip != "" {
+			f.Skipped = redisSkip
+			return
+		}
+		if err := build(); err != nil {
+			f.Error = "setup: " + err.Error()
+			setupErrs = append(setupErrs, f.Key+": "+f.Error)
+		}
+	}
+	hopRigFor := func(f *figure, kind, baseDir string) func() error {
+		return func() error {
+			r, err := newHopRig(ctx, hopConfig{Store: kind, RedisAddr: cfg.RedisAddr, BaseDir: baseDir, Workers: cfg.Concurrency, Validator: val, Logger: cfg.Logger})
+			if err != nil {
+				return err
+			}
+			f.close, f.agent = r.close, r.agent
+			f.op = r.hop
+			if f.Key == "R" {
+				f.op = r.rejected
+			}
+			return nil
+		}
+	}
+
+	fA := add("A", "bare hop: gRPC unary, 1 KiB over 127.0.0.1 TCP, handler does one Redis SET NX PX; no interceptors", cfg.Concurrency)
+	fB := add("B", "platform hop on Redis: ~2 KB package, coordinator token, full agent-runner chain, Noop agent, Ack+StageResult received, then one PutRun", cfg.Concurrency)
+	fC := add("C", "platform hop on bbolt (fsync per write transaction): as B", cfg.Concurrency)
+	fW := add("W_bolt", "one bbolt write transaction (a Claim of a fresh key) in the same folder as C's file: what each of C's 4 store writes costs", cfg.Concurrency)
+	var fCT *figure
+	if cfg.TmpfsBolt {
+		fCT = add("C_tmpfs", "as C with the bbolt file on /dev/shm (tmpfs): fsync does nothing", cfg.Concurrency)
+		fCT.Label = "NOT DURABLE: bbolt on tmpfs, for attributing C's cost to the disk only"
+	}
+	fR := add("R", "rejected package (no goal): REJECTED_SCHEMA Ack round trip through the full chain; agent must not run", cfg.Concurrency)
+	fE := add("echo", "bare gRPC unary echo, 1 KiB each way over 127.0.0.1 TCP; no interceptors, no Redis", cfg.Concurrency)
+	fV := add("V", "contract.Validator.CheckV1 of the ~2 KB package, in process", runtime.GOMAXPROCS(0))
+	fJR := add("J_redis", "5-stage Noop job through the coordinator on Redis: SubmitJob + WatchJob until COMPLETED", cfg.JobsConcurrency)
+	fJB := add("J_bolt", "5-stage Noop job through the coordinator on bbolt (stack.Start, as `handoff up`): SubmitJob + WatchJob until COMPLETED", cfg.JobsConcurrency)
+
+	// One bare server serves A (Hop, needs Redis) and echo.
+	var bareR *bareRig
+	setup(fE, false, func() error {
+		addr := cfg.RedisAddr
+		if redisSkip != "" {
+			addr = ""
+		}
+		r, err := newBareRig(ctx, addr, cfg.Concurrency)
+		if err != nil {
+			return err
+		}
+		bareR, fE.close, fE.op = r, r.close, r.echo
+		return nil
+	})
+	setup(fA, true, func() error {
+		if bareR == nil {
+			return fmt.Errorf("the bare server did not start")
+		}
+		fA.op = bareR.hop
+		return nil
+	})
+	setup(fB, true, hopRigFor(fB, StoreRedis, ""))
+	setup(fC, false, hopRigFor(fC, StoreBolt, cfg.BoltDir))
+	if fCT != nil {
+		setup(fCT, false, func() error {
+			if st, err := os.Stat("/dev/shm"); err != nil || !st.IsDir() {
+				return fmt.Errorf("no /dev/shm")
+			}
+			return hopRigFor(fCT, StoreBolt, "/dev/shm")()
+		})
+	}
+	setup(fW, false, func() error {
+		w, err := newBoltWriter(cfg.BoltDir)
+		if err != nil {
+			return err
+		}
+		fW.op, fW.close = w.write, w.close
+		return nil
+	})
+	setup(fR, false, hopRigFor(fR, StoreBolt, cfg.BoltDir))
+	setup(fV, false, func() error {
+		p := newTemplate(benchStage).make("bench-0123456789abcdef-01", newTraceparent(nil), "run_0123456789abcdef_0001")
+		fV.op = func(context.Context, int) error {
+			if rs := val.CheckV1(p); len(rs) > 0 {
+				return fmt.Errorf("CheckV1 rejected the benchmark package: %v", rs)
+			}
+			return nil
+		}
+		return nil
+	})
+	jobsRigFor := func(f *figure, kind string) func() error {
+		return func() error {
+			r, err := newJobsRig(ctx, kind, cfg.RedisAddr, cfg.BoltDir, cfg.Logger)
+			if err != nil {
+				return err
+			}
+			f.close, f.op = r.close, r.job
+			f.after = func() {
+				if n := r.missedEnd.Load(); n > 0 {
+					f.Anomaly = fmt.Sprintf("WatchJob ended %d times before streaming the COMPLETED event (the run's state was COMPLETED): coordinator finish() saves the terminal state before appending its event", n)
+				}
+			}
+			return nil
+		}
+	}
+	setup(fJR, true, jobsRigFor(fJR, StoreRedis))
+	setup(fJB, false, jobsRigFor(fJB, StoreBolt))
+
+	// Warm up: connections, Lua scripts, bbolt buckets, CEL programs.
+	var active []*figure
+	for _, f := range figs {
+		if f.op == nil {
+			continue
+		}
+		n := 20
+		if strings.HasPrefix(f.Key, "J") {
+			n = 2
+		}
+		for range n {
+			if err := f.op(ctx, 0); err != nil {
+				f.Error = "warm-up: " + err.Error()
+				break
+			}
+		}
+		if f.Error == "" {
+			active = append(active, f)
+		}
+	}
+
+	// Round-robin: every figure gets a serial burst (latency) and a concurrent burst
+	// (throughput) per round, so drift of the shared machine hits all of them alike.
+	slots := 2 * max(len(active), 1)
+	burst := min(max(cfg.Duration/time.Duration(slots*5), 10*time.Millisecond), 100*time.Millisecond)
+	rep.Rounds = max(1, int(cfg.Duration/(burst*time.Duration(slots))))
+	rep.Burst, rep.Duration = burst.String(), cfg.Duration.String()
+	for round := range rep.Rounds {
+		for _, f := range active {
+			if f.Error != "" || ctx.Err() != nil {
+				continue
+			}
+			var before int64
+			if f.agent != nil {
+				before = f.agent.Calls()
+			}
+			if err := f.latencyBurst(ctx, burst); err != nil {
+				f.Error = err.Error()
+				continue
+			}
+			if err := f.throughputBurst(ctx, burst); err != nil {
+				f.Error = err.Error()
+				continue
+			}
+			if f.agent != nil {
+				n := f.agent.Calls() - before
+				if f.AgentCalls == nil {
+					f.AgentCalls = new(int64)
+				}
+				*f.AgentCalls += n
+			}
+		}
+		if cfg.Progress != nil {
+			fmt.Fprintf(cfg.Progress, "round %d/%d done (%s)\n", round+1, rep.Rounds, time.Since(wallStart).Round(time.Millisecond))
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	for _, f := range figs {
+		if f.after != nil {
+			f.after()
+		}
+		if f.op == nil || len(f.lat) == 0 {
+			continue
+		}
+		f.p50, f.p99 = quantiles(f.lat)
+		f.P50us, f.P99us = micros(f.p50), micros(f.p99)
+		f.LatencySamples, f.ThroughputOps = len(f.lat), f.ops
+		if f.elapsed > 0 {
+			f.OpsPerSec = round2(float64(f.ops) / f.elapsed.Seconds())
+		}
+	}
+	rep.ratiosAndTargets()
+	rep.Notes = notes(cfg)
+	rep.Wall = time.Since(wallStart).Round(time.Millisecond).String()
+	rep.Machine.LoadEnd = loadavg()
+	var errs []string
+	for _, k := range rep.order {
+		if f := rep.Figures[k]; f.Error != "" {
+			errs = append(errs, k+": "+f.Error)
+		}
+	}
+	if len(errs) > 0 {
+		return rep, fmt.Errorf("bench: %s", strings.Join(errs, "; "))
+	}
+	return rep, nil
+}
+
+// latencyBurst runs op one at a time for d (at least once), recording each latency.
+func (f *figure) latencyBurst(ctx context.Context, d time.Duration) error {
+	end := time.Now().Add(d)
+	for {
+		t := time.Now()
+		if err := f.op(ctx, 0); err != nil {
+			return err
+		}
+		f.lat = append(f.lat, time.Since(t))
+		if time.Now().After(end) || ctx.Err() != nil {
+			return nil
+		}
+	}
+}
+
+// throughputBurst keeps f.conc operations in flight until d has passed (each worker starts
+// at least one), waits for the last to finish, and counts them against that wall time.
+func (f *figure) throughputBurst(ctx context.Context, d time.Duration) error {
+	start := time.Now()
+	end := start.Add(d)
+	counts := make([]int, f.conc)
+	errs := make([]error, f.conc)
+	var wg sync.WaitGroup
+	for w := range f.conc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				if err := f.op(ctx, w); err != nil {
+					errs[w] = err
+					return
+				}
+				counts[w]++
+				if time.Now().After(end) || ctx.Err() != nil {
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	f.elapsed += time.Since(start)
+	for w := range f.conc {
+		if errs[w] != nil {
+			return errs[w]
+		}
+		f.ops += counts[w]
+	}
+	return nil
+}
+
+func (rep *Report) ratiosAndTargets() {
+	fig := func(k string) *Figure { return rep.Figures[k] }
+	usable := func(k string) string {
+		f := fig(k)
+		switch {
+		case f == nil:
+			return k + " not measured"
+		case f.Skipped != "":
+			return k + " skipped: " + f.Skipped
+		case f.Error != "":
+			return k + " failed"
+		case f.LatencySamples == 0:
+			return k + " has no samples"
+		}
+		return ""
+	}
+	ratio := func(name, a, b string, get func(*Figure) float64) *Ratio {
+		if why := usable(a); why != "" {
+			rep.Ratios[name] = &Ratio{Skipped: why}
+		} else if why := usable(b); why != "" {
+			rep.Ratios[name] = &Ratio{Skipped: why}
+		} else {
+			rep.Ratios[name] = &Ratio{Value: round2(get(fig(a)) / get(fig(b)))}
+		}
+		return rep.Ratios[name]
+	}
+	p50 := func(f *Figure) float64 { return float64(f.p50) }
+	ops := func(f *Figure) float64 { return f.OpsPerSec }
+	target := func(name, limit string, r *Ratio, met func(float64) bool) {
+		t := Target{Name: name, Limit: limit, Value: r.Value, Skipped: r.Skipped}
+		t.Met = r.Skipped == "" && met(r.Value)
+		rep.Targets = append(rep.Targets, t)
+	}
+	bA := ratio("B/A_p50", "B", "A", p50)
+	ratio("C/A_p50", "C", "A", p50)
+	if fig("C_tmpfs") != nil {
+		ratio("C_tmpfs/A_p50", "C_tmpfs", "A", p50)
+	}
+	bAt := ratio("B/A_throughput", "B", "A", ops)
+	ratio("C/A_throughput", "C", "A", ops)
+	rE := ratio("R/echo_p50", "R", "echo", p50)
+
+	target("B/A at p50", "<= 1.5 (goal 1.2)", bA, func(v float64) bool { return v <= 1.5 })
+	target("throughput B/A", ">= 0.60", bAt, func(v float64) bool { return v >= 0.60 })
+	target("R/echo at p50", "<= 1.2", rE, func(v float64) bool { return v <= 1.2 })
+	calls := &Ratio{Skipped: usable("R")}
+	if f := fig("R"); calls.Skipped == "" && f.AgentCalls != nil {
+		calls.Value = float64(*f.AgentCalls)
+	}
+	target("agent calls for rejected packages (R)", "== 0", calls, func(v float64) bool { return v == 0 })
+	v := &Ratio{Skipped: usable("V")}
+	if v.Skipped == "" {
+		v.Value = fig("V").P50us
+	}
+	target("V p50 (µs)", "< 20", v, func(x float64) bool { return x < 20 })
+}
+
+func notes(cfg Config) []string {
+	boltDir := cfg.BoltDir
+	if boltDir == "" {
+		boltDir = os.TempDir()
+	}
+	return []string{
+		"one process: every server and client shares the machine's CPUs; loopback TCP throughout",
+		"latency: serial bursts (one call in flight); ops/s: bursts with the figure's concurrency in flight, counted against wall time including the drain",
+		"services log JSON at warn level to io.Discard (handoff up's default level); tracing: SDK provider, no exporter unless OTEL_EXPORTER_OTLP_ENDPOINT is set; metrics on",
+		"B/C record a hop as the coordinator does after a result: one store.PutRun of the run; B/C packages carry a wallet_id, so the runner debits the stored wallet (Claim, Debit, Complete = 3 store writes per hop + the PutRun)",
+		fmt.Sprintf("bbolt files of C, R and J_bolt under %s; each write transaction fsyncs", boltDir),
+		"J: latency one job at a time; jobs/s with the concurrency in flight; J_redis is stack.Start's assembly rebuilt on store.OpenRedis (stack.Start only opens bbolt)",
+	}
+}
+
+func machine() Machine {
+	m := Machine{NumCPU: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), Go: runtime.Version(), OS: runtime.GOOS + "/" + runtime.GOARCH, Date: time.Now().UTC().Format(time.RFC3339), LoadStart: loadavg()}
+	if f, err := os.Open("/proc/cpuinfo"); err == nil {
+		defer f.Close()
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			if k, v, ok := strings.Cut(sc.Text(), ":"); ok && strings.TrimSpace(k) == "model name" {
+				m.CPU = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	return m
+}
+
+// WriteJSON writes the report as indented JSON.
+func (rep *Report) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(rep)
+}
+
+// WriteText writes the report as a table.
+func (rep *Report) WriteText(w io.Writer) {
+	m := rep.Machine
+	fmt.Fprintf(w, "handoff bench: %d CPUs (GOMAXPROCS %d) %s, %s %s, %s, load %s -> %s\n", m.NumCPU, m.GOMAXPROCS, m.CPU, m.Go, m.OS, m.Date, m.LoadStart, m.LoadEnd)
+	fmt.Fprintf(w, "%s measuring in %d rounds of %s bursts per figure and mode, %d calls (%d jobs) in flight for ops/s; wall %s\n\n", rep.Duration, rep.Rounds, rep.Burst, rep.Concurrency, rep.JobsConc, rep.Wall)
+	fmt.Fprintf(w, "%-8s %11s %11s %11s %5s  %s\n", "figure", "p50", "p99", "ops/s", "conc", "what")
+	for _, k := range rep.order {
+		f := rep.Figures[k]
+		switch {
+		case f.Skipped != "":
+			fmt.Fprintf(w, "%-8s %11s %11s %11s %5s  skipped: %s\n", k, "-", "-", "-", "-", f.Skipped)
+		case f.Error != "":
+			fmt.Fprintf(w, "%-8s %11s %11s %11s %5s  ERROR: %s\n", k, "-", "-", "-", "-", f.Error)
+		default:
+			what := f.What
+			if f.AgentCalls != nil {
+				what += fmt.Sprintf(" [agent calls %d]", *f.AgentCalls)
+			}
+			if f.Anomaly != "" {
+				what += " [ANOMALY: " + f.Anomaly + "]"
+			}
+			if f.Label != "" {
+				what = "[" + f.Label + "] " + what
+			}
+			fmt.Fprintf(w, "%-8s %11s %11s %11.0f %5d  %s\n", k, dur(f.p50), dur(f.p99), f.OpsPerSec, f.Concurrency, what)
+		}
+	}
+	fmt.Fprintln(w, "\nratios")
+	for _, k := range []string{"B/A_p50", "C/A_p50", "C_tmpfs/A_p50", "B/A_throughput", "C/A_throughput", "R/echo_p50"} {
+		r, ok := rep.Ratios[k]
+		switch {
+		case !ok:
+		case r.Skipped != "":
+			fmt.Fprintf(w, "  %-16s skipped (%s)\n", k, r.Skipped)
+		default:
+			fmt.Fprintf(w, "  %-16s %.2f\n", k, r.Value)
+		}
+	}
+	fmt.Fprintln(w, "\ntargets")
+	for _, t := range rep.Targets {
+		verdict := "MISSED"
+		switch {
+		case t.Skipped != "":
+			verdict = "skipped (" + t.Skipped + ")"
+		case t.Met:
+			verdict = "met"
+		}
+		fmt.Fprintf(w, "  %-40s %8.2f  %-18s %s\n", t.Name, t.Value, t.Limit, verdict)
+	}
+	fmt.Fprintln(w, "\nnotes")
+	for _, n := range rep.Notes {
+		fmt.Fprintln(w, "  -", n)
+	}
+}
+
+func dur(d time.Duration) string {
+	switch {
+	case d >= 10*time.Millisecond:
+		return fmt.Sprintf("%.1fms", float64(d)/float64(time.Millisecond))
+	case d >= time.Millisecond:
+		return fmt.Sprintf("%.2fms", float64(d)/float64(time.Millisecond))
+	default:
+		return fmt.Sprintf("%.1fµs", float64(d)/float64(time.Microsecond))
+	}
+}
