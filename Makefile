@@ -2,6 +2,10 @@
 SHELL := /bin/bash
 BUF := tools/node_modules/.bin/buf
 BIN := $(CURDIR)/bin
+# The TypeScript example (examples/agent-ts): protoc-gen-es and the runtime it generates for,
+# pinned in its package.json.
+TS_DIR := examples/agent-ts
+PROTOC_GEN_ES := $(TS_DIR)/node_modules/.bin/protoc-gen-es
 
 .PHONY: demo test tools protodeps gen lint breaking gencheck check gotest deploytest fuzz
 
@@ -16,8 +20,9 @@ test: check gotest deploytest
 check: lint breaking gencheck
 
 # Pinned tools: buf from npm (seconds); protoc plugins and grpcurl (for the README recipe
-# tests) from tools/go.mod.
-tools: $(BUF) $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(BIN)/protoc-gen-jsonschema $(BIN)/grpcurl
+# tests) from tools/go.mod; protoc-gen-es and the TypeScript example's packages from its
+# package-lock.json (its Go test runs them).
+tools: $(BUF) $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(BIN)/protoc-gen-jsonschema $(BIN)/grpcurl $(PROTOC_GEN_ES)
 
 $(BUF): tools/package.json tools/package-lock.json
 	cd tools && npm ci --no-audit --no-fund --loglevel=error
@@ -25,6 +30,10 @@ $(BUF): tools/package.json tools/package-lock.json
 
 $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(BIN)/protoc-gen-jsonschema $(BIN)/grpcurl &: tools/go.mod tools/go.sum
 	cd tools && GOBIN=$(BIN) go install tool
+
+$(PROTOC_GEN_ES): $(TS_DIR)/package.json $(TS_DIR)/package-lock.json
+	cd $(TS_DIR) && npm ci --no-audit --no-fund --loglevel=error
+	touch $(PROTOC_GEN_ES)
 
 protodeps: .build/protovalidate/buf/validate/validate.proto
 
@@ -37,17 +46,23 @@ lint: tools protodeps
 breaking: tools protodeps
 	./scripts/buf-breaking.sh
 
-# Regenerate from scratch; only hand-written files under gen/ survive.
+# Regenerate from scratch; only hand-written files under gen/ survive. Then the TypeScript
+# of examples/agent-ts (buf.gen.ts.yaml; clean: true empties its src/gen first).
 gen: tools protodeps
 	find gen -name '*.pb.go' -delete 2>/dev/null || true
 	rm -f gen/jsonschema/*.json
 	$(BUF) generate
+	$(BUF) generate --template buf.gen.ts.yaml
 
-# Fails when the committed generated code differs from a fresh generation.
+# Fails when the committed generated code differs from a fresh generation: a changed or
+# removed file (git diff), or a new one git does not know (ls-files --others). The index is
+# left alone (no `git add -N`, which would also stage the removals and hide them).
+GENERATED := gen $(TS_DIR)/src/gen
 gencheck: gen
-	@git add -N gen >/dev/null 2>&1 || true
-	@if ! git diff --exit-code --stat -- gen; then \
-		echo "gen/ is out of date: run 'make gen' and commit the result" >&2; exit 1; fi
+	@new=$$(git ls-files --others --exclude-standard -- $(GENERATED)); \
+	if ! git diff --exit-code --stat -- $(GENERATED) || [ -n "$$new" ]; then \
+		[ -z "$$new" ] || printf 'new, not in git:\n%s\n' "$$new" >&2; \
+		echo "$(GENERATED) out of date: run 'make gen' and commit the result" >&2; exit 1; fi
 
 gotest: tools protodeps
 	go test -count=1 ./...
