@@ -34,7 +34,8 @@ import (
 // settings are the coordinator's configuration, from flags with HANDOFF_* fallbacks.
 type settings struct {
 	listen, store, runner, writeback, pipelines, metrics string
-	hopTimeout                                           time.Duration
+	hopTimeout, hopRetryFor, leaseTTL, drainTimeout      time.Duration
+	healthInterval                                       time.Duration
 	security                                             rpc.Security
 }
 
@@ -60,12 +61,28 @@ func parse(args []string) (*settings, error) {
 	b.String(&s.pipelines, "pipelines", "HANDOFF_PIPELINES", "", "folder of pipeline YAML files (default: the shipped pipelines)")
 	b.String(&s.metrics, "metrics-listen", "HANDOFF_METRICS_LISTEN", "", "serve Prometheus metrics at http://ADDR/metrics (empty: off)")
 	b.Duration(&s.hopTimeout, "hop-timeout", "HANDOFF_HOP_TIMEOUT", 2*time.Minute, "bound on one hop (ack and stage result)")
+	b.Duration(&s.hopRetryFor, "hop-retry-for", "HANDOFF_HOP_RETRY_FOR", 3*time.Minute, "keep retrying a hop whose peer is down or whose claim is held this long before the run fails or escalates; longer than the runner's claim TTL and the writeback's --pending-ttl")
+	b.Duration(&s.leaseTTL, "lease-ttl", "HANDOFF_LEASE_TTL", 10*time.Second, "run lease: another replica takes a dead replica's runs over about this long after it died")
+	b.Duration(&s.drainTimeout, "drain-timeout", "HANDOFF_DRAIN_TIMEOUT", 30*time.Second, "on SIGTERM, how long hops in flight may take to finish before they are cut")
+	b.Duration(&s.healthInterval, "health-interval", "HANDOFF_HEALTH_INTERVAL", time.Second, "how often the store is pinged; health is NOT_SERVING while the ping fails")
 	s.security.Bind(b)
 	if err := b.Parse(args); err != nil {
 		return nil, err
 	}
 	if s.hopTimeout <= 0 {
 		return nil, fmt.Errorf("--hop-timeout must be positive, got %s", s.hopTimeout)
+	}
+	if s.hopRetryFor < 0 {
+		return nil, fmt.Errorf("--hop-retry-for must not be negative, got %s", s.hopRetryFor)
+	}
+	if s.leaseTTL < time.Second {
+		return nil, fmt.Errorf("--lease-ttl must be at least 1s (renewals every third of it must fit store round trips), got %s", s.leaseTTL)
+	}
+	if s.drainTimeout <= 0 {
+		return nil, fmt.Errorf("--drain-timeout must be positive, got %s", s.drainTimeout)
+	}
+	if s.healthInterval < 100*time.Millisecond {
+		return nil, fmt.Errorf("--health-interval must be at least 100ms, got %s", s.healthInterval)
 	}
 	return &s, nil
 }
@@ -123,6 +140,7 @@ func run(args []string, log *slog.Logger) error {
 	defer wc.Close()
 	srv, err := coordinator.New(coordinator.Options{
 		Store: st, Pipelines: pls, Validator: val, Logger: log, HopTimeout: s.hopTimeout, Dial: dial, TracerProvider: tp,
+		RetryFor: s.hopRetryFor, LeaseTTL: s.leaseTTL, DrainTimeout: s.drainTimeout,
 		Runner:    handoffv1.NewAgentRunnerServiceClient(rc),
 		Writeback: handoffv1.NewWritebackServiceClient(wc),
 	})
@@ -140,6 +158,8 @@ func run(args []string, log *slog.Logger) error {
 	hs := health.NewServer()
 	hs.SetServingStatus(handoffv1.CoordinatorService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	healthpb.RegisterHealthServer(g, hs)
+	// Health follows the store: without it no run can be created or advanced.
+	go coordinator.WatchStoreHealth(ctx, st, hs, []string{"", handoffv1.CoordinatorService_ServiceDesc.ServiceName}, s.healthInterval, log)
 	reflection.Register(g)
 	metrics.RPC.InitializeMetrics(g)
 
@@ -158,20 +178,25 @@ func run(args []string, log *slog.Logger) error {
 		go hsrv.Serve(ml)
 		defer hsrv.Close()
 	}
+	// Resume takes the RUNNING runs whose lease is free (left by a replica that died or
+	// drained) and keeps scanning for such runs every --lease-ttl/2. A failed first scan is
+	// not fatal: the store may be down for a moment, and the next scan picks the runs up.
 	if n, err := srv.Resume(ctx); err != nil {
-		return fmt.Errorf("resume runs: %w", err)
+		log.Warn("resume runs: first scan failed; the takeover scan tries again", "err", err)
 	} else if n > 0 {
 		log.Info("resumed runs left in flight", "runs", n)
 	}
 	go func() {
 		<-ctx.Done()
-		// Drain: health says NOT_SERVING first so load balancers stop sending, drivers stop
-		// after their current hop (runs stay RUNNING and resume on the next start), then
-		// in-flight calls finish.
+		// Drain: health says NOT_SERVING first so load balancers stop sending; drivers finish
+		// the hop in flight (up to --drain-timeout), save it and release their run leases, so
+		// another replica takes the runs over at once (runs stay RUNNING); then in-flight
+		// calls finish (watches end with Unavailable, to be resumed on another replica).
+		log.Info("coordinator stopping: draining hops in flight", "drain_timeout", s.drainTimeout.String())
 		hs.Shutdown()
 		srv.Close()
 		g.GracefulStop()
 	}()
-	log.Info("coordinator listening", "addr", lis.Addr().String(), "pipelines", len(pls))
+	log.Info("coordinator listening", "addr", lis.Addr().String(), "pipelines", len(pls), "owner", srv.Owner(), "lease_ttl", s.leaseTTL.String())
 	return g.Serve(lis)
 }

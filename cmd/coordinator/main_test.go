@@ -3,6 +3,7 @@ package main
 import (
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestParseNamesBadSettings(t *testing.T) {
@@ -25,5 +26,20 @@ func TestRunRefusesNoTransportSecurity(t *testing.T) {
 	err = run([]string{"--plaintext-loopback", "--listen", "0.0.0.0:0", "--store", t.TempDir() + "/c.db"}, nil)
 	if err == nil || !strings.Contains(err.Error(), "loopback") {
 		t.Fatalf("plaintext on 0.0.0.0 = %v; want a refusal", err)
+	}
+}
+
+func TestParseLeaseAndDrainSettings(t *testing.T) {
+	s, err := parse(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.leaseTTL != 10*time.Second || s.hopRetryFor != 3*time.Minute || s.drainTimeout != 30*time.Second || s.healthInterval != time.Second {
+		t.Fatalf("defaults: lease %s, retry-for %s, drain %s, health %s", s.leaseTTL, s.hopRetryFor, s.drainTimeout, s.healthInterval)
+	}
+	for _, args := range [][]string{{"--lease-ttl", "100ms"}, {"--hop-retry-for", "-1s"}, {"--drain-timeout", "0s"}, {"--health-interval", "1ms"}} {
+		if _, err := parse(args); err == nil || !strings.Contains(err.Error(), args[0]) {
+			t.Errorf("parse(%v) = %v; want an error naming %s", args, err, args[0])
+		}
 	}
 }

@@ -26,6 +26,7 @@ type Store interface {
 	Wallets
 	Idempotency
 	Ledger
+	Leases
 	// Ping reports whether the store is reachable (health checks).
 	Ping(ctx context.Context) error
 	Close() error

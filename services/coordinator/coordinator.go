@@ -50,6 +50,24 @@ type Options struct {
 	// Retry is how often a hop is retried when the peer is unreachable or answers Aborted
 	// (the stage or write is in flight elsewhere), with backoff. Default 8.
 	Retry int
+	// RetryFor keeps a hop retrying past Retry attempts until this long has passed since its
+	// first attempt. A peer that crashed mid-hop leaves the hop's idempotency claim pending
+	// until its TTL lapses (the agent runner's is 2*stage timeout+30s, 150s by default; the
+	// writeback's pending TTL is 2m), and every attempt before then is answered Aborted: a
+	// hop gives up, failing or escalating its run, only after that window. Default 3m.
+	RetryFor time.Duration
+	// Owner names this replica in the run leases (see Resume); default hostname/pid/random,
+	// unique per process, so a restarted replica never mistakes a lease of its former self
+	// for its own.
+	Owner string
+	// LeaseTTL is how long a run's lease outlives its holder's last renewal: a replica that
+	// dies is replaced on its runs within about LeaseTTL (plus half of it for the next
+	// takeover scan). The holder renews every LeaseTTL/3 and before every hop, and stops
+	// driving when it cannot renew for LeaseTTL/2. Default 10s.
+	LeaseTTL time.Duration
+	// DrainTimeout bounds how long Close waits for the drivers to finish the hop each has in
+	// flight before it cancels them. Default 30s.
+	DrainTimeout time.Duration
 	// Tamper, when set, may modify each package right before it is sent. Fault injection
 	// for tests and the chaos harness only; never set in production.
 	Tamper func(*handoffv1.HandoffPackage)
@@ -72,9 +90,13 @@ type Server struct {
 	driving map[string]bool          // run ids with a live driver in this process
 	notify  map[string]chan struct{} // closed and replaced whenever a run gets an event
 
-	wg     sync.WaitGroup
-	ctx    context.Context
-	cancel context.CancelFunc
+	wg        sync.WaitGroup
+	ctx       context.Context // cancelled when Close gives up draining
+	cancel    context.CancelFunc
+	stopping  chan struct{} // closed when Close starts: no new drivers, none starts a new hop
+	stopOnce  sync.Once
+	scanOnce  sync.Once
+	scanEvery time.Duration
 }
 
 // New checks the options and returns a Server. Call Resume to pick up runs left in flight.
@@ -94,6 +116,18 @@ func New(opts Options) (*Server, error) {
 	if opts.Retry <= 0 {
 		opts.Retry = 8
 	}
+	if opts.RetryFor <= 0 {
+		opts.RetryFor = 3 * time.Minute
+	}
+	if opts.Owner == "" {
+		opts.Owner = defaultOwner()
+	}
+	if opts.LeaseTTL <= 0 {
+		opts.LeaseTTL = 10 * time.Second
+	}
+	if opts.DrainTimeout <= 0 {
+		opts.DrainTimeout = 30 * time.Second
+	}
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
@@ -107,6 +141,9 @@ func New(opts Options) (*Server, error) {
 		runners: map[string]handoffv1.AgentRunnerServiceClient{"": opts.Runner},
 		driving: map[string]bool{},
 		notify:  map[string]chan struct{}{},
+
+		stopping:  make(chan struct{}),
+		scanEvery: opts.LeaseTTL / 2,
 	}
 	for _, p := range opts.Pipelines {
 		for _, st := range p.Stages {
@@ -138,29 +175,37 @@ func (s *Server) Interceptors() ([]grpc.UnaryServerInterceptor, []grpc.StreamSer
 			validate.WithStreamRequest(handoffv1.CoordinatorService_WatchJob_FullMethodName, func() proto.Message { return &handoffv1.WatchJobRequest{} }))}
 }
 
-// Close stops driving runs and waits for the drivers to return. Runs left RUNNING stay so
-// in the store and are resumed by the next Resume.
+// Close drains the coordinator: no driver starts and none begins a new hop; each finishes
+// the hop it has in flight (up to DrainTimeout, after which it is cancelled) and releases its
+// run's lease, so another replica takes the run over at its next scan instead of after the
+// lease expires. Runs left RUNNING stay so in the store.
 func (s *Server) Close() {
+	s.stopOnce.Do(func() {
+		s.mu.Lock()
+		close(s.stopping)
+		s.mu.Unlock()
+	})
+	done := make(chan struct{})
+	go func() { s.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(s.opts.DrainTimeout):
+		s.log.Warn("drain timed out; cancelling the hops still in flight (their runs are taken over and the hops re-sent)", "drain_timeout", s.opts.DrainTimeout.String())
+	}
 	s.cancel()
-	s.wg.Wait()
+	<-done
 }
 
-// Resume starts a driver for every run the store has in RUNNING state.
-func (s *Server) Resume(ctx context.Context) (int, error) {
-	n, token := 0, ""
-	for {
-		runs, next, err := s.opts.Store.ListRuns(ctx, handoffv1.JobState_JOB_STATE_RUNNING, 200, token)
-		if err != nil {
-			return n, err
-		}
-		for _, r := range runs {
-			s.drive(r.GetRunId())
-			n++
-		}
-		if next == "" {
-			return n, nil
-		}
-		token = next
+// Owner is this replica's name in the run leases.
+func (s *Server) Owner() string { return s.opts.Owner }
+
+// stopped reports whether Close has started.
+func (s *Server) stopped() bool {
+	select {
+	case <-s.stopping:
+		return true
+	default:
+		return false
 	}
 }
 
@@ -223,6 +268,9 @@ func (s *Server) SubmitJob(ctx context.Context, req *handoffv1.SubmitJobRequest)
 		UpdatedAt:   now,
 		RequestId:   req.GetRequestId(),
 	}
+	if s.stopped() {
+		return nil, status.Error(codes.Unavailable, "coordinator is shutting down; submit to another replica or retry")
+	}
 	run, created, err := s.opts.Store.CreateRun(ctx, job)
 	if err != nil {
 		return nil, status.Errorf(codes.Unavailable, "store: %v", err)
@@ -232,7 +280,9 @@ func (s *Server) SubmitJob(ctx context.Context, req *handoffv1.SubmitJobRequest)
 	}
 	s.event(ctx, run, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_SUBMITTED, Stage: run.GetStage()})
 	s.log.Info("job submitted", "run_id", run.GetRunId(), "job_id", run.GetJobId(), "pipeline", p.Name, "trace_id", traceparent.TraceID(tp))
-	s.drive(run.GetRunId())
+	if _, err := s.drive(ctx, run.GetRunId()); err != nil {
+		s.log.Warn("could not take the new run's lease; the takeover scan will drive it", "run_id", run.GetRunId(), "err", err)
+	}
 	return &handoffv1.SubmitJobResponse{Job: run}, nil
 }
 
@@ -271,6 +321,11 @@ func (s *Server) ListJobs(ctx context.Context, req *handoffv1.ListJobsRequest) (
 func (s *Server) WatchJob(req *handoffv1.WatchJobRequest, stream grpc.ServerStreamingServer[handoffv1.WatchJobResponse]) error {
 	ctx := stream.Context()
 	after := req.GetAfterSeq()
+	// A run's terminal event is appended just after its terminal state is saved, so a watch
+	// that sees the state first waits for the event (up to endGrace, in case the append
+	// failed) rather than end without it.
+	const endGrace = 2 * time.Second
+	sawEnd, endBy := false, time.Time{}
 	for {
 		wait := s.waiter(req.GetRunId())
 		job, err := s.opts.Store.GetRun(ctx, req.GetRunId())
@@ -286,9 +341,18 @@ func (s *Server) WatchJob(req *handoffv1.WatchJobRequest, stream grpc.ServerStre
 				return err
 			}
 			after = ev.GetSeq()
+			sawEnd = sawEnd || terminalEvent(ev.GetKind())
 		}
 		if terminal(job.GetState()) && len(evs) == 0 {
-			return nil
+			if sawEnd || (!endBy.IsZero() && time.Now().After(endBy)) {
+				return nil
+			}
+			if endBy.IsZero() {
+				if s.endedAt(ctx, req.GetRunId(), after) {
+					return nil // resumed after the terminal event
+				}
+				endBy = time.Now().Add(endGrace)
+			}
 		}
 		if len(evs) > 0 {
 			continue // the run may have ended while we were sending: read once more
@@ -296,12 +360,29 @@ func (s *Server) WatchJob(req *handoffv1.WatchJobRequest, stream grpc.ServerStre
 		select {
 		case <-ctx.Done():
 			return status.FromContextError(ctx.Err()).Err()
-		case <-s.ctx.Done():
+		case <-s.stopping:
 			return status.Error(codes.Unavailable, "coordinator is shutting down; watch again with after_seq to resume")
 		case <-wait:
 		case <-time.After(500 * time.Millisecond): // runs driven by another process
 		}
 	}
+}
+
+func terminalEvent(k handoffv1.EventKind) bool {
+	switch k {
+	case handoffv1.EventKind_EVENT_KIND_COMPLETED, handoffv1.EventKind_EVENT_KIND_ESCALATED, handoffv1.EventKind_EVENT_KIND_FAILED:
+		return true
+	}
+	return false
+}
+
+// endedAt reports whether the run's event seq is its terminal event.
+func (s *Server) endedAt(ctx context.Context, runID string, seq uint64) bool {
+	if seq == 0 {
+		return false
+	}
+	evs, err := s.opts.Store.Events(ctx, runID, seq-1)
+	return err == nil && len(evs) > 0 && evs[0].GetSeq() == seq && terminalEvent(evs[0].GetKind())
 }
 
 func terminal(st handoffv1.JobState) bool {

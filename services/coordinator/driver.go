@@ -26,39 +26,27 @@ import (
 // everything; a package carries the most recent entries.
 const maxCarried = 64
 
-// drive starts the run's driver unless one is already running in this process.
-func (s *Server) drive(runID string) {
-	s.mu.Lock()
-	if s.driving[runID] {
-		s.mu.Unlock()
-		return
-	}
-	s.driving[runID] = true
-	s.mu.Unlock()
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		defer func() {
-			s.mu.Lock()
-			delete(s.driving, runID)
-			s.mu.Unlock()
-		}()
-		if err := s.run(s.ctx, runID); err != nil && s.ctx.Err() == nil {
-			s.log.Error("driver stopped", "run_id", runID, "err", err)
-		}
-	}()
-}
-
-// run advances the run hop by hop until it ends. The run is saved after every hop, so a
-// restart resumes at the last completed hop. When the store fails, the run waits and tries
-// again: it neither skips a hop nor ends in a state it did not reach.
-func (s *Server) run(ctx context.Context, runID string) error {
+// run advances the run hop by hop until it ends, while this replica holds the run's lease
+// (lease.go): the lease is renewed before every hop, and the driver stops before its next
+// hop when it was lost, or when Close started. The run is saved after every hop, so whoever
+// drives it next resumes at the last completed hop. When the store fails, the run waits and
+// tries again: it neither skips a hop nor ends in a state it did not reach.
+func (s *Server) run(ctx context.Context, runID string, l *lease) error {
 	backoff := 100 * time.Millisecond
 	for {
 		if ctx.Err() != nil {
-			return ctx.Err()
+			return context.Cause(ctx)
 		}
-		err := s.advance(ctx, runID)
+		if s.stopped() {
+			return errStopping
+		}
+		held, err := l.renew(ctx)
+		if err == nil && !held {
+			return errLeaseLost
+		}
+		if err == nil {
+			err = s.advance(ctx, runID)
+		}
 		if err == errDone {
 			return nil
 		}
@@ -67,12 +55,14 @@ func (s *Server) run(ctx context.Context, runID string) error {
 			continue
 		}
 		if ctx.Err() != nil {
-			return ctx.Err()
+			return context.Cause(ctx)
 		}
 		s.log.Warn("run waits for the store", "run_id", runID, "retry_in", backoff, "err", err)
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return context.Cause(ctx)
+		case <-s.stopping:
+			return errStopping
 		case <-time.After(backoff):
 		}
 		backoff = min(2*backoff, 5*time.Second)
@@ -375,14 +365,16 @@ func deliver(ctx context.Context, runner handoffv1.AgentRunnerServiceClient, req
 	return ack, msg.GetResult(), nil
 }
 
-// retry runs call until it succeeds, fails for good, or the attempts run out. Unavailable
-// (peer down), Aborted (the same stage or write is in flight elsewhere),
+// retry runs call until it succeeds, fails for good, or gives up: after Retry attempts and
+// RetryFor since the first, whichever comes later. Unavailable (peer down), Aborted (the
+// same stage or write is in flight elsewhere, or a crashed peer's claim has not lapsed yet),
 // ResourceExhausted and DeadlineExceeded are retried with backoff; the rail's keys make a
-// repeat harmless.
+// repeat harmless. A lost lease or Close cancels ctx and ends the retries at once.
 func (s *Server) retry(ctx context.Context, job *handoffv1.Job, stage string, call func(context.Context) error) error {
 	backoff := 50 * time.Millisecond
+	start := time.Now()
 	var err error
-	for attempt := 1; attempt <= s.opts.Retry; attempt++ {
+	for attempt := 1; ; attempt++ {
 		hctx, cancel := context.WithTimeout(ctx, s.opts.HopTimeout)
 		err = call(hctx)
 		cancel()
@@ -397,7 +389,13 @@ func (s *Server) retry(ctx context.Context, job *handoffv1.Job, stage string, ca
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		s.log.Warn("hop failed, retrying", "run_id", job.GetRunId(), "job_id", job.GetJobId(), "stage", stage, "attempt", attempt, "err", err)
+		if attempt >= s.opts.Retry && time.Since(start) >= s.opts.RetryFor {
+			s.log.Warn("hop failed; giving up", "run_id", job.GetRunId(), "job_id", job.GetJobId(), "stage", stage, "attempts", attempt, "for", time.Since(start).Round(time.Millisecond).String(), "err", err)
+			return err
+		}
+		if attempt&(attempt-1) == 0 { // attempts 1, 2, 4, 8, ...: a long wait logs a few lines, not hundreds
+			s.log.Warn("hop failed, retrying", "run_id", job.GetRunId(), "job_id", job.GetJobId(), "stage", stage, "attempt", attempt, "err", err)
+		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -405,7 +403,6 @@ func (s *Server) retry(ctx context.Context, job *handoffv1.Job, stage string, ca
 		}
 		backoff = min(2*backoff, 2*time.Second)
 	}
-	return err
 }
 
 func causeFor(st handoffv1.AckStatus) handoffv1.EscalationCause {

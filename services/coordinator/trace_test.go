@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -44,15 +45,24 @@ func TestOneTracePerJob(t *testing.T) {
 	if got := traceparent.TraceID(job.GetReceipt().GetTraceparent()); got != want {
 		t.Fatalf("receipt on trace %s, job on %s", got, want)
 	}
-	sends := map[string]sdktrace.ReadOnlySpan{} // span id -> send span
+	// The last hop's send span ends when its driver returns from the hop, just after the
+	// run's final event, which is what ended the watch: wait for it briefly.
+	var sends map[string]sdktrace.ReadOnlySpan // span id -> send span
 	var acks []sdktrace.ReadOnlySpan
-	for _, s := range exp.GetSpans().Snapshots() {
-		switch {
-		case strings.HasPrefix(s.Name(), "handoff.send "):
-			sends[s.SpanContext().SpanID().String()] = s
-		case strings.HasPrefix(s.Name(), "handoff.ack "):
-			acks = append(acks, s)
+	for deadline := time.Now().Add(2 * time.Second); ; {
+		sends, acks = map[string]sdktrace.ReadOnlySpan{}, nil
+		for _, s := range exp.GetSpans().Snapshots() {
+			switch {
+			case strings.HasPrefix(s.Name(), "handoff.send "):
+				sends[s.SpanContext().SpanID().String()] = s
+			case strings.HasPrefix(s.Name(), "handoff.ack "):
+				acks = append(acks, s)
+			}
 		}
+		if (len(sends) >= 7 && len(acks) >= 7) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 	if len(sends) != 7 || len(acks) != 7 {
 		t.Fatalf("%d send spans and %d ack spans, want 7 each (intake, retrieve, draft, judge, draft, judge, writeback)", len(sends), len(acks))

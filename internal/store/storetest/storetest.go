@@ -32,6 +32,7 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 	t.Run("RunEdges", func(t *testing.T) { testRunEdges(t, newStore(t)) })
 	t.Run("ListRunsFilteredPaging", func(t *testing.T) { testListRunsFiltered(t, newStore(t)) })
 	t.Run("IdempotencyEdges", func(t *testing.T) { testIdempotencyEdges(t, newStore(t)) })
+	t.Run("Leases", func(t *testing.T) { s := newStore(t); RunLeases(t, s, s) })
 }
 
 // testWalletExactMoney: money is an exact int64 all the way up (no float rounding), and a

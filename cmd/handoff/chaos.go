@@ -1,0 +1,136 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/handoffhq/handoff/internal/chaos"
+)
+
+const chaosUsage = `Usage: handoff chaos [--jobs 500] [--kills 10] [--redis-restarts 1] [--redeliver 0.05] [--json] [flags]
+
+Runs the platform as deployed (coordinator x2, agent runner and writeback as separate
+processes built from this source tree, on a redis-server of its own) and breaks it while
+support-ticket jobs run: SIGKILLs the writeback after the external system applied a write
+and before it answered, a coordinator mid-job and the agent runner mid-stage (--kills times
+each), restarts Redis (--redis-restarts), and delivers a share of hops twice (--redeliver).
+Killed processes are restarted. The external system is an HTTP sink that records every
+write and honours Idempotency-Key.
+
+At the end it prints the jobs by state, the faults injected and what the sink saw. Must be
+0: jobs lost (not terminal by --deadline), double writes (a job written under a second key
+or without one), re-sent keys with another body, completed jobs without a write; and every
+asked fault must have been injected.
+
+Needs redis-server (apt-get install redis-server) and, unless --bin is given, the Go
+toolchain in the handoff source tree (it runs one go build).
+
+Flags:
+  --jobs N             jobs to run (default 500)
+  --kills N            SIGKILLs of each service (default 10; 0 for none)
+  --redis-restarts N   redis-server restarts (default 1; 0 for none)
+  --redeliver F        share of hops delivered twice (default 0.05; 0 for none)
+  --concurrency N      jobs in flight at once (default 32)
+  --deadline D         every job must be terminal within D of the first submission (default 15m)
+  --lease-ttl D        the coordinators' run lease (default 3s)
+  --seed N             seed of the re-delivery choice (default random)
+  --bin DIR            prebuilt coordinator, agentrunner and writeback binaries
+  --redis-server PATH  redis-server binary (default: found on PATH)
+  --dir DIR            work folder, kept (default: a temporary one, removed unless --keep
+                       or the run failed)
+  --keep               keep the temporary work folder
+  --json               print the report as JSON
+  --quiet              no progress lines on stderr
+
+Exit status: 0 when nothing must-be-zero was violated, 1 when something was, 2 on a usage
+error or when the harness could not run.
+`
+
+// runChaos implements `handoff chaos`.
+func runChaos(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("chaos", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {}
+	var cfg chaos.Config
+	fs.IntVar(&cfg.Jobs, "jobs", 500, "")
+	kills := fs.Int("kills", 10, "")
+	restarts := fs.Int("redis-restarts", 1, "")
+	redeliver := fs.Float64("redeliver", 0.05, "")
+	fs.IntVar(&cfg.Concurrency, "concurrency", 32, "")
+	fs.DurationVar(&cfg.Deadline, "deadline", 15*time.Minute, "")
+	fs.DurationVar(&cfg.LeaseTTL, "lease-ttl", 3*time.Second, "")
+	fs.Uint64Var(&cfg.Seed, "seed", 0, "")
+	fs.StringVar(&cfg.BinDir, "bin", "", "")
+	fs.StringVar(&cfg.RedisServer, "redis-server", "", "")
+	fs.StringVar(&cfg.WorkDir, "dir", "", "")
+	fs.BoolVar(&cfg.Keep, "keep", false, "")
+	asJSON := fs.Bool("json", false, "")
+	quiet := fs.Bool("quiet", false, "")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprint(stdout, chaosUsage)
+			return 0
+		}
+		fmt.Fprint(stderr, "\n"+chaosUsage)
+		return 2
+	}
+	if fs.NArg() != 0 {
+		fmt.Fprintf(stderr, "handoff chaos: unexpected argument %q\n\n%s", fs.Arg(0), chaosUsage)
+		return 2
+	}
+	switch {
+	case cfg.Jobs <= 0:
+		fmt.Fprintf(stderr, "handoff chaos: --jobs must be positive, got %d\n", cfg.Jobs)
+		return 2
+	case *kills < 0 || *restarts < 0:
+		fmt.Fprintln(stderr, "handoff chaos: --kills and --redis-restarts must not be negative")
+		return 2
+	case *redeliver < 0 || *redeliver > 1:
+		fmt.Fprintf(stderr, "handoff chaos: --redeliver must be between 0 and 1, got %g\n", *redeliver)
+		return 2
+	case cfg.Concurrency <= 0 || cfg.Deadline <= 0 || cfg.LeaseTTL < time.Second:
+		fmt.Fprintln(stderr, "handoff chaos: --concurrency and --deadline must be positive, --lease-ttl at least 1s")
+		return 2
+	}
+	// Config's zero means "default"; the flags' 0 means "none".
+	cfg.Kills, cfg.RedisRestarts, cfg.Redeliver = orNone(*kills), orNone(*restarts), *redeliver
+	if cfg.Redeliver == 0 {
+		cfg.Redeliver = -1
+	}
+	if !*quiet {
+		cfg.Progress = stderr
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	rep, err := chaos.Run(ctx, cfg)
+	if err != nil {
+		fmt.Fprintf(stderr, "handoff chaos: %v\n", err)
+		return 2
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		enc.Encode(rep)
+	} else {
+		rep.WriteText(stdout)
+	}
+	if len(rep.Violations) > 0 {
+		return 1
+	}
+	return 0
+}
+
+func orNone(n int) int {
+	if n == 0 {
+		return -1
+	}
+	return n
+}

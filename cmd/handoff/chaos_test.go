@@ -1,0 +1,31 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+)
+
+// TestChaosUsage: bad flags are usage errors (exit 2) that name the flag; --help prints the
+// usage. The harness itself is tested in internal/chaos.
+func TestChaosUsage(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"chaos", "--help"}, 0, "Usage: handoff chaos"},
+		{[]string{"chaos", "--jobs", "0"}, 2, "--jobs"},
+		{[]string{"chaos", "--redeliver", "1.5"}, 2, "--redeliver"},
+		{[]string{"chaos", "--kills", "-1"}, 2, "--kills"},
+		{[]string{"chaos", "--lease-ttl", "10ms"}, 2, "--lease-ttl"},
+		{[]string{"chaos", "extra"}, 2, "unexpected argument"},
+		{[]string{"chaos", "--nope"}, 2, "nope"},
+	} {
+		var out, errOut bytes.Buffer
+		code := run(c.args, strings.NewReader(""), &out, &errOut)
+		if code != c.code || !strings.Contains(out.String()+errOut.String(), c.want) {
+			t.Errorf("%v: exit %d, output %q; want exit %d mentioning %q", c.args, code, out.String()+errOut.String(), c.code, c.want)
+		}
+	}
+}

@@ -1,0 +1,792 @@
+// Package chaos is a fault-injection harness for the platform as it is deployed: the three
+// service binaries as separate processes on one shared Redis, two coordinator replicas, and
+// an external system (an HTTP sink behind the writeback's webhook target) that records every
+// write it receives and honours Idempotency-Key as a real downstream does.
+//
+// While jobs of the shipped support-ticket pipeline run, the harness
+//
+//   - SIGKILLs the writeback right after the sink applied a write and before the sink
+//     answered it (the write happened, its receipt is lost),
+//   - SIGKILLs a coordinator replica mid-job (the other one takes its runs over when their
+//     leases lapse),
+//   - SIGKILLs the agent runner mid-stage (after it answered ACCEPTED, before the stage
+//     result reached the coordinator),
+//   - SIGKILLs redis-server and starts it again on the same port and append-only file,
+//   - delivers a share of hops twice (the hop proxy, proxy.go),
+//
+// restarting every killed process. The faults are spread over the run by a plan keyed on the
+// number of hops made so far. At the end every job must have reached a terminal state
+// (completed, escalated or failed) before the deadline, no job may have been written twice
+// (under two keys, or without a key), a re-sent key must carry the body first applied, and
+// every completed job must have its write in the sink. Run returns a Report whose Violations
+// list each of those that failed; `handoff chaos` prints it.
+package chaos
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	mrand "math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+	"github.com/handoffhq/handoff/internal/artifact"
+	"github.com/handoffhq/handoff/internal/demo"
+	"github.com/handoffhq/handoff/internal/interceptor/identity"
+	"github.com/handoffhq/handoff/internal/pipeline"
+	"github.com/handoffhq/handoff/pipelines"
+	"github.com/handoffhq/handoff/services/agentrunner/support"
+)
+
+// ErrNoRedisServer is returned when no redis-server binary can be found.
+var ErrNoRedisServer = errors.New("chaos: redis-server not found (install it: apt-get install redis-server, or give its path)")
+
+// Config is a chaos run. Zero values take the defaults in brackets.
+type Config struct {
+	Jobs          int     // jobs submitted [500]
+	Kills         int     // SIGKILLs of each service: writeback, coordinator, agent runner [10]; -1 for none
+	RedisRestarts int     // redis-server restarts [1]; -1 for none
+	Redeliver     float64 // share of hops delivered twice [0.05]; negative for none
+	Concurrency   int     // jobs in flight at once [32]
+	// Deadline bounds the run from the first submission: every job must be terminal by
+	// then [15m].
+	Deadline time.Duration
+	// LeaseTTL is the coordinators' --lease-ttl [3s]: how soon a killed replica's runs are
+	// taken over.
+	LeaseTTL time.Duration
+	// WorkDir holds binaries, logs, Redis's files, artifacts and the sink's record of every
+	// delivery (sink.jsonl). Empty: a temporary folder, removed afterwards unless Keep is
+	// set or the run found a violation.
+	WorkDir string
+	Keep    bool
+	// BinDir holds prebuilt coordinator, agentrunner and writeback binaries. Empty: they are
+	// built with one `go build`, which must run inside the handoff source tree.
+	BinDir string
+	// RedisServer is the redis-server binary [found on PATH].
+	RedisServer string
+	// Seed makes the choice of re-delivered hops repeatable [random].
+	Seed uint64
+	// Progress receives a line per phase and every 5 seconds of the run (nil: quiet).
+	Progress io.Writer
+}
+
+func (c *Config) defaults() {
+	if c.Jobs <= 0 {
+		c.Jobs = 500
+	}
+	if c.Kills == 0 {
+		c.Kills = 10
+	}
+	c.Kills = max(c.Kills, 0)
+	if c.RedisRestarts == 0 {
+		c.RedisRestarts = 1
+	}
+	c.RedisRestarts = max(c.RedisRestarts, 0)
+	if c.Redeliver == 0 {
+		c.Redeliver = 0.05
+	}
+	c.Redeliver = min(max(c.Redeliver, 0), 1)
+	if c.Concurrency <= 0 {
+		c.Concurrency = 32
+	}
+	if c.Deadline <= 0 {
+		c.Deadline = 15 * time.Minute
+	}
+	if c.LeaseTTL <= 0 {
+		c.LeaseTTL = 3 * time.Second
+	}
+	if c.Seed == 0 {
+		var b [8]byte
+		rand.Read(b[:])
+		for _, x := range b {
+			c.Seed = c.Seed<<8 | uint64(x)
+		}
+	}
+}
+
+// Service timings of a chaos run: short, so a fault costs seconds rather than minutes.
+const (
+	stageTimeout   = 2 * time.Second // runner: a crashed stage's claim lapses after 2*2s+30s
+	pendingTTL     = 6 * time.Second // writeback: a crashed write's claim lapses after 6s
+	webhookTimeout = 2 * time.Second // under pendingTTL/2, as the writeback requires
+	hopRetryFor    = 90 * time.Second
+	hopTimeout     = 20 * time.Second
+	redisDown      = 2 * time.Second // how long Redis stays down at a restart
+)
+
+// Report is the outcome of a chaos run.
+type Report struct {
+	Jobs JobsReport `json:"jobs"`
+	// Kills by service (coordinator counts both replicas), and what was asked of each.
+	Kills      map[string]int `json:"kills"`
+	KillsAsked int            `json:"kills_asked_per_service"`
+	// Crashes are exits the harness did not cause (a service that cannot reach Redis at
+	// start exits and is restarted), by service.
+	Crashes            map[string]int `json:"crashes"`
+	RedisRestarts      int            `json:"redis_restarts"`
+	RedisRestartsAsked int            `json:"redis_restarts_asked"`
+	// Hops counts distinct hops (job, stage, judge round); Calls every call the proxy
+	// forwarded, retries included (re-delivered copies are not counted).
+	Hops       int64            `json:"hops"`
+	Calls      int64            `json:"calls"`
+	Redelivery RedeliveryReport `json:"redelivery"`
+	Sink       SinkReport       `json:"sink"`
+	// CompletedWithoutWrite counts completed jobs whose write the sink never applied. Must
+	// be 0: a completed job holds a receipt, which the writeback issues only after the sink
+	// answered 2xx.
+	CompletedWithoutWrite int `json:"completed_without_write"`
+	// WrittenNotCompleted counts escalated or failed jobs whose write the sink applied (the
+	// write happened but its receipt never reached the run).
+	WrittenNotCompleted int `json:"written_not_completed"`
+	// OverchargedJobs counts ended jobs whose wallet lost more hops than the run made, and
+	// ExtraHopDebits those hops: a stage answered DUPLICATE to a re-delivery or a takeover's
+	// repeat is debited by the coordinator although its first delivery already paid.
+	OverchargedJobs int `json:"overcharged_jobs"`
+	ExtraHopDebits  int `json:"extra_hop_debits"`
+	// Escalations and Failures count the non-completed outcomes by cause.
+	Escalations map[string]int `json:"escalations,omitempty"`
+	Failures    map[string]int `json:"failures,omitempty"`
+	// Stops says how each service answered the final SIGTERM.
+	Stops      map[string]string `json:"stops"`
+	Seed       uint64            `json:"seed"`
+	Build      string            `json:"build_time"`
+	Duration   string            `json:"duration"`
+	WorkDir    string            `json:"work_dir"`
+	Violations []string          `json:"violations"`
+}
+
+// JobsReport counts jobs by their end state.
+type JobsReport struct {
+	Asked     int `json:"asked"`
+	Submitted int `json:"submitted"`
+	Completed int `json:"completed"`
+	Escalated int `json:"escalated"`
+	Failed    int `json:"failed"`
+	// Lost jobs were not terminal at the deadline, or could not be submitted. Must be 0.
+	Lost     int      `json:"lost"`
+	LostJobs []string `json:"lost_jobs,omitempty"`
+}
+
+// fault kinds, in the order of the plan's offsets.
+const (
+	faultRunner = iota
+	faultCoordinator
+	faultWriteback
+	faultRedis
+	numFaults
+)
+
+// planOffsets place each kind's faults within its share of the run, so kinds do not fire
+// on the same hop.
+var planOffsets = [numFaults]float64{0.2, 0.45, 0.7, 0.55}
+
+type harness struct {
+	cfg   Config
+	dir   string
+	say   func(format string, args ...any)
+	rngMu sync.Mutex
+	rng   *mrand.Rand
+
+	redis     *redisProc
+	coords    []*proc
+	runner    *proc
+	writeback *proc
+	procs     []*proc
+	sink      *sink
+	proxy     *proxy
+
+	maxHops int // the pipeline's max_hops: each job's wallet starts with it
+
+	hops  atomic.Int64 // distinct hops seen: the fault plan's clock
+	calls atomic.Int64 // calls forwarded, retries included
+	seen  sync.Map     // hop keys already counted
+
+	planMu sync.Mutex
+	at     [numFaults][]int64
+	next   [numFaults]int
+	busy   [numFaults]bool
+}
+
+// Run runs a chaos scenario and reports it. The error is for a harness that could not run
+// (no redis-server, a build failure, a service that never came up); a run that found
+// violations returns a Report listing them and no error.
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	cfg.defaults()
+	h := &harness{cfg: cfg, rng: mrand.New(mrand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15))}
+	var sayMu sync.Mutex // lines come from the proxy, the sink and the supervisors at once
+	h.say = func(format string, args ...any) {
+		if cfg.Progress != nil {
+			sayMu.Lock()
+			fmt.Fprintf(cfg.Progress, "chaos: "+format+"\n", args...)
+			sayMu.Unlock()
+		}
+	}
+	redisBin := cfg.RedisServer
+	if redisBin == "" {
+		redisBin = "redis-server"
+	}
+	redisPath, err := exec.LookPath(redisBin)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrNoRedisServer, err)
+	}
+
+	ownDir := cfg.WorkDir == ""
+	if ownDir {
+		if h.dir, err = os.MkdirTemp("", "handoff-chaos-"); err != nil {
+			return nil, err
+		}
+	} else {
+		h.dir = cfg.WorkDir
+	}
+	rep := &Report{WorkDir: h.dir, Seed: cfg.Seed, KillsAsked: cfg.Kills, RedisRestartsAsked: cfg.RedisRestarts, Jobs: JobsReport{Asked: cfg.Jobs}}
+	keep := cfg.Keep || !ownDir
+	defer func() {
+		if !keep && len(rep.Violations) == 0 {
+			os.RemoveAll(h.dir)
+			rep.WorkDir = ""
+		}
+	}()
+	for _, d := range []string{"bin", "redis", "artifacts", "pipelines", "logs"} {
+		if err := os.MkdirAll(filepath.Join(h.dir, d), 0o755); err != nil {
+			return nil, err
+		}
+	}
+
+	// Binaries.
+	bin := cfg.BinDir
+	if bin == "" {
+		bin = filepath.Join(h.dir, "bin")
+		h.say("building the service binaries into %s", bin)
+		t0 := time.Now()
+		if err := build(ctx, bin); err != nil {
+			keep = true
+			return nil, err
+		}
+		rep.Build = time.Since(t0).Round(time.Millisecond).String()
+	}
+	for _, b := range binaries {
+		if _, err := os.Stat(filepath.Join(bin, b)); err != nil {
+			return nil, fmt.Errorf("binary %s: %w", b, err)
+		}
+	}
+
+	// Redis, with an fsynced append-only file so a restart keeps every acknowledged write.
+	rport, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	h.redis = &redisProc{bin: redisPath, dir: filepath.Join(h.dir, "redis"), port: rport, addr: fmt.Sprintf("127.0.0.1:%d", rport)}
+	if err := h.redis.start(); err != nil {
+		keep = true
+		return nil, err
+	}
+	defer h.redis.stop()
+	h.say("redis-server on %s (append-only, fsync always) in %s", h.redis.addr, h.redis.dir)
+
+	// The deployment's service-token key (plaintext on loopback), and the pipeline: the
+	// shipped support ticket with its writeback stage on the webhook target.
+	keyFile := filepath.Join(h.dir, "token.key")
+	key := make([]byte, 32)
+	rand.Read(key)
+	if err := os.WriteFile(keyFile, []byte(hex.EncodeToString(key)), 0o600); err != nil {
+		return nil, err
+	}
+	signer, err := identity.NewSigner([]byte(hex.EncodeToString(key)))
+	if err != nil {
+		return nil, err
+	}
+	pl, err := pipelines.FS.ReadFile("support-ticket.yaml")
+	if err != nil {
+		return nil, err
+	}
+	if !strings.Contains(string(pl), "target: ledger") {
+		return nil, errors.New("chaos: the shipped support-ticket pipeline no longer writes to target ledger; update the harness")
+	}
+	pl = []byte(strings.Replace(string(pl), "target: ledger", "target: webhook", 1))
+	parsed, problems, err := pipeline.Parse("support-ticket.yaml", pl)
+	if err != nil || pipeline.HasErrors(problems) {
+		return nil, fmt.Errorf("chaos: the webhook variant of support-ticket.yaml does not load: %v %v", err, problems)
+	}
+	h.maxHops = parsed.MaxHops
+	plDir := filepath.Join(h.dir, "pipelines")
+	if err := os.WriteFile(filepath.Join(plDir, "support-ticket.yaml"), pl, 0o644); err != nil {
+		return nil, err
+	}
+	arts, err := artifact.NewFiles(filepath.Join(h.dir, "artifacts"))
+	if err != nil {
+		return nil, err
+	}
+
+	// The external system and the hop proxy.
+	h.sink = newSink()
+	if err := h.sink.start(); err != nil {
+		return nil, err
+	}
+	defer h.sink.close()
+	var ports [4]int
+	for i := range ports {
+		if ports[i], err = freePort(); err != nil {
+			return nil, err
+		}
+	}
+	addr := func(i int) string { return fmt.Sprintf("127.0.0.1:%d", ports[i]) }
+	runnerAddr, wbAddr := addr(0), addr(1)
+	h.proxy = &proxy{h: h}
+	asCoordinator := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithPerRPCCredentials(signer.PerRPCCredentials("coordinator"))}
+	rc, err := grpc.NewClient(runnerAddr, asCoordinator...)
+	if err != nil {
+		return nil, err
+	}
+	defer rc.Close()
+	wc, err := grpc.NewClient(wbAddr, asCoordinator...)
+	if err != nil {
+		return nil, err
+	}
+	defer wc.Close()
+	h.proxy.runner, h.proxy.wb = handoffv1.NewAgentRunnerServiceClient(rc), handoffv1.NewWritebackServiceClient(wc)
+	if err := h.proxy.start(); err != nil {
+		return nil, err
+	}
+	defer h.proxy.close()
+
+	// The services.
+	storeURL := "redis://" + h.redis.addr + "/0"
+	common := []string{"--plaintext-loopback", "--token-key-file", keyFile, "--store", storeURL}
+	logDir := filepath.Join(h.dir, "logs")
+	mk := func(name, kind, listen string, args ...string) error {
+		p, err := newProc(name, kind, filepath.Join(bin, kind), listen, filepath.Join(logDir, name+".log"),
+			append(append([]string{"--listen", listen}, common...), args...), h.say)
+		if err != nil {
+			return err
+		}
+		h.procs = append(h.procs, p)
+		switch kind {
+		case "coordinator":
+			h.coords = append(h.coords, p)
+		case "agentrunner":
+			h.runner = p
+		case "writeback":
+			h.writeback = p
+		}
+		return nil
+	}
+	artDir := arts.Root()
+	if err := mk("agentrunner", "agentrunner", runnerAddr, "--artifacts", artDir, "--stage-timeout", stageTimeout.String()); err != nil {
+		return nil, err
+	}
+	if err := mk("writeback", "writeback", wbAddr, "--artifacts", artDir, "--webhook-url", h.sink.url,
+		"--webhook-timeout", webhookTimeout.String(), "--pending-ttl", pendingTTL.String()); err != nil {
+		return nil, err
+	}
+	for i := range 2 {
+		if err := mk(fmt.Sprintf("coordinator-%d", i+1), "coordinator", addr(2+i),
+			"--agentrunner", h.proxy.addr, "--writeback", h.proxy.addr, "--pipelines", plDir,
+			"--lease-ttl", cfg.LeaseTTL.String(), "--hop-retry-for", hopRetryFor.String(), "--hop-timeout", hopTimeout.String(),
+			"--health-interval", "500ms", "--drain-timeout", "10s"); err != nil {
+			return nil, err
+		}
+	}
+	stopped := false
+	stopAll := func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		var wg sync.WaitGroup
+		for _, p := range h.procs {
+			wg.Add(1)
+			go func() { defer wg.Done(); p.stop(30 * time.Second) }()
+		}
+		wg.Wait()
+	}
+	defer stopAll()
+	for _, p := range h.procs {
+		go p.supervise()
+	}
+	if err := h.waitUp(60 * time.Second); err != nil {
+		keep = true
+		return nil, err
+	}
+	h.say("services up: coordinators %s %s, agentrunner %s, writeback %s (webhook -> %s), hop proxy %s; logs in %s",
+		h.coords[0].addr, h.coords[1].addr, runnerAddr, wbAddr, h.sink.url, h.proxy.addr, logDir)
+	h.sink.setOnApply(func() {
+		if h.due(faultWriteback) {
+			h.killProc(h.writeback, "after the sink applied a write, before it answered")
+		}
+	})
+	h.plan()
+
+	// The jobs.
+	var clients []handoffv1.CoordinatorServiceClient
+	for _, c := range h.coords {
+		cc, err := grpc.NewClient(c.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return nil, err
+		}
+		defer cc.Close()
+		clients = append(clients, handoffv1.NewCoordinatorServiceClient(cc))
+	}
+	start := time.Now()
+	results := h.runJobs(ctx, clients, arts)
+	rep.Duration = time.Since(start).Round(time.Millisecond).String()
+	h.proxy.wait(40 * time.Second)
+	h.waitFaults()
+
+	h.say("stopping the services with SIGTERM (they drain)")
+	stopAll()
+	h.finish(rep, results)
+	if f, err := os.Create(filepath.Join(h.dir, "sink.jsonl")); err == nil {
+		h.sink.dump(f)
+		f.Close()
+	}
+	return rep, nil
+}
+
+// waitFaults waits for a coordinator kill or Redis restart still under way.
+func (h *harness) waitFaults() {
+	for {
+		h.planMu.Lock()
+		busy := h.busy[faultCoordinator] || h.busy[faultRedis]
+		h.planMu.Unlock()
+		if !busy {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// waitUp waits until every service answers SERVING.
+func (h *harness) waitUp(within time.Duration) error {
+	deadline := time.Now().Add(within)
+	for {
+		var down []*proc
+		for _, p := range h.procs {
+			if !p.up() {
+				down = append(down, p)
+			}
+		}
+		if len(down) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			p := down[0]
+			return fmt.Errorf("chaos: %s did not become healthy within %s; last lines of %s:\n%s", p.name, within, p.logPath, logTail(p.logPath, 15))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// plan spreads each kind's faults evenly over the expected hops (six per job is a little
+// under what a support ticket takes, so the last faults fire before the run ends).
+func (h *harness) plan() {
+	expected := float64(6 * h.cfg.Jobs)
+	place := func(kind, n int) {
+		for i := range n {
+			h.at[kind] = append(h.at[kind], int64((float64(i)+planOffsets[kind])*expected/float64(n)))
+		}
+	}
+	place(faultRunner, h.cfg.Kills)
+	place(faultCoordinator, h.cfg.Kills)
+	place(faultWriteback, h.cfg.Kills)
+	place(faultRedis, h.cfg.RedisRestarts)
+}
+
+// due reports whether the next fault of kind is due now and its target is up, and if so
+// takes it off the plan.
+func (h *harness) due(kind int) bool {
+	h.planMu.Lock()
+	defer h.planMu.Unlock()
+	return h.dueLocked(kind)
+}
+
+func (h *harness) dueLocked(kind int) bool {
+	if h.next[kind] >= len(h.at[kind]) || h.busy[kind] || h.hops.Load() < h.at[kind][h.next[kind]] {
+		return false
+	}
+	switch kind {
+	case faultRunner:
+		if !h.runner.up() {
+			return false
+		}
+	case faultWriteback:
+		if !h.writeback.up() {
+			return false
+		}
+	case faultCoordinator:
+		for _, c := range h.coords { // kill one while the other runs: it must take over
+			if !c.up() {
+				return false
+			}
+		}
+	}
+	h.next[kind]++
+	return true
+}
+
+// hop counts a call through the proxy, and its hop (key) the first time it is seen, and
+// fires the coordinator kills and Redis restarts that are due (in the background: the call
+// goes on).
+// It reports whether the hop is new (its first call, not a retry).
+func (h *harness) hop(key string) (first bool) {
+	h.calls.Add(1)
+	if _, seen := h.seen.LoadOrStore(key, struct{}{}); !seen {
+		h.hops.Add(1)
+		first = true
+	}
+	h.planMu.Lock()
+	defer h.planMu.Unlock()
+	if h.dueLocked(faultCoordinator) {
+		h.busy[faultCoordinator] = true
+		victim := h.coords[(h.next[faultCoordinator]-1)%len(h.coords)]
+		go func() {
+			h.killProc(victim, "mid-job")
+			h.planMu.Lock()
+			h.busy[faultCoordinator] = false
+			h.planMu.Unlock()
+		}()
+	}
+	if h.dueLocked(faultRedis) {
+		h.busy[faultRedis] = true
+		go func() {
+			h.say("restarting redis-server (SIGKILL, down %s) at hop %d", redisDown, h.hops.Load())
+			if err := h.redis.restart(redisDown); err != nil {
+				h.say("redis-server did not come back: %v", err)
+			}
+			h.planMu.Lock()
+			h.busy[faultRedis] = false
+			h.planMu.Unlock()
+		}()
+	}
+	return first
+}
+
+func (h *harness) killRunner() { h.killProc(h.runner, "mid-stage (after ACCEPTED, before the result)") }
+
+func (h *harness) killProc(p *proc, when string) {
+	if p.kill() {
+		h.say("SIGKILL %s %s at hop %d", p.name, when, h.hops.Load())
+	}
+}
+
+// jobResult is one job's outcome.
+type jobResult struct {
+	id    string
+	runID string
+	job   *handoffv1.Job
+	err   error
+}
+
+// runJobs submits the jobs, at most Concurrency in flight, and waits for each to end.
+func (h *harness) runJobs(ctx context.Context, clients []handoffv1.CoordinatorServiceClient, arts *artifact.Files) []*jobResult {
+	ctx, cancel := context.WithTimeout(ctx, h.cfg.Deadline)
+	defer cancel()
+	results := make([]*jobResult, h.cfg.Jobs)
+	sem := make(chan struct{}, h.cfg.Concurrency)
+	var wg sync.WaitGroup
+	var ended atomic.Int64
+	stopProgress := make(chan struct{})
+	go func() {
+		t := time.NewTicker(5 * time.Second)
+		defer t.Stop()
+		start := time.Now()
+		for {
+			select {
+			case <-stopProgress:
+				return
+			case <-t.C:
+				h.say("%4ds: %d/%d jobs ended, %d hops (%d calls), kills %s, redis restarts %d", int(time.Since(start).Seconds()),
+					ended.Load(), h.cfg.Jobs, h.hops.Load(), h.calls.Load(), h.killSummary(), h.redis.restarts.Load())
+			}
+		}
+	}()
+	defer close(stopProgress)
+	h.say("submitting %d jobs, %d at a time, deadline %s", h.cfg.Jobs, h.cfg.Concurrency, h.cfg.Deadline)
+	for i := range h.cfg.Jobs {
+		r := &jobResult{id: fmt.Sprintf("chaos_%05d", i+1)}
+		results[i] = r
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			r.err = fmt.Errorf("not submitted: %w", ctx.Err())
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			defer ended.Add(1)
+			h.runJob(ctx, clients, arts, i, r)
+		}()
+	}
+	wg.Wait()
+	return results
+}
+
+func (h *harness) runJob(ctx context.Context, clients []handoffv1.CoordinatorServiceClient, arts *artifact.Files, i int, r *jobResult) {
+	input, err := arts.Put(ctx, artifact.Ref{JobID: r.id, Stage: "submit", Type: support.TypeRawTicket, SchemaVersion: support.SchemaRawTicket, MediaType: support.MediaJSON}, support.SampleTicket())
+	if err != nil {
+		r.err = fmt.Errorf("store the ticket: %w", err)
+		return
+	}
+	req := &handoffv1.SubmitJobRequest{
+		RequestId: r.id, JobId: r.id, Pipeline: demo.Pipeline, Goal: demo.Goal, Constraints: demo.Constraints,
+		Budget: &handoffv1.Budget{UsdRemainingMicros: 1_200_000}, Inputs: []*handoffv1.Artifact{input},
+		MemoryRefs: []string{"customer_id:cus_9"},
+	}
+	// Submit, to either replica: the request id makes a retry return the run already made.
+	for attempt := 0; r.runID == ""; attempt++ {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		resp, err := clients[(i+attempt)%len(clients)].SubmitJob(cctx, req)
+		cancel()
+		if err == nil {
+			r.runID = resp.GetJob().GetRunId()
+			break
+		}
+		r.err = fmt.Errorf("submit: %w", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	r.err = nil
+	// Wait for the end, reading the run from either replica.
+	for attempt := 0; ; attempt++ {
+		select {
+		case <-ctx.Done():
+			r.err = fmt.Errorf("not terminal by the deadline: %w", ctx.Err())
+			return
+		case <-time.After(300 * time.Millisecond):
+		}
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		resp, err := clients[(i+attempt)%len(clients)].GetJob(cctx, &handoffv1.GetJobRequest{RunId: r.runID})
+		cancel()
+		if err != nil {
+			continue
+		}
+		r.job = resp.GetJob()
+		switch r.job.GetState() {
+		case handoffv1.JobState_JOB_STATE_COMPLETED, handoffv1.JobState_JOB_STATE_ESCALATED, handoffv1.JobState_JOB_STATE_FAILED:
+			return
+		}
+	}
+}
+
+func (h *harness) killSummary() string {
+	k := h.kills()
+	return fmt.Sprintf("coordinator %d, agentrunner %d, writeback %d", k["coordinator"], k["agentrunner"], k["writeback"])
+}
+
+func (h *harness) kills() map[string]int {
+	out := map[string]int{"coordinator": 0, "agentrunner": 0, "writeback": 0}
+	for _, p := range h.procs {
+		p.mu.Lock()
+		out[p.kind] += p.kills
+		p.mu.Unlock()
+	}
+	return out
+}
+
+// finish fills the report and its violations.
+func (h *harness) finish(rep *Report, results []*jobResult) {
+	rep.Kills = h.kills()
+	rep.Crashes = map[string]int{}
+	rep.Stops = map[string]string{}
+	for _, p := range h.procs {
+		rep.Crashes[p.kind] += p.crashes
+		rep.Stops[p.name] = p.stopped
+	}
+	rep.RedisRestarts = int(h.redis.restarts.Load())
+	rep.Hops, rep.Calls = h.hops.Load(), h.calls.Load()
+	rep.Redelivery = h.proxy.report()
+	rep.Sink = h.sink.report()
+	rep.Escalations, rep.Failures = map[string]int{}, map[string]int{}
+	for _, r := range results {
+		if r.runID != "" {
+			rep.Jobs.Submitted++
+		}
+		st := r.job.GetState()
+		written := h.sink.writesFor(r.id) > 0
+		if r.job != nil && r.err == nil {
+			if extra := h.maxHops - int(r.job.GetWallet().GetHopsRemaining()) - int(r.job.GetHops()); extra > 0 {
+				rep.OverchargedJobs++
+				rep.ExtraHopDebits += extra
+			}
+		}
+		switch {
+		case r.err != nil || r.job == nil:
+			rep.Jobs.Lost++
+			msg := r.id
+			if r.err != nil {
+				msg += ": " + r.err.Error()
+			}
+			rep.Jobs.LostJobs = append(rep.Jobs.LostJobs, msg)
+			continue
+		case st == handoffv1.JobState_JOB_STATE_COMPLETED:
+			rep.Jobs.Completed++
+			if !written {
+				rep.CompletedWithoutWrite++
+			}
+			continue
+		case st == handoffv1.JobState_JOB_STATE_ESCALATED:
+			rep.Jobs.Escalated++
+			rep.Escalations[strings.TrimPrefix(r.job.GetEscalation().GetCause().String(), "ESCALATION_CAUSE_")+": "+clip(r.job.GetEscalation().GetDetail(), 90)]++
+		case st == handoffv1.JobState_JOB_STATE_FAILED:
+			rep.Jobs.Failed++
+			rep.Failures[clip(r.job.GetEscalation().GetDetail(), 120)]++
+		}
+		if written {
+			rep.WrittenNotCompleted++
+		}
+	}
+	sort.Strings(rep.Jobs.LostJobs)
+	v := &rep.Violations
+	if rep.Jobs.Lost > 0 {
+		*v = append(*v, fmt.Sprintf("%d jobs lost (not terminal by the deadline, or never submitted)", rep.Jobs.Lost))
+	}
+	if rep.Sink.DoubleWrites > 0 {
+		*v = append(*v, fmt.Sprintf("%d double writes: a job written again under another key or without one", rep.Sink.DoubleWrites))
+	}
+	if rep.Sink.Conflicts > 0 {
+		*v = append(*v, fmt.Sprintf("%d re-sent writes changed the body of a key already applied", rep.Sink.Conflicts))
+	}
+	if rep.CompletedWithoutWrite > 0 {
+		*v = append(*v, fmt.Sprintf("%d completed jobs have no write in the sink", rep.CompletedWithoutWrite))
+	}
+	for kind, n := range rep.Kills {
+		if n < rep.KillsAsked {
+			*v = append(*v, fmt.Sprintf("fault plan not carried out: %s killed %d times of %d", kind, n, rep.KillsAsked))
+		}
+	}
+	if rep.RedisRestarts < rep.RedisRestartsAsked {
+		*v = append(*v, fmt.Sprintf("fault plan not carried out: redis-server restarted %d times of %d", rep.RedisRestarts, rep.RedisRestartsAsked))
+	}
+	sort.Strings(*v)
+}
+
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+// rngDo runs f on the harness's seeded generator.
+func rngDo[T any](h *harness, f func(r *mrand.Rand) T) T {
+	h.rngMu.Lock()
+	defer h.rngMu.Unlock()
+	return f(h.rng)
+}

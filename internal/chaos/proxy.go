@@ -1,0 +1,254 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+)
+
+// The hop proxy stands between the coordinators and the agent runner and writeback, as the
+// network does: both coordinators dial it for --agentrunner and --writeback, and it forwards
+// every call, as the coordinator (a service token signed with the deployment's key), to the
+// real service. It is where the harness
+//
+//   - counts hops: calls, and distinct hops (job, stage, judge round), the clock of the
+//     fault plan, which retries do not advance,
+//   - re-delivers a share of hops (decided at a hop's first call, not at its retries): the
+//     same DeliverRequest or WriteRequest is sent a second time, concurrently with the first (a duplicated request on the network), and the
+//     duplicate's answer is recorded and dropped: the runner's completion key or the
+//     writeback's idempotency key must make it harmless,
+//   - kills the agent runner mid-stage: right after it answered ACCEPTED to a package and
+//     before the stage result reached the coordinator.
+type proxy struct {
+	h      *harness
+	runner handoffv1.AgentRunnerServiceClient
+	wb     handoffv1.WritebackServiceClient
+	srv    *grpc.Server
+	addr   string
+
+	wg sync.WaitGroup // re-deliveries in flight
+
+	mu    sync.Mutex
+	redel RedeliveryReport
+}
+
+// RedeliveryReport says what the re-delivered copies of hops were answered.
+type RedeliveryReport struct {
+	// Sent is how many hops were delivered a second time.
+	Sent int `json:"sent"`
+	// Duplicate: answered DUPLICATE (stage) or with the first receipt (write): absorbed.
+	Duplicate int `json:"answered_duplicate"`
+	// InFlight: answered Aborted while the first copy was still running: absorbed.
+	InFlight int `json:"answered_in_flight"`
+	// Ran: the copy won the race and did the stage or write itself; the coordinator's own
+	// copy was then answered DUPLICATE or in flight instead.
+	Ran int `json:"ran_the_hop"`
+	// Other: refused for another reason (the service down, an empty wallet after the hop),
+	// counted by reason in OtherReasons.
+	Other        int            `json:"other"`
+	OtherReasons map[string]int `json:"other_reasons,omitempty"`
+}
+
+func (r *RedeliveryReport) other(reason string) {
+	r.Other++
+	if r.OtherReasons == nil {
+		r.OtherReasons = map[string]int{}
+	}
+	r.OtherReasons[reason]++
+}
+
+// reason names an error by its code and the start of its message.
+func reason(err error) string {
+	st := status.Convert(err)
+	return st.Code().String() + ": " + clip(st.Message(), 60)
+}
+
+// forward copies the caller's trace context (gRPC metadata) to the upstream call, so the
+// proxy is invisible in traces, as the network is.
+func forward(ctx context.Context) context.Context {
+	md, _ := metadata.FromIncomingContext(ctx)
+	var kv []string
+	for _, k := range []string{"traceparent", "tracestate"} {
+		for _, v := range md.Get(k) {
+			kv = append(kv, k, v)
+		}
+	}
+	return metadata.AppendToOutgoingContext(ctx, kv...)
+}
+
+func (p *proxy) start() error {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	p.addr = l.Addr().String()
+	p.srv = grpc.NewServer()
+	handoffv1.RegisterAgentRunnerServiceServer(p.srv, runnerProxy{p: p})
+	handoffv1.RegisterWritebackServiceServer(p.srv, writebackProxy{p: p})
+	go p.srv.Serve(l)
+	return nil
+}
+
+func (p *proxy) close() {
+	p.srv.Stop()
+}
+
+// wait waits for the re-deliveries in flight (bounded).
+func (p *proxy) wait(d time.Duration) {
+	done := make(chan struct{})
+	go func() { p.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(d):
+	}
+}
+
+func (p *proxy) report() RedeliveryReport {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.redel
+}
+
+func (p *proxy) record(f func(r *RedeliveryReport)) {
+	p.mu.Lock()
+	f(&p.redel)
+	p.mu.Unlock()
+}
+
+// redeliverNow decides whether this hop is delivered twice.
+func (p *proxy) redeliverNow() bool {
+	return p.h.cfg.Redeliver > 0 && rngDo(p.h, func(r *rand.Rand) bool { return r.Float64() < p.h.cfg.Redeliver })
+}
+
+// copyDelay is how long after the coordinator's copy the duplicate leaves: up to 5ms, so
+// either may reach the service first.
+func (p *proxy) copyDelay() time.Duration {
+	return rngDo(p.h, func(r *rand.Rand) time.Duration { return time.Duration(r.IntN(5000)) * time.Microsecond })
+}
+
+type runnerProxy struct {
+	handoffv1.UnimplementedAgentRunnerServiceServer
+	p *proxy
+}
+
+func (rp runnerProxy) Check(ctx context.Context, req *handoffv1.CheckRequest) (*handoffv1.CheckResponse, error) {
+	return rp.p.runner.Check(forward(ctx), req)
+}
+
+func (rp runnerProxy) Deliver(req *handoffv1.DeliverRequest, down grpc.ServerStreamingServer[handoffv1.DeliverResponse]) error {
+	p := rp.p
+	pkg := req.GetPackage()
+	if p.h.hop(fmt.Sprintf("%s/%s/%d", pkg.GetJobId(), pkg.GetStage(), pkg.GetEvaluator().GetRounds())) && p.redeliverNow() {
+		p.redeliverDeliver(req)
+	}
+	up, err := p.runner.Deliver(forward(down.Context()), req)
+	if err != nil {
+		return err
+	}
+	first, err := up.Recv()
+	if err != nil {
+		return err
+	}
+	if err := down.Send(first); err != nil {
+		return err
+	}
+	if first.GetAck().GetStatus() == handoffv1.AckStatus_ACK_STATUS_ACCEPTED && p.h.due(faultRunner) {
+		// Mid-stage: the runner took the package and is running (or finishing) the stage.
+		p.h.killRunner()
+	}
+	for {
+		msg, err := up.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if err := down.Send(msg); err != nil {
+			return err
+		}
+	}
+}
+
+func (p *proxy) redeliverDeliver(req *handoffv1.DeliverRequest) {
+	p.record(func(r *RedeliveryReport) { r.Sent++ })
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		time.Sleep(p.copyDelay())
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		up, err := p.runner.Deliver(ctx, req)
+		var first *handoffv1.DeliverResponse
+		if err == nil {
+			first, err = up.Recv()
+		}
+		if err == nil && first.GetAck().GetStatus() == handoffv1.AckStatus_ACK_STATUS_ACCEPTED {
+			for err == nil {
+				_, err = up.Recv() // the stage's result, then EOF
+			}
+			if errors.Is(err, io.EOF) {
+				err = nil
+			}
+		}
+		p.record(func(r *RedeliveryReport) {
+			switch {
+			case status.Code(err) == codes.Aborted:
+				r.InFlight++
+			case err != nil:
+				r.other(reason(err))
+			case first.GetAck().GetStatus() == handoffv1.AckStatus_ACK_STATUS_DUPLICATE:
+				r.Duplicate++
+			case first.GetAck().GetStatus() == handoffv1.AckStatus_ACK_STATUS_ACCEPTED:
+				r.Ran++
+			default:
+				r.other("ack " + first.GetAck().GetStatus().String())
+			}
+		})
+	}()
+}
+
+type writebackProxy struct {
+	handoffv1.UnimplementedWritebackServiceServer
+	p *proxy
+}
+
+func (wp writebackProxy) Write(ctx context.Context, req *handoffv1.WriteRequest) (*handoffv1.WriteResponse, error) {
+	p := wp.p
+	if p.h.hop(req.GetPackage().GetJobId()+"/"+req.GetPackage().GetStage()) && p.redeliverNow() {
+		p.record(func(r *RedeliveryReport) { r.Sent++ })
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			time.Sleep(p.copyDelay())
+			cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			resp, err := p.wb.Write(cctx, req)
+			p.record(func(r *RedeliveryReport) {
+				switch {
+				case status.Code(err) == codes.Aborted:
+					r.InFlight++
+				case err != nil:
+					r.other(reason(err))
+				case resp.GetDuplicate():
+					r.Duplicate++
+				default:
+					r.Ran++
+				}
+			})
+		}()
+	}
+	return p.wb.Write(forward(ctx), req)
+}

@@ -1,0 +1,93 @@
+package chaos
+
+import (
+	"fmt"
+	"io"
+	"sort"
+)
+
+// WriteText prints the report for a person: the figures, the must-be-zero ones marked, and
+// the verdict.
+func (r *Report) WriteText(w io.Writer) {
+	p := func(format string, args ...any) { fmt.Fprintf(w, format+"\n", args...) }
+	mark := func(n int) string {
+		if n == 0 {
+			return "0 (must be 0: ok)"
+		}
+		return fmt.Sprintf("%d (must be 0: VIOLATION)", n)
+	}
+	p("handoff chaos: %d jobs in %s (build %s), seed %d", r.Jobs.Asked, r.Duration, orDash(r.Build), r.Seed)
+	p("jobs")
+	p("  submitted                 %d", r.Jobs.Submitted)
+	p("  completed                 %d", r.Jobs.Completed)
+	p("  escalated                 %d", r.Jobs.Escalated)
+	p("  failed                    %d", r.Jobs.Failed)
+	p("  lost                      %s", mark(r.Jobs.Lost))
+	for _, l := range first(r.Jobs.LostJobs, 10) {
+		p("    %s", l)
+	}
+	for _, k := range sortedKeys(r.Escalations) {
+		p("  escalated: %-4d %s", r.Escalations[k], k)
+	}
+	for _, k := range sortedKeys(r.Failures) {
+		p("  failed:    %-4d %s", r.Failures[k], k)
+	}
+	p("faults")
+	p("  kills                     coordinator %d, agentrunner %d, writeback %d (asked %d each)", r.Kills["coordinator"], r.Kills["agentrunner"], r.Kills["writeback"], r.KillsAsked)
+	p("  redis restarts            %d (asked %d)", r.RedisRestarts, r.RedisRestartsAsked)
+	p("  crashes (not ours)        coordinator %d, agentrunner %d, writeback %d", r.Crashes["coordinator"], r.Crashes["agentrunner"], r.Crashes["writeback"])
+	p("  hops (calls with retries) %d (%d)", r.Hops, r.Calls)
+	p("  re-delivered hops         %d: %d answered duplicate, %d in flight, %d ran the hop first, %d other",
+		r.Redelivery.Sent, r.Redelivery.Duplicate, r.Redelivery.InFlight, r.Redelivery.Ran, r.Redelivery.Other)
+	for _, k := range sortedKeys(r.Redelivery.OtherReasons) {
+		p("    other: %-4d %s", r.Redelivery.OtherReasons[k], k)
+	}
+	p("sink (external system)")
+	p("  deliveries received       %d", r.Sink.Deliveries)
+	p("  distinct keys applied     %d", r.Sink.KeysApplied)
+	p("  double writes             %s", mark(r.Sink.DoubleWrites))
+	p("  re-sent, absorbed by key  %d", r.Sink.ResentAbsorbed)
+	p("  re-sent with another body %s", mark(r.Sink.Conflicts))
+	p("  completed without write   %s", mark(r.CompletedWithoutWrite))
+	p("  written, not completed    %d", r.WrittenNotCompleted)
+	p("wallets")
+	p("  jobs charged extra hops   %d (%d hops beyond those made)", r.OverchargedJobs, r.ExtraHopDebits)
+	p("shutdown (SIGTERM)")
+	for _, k := range sortedKeys(r.Stops) {
+		p("  %-25s %s", k, r.Stops[k])
+	}
+	if r.WorkDir != "" {
+		p("work dir: %s (logs/, sink.jsonl)", r.WorkDir)
+	}
+	if len(r.Violations) == 0 {
+		p("PASS: every job ended, nothing was written twice")
+		return
+	}
+	p("FAIL:")
+	for _, v := range r.Violations {
+		p("  %s", v)
+	}
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func first(xs []string, n int) []string {
+	if len(xs) > n {
+		return append(xs[:n:n], fmt.Sprintf("... and %d more", len(xs)-n))
+	}
+	return xs
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}

@@ -1,0 +1,71 @@
+package store
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// bucketLeases: lease name -> expiry (unix nanoseconds, big endian, 8 bytes) + owner. It is
+// created on the first AcquireLease, so files made before leases existed need no migration.
+var bucketLeases = []byte("leases")
+
+func encodeLease(owner string, expires time.Time) []byte {
+	b := make([]byte, 8+len(owner))
+	binary.BigEndian.PutUint64(b, uint64(expires.UnixNano()))
+	copy(b[8:], owner)
+	return b
+}
+
+// decodeLease returns the lease's owner, or "" when there is none or it has expired.
+func decodeLease(b []byte, now time.Time) string {
+	if len(b) < 8 || now.UnixNano() >= int64(binary.BigEndian.Uint64(b[:8])) {
+		return ""
+	}
+	return string(b[8:])
+}
+
+// AcquireLease runs in one write transaction, which bbolt serialises: that is what makes it
+// exclusive between the goroutines of the one process that has the file open.
+func (s *Bolt) AcquireLease(_ context.Context, name, owner string, ttl time.Duration) (bool, error) {
+	if err := checkLease(name, owner, ttl, true); err != nil {
+		return false, err
+	}
+	ok := false
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		b, err := tx.CreateBucketIfNotExists(bucketLeases)
+		if err != nil {
+			return err
+		}
+		now := s.now()
+		if holder := decodeLease(b.Get([]byte(name)), now); holder != "" && holder != owner {
+			return nil
+		}
+		ok = true
+		return b.Put([]byte(name), encodeLease(owner, now.Add(ttl)))
+	})
+	if err != nil {
+		return false, fmt.Errorf("store: acquire lease %s for %s: %w", name, owner, err)
+	}
+	return ok, nil
+}
+
+func (s *Bolt) ReleaseLease(_ context.Context, name, owner string) error {
+	if err := checkLease(name, owner, 0, false); err != nil {
+		return err
+	}
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketLeases)
+		if b == nil || decodeLease(b.Get([]byte(name)), s.now()) != owner {
+			return nil
+		}
+		return b.Delete([]byte(name))
+	})
+	if err != nil {
+		return fmt.Errorf("store: release lease %s for %s: %w", name, owner, err)
+	}
+	return nil
+}

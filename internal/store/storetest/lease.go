@@ -1,0 +1,140 @@
+package storetest
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/handoffhq/handoff/internal/store"
+)
+
+// RunLeases is the lease contract on two clients of the same data: a and b may be one store
+// (bbolt: one process per file) or two connections to one server under one prefix (Redis:
+// as two processes would have). Run calls it with one store as both. The subtests run in
+// parallel on lease names of their own.
+func RunLeases(t *testing.T, a, b store.Leases) {
+	t.Run("Exclusive", func(t *testing.T) { t.Parallel(); testLeaseExclusive(t, a, b) })
+	t.Run("ExpiryTakeover", func(t *testing.T) { t.Parallel(); testLeaseExpiry(t, a, b) })
+	t.Run("Renew", func(t *testing.T) { t.Parallel(); testLeaseRenew(t, a, b) })
+	t.Run("ReleaseOnlyByOwner", func(t *testing.T) { t.Parallel(); testLeaseRelease(t, a, b) })
+	t.Run("Concurrent", func(t *testing.T) { t.Parallel(); testLeaseConcurrent(t, a, b) })
+	t.Run("Arguments", func(t *testing.T) { t.Parallel(); testLeaseArguments(t, a) })
+}
+
+// leaseName is unique to the subtest, so the subtests can share one store.
+func leaseName(t *testing.T, name string) string { return "run:" + t.Name() + ":" + name }
+
+func mustAcquire(t *testing.T, l store.Leases, name, owner string, ttl time.Duration, want bool) {
+	t.Helper()
+	got, err := l.AcquireLease(context.Background(), name, owner, ttl)
+	if err != nil {
+		t.Fatalf("AcquireLease(%s, %s) = %v", name, owner, err)
+	}
+	if got != want {
+		t.Fatalf("AcquireLease(%s, %s) = %v, want %v", name, owner, got, want)
+	}
+}
+
+func mustRelease(t *testing.T, l store.Leases, name, owner string) {
+	t.Helper()
+	if err := l.ReleaseLease(context.Background(), name, owner); err != nil {
+		t.Fatalf("ReleaseLease(%s, %s) = %v", name, owner, err)
+	}
+}
+
+// testLeaseExclusive: a held lease is refused to every other owner, on either client, and
+// leases of different names are independent.
+func testLeaseExclusive(t *testing.T, a, b store.Leases) {
+	n, other := leaseName(t, "1"), leaseName(t, "2")
+	mustAcquire(t, a, n, "owner-a", time.Minute, true)
+	mustAcquire(t, b, n, "owner-b", time.Minute, false)
+	mustAcquire(t, a, n, "owner-c", time.Minute, false) // the client does not matter, the owner does
+	mustAcquire(t, b, other, "owner-b", time.Minute, true)
+	mustAcquire(t, a, other, "owner-a", time.Minute, false)
+	// The holder renews from either client.
+	mustAcquire(t, b, n, "owner-a", time.Minute, true)
+}
+
+// testLeaseExpiry: once a lease's ttl has passed without renewal another owner takes it, and
+// the former holder can no longer renew it.
+func testLeaseExpiry(t *testing.T, a, b store.Leases) {
+	n := leaseName(t, "1")
+	mustAcquire(t, a, n, "owner-a", 200*time.Millisecond, true)
+	mustAcquire(t, b, n, "owner-b", time.Minute, false)
+	time.Sleep(400 * time.Millisecond)
+	mustAcquire(t, b, n, "owner-b", time.Minute, true)
+	mustAcquire(t, a, n, "owner-a", time.Minute, false)
+}
+
+// testLeaseRenew: renewing gives the holder a new ttl from now, so a lease renewed in time
+// outlives its first ttl; a holder may also take a free lease again after it expired.
+func testLeaseRenew(t *testing.T, a, b store.Leases) {
+	n := leaseName(t, "1")
+	mustAcquire(t, a, n, "owner-a", 600*time.Millisecond, true)
+	time.Sleep(400 * time.Millisecond)
+	mustAcquire(t, a, n, "owner-a", 600*time.Millisecond, true)
+	time.Sleep(400 * time.Millisecond) // 800ms after the first acquire: past its ttl, not the renewal's
+	mustAcquire(t, b, n, "owner-b", time.Minute, false)
+	time.Sleep(500 * time.Millisecond) // now past the renewal's ttl too
+	mustAcquire(t, a, n, "owner-a", time.Minute, true)
+}
+
+// testLeaseRelease: only the holder's release frees a lease; a release by anyone else, or of
+// a free lease, changes nothing and is not an error.
+func testLeaseRelease(t *testing.T, a, b store.Leases) {
+	n := leaseName(t, "1")
+	mustRelease(t, a, n, "owner-a") // free: nothing to do
+	mustAcquire(t, a, n, "owner-a", time.Minute, true)
+	mustRelease(t, b, n, "owner-b")
+	mustAcquire(t, b, n, "owner-b", time.Minute, false)
+	mustRelease(t, b, n, "owner-a") // the holder, from the other client
+	mustAcquire(t, b, n, "owner-b", time.Minute, true)
+	mustRelease(t, a, n, "owner-a") // the former holder cannot free it from its new owner
+	mustAcquire(t, a, n, "owner-a", time.Minute, false)
+}
+
+// testLeaseConcurrent: owners racing for one free lease from both clients: exactly one wins.
+func testLeaseConcurrent(t *testing.T, a, b store.Leases) {
+	n := leaseName(t, "hot")
+	clients := []store.Leases{a, b}
+	var won atomic.Int32
+	var wg sync.WaitGroup
+	for i := range 40 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ok, err := clients[i%2].AcquireLease(context.Background(), n, fmt.Sprintf("owner-%d", i), time.Minute)
+			if err != nil {
+				t.Error(err)
+			}
+			if ok {
+				won.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if won.Load() != 1 {
+		t.Fatalf("40 owners racing for one lease: %d won, want 1", won.Load())
+	}
+}
+
+func testLeaseArguments(t *testing.T, l store.Leases) {
+	ctx := context.Background()
+	for _, c := range []struct {
+		name, owner string
+		ttl         time.Duration
+	}{{"", "o", time.Second}, {"n", "", time.Second}, {"n", "o", 0}, {"n", "o", -time.Second}} {
+		if ok, err := l.AcquireLease(ctx, c.name, c.owner, c.ttl); err == nil || ok {
+			t.Errorf("AcquireLease(%q, %q, %s) = %v, %v; want an error", c.name, c.owner, c.ttl, ok, err)
+		}
+	}
+	if err := l.ReleaseLease(ctx, "", "o"); err == nil {
+		t.Error("ReleaseLease with no name succeeded")
+	}
+	if err := l.ReleaseLease(ctx, "n", ""); err == nil {
+		t.Error("ReleaseLease with no owner succeeded")
+	}
+}

@@ -1,0 +1,246 @@
+package coordinator
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"sync/atomic"
+	"time"
+
+	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+)
+
+// Run leases. Several coordinator replicas share one store; each run is driven by the one
+// replica that holds the run's lease "run:<run_id>" (store.Leases):
+//
+//   - SubmitJob takes the new run's lease and drives it at once.
+//   - A driver renews the lease before every hop and, in the background, every LeaseTTL/3;
+//     when a renewal finds the lease taken, or none succeeds for LeaseTTL/2 (the store is
+//     unreachable: from then on another replica may soon take the lease), the driver's
+//     context is cancelled: it stops before its next hop, and a hop in flight is abandoned.
+//   - A driver releases the lease when its run ends or Close drains it; a replica that dies
+//     does not, and its leases expire LeaseTTL after their last renewal.
+//   - Resume, then a takeover scan every LeaseTTL/2, lists the RUNNING runs and drives each
+//     whose lease it can take: the runs of a dead replica are taken over within about
+//     1.5*LeaseTTL, and runs that lost their driver to a store outage are picked up again
+//     when the store is back.
+//
+// The new driver loads the run as last saved, so the hop the dead replica had in flight is
+// sent once more. That repeat is harmless: the agent runner answers it DUPLICATE (or
+// Aborted while the first delivery still runs) from its completion key, and the writeback
+// returns the first receipt from its idempotency key. A lease is not a fence (a holder that
+// stalls past its lease may still save once after the takeover); the same keys make that
+// save's hop harmless too, and the next driver continues from whichever state was saved last.
+
+var (
+	errLeaseLost = errors.New("the run's lease was lost to another replica or could not be renewed")
+	errStopping  = errors.New("coordinator is shutting down")
+)
+
+// leaseTimeout bounds one lease call.
+const leaseTimeout = 3 * time.Second
+
+func leaseName(runID string) string { return "run:" + runID }
+
+// defaultOwner is hostname/pid/random: unique per process, readable in the store.
+func defaultOwner() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "unknown-host"
+	}
+	b := make([]byte, 4)
+	rand.Read(b)
+	return fmt.Sprintf("%s/%d/%s", host, os.Getpid(), hex.EncodeToString(b))
+}
+
+// lease is a run lease this replica holds.
+type lease struct {
+	s      *Server
+	name   string
+	lastOK atomic.Int64 // unix nanos at the start of the last successful acquire or renewal
+}
+
+// acquire takes (or renews) the lease; ok reports whether this replica holds it.
+func (l *lease) acquire(ctx context.Context) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, leaseTimeout)
+	defer cancel()
+	start := time.Now()
+	ok, err := l.s.opts.Store.AcquireLease(ctx, l.name, l.s.opts.Owner, l.s.opts.LeaseTTL)
+	if err == nil && ok {
+		l.lastOK.Store(start.UnixNano())
+	}
+	return ok, err
+}
+
+// renew is acquire, named for the reader: the driver holds the lease already.
+func (l *lease) renew(ctx context.Context) (bool, error) { return l.acquire(ctx) }
+
+// keep renews the lease every LeaseTTL/3 until ctx ends, and cancels the driver (lose) when
+// the lease is taken or has gone LeaseTTL/2 without a successful renewal.
+func (l *lease) keep(ctx context.Context, lose context.CancelCauseFunc, runID string) {
+	ttl := l.s.opts.LeaseTTL
+	tick := time.NewTicker(ttl / 3)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		ok, err := l.acquire(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if err == nil && !ok {
+			l.s.log.Warn("run lease taken by another replica; this driver stops", "run_id", runID, "owner", l.s.opts.Owner)
+			lose(errLeaseLost)
+			return
+		}
+		if err != nil {
+			since := time.Since(time.Unix(0, l.lastOK.Load()))
+			if since >= ttl/2 {
+				l.s.log.Warn("run lease not renewed in time; this driver stops and the run is picked up again when the store answers",
+					"run_id", runID, "since_last_renewal", since.Round(time.Millisecond).String(), "lease_ttl", ttl.String(), "err", err)
+				lose(fmt.Errorf("%w: no renewal for %s: %v", errLeaseLost, since.Round(time.Millisecond), err))
+				return
+			}
+			l.s.log.Warn("run lease renewal failed; retrying", "run_id", runID, "err", err)
+		}
+	}
+}
+
+// drive starts a driver for the run when this replica can take its lease and has no driver
+// for it yet. It reports whether a driver was started.
+func (s *Server) drive(ctx context.Context, runID string) (bool, error) {
+	if s.stopped() {
+		return false, nil
+	}
+	s.mu.Lock()
+	if s.driving[runID] {
+		s.mu.Unlock()
+		return false, nil
+	}
+	s.driving[runID] = true // reserved while the lease is tried
+	s.mu.Unlock()
+	unreserve := func() {
+		s.mu.Lock()
+		delete(s.driving, runID)
+		s.mu.Unlock()
+	}
+	l := &lease{s: s, name: leaseName(runID)}
+	ok, err := l.acquire(ctx)
+	if err != nil || !ok {
+		unreserve()
+		return false, err
+	}
+	// Close closes stopping under mu, so this Add either comes before its Wait or not at all.
+	s.mu.Lock()
+	if s.stopped() {
+		s.mu.Unlock()
+		unreserve()
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseTimeout)
+		defer cancel()
+		return false, s.opts.Store.ReleaseLease(rctx, l.name, s.opts.Owner)
+	}
+	s.wg.Add(1)
+	s.mu.Unlock()
+	go func() {
+		defer s.wg.Done()
+		defer unreserve()
+		dctx, lose := context.WithCancelCause(s.ctx)
+		defer lose(nil)
+		kept := make(chan struct{})
+		go func() { defer close(kept); l.keep(dctx, lose, runID) }()
+		err := s.run(dctx, runID, l)
+		lost := errors.Is(context.Cause(dctx), errLeaseLost) || errors.Is(err, errLeaseLost)
+		lose(nil)
+		<-kept
+		switch {
+		case err == nil, errors.Is(err, errStopping):
+		case lost:
+			s.log.Info("driver stopped: run lease lost", "run_id", runID, "err", err)
+		case s.ctx.Err() == nil:
+			s.log.Error("driver stopped", "run_id", runID, "err", err)
+		}
+		if !lost {
+			// Ended, drained or cancelled: free the run for another replica now.
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(s.ctx), leaseTimeout)
+			if err := s.opts.Store.ReleaseLease(rctx, l.name, s.opts.Owner); err != nil {
+				s.log.Warn("release run lease (it expires by itself)", "run_id", runID, "err", err)
+			}
+			cancel()
+		}
+	}()
+	return true, nil
+}
+
+// Resume drives every RUNNING run whose lease this replica can take, and from then on scans
+// for such runs every LeaseTTL/2 until Close (the takeover of a dead replica's runs). It
+// returns how many drivers the first scan started.
+func (s *Server) Resume(ctx context.Context) (int, error) {
+	n, err := s.scan(ctx)
+	s.scanOnce.Do(func() {
+		s.wg.Add(1)
+		go s.takeover()
+	})
+	return n, err
+}
+
+func (s *Server) takeover() {
+	defer s.wg.Done()
+	tick := time.NewTicker(s.scanEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-s.stopping:
+			return
+		case <-s.ctx.Done():
+			return
+		case <-tick.C:
+		}
+		ctx, cancel := context.WithTimeout(s.ctx, max(s.scanEvery, 5*time.Second))
+		n, err := s.scan(ctx)
+		cancel()
+		if err != nil {
+			s.log.Warn("takeover scan failed; next scan in "+s.scanEvery.String(), "err", err)
+		} else if n > 0 {
+			s.log.Info("took over runs", "runs", n, "owner", s.opts.Owner)
+		}
+	}
+}
+
+// scan starts a driver for each RUNNING run not driven here whose lease is free.
+func (s *Server) scan(ctx context.Context) (int, error) {
+	n, token := 0, ""
+	for {
+		runs, next, err := s.opts.Store.ListRuns(ctx, handoffv1.JobState_JOB_STATE_RUNNING, 200, token)
+		if err != nil {
+			return n, fmt.Errorf("list running runs: %w", err)
+		}
+		for _, r := range runs {
+			if s.stopped() {
+				return n, nil
+			}
+			s.mu.Lock()
+			mine := s.driving[r.GetRunId()]
+			s.mu.Unlock()
+			if mine {
+				continue
+			}
+			started, err := s.drive(ctx, r.GetRunId())
+			if err != nil {
+				return n, fmt.Errorf("take the lease of run %s: %w", r.GetRunId(), err)
+			}
+			if started {
+				n++
+			}
+		}
+		if next == "" {
+			return n, nil
+		}
+		token = next
+	}
+}

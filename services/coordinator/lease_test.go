@@ -1,0 +1,415 @@
+package coordinator_test
+
+// Run leases across replicas: several coordinator.Servers on one store, as several
+// coordinator processes share one Redis.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+	"github.com/handoffhq/handoff/internal/contract"
+	"github.com/handoffhq/handoff/internal/pipeline"
+	"github.com/handoffhq/handoff/internal/stack"
+	"github.com/handoffhq/handoff/internal/store"
+	"github.com/handoffhq/handoff/services/agentrunner"
+	"github.com/handoffhq/handoff/services/coordinator"
+)
+
+// faultyStore is a store that can be cut off, as a replica partitioned from Redis sees it.
+type faultyStore struct {
+	store.Store
+	down atomic.Bool
+}
+
+var errCut = errors.New("faulty store: unreachable")
+
+func (f *faultyStore) cut() error {
+	if f.down.Load() {
+		return errCut
+	}
+	return nil
+}
+
+func (f *faultyStore) CreateRun(ctx context.Context, j *handoffv1.Job) (*handoffv1.Job, bool, error) {
+	if err := f.cut(); err != nil {
+		return nil, false, err
+	}
+	return f.Store.CreateRun(ctx, j)
+}
+func (f *faultyStore) GetRun(ctx context.Context, id string) (*handoffv1.Job, error) {
+	if err := f.cut(); err != nil {
+		return nil, err
+	}
+	return f.Store.GetRun(ctx, id)
+}
+func (f *faultyStore) PutRun(ctx context.Context, j *handoffv1.Job) error {
+	if err := f.cut(); err != nil {
+		return err
+	}
+	return f.Store.PutRun(ctx, j)
+}
+func (f *faultyStore) ListRuns(ctx context.Context, st handoffv1.JobState, limit int, after string) ([]*handoffv1.Job, string, error) {
+	if err := f.cut(); err != nil {
+		return nil, "", err
+	}
+	return f.Store.ListRuns(ctx, st, limit, after)
+}
+func (f *faultyStore) AppendEvent(ctx context.Context, id string, ev *handoffv1.JobEvent) (uint64, error) {
+	if err := f.cut(); err != nil {
+		return 0, err
+	}
+	return f.Store.AppendEvent(ctx, id, ev)
+}
+func (f *faultyStore) OpenWallet(ctx context.Context, id string, b *handoffv1.Budget) (*handoffv1.Budget, error) {
+	if err := f.cut(); err != nil {
+		return nil, err
+	}
+	return f.Store.OpenWallet(ctx, id, b)
+}
+func (f *faultyStore) Debit(ctx context.Context, id string, d store.Debit) (*handoffv1.Budget, error) {
+	if err := f.cut(); err != nil {
+		return nil, err
+	}
+	return f.Store.Debit(ctx, id, d)
+}
+func (f *faultyStore) AcquireLease(ctx context.Context, name, owner string, ttl time.Duration) (bool, error) {
+	if err := f.cut(); err != nil {
+		return false, err
+	}
+	return f.Store.AcquireLease(ctx, name, owner, ttl)
+}
+func (f *faultyStore) ReleaseLease(ctx context.Context, name, owner string) error {
+	if err := f.cut(); err != nil {
+		return err
+	}
+	return f.Store.ReleaseLease(ctx, name, owner)
+}
+func (f *faultyStore) Ping(ctx context.Context) error {
+	if err := f.cut(); err != nil {
+		return err
+	}
+	return f.Store.Ping(ctx)
+}
+
+// gate holds every agent call while closed.
+type gate struct {
+	mu     sync.Mutex
+	open   chan struct{}
+	waits  atomic.Int32 // calls that reached the gate
+	closed bool
+}
+
+func newGate() *gate { return &gate{open: make(chan struct{})} }
+
+func (g *gate) release() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.closed {
+		close(g.open)
+		g.closed = true
+	}
+}
+
+// gated is a recorder whose calls wait for the gate.
+type gated struct {
+	*recorder
+	g *gate
+}
+
+func (a gated) Run(ctx context.Context, in agentrunner.Input) (*handoffv1.StageResult, error) {
+	a.g.waits.Add(1)
+	select {
+	case <-a.g.open:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return a.recorder.Run(ctx, in)
+}
+
+// replicas is the relay pipeline's runner and writeback (from internal/stack) with the
+// stack's own coordinator stopped, so the test's replicas are the only ones.
+type replicas struct {
+	st           *stack.Stack
+	draft, judge *recorder
+	g            *gate
+	opts         coordinator.Options
+}
+
+func startReplicas(t *testing.T) *replicas {
+	t.Helper()
+	p, problems, err := pipeline.Parse("relay.yaml", []byte(fmt.Sprintf(relay, 10, 2)))
+	if err != nil || pipeline.HasErrors(problems) {
+		t.Fatalf("relay pipeline: %v %v", err, problems)
+	}
+	r := &replicas{
+		draft: &recorder{name: "draft", spend: 100},
+		judge: &recorder{name: "judge", spend: 50, verdicts: []handoffv1.Verdict{handoffv1.Verdict_VERDICT_PASS}},
+		g:     newGate(),
+	}
+	pls := map[string]*pipeline.Pipeline{p.Name: p}
+	st, err := stack.Start(context.Background(), stack.Config{
+		DataDir: t.TempDir(), CoordinatorAddr: "127.0.0.1:0", RunnerAddr: "127.0.0.1:0", WritebackAddr: "127.0.0.1:0",
+		Pipelines: pls, Agents: []agentrunner.Agent{gated{r.draft, r.g}, r.judge}, Logger: testLogger(t),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	st.Coordinator.Close()
+	r.st = st
+	rc, err := st.DialAs(st.RunnerAddr, "coordinator")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wc, err := st.DialAs(st.WritebackAddr, "coordinator")
+	if err != nil {
+		t.Fatal(err)
+	}
+	val, err := contract.NewValidator()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.opts = coordinator.Options{
+		Pipelines: pls, Validator: val, Logger: testLogger(t),
+		Runner:    handoffv1.NewAgentRunnerServiceClient(rc),
+		Writeback: handoffv1.NewWritebackServiceClient(wc),
+		LeaseTTL:  600 * time.Millisecond, HopTimeout: 10 * time.Second, RetryFor: 10 * time.Second,
+	}
+	return r
+}
+
+// replica starts a coordinator on st named owner, with its takeover scan running.
+func (r *replicas) replica(t *testing.T, owner string, st store.Store) *coordinator.Server {
+	t.Helper()
+	o := r.opts
+	o.Store, o.Owner = st, owner
+	c, err := coordinator.New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	if _, err := c.Resume(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func (r *replicas) submit(t *testing.T, c *coordinator.Server, jobID string) string {
+	t.Helper()
+	resp, err := c.SubmitJob(context.Background(), &handoffv1.SubmitJobRequest{
+		JobId: jobID, RequestId: jobID, Pipeline: "relay", Goal: "g",
+		Budget: &handoffv1.Budget{UsdRemainingMicros: 1_000_000},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.GetJob().GetRunId()
+}
+
+// waitTerminal waits for every run to end and returns them.
+func (r *replicas) waitTerminal(t *testing.T, runIDs []string, within time.Duration) []*handoffv1.Job {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		var out []*handoffv1.Job
+		for _, id := range runIDs {
+			j, err := r.st.Store.GetRun(context.Background(), id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s := j.GetState(); s == handoffv1.JobState_JOB_STATE_RUNNING {
+				break
+			}
+			out = append(out, j)
+		}
+		if len(out) == len(runIDs) {
+			return out
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d runs ended within %s", len(out), len(runIDs), within)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (r *replicas) ledger(t *testing.T) map[string]int {
+	t.Helper()
+	es, err := r.st.Store.LedgerEntries(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := map[string]int{}
+	for _, e := range es {
+		keys[e.Key]++
+	}
+	return keys
+}
+
+// TestTakeoverWhenReplicaCutOff: replica A drives runs whose draft hop is in flight when A
+// loses the store. A stops driving them (it cannot renew their leases), the leases expire,
+// and replica B takes the runs over, re-sending the hop A had in flight: the runner answers
+// that repeat DUPLICATE, so every stage ran once and every job was written once.
+func TestTakeoverWhenReplicaCutOff(t *testing.T) {
+	r := startReplicas(t)
+	fa := &faultyStore{Store: r.st.Store}
+	a := r.replica(t, "replica-a", fa)
+	var ids []string
+	for i := range 4 {
+		ids = append(ids, r.submit(t, a, fmt.Sprintf("tkt_%d", i)))
+	}
+	b := r.replica(t, "replica-b", r.st.Store)
+	for r.g.waits.Load() < 4 { // every draft is in flight, on A
+		time.Sleep(10 * time.Millisecond)
+	}
+	for _, id := range ids {
+		if ok, err := r.st.Store.AcquireLease(context.Background(), "run:"+id, "replica-b", time.Second); err != nil || ok {
+			t.Fatalf("B took run %s's lease while A holds it: %v %v", id, ok, err)
+		}
+	}
+	fa.down.Store(true)
+	r.g.release() // the drafts finish; A cannot record them
+	jobs := r.waitTerminal(t, ids, 15*time.Second)
+	for _, j := range jobs {
+		if j.GetState() != handoffv1.JobState_JOB_STATE_COMPLETED {
+			t.Errorf("run %s ended %s (%v); want COMPLETED", j.GetRunId(), j.GetState(), j.GetEscalation())
+		}
+	}
+	if r.draft.calls() != 4 || r.judge.calls() != 4 {
+		t.Errorf("draft ran %d times, judge %d; want 4 each (the re-sent hop answered DUPLICATE)", r.draft.calls(), r.judge.calls())
+	}
+	for key, n := range r.ledger(t) {
+		if n != 1 {
+			t.Errorf("key %s written %d times", key, n)
+		}
+	}
+	if n := len(r.ledger(t)); n != 4 {
+		t.Errorf("%d keys written, want 4", n)
+	}
+	_ = b
+	// A, back on the store, finds nothing to drive: the runs ended under B.
+	fa.down.Store(false)
+	if n, err := a.Resume(context.Background()); err != nil || n != 0 {
+		t.Fatalf("A's Resume after the takeover = %d, %v; want 0 runs", n, err)
+	}
+}
+
+// TestOneReplicaPerRun: two replicas scanning one store, jobs submitted to both: each run
+// is driven by one replica only, so no stage runs twice.
+func TestOneReplicaPerRun(t *testing.T) {
+	r := startReplicas(t)
+	r.g.release()
+	a := r.replica(t, "replica-a", r.st.Store)
+	b := r.replica(t, "replica-b", r.st.Store)
+	var ids []string
+	for i := range 12 {
+		c := a
+		if i%2 == 1 {
+			c = b
+		}
+		ids = append(ids, r.submit(t, c, fmt.Sprintf("tkt_%d", i)))
+	}
+	for _, j := range r.waitTerminal(t, ids, 15*time.Second) {
+		if j.GetState() != handoffv1.JobState_JOB_STATE_COMPLETED || j.GetHops() != 3 {
+			t.Errorf("run %s ended %s after %d hops; want COMPLETED after 3", j.GetRunId(), j.GetState(), j.GetHops())
+		}
+	}
+	if r.draft.calls() != 12 || r.judge.calls() != 12 || len(r.ledger(t)) != 12 {
+		t.Fatalf("draft %d, judge %d calls, %d writes; want 12 each", r.draft.calls(), r.judge.calls(), len(r.ledger(t)))
+	}
+}
+
+// TestCloseDrainsAndReleases: Close lets the hop in flight finish and be saved, starts no
+// new hop, and releases the run's lease so another replica can take it at once.
+func TestCloseDrainsAndReleases(t *testing.T) {
+	r := startReplicas(t)
+	a := r.replica(t, "replica-a", r.st.Store)
+	id := r.submit(t, a, "tkt_1")
+	for r.g.waits.Load() < 1 {
+		time.Sleep(10 * time.Millisecond)
+	}
+	closed := make(chan struct{})
+	go func() { a.Close(); close(closed) }()
+	time.Sleep(100 * time.Millisecond)
+	select {
+	case <-closed:
+		t.Fatal("Close returned while a hop was in flight")
+	default:
+	}
+	if _, err := a.SubmitJob(context.Background(), &handoffv1.SubmitJobRequest{JobId: "tkt_2", Pipeline: "relay", Goal: "g", Budget: &handoffv1.Budget{UsdRemainingMicros: 1}}); err == nil {
+		t.Fatal("SubmitJob while draining succeeded")
+	}
+	r.g.release()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close did not return after the hop finished")
+	}
+	j, err := r.st.Store.GetRun(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j.GetState() != handoffv1.JobState_JOB_STATE_RUNNING || j.GetStage() != "judge" || j.GetHops() != 1 {
+		t.Fatalf("after drain: %s at %s after %d hops; want RUNNING at judge after 1 (the draft saved, no new hop)", j.GetState(), j.GetStage(), j.GetHops())
+	}
+	if ok, err := r.st.Store.AcquireLease(context.Background(), "run:"+id, "replica-b", time.Second); err != nil || !ok {
+		t.Fatalf("lease after drain: %v %v; want it free", ok, err)
+	}
+	r.st.Store.ReleaseLease(context.Background(), "run:"+id, "replica-b")
+	b := r.replica(t, "replica-b", r.st.Store) // its first scan takes the run over
+	_ = b
+	if j := r.waitTerminal(t, []string{id}, 10*time.Second)[0]; j.GetState() != handoffv1.JobState_JOB_STATE_COMPLETED {
+		t.Fatalf("run ended %s under B, want COMPLETED", j.GetState())
+	}
+}
+
+// TestStoreHealth: health follows the store's Ping, for the server and the service.
+func TestStoreHealth(t *testing.T) {
+	p := &flakyPinger{}
+	hs := health.NewServer()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	svc := handoffv1.CoordinatorService_ServiceDesc.ServiceName
+	go coordinator.WatchStoreHealth(ctx, p, hs, []string{"", svc}, 20*time.Millisecond, testLogger(t))
+	want := func(s healthpb.HealthCheckResponse_ServingStatus) {
+		t.Helper()
+		deadline := time.Now().Add(2 * time.Second)
+		for {
+			a, _ := hs.Check(ctx, &healthpb.HealthCheckRequest{Service: ""})
+			b, _ := hs.Check(ctx, &healthpb.HealthCheckRequest{Service: svc})
+			if a.GetStatus() == s && b.GetStatus() == s {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("health %v / %v, want %v", a.GetStatus(), b.GetStatus(), s)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	hs.SetServingStatus(svc, healthpb.HealthCheckResponse_SERVING)
+	p.down.Store(true)
+	want(healthpb.HealthCheckResponse_NOT_SERVING)
+	p.down.Store(false)
+	want(healthpb.HealthCheckResponse_SERVING)
+	hs.Shutdown() // draining: stays NOT_SERVING whatever the store does
+	time.Sleep(60 * time.Millisecond)
+	want(healthpb.HealthCheckResponse_NOT_SERVING)
+}
+
+type flakyPinger struct{ down atomic.Bool }
+
+func (p *flakyPinger) Ping(context.Context) error {
+	if p.down.Load() {
+		return errors.New("redis 127.0.0.1:1: dial tcp: connection refused")
+	}
+	return nil
+}
