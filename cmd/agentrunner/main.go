@@ -27,6 +27,7 @@ import (
 	"syscall"
 	"time"
 
+	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/artifact"
 	"github.com/handoffhq/handoff/internal/config"
 	"github.com/handoffhq/handoff/internal/contract"
@@ -58,7 +59,7 @@ type settings struct {
 }
 
 func main() {
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	log := slog.New(telemetry.LogHandler(slog.NewJSONHandler(os.Stderr, nil)))
 	if err := run(os.Args[1:], log); err != nil {
 		fmt.Fprintln(os.Stderr, "agentrunner:", err)
 		os.Exit(1)
@@ -169,6 +170,8 @@ func run(args []string, log *slog.Logger) error {
 		metricsSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	}
 	gs, hs := agentrunner.NewGRPCServer(srv, cfg)
+	// The store holds the claims and wallets every delivery needs: health follows it.
+	go rpc.WatchStoreHealth(ctx, st, hs, []string{"", handoffv1.AgentRunnerService_ServiceDesc.ServiceName}, time.Second, log)
 
 	lis, err := net.Listen("tcp", s.listen)
 	if err != nil {

@@ -40,7 +40,7 @@ type settings struct {
 }
 
 func main() {
-	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	log := slog.New(telemetry.LogHandler(slog.NewJSONHandler(os.Stderr, nil)))
 	if err := run(os.Args[1:], log); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return
@@ -159,7 +159,7 @@ func run(args []string, log *slog.Logger) error {
 	hs.SetServingStatus(handoffv1.CoordinatorService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	healthpb.RegisterHealthServer(g, hs)
 	// Health follows the store: without it no run can be created or advanced.
-	go coordinator.WatchStoreHealth(ctx, st, hs, []string{"", handoffv1.CoordinatorService_ServiceDesc.ServiceName}, s.healthInterval, log)
+	go rpc.WatchStoreHealth(ctx, st, hs, []string{"", handoffv1.CoordinatorService_ServiceDesc.ServiceName}, s.healthInterval, log)
 	reflection.Register(g)
 	metrics.RPC.InitializeMetrics(g)
 

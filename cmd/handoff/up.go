@@ -41,7 +41,7 @@ func (f *stackFlags) config(stderr io.Writer) stack.Config {
 	return stack.Config{
 		DataDir: f.data, CoordinatorAddr: f.coordinator, RunnerAddr: f.runner, WritebackAddr: f.writeback,
 		WebhookURL: f.webhook,
-		Logger:     slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level})),
+		Logger:     slog.New(telemetry.LogHandler(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))),
 	}
 }
 

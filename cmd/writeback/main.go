@@ -35,7 +35,6 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/artifact"
@@ -92,7 +91,7 @@ func run(args []string, getenv func(string) string, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "writeback: %v\n", err)
 		return 2
 	}
-	log := slog.New(slog.NewJSONHandler(stderr, nil))
+	log := slog.New(telemetry.LogHandler(slog.NewJSONHandler(stderr, nil)))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := serve(ctx, cfg, transport{creds, unary, stream}, log, nil); err != nil {
@@ -276,37 +275,8 @@ func serve(ctx context.Context, cfg config, tr transport, base *slog.Logger, rea
 		}
 		return fmt.Errorf("--listen: %w", err)
 	}
-	grpcService := handoffv1.WritebackService_ServiceDesc.ServiceName
-	setHealth := func(ok bool) {
-		s := healthpb.HealthCheckResponse_SERVING
-		if !ok {
-			s = healthpb.HealthCheckResponse_NOT_SERVING
-		}
-		hs.SetServingStatus("", s)
-		hs.SetServingStatus(grpcService, s)
-	}
 	// The store is the service's one dependency: health follows it.
-	go func() {
-		tick := time.NewTicker(10 * time.Second)
-		defer tick.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-				pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-				err := st.Ping(pctx)
-				cancel()
-				if ctx.Err() != nil {
-					return
-				}
-				if err != nil {
-					log.Warn("store ping failed", "error", err)
-				}
-				setHealth(err == nil)
-			}
-		}
-	}()
+	go rpc.WatchStoreHealth(ctx, st, hs, []string{"", handoffv1.WritebackService_ServiceDesc.ServiceName}, time.Second, log)
 
 	served := make(chan error, 2)
 	go func() { served <- gs.Serve(lis) }()

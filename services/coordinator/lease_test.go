@@ -18,6 +18,7 @@ import (
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/contract"
 	"github.com/handoffhq/handoff/internal/pipeline"
+	"github.com/handoffhq/handoff/internal/rpc"
 	"github.com/handoffhq/handoff/internal/stack"
 	"github.com/handoffhq/handoff/internal/store"
 	"github.com/handoffhq/handoff/services/agentrunner"
@@ -378,7 +379,7 @@ func TestStoreHealth(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	svc := handoffv1.CoordinatorService_ServiceDesc.ServiceName
-	go coordinator.WatchStoreHealth(ctx, p, hs, []string{"", svc}, 20*time.Millisecond, testLogger(t))
+	go rpc.WatchStoreHealth(ctx, p, hs, []string{"", svc}, 20*time.Millisecond, testLogger(t))
 	want := func(s healthpb.HealthCheckResponse_ServingStatus) {
 		t.Helper()
 		deadline := time.Now().Add(2 * time.Second)

@@ -1,4 +1,4 @@
-package coordinator
+package rpc
 
 import (
 	"context"
@@ -17,7 +17,8 @@ type Pinger interface {
 // WatchStoreHealth makes hs follow the store until ctx ends: it pings st at once and then
 // every interval (each ping bounded by the interval), and sets every name in services ("" is
 // the server as a whole) SERVING while the ping succeeds and NOT_SERVING while it fails. A
-// replica whose store is unreachable can neither create nor advance a run, so a load
+// service whose store is unreachable can do none of its work (no run advances, no claim,
+// no write), so a load
 // balancer should send its callers elsewhere. Each change is logged once, naming the error.
 // After hs.Shutdown its updates are ignored, so a draining server stays NOT_SERVING.
 func WatchStoreHealth(ctx context.Context, st Pinger, hs *health.Server, services []string, interval time.Duration, log *slog.Logger) {
