@@ -30,7 +30,7 @@
 // idempotency record.
 //
 // A result that cannot be stored (Complete fails, after a few attempts) means the work was
-// done but nothing remembers it. The call fails with Internal, and the key is NOT released:
+// done but nothing remembers it. The call fails with Unavailable (with a RetryInfo of the pending TTL), and the key is NOT released:
 // releasing would let the caller's retry do the work a second time. The pending claim instead
 // blocks repeats (Aborted) until the pending TTL lapses; after that a repeat runs again, and
 // only an external system that enforces the key itself can then catch the duplicate.
@@ -215,9 +215,16 @@ func (e *engine) release(ctx context.Context, method, key string) {
 func (e *engine) notRecorded(ctx context.Context, method, key string, cause error) error {
 	e.log.ErrorContext(ctx, "idempotency: request done but its result could not be stored; the key stays claimed until the pending TTL lapses",
 		"method", method, "key", key, "pending_ttl", e.pendingTTL, "error", cause)
-	return status.Errorf(codes.Internal,
+	// Unavailable, not Internal: the caller should come back. Until the pending TTL lapses a
+	// repeat is refused as in flight; after it, the repeat runs again under the same key
+	// (which the downstream system sees, e.g. as the webhook's Idempotency-Key).
+	st := status.New(codes.Unavailable, fmt.Sprintf(
 		"idempotency store: the request with idempotency key %s was done but its result could not be stored: %v; repeats are refused until %s after it started",
-		key, cause, e.pendingTTL)
+		key, cause, e.pendingTTL))
+	if d, err := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(e.pendingTTL)}); err == nil {
+		st = d
+	}
+	return st.Err()
 }
 
 // inFlight is Aborted with a google.rpc.RetryInfo of the retry delay.

@@ -32,7 +32,7 @@ import (
 //     documentation), so a caller that hangs up after the ack does not stop the work: the
 //     result is still recorded, and the retry gets the replay.
 //
-// When a done result cannot be stored, SendMsg returns Internal without sending it, the
+// When a done result cannot be stored, SendMsg returns Unavailable without sending it, the
 // call ends with that Internal whatever the handler returns, and the key is left claimed
 // (see the package documentation).
 //

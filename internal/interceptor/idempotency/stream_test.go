@@ -207,7 +207,7 @@ func TestDeliverCompleteFailure(t *testing.T) {
 	f := &fakeRunner{}
 	c := runnerClient(t, fs, f)
 	msgs, err := deliver(context.Background(), c, deliverReq("job-cf"))
-	wantCode(t, err, codes.Internal, "could not be stored: disk full")
+	wantCode(t, err, codes.Unavailable, "could not be stored: disk full")
 	if len(msgs) != 1 || ackStatus(msgs) != accepted {
 		t.Errorf("messages %v; want only the ACCEPTED ack", msgs)
 	}

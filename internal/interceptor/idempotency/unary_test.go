@@ -152,9 +152,9 @@ func TestUnary(t *testing.T) {
 			code:  codes.Unavailable, msg: "idempotency store: claim " + key + ": dial tcp 127.0.0.1:6379: connection refused",
 		},
 		{
-			name:  "complete failure is Internal and leaves the claim",
+			name:  "complete failure is Unavailable (come back) and leaves the claim",
 			fault: func(fs *faultStore) { fs.completeErr = errors.New("disk full") },
-			calls: 1, code: codes.Internal,
+			calls: 1, code: codes.Unavailable,
 			check: func(t *testing.T, _ any, err error, fs *faultStore) {
 				msg := status.Convert(err).Message()
 				if !strings.Contains(msg, key) || !strings.Contains(msg, "disk full") {

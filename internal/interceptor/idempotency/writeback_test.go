@@ -160,7 +160,7 @@ func TestCompleteFailure(t *testing.T) {
 	ctx := context.Background()
 
 	_, err := c.Write(ctx, writeReq("job-cf"))
-	wantCode(t, err, codes.Internal, "was done but its result could not be stored: disk full")
+	wantCode(t, err, codes.Unavailable, "was done but its result could not be stored: disk full")
 	for range 3 {
 		_, err = c.Write(ctx, writeReq("job-cf"))
 		wantCode(t, err, codes.Aborted, "is in flight")
