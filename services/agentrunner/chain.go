@@ -38,8 +38,9 @@ import (
 //  3. idempotency (Deliver only; key CompletionKey(job_id, stage, evaluator.rounds)):
 //     before budget on purpose. A re-delivery of a completed stage is answered DUPLICATE
 //     with the stored PriorResult, and one still in flight gets gRPC Aborted, without
-//     paying a second hop: the replayed Ack carries no wallet, so the coordinator debits
-//     that hop itself, exactly once. A COMPLETED StageResult is recorded (done) before it
+//     paying a second hop: when the same wallet paid the first completion, the replayed
+//     Ack carries that wallet (the hop is paid); otherwise (another run of the job) it
+//     carries none and the coordinator debits that hop itself, exactly once. A COMPLETED StageResult is recorded (done) before it
 //     is sent; a FAILED StageResult or any Ack other than ACCEPTED (a budget rejection
 //     below) releases the claim, so a later delivery runs the stage. The claim's TTL is
 //     at least 2*StageTimeout+30s, since the interceptor bounds the handler by TTL/2.
@@ -212,11 +213,19 @@ func deliverKey(req proto.Message) (string, error) {
 }
 
 // replay answers a re-delivery of a completed stage: DUPLICATE carrying the stored result.
+// When the first completion was paid from the same wallet, the ack carries that wallet as
+// it stands: the hop is paid, and the sender must not debit it a second time.
 func (s *Server) replay(req proto.Message, stored []byte) (proto.Message, error) {
 	p := req.(*handoffv1.DeliverRequest).GetPackage()
 	ack, err := duplicateAck(p, stored)
 	if err != nil {
 		return nil, err
+	}
+	if id := ack.GetPrior().GetWalletId(); id != "" && id == p.GetBudget().GetWalletId() {
+		if w, err := s.st.Wallet(context.Background(), id); err == nil {
+			w.WalletId = id
+			ack.Wallet = w
+		}
 	}
 	s.logAck(context.Background(), ack, "deliver")
 	return &handoffv1.DeliverResponse{Event: &handoffv1.DeliverResponse_Ack{Ack: ack}}, nil
@@ -225,7 +234,7 @@ func (s *Server) replay(req proto.Message, stored []byte) (proto.Message, error)
 // record settles the completion key by what Deliver sends: a COMPLETED result is stored as the
 // PriorResult a re-delivery replays; a FAILED result, or an Ack that is not ACCEPTED (the
 // budget interceptor's REJECTED_BUDGET), releases the claim; an ACCEPTED Ack leaves it open.
-func (s *Server) record(_ proto.Message, sent proto.Message) (value []byte, done, failed bool) {
+func (s *Server) record(req proto.Message, sent proto.Message) (value []byte, done, failed bool) {
 	m, ok := sent.(*handoffv1.DeliverResponse)
 	if !ok {
 		return nil, false, false
@@ -238,12 +247,20 @@ func (s *Server) record(_ proto.Message, sent proto.Message) (value []byte, done
 		if res.GetStatus() != handoffv1.StageStatus_STAGE_STATUS_COMPLETED {
 			return nil, false, true
 		}
-		value, err := proto.Marshal(&handoffv1.PriorResult{
+		prior := &handoffv1.PriorResult{
 			Artifacts:   res.GetArtifacts(),
 			Evaluator:   res.GetEvaluator(),
 			NextHint:    res.GetNextHint(),
 			CompletedAt: timestamppb.Now(),
-		})
+		}
+		// Deliver debits the hop whenever the package's wallet is in this store (budget
+		// step): remember which wallet paid, so a re-delivery from it is not charged again.
+		if id := req.(*handoffv1.DeliverRequest).GetPackage().GetBudget().GetWalletId(); id != "" {
+			if _, err := s.st.Wallet(context.Background(), id); err == nil {
+				prior.WalletId = id
+			}
+		}
+		value, err := proto.Marshal(prior)
 		if err != nil {
 			s.log.Error("agentrunner: encoding the completion failed; the claim is released", "job_id", res.GetJobId(), "stage", res.GetStage(), "err", err)
 			return nil, false, true

@@ -88,7 +88,8 @@ func TestChainOrder(t *testing.T) {
 	}
 
 	// Duplicate before budget: a completed stage re-delivered on a wallet that is now empty
-	// is DUPLICATE (the coordinator pays for it itself), not REJECTED_BUDGET.
+	// is DUPLICATE, not REJECTED_BUDGET, and carries the wallet that already paid for it
+	// (so the coordinator does not pay a second time).
 	p = openWallet(t, e, "w-last", &handoffv1.Budget{UsdRemainingMicros: 100, HopsRemaining: 1}, "draft")
 	p.JobId = "job-last"
 	msgs, err = deliver(t, e.client, &handoffv1.DeliverRequest{Package: p})
@@ -96,7 +97,7 @@ func TestChainOrder(t *testing.T) {
 		t.Fatalf("last hop: %v %v", msgs, err)
 	}
 	msgs, err = deliver(t, e.client, &handoffv1.DeliverRequest{Package: p})
-	if err != nil || len(msgs) != 1 || msgs[0].GetAck().GetStatus() != handoffv1.AckStatus_ACK_STATUS_DUPLICATE || msgs[0].GetAck().GetWallet() != nil {
+	if err != nil || len(msgs) != 1 || msgs[0].GetAck().GetStatus() != handoffv1.AckStatus_ACK_STATUS_DUPLICATE || msgs[0].GetAck().GetWallet().GetHopsRemaining() != 0 || msgs[0].GetAck().GetWallet().GetWalletId() != "w-last" {
 		t.Fatalf("re-delivery on the emptied wallet: %v %v", msgs, err)
 	}
 	if n := ag.calls.Load(); n != 1 {
@@ -105,7 +106,10 @@ func TestChainOrder(t *testing.T) {
 }
 
 // A re-delivery of a completed stage is answered DUPLICATE and pays no hop; the first
-// delivery paid one and said so in ack.wallet. Check reads the wallet and never debits it.
+// delivery paid one and said so in ack.wallet, and the re-delivery's ack says the same
+// wallet paid (so the sender does not debit it either). Check reads the wallet and never
+// debits it. A re-delivery from another wallet (another run of the same job) gets no
+// wallet: that run has not paid for the hop, and its sender debits it.
 func TestRedeliveryDoesNotDebit(t *testing.T) {
 	ag := &fake{card: agentrunner.RoleCard{Name: "draft"}}
 	e := start(t, agentrunner.Options{Agents: []agentrunner.Agent{ag}}, "")
@@ -136,9 +140,15 @@ func TestRedeliveryDoesNotDebit(t *testing.T) {
 		if err != nil || len(msgs) != 1 || msgs[0].GetAck().GetStatus() != handoffv1.AckStatus_ACK_STATUS_DUPLICATE {
 			t.Fatalf("re-delivery: %v %v", msgs, err)
 		}
-		if msgs[0].GetAck().GetWallet() != nil || len(msgs[0].GetAck().GetPrior().GetArtifacts()) != 1 {
-			t.Fatalf("re-delivery ack %v: want the prior result and no wallet", msgs[0].GetAck())
+		if !proto.Equal(msgs[0].GetAck().GetWallet(), want) || len(msgs[0].GetAck().GetPrior().GetArtifacts()) != 1 {
+			t.Fatalf("re-delivery ack %v: want the prior result and the wallet that paid, %v", msgs[0].GetAck(), want)
 		}
+	}
+	other := proto.Clone(req).(*handoffv1.DeliverRequest)
+	other.Package.Budget.WalletId = "run-2"
+	msgs, err = deliver(t, e.client, other)
+	if err != nil || len(msgs) != 1 || msgs[0].GetAck().GetStatus() != handoffv1.AckStatus_ACK_STATUS_DUPLICATE || msgs[0].GetAck().GetWallet() != nil {
+		t.Fatalf("re-delivery from another run's wallet: %v %v; want DUPLICATE without a wallet", msgs, err)
 	}
 	if w := wallet(t, e, "run-1"); w.HopsRemaining != 7 {
 		t.Fatalf("re-deliveries debited the wallet: %v", w)

@@ -990,7 +990,11 @@ type PriorResult struct {
 	// A judge's first verdict, so a replayed job follows the path it took the first time.
 	Evaluator *Evaluator `protobuf:"bytes,4,opt,name=evaluator,proto3" json:"evaluator,omitempty"`
 	// The first completion's hint for the next stage.
-	NextHint      string `protobuf:"bytes,5,opt,name=next_hint,json=nextHint,proto3" json:"next_hint,omitempty"`
+	NextHint string `protobuf:"bytes,5,opt,name=next_hint,json=nextHint,proto3" json:"next_hint,omitempty"`
+	// The wallet the first completion's hop was debited from, when the receiver debited it.
+	// A re-delivery from the same wallet is not charged again: its DUPLICATE ack carries
+	// that wallet, so the sender knows the hop is paid.
+	WalletId      string `protobuf:"bytes,6,opt,name=wallet_id,json=walletId,proto3" json:"wallet_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1056,6 +1060,13 @@ func (x *PriorResult) GetEvaluator() *Evaluator {
 func (x *PriorResult) GetNextHint() string {
 	if x != nil {
 		return x.NextHint
+	}
+	return ""
+}
+
+func (x *PriorResult) GetWalletId() string {
+	if x != nil {
+		return x.WalletId
 	}
 	return ""
 }
@@ -1227,13 +1238,14 @@ const file_handoff_v2_handoff_proto_rawDesc = "" +
 	"\x06Reason\x12\x14\n" +
 	"\x05field\x18\x01 \x01(\tR\x05field\x12\x12\n" +
 	"\x04rule\x18\x02 \x01(\tR\x04rule\x12\x18\n" +
-	"\amessage\x18\x03 \x01(\tR\amessage\"\x81\x02\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\"\xa8\x02\n" +
 	"\vPriorResult\x122\n" +
 	"\tartifacts\x18\x01 \x03(\v2\x14.handoff.v2.ArtifactR\tartifacts\x12-\n" +
 	"\areceipt\x18\x02 \x01(\v2\x13.handoff.v2.ReceiptR\areceipt\x12=\n" +
 	"\fcompleted_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\vcompletedAt\x123\n" +
 	"\tevaluator\x18\x04 \x01(\v2\x15.handoff.v2.EvaluatorR\tevaluator\x12\x1b\n" +
-	"\tnext_hint\x18\x05 \x01(\tR\bnextHint\"\xdf\x01\n" +
+	"\tnext_hint\x18\x05 \x01(\tR\bnextHint\x12%\n" +
+	"\twallet_id\x18\x06 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x01R\bwalletId\"\xdf\x01\n" +
 	"\aReceipt\x12'\n" +
 	"\x0fidempotency_key\x18\x01 \x01(\tR\x0eidempotencyKey\x12\x16\n" +
 	"\x06target\x18\x02 \x01(\tR\x06target\x12\x1f\n" +
