@@ -185,7 +185,7 @@ func (r *hopRig) hop(ctx context.Context, worker int) error {
 	w := r.workers[worker%len(r.workers)]
 	tp := newTraceparent(nil)
 	p := r.tmpl.make(r.nextJob(), tp, w.walletID)
-	ack, res, err := deliver(ctx, r.client, &handoffv1.DeliverRequest{Package: p})
+	ack, res, err := rpc.Deliver(ctx, r.client, &handoffv1.DeliverRequest{Package: p})
 	if err != nil {
 		return err
 	}
@@ -212,7 +212,7 @@ func (r *hopRig) rejected(ctx context.Context, _ int) error {
 	tp := newTraceparent(nil)
 	p := r.tmpl.make(r.nextJob(), tp, "")
 	p.Goal = ""
-	ack, _, err := deliver(ctx, r.client, &handoffv1.DeliverRequest{Package: p})
+	ack, _, err := rpc.Deliver(ctx, r.client, &handoffv1.DeliverRequest{Package: p})
 	if err != nil {
 		return err
 	}

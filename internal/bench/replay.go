@@ -21,6 +21,7 @@ import (
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/artifact"
+	"github.com/handoffhq/handoff/internal/rpc"
 	"github.com/handoffhq/handoff/internal/stack"
 	"github.com/handoffhq/handoff/internal/store"
 	"github.com/handoffhq/handoff/internal/traceparent"
@@ -313,7 +314,7 @@ func (cfg *ReplayConfig) send(ctx context.Context, items []*replayItem, it *repl
 	hctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	t := time.Now()
-	it.ack, it.result, it.err = deliver(hctx, cfg.Runner, &handoffv1.DeliverRequest{Package: it.pkg})
+	it.ack, it.result, it.err = rpc.Deliver(hctx, cfg.Runner, &handoffv1.DeliverRequest{Package: it.pkg})
 	it.lat = time.Since(t)
 	if it.err != nil || cfg.Writeback == nil {
 		return

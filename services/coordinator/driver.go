@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -18,6 +17,7 @@ import (
 	"github.com/handoffhq/handoff/internal/contract"
 	hoptrace "github.com/handoffhq/handoff/internal/interceptor/trace"
 	"github.com/handoffhq/handoff/internal/pipeline"
+	"github.com/handoffhq/handoff/internal/rpc"
 	"github.com/handoffhq/handoff/internal/store"
 	"github.com/handoffhq/handoff/internal/traceparent"
 )
@@ -188,7 +188,7 @@ func (s *Server) agentHop(ctx context.Context, job *handoffv1.Job, p *pipeline.P
 	var result *handoffv1.StageResult
 	err := s.retry(ctx, job, st.Name, func(ctx context.Context) error {
 		var err error
-		ack, result, err = deliver(ctx, runner, req)
+		ack, result, err = rpc.Deliver(ctx, runner, req)
 		return err
 	})
 	if err != nil {
@@ -331,38 +331,6 @@ func latestArtifact(arts []*handoffv1.Artifact, schemaVersion string) *handoffv1
 		}
 	}
 	return nil
-}
-
-// deliver sends one package and reads the ack and, after ACCEPTED, the stage result.
-func deliver(ctx context.Context, runner handoffv1.AgentRunnerServiceClient, req *handoffv1.DeliverRequest) (*handoffv1.Ack, *handoffv1.StageResult, error) {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	stream, err := runner.Deliver(ctx, req)
-	if err != nil {
-		return nil, nil, err
-	}
-	first, err := stream.Recv()
-	if err != nil {
-		return nil, nil, err
-	}
-	ack := first.GetAck()
-	if ack == nil {
-		return nil, nil, status.Error(codes.Internal, "agent runner broke the protocol: first message is not an ack")
-	}
-	if ack.GetStatus() != handoffv1.AckStatus_ACK_STATUS_ACCEPTED {
-		return ack, nil, nil
-	}
-	msg, err := stream.Recv()
-	if err == io.EOF {
-		return nil, nil, status.Error(codes.Unavailable, "agent runner closed the stream after ACCEPTED without a result")
-	}
-	if err != nil {
-		return nil, nil, err
-	}
-	if msg.GetResult() == nil {
-		return nil, nil, status.Error(codes.Internal, "agent runner broke the protocol: second message is not a stage result")
-	}
-	return ack, msg.GetResult(), nil
 }
 
 // retry runs call until it succeeds, fails for good, or gives up: after Retry attempts and

@@ -1,4 +1,4 @@
-package bench
+package rpc
 
 import (
 	"context"
@@ -10,10 +10,11 @@ import (
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 )
 
-// deliver sends one package and reads the Ack and, after ACCEPTED, the StageResult: what
-// the coordinator's own deliver does (services/coordinator/driver.go), including leaving the
-// stream by cancelling it once it has what it needs.
-func deliver(ctx context.Context, runner handoffv1.AgentRunnerServiceClient, req *handoffv1.DeliverRequest) (*handoffv1.Ack, *handoffv1.StageResult, error) {
+// Deliver is the client side of AgentRunnerService/Deliver: it sends one package and reads
+// the Ack and, after ACCEPTED, the StageResult, then leaves the stream by cancelling it. Any
+// other first message, or a stream that ends after ACCEPTED without a result, is an error:
+// the runner broke the ack-first protocol.
+func Deliver(ctx context.Context, runner handoffv1.AgentRunnerServiceClient, req *handoffv1.DeliverRequest) (*handoffv1.Ack, *handoffv1.StageResult, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stream, err := runner.Deliver(ctx, req)
