@@ -5,31 +5,17 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/health"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/grpc/reflection"
-
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
-	"github.com/handoffhq/handoff/internal/artifact"
-	"github.com/handoffhq/handoff/internal/contract"
 	"github.com/handoffhq/handoff/internal/demo"
-	"github.com/handoffhq/handoff/internal/interceptor/identity"
 	"github.com/handoffhq/handoff/internal/pipeline"
-	"github.com/handoffhq/handoff/internal/rpc"
 	"github.com/handoffhq/handoff/internal/stack"
 	"github.com/handoffhq/handoff/internal/store"
-	"github.com/handoffhq/handoff/internal/telemetry"
 	"github.com/handoffhq/handoff/services/agentrunner"
-	"github.com/handoffhq/handoff/services/coordinator"
-	"github.com/handoffhq/handoff/services/writeback"
 )
 
 // JobsPipeline is the name of figure J's pipeline: five agent stages served by Noop agents,
@@ -179,32 +165,39 @@ func newJobsRig(ctx context.Context, kind, redisAddr, baseDir string, log *slog.
 			r.close()
 		}
 	}()
-	var cc *grpc.ClientConn
+	cfg := stack.Config{
+		DataDir: dir, CoordinatorAddr: "127.0.0.1:0", RunnerAddr: "127.0.0.1:0", WritebackAddr: "127.0.0.1:0",
+		Pipelines: pipes, Agents: agents, Logger: log,
+	}
 	switch kind {
 	case StoreBolt:
-		st, err := stack.Start(ctx, stack.Config{
-			DataDir: dir, CoordinatorAddr: "127.0.0.1:0", RunnerAddr: "127.0.0.1:0", WritebackAddr: "127.0.0.1:0",
-			Pipelines: pipes, Agents: agents, Logger: log,
-		})
-		if err != nil {
-			return nil, err
-		}
-		r.closers = append(r.closers, st.Close)
-		if cc, err = st.Dial(st.CoordinatorAddr); err != nil {
-			return nil, err
-		}
 	case StoreRedis:
 		if redisAddr == "" {
 			redisAddr = DefaultRedisAddr
 		}
-		p, err := startRedisPlatform(ctx, dir, redisAddr, pipes, agents, log)
+		prefix := newPrefix("jobs")
+		rs, err := store.OpenRedis(ctx, store.RedisOptions{Addr: redisAddr, Prefix: prefix})
 		if err != nil {
 			return nil, err
 		}
-		r.closers = append(r.closers, p.close)
-		cc = p.client
+		r.closers = append(r.closers, func() {
+			rs.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			deletePrefix(ctx, redisAddr, prefix)
+			cancel()
+		})
+		cfg.Store = rs
 	default:
 		return nil, fmt.Errorf("bench: unknown store %q (want %q or %q)", kind, StoreBolt, StoreRedis)
+	}
+	st, err := stack.Start(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	r.closers = append(r.closers, st.Close)
+	cc, err := st.Dial(st.CoordinatorAddr)
+	if err != nil {
+		return nil, err
 	}
 	r.client = handoffv1.NewCoordinatorServiceClient(cc)
 	return r, nil
@@ -243,144 +236,5 @@ func (r *jobsRig) job(ctx context.Context, _ int) error {
 func (r *jobsRig) close() {
 	for i := len(r.closers) - 1; i >= 0; i-- {
 		r.closers[i]()
-	}
-}
-
-// redisPlatform is stack.Start's assembly on a Redis store (stack.Start only opens the
-// embedded one): the same three services, each on rpc.NewServer with its enforcement,
-// identity (one signer, the default policy), metrics, health and reflection, talking over
-// loopback gRPC with the coordinator's token.
-type redisPlatform struct {
-	client  *grpc.ClientConn
-	closers []func()
-}
-
-func startRedisPlatform(ctx context.Context, dir, redisAddr string, pipes map[string]*pipeline.Pipeline, agents []agentrunner.Agent, log *slog.Logger) (_ *redisPlatform, err error) {
-	p := &redisPlatform{}
-	defer func() {
-		if err != nil {
-			p.close()
-		}
-	}()
-	prefix := newPrefix("jobs")
-	st, err := store.OpenRedis(ctx, store.RedisOptions{Addr: redisAddr, Prefix: prefix})
-	if err != nil {
-		return nil, err
-	}
-	p.closers = append(p.closers, func() {
-		st.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		deletePrefix(ctx, redisAddr, prefix)
-		cancel()
-	})
-	arts, err := artifact.NewFiles(filepath.Join(dir, "artifacts"))
-	if err != nil {
-		return nil, err
-	}
-	val, err := contract.NewValidator()
-	if err != nil {
-		return nil, err
-	}
-	signer, err := identity.NewRandomSigner()
-	if err != nil {
-		return nil, err
-	}
-	tp, err := telemetry.NewTracerProvider(ctx, "handoff")
-	if err != nil {
-		return nil, err
-	}
-	p.closers = append(p.closers, func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		tp.Shutdown(ctx)
-		cancel()
-	})
-	reg := telemetry.NewRegistry()
-	serve := func(name, service string, register func(*grpc.Server), unary []grpc.UnaryServerInterceptor, stream []grpc.StreamServerInterceptor) (string, error) {
-		lis, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return "", err
-		}
-		m := telemetry.NewMetrics(reg, name)
-		idOpts := []identity.Option{identity.WithSigner(signer), identity.WithPolicy(identity.DefaultPolicy()), identity.WithLogger(log)}
-		g := rpc.NewServer(rpc.ServerConfig{
-			Service: name, Logger: log, TracerProvider: tp, Metrics: m,
-			IdentityUnary: identity.UnaryServerInterceptor(idOpts...), IdentityStream: identity.StreamServerInterceptor(idOpts...),
-			Unary: unary, Stream: stream,
-		})
-		register(g)
-		hs := health.NewServer()
-		hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-		hs.SetServingStatus(service, healthpb.HealthCheckResponse_SERVING)
-		healthpb.RegisterHealthServer(g, hs)
-		reflection.Register(g)
-		m.RPC.InitializeMetrics(g)
-		go g.Serve(lis)
-		p.closers = append(p.closers, func() { hs.Shutdown(); g.Stop() })
-		return lis.Addr().String(), nil
-	}
-	dialAs := func(addr, service string) (*grpc.ClientConn, error) {
-		cc, err := rpc.Dial(addr, rpc.DialConfig{TracerProvider: tp, PerRPC: signer.PerRPCCredentials(service)})
-		if err == nil {
-			p.closers = append(p.closers, func() { cc.Close() })
-		}
-		return cc, err
-	}
-
-	runner, err := agentrunner.New(agentrunner.Options{Validator: val, Store: st, Artifacts: arts, Agents: agents, Logger: log.With("service", "agentrunner")})
-	if err != nil {
-		return nil, err
-	}
-	ru, rs := runner.Interceptors()
-	runnerAddr, err := serve("agentrunner", handoffv1.AgentRunnerService_ServiceDesc.ServiceName, func(g *grpc.Server) { agentrunner.Register(g, runner) }, ru, rs)
-	if err != nil {
-		return nil, err
-	}
-	wb, err := writeback.New(writeback.Options{Validator: val, Store: st, Artifacts: arts, Targets: []writeback.Target{&writeback.Ledger{Store: st, AppendOnly: true}}, Logger: log.With("service", "writeback")})
-	if err != nil {
-		return nil, err
-	}
-	wbAddr, err := serve("writeback", handoffv1.WritebackService_ServiceDesc.ServiceName, func(g *grpc.Server) { writeback.Register(g, wb) }, wb.Interceptors(), nil)
-	if err != nil {
-		return nil, err
-	}
-	runnerConn, err := dialAs(runnerAddr, "coordinator")
-	if err != nil {
-		return nil, err
-	}
-	wbConn, err := dialAs(wbAddr, "coordinator")
-	if err != nil {
-		return nil, err
-	}
-	coord, err := coordinator.New(coordinator.Options{
-		Store: st, Pipelines: pipes, Validator: val, Logger: log.With("service", "coordinator"),
-		Runner:         handoffv1.NewAgentRunnerServiceClient(runnerConn),
-		Writeback:      handoffv1.NewWritebackServiceClient(wbConn),
-		Dial:           func(addr string) (grpc.ClientConnInterface, error) { return dialAs(addr, "coordinator") },
-		TracerProvider: tp,
-	})
-	if err != nil {
-		return nil, err
-	}
-	p.closers = append(p.closers, coord.Close)
-	cu, cs := coord.Interceptors()
-	coordAddr, err := serve("coordinator", handoffv1.CoordinatorService_ServiceDesc.ServiceName, func(g *grpc.Server) { coordinator.Register(g, coord) }, cu, cs)
-	if err != nil {
-		return nil, err
-	}
-	// A client without a service identity, as `handoff demo` submits.
-	cc, err := rpc.Dial(coordAddr, rpc.DialConfig{TracerProvider: tp})
-	if err != nil {
-		return nil, err
-	}
-	p.closers = append(p.closers, func() { cc.Close() })
-	p.client = cc
-	return p, nil
-}
-
-// close runs the closers newest first: clients, then the coordinator's drivers, servers,
-// tracing and the store (whose keys are deleted).
-func (p *redisPlatform) close() {
-	for i := len(p.closers) - 1; i >= 0; i-- {
-		p.closers[i]()
 	}
 }

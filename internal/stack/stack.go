@@ -50,6 +50,9 @@ type Config struct {
 	Logger     *slog.Logger
 	// Tamper is passed to the coordinator: fault injection for tests only.
 	Tamper func(*handoffv1.HandoffPackage)
+	// Store, when set, is used instead of the embedded store in DataDir (for example a
+	// Redis store); the caller keeps it and closes it after the stack.
+	Store store.Store
 	// TracerProvider for every service's spans; default: an SDK provider that makes ids
 	// and exports over OTLP only when OTEL_EXPORTER_OTLP_ENDPOINT is set.
 	TracerProvider oteltrace.TracerProvider
@@ -64,7 +67,8 @@ const (
 
 // Stack is a running platform.
 type Stack struct {
-	Store       *store.Bolt
+	Store       store.Store
+	ownStore    bool
 	Artifacts   *artifact.Files
 	Runner      *agentrunner.Server
 	Coordinator *coordinator.Server
@@ -126,8 +130,11 @@ func Start(ctx context.Context, cfg Config) (st *Stack, err error) {
 			s.Close()
 		}
 	}()
-	if s.Store, err = store.Open(filepath.Join(cfg.DataDir, "handoff.db")); err != nil {
-		return nil, err
+	if s.Store = cfg.Store; s.Store == nil {
+		if s.Store, err = store.Open(filepath.Join(cfg.DataDir, "handoff.db")); err != nil {
+			return nil, err
+		}
+		s.ownStore = true
 	}
 	if s.Artifacts, err = artifact.NewFiles(filepath.Join(cfg.DataDir, "artifacts")); err != nil {
 		return nil, err
@@ -275,7 +282,7 @@ func (s *Stack) Close() {
 	for _, c := range s.conns {
 		c.Close()
 	}
-	if s.Store != nil {
+	if s.Store != nil && s.ownStore {
 		s.Store.Close()
 	}
 	if s.shutdown != nil {
