@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"flag"
 	"fmt"
 	"io"
@@ -53,8 +55,11 @@ func runUp(args []string, stdout, stderr io.Writer) int {
 		fs.PrintDefaults()
 	}
 	var f stackFlags
+	var webAddr, opToken string
 	b := config.New(fs)
 	bindStack(b, &f, "handoff-data", stack.DefaultCoordinatorAddr, stack.DefaultRunnerAddr, stack.DefaultWritebackAddr, "127.0.0.1:9464")
+	b.String(&webAddr, "web-listen", "HANDOFF_WEB_LISTEN", "127.0.0.1:8080", "serve the operator page (escalations) at http://ADDR/ (empty: off)")
+	b.String(&opToken, "operator-token", "HANDOFF_OPERATOR_TOKEN", "", "token required by ListEscalations, ResolveEscalation and the operator page (empty: none)")
 	if err := b.Parse(args); err != nil {
 		if err == flag.ErrHelp {
 			return 0
@@ -64,13 +69,32 @@ func runUp(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	st, err := stack.Start(ctx, f.config(stderr))
+	cfg := f.config(stderr)
+	generated := false
+	if webAddr != "" && opToken == "" {
+		// Fail closed: the page can approve writes, so it never runs without a token. One
+		// is made for this run and printed; set HANDOFF_OPERATOR_TOKEN to choose it.
+		b := make([]byte, 16)
+		if _, err := rand.Read(b); err != nil {
+			fmt.Fprintln(stderr, "handoff up: operator token:", err)
+			return 1
+		}
+		opToken, generated = hex.EncodeToString(b), true
+	}
+	cfg.WebAddr, cfg.OperatorToken = webAddr, opToken
+	st, err := stack.Start(ctx, cfg)
 	if err != nil {
 		fmt.Fprintln(stderr, "handoff up:", err)
 		return 1
 	}
 	fmt.Fprintf(stdout, "handoff up: data in %s\n  coordinator   %s\n  agent runner  %s\n  writeback     %s\n",
 		f.data, st.CoordinatorAddr, st.RunnerAddr, st.WritebackAddr)
+	if st.WebAddr != "" {
+		fmt.Fprintf(stdout, "  operator page http://%s/ (operator token required)\n", st.WebAddr)
+		if generated {
+			fmt.Fprintf(stdout, "  operator token %s (made for this run; set HANDOFF_OPERATOR_TOKEN to choose one)\n", opToken)
+		}
+	}
 	if f.metrics != "" {
 		lis, err := net.Listen("tcp", f.metrics)
 		if err != nil {

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"time"
@@ -33,6 +34,7 @@ import (
 	"github.com/handoffhq/handoff/services/agentrunner"
 	"github.com/handoffhq/handoff/services/agentrunner/support"
 	"github.com/handoffhq/handoff/services/coordinator"
+	"github.com/handoffhq/handoff/services/coordinator/web"
 	"github.com/handoffhq/handoff/services/writeback"
 )
 
@@ -56,6 +58,11 @@ type Config struct {
 	// TracerProvider for every service's spans; default: an SDK provider that makes ids
 	// and exports over OTLP only when OTEL_EXPORTER_OTLP_ENDPOINT is set.
 	TracerProvider oteltrace.TracerProvider
+	// WebAddr, when set, serves the operator page (escalations) over HTTP on this address,
+	// meant for loopback ("127.0.0.1:8080"); empty: off.
+	WebAddr string
+	// OperatorToken, when set, guards ListEscalations, ResolveEscalation and the web page.
+	OperatorToken string
 }
 
 // Default listen addresses of `handoff up`.
@@ -74,6 +81,8 @@ type Stack struct {
 	Coordinator *coordinator.Server
 	// Addresses actually listened on.
 	CoordinatorAddr, RunnerAddr, WritebackAddr string
+	// WebAddr is the operator page's address, when Config.WebAddr was set.
+	WebAddr string
 
 	// Registry holds the three services' metrics (label service=...); serve it with
 	// telemetry.Handler.
@@ -86,6 +95,7 @@ type Stack struct {
 	servers  []*grpc.Server
 	healths  []*health.Server
 	conns    []*grpc.ClientConn
+	web      *http.Server
 }
 
 // ShippedPipelines loads the pipelines compiled into the binary.
@@ -197,12 +207,23 @@ func Start(ctx context.Context, cfg Config) (st *Stack, err error) {
 		Dial:           func(addr string) (grpc.ClientConnInterface, error) { return s.DialAs(addr, "coordinator") },
 		Tamper:         cfg.Tamper,
 		TracerProvider: s.tp,
+		Artifacts:      s.Artifacts,
+		OperatorToken:  cfg.OperatorToken,
 	})
 	if err != nil {
 		return nil, err
 	}
 	cu, cs := s.Coordinator.Interceptors()
 	s.serve(lis["coordinator"], "coordinator", handoffv1.CoordinatorService_ServiceDesc.ServiceName, func(g *grpc.Server) { coordinator.Register(g, s.Coordinator) }, cu, cs)
+	if cfg.WebAddr != "" {
+		wl, err := net.Listen("tcp", cfg.WebAddr)
+		if err != nil {
+			return nil, fmt.Errorf("stack: operator page cannot listen on %s: %w", cfg.WebAddr, err)
+		}
+		s.WebAddr = wl.Addr().String()
+		s.web = &http.Server{Handler: web.New(s.Coordinator), ReadHeaderTimeout: 5 * time.Second}
+		go s.web.Serve(wl)
+	}
 	if n, err := s.Coordinator.Resume(ctx); err != nil {
 		return nil, fmt.Errorf("stack: resume runs: %w", err)
 	} else if n > 0 {
@@ -266,6 +287,9 @@ func (s *Stack) dial(addr string, dc rpc.DialConfig) (*grpc.ClientConn, error) {
 func (s *Stack) Close() {
 	for _, hs := range s.healths {
 		hs.Shutdown()
+	}
+	if s.web != nil {
+		s.web.Close()
 	}
 	if s.Coordinator != nil {
 		s.Coordinator.Close()

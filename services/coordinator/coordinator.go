@@ -24,6 +24,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+	"github.com/handoffhq/handoff/internal/artifact"
 	"github.com/handoffhq/handoff/internal/contract"
 	hoptrace "github.com/handoffhq/handoff/internal/interceptor/trace"
 	"github.com/handoffhq/handoff/internal/interceptor/validate"
@@ -75,6 +76,14 @@ type Options struct {
 	// TracerProvider starts the job's spans: one per hop the coordinator sends, parent of
 	// the receiver's ack span. A no-op provider falls back to bare traceparents.
 	TracerProvider oteltrace.TracerProvider
+	// Artifacts stores the artifact versions a person edits when resolving an escalation
+	// (and reads the proposed artifact for the operator page). Optional: without it,
+	// ResolveEscalation refuses edits.
+	Artifacts artifact.Store
+	// OperatorToken, when set, is required by ListEscalations and ResolveEscalation (and the
+	// operator web page) as `authorization: Bearer <token>`. Empty: those are open to
+	// anyone who can call the coordinator.
+	OperatorToken string
 }
 
 // Server implements handoffv1.CoordinatorServiceServer.

@@ -163,21 +163,24 @@ const (
 	EventKind_EVENT_KIND_ESCALATED    EventKind = 7
 	EventKind_EVENT_KIND_COMPLETED    EventKind = 8
 	EventKind_EVENT_KIND_FAILED       EventKind = 9
+	// A person resolved an escalated run (ResolveEscalation); resolution says how.
+	EventKind_EVENT_KIND_RESOLVED EventKind = 10
 )
 
 // Enum value maps for EventKind.
 var (
 	EventKind_name = map[int32]string{
-		0: "EVENT_KIND_UNSPECIFIED",
-		1: "EVENT_KIND_SUBMITTED",
-		2: "EVENT_KIND_PACKAGE_SENT",
-		3: "EVENT_KIND_ACK",
-		4: "EVENT_KIND_STAGE_RESULT",
-		5: "EVENT_KIND_VERDICT",
-		6: "EVENT_KIND_RECEIPT",
-		7: "EVENT_KIND_ESCALATED",
-		8: "EVENT_KIND_COMPLETED",
-		9: "EVENT_KIND_FAILED",
+		0:  "EVENT_KIND_UNSPECIFIED",
+		1:  "EVENT_KIND_SUBMITTED",
+		2:  "EVENT_KIND_PACKAGE_SENT",
+		3:  "EVENT_KIND_ACK",
+		4:  "EVENT_KIND_STAGE_RESULT",
+		5:  "EVENT_KIND_VERDICT",
+		6:  "EVENT_KIND_RECEIPT",
+		7:  "EVENT_KIND_ESCALATED",
+		8:  "EVENT_KIND_COMPLETED",
+		9:  "EVENT_KIND_FAILED",
+		10: "EVENT_KIND_RESOLVED",
 	}
 	EventKind_value = map[string]int32{
 		"EVENT_KIND_UNSPECIFIED":  0,
@@ -190,6 +193,7 @@ var (
 		"EVENT_KIND_ESCALATED":    7,
 		"EVENT_KIND_COMPLETED":    8,
 		"EVENT_KIND_FAILED":       9,
+		"EVENT_KIND_RESOLVED":     10,
 	}
 )
 
@@ -218,6 +222,61 @@ func (x EventKind) Number() protoreflect.EnumNumber {
 // Deprecated: Use EventKind.Descriptor instead.
 func (EventKind) EnumDescriptor() ([]byte, []int) {
 	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{2}
+}
+
+type ResolutionAction int32
+
+const (
+	ResolutionAction_RESOLUTION_ACTION_UNSPECIFIED      ResolutionAction = 0
+	ResolutionAction_RESOLUTION_ACTION_APPROVE          ResolutionAction = 1
+	ResolutionAction_RESOLUTION_ACTION_RETURN_TO_STAGE  ResolutionAction = 2
+	ResolutionAction_RESOLUTION_ACTION_FAIL             ResolutionAction = 3
+	ResolutionAction_RESOLUTION_ACTION_REJECT_MALFORMED ResolutionAction = 4
+)
+
+// Enum value maps for ResolutionAction.
+var (
+	ResolutionAction_name = map[int32]string{
+		0: "RESOLUTION_ACTION_UNSPECIFIED",
+		1: "RESOLUTION_ACTION_APPROVE",
+		2: "RESOLUTION_ACTION_RETURN_TO_STAGE",
+		3: "RESOLUTION_ACTION_FAIL",
+		4: "RESOLUTION_ACTION_REJECT_MALFORMED",
+	}
+	ResolutionAction_value = map[string]int32{
+		"RESOLUTION_ACTION_UNSPECIFIED":      0,
+		"RESOLUTION_ACTION_APPROVE":          1,
+		"RESOLUTION_ACTION_RETURN_TO_STAGE":  2,
+		"RESOLUTION_ACTION_FAIL":             3,
+		"RESOLUTION_ACTION_REJECT_MALFORMED": 4,
+	}
+)
+
+func (x ResolutionAction) Enum() *ResolutionAction {
+	p := new(ResolutionAction)
+	*p = x
+	return p
+}
+
+func (x ResolutionAction) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ResolutionAction) Descriptor() protoreflect.EnumDescriptor {
+	return file_handoff_v1_coordinator_proto_enumTypes[3].Descriptor()
+}
+
+func (ResolutionAction) Type() protoreflect.EnumType {
+	return &file_handoff_v1_coordinator_proto_enumTypes[3]
+}
+
+func (x ResolutionAction) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ResolutionAction.Descriptor instead.
+func (ResolutionAction) EnumDescriptor() ([]byte, []int) {
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{3}
 }
 
 type SubmitJobRequest struct {
@@ -719,8 +778,10 @@ type Job struct {
 	RequestId   string                 `protobuf:"bytes,22,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	// Money spent so far, in micro-USD.
 	SpentUsdMicros int64 `protobuf:"varint,23,opt,name=spent_usd_micros,json=spentUsdMicros,proto3" json:"spent_usd_micros,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The last decision a person made on the run (ResolveEscalation).
+	Resolution    *Resolution `protobuf:"bytes,24,opt,name=resolution,proto3" json:"resolution,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Job) Reset() {
@@ -914,6 +975,13 @@ func (x *Job) GetSpentUsdMicros() int64 {
 	return 0
 }
 
+func (x *Job) GetResolution() *Resolution {
+	if x != nil {
+		return x.Resolution
+	}
+	return nil
+}
+
 // Escalation says why the rail stopped and handed the run to a person.
 type Escalation struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1020,7 +1088,9 @@ type JobEvent struct {
 	Receipt    *Receipt     `protobuf:"bytes,12,opt,name=receipt,proto3" json:"receipt,omitempty"`
 	Escalation *Escalation  `protobuf:"bytes,13,opt,name=escalation,proto3" json:"escalation,omitempty"`
 	// Hop number this event belongs to (1-based).
-	Hop           uint32 `protobuf:"varint,14,opt,name=hop,proto3" json:"hop,omitempty"`
+	Hop uint32 `protobuf:"varint,14,opt,name=hop,proto3" json:"hop,omitempty"`
+	// The person's decision, on an EVENT_KIND_RESOLVED event.
+	Resolution    *Resolution `protobuf:"bytes,15,opt,name=resolution,proto3" json:"resolution,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1153,6 +1223,623 @@ func (x *JobEvent) GetHop() uint32 {
 	return 0
 }
 
+func (x *JobEvent) GetResolution() *Resolution {
+	if x != nil {
+		return x.Resolution
+	}
+	return nil
+}
+
+type ListEscalationsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	PageSize      int32                  `protobuf:"varint,1,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	PageToken     string                 `protobuf:"bytes,2,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListEscalationsRequest) Reset() {
+	*x = ListEscalationsRequest{}
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListEscalationsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListEscalationsRequest) ProtoMessage() {}
+
+func (x *ListEscalationsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListEscalationsRequest.ProtoReflect.Descriptor instead.
+func (*ListEscalationsRequest) Descriptor() ([]byte, []int) {
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *ListEscalationsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListEscalationsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+type ListEscalationsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Jobs          []*Job                 `protobuf:"bytes,1,rep,name=jobs,proto3" json:"jobs,omitempty"`
+	NextPageToken string                 `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListEscalationsResponse) Reset() {
+	*x = ListEscalationsResponse{}
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListEscalationsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListEscalationsResponse) ProtoMessage() {}
+
+func (x *ListEscalationsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListEscalationsResponse.ProtoReflect.Descriptor instead.
+func (*ListEscalationsResponse) Descriptor() ([]byte, []int) {
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ListEscalationsResponse) GetJobs() []*Job {
+	if x != nil {
+		return x.Jobs
+	}
+	return nil
+}
+
+func (x *ListEscalationsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+type ResolveEscalationRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	RunId string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// Who decided (a login or an email).
+	Operator string `protobuf:"bytes,2,opt,name=operator,proto3" json:"operator,omitempty"`
+	Comment  string `protobuf:"bytes,3,opt,name=comment,proto3" json:"comment,omitempty"`
+	// Types that are valid to be assigned to Action:
+	//
+	//	*ResolveEscalationRequest_Approve
+	//	*ResolveEscalationRequest_ReturnToStage
+	//	*ResolveEscalationRequest_Fail
+	//	*ResolveEscalationRequest_RejectMalformed
+	Action        isResolveEscalationRequest_Action `protobuf_oneof:"action"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResolveEscalationRequest) Reset() {
+	*x = ResolveEscalationRequest{}
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResolveEscalationRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResolveEscalationRequest) ProtoMessage() {}
+
+func (x *ResolveEscalationRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResolveEscalationRequest.ProtoReflect.Descriptor instead.
+func (*ResolveEscalationRequest) Descriptor() ([]byte, []int) {
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ResolveEscalationRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *ResolveEscalationRequest) GetOperator() string {
+	if x != nil {
+		return x.Operator
+	}
+	return ""
+}
+
+func (x *ResolveEscalationRequest) GetComment() string {
+	if x != nil {
+		return x.Comment
+	}
+	return ""
+}
+
+func (x *ResolveEscalationRequest) GetAction() isResolveEscalationRequest_Action {
+	if x != nil {
+		return x.Action
+	}
+	return nil
+}
+
+func (x *ResolveEscalationRequest) GetApprove() *ApproveAction {
+	if x != nil {
+		if x, ok := x.Action.(*ResolveEscalationRequest_Approve); ok {
+			return x.Approve
+		}
+	}
+	return nil
+}
+
+func (x *ResolveEscalationRequest) GetReturnToStage() *ReturnToStageAction {
+	if x != nil {
+		if x, ok := x.Action.(*ResolveEscalationRequest_ReturnToStage); ok {
+			return x.ReturnToStage
+		}
+	}
+	return nil
+}
+
+func (x *ResolveEscalationRequest) GetFail() *FailAction {
+	if x != nil {
+		if x, ok := x.Action.(*ResolveEscalationRequest_Fail); ok {
+			return x.Fail
+		}
+	}
+	return nil
+}
+
+func (x *ResolveEscalationRequest) GetRejectMalformed() *RejectMalformedAction {
+	if x != nil {
+		if x, ok := x.Action.(*ResolveEscalationRequest_RejectMalformed); ok {
+			return x.RejectMalformed
+		}
+	}
+	return nil
+}
+
+type isResolveEscalationRequest_Action interface {
+	isResolveEscalationRequest_Action()
+}
+
+type ResolveEscalationRequest_Approve struct {
+	// Write the proposed artifact back (edited or not) with a human PASS.
+	Approve *ApproveAction `protobuf:"bytes,4,opt,name=approve,proto3,oneof"`
+}
+
+type ResolveEscalationRequest_ReturnToStage struct {
+	// Send the run back into the rail at a stage of its pipeline.
+	ReturnToStage *ReturnToStageAction `protobuf:"bytes,5,opt,name=return_to_stage,json=returnToStage,proto3,oneof"`
+}
+
+type ResolveEscalationRequest_Fail struct {
+	// End the run as FAILED.
+	Fail *FailAction `protobuf:"bytes,6,opt,name=fail,proto3,oneof"`
+}
+
+type ResolveEscalationRequest_RejectMalformed struct {
+	// End the run as FAILED: its input or output is malformed and not worth a retry.
+	RejectMalformed *RejectMalformedAction `protobuf:"bytes,7,opt,name=reject_malformed,json=rejectMalformed,proto3,oneof"`
+}
+
+func (*ResolveEscalationRequest_Approve) isResolveEscalationRequest_Action() {}
+
+func (*ResolveEscalationRequest_ReturnToStage) isResolveEscalationRequest_Action() {}
+
+func (*ResolveEscalationRequest_Fail) isResolveEscalationRequest_Action() {}
+
+func (*ResolveEscalationRequest_RejectMalformed) isResolveEscalationRequest_Action() {}
+
+// Edited artifact text: stored as a new version of the run's latest artifact of the stage's
+// input schema, and appended to the run.
+type ApproveAction struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ArtifactText  *string                `protobuf:"bytes,1,opt,name=artifact_text,json=artifactText,proto3,oneof" json:"artifact_text,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApproveAction) Reset() {
+	*x = ApproveAction{}
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApproveAction) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApproveAction) ProtoMessage() {}
+
+func (x *ApproveAction) ProtoReflect() protoreflect.Message {
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApproveAction.ProtoReflect.Descriptor instead.
+func (*ApproveAction) Descriptor() ([]byte, []int) {
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ApproveAction) GetArtifactText() string {
+	if x != nil && x.ArtifactText != nil {
+		return *x.ArtifactText
+	}
+	return ""
+}
+
+type ReturnToStageAction struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Stage         string                 `protobuf:"bytes,1,opt,name=stage,proto3" json:"stage,omitempty"`
+	ArtifactText  *string                `protobuf:"bytes,2,opt,name=artifact_text,json=artifactText,proto3,oneof" json:"artifact_text,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReturnToStageAction) Reset() {
+	*x = ReturnToStageAction{}
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReturnToStageAction) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReturnToStageAction) ProtoMessage() {}
+
+func (x *ReturnToStageAction) ProtoReflect() protoreflect.Message {
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReturnToStageAction.ProtoReflect.Descriptor instead.
+func (*ReturnToStageAction) Descriptor() ([]byte, []int) {
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ReturnToStageAction) GetStage() string {
+	if x != nil {
+		return x.Stage
+	}
+	return ""
+}
+
+func (x *ReturnToStageAction) GetArtifactText() string {
+	if x != nil && x.ArtifactText != nil {
+		return *x.ArtifactText
+	}
+	return ""
+}
+
+type FailAction struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Reason        string                 `protobuf:"bytes,1,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FailAction) Reset() {
+	*x = FailAction{}
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FailAction) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FailAction) ProtoMessage() {}
+
+func (x *FailAction) ProtoReflect() protoreflect.Message {
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FailAction.ProtoReflect.Descriptor instead.
+func (*FailAction) Descriptor() ([]byte, []int) {
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *FailAction) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+type RejectMalformedAction struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Reason        string                 `protobuf:"bytes,1,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RejectMalformedAction) Reset() {
+	*x = RejectMalformedAction{}
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RejectMalformedAction) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RejectMalformedAction) ProtoMessage() {}
+
+func (x *RejectMalformedAction) ProtoReflect() protoreflect.Message {
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RejectMalformedAction.ProtoReflect.Descriptor instead.
+func (*RejectMalformedAction) Descriptor() ([]byte, []int) {
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *RejectMalformedAction) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// Resolution is the record of a person's decision on an escalated run.
+type Resolution struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Action   ResolutionAction       `protobuf:"varint,1,opt,name=action,proto3,enum=handoff.v1.ResolutionAction" json:"action,omitempty"`
+	Operator string                 `protobuf:"bytes,2,opt,name=operator,proto3" json:"operator,omitempty"`
+	Comment  string                 `protobuf:"bytes,3,opt,name=comment,proto3" json:"comment,omitempty"`
+	// The stage the run went back to (return_to_stage).
+	Stage string `protobuf:"bytes,4,opt,name=stage,proto3" json:"stage,omitempty"`
+	// The reason given (fail, reject_malformed).
+	Reason string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	// The edited artifact version, when the person edited it.
+	EditedArtifact *Artifact `protobuf:"bytes,6,opt,name=edited_artifact,json=editedArtifact,proto3" json:"edited_artifact,omitempty"`
+	// The escalation that was resolved.
+	Escalation    *Escalation            `protobuf:"bytes,7,opt,name=escalation,proto3" json:"escalation,omitempty"`
+	At            *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=at,proto3" json:"at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Resolution) Reset() {
+	*x = Resolution{}
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Resolution) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Resolution) ProtoMessage() {}
+
+func (x *Resolution) ProtoReflect() protoreflect.Message {
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Resolution.ProtoReflect.Descriptor instead.
+func (*Resolution) Descriptor() ([]byte, []int) {
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *Resolution) GetAction() ResolutionAction {
+	if x != nil {
+		return x.Action
+	}
+	return ResolutionAction_RESOLUTION_ACTION_UNSPECIFIED
+}
+
+func (x *Resolution) GetOperator() string {
+	if x != nil {
+		return x.Operator
+	}
+	return ""
+}
+
+func (x *Resolution) GetComment() string {
+	if x != nil {
+		return x.Comment
+	}
+	return ""
+}
+
+func (x *Resolution) GetStage() string {
+	if x != nil {
+		return x.Stage
+	}
+	return ""
+}
+
+func (x *Resolution) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *Resolution) GetEditedArtifact() *Artifact {
+	if x != nil {
+		return x.EditedArtifact
+	}
+	return nil
+}
+
+func (x *Resolution) GetEscalation() *Escalation {
+	if x != nil {
+		return x.Escalation
+	}
+	return nil
+}
+
+func (x *Resolution) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
+type ResolveEscalationResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run after the decision.
+	Job *Job `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	// The writeback receipt (approve).
+	Receipt *Receipt `protobuf:"bytes,2,opt,name=receipt,proto3" json:"receipt,omitempty"`
+	// True when approve found the write already made (same idempotency key): nothing new was
+	// written.
+	Duplicate     bool        `protobuf:"varint,3,opt,name=duplicate,proto3" json:"duplicate,omitempty"`
+	Resolution    *Resolution `protobuf:"bytes,4,opt,name=resolution,proto3" json:"resolution,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResolveEscalationResponse) Reset() {
+	*x = ResolveEscalationResponse{}
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResolveEscalationResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResolveEscalationResponse) ProtoMessage() {}
+
+func (x *ResolveEscalationResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResolveEscalationResponse.ProtoReflect.Descriptor instead.
+func (*ResolveEscalationResponse) Descriptor() ([]byte, []int) {
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *ResolveEscalationResponse) GetJob() *Job {
+	if x != nil {
+		return x.Job
+	}
+	return nil
+}
+
+func (x *ResolveEscalationResponse) GetReceipt() *Receipt {
+	if x != nil {
+		return x.Receipt
+	}
+	return nil
+}
+
+func (x *ResolveEscalationResponse) GetDuplicate() bool {
+	if x != nil {
+		return x.Duplicate
+	}
+	return false
+}
+
+func (x *ResolveEscalationResponse) GetResolution() *Resolution {
+	if x != nil {
+		return x.Resolution
+	}
+	return nil
+}
+
 var File_handoff_v1_coordinator_proto protoreflect.FileDescriptor
 
 const file_handoff_v1_coordinator_proto_rawDesc = "" +
@@ -1192,7 +1879,7 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\x06run_id\x18\x01 \x01(\tB\x06\xbaH\x03\xc8\x01\x01R\x05runId\x12\x1b\n" +
 	"\tafter_seq\x18\x02 \x01(\x04R\bafterSeq\">\n" +
 	"\x10WatchJobResponse\x12*\n" +
-	"\x05event\x18\x01 \x01(\v2\x14.handoff.v1.JobEventR\x05event\"\xf5\x06\n" +
+	"\x05event\x18\x01 \x01(\v2\x14.handoff.v1.JobEventR\x05event\"\xad\a\n" +
 	"\x03Job\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x15\n" +
 	"\x06job_id\x18\x02 \x01(\tR\x05jobId\x12\x1a\n" +
@@ -1224,7 +1911,10 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"updated_at\x18\x15 \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x16 \x01(\tR\trequestId\x12(\n" +
-	"\x10spent_usd_micros\x18\x17 \x01(\x03R\x0espentUsdMicros\"\xdd\x01\n" +
+	"\x10spent_usd_micros\x18\x17 \x01(\x03R\x0espentUsdMicros\x126\n" +
+	"\n" +
+	"resolution\x18\x18 \x01(\v2\x16.handoff.v1.ResolutionR\n" +
+	"resolution\"\xdd\x01\n" +
 	"\n" +
 	"Escalation\x121\n" +
 	"\x05cause\x18\x01 \x01(\x0e2\x1b.handoff.v1.EscalationCauseR\x05cause\x12\x14\n" +
@@ -1232,7 +1922,7 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\x06detail\x18\x03 \x01(\tR\x06detail\x12,\n" +
 	"\areasons\x18\x04 \x03(\v2\x12.handoff.v1.ReasonR\areasons\x12\x14\n" +
 	"\x05route\x18\x05 \x01(\tR\x05route\x12*\n" +
-	"\x02at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"\x87\x04\n" +
+	"\x02at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"\xbf\x04\n" +
 	"\bJobEvent\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x15\n" +
 	"\x06run_id\x18\x02 \x01(\tR\x05runId\x12\x15\n" +
@@ -1250,7 +1940,58 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\n" +
 	"escalation\x18\r \x01(\v2\x16.handoff.v1.EscalationR\n" +
 	"escalation\x12\x10\n" +
-	"\x03hop\x18\x0e \x01(\rR\x03hop*\x84\x01\n" +
+	"\x03hop\x18\x0e \x01(\rR\x03hop\x126\n" +
+	"\n" +
+	"resolution\x18\x0f \x01(\v2\x16.handoff.v1.ResolutionR\n" +
+	"resolution\"`\n" +
+	"\x16ListEscalationsRequest\x12'\n" +
+	"\tpage_size\x18\x01 \x01(\x05B\n" +
+	"\xbaH\a\x1a\x05\x18\xe8\a(\x00R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x02 \x01(\tR\tpageToken\"f\n" +
+	"\x17ListEscalationsResponse\x12#\n" +
+	"\x04jobs\x18\x01 \x03(\v2\x0f.handoff.v1.JobR\x04jobs\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x9c\x03\n" +
+	"\x18ResolveEscalationRequest\x12\"\n" +
+	"\x06run_id\x18\x01 \x01(\tB\v\xbaH\b\xc8\x01\x01r\x03\x18\x80\x01R\x05runId\x12'\n" +
+	"\boperator\x18\x02 \x01(\tB\v\xbaH\b\xc8\x01\x01r\x03\x18\x80\x01R\boperator\x12\"\n" +
+	"\acomment\x18\x03 \x01(\tB\b\xbaH\x05r\x03\x18\xd0\x0fR\acomment\x125\n" +
+	"\aapprove\x18\x04 \x01(\v2\x19.handoff.v1.ApproveActionH\x00R\aapprove\x12I\n" +
+	"\x0freturn_to_stage\x18\x05 \x01(\v2\x1f.handoff.v1.ReturnToStageActionH\x00R\rreturnToStage\x12,\n" +
+	"\x04fail\x18\x06 \x01(\v2\x16.handoff.v1.FailActionH\x00R\x04fail\x12N\n" +
+	"\x10reject_malformed\x18\a \x01(\v2!.handoff.v1.RejectMalformedActionH\x00R\x0frejectMalformedB\x0f\n" +
+	"\x06action\x12\x05\xbaH\x02\b\x01\"V\n" +
+	"\rApproveAction\x123\n" +
+	"\rartifact_text\x18\x01 \x01(\tB\t\xbaH\x06r\x04(\x80\x80@H\x00R\fartifactText\x88\x01\x01B\x10\n" +
+	"\x0e_artifact_text\"\x92\x01\n" +
+	"\x13ReturnToStageAction\x124\n" +
+	"\x05stage\x18\x01 \x01(\tB\x1e\xbaH\x1b\xc8\x01\x01r\x16\x18@2\x12^[a-z][a-z0-9_-]*$R\x05stage\x123\n" +
+	"\rartifact_text\x18\x02 \x01(\tB\t\xbaH\x06r\x04(\x80\x80@H\x00R\fartifactText\x88\x01\x01B\x10\n" +
+	"\x0e_artifact_text\"1\n" +
+	"\n" +
+	"FailAction\x12#\n" +
+	"\x06reason\x18\x01 \x01(\tB\v\xbaH\b\xc8\x01\x01r\x03\x18\xd0\x0fR\x06reason\"<\n" +
+	"\x15RejectMalformedAction\x12#\n" +
+	"\x06reason\x18\x01 \x01(\tB\v\xbaH\b\xc8\x01\x01r\x03\x18\xd0\x0fR\x06reason\"\xc9\x02\n" +
+	"\n" +
+	"Resolution\x124\n" +
+	"\x06action\x18\x01 \x01(\x0e2\x1c.handoff.v1.ResolutionActionR\x06action\x12\x1a\n" +
+	"\boperator\x18\x02 \x01(\tR\boperator\x12\x18\n" +
+	"\acomment\x18\x03 \x01(\tR\acomment\x12\x14\n" +
+	"\x05stage\x18\x04 \x01(\tR\x05stage\x12\x16\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\x12=\n" +
+	"\x0fedited_artifact\x18\x06 \x01(\v2\x14.handoff.v1.ArtifactR\x0eeditedArtifact\x126\n" +
+	"\n" +
+	"escalation\x18\a \x01(\v2\x16.handoff.v1.EscalationR\n" +
+	"escalation\x12*\n" +
+	"\x02at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"\xc3\x01\n" +
+	"\x19ResolveEscalationResponse\x12!\n" +
+	"\x03job\x18\x01 \x01(\v2\x0f.handoff.v1.JobR\x03job\x12-\n" +
+	"\areceipt\x18\x02 \x01(\v2\x13.handoff.v1.ReceiptR\areceipt\x12\x1c\n" +
+	"\tduplicate\x18\x03 \x01(\bR\tduplicate\x126\n" +
+	"\n" +
+	"resolution\x18\x04 \x01(\v2\x16.handoff.v1.ResolutionR\n" +
+	"resolution*\x84\x01\n" +
 	"\bJobState\x12\x19\n" +
 	"\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11JOB_STATE_RUNNING\x10\x01\x12\x17\n" +
@@ -1266,7 +2007,7 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\x18ESCALATION_CAUSE_HOP_CAP\x10\x05\x12!\n" +
 	"\x1dESCALATION_CAUSE_WALLET_EMPTY\x10\x06\x12!\n" +
 	"\x1dESCALATION_CAUSE_STAGE_FAILED\x10\a\x12\"\n" +
-	"\x1eESCALATION_CAUSE_WRITE_REFUSED\x10\b*\x8a\x02\n" +
+	"\x1eESCALATION_CAUSE_WRITE_REFUSED\x10\b*\xa3\x02\n" +
 	"\tEventKind\x12\x1a\n" +
 	"\x16EVENT_KIND_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14EVENT_KIND_SUBMITTED\x10\x01\x12\x1b\n" +
@@ -1277,12 +2018,22 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\x12EVENT_KIND_RECEIPT\x10\x06\x12\x18\n" +
 	"\x14EVENT_KIND_ESCALATED\x10\a\x12\x18\n" +
 	"\x14EVENT_KIND_COMPLETED\x10\b\x12\x15\n" +
-	"\x11EVENT_KIND_FAILED\x10\t2\xaf\x02\n" +
+	"\x11EVENT_KIND_FAILED\x10\t\x12\x17\n" +
+	"\x13EVENT_KIND_RESOLVED\x10\n" +
+	"*\xbf\x01\n" +
+	"\x10ResolutionAction\x12!\n" +
+	"\x1dRESOLUTION_ACTION_UNSPECIFIED\x10\x00\x12\x1d\n" +
+	"\x19RESOLUTION_ACTION_APPROVE\x10\x01\x12%\n" +
+	"!RESOLUTION_ACTION_RETURN_TO_STAGE\x10\x02\x12\x1a\n" +
+	"\x16RESOLUTION_ACTION_FAIL\x10\x03\x12&\n" +
+	"\"RESOLUTION_ACTION_REJECT_MALFORMED\x10\x042\xed\x03\n" +
 	"\x12CoordinatorService\x12H\n" +
 	"\tSubmitJob\x12\x1c.handoff.v1.SubmitJobRequest\x1a\x1d.handoff.v1.SubmitJobResponse\x12?\n" +
 	"\x06GetJob\x12\x19.handoff.v1.GetJobRequest\x1a\x1a.handoff.v1.GetJobResponse\x12E\n" +
 	"\bListJobs\x12\x1b.handoff.v1.ListJobsRequest\x1a\x1c.handoff.v1.ListJobsResponse\x12G\n" +
-	"\bWatchJob\x12\x1b.handoff.v1.WatchJobRequest\x1a\x1c.handoff.v1.WatchJobResponse0\x01B7Z5github.com/handoffhq/handoff/gen/handoff/v1;handoffv1b\x06proto3"
+	"\bWatchJob\x12\x1b.handoff.v1.WatchJobRequest\x1a\x1c.handoff.v1.WatchJobResponse0\x01\x12Z\n" +
+	"\x0fListEscalations\x12\".handoff.v1.ListEscalationsRequest\x1a#.handoff.v1.ListEscalationsResponse\x12`\n" +
+	"\x11ResolveEscalation\x12$.handoff.v1.ResolveEscalationRequest\x1a%.handoff.v1.ResolveEscalationResponseB7Z5github.com/handoffhq/handoff/gen/handoff/v1;handoffv1b\x06proto3"
 
 var (
 	file_handoff_v1_coordinator_proto_rawDescOnce sync.Once
@@ -1296,76 +2047,104 @@ func file_handoff_v1_coordinator_proto_rawDescGZIP() []byte {
 	return file_handoff_v1_coordinator_proto_rawDescData
 }
 
-var file_handoff_v1_coordinator_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_handoff_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_handoff_v1_coordinator_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_handoff_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_handoff_v1_coordinator_proto_goTypes = []any{
-	(JobState)(0),                 // 0: handoff.v1.JobState
-	(EscalationCause)(0),          // 1: handoff.v1.EscalationCause
-	(EventKind)(0),                // 2: handoff.v1.EventKind
-	(*SubmitJobRequest)(nil),      // 3: handoff.v1.SubmitJobRequest
-	(*SubmitJobResponse)(nil),     // 4: handoff.v1.SubmitJobResponse
-	(*GetJobRequest)(nil),         // 5: handoff.v1.GetJobRequest
-	(*GetJobResponse)(nil),        // 6: handoff.v1.GetJobResponse
-	(*ListJobsRequest)(nil),       // 7: handoff.v1.ListJobsRequest
-	(*ListJobsResponse)(nil),      // 8: handoff.v1.ListJobsResponse
-	(*WatchJobRequest)(nil),       // 9: handoff.v1.WatchJobRequest
-	(*WatchJobResponse)(nil),      // 10: handoff.v1.WatchJobResponse
-	(*Job)(nil),                   // 11: handoff.v1.Job
-	(*Escalation)(nil),            // 12: handoff.v1.Escalation
-	(*JobEvent)(nil),              // 13: handoff.v1.JobEvent
-	(*Budget)(nil),                // 14: handoff.v1.Budget
-	(*Artifact)(nil),              // 15: handoff.v1.Artifact
-	(*Trace)(nil),                 // 16: handoff.v1.Trace
-	(*Evaluator)(nil),             // 17: handoff.v1.Evaluator
-	(*ToolAttempt)(nil),           // 18: handoff.v1.ToolAttempt
-	(*Receipt)(nil),               // 19: handoff.v1.Receipt
-	(*timestamppb.Timestamp)(nil), // 20: google.protobuf.Timestamp
-	(*Reason)(nil),                // 21: handoff.v1.Reason
-	(*Ack)(nil),                   // 22: handoff.v1.Ack
-	(*StageResult)(nil),           // 23: handoff.v1.StageResult
+	(JobState)(0),                     // 0: handoff.v1.JobState
+	(EscalationCause)(0),              // 1: handoff.v1.EscalationCause
+	(EventKind)(0),                    // 2: handoff.v1.EventKind
+	(ResolutionAction)(0),             // 3: handoff.v1.ResolutionAction
+	(*SubmitJobRequest)(nil),          // 4: handoff.v1.SubmitJobRequest
+	(*SubmitJobResponse)(nil),         // 5: handoff.v1.SubmitJobResponse
+	(*GetJobRequest)(nil),             // 6: handoff.v1.GetJobRequest
+	(*GetJobResponse)(nil),            // 7: handoff.v1.GetJobResponse
+	(*ListJobsRequest)(nil),           // 8: handoff.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),          // 9: handoff.v1.ListJobsResponse
+	(*WatchJobRequest)(nil),           // 10: handoff.v1.WatchJobRequest
+	(*WatchJobResponse)(nil),          // 11: handoff.v1.WatchJobResponse
+	(*Job)(nil),                       // 12: handoff.v1.Job
+	(*Escalation)(nil),                // 13: handoff.v1.Escalation
+	(*JobEvent)(nil),                  // 14: handoff.v1.JobEvent
+	(*ListEscalationsRequest)(nil),    // 15: handoff.v1.ListEscalationsRequest
+	(*ListEscalationsResponse)(nil),   // 16: handoff.v1.ListEscalationsResponse
+	(*ResolveEscalationRequest)(nil),  // 17: handoff.v1.ResolveEscalationRequest
+	(*ApproveAction)(nil),             // 18: handoff.v1.ApproveAction
+	(*ReturnToStageAction)(nil),       // 19: handoff.v1.ReturnToStageAction
+	(*FailAction)(nil),                // 20: handoff.v1.FailAction
+	(*RejectMalformedAction)(nil),     // 21: handoff.v1.RejectMalformedAction
+	(*Resolution)(nil),                // 22: handoff.v1.Resolution
+	(*ResolveEscalationResponse)(nil), // 23: handoff.v1.ResolveEscalationResponse
+	(*Budget)(nil),                    // 24: handoff.v1.Budget
+	(*Artifact)(nil),                  // 25: handoff.v1.Artifact
+	(*Trace)(nil),                     // 26: handoff.v1.Trace
+	(*Evaluator)(nil),                 // 27: handoff.v1.Evaluator
+	(*ToolAttempt)(nil),               // 28: handoff.v1.ToolAttempt
+	(*Receipt)(nil),                   // 29: handoff.v1.Receipt
+	(*timestamppb.Timestamp)(nil),     // 30: google.protobuf.Timestamp
+	(*Reason)(nil),                    // 31: handoff.v1.Reason
+	(*Ack)(nil),                       // 32: handoff.v1.Ack
+	(*StageResult)(nil),               // 33: handoff.v1.StageResult
 }
 var file_handoff_v1_coordinator_proto_depIdxs = []int32{
-	14, // 0: handoff.v1.SubmitJobRequest.budget:type_name -> handoff.v1.Budget
-	15, // 1: handoff.v1.SubmitJobRequest.inputs:type_name -> handoff.v1.Artifact
-	16, // 2: handoff.v1.SubmitJobRequest.trace:type_name -> handoff.v1.Trace
-	11, // 3: handoff.v1.SubmitJobResponse.job:type_name -> handoff.v1.Job
-	11, // 4: handoff.v1.GetJobResponse.job:type_name -> handoff.v1.Job
+	24, // 0: handoff.v1.SubmitJobRequest.budget:type_name -> handoff.v1.Budget
+	25, // 1: handoff.v1.SubmitJobRequest.inputs:type_name -> handoff.v1.Artifact
+	26, // 2: handoff.v1.SubmitJobRequest.trace:type_name -> handoff.v1.Trace
+	12, // 3: handoff.v1.SubmitJobResponse.job:type_name -> handoff.v1.Job
+	12, // 4: handoff.v1.GetJobResponse.job:type_name -> handoff.v1.Job
 	0,  // 5: handoff.v1.ListJobsRequest.state:type_name -> handoff.v1.JobState
-	11, // 6: handoff.v1.ListJobsResponse.jobs:type_name -> handoff.v1.Job
-	13, // 7: handoff.v1.WatchJobResponse.event:type_name -> handoff.v1.JobEvent
+	12, // 6: handoff.v1.ListJobsResponse.jobs:type_name -> handoff.v1.Job
+	14, // 7: handoff.v1.WatchJobResponse.event:type_name -> handoff.v1.JobEvent
 	0,  // 8: handoff.v1.Job.state:type_name -> handoff.v1.JobState
-	14, // 9: handoff.v1.Job.wallet:type_name -> handoff.v1.Budget
-	17, // 10: handoff.v1.Job.evaluator:type_name -> handoff.v1.Evaluator
-	15, // 11: handoff.v1.Job.artifacts:type_name -> handoff.v1.Artifact
-	18, // 12: handoff.v1.Job.tools_tried:type_name -> handoff.v1.ToolAttempt
-	19, // 13: handoff.v1.Job.receipt:type_name -> handoff.v1.Receipt
-	12, // 14: handoff.v1.Job.escalation:type_name -> handoff.v1.Escalation
-	20, // 15: handoff.v1.Job.created_at:type_name -> google.protobuf.Timestamp
-	20, // 16: handoff.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
-	1,  // 17: handoff.v1.Escalation.cause:type_name -> handoff.v1.EscalationCause
-	21, // 18: handoff.v1.Escalation.reasons:type_name -> handoff.v1.Reason
-	20, // 19: handoff.v1.Escalation.at:type_name -> google.protobuf.Timestamp
-	2,  // 20: handoff.v1.JobEvent.kind:type_name -> handoff.v1.EventKind
-	20, // 21: handoff.v1.JobEvent.at:type_name -> google.protobuf.Timestamp
-	14, // 22: handoff.v1.JobEvent.wallet:type_name -> handoff.v1.Budget
-	22, // 23: handoff.v1.JobEvent.ack:type_name -> handoff.v1.Ack
-	23, // 24: handoff.v1.JobEvent.result:type_name -> handoff.v1.StageResult
-	17, // 25: handoff.v1.JobEvent.evaluator:type_name -> handoff.v1.Evaluator
-	19, // 26: handoff.v1.JobEvent.receipt:type_name -> handoff.v1.Receipt
-	12, // 27: handoff.v1.JobEvent.escalation:type_name -> handoff.v1.Escalation
-	3,  // 28: handoff.v1.CoordinatorService.SubmitJob:input_type -> handoff.v1.SubmitJobRequest
-	5,  // 29: handoff.v1.CoordinatorService.GetJob:input_type -> handoff.v1.GetJobRequest
-	7,  // 30: handoff.v1.CoordinatorService.ListJobs:input_type -> handoff.v1.ListJobsRequest
-	9,  // 31: handoff.v1.CoordinatorService.WatchJob:input_type -> handoff.v1.WatchJobRequest
-	4,  // 32: handoff.v1.CoordinatorService.SubmitJob:output_type -> handoff.v1.SubmitJobResponse
-	6,  // 33: handoff.v1.CoordinatorService.GetJob:output_type -> handoff.v1.GetJobResponse
-	8,  // 34: handoff.v1.CoordinatorService.ListJobs:output_type -> handoff.v1.ListJobsResponse
-	10, // 35: handoff.v1.CoordinatorService.WatchJob:output_type -> handoff.v1.WatchJobResponse
-	32, // [32:36] is the sub-list for method output_type
-	28, // [28:32] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	24, // 9: handoff.v1.Job.wallet:type_name -> handoff.v1.Budget
+	27, // 10: handoff.v1.Job.evaluator:type_name -> handoff.v1.Evaluator
+	25, // 11: handoff.v1.Job.artifacts:type_name -> handoff.v1.Artifact
+	28, // 12: handoff.v1.Job.tools_tried:type_name -> handoff.v1.ToolAttempt
+	29, // 13: handoff.v1.Job.receipt:type_name -> handoff.v1.Receipt
+	13, // 14: handoff.v1.Job.escalation:type_name -> handoff.v1.Escalation
+	30, // 15: handoff.v1.Job.created_at:type_name -> google.protobuf.Timestamp
+	30, // 16: handoff.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
+	22, // 17: handoff.v1.Job.resolution:type_name -> handoff.v1.Resolution
+	1,  // 18: handoff.v1.Escalation.cause:type_name -> handoff.v1.EscalationCause
+	31, // 19: handoff.v1.Escalation.reasons:type_name -> handoff.v1.Reason
+	30, // 20: handoff.v1.Escalation.at:type_name -> google.protobuf.Timestamp
+	2,  // 21: handoff.v1.JobEvent.kind:type_name -> handoff.v1.EventKind
+	30, // 22: handoff.v1.JobEvent.at:type_name -> google.protobuf.Timestamp
+	24, // 23: handoff.v1.JobEvent.wallet:type_name -> handoff.v1.Budget
+	32, // 24: handoff.v1.JobEvent.ack:type_name -> handoff.v1.Ack
+	33, // 25: handoff.v1.JobEvent.result:type_name -> handoff.v1.StageResult
+	27, // 26: handoff.v1.JobEvent.evaluator:type_name -> handoff.v1.Evaluator
+	29, // 27: handoff.v1.JobEvent.receipt:type_name -> handoff.v1.Receipt
+	13, // 28: handoff.v1.JobEvent.escalation:type_name -> handoff.v1.Escalation
+	22, // 29: handoff.v1.JobEvent.resolution:type_name -> handoff.v1.Resolution
+	12, // 30: handoff.v1.ListEscalationsResponse.jobs:type_name -> handoff.v1.Job
+	18, // 31: handoff.v1.ResolveEscalationRequest.approve:type_name -> handoff.v1.ApproveAction
+	19, // 32: handoff.v1.ResolveEscalationRequest.return_to_stage:type_name -> handoff.v1.ReturnToStageAction
+	20, // 33: handoff.v1.ResolveEscalationRequest.fail:type_name -> handoff.v1.FailAction
+	21, // 34: handoff.v1.ResolveEscalationRequest.reject_malformed:type_name -> handoff.v1.RejectMalformedAction
+	3,  // 35: handoff.v1.Resolution.action:type_name -> handoff.v1.ResolutionAction
+	25, // 36: handoff.v1.Resolution.edited_artifact:type_name -> handoff.v1.Artifact
+	13, // 37: handoff.v1.Resolution.escalation:type_name -> handoff.v1.Escalation
+	30, // 38: handoff.v1.Resolution.at:type_name -> google.protobuf.Timestamp
+	12, // 39: handoff.v1.ResolveEscalationResponse.job:type_name -> handoff.v1.Job
+	29, // 40: handoff.v1.ResolveEscalationResponse.receipt:type_name -> handoff.v1.Receipt
+	22, // 41: handoff.v1.ResolveEscalationResponse.resolution:type_name -> handoff.v1.Resolution
+	4,  // 42: handoff.v1.CoordinatorService.SubmitJob:input_type -> handoff.v1.SubmitJobRequest
+	6,  // 43: handoff.v1.CoordinatorService.GetJob:input_type -> handoff.v1.GetJobRequest
+	8,  // 44: handoff.v1.CoordinatorService.ListJobs:input_type -> handoff.v1.ListJobsRequest
+	10, // 45: handoff.v1.CoordinatorService.WatchJob:input_type -> handoff.v1.WatchJobRequest
+	15, // 46: handoff.v1.CoordinatorService.ListEscalations:input_type -> handoff.v1.ListEscalationsRequest
+	17, // 47: handoff.v1.CoordinatorService.ResolveEscalation:input_type -> handoff.v1.ResolveEscalationRequest
+	5,  // 48: handoff.v1.CoordinatorService.SubmitJob:output_type -> handoff.v1.SubmitJobResponse
+	7,  // 49: handoff.v1.CoordinatorService.GetJob:output_type -> handoff.v1.GetJobResponse
+	9,  // 50: handoff.v1.CoordinatorService.ListJobs:output_type -> handoff.v1.ListJobsResponse
+	11, // 51: handoff.v1.CoordinatorService.WatchJob:output_type -> handoff.v1.WatchJobResponse
+	16, // 52: handoff.v1.CoordinatorService.ListEscalations:output_type -> handoff.v1.ListEscalationsResponse
+	23, // 53: handoff.v1.CoordinatorService.ResolveEscalation:output_type -> handoff.v1.ResolveEscalationResponse
+	48, // [48:54] is the sub-list for method output_type
+	42, // [42:48] is the sub-list for method input_type
+	42, // [42:42] is the sub-list for extension type_name
+	42, // [42:42] is the sub-list for extension extendee
+	0,  // [0:42] is the sub-list for field type_name
 }
 
 func init() { file_handoff_v1_coordinator_proto_init() }
@@ -1375,13 +2154,21 @@ func file_handoff_v1_coordinator_proto_init() {
 	}
 	file_handoff_v1_agentrunner_proto_init()
 	file_handoff_v1_handoff_proto_init()
+	file_handoff_v1_coordinator_proto_msgTypes[13].OneofWrappers = []any{
+		(*ResolveEscalationRequest_Approve)(nil),
+		(*ResolveEscalationRequest_ReturnToStage)(nil),
+		(*ResolveEscalationRequest_Fail)(nil),
+		(*ResolveEscalationRequest_RejectMalformed)(nil),
+	}
+	file_handoff_v1_coordinator_proto_msgTypes[14].OneofWrappers = []any{}
+	file_handoff_v1_coordinator_proto_msgTypes[15].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_handoff_v1_coordinator_proto_rawDesc), len(file_handoff_v1_coordinator_proto_rawDesc)),
-			NumEnums:      3,
-			NumMessages:   11,
+			NumEnums:      4,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -22,10 +22,12 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	CoordinatorService_SubmitJob_FullMethodName = "/handoff.v1.CoordinatorService/SubmitJob"
-	CoordinatorService_GetJob_FullMethodName    = "/handoff.v1.CoordinatorService/GetJob"
-	CoordinatorService_ListJobs_FullMethodName  = "/handoff.v1.CoordinatorService/ListJobs"
-	CoordinatorService_WatchJob_FullMethodName  = "/handoff.v1.CoordinatorService/WatchJob"
+	CoordinatorService_SubmitJob_FullMethodName         = "/handoff.v1.CoordinatorService/SubmitJob"
+	CoordinatorService_GetJob_FullMethodName            = "/handoff.v1.CoordinatorService/GetJob"
+	CoordinatorService_ListJobs_FullMethodName          = "/handoff.v1.CoordinatorService/ListJobs"
+	CoordinatorService_WatchJob_FullMethodName          = "/handoff.v1.CoordinatorService/WatchJob"
+	CoordinatorService_ListEscalations_FullMethodName   = "/handoff.v1.CoordinatorService/ListEscalations"
+	CoordinatorService_ResolveEscalation_FullMethodName = "/handoff.v1.CoordinatorService/ResolveEscalation"
 )
 
 // CoordinatorServiceClient is the client API for CoordinatorService service.
@@ -42,6 +44,13 @@ type CoordinatorServiceClient interface {
 	ListJobs(ctx context.Context, in *ListJobsRequest, opts ...grpc.CallOption) (*ListJobsResponse, error)
 	// WatchJob streams a run's hop events from the first, then live until the run ends.
 	WatchJob(ctx context.Context, in *WatchJobRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchJobResponse], error)
+	// ListEscalations lists the runs handed to a person (ESCALATED), newest first. When the
+	// coordinator has an operator token, the call must carry `authorization: Bearer <token>`.
+	ListEscalations(ctx context.Context, in *ListEscalationsRequest, opts ...grpc.CallOption) (*ListEscalationsResponse, error)
+	// ResolveEscalation is a person's decision on an ESCALATED run: approve (write it back
+	// with a human PASS), return it to a stage of its pipeline, fail it, or reject it as
+	// malformed. Recorded on the run's timeline as EVENT_KIND_RESOLVED. Same operator token.
+	ResolveEscalation(ctx context.Context, in *ResolveEscalationRequest, opts ...grpc.CallOption) (*ResolveEscalationResponse, error)
 }
 
 type coordinatorServiceClient struct {
@@ -101,6 +110,26 @@ func (c *coordinatorServiceClient) WatchJob(ctx context.Context, in *WatchJobReq
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type CoordinatorService_WatchJobClient = grpc.ServerStreamingClient[WatchJobResponse]
 
+func (c *coordinatorServiceClient) ListEscalations(ctx context.Context, in *ListEscalationsRequest, opts ...grpc.CallOption) (*ListEscalationsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListEscalationsResponse)
+	err := c.cc.Invoke(ctx, CoordinatorService_ListEscalations_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *coordinatorServiceClient) ResolveEscalation(ctx context.Context, in *ResolveEscalationRequest, opts ...grpc.CallOption) (*ResolveEscalationResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ResolveEscalationResponse)
+	err := c.cc.Invoke(ctx, CoordinatorService_ResolveEscalation_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // CoordinatorServiceServer is the server API for CoordinatorService service.
 // All implementations must embed UnimplementedCoordinatorServiceServer
 // for forward compatibility.
@@ -115,6 +144,13 @@ type CoordinatorServiceServer interface {
 	ListJobs(context.Context, *ListJobsRequest) (*ListJobsResponse, error)
 	// WatchJob streams a run's hop events from the first, then live until the run ends.
 	WatchJob(*WatchJobRequest, grpc.ServerStreamingServer[WatchJobResponse]) error
+	// ListEscalations lists the runs handed to a person (ESCALATED), newest first. When the
+	// coordinator has an operator token, the call must carry `authorization: Bearer <token>`.
+	ListEscalations(context.Context, *ListEscalationsRequest) (*ListEscalationsResponse, error)
+	// ResolveEscalation is a person's decision on an ESCALATED run: approve (write it back
+	// with a human PASS), return it to a stage of its pipeline, fail it, or reject it as
+	// malformed. Recorded on the run's timeline as EVENT_KIND_RESOLVED. Same operator token.
+	ResolveEscalation(context.Context, *ResolveEscalationRequest) (*ResolveEscalationResponse, error)
 	mustEmbedUnimplementedCoordinatorServiceServer()
 }
 
@@ -136,6 +172,12 @@ func (UnimplementedCoordinatorServiceServer) ListJobs(context.Context, *ListJobs
 }
 func (UnimplementedCoordinatorServiceServer) WatchJob(*WatchJobRequest, grpc.ServerStreamingServer[WatchJobResponse]) error {
 	return status.Error(codes.Unimplemented, "method WatchJob not implemented")
+}
+func (UnimplementedCoordinatorServiceServer) ListEscalations(context.Context, *ListEscalationsRequest) (*ListEscalationsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListEscalations not implemented")
+}
+func (UnimplementedCoordinatorServiceServer) ResolveEscalation(context.Context, *ResolveEscalationRequest) (*ResolveEscalationResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ResolveEscalation not implemented")
 }
 func (UnimplementedCoordinatorServiceServer) mustEmbedUnimplementedCoordinatorServiceServer() {}
 func (UnimplementedCoordinatorServiceServer) testEmbeddedByValue()                            {}
@@ -223,6 +265,42 @@ func _CoordinatorService_WatchJob_Handler(srv interface{}, stream grpc.ServerStr
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type CoordinatorService_WatchJobServer = grpc.ServerStreamingServer[WatchJobResponse]
 
+func _CoordinatorService_ListEscalations_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListEscalationsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CoordinatorServiceServer).ListEscalations(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: CoordinatorService_ListEscalations_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CoordinatorServiceServer).ListEscalations(ctx, req.(*ListEscalationsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _CoordinatorService_ResolveEscalation_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ResolveEscalationRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CoordinatorServiceServer).ResolveEscalation(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: CoordinatorService_ResolveEscalation_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CoordinatorServiceServer).ResolveEscalation(ctx, req.(*ResolveEscalationRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // CoordinatorService_ServiceDesc is the grpc.ServiceDesc for CoordinatorService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -241,6 +319,14 @@ var CoordinatorService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListJobs",
 			Handler:    _CoordinatorService_ListJobs_Handler,
+		},
+		{
+			MethodName: "ListEscalations",
+			Handler:    _CoordinatorService_ListEscalations_Handler,
+		},
+		{
+			MethodName: "ResolveEscalation",
+			Handler:    _CoordinatorService_ResolveEscalation_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

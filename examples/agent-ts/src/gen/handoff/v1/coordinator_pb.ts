@@ -20,7 +20,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file handoff/v1/coordinator.proto.
  */
 export const file_handoff_v1_coordinator: GenFile = /*@__PURE__*/
-  fileDesc("ChxoYW5kb2ZmL3YxL2Nvb3JkaW5hdG9yLnByb3RvEgpoYW5kb2ZmLnYxIqIDChBTdWJtaXRKb2JSZXF1ZXN0EjMKCnJlcXVlc3RfaWQYASABKAlCH7pIHHIaGIABMhVeKFtBLVphLXowLTlfLjotXSspPyQSOgoGam9iX2lkGAIgASgJQiq6SCfIAQFyIhiAATIdXltBLVphLXowLTldW0EtWmEtejAtOV8uOi1dKiQSHAoIcGlwZWxpbmUYAyABKAlCCrpIB8gBAXICGEASGQoEZ29hbBgEIAEoCUILukgIyAEBcgMY0A8SJgoLY29uc3RyYWludHMYBSADKAlCEbpIDpIBCxAgIgdyBRABGPQDEioKBmJ1ZGdldBgGIAEoCzISLmhhbmRvZmYudjEuQnVkZ2V0Qga6SAPIAQESLgoGaW5wdXRzGAcgAygLMhQuaGFuZG9mZi52MS5BcnRpZmFjdEIIukgFkgECEEASPgoLbWVtb3J5X3JlZnMYCCADKAlCKbpIJpIBIxBAIh9yHRiAAjIYXlthLXpdW2EtejAtOV9dKjpbXlxzXSskEiAKBXRyYWNlGAkgASgLMhEuaGFuZG9mZi52MS5UcmFjZSJDChFTdWJtaXRKb2JSZXNwb25zZRIcCgNqb2IYASABKAsyDy5oYW5kb2ZmLnYxLkpvYhIQCghleGlzdGluZxgCIAEoCCInCg1HZXRKb2JSZXF1ZXN0EhYKBnJ1bl9pZBgBIAEoCUIGukgDyAEBIi4KDkdldEpvYlJlc3BvbnNlEhwKA2pvYhgBIAEoCzIPLmhhbmRvZmYudjEuSm9iInMKD0xpc3RKb2JzUmVxdWVzdBItCgVzdGF0ZRgBIAEoDjIULmhhbmRvZmYudjEuSm9iU3RhdGVCCLpIBYIBAhABEh0KCXBhZ2Vfc2l6ZRgCIAEoBUIKukgHGgUY6AcoABISCgpwYWdlX3Rva2VuGAMgASgJIkoKEExpc3RKb2JzUmVzcG9uc2USHQoEam9icxgBIAMoCzIPLmhhbmRvZmYudjEuSm9iEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSI8Cg9XYXRjaEpvYlJlcXVlc3QSFgoGcnVuX2lkGAEgASgJQga6SAPIAQESEQoJYWZ0ZXJfc2VxGAIgASgEIjcKEFdhdGNoSm9iUmVzcG9uc2USIwoFZXZlbnQYASABKAsyFC5oYW5kb2ZmLnYxLkpvYkV2ZW50IokFCgNKb2ISDgoGcnVuX2lkGAEgASgJEg4KBmpvYl9pZBgCIAEoCRIQCghwaXBlbGluZRgDIAEoCRIjCgVzdGF0ZRgEIAEoDjIULmhhbmRvZmYudjEuSm9iU3RhdGUSDAoEZ29hbBgFIAEoCRITCgtjb25zdHJhaW50cxgGIAMoCRIiCgZ3YWxsZXQYByABKAsyEi5oYW5kb2ZmLnYxLkJ1ZGdldBINCgVzdGFnZRgIIAEoCRIMCgRob3BzGAkgASgNEhEKCXJldmlzaW9ucxgKIAEoDRIoCglldmFsdWF0b3IYCyABKAsyFS5oYW5kb2ZmLnYxLkV2YWx1YXRvchInCglhcnRpZmFjdHMYDCADKAsyFC5oYW5kb2ZmLnYxLkFydGlmYWN0EiwKC3Rvb2xzX3RyaWVkGA0gAygLMhcuaGFuZG9mZi52MS5Ub29sQXR0ZW1wdBITCgttZW1vcnlfcmVmcxgOIAMoCRIWCg5vcGVuX3F1ZXN0aW9ucxgPIAMoCRIRCgluZXh0X2hpbnQYECABKAkSJAoHcmVjZWlwdBgRIAEoCzITLmhhbmRvZmYudjEuUmVjZWlwdBIqCgplc2NhbGF0aW9uGBIgASgLMhYuaGFuZG9mZi52MS5Fc2NhbGF0aW9uEhMKC3RyYWNlcGFyZW50GBMgASgJEi4KCmNyZWF0ZWRfYXQYFCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnVwZGF0ZWRfYXQYFSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhIKCnJlcXVlc3RfaWQYFiABKAkSGAoQc3BlbnRfdXNkX21pY3JvcxgXIAEoAyKzAQoKRXNjYWxhdGlvbhIqCgVjYXVzZRgBIAEoDjIbLmhhbmRvZmYudjEuRXNjYWxhdGlvbkNhdXNlEg0KBXN0YWdlGAIgASgJEg4KBmRldGFpbBgDIAEoCRIjCgdyZWFzb25zGAQgAygLMhIuaGFuZG9mZi52MS5SZWFzb24SDQoFcm91dGUYBSABKAkSJgoCYXQYBiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIpwDCghKb2JFdmVudBILCgNzZXEYASABKAQSDgoGcnVuX2lkGAIgASgJEg4KBmpvYl9pZBgDIAEoCRIjCgRraW5kGAQgASgOMhUuaGFuZG9mZi52MS5FdmVudEtpbmQSDQoFc3RhZ2UYBSABKAkSJgoCYXQYBiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhMKC3RyYWNlcGFyZW50GAcgASgJEiIKBndhbGxldBgIIAEoCzISLmhhbmRvZmYudjEuQnVkZ2V0EhwKA2FjaxgJIAEoCzIPLmhhbmRvZmYudjEuQWNrEicKBnJlc3VsdBgKIAEoCzIXLmhhbmRvZmYudjEuU3RhZ2VSZXN1bHQSKAoJZXZhbHVhdG9yGAsgASgLMhUuaGFuZG9mZi52MS5FdmFsdWF0b3ISJAoHcmVjZWlwdBgMIAEoCzITLmhhbmRvZmYudjEuUmVjZWlwdBIqCgplc2NhbGF0aW9uGA0gASgLMhYuaGFuZG9mZi52MS5Fc2NhbGF0aW9uEgsKA2hvcBgOIAEoDSqEAQoISm9iU3RhdGUSGQoVSk9CX1NUQVRFX1VOU1BFQ0lGSUVEEAASFQoRSk9CX1NUQVRFX1JVTk5JTkcQARIXChNKT0JfU1RBVEVfQ09NUExFVEVEEAISFwoTSk9CX1NUQVRFX0VTQ0FMQVRFRBADEhQKEEpPQl9TVEFURV9GQUlMRUQQBCrVAgoPRXNjYWxhdGlvbkNhdXNlEiAKHEVTQ0FMQVRJT05fQ0FVU0VfVU5TUEVDSUZJRUQQABIkCiBFU0NBTEFUSU9OX0NBVVNFX1JFSkVDVEVEX1NDSEVNQRABEiIKHkVTQ0FMQVRJT05fQ0FVU0VfUkVKRUNURURfUk9MRRACEiQKIEVTQ0FMQVRJT05fQ0FVU0VfUkVKRUNURURfQlVER0VUEAMSKAokRVNDQUxBVElPTl9DQVVTRV9SRVZJU0lPTlNfRVhIQVVTVEVEEAQSHAoYRVNDQUxBVElPTl9DQVVTRV9IT1BfQ0FQEAUSIQodRVNDQUxBVElPTl9DQVVTRV9XQUxMRVRfRU1QVFkQBhIhCh1FU0NBTEFUSU9OX0NBVVNFX1NUQUdFX0ZBSUxFRBAHEiIKHkVTQ0FMQVRJT05fQ0FVU0VfV1JJVEVfUkVGVVNFRBAIKooCCglFdmVudEtpbmQSGgoWRVZFTlRfS0lORF9VTlNQRUNJRklFRBAAEhgKFEVWRU5UX0tJTkRfU1VCTUlUVEVEEAESGwoXRVZFTlRfS0lORF9QQUNLQUdFX1NFTlQQAhISCg5FVkVOVF9LSU5EX0FDSxADEhsKF0VWRU5UX0tJTkRfU1RBR0VfUkVTVUxUEAQSFgoSRVZFTlRfS0lORF9WRVJESUNUEAUSFgoSRVZFTlRfS0lORF9SRUNFSVBUEAYSGAoURVZFTlRfS0lORF9FU0NBTEFURUQQBxIYChRFVkVOVF9LSU5EX0NPTVBMRVRFRBAIEhUKEUVWRU5UX0tJTkRfRkFJTEVEEAkyrwIKEkNvb3JkaW5hdG9yU2VydmljZRJICglTdWJtaXRKb2ISHC5oYW5kb2ZmLnYxLlN1Ym1pdEpvYlJlcXVlc3QaHS5oYW5kb2ZmLnYxLlN1Ym1pdEpvYlJlc3BvbnNlEj8KBkdldEpvYhIZLmhhbmRvZmYudjEuR2V0Sm9iUmVxdWVzdBoaLmhhbmRvZmYudjEuR2V0Sm9iUmVzcG9uc2USRQoITGlzdEpvYnMSGy5oYW5kb2ZmLnYxLkxpc3RKb2JzUmVxdWVzdBocLmhhbmRvZmYudjEuTGlzdEpvYnNSZXNwb25zZRJHCghXYXRjaEpvYhIbLmhhbmRvZmYudjEuV2F0Y2hKb2JSZXF1ZXN0GhwuaGFuZG9mZi52MS5XYXRjaEpvYlJlc3BvbnNlMAFCN1o1Z2l0aHViLmNvbS9oYW5kb2ZmaHEvaGFuZG9mZi9nZW4vaGFuZG9mZi92MTtoYW5kb2ZmdjFiBnByb3RvMw", [file_buf_validate_validate, file_google_protobuf_timestamp, file_handoff_v1_agentrunner, file_handoff_v1_handoff]);
+  fileDesc("ChxoYW5kb2ZmL3YxL2Nvb3JkaW5hdG9yLnByb3RvEgpoYW5kb2ZmLnYxIqIDChBTdWJtaXRKb2JSZXF1ZXN0EjMKCnJlcXVlc3RfaWQYASABKAlCH7pIHHIaGIABMhVeKFtBLVphLXowLTlfLjotXSspPyQSOgoGam9iX2lkGAIgASgJQiq6SCfIAQFyIhiAATIdXltBLVphLXowLTldW0EtWmEtejAtOV8uOi1dKiQSHAoIcGlwZWxpbmUYAyABKAlCCrpIB8gBAXICGEASGQoEZ29hbBgEIAEoCUILukgIyAEBcgMY0A8SJgoLY29uc3RyYWludHMYBSADKAlCEbpIDpIBCxAgIgdyBRABGPQDEioKBmJ1ZGdldBgGIAEoCzISLmhhbmRvZmYudjEuQnVkZ2V0Qga6SAPIAQESLgoGaW5wdXRzGAcgAygLMhQuaGFuZG9mZi52MS5BcnRpZmFjdEIIukgFkgECEEASPgoLbWVtb3J5X3JlZnMYCCADKAlCKbpIJpIBIxBAIh9yHRiAAjIYXlthLXpdW2EtejAtOV9dKjpbXlxzXSskEiAKBXRyYWNlGAkgASgLMhEuaGFuZG9mZi52MS5UcmFjZSJDChFTdWJtaXRKb2JSZXNwb25zZRIcCgNqb2IYASABKAsyDy5oYW5kb2ZmLnYxLkpvYhIQCghleGlzdGluZxgCIAEoCCInCg1HZXRKb2JSZXF1ZXN0EhYKBnJ1bl9pZBgBIAEoCUIGukgDyAEBIi4KDkdldEpvYlJlc3BvbnNlEhwKA2pvYhgBIAEoCzIPLmhhbmRvZmYudjEuSm9iInMKD0xpc3RKb2JzUmVxdWVzdBItCgVzdGF0ZRgBIAEoDjIULmhhbmRvZmYudjEuSm9iU3RhdGVCCLpIBYIBAhABEh0KCXBhZ2Vfc2l6ZRgCIAEoBUIKukgHGgUY6AcoABISCgpwYWdlX3Rva2VuGAMgASgJIkoKEExpc3RKb2JzUmVzcG9uc2USHQoEam9icxgBIAMoCzIPLmhhbmRvZmYudjEuSm9iEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSI8Cg9XYXRjaEpvYlJlcXVlc3QSFgoGcnVuX2lkGAEgASgJQga6SAPIAQESEQoJYWZ0ZXJfc2VxGAIgASgEIjcKEFdhdGNoSm9iUmVzcG9uc2USIwoFZXZlbnQYASABKAsyFC5oYW5kb2ZmLnYxLkpvYkV2ZW50IrUFCgNKb2ISDgoGcnVuX2lkGAEgASgJEg4KBmpvYl9pZBgCIAEoCRIQCghwaXBlbGluZRgDIAEoCRIjCgVzdGF0ZRgEIAEoDjIULmhhbmRvZmYudjEuSm9iU3RhdGUSDAoEZ29hbBgFIAEoCRITCgtjb25zdHJhaW50cxgGIAMoCRIiCgZ3YWxsZXQYByABKAsyEi5oYW5kb2ZmLnYxLkJ1ZGdldBINCgVzdGFnZRgIIAEoCRIMCgRob3BzGAkgASgNEhEKCXJldmlzaW9ucxgKIAEoDRIoCglldmFsdWF0b3IYCyABKAsyFS5oYW5kb2ZmLnYxLkV2YWx1YXRvchInCglhcnRpZmFjdHMYDCADKAsyFC5oYW5kb2ZmLnYxLkFydGlmYWN0EiwKC3Rvb2xzX3RyaWVkGA0gAygLMhcuaGFuZG9mZi52MS5Ub29sQXR0ZW1wdBITCgttZW1vcnlfcmVmcxgOIAMoCRIWCg5vcGVuX3F1ZXN0aW9ucxgPIAMoCRIRCgluZXh0X2hpbnQYECABKAkSJAoHcmVjZWlwdBgRIAEoCzITLmhhbmRvZmYudjEuUmVjZWlwdBIqCgplc2NhbGF0aW9uGBIgASgLMhYuaGFuZG9mZi52MS5Fc2NhbGF0aW9uEhMKC3RyYWNlcGFyZW50GBMgASgJEi4KCmNyZWF0ZWRfYXQYFCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnVwZGF0ZWRfYXQYFSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhIKCnJlcXVlc3RfaWQYFiABKAkSGAoQc3BlbnRfdXNkX21pY3JvcxgXIAEoAxIqCgpyZXNvbHV0aW9uGBggASgLMhYuaGFuZG9mZi52MS5SZXNvbHV0aW9uIrMBCgpFc2NhbGF0aW9uEioKBWNhdXNlGAEgASgOMhsuaGFuZG9mZi52MS5Fc2NhbGF0aW9uQ2F1c2USDQoFc3RhZ2UYAiABKAkSDgoGZGV0YWlsGAMgASgJEiMKB3JlYXNvbnMYBCADKAsyEi5oYW5kb2ZmLnYxLlJlYXNvbhINCgVyb3V0ZRgFIAEoCRImCgJhdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiyAMKCEpvYkV2ZW50EgsKA3NlcRgBIAEoBBIOCgZydW5faWQYAiABKAkSDgoGam9iX2lkGAMgASgJEiMKBGtpbmQYBCABKA4yFS5oYW5kb2ZmLnYxLkV2ZW50S2luZBINCgVzdGFnZRgFIAEoCRImCgJhdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEwoLdHJhY2VwYXJlbnQYByABKAkSIgoGd2FsbGV0GAggASgLMhIuaGFuZG9mZi52MS5CdWRnZXQSHAoDYWNrGAkgASgLMg8uaGFuZG9mZi52MS5BY2sSJwoGcmVzdWx0GAogASgLMhcuaGFuZG9mZi52MS5TdGFnZVJlc3VsdBIoCglldmFsdWF0b3IYCyABKAsyFS5oYW5kb2ZmLnYxLkV2YWx1YXRvchIkCgdyZWNlaXB0GAwgASgLMhMuaGFuZG9mZi52MS5SZWNlaXB0EioKCmVzY2FsYXRpb24YDSABKAsyFi5oYW5kb2ZmLnYxLkVzY2FsYXRpb24SCwoDaG9wGA4gASgNEioKCnJlc29sdXRpb24YDyABKAsyFi5oYW5kb2ZmLnYxLlJlc29sdXRpb24iSwoWTGlzdEVzY2FsYXRpb25zUmVxdWVzdBIdCglwYWdlX3NpemUYASABKAVCCrpIBxoFGOgHKAASEgoKcGFnZV90b2tlbhgCIAEoCSJRChdMaXN0RXNjYWxhdGlvbnNSZXNwb25zZRIdCgRqb2JzGAEgAygLMg8uaGFuZG9mZi52MS5Kb2ISFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJItMCChhSZXNvbHZlRXNjYWxhdGlvblJlcXVlc3QSGwoGcnVuX2lkGAEgASgJQgu6SAjIAQFyAxiAARIdCghvcGVyYXRvchgCIAEoCUILukgIyAEBcgMYgAESGQoHY29tbWVudBgDIAEoCUIIukgFcgMY0A8SLAoHYXBwcm92ZRgEIAEoCzIZLmhhbmRvZmYudjEuQXBwcm92ZUFjdGlvbkgAEjoKD3JldHVybl90b19zdGFnZRgFIAEoCzIfLmhhbmRvZmYudjEuUmV0dXJuVG9TdGFnZUFjdGlvbkgAEiYKBGZhaWwYBiABKAsyFi5oYW5kb2ZmLnYxLkZhaWxBY3Rpb25IABI9ChByZWplY3RfbWFsZm9ybWVkGAcgASgLMiEuaGFuZG9mZi52MS5SZWplY3RNYWxmb3JtZWRBY3Rpb25IAEIPCgZhY3Rpb24SBbpIAggBIkgKDUFwcHJvdmVBY3Rpb24SJQoNYXJ0aWZhY3RfdGV4dBgBIAEoCUIJukgGcgQogIBASACIAQFCEAoOX2FydGlmYWN0X3RleHQifQoTUmV0dXJuVG9TdGFnZUFjdGlvbhItCgVzdGFnZRgBIAEoCUIeukgbyAEBchYYQDISXlthLXpdW2EtejAtOV8tXSokEiUKDWFydGlmYWN0X3RleHQYAiABKAlCCbpIBnIEKICAQEgAiAEBQhAKDl9hcnRpZmFjdF90ZXh0IikKCkZhaWxBY3Rpb24SGwoGcmVhc29uGAEgASgJQgu6SAjIAQFyAxjQDyI0ChVSZWplY3RNYWxmb3JtZWRBY3Rpb24SGwoGcmVhc29uGAEgASgJQgu6SAjIAQFyAxjQDyL/AQoKUmVzb2x1dGlvbhIsCgZhY3Rpb24YASABKA4yHC5oYW5kb2ZmLnYxLlJlc29sdXRpb25BY3Rpb24SEAoIb3BlcmF0b3IYAiABKAkSDwoHY29tbWVudBgDIAEoCRINCgVzdGFnZRgEIAEoCRIOCgZyZWFzb24YBSABKAkSLQoPZWRpdGVkX2FydGlmYWN0GAYgASgLMhQuaGFuZG9mZi52MS5BcnRpZmFjdBIqCgplc2NhbGF0aW9uGAcgASgLMhYuaGFuZG9mZi52MS5Fc2NhbGF0aW9uEiYKAmF0GAggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCKeAQoZUmVzb2x2ZUVzY2FsYXRpb25SZXNwb25zZRIcCgNqb2IYASABKAsyDy5oYW5kb2ZmLnYxLkpvYhIkCgdyZWNlaXB0GAIgASgLMhMuaGFuZG9mZi52MS5SZWNlaXB0EhEKCWR1cGxpY2F0ZRgDIAEoCBIqCgpyZXNvbHV0aW9uGAQgASgLMhYuaGFuZG9mZi52MS5SZXNvbHV0aW9uKoQBCghKb2JTdGF0ZRIZChVKT0JfU1RBVEVfVU5TUEVDSUZJRUQQABIVChFKT0JfU1RBVEVfUlVOTklORxABEhcKE0pPQl9TVEFURV9DT01QTEVURUQQAhIXChNKT0JfU1RBVEVfRVNDQUxBVEVEEAMSFAoQSk9CX1NUQVRFX0ZBSUxFRBAEKtUCCg9Fc2NhbGF0aW9uQ2F1c2USIAocRVNDQUxBVElPTl9DQVVTRV9VTlNQRUNJRklFRBAAEiQKIEVTQ0FMQVRJT05fQ0FVU0VfUkVKRUNURURfU0NIRU1BEAESIgoeRVNDQUxBVElPTl9DQVVTRV9SRUpFQ1RFRF9ST0xFEAISJAogRVNDQUxBVElPTl9DQVVTRV9SRUpFQ1RFRF9CVURHRVQQAxIoCiRFU0NBTEFUSU9OX0NBVVNFX1JFVklTSU9OU19FWEhBVVNURUQQBBIcChhFU0NBTEFUSU9OX0NBVVNFX0hPUF9DQVAQBRIhCh1FU0NBTEFUSU9OX0NBVVNFX1dBTExFVF9FTVBUWRAGEiEKHUVTQ0FMQVRJT05fQ0FVU0VfU1RBR0VfRkFJTEVEEAcSIgoeRVNDQUxBVElPTl9DQVVTRV9XUklURV9SRUZVU0VEEAgqowIKCUV2ZW50S2luZBIaChZFVkVOVF9LSU5EX1VOU1BFQ0lGSUVEEAASGAoURVZFTlRfS0lORF9TVUJNSVRURUQQARIbChdFVkVOVF9LSU5EX1BBQ0tBR0VfU0VOVBACEhIKDkVWRU5UX0tJTkRfQUNLEAMSGwoXRVZFTlRfS0lORF9TVEFHRV9SRVNVTFQQBBIWChJFVkVOVF9LSU5EX1ZFUkRJQ1QQBRIWChJFVkVOVF9LSU5EX1JFQ0VJUFQQBhIYChRFVkVOVF9LSU5EX0VTQ0FMQVRFRBAHEhgKFEVWRU5UX0tJTkRfQ09NUExFVEVEEAgSFQoRRVZFTlRfS0lORF9GQUlMRUQQCRIXChNFVkVOVF9LSU5EX1JFU09MVkVEEAoqvwEKEFJlc29sdXRpb25BY3Rpb24SIQodUkVTT0xVVElPTl9BQ1RJT05fVU5TUEVDSUZJRUQQABIdChlSRVNPTFVUSU9OX0FDVElPTl9BUFBST1ZFEAESJQohUkVTT0xVVElPTl9BQ1RJT05fUkVUVVJOX1RPX1NUQUdFEAISGgoWUkVTT0xVVElPTl9BQ1RJT05fRkFJTBADEiYKIlJFU09MVVRJT05fQUNUSU9OX1JFSkVDVF9NQUxGT1JNRUQQBDLtAwoSQ29vcmRpbmF0b3JTZXJ2aWNlEkgKCVN1Ym1pdEpvYhIcLmhhbmRvZmYudjEuU3VibWl0Sm9iUmVxdWVzdBodLmhhbmRvZmYudjEuU3VibWl0Sm9iUmVzcG9uc2USPwoGR2V0Sm9iEhkuaGFuZG9mZi52MS5HZXRKb2JSZXF1ZXN0GhouaGFuZG9mZi52MS5HZXRKb2JSZXNwb25zZRJFCghMaXN0Sm9icxIbLmhhbmRvZmYudjEuTGlzdEpvYnNSZXF1ZXN0GhwuaGFuZG9mZi52MS5MaXN0Sm9ic1Jlc3BvbnNlEkcKCFdhdGNoSm9iEhsuaGFuZG9mZi52MS5XYXRjaEpvYlJlcXVlc3QaHC5oYW5kb2ZmLnYxLldhdGNoSm9iUmVzcG9uc2UwARJaCg9MaXN0RXNjYWxhdGlvbnMSIi5oYW5kb2ZmLnYxLkxpc3RFc2NhbGF0aW9uc1JlcXVlc3QaIy5oYW5kb2ZmLnYxLkxpc3RFc2NhbGF0aW9uc1Jlc3BvbnNlEmAKEVJlc29sdmVFc2NhbGF0aW9uEiQuaGFuZG9mZi52MS5SZXNvbHZlRXNjYWxhdGlvblJlcXVlc3QaJS5oYW5kb2ZmLnYxLlJlc29sdmVFc2NhbGF0aW9uUmVzcG9uc2VCN1o1Z2l0aHViLmNvbS9oYW5kb2ZmaHEvaGFuZG9mZi9nZW4vaGFuZG9mZi92MTtoYW5kb2ZmdjFiBnByb3RvMw", [file_buf_validate_validate, file_google_protobuf_timestamp, file_handoff_v1_agentrunner, file_handoff_v1_handoff]);
 
 /**
  * @generated from message handoff.v1.SubmitJobRequest
@@ -376,6 +376,13 @@ export type Job = Message<"handoff.v1.Job"> & {
    * @generated from field: int64 spent_usd_micros = 23;
    */
   spentUsdMicros: bigint;
+
+  /**
+   * The last decision a person made on the run (ResolveEscalation).
+   *
+   * @generated from field: handoff.v1.Resolution resolution = 24;
+   */
+  resolution?: Resolution | undefined;
 };
 
 /**
@@ -514,6 +521,13 @@ export type JobEvent = Message<"handoff.v1.JobEvent"> & {
    * @generated from field: uint32 hop = 14;
    */
   hop: number;
+
+  /**
+   * The person's decision, on an EVENT_KIND_RESOLVED event.
+   *
+   * @generated from field: handoff.v1.Resolution resolution = 15;
+   */
+  resolution?: Resolution | undefined;
 };
 
 /**
@@ -522,6 +536,293 @@ export type JobEvent = Message<"handoff.v1.JobEvent"> & {
  */
 export const JobEventSchema: GenMessage<JobEvent> = /*@__PURE__*/
   messageDesc(file_handoff_v1_coordinator, 10);
+
+/**
+ * @generated from message handoff.v1.ListEscalationsRequest
+ */
+export type ListEscalationsRequest = Message<"handoff.v1.ListEscalationsRequest"> & {
+  /**
+   * @generated from field: int32 page_size = 1;
+   */
+  pageSize: number;
+
+  /**
+   * @generated from field: string page_token = 2;
+   */
+  pageToken: string;
+};
+
+/**
+ * Describes the message handoff.v1.ListEscalationsRequest.
+ * Use `create(ListEscalationsRequestSchema)` to create a new message.
+ */
+export const ListEscalationsRequestSchema: GenMessage<ListEscalationsRequest> = /*@__PURE__*/
+  messageDesc(file_handoff_v1_coordinator, 11);
+
+/**
+ * @generated from message handoff.v1.ListEscalationsResponse
+ */
+export type ListEscalationsResponse = Message<"handoff.v1.ListEscalationsResponse"> & {
+  /**
+   * @generated from field: repeated handoff.v1.Job jobs = 1;
+   */
+  jobs: Job[];
+
+  /**
+   * @generated from field: string next_page_token = 2;
+   */
+  nextPageToken: string;
+};
+
+/**
+ * Describes the message handoff.v1.ListEscalationsResponse.
+ * Use `create(ListEscalationsResponseSchema)` to create a new message.
+ */
+export const ListEscalationsResponseSchema: GenMessage<ListEscalationsResponse> = /*@__PURE__*/
+  messageDesc(file_handoff_v1_coordinator, 12);
+
+/**
+ * @generated from message handoff.v1.ResolveEscalationRequest
+ */
+export type ResolveEscalationRequest = Message<"handoff.v1.ResolveEscalationRequest"> & {
+  /**
+   * @generated from field: string run_id = 1;
+   */
+  runId: string;
+
+  /**
+   * Who decided (a login or an email).
+   *
+   * @generated from field: string operator = 2;
+   */
+  operator: string;
+
+  /**
+   * @generated from field: string comment = 3;
+   */
+  comment: string;
+
+  /**
+   * @generated from oneof handoff.v1.ResolveEscalationRequest.action
+   */
+  action: {
+    /**
+     * Write the proposed artifact back (edited or not) with a human PASS.
+     *
+     * @generated from field: handoff.v1.ApproveAction approve = 4;
+     */
+    value: ApproveAction;
+    case: "approve";
+  } | {
+    /**
+     * Send the run back into the rail at a stage of its pipeline.
+     *
+     * @generated from field: handoff.v1.ReturnToStageAction return_to_stage = 5;
+     */
+    value: ReturnToStageAction;
+    case: "returnToStage";
+  } | {
+    /**
+     * End the run as FAILED.
+     *
+     * @generated from field: handoff.v1.FailAction fail = 6;
+     */
+    value: FailAction;
+    case: "fail";
+  } | {
+    /**
+     * End the run as FAILED: its input or output is malformed and not worth a retry.
+     *
+     * @generated from field: handoff.v1.RejectMalformedAction reject_malformed = 7;
+     */
+    value: RejectMalformedAction;
+    case: "rejectMalformed";
+  } | { case: undefined; value?: undefined };
+};
+
+/**
+ * Describes the message handoff.v1.ResolveEscalationRequest.
+ * Use `create(ResolveEscalationRequestSchema)` to create a new message.
+ */
+export const ResolveEscalationRequestSchema: GenMessage<ResolveEscalationRequest> = /*@__PURE__*/
+  messageDesc(file_handoff_v1_coordinator, 13);
+
+/**
+ * Edited artifact text: stored as a new version of the run's latest artifact of the stage's
+ * input schema, and appended to the run.
+ *
+ * @generated from message handoff.v1.ApproveAction
+ */
+export type ApproveAction = Message<"handoff.v1.ApproveAction"> & {
+  /**
+   * @generated from field: optional string artifact_text = 1;
+   */
+  artifactText?: string | undefined;
+};
+
+/**
+ * Describes the message handoff.v1.ApproveAction.
+ * Use `create(ApproveActionSchema)` to create a new message.
+ */
+export const ApproveActionSchema: GenMessage<ApproveAction> = /*@__PURE__*/
+  messageDesc(file_handoff_v1_coordinator, 14);
+
+/**
+ * @generated from message handoff.v1.ReturnToStageAction
+ */
+export type ReturnToStageAction = Message<"handoff.v1.ReturnToStageAction"> & {
+  /**
+   * @generated from field: string stage = 1;
+   */
+  stage: string;
+
+  /**
+   * @generated from field: optional string artifact_text = 2;
+   */
+  artifactText?: string | undefined;
+};
+
+/**
+ * Describes the message handoff.v1.ReturnToStageAction.
+ * Use `create(ReturnToStageActionSchema)` to create a new message.
+ */
+export const ReturnToStageActionSchema: GenMessage<ReturnToStageAction> = /*@__PURE__*/
+  messageDesc(file_handoff_v1_coordinator, 15);
+
+/**
+ * @generated from message handoff.v1.FailAction
+ */
+export type FailAction = Message<"handoff.v1.FailAction"> & {
+  /**
+   * @generated from field: string reason = 1;
+   */
+  reason: string;
+};
+
+/**
+ * Describes the message handoff.v1.FailAction.
+ * Use `create(FailActionSchema)` to create a new message.
+ */
+export const FailActionSchema: GenMessage<FailAction> = /*@__PURE__*/
+  messageDesc(file_handoff_v1_coordinator, 16);
+
+/**
+ * @generated from message handoff.v1.RejectMalformedAction
+ */
+export type RejectMalformedAction = Message<"handoff.v1.RejectMalformedAction"> & {
+  /**
+   * @generated from field: string reason = 1;
+   */
+  reason: string;
+};
+
+/**
+ * Describes the message handoff.v1.RejectMalformedAction.
+ * Use `create(RejectMalformedActionSchema)` to create a new message.
+ */
+export const RejectMalformedActionSchema: GenMessage<RejectMalformedAction> = /*@__PURE__*/
+  messageDesc(file_handoff_v1_coordinator, 17);
+
+/**
+ * Resolution is the record of a person's decision on an escalated run.
+ *
+ * @generated from message handoff.v1.Resolution
+ */
+export type Resolution = Message<"handoff.v1.Resolution"> & {
+  /**
+   * @generated from field: handoff.v1.ResolutionAction action = 1;
+   */
+  action: ResolutionAction;
+
+  /**
+   * @generated from field: string operator = 2;
+   */
+  operator: string;
+
+  /**
+   * @generated from field: string comment = 3;
+   */
+  comment: string;
+
+  /**
+   * The stage the run went back to (return_to_stage).
+   *
+   * @generated from field: string stage = 4;
+   */
+  stage: string;
+
+  /**
+   * The reason given (fail, reject_malformed).
+   *
+   * @generated from field: string reason = 5;
+   */
+  reason: string;
+
+  /**
+   * The edited artifact version, when the person edited it.
+   *
+   * @generated from field: handoff.v1.Artifact edited_artifact = 6;
+   */
+  editedArtifact?: Artifact | undefined;
+
+  /**
+   * The escalation that was resolved.
+   *
+   * @generated from field: handoff.v1.Escalation escalation = 7;
+   */
+  escalation?: Escalation | undefined;
+
+  /**
+   * @generated from field: google.protobuf.Timestamp at = 8;
+   */
+  at?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message handoff.v1.Resolution.
+ * Use `create(ResolutionSchema)` to create a new message.
+ */
+export const ResolutionSchema: GenMessage<Resolution> = /*@__PURE__*/
+  messageDesc(file_handoff_v1_coordinator, 18);
+
+/**
+ * @generated from message handoff.v1.ResolveEscalationResponse
+ */
+export type ResolveEscalationResponse = Message<"handoff.v1.ResolveEscalationResponse"> & {
+  /**
+   * The run after the decision.
+   *
+   * @generated from field: handoff.v1.Job job = 1;
+   */
+  job?: Job | undefined;
+
+  /**
+   * The writeback receipt (approve).
+   *
+   * @generated from field: handoff.v1.Receipt receipt = 2;
+   */
+  receipt?: Receipt | undefined;
+
+  /**
+   * True when approve found the write already made (same idempotency key): nothing new was
+   * written.
+   *
+   * @generated from field: bool duplicate = 3;
+   */
+  duplicate: boolean;
+
+  /**
+   * @generated from field: handoff.v1.Resolution resolution = 4;
+   */
+  resolution?: Resolution | undefined;
+};
+
+/**
+ * Describes the message handoff.v1.ResolveEscalationResponse.
+ * Use `create(ResolveEscalationResponseSchema)` to create a new message.
+ */
+export const ResolveEscalationResponseSchema: GenMessage<ResolveEscalationResponse> = /*@__PURE__*/
+  messageDesc(file_handoff_v1_coordinator, 19);
 
 /**
  * @generated from enum handoff.v1.JobState
@@ -671,6 +972,13 @@ export enum EventKind {
    * @generated from enum value: EVENT_KIND_FAILED = 9;
    */
   FAILED = 9,
+
+  /**
+   * A person resolved an escalated run (ResolveEscalation); resolution says how.
+   *
+   * @generated from enum value: EVENT_KIND_RESOLVED = 10;
+   */
+  RESOLVED = 10,
 }
 
 /**
@@ -678,6 +986,42 @@ export enum EventKind {
  */
 export const EventKindSchema: GenEnum<EventKind> = /*@__PURE__*/
   enumDesc(file_handoff_v1_coordinator, 2);
+
+/**
+ * @generated from enum handoff.v1.ResolutionAction
+ */
+export enum ResolutionAction {
+  /**
+   * @generated from enum value: RESOLUTION_ACTION_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * @generated from enum value: RESOLUTION_ACTION_APPROVE = 1;
+   */
+  APPROVE = 1,
+
+  /**
+   * @generated from enum value: RESOLUTION_ACTION_RETURN_TO_STAGE = 2;
+   */
+  RETURN_TO_STAGE = 2,
+
+  /**
+   * @generated from enum value: RESOLUTION_ACTION_FAIL = 3;
+   */
+  FAIL = 3,
+
+  /**
+   * @generated from enum value: RESOLUTION_ACTION_REJECT_MALFORMED = 4;
+   */
+  REJECT_MALFORMED = 4,
+}
+
+/**
+ * Describes the enum handoff.v1.ResolutionAction.
+ */
+export const ResolutionActionSchema: GenEnum<ResolutionAction> = /*@__PURE__*/
+  enumDesc(file_handoff_v1_coordinator, 3);
 
 /**
  * @generated from service handoff.v1.CoordinatorService
@@ -724,6 +1068,29 @@ export const CoordinatorService: GenService<{
     methodKind: "server_streaming";
     input: typeof WatchJobRequestSchema;
     output: typeof WatchJobResponseSchema;
+  },
+  /**
+   * ListEscalations lists the runs handed to a person (ESCALATED), newest first. When the
+   * coordinator has an operator token, the call must carry `authorization: Bearer <token>`.
+   *
+   * @generated from rpc handoff.v1.CoordinatorService.ListEscalations
+   */
+  listEscalations: {
+    methodKind: "unary";
+    input: typeof ListEscalationsRequestSchema;
+    output: typeof ListEscalationsResponseSchema;
+  },
+  /**
+   * ResolveEscalation is a person's decision on an ESCALATED run: approve (write it back
+   * with a human PASS), return it to a stage of its pipeline, fail it, or reject it as
+   * malformed. Recorded on the run's timeline as EVENT_KIND_RESOLVED. Same operator token.
+   *
+   * @generated from rpc handoff.v1.CoordinatorService.ResolveEscalation
+   */
+  resolveEscalation: {
+    methodKind: "unary";
+    input: typeof ResolveEscalationRequestSchema;
+    output: typeof ResolveEscalationResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_handoff_v1_coordinator, 0);

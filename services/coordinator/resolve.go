@@ -1,0 +1,345 @@
+package coordinator
+
+import (
+	"context"
+	"crypto/subtle"
+	"fmt"
+	"strings"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	oteltrace "go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+	"github.com/handoffhq/handoff/internal/artifact"
+	hoptrace "github.com/handoffhq/handoff/internal/interceptor/trace"
+	"github.com/handoffhq/handoff/internal/pipeline"
+	"github.com/handoffhq/handoff/internal/traceparent"
+)
+
+// OperatorTokenRequired reports whether the operator calls need a token.
+func (s *Server) OperatorTokenRequired() bool { return s.opts.OperatorToken != "" }
+
+// CheckOperatorToken reports whether tok is the operator token (constant time). Always true
+// when no token is configured.
+func (s *Server) CheckOperatorToken(tok string) bool {
+	if s.opts.OperatorToken == "" {
+		return true
+	}
+	return subtle.ConstantTimeCompare([]byte(tok), []byte(s.opts.OperatorToken)) == 1
+}
+
+// operator checks the operator token in the call's authorization metadata. Service tokens
+// (hst1.…) in the same key are skipped by the comparison simply by not matching.
+func (s *Server) operator(ctx context.Context) error {
+	if s.opts.OperatorToken == "" {
+		return nil
+	}
+	md, _ := metadata.FromIncomingContext(ctx)
+	ok := false
+	for _, v := range md.Get("authorization") {
+		scheme, rest, _ := strings.Cut(strings.TrimSpace(v), " ")
+		if strings.EqualFold(scheme, "bearer") && s.CheckOperatorToken(strings.TrimSpace(rest)) {
+			ok = true
+		}
+	}
+	if !ok {
+		return status.Error(codes.Unauthenticated, "operator token required: send `authorization: Bearer <token>`")
+	}
+	return nil
+}
+
+// ListEscalations lists ESCALATED runs, newest first.
+func (s *Server) ListEscalations(ctx context.Context, req *handoffv1.ListEscalationsRequest) (*handoffv1.ListEscalationsResponse, error) {
+	if err := s.operator(ctx); err != nil {
+		return nil, err
+	}
+	resp, err := s.ListJobs(ctx, &handoffv1.ListJobsRequest{State: handoffv1.JobState_JOB_STATE_ESCALATED, PageSize: req.GetPageSize(), PageToken: req.GetPageToken()})
+	if err != nil {
+		return nil, err
+	}
+	return &handoffv1.ListEscalationsResponse{Jobs: resp.GetJobs(), NextPageToken: resp.GetNextPageToken()}, nil
+}
+
+// Stages returns the stage names of a loaded pipeline, in order.
+func (s *Server) Stages(pipelineName string) []string {
+	p, ok := s.opts.Pipelines[pipelineName]
+	if !ok {
+		return nil
+	}
+	out := make([]string, 0, len(p.Stages))
+	for _, st := range p.Stages {
+		out = append(out, st.Name)
+	}
+	return out
+}
+
+// writebackStage is the pipeline's first writeback stage.
+func writebackStage(p *pipeline.Pipeline) *pipeline.Stage {
+	for i := range p.Stages {
+		if p.Stages[i].IsWriteback() {
+			return &p.Stages[i]
+		}
+	}
+	return nil
+}
+
+// Proposed returns the run's proposed artifact: the latest one of the schema its writeback
+// stage writes (else the latest artifact), and its bytes when an artifact store is set.
+func (s *Server) Proposed(ctx context.Context, job *handoffv1.Job) (*handoffv1.Artifact, []byte, error) {
+	var art *handoffv1.Artifact
+	if p, ok := s.opts.Pipelines[job.GetPipeline()]; ok {
+		if wb := writebackStage(p); wb != nil {
+			art = latestArtifact(job.GetArtifacts(), wb.Input)
+		}
+	}
+	if art == nil {
+		art = latestArtifact(job.GetArtifacts(), "")
+	}
+	if art == nil || s.opts.Artifacts == nil {
+		return art, nil, nil
+	}
+	data, err := s.opts.Artifacts.Get(ctx, art.GetUri())
+	return art, data, err
+}
+
+// ResolveEscalation applies a person's decision to an ESCALATED run. Approving a run that an
+// earlier approve completed sends the same write again (same idempotency key): the writeback
+// answers with the first receipt and writes nothing (duplicate=true).
+func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEscalationRequest) (*handoffv1.ResolveEscalationResponse, error) {
+	if err := s.operator(ctx); err != nil {
+		return nil, err
+	}
+	// In-process callers (the web page) skip the interceptor chain: validate here too.
+	if err := s.opts.Validator.Validate(req); err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "invalid request: %v", err)
+	}
+	runID := req.GetRunId()
+	if s.stopped() {
+		return nil, status.Error(codes.Unavailable, "coordinator is shutting down")
+	}
+	// Hold the run like a driver does: reserved in this process, leased across replicas.
+	// A driver that just escalated the run may still be releasing it: wait a little.
+	for wait := time.Now().Add(3 * time.Second); ; {
+		s.mu.Lock()
+		if !s.driving[runID] {
+			s.driving[runID] = true
+			s.mu.Unlock()
+			break
+		}
+		s.mu.Unlock()
+		if time.Now().After(wait) || ctx.Err() != nil {
+			return nil, status.Errorf(codes.Aborted, "run %s is busy (being driven or resolved); retry", runID)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	l := &lease{s: s, name: leaseName(runID)}
+	held := false
+	release := func() {
+		if held {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseTimeout)
+			if err := s.opts.Store.ReleaseLease(rctx, l.name, s.opts.Owner); err != nil {
+				s.log.Warn("release run lease (it expires by itself)", "run_id", runID, "err", err)
+			}
+			cancel()
+			held = false
+		}
+		s.mu.Lock()
+		delete(s.driving, runID)
+		s.mu.Unlock()
+	}
+	defer release()
+	ok, err := l.acquire(ctx)
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "store: %v", err)
+	}
+	if !ok {
+		return nil, status.Errorf(codes.Aborted, "run %s is held by another replica; retry", runID)
+	}
+	held = true
+
+	job, err := s.opts.Store.GetRun(ctx, runID)
+	if err != nil {
+		return nil, storeErr(err, runID)
+	}
+	p, ok := s.opts.Pipelines[job.GetPipeline()]
+	if !ok {
+		return nil, status.Errorf(codes.FailedPrecondition, "pipeline %q of run %s is not loaded", job.GetPipeline(), runID)
+	}
+	if _, isApprove := req.GetAction().(*handoffv1.ResolveEscalationRequest_Approve); isApprove &&
+		job.GetState() == handoffv1.JobState_JOB_STATE_COMPLETED &&
+		job.GetResolution().GetAction() == handoffv1.ResolutionAction_RESOLUTION_ACTION_APPROVE {
+		return s.reapprove(ctx, job, p)
+	}
+	if job.GetState() != handoffv1.JobState_JOB_STATE_ESCALATED {
+		return nil, status.Errorf(codes.FailedPrecondition, "run %s is %s, not ESCALATED", runID, strings.TrimPrefix(job.GetState().String(), "JOB_STATE_"))
+	}
+
+	res := &handoffv1.Resolution{Operator: req.GetOperator(), Comment: req.GetComment(), Escalation: job.GetEscalation(), At: timestamppb.New(s.opts.Now())}
+	var edit *string
+	var target *pipeline.Stage
+	switch a := req.GetAction().(type) {
+	case *handoffv1.ResolveEscalationRequest_Approve:
+		res.Action = handoffv1.ResolutionAction_RESOLUTION_ACTION_APPROVE
+		edit = a.Approve.ArtifactText
+		if target = writebackStage(p); target == nil {
+			return nil, status.Errorf(codes.FailedPrecondition, "pipeline %s has no writeback stage to approve into", p.Name)
+		}
+	case *handoffv1.ResolveEscalationRequest_ReturnToStage:
+		res.Action = handoffv1.ResolutionAction_RESOLUTION_ACTION_RETURN_TO_STAGE
+		edit = a.ReturnToStage.ArtifactText
+		st, _, ok := p.Stage(a.ReturnToStage.GetStage())
+		if !ok {
+			return nil, status.Errorf(codes.InvalidArgument, "stage %q is not in pipeline %s (stages: %s)", a.ReturnToStage.GetStage(), p.Name, strings.Join(s.Stages(p.Name), ", "))
+		}
+		target, res.Stage = st, st.Name
+	case *handoffv1.ResolveEscalationRequest_Fail:
+		res.Action, res.Reason = handoffv1.ResolutionAction_RESOLUTION_ACTION_FAIL, a.Fail.GetReason()
+	case *handoffv1.ResolveEscalationRequest_RejectMalformed:
+		res.Action, res.Reason = handoffv1.ResolutionAction_RESOLUTION_ACTION_REJECT_MALFORMED, a.RejectMalformed.GetReason()
+	default:
+		return nil, status.Error(codes.InvalidArgument, "invalid request: action is required")
+	}
+
+	// The next judge round: a person's decision counts as one, so a stage re-run after it
+	// is a new completion (the agent runner keys completions by round), never a DUPLICATE.
+	round := job.GetEvaluator().GetRounds() + 1
+	if edit != nil {
+		if s.opts.Artifacts == nil {
+			return nil, status.Error(codes.FailedPrecondition, "this coordinator has no artifact store: edits are not possible")
+		}
+		prop, _, err := s.Proposed(ctx, job)
+		if err != nil {
+			return nil, status.Errorf(codes.Unavailable, "read the proposed artifact: %v", err)
+		}
+		if prop == nil {
+			return nil, status.Errorf(codes.FailedPrecondition, "run %s has no artifact to edit", runID)
+		}
+		mt := prop.GetMediaType()
+		if mt == "" {
+			mt = "text/plain"
+		}
+		a, err := s.opts.Artifacts.Put(ctx, artifact.Ref{JobID: job.GetJobId(), Stage: "operator", Round: round, Type: prop.GetType(), SchemaVersion: prop.GetSchemaVersion(), MediaType: mt}, []byte(*edit))
+		if err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "store the edited artifact: %v", err)
+		}
+		if err := s.opts.Validator.Validate(a); err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "edited artifact: %v", err)
+		}
+		job.Artifacts = append(job.Artifacts, a)
+		res.EditedArtifact = a
+	}
+	job.Resolution = res
+	resp := &handoffv1.ResolveEscalationResponse{Resolution: res}
+
+	switch res.Action {
+	case handoffv1.ResolutionAction_RESOLUTION_ACTION_FAIL, handoffv1.ResolutionAction_RESOLUTION_ACTION_REJECT_MALFORMED:
+		s.event(ctx, job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_RESOLVED, Stage: job.GetStage(), Resolution: res})
+		what := "failed"
+		if res.Action == handoffv1.ResolutionAction_RESOLUTION_ACTION_REJECT_MALFORMED {
+			what = "rejected as malformed"
+		}
+		if err := s.finish(ctx, job, handoffv1.JobState_JOB_STATE_FAILED, nil, fmt.Sprintf("%s by %s: %s", what, res.GetOperator(), res.GetReason())); err != nil {
+			return nil, status.Errorf(codes.Unavailable, "%v", err)
+		}
+	case handoffv1.ResolutionAction_RESOLUTION_ACTION_RETURN_TO_STAGE:
+		if ev := job.GetEvaluator(); ev != nil {
+			ev = proto.Clone(ev).(*handoffv1.Evaluator)
+			ev.Rounds = round
+			job.Evaluator = ev
+		}
+		if c := req.GetComment(); c != "" {
+			job.NextHint = truncate("operator: "+c, 1000)
+		}
+		job.Stage = target.Name
+		job.State = handoffv1.JobState_JOB_STATE_RUNNING
+		job.Escalation = nil
+		s.event(ctx, job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_RESOLVED, Stage: target.Name, Resolution: res, Evaluator: job.GetEvaluator()})
+		if err := s.save(ctx, job); err != nil {
+			return nil, status.Errorf(codes.Unavailable, "%v", err)
+		}
+	case handoffv1.ResolutionAction_RESOLUTION_ACTION_APPROVE:
+		job.Evaluator = &handoffv1.Evaluator{LastVerdict: handoffv1.Verdict_VERDICT_PASS, Rounds: round}
+		job.Stage = target.Name
+		job.State = handoffv1.JobState_JOB_STATE_RUNNING
+		job.Escalation = nil
+		s.event(ctx, job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_RESOLVED, Stage: target.Name, Resolution: res, Evaluator: job.GetEvaluator()})
+		// The writeback hop, inline: the same code the run loop uses (a judge's PASS gate,
+		// the job_id:stage:artifact_type key), without the wallet checks a person overrides.
+		if err := s.writebackHop(ctx, job, p, target); err != nil {
+			return nil, status.Errorf(codes.Unavailable, "%v", err)
+		}
+		resp.Receipt = job.GetReceipt()
+	}
+	release()
+	if job.GetState() == handoffv1.JobState_JOB_STATE_RUNNING {
+		if _, err := s.drive(context.WithoutCancel(ctx), runID); err != nil {
+			s.log.Warn("could not take the resolved run's lease; the takeover scan will drive it", "run_id", runID, "err", err)
+		}
+	}
+	if cur, err := s.opts.Store.GetRun(ctx, runID); err == nil {
+		job = cur
+	}
+	resp.Job = job
+	if r := job.GetReceipt(); resp.Receipt == nil && r != nil && res.Action == handoffv1.ResolutionAction_RESOLUTION_ACTION_APPROVE {
+		resp.Receipt = r
+	}
+	s.log.Info("escalation resolved", "run_id", runID, "job_id", job.GetJobId(), "action", res.GetAction().String(), "operator", res.GetOperator(), "state", job.GetState().String())
+	return resp, nil
+}
+
+// writebackHop runs stage st (a writeback) for the run under a send span, as step does.
+func (s *Server) writebackHop(ctx context.Context, job *handoffv1.Job, p *pipeline.Pipeline, st *pipeline.Stage) error {
+	hctx, tp, end := s.hopSpan(ctx, job, st)
+	defer end()
+	return s.writeback(hctx, job, p, st, s.buildPackage(job, st, tp))
+}
+
+func (s *Server) hopSpan(ctx context.Context, job *handoffv1.Job, st *pipeline.Stage) (context.Context, string, func()) {
+	parent, _ := hoptrace.Parse(ctx, job.GetTraceparent(), "")
+	hctx, span := s.tracer.Start(parent, "handoff.send "+st.Name, oteltrace.WithSpanKind(oteltrace.SpanKindProducer),
+		oteltrace.WithAttributes(attribute.String("handoff.job_id", job.GetJobId()), attribute.String("handoff.stage", st.Name), attribute.String("handoff.run_id", job.GetRunId())))
+	tp := hoptrace.Format(hctx)
+	if tp == "" {
+		tp = traceparent.Child(job.GetTraceparent())
+	}
+	return hctx, tp, func() { span.End() }
+}
+
+// reapprove sends an approved run's write again: the writeback's idempotency answers with
+// the first receipt and writes nothing. The run is not changed.
+func (s *Server) reapprove(ctx context.Context, job *handoffv1.Job, p *pipeline.Pipeline) (*handoffv1.ResolveEscalationResponse, error) {
+	st := writebackStage(p)
+	if st == nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "pipeline %s has no writeback stage", p.Name)
+	}
+	art := latestArtifact(job.GetArtifacts(), st.Input)
+	if art == nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "run %s has no artifact to write", job.GetRunId())
+	}
+	hctx, tp, end := s.hopSpan(ctx, job, st)
+	defer end()
+	pkg := s.buildPackage(job, st, tp)
+	var wr *handoffv1.WriteResponse
+	err := s.retry(hctx, job, st.Name, func(ctx context.Context) error {
+		var err error
+		wr, err = s.opts.Writeback.Write(ctx, &handoffv1.WriteRequest{Package: pkg, Artifact: art, Target: st.Writer.Target})
+		return err
+	})
+	if err != nil {
+		return nil, status.Errorf(status.Code(err), "writeback: %s", status.Convert(err).Message())
+	}
+	return &handoffv1.ResolveEscalationResponse{Job: job, Receipt: wr.GetReceipt(), Duplicate: wr.GetDuplicate(), Resolution: job.GetResolution()}, nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}

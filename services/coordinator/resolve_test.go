@@ -1,0 +1,229 @@
+package coordinator_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+	"github.com/handoffhq/handoff/internal/artifact"
+	"github.com/handoffhq/handoff/internal/pipeline"
+	"github.com/handoffhq/handoff/internal/stack"
+	"github.com/handoffhq/handoff/services/agentrunner"
+	"github.com/handoffhq/handoff/services/agentrunner/support"
+)
+
+const opToken = "s3cret-operator-token"
+
+// startOp is start with an operator token and the relay pipeline.
+func startOp(t *testing.T, maxRevisions int, verdicts []handoffv1.Verdict) *env {
+	t.Helper()
+	e := &env{defaultBudget: &handoffv1.Budget{UsdRemainingMicros: 1_000_000}}
+	p, problems, err := pipeline.Parse("relay.yaml", []byte(fmt.Sprintf(relay, 20, maxRevisions)))
+	if err != nil || pipeline.HasErrors(problems) {
+		t.Fatalf("relay pipeline: %v %v", err, problems)
+	}
+	e.draft = &recorder{name: "draft", spend: 100_000}
+	e.judge = &recorder{name: "judge", spend: 50_000, verdicts: verdicts}
+	st, err := stack.Start(context.Background(), stack.Config{DataDir: t.TempDir(), CoordinatorAddr: "127.0.0.1:0", RunnerAddr: "127.0.0.1:0", WritebackAddr: "127.0.0.1:0",
+		Logger: testLogger(t), Pipelines: map[string]*pipeline.Pipeline{p.Name: p}, Agents: []agentrunner.Agent{e.draft, e.judge}, OperatorToken: opToken})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	cc, err := st.Dial(st.CoordinatorAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.st, e.client = st, handoffv1.NewCoordinatorServiceClient(cc)
+	e.input = mustInput(t, st)
+	return e
+}
+
+func mustInput(t *testing.T, st *stack.Stack) *handoffv1.Artifact {
+	t.Helper()
+	a, err := st.Artifacts.Put(context.Background(), artifact.Ref{JobID: "tkt_1", Stage: "submit", Type: "raw_ticket", SchemaVersion: "raw_ticket.v1", MediaType: "application/json"}, support.SampleTicket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+func op() context.Context {
+	return metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+opToken)
+}
+
+func waitState(t *testing.T, e *env, runID string, want handoffv1.JobState) *handoffv1.Job {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		got, err := e.client.GetJob(context.Background(), &handoffv1.GetJobRequest{RunId: runID})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.GetJob().GetState() == want {
+			return got.GetJob()
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("run %s is %s, want %s (escalation %v)", runID, got.GetJob().GetState(), want, got.GetJob().GetEscalation())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func events(t *testing.T, e *env, runID string) []string {
+	t.Helper()
+	evs, err := e.st.Store.Events(context.Background(), runID, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kinds(evs)
+}
+
+func TestResolveApproveWritesOnce(t *testing.T) {
+	e := startOp(t, 0, []handoffv1.Verdict{handoffv1.Verdict_VERDICT_FAIL})
+	job, _ := e.submit(t, "relay", "tkt_1", "", e.defaultBudget)
+	if job.GetState() != handoffv1.JobState_JOB_STATE_ESCALATED {
+		t.Fatalf("state %s, want ESCALATED", job.GetState())
+	}
+	// No token, wrong token: no access.
+	if _, err := e.client.ListEscalations(context.Background(), &handoffv1.ListEscalationsRequest{}); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("ListEscalations without token: %v, want Unauthenticated", err)
+	}
+	bad := metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer nope")
+	approve := &handoffv1.ResolveEscalationRequest{RunId: job.GetRunId(), Operator: "ana", Comment: "fixed the citation",
+		Action: &handoffv1.ResolveEscalationRequest_Approve{Approve: &handoffv1.ApproveAction{ArtifactText: ptr("an edited note")}}}
+	if _, err := e.client.ResolveEscalation(bad, approve); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("ResolveEscalation with a wrong token: %v, want Unauthenticated", err)
+	}
+	list, err := e.client.ListEscalations(op(), &handoffv1.ListEscalationsRequest{})
+	if err != nil || len(list.GetJobs()) != 1 || list.GetJobs()[0].GetRunId() != job.GetRunId() {
+		t.Fatalf("ListEscalations: %v %v", list, err)
+	}
+
+	resp, err := e.client.ResolveEscalation(op(), approve)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.GetJob().GetState() != handoffv1.JobState_JOB_STATE_COMPLETED || resp.GetReceipt() == nil || resp.GetDuplicate() {
+		t.Fatalf("approve: %v", resp)
+	}
+	if k := resp.GetReceipt().GetIdempotencyKey(); k != "tkt_1:writeback:note" {
+		t.Fatalf("idempotency key %q", k)
+	}
+	if ev := resp.GetJob().GetEvaluator(); ev.GetLastVerdict() != handoffv1.Verdict_VERDICT_PASS || ev.GetRounds() != 2 || len(ev.GetFailures()) != 0 {
+		t.Fatalf("evaluator %v", ev)
+	}
+	if a := resp.GetResolution().GetEditedArtifact(); a == nil || a.GetType() != "note" || a.GetProducedBy() != "operator" {
+		t.Fatalf("edited artifact %v", a)
+	}
+	data, err := e.st.Artifacts.Get(context.Background(), resp.GetResolution().GetEditedArtifact().GetUri())
+	if err != nil || string(data) != "an edited note" {
+		t.Fatalf("edited artifact bytes %q %v", data, err)
+	}
+	if e.writes(t) != 1 {
+		t.Fatalf("ledger has %d writes, want 1", e.writes(t))
+	}
+	// Approving again (also concurrently) writes nothing new: same key, first receipt.
+	errs := make(chan error, 2)
+	for range 2 {
+		go func() {
+			r, err := e.client.ResolveEscalation(op(), approve)
+			if err == nil && (!r.GetDuplicate() || r.GetReceipt().GetExternalId() != resp.GetReceipt().GetExternalId()) {
+				err = fmt.Errorf("second approve: %v", r)
+			}
+			if status.Code(err) == codes.Aborted {
+				err = nil // the other one held the run
+			}
+			errs <- err
+		}()
+	}
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if e.writes(t) != 1 {
+		t.Fatalf("ledger has %d writes after approving again, want 1", e.writes(t))
+	}
+	evs := events(t, e, job.GetRunId())
+	if !slices.Contains(evs, "writeback:RESOLVED") || evs[len(evs)-1] != "writeback:COMPLETED" {
+		t.Fatalf("timeline %v", evs)
+	}
+	// A completed run cannot be failed.
+	_, err = e.client.ResolveEscalation(op(), &handoffv1.ResolveEscalationRequest{RunId: job.GetRunId(), Operator: "ana",
+		Action: &handoffv1.ResolveEscalationRequest_Fail{Fail: &handoffv1.FailAction{Reason: "late"}}})
+	if status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("fail on a completed run: %v, want FailedPrecondition", err)
+	}
+}
+
+func TestResolveReturnToStage(t *testing.T) {
+	e := startOp(t, 1, []handoffv1.Verdict{handoffv1.Verdict_VERDICT_FAIL, handoffv1.Verdict_VERDICT_FAIL, handoffv1.Verdict_VERDICT_PASS})
+	job, _ := e.submit(t, "relay", "tkt_1", "", e.defaultBudget)
+	if job.GetState() != handoffv1.JobState_JOB_STATE_ESCALATED {
+		t.Fatalf("state %s, want ESCALATED", job.GetState())
+	}
+	ret := func(stage string) error {
+		_, err := e.client.ResolveEscalation(op(), &handoffv1.ResolveEscalationRequest{RunId: job.GetRunId(), Operator: "ana", Comment: "cite the policy",
+			Action: &handoffv1.ResolveEscalationRequest_ReturnToStage{ReturnToStage: &handoffv1.ReturnToStageAction{Stage: stage}}})
+		return err
+	}
+	if err := ret("nope"); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("unknown stage: %v, want InvalidArgument", err)
+	}
+	if err := ret("draft"); err != nil {
+		t.Fatal(err)
+	}
+	done := waitState(t, e, job.GetRunId(), handoffv1.JobState_JOB_STATE_COMPLETED)
+	if done.GetTraceparent() != job.GetTraceparent() || done.GetReceipt() == nil {
+		t.Fatalf("completed run %v", done)
+	}
+	if e.draft.calls() != 3 || e.writes(t) != 1 {
+		t.Fatalf("draft calls %d, writes %d; want 3, 1", e.draft.calls(), e.writes(t))
+	}
+	if hint := e.draft.got[2].GetNextHint(); hint != "operator: cite the policy" {
+		t.Fatalf("next hint %q", hint)
+	}
+	if err := ret("draft"); status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("return on a completed run: %v, want FailedPrecondition", err)
+	}
+}
+
+func TestResolveFailAndReject(t *testing.T) {
+	e := startOp(t, 0, []handoffv1.Verdict{handoffv1.Verdict_VERDICT_FAIL})
+	for i, action := range []*handoffv1.ResolveEscalationRequest{
+		{Action: &handoffv1.ResolveEscalationRequest_Fail{Fail: &handoffv1.FailAction{Reason: "customer withdrew"}}},
+		{Action: &handoffv1.ResolveEscalationRequest_RejectMalformed{RejectMalformed: &handoffv1.RejectMalformedAction{Reason: "ticket is spam"}}},
+	} {
+		job, _ := e.submit(t, "relay", fmt.Sprintf("tkt_%d", i+1), "", e.defaultBudget)
+		action.RunId, action.Operator = job.GetRunId(), "bo"
+		resp, err := e.client.ResolveEscalation(op(), action)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.GetJob().GetState() != handoffv1.JobState_JOB_STATE_FAILED {
+			t.Fatalf("state %s", resp.GetJob().GetState())
+		}
+		evs := events(t, e, job.GetRunId())
+		if evs[len(evs)-2] != "judge:RESOLVED" || evs[len(evs)-1] != "judge:FAILED" {
+			t.Fatalf("timeline %v", evs)
+		}
+	}
+	if e.writes(t) != 0 {
+		t.Fatalf("writes %d", e.writes(t))
+	}
+	// Missing operator / action: invalid.
+	_, err := e.client.ResolveEscalation(op(), &handoffv1.ResolveEscalationRequest{RunId: "run_x"})
+	if status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("empty request: %v", err)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
