@@ -71,9 +71,10 @@ func runUp(args []string, stdout, stderr io.Writer) int {
 	defer stop()
 	cfg := f.config(stderr)
 	generated := false
-	if webAddr != "" && opToken == "" {
-		// Fail closed: the page can approve writes, so it never runs without a token. One
-		// is made for this run and printed; set HANDOFF_OPERATOR_TOKEN to choose it.
+	if opToken == "" {
+		// Fail closed: the page and ResolveEscalation can approve writes, so they never run
+		// without a token. One is made for this run and printed; set HANDOFF_OPERATOR_TOKEN
+		// to choose it.
 		b := make([]byte, 16)
 		if _, err := rand.Read(b); err != nil {
 			fmt.Fprintln(stderr, "handoff up: operator token:", err)
@@ -91,9 +92,9 @@ func runUp(args []string, stdout, stderr io.Writer) int {
 		f.data, st.CoordinatorAddr, st.RunnerAddr, st.WritebackAddr)
 	if st.WebAddr != "" {
 		fmt.Fprintf(stdout, "  operator page http://%s/ (operator token required)\n", st.WebAddr)
-		if generated {
-			fmt.Fprintf(stdout, "  operator token %s (made for this run; set HANDOFF_OPERATOR_TOKEN to choose one)\n", opToken)
-		}
+	}
+	if generated {
+		fmt.Fprintf(stdout, "  operator token %s (made for this run; set HANDOFF_OPERATOR_TOKEN to choose one)\n", opToken)
 	}
 	if f.metrics != "" {
 		lis, err := net.Listen("tcp", f.metrics)
