@@ -191,21 +191,7 @@ func TestRedisListRunsBatches(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	var ids []string
-	token := ""
-	for page := 0; page < 5; page++ {
-		runs, next, err := s.ListRuns(ctx, handoffv1.JobState_JOB_STATE_ESCALATED, 1, token)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, r := range runs {
-			ids = append(ids, r.GetRunId())
-		}
-		if next == "" {
-			break
-		}
-		token = next
-	}
+	ids := storetest.PagedRunIDs(t, s, handoffv1.JobState_JOB_STATE_ESCALATED, 1, 5)
 	if fmt.Sprint(ids) != "[run-2 run-1]" {
 		t.Fatalf("filtered listing across batches = %v, want [run-2 run-1]", ids)
 	}

@@ -115,21 +115,7 @@ func testListRunsFiltered(t *testing.T, s store.Store) {
 			t.Fatal(err)
 		}
 	}
-	var ids []string
-	token := ""
-	for page := 0; page < 10; page++ {
-		runs, next, err := s.ListRuns(ctx, handoffv1.JobState_JOB_STATE_ESCALATED, 1, token)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, r := range runs {
-			ids = append(ids, r.GetRunId())
-		}
-		if next == "" {
-			break
-		}
-		token = next
-	}
+	ids := PagedRunIDs(t, s, handoffv1.JobState_JOB_STATE_ESCALATED, 1, 10)
 	if fmt.Sprint(ids) != "[run-6 run-3]" {
 		t.Fatalf("filtered paging = %v, want [run-6 run-3]", ids)
 	}
@@ -280,21 +266,7 @@ func testListRuns(t *testing.T, s store.Store) {
 			t.Fatal(err)
 		}
 	}
-	var ids []string
-	token := ""
-	for page := 0; page < 10; page++ {
-		runs, next, err := s.ListRuns(ctx, 0, 2, token)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, r := range runs {
-			ids = append(ids, r.GetRunId())
-		}
-		if next == "" {
-			break
-		}
-		token = next
-	}
+	ids := PagedRunIDs(t, s, 0, 2, 10)
 	if fmt.Sprint(ids) != "[run-5 run-4 run-3 run-2 run-1]" {
 		t.Fatalf("paged listing = %v, want newest first, each once", ids)
 	}
@@ -414,4 +386,28 @@ func testLedger(t *testing.T, s store.Store) {
 	if err != nil || len(es) != 2 || string(es[1].Payload) != "two" {
 		t.Fatalf("LedgerEntries = %v, %v", es, err)
 	}
+}
+
+// PagedRunIDs lists runs (in one state, or all for 0) page by page, pageSize at a time, and
+// returns their ids in the order the pages gave them; it fails the test after maxPages
+// pages, so a page token that never ends cannot hang it.
+func PagedRunIDs(t testing.TB, s store.Runs, state handoffv1.JobState, pageSize, maxPages int) []string {
+	t.Helper()
+	var ids []string
+	token := ""
+	for page := 0; page < maxPages; page++ {
+		runs, next, err := s.ListRuns(context.Background(), state, pageSize, token)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range runs {
+			ids = append(ids, r.GetRunId())
+		}
+		if next == "" {
+			return ids
+		}
+		token = next
+	}
+	t.Fatalf("listing did not end after %d pages of %d: %v", maxPages, pageSize, ids)
+	return nil
 }
