@@ -1,0 +1,496 @@
+// Command temporal is the peer comparison of issue 6: the same 5-stage relay of no-op
+// activities as a Temporal workflow, run side by side with handoff's job figure J
+// (bench.RunJobs) in one process, interleaved in rounds.
+//
+// It is its own Go module so that the Temporal SDK never enters the main module's
+// dependencies or its `go test ./...`. Run it from this folder:
+//
+//	cd bench/temporal && go run . [--jobs 96] [--serial 15] [--concurrency 32] [--rounds 3] [--temporal PATH] [--redis off] [--json]
+//
+// It starts `temporal server start-dev` (in memory, tuned as /work/shared/ANCHORS.md says:
+// the stock dev server waits ~50 ms at every task hand-off) as a subprocess on free
+// loopback ports, runs a worker in this process with 16 workflow and 16 activity pollers,
+// and kills the dev server at the end.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"go.temporal.io/api/workflowservice/v1"
+	"go.temporal.io/sdk/activity"
+	"go.temporal.io/sdk/client"
+	tlog "go.temporal.io/sdk/log"
+	"go.temporal.io/sdk/worker"
+	"go.temporal.io/sdk/workflow"
+
+	"github.com/handoffhq/handoff/internal/bench"
+)
+
+const (
+	taskQueue = "bench-noop-5"
+	stages    = 5
+)
+
+// NoopActivity is one stage: it does nothing.
+func NoopActivity(ctx context.Context, stage int) error { return nil }
+
+// RelayWorkflow runs the five no-op stages one after another, like handoff's bench-noop-5.
+func RelayWorkflow(ctx workflow.Context) error {
+	ctx = workflow.WithActivityOptions(ctx, workflow.ActivityOptions{StartToCloseTimeout: 30 * time.Second})
+	for i := range stages {
+		if err := workflow.ExecuteActivity(ctx, NoopActivity, i+1).Get(ctx, nil); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+type options struct {
+	jobs, serial, conc, rounds int
+	temporalBin, redis         string
+	jsonOut                    bool
+}
+
+// figure is one system's result: medians over the rounds of each round's p50 (one job at
+// a time) and jobs/s (conc in flight).
+type figure struct {
+	Name       string    `json:"name"`
+	P50ms      float64   `json:"p50_ms"`
+	P99ms      float64   `json:"p99_ms"`
+	JobsPerSec float64   `json:"jobs_per_sec"`
+	RoundsP50  []float64 `json:"rounds_p50_ms"`
+	RoundsJPS  []float64 `json:"rounds_jobs_per_sec"`
+	p99s       []float64
+}
+
+func (f *figure) add(p50, p99 time.Duration, jps float64) {
+	f.RoundsP50 = append(f.RoundsP50, ms(p50))
+	f.p99s = append(f.p99s, ms(p99))
+	f.RoundsJPS = append(f.RoundsJPS, jps)
+}
+
+func (f *figure) finish() {
+	f.P50ms, f.P99ms, f.JobsPerSec = median(f.RoundsP50), median(f.p99s), median(f.RoundsJPS)
+}
+
+type ratio struct {
+	Handoff         string  `json:"handoff"`
+	ThroughputRatio float64 `json:"handoff_jobs_per_sec_over_temporal"`
+	LatencyRatio    float64 `json:"temporal_p50_over_handoff_p50"`
+	ThroughputMet   bool    `json:"target_throughput_50x_met"`
+	LatencyMet      bool    `json:"target_p50_under_1_50th_met"`
+}
+
+type report struct {
+	Date        string    `json:"date"`
+	GoVersion   string    `json:"go_version"`
+	NumCPU      int       `json:"nproc"`
+	Load        string    `json:"loadavg_start,omitempty"`
+	LoadEnd     string    `json:"loadavg_end,omitempty"`
+	Jobs        int       `json:"jobs_per_round_concurrent"`
+	Serial      int       `json:"jobs_per_round_serial"`
+	Concurrency int       `json:"concurrency"`
+	Rounds      int       `json:"rounds"`
+	TemporalCLI string    `json:"temporal_cli"`
+	Figures     []*figure `json:"figures"`
+	Ratios      []ratio   `json:"ratios"`
+	Notes       []string  `json:"notes,omitempty"`
+}
+
+func main() {
+	var o options
+	flag.IntVar(&o.jobs, "jobs", 96, "jobs per round with --concurrency in flight (jobs/s)")
+	flag.IntVar(&o.serial, "serial", 15, "jobs per round one at a time (p50)")
+	flag.IntVar(&o.conc, "concurrency", 32, "jobs in flight for jobs/s")
+	flag.IntVar(&o.rounds, "rounds", 3, "interleaved rounds (each figure runs once per round and mode)")
+	flag.StringVar(&o.temporalBin, "temporal", "", "temporal CLI binary (default: ../../bin/temporal, then $PATH)")
+	flag.StringVar(&o.redis, "redis", bench.DefaultRedisAddr, `Redis for handoff J_redis ("off" to skip)`)
+	flag.BoolVar(&o.jsonOut, "json", false, "print the report as JSON")
+	flag.Parse()
+	if o.jobs <= 0 || o.serial <= 0 || o.conc <= 0 || o.rounds <= 0 {
+		fmt.Fprintln(os.Stderr, "temporal: --jobs, --serial, --concurrency and --rounds must be positive")
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, o)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "temporal:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, o options) error {
+	bin, err := findTemporal(o.temporalBin)
+	if err != nil {
+		return err
+	}
+	rep := &report{
+		Date: time.Now().UTC().Format(time.RFC3339), GoVersion: runtime.Version(), NumCPU: runtime.NumCPU(),
+		Load: loadavg(), Jobs: o.jobs, Serial: o.serial, Concurrency: o.conc, Rounds: o.rounds,
+	}
+	if out, err := exec.CommandContext(ctx, bin, "--version").Output(); err == nil {
+		rep.TemporalCLI = string(trimNL(out))
+	}
+
+	srv, hostPort, err := startDevServer(ctx, bin)
+	if err != nil {
+		return err
+	}
+	defer srv.stop()
+	log := tlog.NewStructuredLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))
+	c, err := dialWhenReady(ctx, hostPort, log, srv)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	w := worker.New(c, taskQueue, worker.Options{
+		MaxConcurrentWorkflowTaskPollers: 16,
+		MaxConcurrentActivityTaskPollers: 16,
+	})
+	w.RegisterWorkflow(RelayWorkflow)
+	w.RegisterActivityWithOptions(NoopActivity, activity.RegisterOptions{Name: "NoopActivity"})
+	if err := w.Start(); err != nil {
+		return fmt.Errorf("worker: %w", err)
+	}
+	defer w.Stop()
+
+	var seq atomic.Int64
+	tJob := func(ctx context.Context) error {
+		id := "bench-" + strconv.FormatInt(seq.Add(1), 10)
+		run, err := c.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: id, TaskQueue: taskQueue}, RelayWorkflow)
+		if err != nil {
+			return err
+		}
+		return run.Get(ctx, nil)
+	}
+	// warm-up: the task queue, the worker's pollers, the namespace cache.
+	for range 3 {
+		if err := tJob(ctx); err != nil {
+			return fmt.Errorf("temporal warm-up job: %w", err)
+		}
+	}
+
+	stores := []string{"bolt"}
+	if o.redis != "off" {
+		if err := bench.RedisReachable(ctx, o.redis); err != nil {
+			rep.Notes = append(rep.Notes, "J_redis skipped: "+err.Error())
+		} else {
+			stores = append(stores, "redis")
+		}
+	}
+	temporal := &figure{Name: "Temporal (dev server, in memory, tuned)"}
+	handoff := map[string]*figure{}
+	for _, s := range stores {
+		handoff[s] = &figure{Name: "handoff J_" + s}
+	}
+	progress := func(format string, args ...any) {
+		if !o.jsonOut {
+			fmt.Fprintf(os.Stderr, format+"\n", args...)
+		}
+	}
+	var tP50, tP99 time.Duration
+	for r := range o.rounds {
+		// one at a time: p50
+		lat, _, err := runN(ctx, o.serial, 1, tJob)
+		if err != nil {
+			return fmt.Errorf("temporal serial: %w", err)
+		}
+		tP50, tP99 = quantiles(lat)
+		progress("round %d: temporal serial p50 %v", r+1, tP50)
+		hs := map[string]bench.JobsResult{}
+		for _, s := range stores {
+			res, err := bench.RunJobs(ctx, bench.JobsConfig{N: o.serial, Concurrency: 1, Store: s, RedisAddr: o.redis})
+			if err != nil {
+				return fmt.Errorf("handoff J_%s serial: %w", s, err)
+			}
+			hs[s] = res
+			progress("round %d: handoff J_%s serial p50 %v", r+1, s, res.P50)
+		}
+		// conc in flight: jobs/s
+		_, el, err := runN(ctx, o.jobs, o.conc, tJob)
+		if err != nil {
+			return fmt.Errorf("temporal concurrent: %w", err)
+		}
+		tJPS := float64(o.jobs) / el.Seconds()
+		temporal.add(tP50, tP99, tJPS)
+		progress("round %d: temporal %.1f jobs/s", r+1, tJPS)
+		for _, s := range stores {
+			res, err := bench.RunJobs(ctx, bench.JobsConfig{N: o.jobs, Concurrency: o.conc, Store: s, RedisAddr: o.redis})
+			if err != nil {
+				return fmt.Errorf("handoff J_%s concurrent: %w", s, err)
+			}
+			handoff[s].add(hs[s].P50, hs[s].P99, res.JobsPerSec)
+			progress("round %d: handoff J_%s %.1f jobs/s", r+1, s, res.JobsPerSec)
+		}
+	}
+	temporal.finish()
+	rep.Figures = append(rep.Figures, temporal)
+	for _, s := range stores {
+		f := handoff[s]
+		f.finish()
+		rep.Figures = append(rep.Figures, f)
+		tr := f.JobsPerSec / temporal.JobsPerSec
+		lr := temporal.P50ms / f.P50ms
+		rep.Ratios = append(rep.Ratios, ratio{Handoff: f.Name, ThroughputRatio: tr, LatencyRatio: lr,
+			ThroughputMet: tr >= 50, LatencyMet: lr > 50})
+	}
+	rep.LoadEnd = loadavg()
+
+	if o.jsonOut {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rep)
+	}
+	printReport(rep)
+	return nil
+}
+
+func printReport(rep *report) {
+	fmt.Printf("peer comparison: 5 sequential no-op stages per job; %s, %d CPUs, %s, load %s -> %s\n",
+		rep.Date, rep.NumCPU, rep.GoVersion, rep.Load, rep.LoadEnd)
+	fmt.Printf("temporal CLI: %s\n", rep.TemporalCLI)
+	fmt.Printf("%d rounds; per round %d jobs one at a time (p50, p99) and %d jobs with %d in flight (jobs/s); medians over rounds\n\n",
+		rep.Rounds, rep.Serial, rep.Jobs, rep.Concurrency)
+	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "figure\tp50 ms\tp99 ms\tjobs/s\tp50 per round\tjobs/s per round")
+	for _, f := range rep.Figures {
+		fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%.1f\t%v\t%v\n", f.Name, f.P50ms, f.P99ms, f.JobsPerSec, round1(f.RoundsP50), round1(f.RoundsJPS))
+	}
+	tw.Flush()
+	fmt.Println()
+	tw = tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "ratio\thandoff jobs/s ÷ Temporal jobs/s (target >= 50)\tTemporal p50 ÷ handoff p50 (target > 50)")
+	for _, r := range rep.Ratios {
+		fmt.Fprintf(tw, "%s\t%.2f (%s)\t%.2f (%s)\n", r.Handoff, r.ThroughputRatio, met(r.ThroughputMet), r.LatencyRatio, met(r.LatencyMet))
+	}
+	tw.Flush()
+	for _, n := range rep.Notes {
+		fmt.Println("note:", n)
+	}
+}
+
+func met(b bool) string {
+	if b {
+		return "met"
+	}
+	return "missed"
+}
+
+// devServer is the `temporal server start-dev` subprocess, in its own process group.
+type devServer struct {
+	cmd    *exec.Cmd
+	done   chan struct{}
+	stderr *tail
+	once   sync.Once
+}
+
+func startDevServer(ctx context.Context, bin string) (*devServer, string, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, "", err
+	}
+	args := []string{"server", "start-dev", "--headless", "--ip", "127.0.0.1",
+		"--port", strconv.Itoa(port), // HTTP API and /metrics: random free ports (the CLI's default)
+		"--log-level", "error",
+		"--dynamic-config-value", "history.transferProcessorMaxPollRPS=100000",
+		"--dynamic-config-value", "matching.numTaskqueueReadPartitions=1",
+		"--dynamic-config-value", "matching.numTaskqueueWritePartitions=1",
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	t := &tail{}
+	cmd.Stdout, cmd.Stderr = t, t
+	if err := cmd.Start(); err != nil {
+		return nil, "", fmt.Errorf("start %s: %w", bin, err)
+	}
+	s := &devServer{cmd: cmd, done: make(chan struct{}), stderr: t}
+	go func() { cmd.Wait(); close(s.done) }()
+	return s, net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), nil
+}
+
+// stop ends the dev server's process group: SIGTERM, then SIGKILL after 5 s.
+func (s *devServer) stop() {
+	s.once.Do(func() {
+		pgid := s.cmd.Process.Pid
+		syscall.Kill(-pgid, syscall.SIGTERM)
+		select {
+		case <-s.done:
+		case <-time.After(5 * time.Second):
+			syscall.Kill(-pgid, syscall.SIGKILL)
+			<-s.done
+		}
+	})
+}
+
+func dialWhenReady(ctx context.Context, hostPort string, log tlog.Logger, s *devServer) (client.Client, error) {
+	deadline := time.Now().Add(60 * time.Second)
+	var last error
+	for time.Now().Before(deadline) {
+		select {
+		case <-s.done:
+			return nil, fmt.Errorf("temporal dev server exited: %s", s.stderr.String())
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		default:
+		}
+		dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		c, err := client.DialContext(dctx, client.Options{HostPort: hostPort, Namespace: "default", Logger: log})
+		if err == nil {
+			_, err = c.WorkflowService().DescribeNamespace(dctx, &workflowservice.DescribeNamespaceRequest{Namespace: "default"})
+			if err == nil {
+				cancel()
+				return c, nil
+			}
+			c.Close()
+		}
+		cancel()
+		last = err
+		time.Sleep(200 * time.Millisecond)
+	}
+	return nil, fmt.Errorf("temporal dev server at %s not ready after 60 s: %v; output: %s", hostPort, last, s.stderr.String())
+}
+
+func findTemporal(flagPath string) (string, error) {
+	if flagPath != "" {
+		return flagPath, nil
+	}
+	for _, p := range []string{"../../bin/temporal", "bin/temporal"} {
+		if st, err := os.Stat(p); err == nil && !st.IsDir() {
+			return filepath.Abs(p)
+		}
+	}
+	if p, err := exec.LookPath("temporal"); err == nil {
+		return p, nil
+	}
+	return "", errors.New("no temporal CLI: GOBIN=$PWD/bin go install github.com/temporalio/cli/cmd/temporal@v1.5.1 (from the repository root), or pass --temporal PATH")
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// runN runs op n times with conc in flight; it returns every latency and the wall time.
+func runN(ctx context.Context, n, conc int, op func(context.Context) error) ([]time.Duration, time.Duration, error) {
+	var next atomic.Int64
+	lat := make([]time.Duration, n)
+	errs := make([]error, conc)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for w := range conc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := next.Add(1) - 1
+				if i >= int64(n) || ctx.Err() != nil {
+					return
+				}
+				t := time.Now()
+				if err := op(ctx); err != nil {
+					errs[w] = err
+					return
+				}
+				lat[i] = time.Since(t)
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if err := errors.Join(errs...); err != nil {
+		return nil, 0, err
+	}
+	return lat, elapsed, ctx.Err()
+}
+
+// quantiles is internal/bench's: nearest rank.
+func quantiles(s []time.Duration) (p50, p99 time.Duration) {
+	s = slices.Clone(s)
+	slices.Sort(s)
+	at := func(q float64) time.Duration {
+		i := int(math.Ceil(q*float64(len(s)))) - 1
+		return s[min(max(i, 0), len(s)-1)]
+	}
+	return at(0.50), at(0.99)
+}
+
+func median(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+func round1(v []float64) []float64 {
+	out := make([]float64, len(v))
+	for i, x := range v {
+		out[i] = float64(int(x*10+0.5)) / 10
+	}
+	return out
+}
+
+func loadavg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil || len(b) < 14 {
+		return ""
+	}
+	return string(b[:14])
+}
+
+func trimNL(b []byte) []byte {
+	for len(b) > 0 && (b[len(b)-1] == '\n' || b[len(b)-1] == '\r') {
+		b = b[:len(b)-1]
+	}
+	return b
+}
+
+// tail keeps the last 4 KiB written to it (the dev server's output, for error messages).
+type tail struct {
+	mu  sync.Mutex
+	buf []byte
+}
+
+func (t *tail) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.buf = append(t.buf, p...)
+	if len(t.buf) > 4096 {
+		t.buf = t.buf[len(t.buf)-4096:]
+	}
+	return len(p), nil
+}
+
+func (t *tail) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return string(t.buf)
+}
