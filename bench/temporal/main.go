@@ -21,7 +21,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"net"
 	"os"
 	"os/exec"
@@ -212,11 +211,11 @@ func run(ctx context.Context, o options) error {
 	var tP50, tP99 time.Duration
 	for r := range o.rounds {
 		// one at a time: p50
-		lat, _, err := runN(ctx, o.serial, 1, tJob)
+		lat, _, err := bench.RunN(ctx, o.serial, 1, func(ctx context.Context, _ int) error { return tJob(ctx) })
 		if err != nil {
 			return fmt.Errorf("temporal serial: %w", err)
 		}
-		tP50, tP99 = quantiles(lat)
+		tP50, tP99 = bench.Quantiles(lat)
 		progress("round %d: temporal serial p50 %v", r+1, tP50)
 		hs := map[string]bench.JobsResult{}
 		for _, s := range stores {
@@ -228,7 +227,7 @@ func run(ctx context.Context, o options) error {
 			progress("round %d: handoff J_%s serial p50 %v", r+1, s, res.P50)
 		}
 		// conc in flight: jobs/s
-		_, el, err := runN(ctx, o.jobs, o.conc, tJob)
+		_, el, err := bench.RunN(ctx, o.jobs, o.conc, func(ctx context.Context, _ int) error { return tJob(ctx) })
 		if err != nil {
 			return fmt.Errorf("temporal concurrent: %w", err)
 		}
@@ -393,50 +392,6 @@ func freePort() (int, error) {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
-// runN runs op n times with conc in flight; it returns every latency and the wall time.
-func runN(ctx context.Context, n, conc int, op func(context.Context) error) ([]time.Duration, time.Duration, error) {
-	var next atomic.Int64
-	lat := make([]time.Duration, n)
-	errs := make([]error, conc)
-	var wg sync.WaitGroup
-	start := time.Now()
-	for w := range conc {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := next.Add(1) - 1
-				if i >= int64(n) || ctx.Err() != nil {
-					return
-				}
-				t := time.Now()
-				if err := op(ctx); err != nil {
-					errs[w] = err
-					return
-				}
-				lat[i] = time.Since(t)
-			}
-		}()
-	}
-	wg.Wait()
-	elapsed := time.Since(start)
-	if err := errors.Join(errs...); err != nil {
-		return nil, 0, err
-	}
-	return lat, elapsed, ctx.Err()
-}
-
-// quantiles is internal/bench's: nearest rank.
-func quantiles(s []time.Duration) (p50, p99 time.Duration) {
-	s = slices.Clone(s)
-	slices.Sort(s)
-	at := func(q float64) time.Duration {
-		i := int(math.Ceil(q*float64(len(s)))) - 1
-		return s[min(max(i, 0), len(s)-1)]
-	}
-	return at(0.50), at(0.99)
 }
 
 func median(v []float64) float64 {

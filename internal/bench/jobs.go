@@ -89,7 +89,7 @@ func RunJobs(ctx context.Context, cfg JobsConfig) (JobsResult, error) {
 	if err := rig.job(ctx, 0); err != nil { // warm-up: connections, buckets, scripts
 		return JobsResult{}, err
 	}
-	lat, elapsed, err := runN(ctx, cfg.N, max(cfg.Concurrency, 1), rig.job)
+	lat, elapsed, err := RunN(ctx, cfg.N, max(cfg.Concurrency, 1), rig.job)
 	if err != nil {
 		return JobsResult{}, err
 	}
@@ -97,8 +97,9 @@ func RunJobs(ctx context.Context, cfg JobsConfig) (JobsResult, error) {
 	return JobsResult{P50: p50, P99: p99, JobsPerSec: float64(cfg.N) / elapsed.Seconds()}, nil
 }
 
-// runN runs op n times with conc in flight; it returns every latency and the wall time.
-func runN(ctx context.Context, n, conc int, op func(context.Context, int) error) ([]time.Duration, time.Duration, error) {
+// RunN runs op n times with conc in flight (op gets its worker's index); it returns every
+// latency and the wall time. The first error stops that worker and is returned.
+func RunN(ctx context.Context, n, conc int, op func(context.Context, int) error) ([]time.Duration, time.Duration, error) {
 	var next atomic.Int64
 	lat := make([]time.Duration, n)
 	errs := make([]error, conc)

@@ -15,6 +15,11 @@ func percentile(sorted []time.Duration, p float64) time.Duration {
 	return sorted[min(max(i, 0), len(sorted)-1)]
 }
 
+// Quantiles returns the p50 and p99 (nearest rank) of samples, leaving samples as they are.
+func Quantiles(samples []time.Duration) (p50, p99 time.Duration) {
+	return quantiles(slices.Clone(samples))
+}
+
 // quantiles sorts samples in place and returns p50 and p99.
 func quantiles(samples []time.Duration) (p50, p99 time.Duration) {
 	slices.Sort(samples)
