@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+	"github.com/handoffhq/handoff/internal/rpc"
 )
 
 // The hop proxy stands between the coordinators and the agent runner and writeback, as the
@@ -190,31 +191,21 @@ func (p *proxy) redeliverDeliver(req *handoffv1.DeliverRequest) {
 		time.Sleep(p.copyDelay())
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		up, err := p.runner.Deliver(ctx, req)
-		var first *handoffv1.DeliverResponse
-		if err == nil {
-			first, err = up.Recv()
-		}
-		if err == nil && first.GetAck().GetStatus() == handoffv1.AckStatus_ACK_STATUS_ACCEPTED {
-			for err == nil {
-				_, err = up.Recv() // the stage's result, then EOF
-			}
-			if errors.Is(err, io.EOF) {
-				err = nil
-			}
-		}
+		// The copy is a full hop as the coordinator makes it: ack, then (after ACCEPTED) the
+		// stage's result.
+		ack, _, err := rpc.Deliver(ctx, p.runner, req)
 		p.record(func(r *RedeliveryReport) {
 			switch {
 			case status.Code(err) == codes.Aborted:
 				r.InFlight++
 			case err != nil:
 				r.other(reason(err))
-			case first.GetAck().GetStatus() == handoffv1.AckStatus_ACK_STATUS_DUPLICATE:
+			case ack.GetStatus() == handoffv1.AckStatus_ACK_STATUS_DUPLICATE:
 				r.Duplicate++
-			case first.GetAck().GetStatus() == handoffv1.AckStatus_ACK_STATUS_ACCEPTED:
+			case ack.GetStatus() == handoffv1.AckStatus_ACK_STATUS_ACCEPTED:
 				r.Ran++
 			default:
-				r.other("ack " + first.GetAck().GetStatus().String())
+				r.other("ack " + ack.GetStatus().String())
 			}
 		})
 	}()
