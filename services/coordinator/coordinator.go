@@ -337,10 +337,6 @@ func (s *Server) WatchJob(req *handoffv1.WatchJobRequest, stream grpc.ServerStre
 	sawEnd, endBy := false, time.Time{}
 	for {
 		wait := s.waiter(req.GetRunId())
-		job, err := s.opts.Store.GetRun(ctx, req.GetRunId())
-		if err != nil {
-			return storeErr(err, req.GetRunId())
-		}
 		evs, err := s.opts.Store.Events(ctx, req.GetRunId(), after)
 		if err != nil {
 			return storeErr(err, req.GetRunId())
@@ -352,7 +348,16 @@ func (s *Server) WatchJob(req *handoffv1.WatchJobRequest, stream grpc.ServerStre
 			after = ev.GetSeq()
 			sawEnd = sawEnd || terminalEvent(ev.GetKind())
 		}
-		if terminal(job.GetState()) && len(evs) == 0 {
+		if len(evs) > 0 {
+			continue // the run may have ended while we were sending: read once more
+		}
+		// Only a quiet timeline needs the run itself (has it ended?): reading it for every
+		// batch of events doubled a watch's store reads.
+		job, err := s.opts.Store.GetRun(ctx, req.GetRunId())
+		if err != nil {
+			return storeErr(err, req.GetRunId())
+		}
+		if terminal(job.GetState()) {
 			if sawEnd || (!endBy.IsZero() && time.Now().After(endBy)) {
 				return nil
 			}
@@ -362,9 +367,6 @@ func (s *Server) WatchJob(req *handoffv1.WatchJobRequest, stream grpc.ServerStre
 				}
 				endBy = time.Now().Add(endGrace)
 			}
-		}
-		if len(evs) > 0 {
-			continue // the run may have ended while we were sending: read once more
 		}
 		select {
 		case <-ctx.Done():
