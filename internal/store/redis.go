@@ -390,7 +390,14 @@ return {ARGV[1], ARGV[2], ARGV[3]}
 // those are doubles, exact only to 2^53, while the wallet holds any int64.
 // KEYS: wallet. ARGV: hops, revisions, usd (all >= 0 decimal except usd may be negative),
 // requireMoney ("1" or "0").
-var debitScript = redis.NewScript(`
+var debitScript = redis.NewScript(debitLua + `
+return debit(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4])
+`)
+
+// debitLua defines debit(wallet key, hops, revisions, usd, requireMoney), shared by
+// debitScript and admitScript. On {"empty"} it also returns what the wallet holds, so a
+// refusal can name the empty part without a second read.
+const debitLua = `
 local function cmp(a, b)
   local na, nb = a:sub(1, 1) == '-', b:sub(1, 1) == '-'
   if na ~= nb then if na then return -1 else return 1 end end
@@ -400,23 +407,25 @@ local function cmp(a, b)
   if a == b then return 0 end
   if a < b then return -sign else return sign end
 end
-local w = redis.call('HMGET', KEYS[1], 'usd', 'revisions', 'hops')
-if not w[1] then return {'notfound'} end
-local dhops, drevs, dusd = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
-if tonumber(w[3]) < dhops or tonumber(w[2]) < drevs or (ARGV[4] == '1' and cmp(w[1], '0') <= 0) then
-  return {'empty'}
+local function debit(wkey, hops, revs, usd, requireMoney)
+  local w = redis.call('HMGET', wkey, 'usd', 'revisions', 'hops')
+  if not w[1] then return {'notfound'} end
+  local dhops, drevs, dusd = tonumber(hops), tonumber(revs), usd
+  if tonumber(w[3]) < dhops or tonumber(w[2]) < drevs or (requireMoney == '1' and cmp(w[1], '0') <= 0) then
+    return {'empty', w[1], w[2], w[3]}
+  end
+  if dusd:sub(1, 1) == '-' then return {'negative'} end
+  if cmp(w[1], dusd) <= 0 then
+    redis.call('HSET', wkey, 'usd', '0')
+  elseif dusd ~= '0' then
+    redis.call('HINCRBY', wkey, 'usd', '-' .. dusd)
+  end
+  if drevs > 0 then redis.call('HINCRBY', wkey, 'revisions', -drevs) end
+  if dhops > 0 then redis.call('HINCRBY', wkey, 'hops', -dhops) end
+  local r = redis.call('HMGET', wkey, 'usd', 'revisions', 'hops')
+  return {'ok', r[1], r[2], r[3]}
 end
-if dusd:sub(1, 1) == '-' then return {'negative'} end
-if cmp(w[1], dusd) <= 0 then
-  redis.call('HSET', KEYS[1], 'usd', '0')
-elseif dusd ~= '0' then
-  redis.call('HINCRBY', KEYS[1], 'usd', '-' .. dusd)
-end
-if drevs > 0 then redis.call('HINCRBY', KEYS[1], 'revisions', -drevs) end
-if dhops > 0 then redis.call('HINCRBY', KEYS[1], 'hops', -dhops) end
-local r = redis.call('HMGET', KEYS[1], 'usd', 'revisions', 'hops')
-return {'ok', r[1], r[2], r[3]}
-`)
+`
 
 // parseBudget reads {usd, revisions, hops} decimal strings.
 func parseBudget(f []string) (*handoffv1.Budget, error) {
@@ -567,6 +576,82 @@ func (s *Redis) Claim(ctx context.Context, key string, pendingTTL time.Duration)
 
 // Complete is one SET: it replaces the pending marker, and SET without KEEPTTL drops the
 // marker's expiry, so ttl <= 0 keeps the result forever.
+// admitScript is claimScript and then, only for a fresh claim with a wallet key, debit: one
+// round trip per hop instead of two. A negative usd is refused before anything is written.
+// KEYS: idem[, wallet]. ARGV: ttl ms, hops, revisions, usd, requireMoney.
+// Reply: {"held", record} | {"claimed"} | {"claimed", debit's reply...}.
+var admitScript = redis.NewScript(debitLua + `
+if KEYS[2] and ARGV[4]:sub(1, 1) == '-' then return {'negative'} end
+local ok
+if tonumber(ARGV[1]) > 0 then
+  ok = redis.call('SET', KEYS[1], 'P', 'NX', 'PX', ARGV[1])
+else
+  ok = redis.call('SET', KEYS[1], 'P', 'NX')
+end
+if not ok then return {'held', redis.call('GET', KEYS[1])} end
+if not KEYS[2] then return {'claimed'} end
+local r = debit(KEYS[2], ARGV[2], ARGV[3], ARGV[4], ARGV[5])
+table.insert(r, 1, 'claimed')
+return r
+`)
+
+func (s *Redis) Admit(ctx context.Context, key string, pendingTTL time.Duration, walletID string, d Debit) (Admission, error) {
+	if key == "" {
+		return Admission{}, fmt.Errorf("store: empty idempotency key")
+	}
+	keys := []string{s.key("idem", key)}
+	if walletID != "" {
+		keys = append(keys, s.key("wallet", walletID))
+	}
+	require := "0"
+	if d.RequireMoney {
+		require = "1"
+	}
+	res, err := admitScript.Run(ctx, s.rdb, keys, ttlMillis(pendingTTL), d.Hops, d.Revisions, d.USDMicros, require).StringSlice()
+	if err != nil {
+		return Admission{}, s.errf("admit %q: %w", key, err)
+	}
+	bad := func() (Admission, error) {
+		return Admission{}, s.errf("admit %q: unexpected script reply %q", key, res)
+	}
+	switch {
+	case len(res) == 2 && res[0] == "held":
+		st, val, err := decodeIdemRecord(res[1])
+		if err != nil {
+			return Admission{}, s.errf("admit %q: %w", key, err)
+		}
+		return Admission{State: st, Value: val}, nil
+	case len(res) == 1 && res[0] == "negative":
+		return Admission{}, errors.New("store: a debit cannot add money")
+	case len(res) == 0 || res[0] != "claimed":
+		return bad()
+	case len(res) == 1:
+		return Admission{State: Claimed}, nil
+	}
+	a := Admission{State: Claimed}
+	switch res[1] {
+	case "ok", "empty":
+		if len(res) != 5 {
+			return bad()
+		}
+		w, err := parseBudget(res[2:])
+		if err != nil {
+			return Admission{}, s.errf("admit %q: wallet %s: %w", key, walletID, err)
+		}
+		a.Wallet = w
+		if res[1] == "ok" {
+			a.Debited = true
+		} else {
+			a.DebitErr = ErrWalletEmpty
+		}
+	case "notfound":
+		a.DebitErr = ErrNotFound
+	default:
+		return bad()
+	}
+	return a, nil
+}
+
 func (s *Redis) Complete(ctx context.Context, key string, value []byte, ttl time.Duration) error {
 	rec := make([]byte, 0, len(idemDone)+len(value))
 	rec = append(append(rec, idemDone...), value...)

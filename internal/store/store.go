@@ -25,6 +25,7 @@ type Store interface {
 	Runs
 	Wallets
 	Idempotency
+	Admitter
 	Ledger
 	Leases
 	// Ping reports whether the store is reachable (health checks).
@@ -133,6 +134,33 @@ type Idempotency interface {
 	Release(ctx context.Context, key string) error
 	// Lookup reads a key without claiming it; state 0 means no record.
 	Lookup(ctx context.Context, key string) (ClaimState, []byte, error)
+}
+
+// Admission is what Admit found and did.
+type Admission struct {
+	// State is the key's claim state, as Claim reports it.
+	State ClaimState
+	// Value is the stored result when State is Done.
+	Value []byte
+	// Debited is true when the wallet was debited: Wallet is then what is left.
+	Debited bool
+	// DebitErr says why a claimed key's wallet was not debited: ErrWalletEmpty (Wallet is
+	// then what the wallet holds, unchanged) or ErrNotFound (no such wallet; Wallet nil).
+	// Always nil when nothing was claimed or no wallet was named.
+	DebitErr error
+	Wallet   *handoffv1.Budget
+}
+
+// Admitter admits one hop in one store round trip: the agent runner's idempotency claim and
+// the job's wallet debit, which would otherwise be two (a transaction each on bbolt, a
+// network round trip each on Redis).
+type Admitter interface {
+	// Admit claims key as Claim does and, only when it is Claimed and walletID is not
+	// empty, debits d from wallet walletID as Debit does, atomically with the claim. A
+	// refused debit (empty or missing wallet) leaves the claim in place: the caller
+	// Releases it as after any other refusal. A key that is Pending or Done debits nothing,
+	// so a re-delivery is never charged twice.
+	Admit(ctx context.Context, key string, pendingTTL time.Duration, walletID string, d Debit) (Admission, error)
 }
 
 // LedgerEntry is one write to the demo ledger.

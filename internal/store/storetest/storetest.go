@@ -32,6 +32,8 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 	t.Run("RunEdges", func(t *testing.T) { testRunEdges(t, newStore(t)) })
 	t.Run("ListRunsFilteredPaging", func(t *testing.T) { testListRunsFiltered(t, newStore(t)) })
 	t.Run("IdempotencyEdges", func(t *testing.T) { testIdempotencyEdges(t, newStore(t)) })
+	t.Run("Admit", func(t *testing.T) { testAdmit(t, newStore(t)) })
+	t.Run("ConcurrentAdmit", func(t *testing.T) { testConcurrentAdmit(t, newStore(t)) })
 	t.Run("Leases", func(t *testing.T) { s := newStore(t); RunLeases(t, s, s) })
 }
 
@@ -410,4 +412,109 @@ func PagedRunIDs(t testing.TB, s store.Runs, state handoffv1.JobState, pageSize,
 	}
 	t.Fatalf("listing did not end after %d pages of %d: %v", maxPages, pageSize, ids)
 	return nil
+}
+
+// testAdmit: Admit is Claim, then Debit only for a fresh claim; a refused debit keeps the
+// claim and takes nothing; a held key debits nothing.
+func testAdmit(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	hop := store.Debit{Hops: 1, RequireMoney: true}
+	if _, err := s.OpenWallet(ctx, "w", &handoffv1.Budget{UsdRemainingMicros: 500, RevisionsRemaining: 1, HopsRemaining: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Admit(ctx, "", time.Minute, "w", hop); err == nil {
+		t.Fatal("Admit with an empty key: no error")
+	}
+
+	a, err := s.Admit(ctx, "k1", time.Minute, "w", hop)
+	if err != nil || a.State != store.Claimed || !a.Debited || a.DebitErr != nil ||
+		!proto.Equal(a.Wallet, &handoffv1.Budget{UsdRemainingMicros: 500, RevisionsRemaining: 1, HopsRemaining: 0}) {
+		t.Fatalf("first Admit = %+v, %v; want claimed, debited to 0 hops", a, err)
+	}
+	// The key is held: a second Admit is Pending and takes nothing (the wallet has no hop left
+	// anyway, so a debit would have shown as empty).
+	if a, err := s.Admit(ctx, "k1", time.Minute, "w", hop); err != nil || a.State != store.Pending || a.Debited || a.DebitErr != nil {
+		t.Fatalf("Admit of a pending key = %+v, %v; want pending, no debit", a, err)
+	}
+	if err := s.Complete(ctx, "k1", []byte("result-1"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if a, err := s.Admit(ctx, "k1", time.Minute, "w", hop); err != nil || a.State != store.Done || string(a.Value) != "result-1" || a.Debited {
+		t.Fatalf("Admit of a done key = %+v, %v; want done with the result, no debit", a, err)
+	}
+
+	// Empty wallet: claimed, not debited, the wallet as it is, and the claim kept.
+	a, err = s.Admit(ctx, "k2", time.Minute, "w", hop)
+	if err != nil || a.State != store.Claimed || a.Debited || !errors.Is(a.DebitErr, store.ErrWalletEmpty) ||
+		a.Wallet.GetHopsRemaining() != 0 || a.Wallet.GetUsdRemainingMicros() != 500 {
+		t.Fatalf("Admit on an empty wallet = %+v, %v; want claimed, ErrWalletEmpty, wallet unchanged", a, err)
+	}
+	if st, _, _ := s.Lookup(ctx, "k2"); st != store.Pending {
+		t.Fatalf("after a refused debit the key is %v, want still pending (the caller releases it)", st)
+	}
+	if w, _ := s.Wallet(ctx, "w"); w.GetHopsRemaining() != 0 || w.GetUsdRemainingMicros() != 500 || w.GetRevisionsRemaining() != 1 {
+		t.Fatalf("a refused debit changed the wallet: %v", w)
+	}
+
+	// No such wallet: claimed, ErrNotFound.
+	if a, err := s.Admit(ctx, "k3", time.Minute, "nobody", hop); err != nil || a.State != store.Claimed || a.Debited || !errors.Is(a.DebitErr, store.ErrNotFound) || a.Wallet != nil {
+		t.Fatalf("Admit on a missing wallet = %+v, %v; want claimed, ErrNotFound", a, err)
+	}
+	// No wallet named: a plain claim.
+	if a, err := s.Admit(ctx, "k4", time.Minute, "", hop); err != nil || a.State != store.Claimed || a.Debited || a.DebitErr != nil {
+		t.Fatalf("Admit without a wallet = %+v, %v; want claimed only", a, err)
+	}
+	// A debit that would add money is refused before anything is written.
+	if _, err := s.Admit(ctx, "k5", time.Minute, "w", store.Debit{USDMicros: -1}); err == nil {
+		t.Fatal("Admit with a negative debit: no error")
+	}
+	if st, _, _ := s.Lookup(ctx, "k5"); st != 0 {
+		t.Fatalf("a refused Admit left key k5 %v, want no record", st)
+	}
+}
+
+// testConcurrentAdmit: 50 deliveries of the same key and 50 of distinct keys race on one
+// wallet of 20 hops: the shared key is claimed and charged once, and no more hops are taken
+// than the wallet holds.
+func testConcurrentAdmit(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	if _, err := s.OpenWallet(ctx, "hot", &handoffv1.Budget{UsdRemainingMicros: 1_000, HopsRemaining: 20}); err != nil {
+		t.Fatal(err)
+	}
+	var sameClaimed, debited, empty atomic.Int32
+	var wg sync.WaitGroup
+	for i := range 100 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			key := "same"
+			if i%2 == 1 {
+				key = fmt.Sprintf("k%d", i)
+			}
+			a, err := s.Admit(ctx, key, time.Minute, "hot", store.Debit{Hops: 1, RequireMoney: true})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if key == "same" && a.State == store.Claimed {
+				sameClaimed.Add(1)
+			}
+			if a.Debited {
+				debited.Add(1)
+			}
+			if errors.Is(a.DebitErr, store.ErrWalletEmpty) {
+				empty.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	w, err := s.Wallet(ctx, "hot")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 51 claims (1 shared + 50 distinct) compete for 20 hops.
+	if sameClaimed.Load() != 1 || debited.Load() != 20 || empty.Load() != 31 || w.GetHopsRemaining() != 0 {
+		t.Fatalf("same key claimed %d times (want 1), %d debited (want 20), %d empty (want 31), wallet %v",
+			sameClaimed.Load(), debited.Load(), empty.Load(), w)
+	}
 }
