@@ -14,6 +14,10 @@
 //     debit succeeds, the wallet after it (with its wallet_id) is in the handler's context
 //     (FromContext) and in ack.wallet of every Ack the handler sends that leaves it unset, so
 //     the sender knows the hop was already paid for.
+//   - The context already carries the outcome of this hop's debit for that wallet
+//     (WithDebited: the agent runner debits in the same store round trip as its
+//     idempotency claim, store.Admitter): it is used as above, and the store is not asked
+//     again, not even to name the empty part of a refused debit.
 //   - The wallet is in the store and the method does not debit (AgentRunnerService/Check):
 //     the stored wallet is read and the package rejected when it has no hops or no money;
 //     nothing is taken and ack.wallet is left alone.
@@ -58,6 +62,10 @@ import (
 	"github.com/handoffhq/handoff/internal/store"
 )
 
+// HopDebit is what one hop takes from the job's wallet: one hop, and only while money is
+// left.
+var HopDebit = store.Debit{Hops: 1, RequireMoney: true}
+
 // RuleEmpty is the rule id of a budget rejection (the agent runner's RuleBudgetEmpty).
 const RuleEmpty = "budget.empty"
 
@@ -78,6 +86,31 @@ func FromContext(ctx context.Context) (*handoffv1.Budget, bool) {
 		return nil, false
 	}
 	return proto.Clone(b).(*handoffv1.Budget), true
+}
+
+// Debited is a hop debit made for this call before the budget interceptor ran, in the same
+// store round trip as the call's idempotency claim (store.Admitter). Put in the context with
+// WithDebited, it replaces the interceptor's own Debit for that wallet, so a hop costs one
+// store round trip instead of two.
+type Debited struct {
+	WalletID string
+	// Err is nil (debited: Wallet is what is left), store.ErrWalletEmpty (nothing taken:
+	// Wallet is what the wallet holds) or store.ErrNotFound (no such wallet).
+	Err    error
+	Wallet *handoffv1.Budget
+}
+
+type debitedKey struct{}
+
+// WithDebited returns ctx carrying d for the budget interceptor (and DebitedFrom).
+func WithDebited(ctx context.Context, d Debited) context.Context {
+	return context.WithValue(ctx, debitedKey{}, d)
+}
+
+// DebitedFrom returns the Debited in ctx, if any.
+func DebitedFrom(ctx context.Context) (Debited, bool) {
+	d, ok := ctx.Value(debitedKey{}).(Debited)
+	return d, ok
 }
 
 // UnaryServerInterceptor checks (and, for methods in WithDebitMethods, debits) the budget of
@@ -200,16 +233,27 @@ func check(ctx context.Context, w store.Wallets, pkg *handoffv1.HandoffPackage, 
 	b := pkg.GetBudget()
 	if id := b.GetWalletId(); id != "" {
 		if debit {
-			after, err := w.Debit(ctx, id, store.Debit{Hops: 1, RequireMoney: true})
+			var after, held *handoffv1.Budget
+			var err error
+			if d, ok := DebitedFrom(ctx); ok && d.WalletID == id {
+				after, err = d.Wallet, d.Err // already debited (or refused) with the claim
+				if errors.Is(err, store.ErrWalletEmpty) {
+					after, held = nil, d.Wallet
+				}
+			} else {
+				after, err = w.Debit(ctx, id, HopDebit)
+			}
 			switch {
 			case err == nil:
 				after = proto.Clone(after).(*handoffv1.Budget)
 				after.WalletId = id
 				return after, nil, nil
 			case errors.Is(err, store.ErrWalletEmpty):
-				cur, err := w.Wallet(ctx, id)
-				if err != nil {
-					return nil, nil, storeError(err)
+				cur := held
+				if cur == nil {
+					if cur, err = w.Wallet(ctx, id); err != nil {
+						return nil, nil, storeError(err)
+					}
 				}
 				reasons := emptyParts(cur, fmt.Sprintf("wallet %q", id))
 				if len(reasons) == 0 { // not for lack of hops or money: say so as a whole

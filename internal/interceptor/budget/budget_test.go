@@ -491,3 +491,37 @@ func TestOptionsMisconfigured(t *testing.T) {
 	mustPanic("malformed debit method", func() { budget.WithDebitMethods("handoff.v1.AgentRunnerService/Deliver") })
 	mustPanic("nil store", func() { budget.StreamServerInterceptor(nil) })
 }
+
+// TestDebitedInContext: a debit already made with the claim (budget.WithDebited) is used
+// as is, without asking the store again; one for another wallet is ignored.
+func TestDebitedInContext(t *testing.T) {
+	after := &handoffv1.Budget{UsdRemainingMicros: 7, HopsRemaining: 4}
+	held := &handoffv1.Budget{UsdRemainingMicros: 7, HopsRemaining: 0}
+	run := func(w store.Wallets, d budget.Debited) (*checkHandler, any, error) {
+		h := &checkHandler{}
+		ctx := budget.WithDebited(context.Background(), d)
+		resp, err := budget.UnaryServerInterceptor(w, budget.WithDebitMethods(check))(ctx,
+			&handoffv1.CheckRequest{Package: pkg("draft", "w1", usd, 3)}, &grpc.UnaryServerInfo{FullMethod: check}, h.handle)
+		return h, resp, err
+	}
+
+	h, _, err := run(noWallets{t}, budget.Debited{WalletID: "w1", Wallet: after})
+	want := &handoffv1.Budget{UsdRemainingMicros: 7, HopsRemaining: 4, WalletId: "w1"}
+	if err != nil || h.calls != 1 || !proto.Equal(h.wallet, want) {
+		t.Fatalf("debited: err=%v calls=%d wallet=%v; want the handler run with %v", err, h.calls, h.wallet, want)
+	}
+
+	h, resp, err := run(noWallets{t}, budget.Debited{WalletID: "w1", Err: store.ErrWalletEmpty, Wallet: held})
+	ack := ackIn(resp)
+	if err != nil || h.calls != 0 || ack.GetStatus() != handoffv1.AckStatus_ACK_STATUS_REJECTED_BUDGET ||
+		!slices.Equal(reasonFields(ack.GetReasons()), []string{budget.FieldHops}) {
+		t.Fatalf("refused: err=%v calls=%d ack=%v; want REJECTED_BUDGET naming only %s (money is left)", err, h.calls, ack, budget.FieldHops)
+	}
+
+	// A Debited for another wallet does not stand in for this one: the store is asked.
+	st := openBolt(t)
+	openWallet(t, st, "w1", &handoffv1.Budget{UsdRemainingMicros: usd, HopsRemaining: 3})
+	if h, _, err = run(st, budget.Debited{WalletID: "other", Wallet: after}); err != nil || h.wallet.GetHopsRemaining() != 2 {
+		t.Fatalf("other wallet: err=%v wallet=%v; want the store's debit (2 hops left)", err, h.wallet)
+	}
+}

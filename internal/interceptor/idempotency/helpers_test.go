@@ -175,7 +175,7 @@ func deliverReplay(req proto.Message, stored []byte) (proto.Message, error) {
 
 // deliverRecord settles the key on the StageResult: COMPLETED is stored as a PriorResult,
 // FAILED releases. The ack settles nothing.
-func deliverRecord(_ proto.Message, sent proto.Message) ([]byte, bool, bool) {
+func deliverRecord(_ context.Context, _ proto.Message, sent proto.Message) ([]byte, bool, bool) {
 	res := sent.(*handoffv1.DeliverResponse).GetResult()
 	if res == nil {
 		return nil, false, false

@@ -168,9 +168,16 @@ func (e *engine) workContext(ctx context.Context) (context.Context, context.Canc
 
 // claim claims key. Its errors are gRPC statuses: Unavailable when the store failed.
 func (e *engine) claim(ctx context.Context, method, key string) (store.ClaimState, []byte, error) {
+	return e.claimWith(ctx, method, key, func(cctx context.Context) (store.ClaimState, []byte, error) {
+		return e.st.Claim(cctx, key, e.pendingTTL)
+	})
+}
+
+// claimWith is claim with fn in place of the store's Claim (WithStreamClaim).
+func (e *engine) claimWith(ctx context.Context, method, key string, fn func(context.Context) (store.ClaimState, []byte, error)) (store.ClaimState, []byte, error) {
 	cctx, cancel := detached(ctx, storeTimeout)
 	defer cancel()
-	state, value, err := e.st.Claim(cctx, key, e.pendingTTL)
+	state, value, err := fn(cctx)
 	if err != nil {
 		e.log.ErrorContext(ctx, "idempotency: claim failed; request refused", "method", method, "key", key, "error", err)
 		return 0, nil, status.Errorf(codes.Unavailable, "idempotency store: claim %s: %v", key, err)

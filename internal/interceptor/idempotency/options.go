@@ -1,6 +1,7 @@
 package idempotency
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"time"
@@ -9,6 +10,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/handoffhq/handoff/internal/interceptor/hop"
+	"github.com/handoffhq/handoff/internal/store"
 )
 
 // Defaults of the shared options.
@@ -186,8 +188,15 @@ type streamMethod struct {
 	newReq func() proto.Message
 	key    func(req proto.Message) (string, error)
 	replay func(req proto.Message, stored []byte) (proto.Message, error)
-	record func(req proto.Message, sent proto.Message) (value []byte, done bool, failed bool)
+	record func(ctx context.Context, req proto.Message, sent proto.Message) (value []byte, done bool, failed bool)
+	claim  ClaimFunc
 }
+
+// ClaimFunc claims key for req in place of the store's Claim (see WithStreamClaim). ctx is
+// detached from the caller and bounded like every store call. annotate, when not nil, is
+// applied to the context the handler (and the record hook) runs under, so the claim can
+// pass on what it learned in the same round trip.
+type ClaimFunc func(ctx context.Context, req proto.Message, key string, pendingTTL time.Duration) (state store.ClaimState, value []byte, annotate func(context.Context) context.Context, err error)
 
 type streamConfig struct {
 	common
@@ -243,6 +252,20 @@ func WithStreamReplay(fullMethod string, fn func(req proto.Message, stored []byt
 	})
 }
 
+// WithStreamClaim makes fn claim the keys of fullMethod instead of the store's Claim, so a
+// service can do more in the same store round trip: the agent runner admits a hop with
+// store.Admitter, which claims the key and debits the job's wallet together. fn must
+// behave like Claim (the same states, Pending and Done not taking the key); an error is
+// Unavailable, as for Claim.
+func WithStreamClaim(fullMethod string, fn ClaimFunc) StreamOption {
+	return streamOption(func(c *streamConfig) {
+		if fn == nil {
+			panic(fmt.Sprintf("idempotency: WithStreamClaim(%q): function is nil", fullMethod))
+		}
+		c.method(fullMethod).claim = fn
+	})
+}
+
 // WithStreamRecord sets how the messages the handler of fullMethod sends settle its key. fn
 // is called with the request for every message the handler sends, before it is sent:
 //
@@ -253,7 +276,10 @@ func WithStreamReplay(fullMethod string, fn func(req proto.Message, stored []byt
 //
 // Only the first done or failed settles the key; later ones are ignored. A handler that
 // returns before either has its key released.
-func WithStreamRecord(fullMethod string, fn func(req proto.Message, sent proto.Message) (value []byte, done bool, failed bool)) StreamOption {
+//
+// ctx is the handler's context (detached from the caller, with what a WithStreamClaim
+// function added).
+func WithStreamRecord(fullMethod string, fn func(ctx context.Context, req proto.Message, sent proto.Message) (value []byte, done bool, failed bool)) StreamOption {
 	return streamOption(func(c *streamConfig) {
 		if fn == nil {
 			panic(fmt.Sprintf("idempotency: WithStreamRecord(%q): function is nil", fullMethod))
@@ -273,7 +299,7 @@ func newStreamConfig(opts []StreamOption) *streamConfig {
 	for name, m := range c.methods {
 		switch {
 		case m.key == nil:
-			panic(fmt.Sprintf("idempotency: WithStreamReplay/WithStreamRecord(%q) without WithStreamKey", name))
+			panic(fmt.Sprintf("idempotency: WithStreamReplay/WithStreamRecord/WithStreamClaim(%q) without WithStreamKey", name))
 		case m.replay == nil:
 			panic(fmt.Sprintf("idempotency: WithStreamKey(%q) needs WithStreamReplay", name))
 		case m.record == nil:

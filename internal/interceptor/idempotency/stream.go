@@ -64,7 +64,20 @@ func StreamServerInterceptor(st store.Idempotency, opts ...StreamOption) grpc.St
 		if err != nil {
 			return err
 		}
-		state, value, err := e.claim(ctx, info.FullMethod, key)
+		var state store.ClaimState
+		var value []byte
+		var annotate func(context.Context) context.Context
+		if m.claim != nil {
+			state, value, err = e.claimWith(ctx, info.FullMethod, key, func(cctx context.Context) (store.ClaimState, []byte, error) {
+				var st store.ClaimState
+				var v []byte
+				var err error
+				st, v, annotate, err = m.claim(cctx, req, key, e.pendingTTL)
+				return st, v, err
+			})
+		} else {
+			state, value, err = e.claim(ctx, info.FullMethod, key)
+		}
 		if err != nil {
 			return err
 		}
@@ -87,6 +100,9 @@ func StreamServerInterceptor(st store.Idempotency, opts ...StreamOption) grpc.St
 		if err := ctx.Err(); err != nil {
 			e.release(ctx, info.FullMethod, key)
 			return status.FromContextError(err).Err()
+		}
+		if annotate != nil {
+			ctx = annotate(ctx)
 		}
 		wctx, cancel := e.workContext(ctx)
 		defer cancel()
@@ -188,7 +204,7 @@ func (s *claimedStream) settle(m any) error {
 	if !ok {
 		return nil
 	}
-	value, done, failed := s.m.record(s.req, msg)
+	value, done, failed := s.m.record(s.ctx, s.req, msg)
 	switch {
 	case s.outcome != open:
 		if done || failed {

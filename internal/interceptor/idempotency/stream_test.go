@@ -6,6 +6,7 @@ import (
 	"io"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -350,7 +351,7 @@ func (s *fakeStream) RecvMsg(m any) error {
 // TestStreamPanicLeavesClaim: a handler (or record hook) that panics may have done its work,
 // so the key stays claimed; the panic propagates and nothing deadlocks.
 func TestStreamPanicLeavesClaim(t *testing.T) {
-	panicky := func(_ proto.Message, sent proto.Message) ([]byte, bool, bool) {
+	panicky := func(_ context.Context, _ proto.Message, sent proto.Message) ([]byte, bool, bool) {
 		if sent.(*handoffv1.DeliverResponse).GetResult() != nil {
 			panic("record hook boom")
 		}
@@ -393,5 +394,59 @@ func TestStreamPanicLeavesClaim(t *testing.T) {
 				t.Errorf("after a panic: state %v, %d releases; want pending, none", state, fs.releases.Load())
 			}
 		})
+	}
+}
+
+// TestStreamClaimFunc: WithStreamClaim replaces the store's Claim: its states drive the call
+// as Claim's do, what it adds to the context reaches the record hook, and its error is
+// Unavailable with the handler not called.
+func TestStreamClaimFunc(t *testing.T) {
+	st := openBolt(t)
+	f := &fakeRunner{}
+	type mark struct{}
+	var claims atomic.Int32
+	var fail atomic.Bool
+	var recordSaw atomic.Value
+	claim := func(ctx context.Context, req proto.Message, key string, ttl time.Duration) (store.ClaimState, []byte, func(context.Context) context.Context, error) {
+		claims.Add(1)
+		if fail.Load() {
+			return 0, nil, nil, errors.New("admission store down")
+		}
+		state, value, err := st.Claim(ctx, key, ttl)
+		job := req.(*handoffv1.DeliverRequest).GetPackage().GetJobId()
+		return state, value, func(c context.Context) context.Context { return context.WithValue(c, mark{}, "claimed "+job) }, err
+	}
+	record := func(ctx context.Context, req, sent proto.Message) ([]byte, bool, bool) {
+		if v, ok := ctx.Value(mark{}).(string); ok {
+			recordSaw.Store(v)
+		}
+		return deliverRecord(ctx, req, sent)
+	}
+	conn := serve(t, func(s *grpc.Server) { handoffv1.RegisterAgentRunnerServiceServer(s, f) },
+		grpc.ChainStreamInterceptor(idempotency.StreamServerInterceptor(st,
+			idempotency.WithStreamKey(deliverMethod, nil, deliverKey),
+			idempotency.WithStreamReplay(deliverMethod, deliverReplay),
+			idempotency.WithStreamRecord(deliverMethod, record),
+			idempotency.WithStreamClaim(deliverMethod, claim),
+			idempotency.WithLogger(quiet))))
+	c := handoffv1.NewAgentRunnerServiceClient(conn)
+	ctx := context.Background()
+
+	first, err := deliver(ctx, c, deliverReq("job-cf"))
+	if err != nil || len(first) != 2 || ackStatus(first) != accepted {
+		t.Fatalf("first delivery = %v, %v; want ACCEPTED and a result", first, err)
+	}
+	if got := recordSaw.Load(); got != "claimed job-cf" {
+		t.Errorf("record hook saw %v in its context; want what the claim function added", got)
+	}
+	again, err := deliver(ctx, c, deliverReq("job-cf"))
+	if err != nil || len(again) != 1 || ackStatus(again) != duplicate {
+		t.Fatalf("re-delivery = %v, %v; want one DUPLICATE ack from the claim function's Done", again, err)
+	}
+	fail.Store(true)
+	_, err = deliver(ctx, c, deliverReq("job-cf2"))
+	wantCode(t, err, codes.Unavailable, "admission store down")
+	if claims.Load() != 3 || f.calls.Load() != 1 {
+		t.Errorf("claim function called %d times (want 3), handler %d (want 1)", claims.Load(), f.calls.Load())
 	}
 }
