@@ -8,6 +8,7 @@ import (
 	"path"
 	"slices"
 	"strings"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -20,6 +21,7 @@ import (
 	"github.com/handoffhq/handoff/internal/interceptor/budget"
 	"github.com/handoffhq/handoff/internal/interceptor/idempotency"
 	"github.com/handoffhq/handoff/internal/interceptor/validate"
+	"github.com/handoffhq/handoff/internal/store"
 )
 
 // Interceptors returns the runner's enforcement (step 6 of the rpc chain), outermost first.
@@ -71,6 +73,7 @@ func (s *Server) buildInterceptors() ([]grpc.UnaryServerInterceptor, []grpc.Stre
 				func() proto.Message { return &handoffv1.DeliverRequest{} }, deliverKey),
 			idempotency.WithStreamReplay(handoffv1.AgentRunnerService_Deliver_FullMethodName, s.replay),
 			idempotency.WithStreamRecord(handoffv1.AgentRunnerService_Deliver_FullMethodName, s.record),
+			idempotency.WithStreamClaim(handoffv1.AgentRunnerService_Deliver_FullMethodName, s.admit),
 			idempotency.WithPendingTTL(s.claimTTL),
 			idempotency.WithResultTTL(s.resultTTL),
 			idempotency.WithLogger(s.log),
@@ -234,7 +237,22 @@ func (s *Server) replay(req proto.Message, stored []byte) (proto.Message, error)
 // record settles the completion key by what Deliver sends: a COMPLETED result is stored as the
 // PriorResult a re-delivery replays; a FAILED result, or an Ack that is not ACCEPTED (the
 // budget interceptor's REJECTED_BUDGET), releases the claim; an ACCEPTED Ack leaves it open.
-func (s *Server) record(req proto.Message, sent proto.Message) (value []byte, done, failed bool) {
+// admit claims a delivery's completion key and debits its hop from the job's wallet in one
+// store round trip (store.Admitter), and hands the debit to the budget interceptor, which
+// runs next, through the context (budget.WithDebited). The budget interceptor still
+// decides what a refused or missing wallet means; a key that is Pending or Done debits
+// nothing.
+func (s *Server) admit(ctx context.Context, req proto.Message, key string, ttl time.Duration) (store.ClaimState, []byte, func(context.Context) context.Context, error) {
+	id := req.(*handoffv1.DeliverRequest).GetPackage().GetBudget().GetWalletId()
+	a, err := s.st.Admit(ctx, key, ttl, id, budget.HopDebit)
+	if err != nil || a.State != store.Claimed || id == "" {
+		return a.State, a.Value, nil, err
+	}
+	d := budget.Debited{WalletID: id, Err: a.DebitErr, Wallet: a.Wallet}
+	return a.State, a.Value, func(c context.Context) context.Context { return budget.WithDebited(c, d) }, nil
+}
+
+func (s *Server) record(ctx context.Context, req proto.Message, sent proto.Message) (value []byte, done, failed bool) {
 	m, ok := sent.(*handoffv1.DeliverResponse)
 	if !ok {
 		return nil, false, false
@@ -256,7 +274,11 @@ func (s *Server) record(req proto.Message, sent proto.Message) (value []byte, do
 		// Deliver debits the hop whenever the package's wallet is in this store (budget
 		// step): remember which wallet paid, so a re-delivery from it is not charged again.
 		if id := req.(*handoffv1.DeliverRequest).GetPackage().GetBudget().GetWalletId(); id != "" {
-			if _, err := s.st.Wallet(context.Background(), id); err == nil {
+			if d, ok := budget.DebitedFrom(ctx); ok && d.WalletID == id {
+				if d.Err == nil {
+					prior.WalletId = id // debited with the claim: no need to ask the store
+				}
+			} else if _, err := s.st.Wallet(ctx, id); err == nil {
 				prior.WalletId = id
 			}
 		}

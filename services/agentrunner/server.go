@@ -48,11 +48,13 @@ const (
 )
 
 // Store is what the runner keeps in the shared store: stage-completion records (the
-// idempotency interceptor) and the jobs' wallets (the budget interceptor). store.Store (bbolt
+// idempotency interceptor) and the jobs' wallets (the budget interceptor); a delivery's
+// claim and hop debit are one Admit, a single round trip. store.Store (bbolt
 // or Redis) satisfies it.
 type Store interface {
 	store.Idempotency
 	store.Wallets
+	store.Admitter
 }
 
 // Options configure a Server.

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -88,7 +89,9 @@ func start(t *testing.T, opts agentrunner.Options, dbPath string) *env {
 		}
 		arts = f
 	}
-	opts.Store = st
+	if opts.Store == nil {
+		opts.Store = st
+	}
 	opts.Artifacts = arts
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -712,5 +715,111 @@ func BenchmarkDeliverNoop(b *testing.B) {
 		if n != 2 {
 			b.Fatalf("%d messages", n)
 		}
+	}
+}
+
+// countingStore records which store calls the runner makes.
+type countingStore struct {
+	agentrunner.Store
+	mu    sync.Mutex
+	calls []string
+}
+
+func (c *countingStore) add(name string) {
+	c.mu.Lock()
+	c.calls = append(c.calls, name)
+	c.mu.Unlock()
+}
+
+func (c *countingStore) take() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := c.calls
+	c.calls = nil
+	return out
+}
+
+func (c *countingStore) Claim(ctx context.Context, key string, ttl time.Duration) (store.ClaimState, []byte, error) {
+	c.add("Claim")
+	return c.Store.Claim(ctx, key, ttl)
+}
+func (c *countingStore) Complete(ctx context.Context, key string, v []byte, ttl time.Duration) error {
+	c.add("Complete")
+	return c.Store.Complete(ctx, key, v, ttl)
+}
+func (c *countingStore) Release(ctx context.Context, key string) error {
+	c.add("Release")
+	return c.Store.Release(ctx, key)
+}
+func (c *countingStore) Debit(ctx context.Context, id string, d store.Debit) (*handoffv1.Budget, error) {
+	c.add("Debit")
+	return c.Store.Debit(ctx, id, d)
+}
+func (c *countingStore) Wallet(ctx context.Context, id string) (*handoffv1.Budget, error) {
+	c.add("Wallet")
+	return c.Store.Wallet(ctx, id)
+}
+func (c *countingStore) Admit(ctx context.Context, key string, ttl time.Duration, id string, d store.Debit) (store.Admission, error) {
+	c.add("Admit")
+	return c.Store.Admit(ctx, key, ttl, id, d)
+}
+
+// TestHopStoreRoundTrips: an accepted delivery costs the store two calls, Admit (claim and
+// hop debit together) and Complete; a refused debit is Admit and Release, with the agent not
+// run; a re-delivery is charged nothing.
+func TestHopStoreRoundTrips(t *testing.T) {
+	st, err := store.Open(filepath.Join(t.TempDir(), "counted.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	ctx := context.Background()
+	for id, hops := range map[string]uint32{"w-full": 3, "w-empty": 0} {
+		if _, err := st.OpenWallet(ctx, id, &handoffv1.Budget{UsdRemainingMicros: 9000, HopsRemaining: hops}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cs := &countingStore{Store: st}
+	ag := &fake{card: agentrunner.RoleCard{Name: "draft"}}
+	e := start(t, agentrunner.Options{Store: cs, Agents: []agentrunner.Agent{ag}}, "")
+
+	p := pkg("draft")
+	p.Budget.WalletId = "w-full"
+	msgs, err := deliver(t, e.client, &handoffv1.DeliverRequest{Package: p})
+	if err != nil || len(msgs) != 2 || msgs[1].GetResult().GetStatus() != handoffv1.StageStatus_STAGE_STATUS_COMPLETED {
+		t.Fatalf("delivery: %v, %v", msgs, err)
+	}
+	if got := msgs[0].GetAck().GetWallet(); got.GetWalletId() != "w-full" || got.GetHopsRemaining() != 2 {
+		t.Fatalf("ack.wallet = %v; want w-full with 2 hops left", got)
+	}
+	if calls := cs.take(); !slices.Equal(calls, []string{"Admit", "Complete"}) {
+		t.Fatalf("store calls of an accepted hop = %v; want [Admit Complete]", calls)
+	}
+
+	msgs, err = deliver(t, e.client, &handoffv1.DeliverRequest{Package: p})
+	if err != nil || len(msgs) != 1 || msgs[0].GetAck().GetStatus() != handoffv1.AckStatus_ACK_STATUS_DUPLICATE ||
+		msgs[0].GetAck().GetPrior().GetWalletId() != "w-full" || msgs[0].GetAck().GetWallet().GetHopsRemaining() != 2 {
+		t.Fatalf("re-delivery: %v, %v; want DUPLICATE naming w-full, still 2 hops", msgs, err)
+	}
+	cs.take()
+
+	p = pkg("draft")
+	p.JobId = "job-empty"
+	p.Budget.WalletId = "w-empty"
+	msgs, err = deliver(t, e.client, &handoffv1.DeliverRequest{Package: p})
+	if err != nil || len(msgs) != 1 || msgs[0].GetAck().GetStatus() != handoffv1.AckStatus_ACK_STATUS_REJECTED_BUDGET {
+		t.Fatalf("empty wallet: %v, %v; want REJECTED_BUDGET", msgs, err)
+	}
+	if fields, _ := reasonFields(msgs[0].GetAck()); !slices.Equal(fields, []string{"budget.hops_remaining"}) {
+		t.Fatalf("reasons name %v; want only budget.hops_remaining", fields)
+	}
+	if calls := cs.take(); !slices.Equal(calls, []string{"Admit", "Release"}) {
+		t.Fatalf("store calls of a refused hop = %v; want [Admit Release]", calls)
+	}
+	if n := ag.calls.Load(); n != 1 {
+		t.Fatalf("agent ran %d times; want 1 (not for the duplicate or the empty wallet)", n)
+	}
+	if w, _ := st.Wallet(ctx, "w-full"); w.GetHopsRemaining() != 2 {
+		t.Fatalf("w-full holds %d hops; want 2 (the duplicate is not charged)", w.GetHopsRemaining())
 	}
 }
