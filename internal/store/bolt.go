@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -28,8 +29,9 @@ var (
 // Bolt is the embedded Store on one bbolt file. bbolt serialises write transactions, which
 // is what makes Claim atomic across goroutines of one process. One file has one process.
 type Bolt struct {
-	db  *bolt.DB
-	now func() time.Time
+	db     *bolt.DB
+	now    func() time.Time
+	commit committer // group commit of write transactions (bolt_commit.go)
 }
 
 // Open opens (or creates) the bbolt store at path.
@@ -50,10 +52,16 @@ func Open(path string) (*Bolt, error) {
 		db.Close()
 		return nil, fmt.Errorf("init store %s: %w", path, err)
 	}
-	return &Bolt{db: db, now: time.Now}, nil
+	s := &Bolt{db: db, now: time.Now}
+	s.commit.idle = sync.NewCond(&s.commit.mu)
+	return s, nil
 }
 
-func (s *Bolt) Close() error { return s.db.Close() }
+// Close waits for the write being committed, refuses later ones, and closes the file.
+func (s *Bolt) Close() error {
+	s.closeCommits()
+	return s.db.Close()
+}
 
 func (s *Bolt) Ping(context.Context) error {
 	return s.db.View(func(tx *bolt.Tx) error {
@@ -76,7 +84,8 @@ func (s *Bolt) CreateRun(_ context.Context, job *handoffv1.Job) (*handoffv1.Job,
 	}
 	var out *handoffv1.Job
 	created := false
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.update(func(tx *bolt.Tx) error {
+		out, created = nil, false
 		runs := tx.Bucket(bucketRuns)
 		if rid := job.GetRequestId(); rid != "" {
 			if prev := tx.Bucket(bucketRequests).Get([]byte(rid)); prev != nil {
@@ -143,7 +152,7 @@ func (s *Bolt) PutRun(_ context.Context, job *handoffv1.Job) error {
 	if err != nil {
 		return err
 	}
-	return s.db.Update(func(tx *bolt.Tx) error {
+	return s.update(func(tx *bolt.Tx) error {
 		runs := tx.Bucket(bucketRuns)
 		if runs.Get([]byte(job.GetRunId())) == nil {
 			return fmt.Errorf("store: put run %s: %w", job.GetRunId(), ErrNotFound)
@@ -197,7 +206,7 @@ func (s *Bolt) ListRuns(_ context.Context, state handoffv1.JobState, limit int, 
 
 func (s *Bolt) AppendEvent(_ context.Context, runID string, ev *handoffv1.JobEvent) (uint64, error) {
 	var seq uint64
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.update(func(tx *bolt.Tx) error {
 		if tx.Bucket(bucketRuns).Get([]byte(runID)) == nil {
 			return fmt.Errorf("store: append event to run %s: %w", runID, ErrNotFound)
 		}
@@ -258,7 +267,7 @@ func (s *Bolt) OpenWallet(_ context.Context, id string, b *handoffv1.Budget) (*h
 		return nil, fmt.Errorf("store: empty wallet id")
 	}
 	var out *handoffv1.Budget
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.update(func(tx *bolt.Tx) error {
 		w := tx.Bucket(bucketWallets)
 		if cur := w.Get([]byte(id)); cur != nil {
 			var err error
@@ -277,7 +286,8 @@ func (s *Bolt) OpenWallet(_ context.Context, id string, b *handoffv1.Budget) (*h
 
 func (s *Bolt) Debit(_ context.Context, id string, d Debit) (*handoffv1.Budget, error) {
 	var out *handoffv1.Budget
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.update(func(tx *bolt.Tx) error {
+		out = nil
 		w := tx.Bucket(bucketWallets)
 		cur, err := decodeBudget(w.Get([]byte(id)))
 		if err != nil {
@@ -332,7 +342,8 @@ func (s *Bolt) Claim(_ context.Context, key string, pendingTTL time.Duration) (C
 	}
 	var state ClaimState
 	var value []byte
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.update(func(tx *bolt.Tx) error {
+		state, value = 0, nil
 		b := tx.Bucket(bucketIdem)
 		now := s.now()
 		if st, v, ok := decodeIdem(b.Get([]byte(key)), now); ok {
@@ -355,7 +366,7 @@ func (s *Bolt) Admit(_ context.Context, key string, pendingTTL time.Duration, wa
 		return Admission{}, fmt.Errorf("store: empty idempotency key")
 	}
 	var a Admission
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.update(func(tx *bolt.Tx) error {
 		a = Admission{}
 		b := tx.Bucket(bucketIdem)
 		now := s.now()
@@ -405,7 +416,7 @@ func (s *Bolt) Admit(_ context.Context, key string, pendingTTL time.Duration, wa
 }
 
 func (s *Bolt) Complete(_ context.Context, key string, value []byte, ttl time.Duration) error {
-	return s.db.Update(func(tx *bolt.Tx) error {
+	return s.update(func(tx *bolt.Tx) error {
 		var exp time.Time
 		if ttl > 0 {
 			exp = s.now().Add(ttl)
@@ -415,7 +426,7 @@ func (s *Bolt) Complete(_ context.Context, key string, value []byte, ttl time.Du
 }
 
 func (s *Bolt) Release(_ context.Context, key string) error {
-	return s.db.Update(func(tx *bolt.Tx) error {
+	return s.update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketIdem)
 		if st, _, ok := decodeIdem(b.Get([]byte(key)), s.now()); ok && st == Done {
 			return nil
@@ -436,7 +447,7 @@ func (s *Bolt) Lookup(_ context.Context, key string) (ClaimState, []byte, error)
 
 func (s *Bolt) AppendLedger(_ context.Context, key string, payload []byte) (LedgerEntry, error) {
 	var e LedgerEntry
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketLedger)
 		seq, err := b.NextSequence()
 		if err != nil {

@@ -35,7 +35,8 @@ func (s *Bolt) AcquireLease(_ context.Context, name, owner string, ttl time.Dura
 		return false, err
 	}
 	ok := false
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.update(func(tx *bolt.Tx) error {
+		ok = false
 		b, err := tx.CreateBucketIfNotExists(bucketLeases)
 		if err != nil {
 			return err
@@ -57,7 +58,7 @@ func (s *Bolt) ReleaseLease(_ context.Context, name, owner string) error {
 	if err := checkLease(name, owner, 0, false); err != nil {
 		return err
 	}
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketLeases)
 		if b == nil || decodeLease(b.Get([]byte(name)), s.now()) != owner {
 			return nil
