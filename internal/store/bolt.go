@@ -147,7 +147,7 @@ func (s *Bolt) GetRun(_ context.Context, runID string) (*handoffv1.Job, error) {
 	return j, err
 }
 
-func (s *Bolt) PutRun(_ context.Context, job *handoffv1.Job) error {
+func (s *Bolt) PutRun(_ context.Context, job *handoffv1.Job, evs ...*handoffv1.JobEvent) error {
 	data, err := proto.Marshal(job)
 	if err != nil {
 		return err
@@ -157,7 +157,15 @@ func (s *Bolt) PutRun(_ context.Context, job *handoffv1.Job) error {
 		if runs.Get([]byte(job.GetRunId())) == nil {
 			return fmt.Errorf("store: put run %s: %w", job.GetRunId(), ErrNotFound)
 		}
-		return runs.Put([]byte(job.GetRunId()), data)
+		if err := runs.Put([]byte(job.GetRunId()), data); err != nil {
+			return err
+		}
+		for _, ev := range evs {
+			if _, err := appendEvent(tx, job.GetRunId(), ev); err != nil {
+				return err
+			}
+		}
+		return nil
 	})
 }
 
@@ -210,22 +218,30 @@ func (s *Bolt) AppendEvent(_ context.Context, runID string, ev *handoffv1.JobEve
 		if tx.Bucket(bucketRuns).Get([]byte(runID)) == nil {
 			return fmt.Errorf("store: append event to run %s: %w", runID, ErrNotFound)
 		}
-		b, err := tx.Bucket(bucketEvents).CreateBucketIfNotExists([]byte(runID))
-		if err != nil {
-			return err
-		}
-		if seq, err = b.NextSequence(); err != nil {
-			return err
-		}
-		ev = proto.Clone(ev).(*handoffv1.JobEvent)
-		ev.Seq = seq
-		data, err := proto.Marshal(ev)
-		if err != nil {
-			return err
-		}
-		return b.Put(u64(seq), data)
+		var err error
+		seq, err = appendEvent(tx, runID, ev)
+		return err
 	})
 	return seq, err
+}
+
+// appendEvent stores ev as the next event of runID's timeline and returns its seq.
+func appendEvent(tx *bolt.Tx, runID string, ev *handoffv1.JobEvent) (uint64, error) {
+	b, err := tx.Bucket(bucketEvents).CreateBucketIfNotExists([]byte(runID))
+	if err != nil {
+		return 0, err
+	}
+	seq, err := b.NextSequence()
+	if err != nil {
+		return 0, err
+	}
+	ev = proto.Clone(ev).(*handoffv1.JobEvent)
+	ev.Seq = seq
+	data, err := proto.Marshal(ev)
+	if err != nil {
+		return 0, err
+	}
+	return seq, b.Put(u64(seq), data)
 }
 
 func (s *Bolt) Events(_ context.Context, runID string, afterSeq uint64) ([]*handoffv1.JobEvent, error) {

@@ -230,13 +230,38 @@ func (s *Redis) GetRun(ctx context.Context, runID string) (*handoffv1.Job, error
 	return decodeJob(data)
 }
 
-// PutRun is SET XX: one command that writes only when the run exists.
-func (s *Redis) PutRun(ctx context.Context, job *handoffv1.Job) error {
+// putRunEventsScript replaces a run that exists and appends events to its timeline, in one
+// step. KEYS: run, events. ARGV: Job bytes, event bytes... Reply: 1, or 0 for no such run.
+var putRunEventsScript = redis.NewScript(`
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('SET', KEYS[1], ARGV[1])
+for i = 2, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
+return 1
+`)
+
+// PutRun is SET XX (one command that writes only when the run exists), or, with events, a
+// script that also appends them.
+func (s *Redis) PutRun(ctx context.Context, job *handoffv1.Job, evs ...*handoffv1.JobEvent) error {
 	data, err := proto.Marshal(job)
 	if err != nil {
 		return fmt.Errorf("store: encode run %s: %w", job.GetRunId(), err)
 	}
-	ok, err := s.rdb.SetXX(ctx, s.key("run", job.GetRunId()), data, 0).Result()
+	var ok bool
+	if len(evs) == 0 {
+		ok, err = s.rdb.SetXX(ctx, s.key("run", job.GetRunId()), data, 0).Result()
+	} else {
+		args := []any{data}
+		for _, ev := range evs {
+			b, err := encodeEvent(ev)
+			if err != nil {
+				return fmt.Errorf("store: encode event for run %s: %w", job.GetRunId(), err)
+			}
+			args = append(args, b)
+		}
+		var n int64
+		n, err = putRunEventsScript.Run(ctx, s.rdb, []string{s.key("run", job.GetRunId()), s.key("events", job.GetRunId())}, args...).Int64()
+		ok = n == 1
+	}
 	if err != nil {
 		return s.errf("put run %s: %w", job.GetRunId(), err)
 	}
@@ -244,6 +269,14 @@ func (s *Redis) PutRun(ctx context.Context, job *handoffv1.Job) error {
 		return s.errf("put run %s: %w", job.GetRunId(), ErrNotFound)
 	}
 	return nil
+}
+
+// encodeEvent is an event as the events list stores it: seq cleared (the position is the
+// seq; Events puts it back).
+func encodeEvent(ev *handoffv1.JobEvent) ([]byte, error) {
+	ev = proto.Clone(ev).(*handoffv1.JobEvent)
+	ev.Seq = 0
+	return proto.Marshal(ev)
 }
 
 // ListRuns walks runs:index from the page token's score down, reading the runs in batches
@@ -320,9 +353,7 @@ return redis.call('RPUSH', KEYS[2], ARGV[1])
 `)
 
 func (s *Redis) AppendEvent(ctx context.Context, runID string, ev *handoffv1.JobEvent) (uint64, error) {
-	ev = proto.Clone(ev).(*handoffv1.JobEvent)
-	ev.Seq = 0 // the position in the list is the seq; Events puts it back
-	data, err := proto.Marshal(ev)
+	data, err := encodeEvent(ev)
 	if err != nil {
 		return 0, fmt.Errorf("store: encode event for run %s: %w", runID, err)
 	}

@@ -41,8 +41,10 @@ type Runs interface {
 	CreateRun(ctx context.Context, job *handoffv1.Job) (run *handoffv1.Job, created bool, err error)
 	// GetRun returns a run or ErrNotFound.
 	GetRun(ctx context.Context, runID string) (*handoffv1.Job, error)
-	// PutRun replaces a stored run (ErrNotFound if it was never created).
-	PutRun(ctx context.Context, job *handoffv1.Job) error
+	// PutRun replaces a stored run (ErrNotFound if it was never created) and appends evs
+	// to its timeline (as AppendEvent does, in order), atomically: the run's state and the
+	// events that led to it are saved together, in one write.
+	PutRun(ctx context.Context, job *handoffv1.Job, evs ...*handoffv1.JobEvent) error
 	// ListRuns lists runs newest first, optionally only those in one state. after is the
 	// page token returned by the previous call ("" for the first page).
 	ListRuns(ctx context.Context, state handoffv1.JobState, limit int, after string) (runs []*handoffv1.Job, next string, err error)

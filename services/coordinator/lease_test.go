@@ -52,11 +52,11 @@ func (f *faultyStore) GetRun(ctx context.Context, id string) (*handoffv1.Job, er
 	}
 	return f.Store.GetRun(ctx, id)
 }
-func (f *faultyStore) PutRun(ctx context.Context, j *handoffv1.Job) error {
+func (f *faultyStore) PutRun(ctx context.Context, j *handoffv1.Job, evs ...*handoffv1.JobEvent) error {
 	if err := f.cut(); err != nil {
 		return err
 	}
-	return f.Store.PutRun(ctx, j)
+	return f.Store.PutRun(ctx, j, evs...)
 }
 func (f *faultyStore) ListRuns(ctx context.Context, st handoffv1.JobState, limit int, after string) ([]*handoffv1.Job, string, error) {
 	if err := f.cut(); err != nil {

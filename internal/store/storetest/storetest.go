@@ -296,6 +296,26 @@ func testEvents(t *testing.T, s store.Store) {
 	if err != nil || len(evs) != 2 || evs[0].GetSeq() != 2 || evs[1].GetStage() != "s3" {
 		t.Fatalf("Events(after 1) = %v, %v", evs, err)
 	}
+
+	// PutRun with events: the run and the events together, numbered after the others.
+	run := &handoffv1.Job{RunId: "r", Stage: "after", Hops: 4}
+	if err := s.PutRun(ctx, run, &handoffv1.JobEvent{Stage: "s4", Seq: 99}, &handoffv1.JobEvent{Stage: "s5"}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.GetRun(ctx, "r"); err != nil || !proto.Equal(got, run) {
+		t.Fatalf("run after PutRun with events = %v, %v; want %v", got, err, run)
+	}
+	evs, err = s.Events(ctx, "r", 3)
+	if err != nil || len(evs) != 2 || evs[0].GetSeq() != 4 || evs[0].GetStage() != "s4" || evs[1].GetSeq() != 5 || evs[1].GetStage() != "s5" {
+		t.Fatalf("events written with PutRun = %v, %v; want s4 as seq 4 (its own seq ignored), s5 as 5", evs, err)
+	}
+	// A run that does not exist gets neither: no events without their run.
+	if err := s.PutRun(ctx, &handoffv1.Job{RunId: "ghost"}, &handoffv1.JobEvent{Stage: "x"}); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("PutRun of a missing run with events = %v, want ErrNotFound", err)
+	}
+	if _, err := s.Events(ctx, "ghost", 0); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("Events of the missing run = %v, want ErrNotFound (nothing written)", err)
+	}
 }
 
 func testClaim(t *testing.T, s store.Store) {
