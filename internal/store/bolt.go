@@ -282,6 +282,11 @@ func (s *Bolt) OpenWallet(_ context.Context, id string, b *handoffv1.Budget) (*h
 	if id == "" {
 		return nil, fmt.Errorf("store: empty wallet id")
 	}
+	// Most calls find the wallet (the coordinator opens it before every hop): read first, so
+	// they cost no write transaction (and no fsync). Wallets are never deleted.
+	if cur, err := s.Wallet(context.Background(), id); err == nil {
+		return cur, nil
+	}
 	var out *handoffv1.Budget
 	err := s.update(func(tx *bolt.Tx) error {
 		w := tx.Bucket(bucketWallets)

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -63,8 +64,8 @@ type Options struct {
 	Owner string
 	// LeaseTTL is how long a run's lease outlives its holder's last renewal: a replica that
 	// dies is replaced on its runs within about LeaseTTL (plus half of it for the next
-	// takeover scan). The holder renews every LeaseTTL/3 and before every hop, and stops
-	// driving when it cannot renew for LeaseTTL/2. Default 10s.
+	// takeover scan). The holder renews every LeaseTTL/3 (and before a hop when it has not
+	// for that long), and stops driving when it cannot renew for LeaseTTL/2. Default 10s.
 	LeaseTTL time.Duration
 	// DrainTimeout bounds how long Close waits for the drivers to finish the hop each has in
 	// flight before it cancels them. Default 30s.
@@ -96,8 +97,9 @@ type Server struct {
 	runners map[string]handoffv1.AgentRunnerServiceClient // by address; "" = default
 
 	mu      sync.Mutex
-	driving map[string]bool          // run ids with a live driver in this process
-	notify  map[string]chan struct{} // closed and replaced whenever a run gets an event
+	driving map[string]bool                  // run ids with a live driver in this process
+	notify  map[string]chan struct{}         // closed and replaced whenever a run gets an event
+	pending map[string][]*handoffv1.JobEvent // events waiting for their run's next save (later)
 
 	wg        sync.WaitGroup
 	ctx       context.Context // cancelled when Close gives up draining
@@ -150,6 +152,7 @@ func New(opts Options) (*Server, error) {
 		runners: map[string]handoffv1.AgentRunnerServiceClient{"": opts.Runner},
 		driving: map[string]bool{},
 		notify:  map[string]chan struct{}{},
+		pending: map[string][]*handoffv1.JobEvent{},
 
 		stopping:  make(chan struct{}),
 		scanEvery: opts.LeaseTTL / 2,
@@ -425,8 +428,63 @@ func (s *Server) wake(runID string) {
 	}
 }
 
-// event appends an event to the run's timeline, stamped with the run's state.
+// event appends an event to the run's timeline now, stamped with the run's state, after any
+// events still waiting for the run's next save (so the timeline keeps its order).
 func (s *Server) event(ctx context.Context, job *handoffv1.Job, ev *handoffv1.JobEvent) {
+	s.stamp(job, ev)
+	for _, e := range append(s.takePending(job.GetRunId()), ev) {
+		if _, err := s.opts.Store.AppendEvent(ctx, job.GetRunId(), e); err != nil {
+			s.log.Error("append event", "run_id", job.GetRunId(), "kind", e.GetKind().String(), "err", err)
+		}
+	}
+	s.wake(job.GetRunId())
+}
+
+// later stamps an event like event, but writes it with the run's next save (save, finish),
+// in the same store write as the state it led to: a hop's outcome is then one write
+// instead of one per event, and a crash cannot keep the events without the state or the
+// state without the events. Events a watcher should see before a slow call (the package
+// sent to an agent) go through event instead.
+func (s *Server) later(job *handoffv1.Job, ev *handoffv1.JobEvent) {
+	s.stamp(job, ev)
+	s.mu.Lock()
+	s.pending[job.GetRunId()] = append(s.pending[job.GetRunId()], ev)
+	s.mu.Unlock()
+}
+
+// takePending removes and returns the run's waiting events.
+func (s *Server) takePending(runID string) []*handoffv1.JobEvent {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	evs := s.pending[runID]
+	delete(s.pending, runID)
+	return evs
+}
+
+// putBackPending returns events a failed save did not write, ahead of any added since.
+func (s *Server) putBackPending(runID string, evs []*handoffv1.JobEvent) {
+	if len(evs) == 0 {
+		return
+	}
+	s.mu.Lock()
+	s.pending[runID] = append(evs, s.pending[runID]...)
+	s.mu.Unlock()
+}
+
+// dropPending removes ev from the run's waiting events.
+func (s *Server) dropPending(runID string, ev *handoffv1.JobEvent) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	evs := slices.DeleteFunc(s.pending[runID], func(e *handoffv1.JobEvent) bool { return e == ev })
+	if len(evs) == 0 {
+		delete(s.pending, runID)
+	} else {
+		s.pending[runID] = evs
+	}
+}
+
+// stamp fills what every event of the run carries.
+func (s *Server) stamp(job *handoffv1.Job, ev *handoffv1.JobEvent) {
 	ev.RunId = job.GetRunId()
 	ev.JobId = job.GetJobId()
 	ev.At = timestamppb.New(s.opts.Now())
@@ -439,8 +497,4 @@ func (s *Server) event(ctx context.Context, job *handoffv1.Job, ev *handoffv1.Jo
 	if ev.Hop == 0 {
 		ev.Hop = job.GetHops()
 	}
-	if _, err := s.opts.Store.AppendEvent(ctx, job.GetRunId(), ev); err != nil {
-		s.log.Error("append event", "run_id", job.GetRunId(), "kind", ev.GetKind().String(), "err", err)
-	}
-	s.wake(job.GetRunId())
 }

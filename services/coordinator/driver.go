@@ -27,8 +27,8 @@ import (
 const maxCarried = 64
 
 // run advances the run hop by hop until it ends, while this replica holds the run's lease
-// (lease.go): the lease is renewed before every hop, and the driver stops before its next
-// hop when it was lost, or when Close started. The run is saved after every hop, so whoever
+// (lease.go): the lease is renewed before a hop unless it was renewed in the last LeaseTTL/3,
+// and the driver stops before its next hop when it was lost, or when Close started. The run is saved after every hop, so whoever
 // drives it next resumes at the last completed hop. When the store fails, the run waits and
 // tries again: it neither skips a hop nor ends in a state it did not reach.
 func (s *Server) run(ctx context.Context, runID string, l *lease) error {
@@ -207,7 +207,7 @@ func (s *Server) agentHop(ctx context.Context, job *handoffv1.Job, p *pipeline.P
 	} else if err := s.debit(ctx, job, store.Debit{Hops: 1}); err != nil && !errors.Is(err, store.ErrWalletEmpty) {
 		return err
 	}
-	s.event(ctx, job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_ACK, Stage: st.Name, Ack: ack, Traceparent: ack.GetTraceparent(), Hop: hop})
+	s.later(job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_ACK, Stage: st.Name, Ack: ack, Traceparent: ack.GetTraceparent(), Hop: hop})
 
 	switch ack.GetStatus() {
 	case handoffv1.AckStatus_ACK_STATUS_ACCEPTED:
@@ -230,10 +230,12 @@ func (s *Server) agentHop(ctx context.Context, job *handoffv1.Job, p *pipeline.P
 	// One wallet: the stage's spend comes off it, never below zero.
 	spent := result.GetSpentUsdMicros()
 	job.SpentUsdMicros += spent
-	if err := s.debit(ctx, job, store.Debit{USDMicros: spent}); err != nil {
-		return err
+	if spent > 0 { // a zero debit changes nothing: the wallet in the run is already current
+		if err := s.debit(ctx, job, store.Debit{USDMicros: spent}); err != nil {
+			return err
+		}
 	}
-	s.event(ctx, job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_STAGE_RESULT, Stage: st.Name, Result: result, Traceparent: ack.GetTraceparent(), Hop: hop})
+	s.later(job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_STAGE_RESULT, Stage: st.Name, Result: result, Traceparent: ack.GetTraceparent(), Hop: hop})
 
 	if result.GetStatus() == handoffv1.StageStatus_STAGE_STATUS_FAILED {
 		return s.escalate(ctx, job, p, handoffv1.EscalationCause_ESCALATION_CAUSE_STAGE_FAILED, fmt.Sprintf("stage %s failed: %s", st.Name, result.GetError()), nil)
@@ -249,7 +251,7 @@ func (s *Server) agentHop(ctx context.Context, job *handoffv1.Job, p *pipeline.P
 			return s.escalate(ctx, job, p, handoffv1.EscalationCause_ESCALATION_CAUSE_STAGE_FAILED, fmt.Sprintf("judge %s returned no verdict", st.Name), nil)
 		}
 		job.Evaluator = ev
-		s.event(ctx, job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_VERDICT, Stage: st.Name, Evaluator: ev, Traceparent: ack.GetTraceparent(), Hop: hop})
+		s.later(job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_VERDICT, Stage: st.Name, Evaluator: ev, Traceparent: ack.GetTraceparent(), Hop: hop})
 		if ev.GetLastVerdict() == handoffv1.Verdict_VERDICT_FAIL {
 			if job.GetWallet().GetRevisionsRemaining() == 0 {
 				return s.escalate(ctx, job, p, handoffv1.EscalationCause_ESCALATION_CAUSE_REVISIONS_EXHAUSTED,
@@ -315,8 +317,8 @@ func (s *Server) writeback(ctx context.Context, job *handoffv1.Job, p *pipeline.
 		ack.Status = handoffv1.AckStatus_ACK_STATUS_DUPLICATE
 		ack.Prior = &handoffv1.PriorResult{Receipt: resp.GetReceipt(), CompletedAt: resp.GetReceipt().GetWrittenAt()}
 	}
-	s.event(ctx, job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_ACK, Stage: st.Name, Ack: ack, Traceparent: ack.GetTraceparent(), Hop: hop})
-	s.event(ctx, job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_RECEIPT, Stage: st.Name, Receipt: resp.GetReceipt(), Traceparent: tp, Hop: hop})
+	s.later(job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_ACK, Stage: st.Name, Ack: ack, Traceparent: ack.GetTraceparent(), Hop: hop})
+	s.later(job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_RECEIPT, Stage: st.Name, Receipt: resp.GetReceipt(), Traceparent: tp, Hop: hop})
 	if ns, ok := p.Next(st.Name); ok {
 		job.Stage = ns.Name
 		return s.save(ctx, job)
@@ -393,10 +395,17 @@ func failureReasons(ev *handoffv1.Evaluator) []*handoffv1.Reason {
 	return out
 }
 
+// save writes the run together with its waiting events (later). When the write fails, the
+// events wait for the next save, ahead of newer ones.
 func (s *Server) save(ctx context.Context, job *handoffv1.Job) error {
 	job.UpdatedAt = timestamppb.New(s.opts.Now())
-	if err := s.opts.Store.PutRun(ctx, job); err != nil {
+	evs := s.takePending(job.GetRunId())
+	if err := s.opts.Store.PutRun(ctx, job, evs...); err != nil {
+		s.putBackPending(job.GetRunId(), evs)
 		return fmt.Errorf("save run %s: %w", job.GetRunId(), err)
+	}
+	if len(evs) > 0 {
+		s.wake(job.GetRunId())
 	}
 	return nil
 }
@@ -418,9 +427,6 @@ func (s *Server) finish(ctx context.Context, job *handoffv1.Job, state handoffv1
 		esc = &handoffv1.Escalation{Stage: job.GetStage(), Detail: detail, At: timestamppb.New(s.opts.Now())}
 		job.Escalation = esc
 	}
-	if err := s.save(ctx, job); err != nil {
-		return err
-	}
 	ev := &handoffv1.JobEvent{Stage: job.GetStage(), Escalation: esc}
 	switch state {
 	case handoffv1.JobState_JOB_STATE_COMPLETED:
@@ -430,7 +436,11 @@ func (s *Server) finish(ctx context.Context, job *handoffv1.Job, state handoffv1
 	default:
 		ev.Kind = handoffv1.EventKind_EVENT_KIND_FAILED
 	}
-	s.event(ctx, job, ev)
+	s.later(job, ev) // the terminal state and its event in one write
+	if err := s.save(ctx, job); err != nil {
+		s.dropPending(job.GetRunId(), ev) // no terminal event without the terminal state
+		return err
+	}
 	s.log.Info("job ended", "run_id", job.GetRunId(), "job_id", job.GetJobId(), "state", state.String(), "stage", job.GetStage(), "detail", detail,
 		"trace_id", traceparent.TraceID(job.GetTraceparent()))
 	return nil

@@ -17,7 +17,8 @@ import (
 // replica that holds the run's lease "run:<run_id>" (store.Leases):
 //
 //   - SubmitJob takes the new run's lease and drives it at once.
-//   - A driver renews the lease before every hop and, in the background, every LeaseTTL/3;
+//   - A driver renews the lease in the background every LeaseTTL/3, and before a hop when
+//     its last renewal is older than that;
 //     when a renewal finds the lease taken, or none succeeds for LeaseTTL/2 (the store is
 //     unreachable: from then on another replica may soon take the lease), the driver's
 //     context is cancelled: it stops before its next hop, and a hop in flight is abandoned.
@@ -75,8 +76,16 @@ func (l *lease) acquire(ctx context.Context) (bool, error) {
 	return ok, err
 }
 
-// renew is acquire, named for the reader: the driver holds the lease already.
-func (l *lease) renew(ctx context.Context) (bool, error) { return l.acquire(ctx) }
+// renew is acquire before a hop, skipped while the last renewal is younger than LeaseTTL/3:
+// the lease then has at least 2/3 of its TTL left, no other replica can take it before it
+// expires, and keep renews it in the background at that same pace. A driver doing many
+// short hops so renews about as often as keep does, not once per hop.
+func (l *lease) renew(ctx context.Context) (bool, error) {
+	if time.Since(time.Unix(0, l.lastOK.Load())) < l.s.opts.LeaseTTL/3 {
+		return true, nil
+	}
+	return l.acquire(ctx)
+}
 
 // keep renews the lease every LeaseTTL/3 until ctx ends, and cancels the driver (lose) when
 // the lease is taken or has gone LeaseTTL/2 without a successful renewal.
@@ -155,6 +164,11 @@ func (s *Server) drive(ctx context.Context, runID string) (bool, error) {
 		kept := make(chan struct{})
 		go func() { defer close(kept); l.keep(dctx, lose, runID) }()
 		err := s.run(dctx, runID, l)
+		if evs := s.takePending(runID); len(evs) > 0 {
+			// Events of a hop whose state was never saved: whoever drives the run next
+			// repeats that hop from the last saved state and records it again.
+			s.log.Warn("driver stopped with unsaved events; they are dropped", "run_id", runID, "events", len(evs))
+		}
 		lost := errors.Is(context.Cause(dctx), errLeaseLost) || errors.Is(err, errLeaseLost)
 		lose(nil)
 		<-kept

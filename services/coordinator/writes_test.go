@@ -1,0 +1,130 @@
+package coordinator_test
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+	"github.com/handoffhq/handoff/internal/artifact"
+	"github.com/handoffhq/handoff/internal/demo"
+	"github.com/handoffhq/handoff/internal/pipeline"
+	"github.com/handoffhq/handoff/internal/stack"
+	"github.com/handoffhq/handoff/internal/store"
+	"github.com/handoffhq/handoff/services/agentrunner"
+	"github.com/handoffhq/handoff/services/agentrunner/support"
+)
+
+// writeLog records the writes the platform makes to its store.
+type writeLog struct {
+	store.Store
+	mu     sync.Mutex
+	writes []string
+}
+
+func (w *writeLog) add(s string) {
+	w.mu.Lock()
+	w.writes = append(w.writes, s)
+	w.mu.Unlock()
+}
+
+func (w *writeLog) PutRun(ctx context.Context, j *handoffv1.Job, evs ...*handoffv1.JobEvent) error {
+	var ks []string
+	for _, ev := range evs {
+		ks = append(ks, strings.TrimPrefix(ev.GetKind().String(), "EVENT_KIND_"))
+	}
+	w.add(fmt.Sprintf("PutRun(%s)[%s]", strings.TrimPrefix(j.GetState().String(), "JOB_STATE_"), strings.Join(ks, " ")))
+	return w.Store.PutRun(ctx, j, evs...)
+}
+
+func (w *writeLog) AppendEvent(ctx context.Context, id string, ev *handoffv1.JobEvent) (uint64, error) {
+	w.add("AppendEvent(" + strings.TrimPrefix(ev.GetKind().String(), "EVENT_KIND_") + ")")
+	return w.Store.AppendEvent(ctx, id, ev)
+}
+
+func (w *writeLog) Debit(ctx context.Context, id string, d store.Debit) (*handoffv1.Budget, error) {
+	w.add("Debit")
+	return w.Store.Debit(ctx, id, d)
+}
+
+func (w *writeLog) AcquireLease(ctx context.Context, name, owner string, ttl time.Duration) (bool, error) {
+	w.add("AcquireLease")
+	return w.Store.AcquireLease(ctx, name, owner, ttl)
+}
+
+// TestStepWritesOutcomeWithState: what a hop learned (the ack, the result, the verdict, the
+// receipt, the end) is written with the run's new state in one PutRun; only the intake and
+// each package sent are appended on their own, before the slow call. A spend-free stage
+// debits nothing more, and the lease is not renewed on every hop.
+func TestStepWritesOutcomeWithState(t *testing.T) {
+	dir := t.TempDir()
+	bolt, err := store.Open(filepath.Join(dir, "w.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { bolt.Close() })
+	wl := &writeLog{Store: bolt}
+	p, problems, err := pipeline.Parse("relay.yaml", []byte(fmt.Sprintf(relay, 10, 2)))
+	if err != nil || pipeline.HasErrors(problems) {
+		t.Fatalf("relay pipeline: %v %v", err, problems)
+	}
+	draft := &recorder{name: "draft"} // spends nothing
+	judge := &recorder{name: "judge", spend: 50_000, verdicts: []handoffv1.Verdict{handoffv1.Verdict_VERDICT_PASS}}
+	st, err := stack.Start(context.Background(), stack.Config{
+		DataDir: dir, Store: wl, CoordinatorAddr: "127.0.0.1:0", RunnerAddr: "127.0.0.1:0", WritebackAddr: "127.0.0.1:0",
+		Logger: testLogger(t), Pipelines: map[string]*pipeline.Pipeline{p.Name: p}, Agents: []agentrunner.Agent{draft, judge},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	cc, err := st.Dial(st.CoordinatorAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := handoffv1.NewCoordinatorServiceClient(cc)
+	ctx := context.Background()
+	in, err := st.Artifacts.Put(ctx, artifact.Ref{JobID: "tkt_w", Stage: "submit", Type: "raw_ticket", SchemaVersion: "raw_ticket.v1", MediaType: "application/json"}, support.SampleTicket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	wl.mu.Lock()
+	wl.writes = nil
+	wl.mu.Unlock()
+	resp, err := client.SubmitJob(ctx, &handoffv1.SubmitJobRequest{JobId: "tkt_w", Pipeline: "relay", Goal: "Draft a triage note",
+		Budget: &handoffv1.Budget{UsdRemainingMicros: 1_000_000}, Inputs: []*handoffv1.Artifact{in}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs, err := demo.Watch(ctx, client, resp.GetJob().GetRunId(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"draft:SUBMITTED", "draft:PACKAGE_SENT", "draft:ACK:ACCEPTED", "draft:STAGE_RESULT",
+		"judge:PACKAGE_SENT", "judge:ACK:ACCEPTED", "judge:STAGE_RESULT", "judge:VERDICT:PASS",
+		"writeback:PACKAGE_SENT", "writeback:ACK:ACCEPTED", "writeback:RECEIPT", "writeback:COMPLETED"}; !slices.Equal(kinds(evs), want) {
+		t.Fatalf("timeline\n got %v\nwant %v", kinds(evs), want)
+	}
+	wl.mu.Lock()
+	var got []string
+	for _, w := range wl.writes {
+		if strings.HasPrefix(w, "PutRun") || strings.HasPrefix(w, "AppendEvent") || w == "Debit" || w == "AcquireLease" {
+			got = append(got, w)
+		}
+	}
+	wl.mu.Unlock()
+	want := []string{
+		"AppendEvent(SUBMITTED)", "AcquireLease",
+		"AppendEvent(PACKAGE_SENT)", "PutRun(RUNNING)[ACK STAGE_RESULT]", // draft: spent nothing, no Debit
+		"AppendEvent(PACKAGE_SENT)", "Debit", "PutRun(RUNNING)[ACK STAGE_RESULT VERDICT]", // judge: its spend
+		"AppendEvent(PACKAGE_SENT)", "Debit", "PutRun(COMPLETED)[ACK RECEIPT COMPLETED]", // writeback: its hop
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("store writes\n got %v\nwant %v", got, want)
+	}
+}
