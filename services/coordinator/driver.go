@@ -33,6 +33,11 @@ const maxCarried = 64
 // tries again: it neither skips a hop nor ends in a state it did not reach.
 func (s *Server) run(ctx context.Context, runID string, l *lease) error {
 	backoff := 100 * time.Millisecond
+	// The run as this driver last saved it. Only this driver writes the run while it holds
+	// the lease, and the wallet changes only through its own hops, whose answers it mirrors:
+	// so after a step that saved, the next one starts from memory instead of reading the run
+	// and its wallet again. After any error it reads both from the store.
+	var job *handoffv1.Job
 	for {
 		if ctx.Err() != nil {
 			return context.Cause(ctx)
@@ -45,7 +50,7 @@ func (s *Server) run(ctx context.Context, runID string, l *lease) error {
 			return errLeaseLost
 		}
 		if err == nil {
-			err = s.advance(ctx, runID)
+			job, err = s.advance(ctx, runID, job)
 		}
 		if err == errDone {
 			return nil
@@ -54,6 +59,7 @@ func (s *Server) run(ctx context.Context, runID string, l *lease) error {
 			backoff = 100 * time.Millisecond
 			continue
 		}
+		job = nil
 		if ctx.Err() != nil {
 			return context.Cause(ctx)
 		}
@@ -71,24 +77,33 @@ func (s *Server) run(ctx context.Context, runID string, l *lease) error {
 
 var errDone = errors.New("run ended")
 
-// advance loads the run and makes one hop (errDone when the run has ended).
-func (s *Server) advance(ctx context.Context, runID string) error {
-	job, err := s.opts.Store.GetRun(ctx, runID)
-	if err != nil {
-		return err
+// advance makes one hop of the run (errDone when the run has ended) and returns the run as
+// that hop saved it. job is the run as the previous hop saved it, or nil to load it.
+func (s *Server) advance(ctx context.Context, runID string, job *handoffv1.Job) (*handoffv1.Job, error) {
+	if job == nil {
+		var err error
+		if job, err = s.opts.Store.GetRun(ctx, runID); err != nil {
+			return nil, err
+		}
+		if terminal(job.GetState()) {
+			return nil, errDone
+		}
+		// The wallet lives in the store under the run id, where every receiver that shares
+		// the store debits it. Opening is idempotent: it creates the wallet on the first hop
+		// (or after a crash between submit and here) and otherwise returns what is left.
+		w, err := s.opts.Store.OpenWallet(ctx, job.GetRunId(), job.GetWallet())
+		if err != nil {
+			return nil, fmt.Errorf("open wallet: %w", err)
+		}
+		s.setWallet(job, w)
 	}
 	if terminal(job.GetState()) {
-		return errDone
+		return nil, errDone
 	}
-	// The wallet lives in the store under the run id, where every receiver that shares the
-	// store debits it. Opening is idempotent: it creates the wallet on the first hop (or
-	// after a crash between submit and here) and otherwise returns what is left.
-	w, err := s.opts.Store.OpenWallet(ctx, job.GetRunId(), job.GetWallet())
-	if err != nil {
-		return fmt.Errorf("open wallet: %w", err)
+	if err := s.step(ctx, job); err != nil {
+		return nil, err
 	}
-	s.setWallet(job, w)
-	return s.step(ctx, job)
+	return job, nil
 }
 
 // setWallet mirrors the store's wallet into the run, tagged with its id.

@@ -52,6 +52,11 @@ func (w *writeLog) Debit(ctx context.Context, id string, d store.Debit) (*handof
 	return w.Store.Debit(ctx, id, d)
 }
 
+func (w *writeLog) OpenWallet(ctx context.Context, id string, b *handoffv1.Budget) (*handoffv1.Budget, error) {
+	w.add("OpenWallet")
+	return w.Store.OpenWallet(ctx, id, b)
+}
+
 func (w *writeLog) AcquireLease(ctx context.Context, name, owner string, ttl time.Duration) (bool, error) {
 	w.add("AcquireLease")
 	return w.Store.AcquireLease(ctx, name, owner, ttl)
@@ -60,7 +65,8 @@ func (w *writeLog) AcquireLease(ctx context.Context, name, owner string, ttl tim
 // TestStepWritesOutcomeWithState: what a hop learned (the ack, the result, the verdict, the
 // receipt, the end) is written with the run's new state in one PutRun; only the intake and
 // each package sent are appended on their own, before the slow call. A spend-free stage
-// debits nothing more, and the lease is not renewed on every hop.
+// debits nothing more, the lease is not renewed on every hop, and the driver opens the
+// wallet once, not before every hop.
 func TestStepWritesOutcomeWithState(t *testing.T) {
 	dir := t.TempDir()
 	bolt, err := store.Open(filepath.Join(dir, "w.db"))
@@ -113,13 +119,13 @@ func TestStepWritesOutcomeWithState(t *testing.T) {
 	wl.mu.Lock()
 	var got []string
 	for _, w := range wl.writes {
-		if strings.HasPrefix(w, "PutRun") || strings.HasPrefix(w, "AppendEvent") || w == "Debit" || w == "AcquireLease" {
+		if strings.HasPrefix(w, "PutRun") || strings.HasPrefix(w, "AppendEvent") || w == "Debit" || w == "AcquireLease" || w == "OpenWallet" {
 			got = append(got, w)
 		}
 	}
 	wl.mu.Unlock()
 	want := []string{
-		"AppendEvent(SUBMITTED)", "AcquireLease",
+		"AppendEvent(SUBMITTED)", "AcquireLease", "OpenWallet", // the driver loads the run and its wallet once
 		"AppendEvent(PACKAGE_SENT)", "PutRun(RUNNING)[ACK STAGE_RESULT]", // draft: spent nothing, no Debit
 		"AppendEvent(PACKAGE_SENT)", "Debit", "PutRun(RUNNING)[ACK STAGE_RESULT VERDICT]", // judge: its spend
 		"AppendEvent(PACKAGE_SENT)", "Debit", "PutRun(COMPLETED)[ACK RECEIPT COMPLETED]", // writeback: its hop
