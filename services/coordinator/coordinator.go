@@ -440,6 +440,27 @@ func (s *Server) event(ctx context.Context, job *handoffv1.Job, ev *handoffv1.Jo
 	s.wake(job.GetRunId())
 }
 
+// eventAsync is event without waiting: the write overlaps the call the event announces (the
+// package sent), so it costs the hop no store round trip of its own. The returned function
+// waits for the write; call it before the run's next write, which keeps the timeline in
+// order.
+func (s *Server) eventAsync(ctx context.Context, job *handoffv1.Job, ev *handoffv1.JobEvent) (wait func()) {
+	s.stamp(job, ev)
+	runID := job.GetRunId()
+	evs := append(s.takePending(runID), ev)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for _, e := range evs {
+			if _, err := s.opts.Store.AppendEvent(ctx, runID, e); err != nil {
+				s.log.Error("append event", "run_id", runID, "kind", e.GetKind().String(), "err", err)
+			}
+		}
+		s.wake(runID)
+	}()
+	return func() { <-done }
+}
+
 // later stamps an event like event, but writes it with the run's next save (save, finish),
 // in the same store write as the state it led to: a hop's outcome is then one write
 // instead of one per event, and a crash cannot keep the events without the state or the

@@ -197,7 +197,7 @@ func (s *Server) agentHop(ctx context.Context, job *handoffv1.Job, p *pipeline.P
 	runner := s.runners[st.Runner]
 	req := &handoffv1.DeliverRequest{Package: pkg, Agent: st.AgentName(), RequiredTools: st.Tools}
 	hop := job.GetHops() + 1
-	s.event(ctx, job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_PACKAGE_SENT, Stage: st.Name, Traceparent: pkg.GetTrace().GetTraceparent(), Hop: hop})
+	sent := s.eventAsync(ctx, job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_PACKAGE_SENT, Stage: st.Name, Traceparent: pkg.GetTrace().GetTraceparent(), Hop: hop})
 
 	var ack *handoffv1.Ack
 	var result *handoffv1.StageResult
@@ -206,6 +206,7 @@ func (s *Server) agentHop(ctx context.Context, job *handoffv1.Job, p *pipeline.P
 		ack, result, err = rpc.Deliver(ctx, runner, req)
 		return err
 	})
+	sent()
 	if err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -305,7 +306,7 @@ func (s *Server) writeback(ctx context.Context, job *handoffv1.Job, p *pipeline.
 			fmt.Sprintf("writeback %s: no artifact with schema version %q to write", st.Name, st.Input), nil)
 	}
 	hop := job.GetHops() + 1
-	s.event(ctx, job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_PACKAGE_SENT, Stage: st.Name, Traceparent: pkg.GetTrace().GetTraceparent(), Hop: hop})
+	sent := s.eventAsync(ctx, job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_PACKAGE_SENT, Stage: st.Name, Traceparent: pkg.GetTrace().GetTraceparent(), Hop: hop})
 	req := &handoffv1.WriteRequest{Package: pkg, Artifact: art, Target: st.Writer.Target}
 	var resp *handoffv1.WriteResponse
 	err := s.retry(ctx, job, st.Name, func(ctx context.Context) error {
@@ -313,6 +314,7 @@ func (s *Server) writeback(ctx context.Context, job *handoffv1.Job, p *pipeline.
 		resp, err = s.opts.Writeback.Write(ctx, req)
 		return err
 	})
+	sent()
 	job.Hops = hop
 	if derr := s.debit(ctx, job, store.Debit{Hops: 1}); derr != nil && !errors.Is(derr, store.ErrWalletEmpty) {
 		return derr
