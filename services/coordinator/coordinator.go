@@ -333,9 +333,9 @@ func (s *Server) ListJobs(ctx context.Context, req *handoffv1.ListJobsRequest) (
 func (s *Server) WatchJob(req *handoffv1.WatchJobRequest, stream grpc.ServerStreamingServer[handoffv1.WatchJobResponse]) error {
 	ctx := stream.Context()
 	after := req.GetAfterSeq()
-	// A run's terminal event is appended just after its terminal state is saved, so a watch
-	// that sees the state first waits for the event (up to endGrace, in case the append
-	// failed) rather than end without it.
+	// A run's terminal event is saved with its terminal state; a run saved by an older
+	// coordinator has it appended just after. So a watch that sees the state first waits
+	// for the event (up to endGrace, in case the append failed) rather than end without it.
 	const endGrace = 2 * time.Second
 	sawEnd, endBy := false, time.Time{}
 	for {
@@ -351,26 +351,20 @@ func (s *Server) WatchJob(req *handoffv1.WatchJobRequest, stream grpc.ServerStre
 			after = ev.GetSeq()
 			sawEnd = sawEnd || terminalEvent(ev.GetKind())
 		}
-		if len(evs) > 0 {
-			continue // the run may have ended while we were sending: read once more
+		if n := len(evs); n > 0 && terminalEvent(evs[n-1].GetKind()) {
+			// The newest event ends the run: the run was in that terminal state when it was
+			// written (the coordinator writes the two together, or the state first), and
+			// nothing came after it.
+			return nil
 		}
-		// Only a quiet timeline needs the run itself (has it ended?): reading it for every
-		// batch of events doubled a watch's store reads.
-		job, err := s.opts.Store.GetRun(ctx, req.GetRunId())
-		if err != nil {
-			return storeErr(err, req.GetRunId())
-		}
-		if terminal(job.GetState()) {
-			if sawEnd || (!endBy.IsZero() && time.Now().After(endBy)) {
-				return nil
-			}
-			if endBy.IsZero() {
-				if s.endedAt(ctx, req.GetRunId(), after) {
-					return nil // resumed after the terminal event
-				}
-				endBy = time.Now().Add(endGrace)
+		if len(evs) == 0 {
+			// Only a quiet timeline needs the run itself (has it ended?): reading it for
+			// every batch of events doubled a watch's store reads.
+			if done, err := s.watchEnded(ctx, req.GetRunId(), after, sawEnd, &endBy, endGrace); err != nil || done {
+				return err
 			}
 		}
+		// wait was taken before the read: an event written since has already closed it.
 		select {
 		case <-ctx.Done():
 			return status.FromContextError(ctx.Err()).Err()
@@ -380,6 +374,29 @@ func (s *Server) WatchJob(req *handoffv1.WatchJobRequest, stream grpc.ServerStre
 		case <-time.After(500 * time.Millisecond): // runs driven by another process
 		}
 	}
+}
+
+// watchEnded reports whether a watch whose timeline is quiet after seq after can end: the
+// run is terminal and its terminal event was sent (or, resumed after it, is at after), or
+// endGrace passed since the state was seen without the event.
+func (s *Server) watchEnded(ctx context.Context, runID string, after uint64, sawEnd bool, endBy *time.Time, endGrace time.Duration) (bool, error) {
+	job, err := s.opts.Store.GetRun(ctx, runID)
+	if err != nil {
+		return false, storeErr(err, runID)
+	}
+	if !terminal(job.GetState()) {
+		return false, nil
+	}
+	if sawEnd || (!endBy.IsZero() && time.Now().After(*endBy)) {
+		return true, nil
+	}
+	if endBy.IsZero() {
+		if s.endedAt(ctx, runID, after) {
+			return true, nil // resumed after the terminal event
+		}
+		*endBy = time.Now().Add(endGrace)
+	}
+	return false, nil
 }
 
 func terminalEvent(k handoffv1.EventKind) bool {
