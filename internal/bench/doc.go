@@ -13,7 +13,7 @@
 //	      Store: store.OpenRedis with a unique key prefix, deleted at the end.
 //	C     the same on the embedded bbolt store (a file in the OS temp folder, fsync on every
 //	      write transaction: the real configuration).
-//	W_bolt  one bbolt write transaction in the same folder: what each of C's 4 writes costs.
+//	W_bolt  one bbolt write transaction in the same folder: what each of C's 3 writes costs.
 //	C_tmpfs only on request: C with its bbolt file on /dev/shm, labelled NOT DURABLE.
 //	R     a package missing its goal, sent the same way: REJECTED_SCHEMA Ack round trip;
 //	      the agent must not be called.

@@ -204,7 +204,10 @@ func (r *hopRig) hop(ctx context.Context, worker int) error {
 	}
 	run.NextHint = res.GetNextHint()
 	run.UpdatedAt = timestamppb.Now()
-	return r.st.PutRun(ctx, run)
+	// As the coordinator saves a hop: the run with the events it learned, in one write.
+	return r.st.PutRun(ctx, run,
+		&handoffv1.JobEvent{RunId: run.GetRunId(), JobId: p.GetJobId(), Kind: handoffv1.EventKind_EVENT_KIND_ACK, Stage: benchStage, Ack: ack, Traceparent: tp, At: run.UpdatedAt, Hop: run.GetHops()},
+		&handoffv1.JobEvent{RunId: run.GetRunId(), JobId: p.GetJobId(), Kind: handoffv1.EventKind_EVENT_KIND_STAGE_RESULT, Stage: benchStage, Result: res, Traceparent: tp, At: run.UpdatedAt, Hop: run.GetHops()})
 }
 
 // rejected is figure R: a package without a goal; the Ack must be REJECTED_SCHEMA.
