@@ -287,7 +287,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			f.close, f.op = r.close, r.job
 			f.after = func() {
 				if n := r.missedEnd.Load(); n > 0 {
-					f.Anomaly = fmt.Sprintf("WatchJob ended %d times before streaming the COMPLETED event (the run's state was COMPLETED): coordinator finish() saves the terminal state before appending its event", n)
+					f.Anomaly = fmt.Sprintf("WatchJob ended %d times before streaming the COMPLETED event (the run's state was COMPLETED); the coordinator saves the two in one write, so this is a bug", n)
 				}
 			}
 			return nil
