@@ -357,28 +357,13 @@ func decodeIdem(b []byte, now time.Time) (ClaimState, []byte, bool) {
 	return ClaimState(b[0]), append([]byte(nil), b[9:]...), true
 }
 
-func (s *Bolt) Claim(_ context.Context, key string, pendingTTL time.Duration) (ClaimState, []byte, error) {
-	if key == "" {
-		return 0, nil, fmt.Errorf("store: empty idempotency key")
+// Claim is Admit without a wallet.
+func (s *Bolt) Claim(ctx context.Context, key string, pendingTTL time.Duration) (ClaimState, []byte, error) {
+	a, err := s.Admit(ctx, key, pendingTTL, "", Debit{})
+	if err != nil {
+		return 0, nil, err
 	}
-	var state ClaimState
-	var value []byte
-	err := s.update(func(tx *bolt.Tx) error {
-		state, value = 0, nil
-		b := tx.Bucket(bucketIdem)
-		now := s.now()
-		if st, v, ok := decodeIdem(b.Get([]byte(key)), now); ok {
-			state, value = st, v
-			return nil
-		}
-		var exp time.Time
-		if pendingTTL > 0 {
-			exp = now.Add(pendingTTL)
-		}
-		state = Claimed
-		return b.Put([]byte(key), encodeIdem(Pending, exp, nil))
-	})
-	return state, value, err
+	return a.State, a.Value, nil
 }
 
 // Admit is Claim and Debit in one write transaction (one fsync instead of two).

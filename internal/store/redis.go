@@ -549,19 +549,6 @@ const (
 	idemDone    = "D"
 )
 
-// claimScript sets the pending marker if the key is free (SET NX, with PX when ttl > 0) and
-// replies nil; otherwise it replies with the record there. KEYS: idem. ARGV: ttl in ms.
-var claimScript = redis.NewScript(`
-local ok
-if tonumber(ARGV[1]) > 0 then
-  ok = redis.call('SET', KEYS[1], 'P', 'NX', 'PX', ARGV[1])
-else
-  ok = redis.call('SET', KEYS[1], 'P', 'NX')
-end
-if ok then return false end
-return redis.call('GET', KEYS[1])
-`)
-
 // releaseScript deletes the record only while it is pending: a done record is never released.
 var releaseScript = redis.NewScript(`
 local v = redis.call('GET', KEYS[1])
@@ -587,28 +574,19 @@ func decodeIdemRecord(v string) (ClaimState, []byte, error) {
 	return 0, nil, fmt.Errorf("unrecognised idempotency record %.16q", v)
 }
 
+// Claim is Admit without a wallet: the same script, one round trip.
 func (s *Redis) Claim(ctx context.Context, key string, pendingTTL time.Duration) (ClaimState, []byte, error) {
-	if key == "" {
-		return 0, nil, fmt.Errorf("store: empty idempotency key")
-	}
-	v, err := claimScript.Run(ctx, s.rdb, []string{s.key("idem", key)}, ttlMillis(pendingTTL)).Text()
-	if errors.Is(err, redis.Nil) {
-		return Claimed, nil, nil
-	}
+	a, err := s.Admit(ctx, key, pendingTTL, "", Debit{})
 	if err != nil {
-		return 0, nil, s.errf("claim %q: %w", key, err)
+		return 0, nil, err
 	}
-	st, val, err := decodeIdemRecord(v)
-	if err != nil {
-		return 0, nil, s.errf("claim %q: %w", key, err)
-	}
-	return st, val, nil
+	return a.State, a.Value, nil
 }
 
-// Complete is one SET: it replaces the pending marker, and SET without KEEPTTL drops the
-// marker's expiry, so ttl <= 0 keeps the result forever.
-// admitScript is claimScript and then, only for a fresh claim with a wallet key, debit: one
-// round trip per hop instead of two. A negative usd is refused before anything is written.
+// admitScript sets the pending marker if the key is free (SET NX, with PX when ttl > 0) and
+// then, only for that fresh claim and only with a wallet key, runs debit: the runner's
+// claim and hop debit in one round trip instead of two (Claim is this script without a
+// wallet). A negative usd is refused before anything is written.
 // KEYS: idem[, wallet]. ARGV: ttl ms, hops, revisions, usd, requireMoney.
 // Reply: {"held", record} | {"claimed"} | {"claimed", debit's reply...}.
 var admitScript = redis.NewScript(debitLua + `
@@ -640,16 +618,16 @@ func (s *Redis) Admit(ctx context.Context, key string, pendingTTL time.Duration,
 	}
 	res, err := admitScript.Run(ctx, s.rdb, keys, ttlMillis(pendingTTL), d.Hops, d.Revisions, d.USDMicros, require).StringSlice()
 	if err != nil {
-		return Admission{}, s.errf("admit %q: %w", key, err)
+		return Admission{}, s.errf("claim %q: %w", key, err)
 	}
 	bad := func() (Admission, error) {
-		return Admission{}, s.errf("admit %q: unexpected script reply %q", key, res)
+		return Admission{}, s.errf("claim %q: unexpected script reply %q", key, res)
 	}
 	switch {
 	case len(res) == 2 && res[0] == "held":
 		st, val, err := decodeIdemRecord(res[1])
 		if err != nil {
-			return Admission{}, s.errf("admit %q: %w", key, err)
+			return Admission{}, s.errf("claim %q: %w", key, err)
 		}
 		return Admission{State: st, Value: val}, nil
 	case len(res) == 1 && res[0] == "negative":
@@ -667,7 +645,7 @@ func (s *Redis) Admit(ctx context.Context, key string, pendingTTL time.Duration,
 		}
 		w, err := parseBudget(res[2:])
 		if err != nil {
-			return Admission{}, s.errf("admit %q: wallet %s: %w", key, walletID, err)
+			return Admission{}, s.errf("claim %q: wallet %s: %w", key, walletID, err)
 		}
 		a.Wallet = w
 		if res[1] == "ok" {
@@ -683,6 +661,8 @@ func (s *Redis) Admit(ctx context.Context, key string, pendingTTL time.Duration,
 	return a, nil
 }
 
+// Complete is one SET: it replaces the pending marker, and SET without KEEPTTL drops the
+// marker's expiry, so ttl <= 0 keeps the result forever.
 func (s *Redis) Complete(ctx context.Context, key string, value []byte, ttl time.Duration) error {
 	rec := make([]byte, 0, len(idemDone)+len(value))
 	rec = append(append(rec, idemDone...), value...)
