@@ -24,7 +24,6 @@ import (
 	"github.com/handoffhq/handoff/internal/stack"
 	"github.com/handoffhq/handoff/internal/traceparent"
 	"github.com/handoffhq/handoff/services/agentrunner"
-	"github.com/handoffhq/handoff/services/agentrunner/support"
 )
 
 // relay is a small pipeline for scripted agents: draft, judge (revise draft), writeback.
@@ -115,21 +114,16 @@ func (w tlog) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// start runs the stack with the relay pipeline and scripted agents, or with the shipped
-// support pipeline and agents when judge is nil.
-func start(t *testing.T, maxHops, maxRevisions int, verdicts []handoffv1.Verdict, tamper func(*handoffv1.HandoffPackage)) *env {
+// startStack starts the platform from cfg on loopback: free ports, t's temp folder unless
+// cfg.DataDir is set, warnings in the test log. It returns it with a coordinator client.
+func startStack(t *testing.T, cfg stack.Config) (*stack.Stack, handoffv1.CoordinatorServiceClient) {
 	t.Helper()
-	e := &env{defaultBudget: &handoffv1.Budget{UsdRemainingMicros: 1_000_000}}
-	cfg := stack.Config{DataDir: t.TempDir(), CoordinatorAddr: "127.0.0.1:0", RunnerAddr: "127.0.0.1:0", WritebackAddr: "127.0.0.1:0", Tamper: tamper, Logger: testLogger(t)}
-	if verdicts != nil {
-		p, problems, err := pipeline.Parse("relay.yaml", []byte(fmt.Sprintf(relay, maxHops, maxRevisions)))
-		if err != nil || pipeline.HasErrors(problems) {
-			t.Fatalf("relay pipeline: %v %v", err, problems)
-		}
-		e.draft = &recorder{name: "draft", spend: 100_000}
-		e.judge = &recorder{name: "judge", spend: 50_000, verdicts: verdicts}
-		cfg.Pipelines = map[string]*pipeline.Pipeline{p.Name: p}
-		cfg.Agents = []agentrunner.Agent{e.draft, e.judge}
+	if cfg.DataDir == "" {
+		cfg.DataDir = t.TempDir()
+	}
+	cfg.CoordinatorAddr, cfg.RunnerAddr, cfg.WritebackAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
+	if cfg.Logger == nil {
+		cfg.Logger = testLogger(t)
 	}
 	st, err := stack.Start(context.Background(), cfg)
 	if err != nil {
@@ -140,11 +134,33 @@ func start(t *testing.T, maxHops, maxRevisions int, verdicts []handoffv1.Verdict
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.st, e.client = st, handoffv1.NewCoordinatorServiceClient(cc)
-	e.input, err = st.Artifacts.Put(context.Background(), artifact.Ref{JobID: "tkt_1", Stage: "submit", Type: "raw_ticket", SchemaVersion: "raw_ticket.v1", MediaType: "application/json"}, support.SampleTicket())
-	if err != nil {
-		t.Fatal(err)
+	return st, handoffv1.NewCoordinatorServiceClient(cc)
+}
+
+// relayPipeline is the relay pipeline (draft, judge, writeback) with these caps.
+func relayPipeline(t *testing.T, maxHops, maxRevisions int) map[string]*pipeline.Pipeline {
+	t.Helper()
+	p, problems, err := pipeline.Parse("relay.yaml", []byte(fmt.Sprintf(relay, maxHops, maxRevisions)))
+	if err != nil || pipeline.HasErrors(problems) {
+		t.Fatalf("relay pipeline: %v %v", err, problems)
 	}
+	return map[string]*pipeline.Pipeline{p.Name: p}
+}
+
+// start runs the stack with the relay pipeline and scripted agents, or with the shipped
+// support pipeline and agents when verdicts is nil.
+func start(t *testing.T, maxHops, maxRevisions int, verdicts []handoffv1.Verdict, tamper func(*handoffv1.HandoffPackage)) *env {
+	t.Helper()
+	e := &env{defaultBudget: &handoffv1.Budget{UsdRemainingMicros: 1_000_000}}
+	cfg := stack.Config{Tamper: tamper}
+	if verdicts != nil {
+		e.draft = &recorder{name: "draft", spend: 100_000}
+		e.judge = &recorder{name: "judge", spend: 50_000, verdicts: verdicts}
+		cfg.Pipelines = relayPipeline(t, maxHops, maxRevisions)
+		cfg.Agents = []agentrunner.Agent{e.draft, e.judge}
+	}
+	e.st, e.client = startStack(t, cfg)
+	e.input = mustInput(t, e.st)
 	return e
 }
 

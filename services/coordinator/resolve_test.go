@@ -13,7 +13,6 @@ import (
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/artifact"
-	"github.com/handoffhq/handoff/internal/pipeline"
 	"github.com/handoffhq/handoff/internal/stack"
 	"github.com/handoffhq/handoff/services/agentrunner"
 	"github.com/handoffhq/handoff/services/agentrunner/support"
@@ -25,24 +24,10 @@ const opToken = "s3cret-operator-token"
 func startOp(t *testing.T, maxRevisions int, verdicts []handoffv1.Verdict) *env {
 	t.Helper()
 	e := &env{defaultBudget: &handoffv1.Budget{UsdRemainingMicros: 1_000_000}}
-	p, problems, err := pipeline.Parse("relay.yaml", []byte(fmt.Sprintf(relay, 20, maxRevisions)))
-	if err != nil || pipeline.HasErrors(problems) {
-		t.Fatalf("relay pipeline: %v %v", err, problems)
-	}
 	e.draft = &recorder{name: "draft", spend: 100_000}
 	e.judge = &recorder{name: "judge", spend: 50_000, verdicts: verdicts}
-	st, err := stack.Start(context.Background(), stack.Config{DataDir: t.TempDir(), CoordinatorAddr: "127.0.0.1:0", RunnerAddr: "127.0.0.1:0", WritebackAddr: "127.0.0.1:0",
-		Logger: testLogger(t), Pipelines: map[string]*pipeline.Pipeline{p.Name: p}, Agents: []agentrunner.Agent{e.draft, e.judge}, OperatorToken: opToken})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
-	cc, err := st.Dial(st.CoordinatorAddr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.st, e.client = st, handoffv1.NewCoordinatorServiceClient(cc)
-	e.input = mustInput(t, st)
+	e.st, e.client = startStack(t, stack.Config{Pipelines: relayPipeline(t, 20, maxRevisions), Agents: []agentrunner.Agent{e.draft, e.judge}, OperatorToken: opToken})
+	e.input = mustInput(t, e.st)
 	return e
 }
 

@@ -10,10 +10,8 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
-	"github.com/handoffhq/handoff/internal/artifact"
 	"github.com/handoffhq/handoff/internal/stack"
 	"github.com/handoffhq/handoff/internal/traceparent"
-	"github.com/handoffhq/handoff/services/agentrunner/support"
 )
 
 // TestOneTracePerJob runs the support job with an in-memory span exporter and checks that
@@ -24,19 +22,9 @@ func TestOneTracePerJob(t *testing.T) {
 	exp := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
 	t.Cleanup(func() { tp.Shutdown(context.Background()) })
-	st, err := stack.Start(context.Background(), stack.Config{DataDir: t.TempDir(), CoordinatorAddr: "127.0.0.1:0", RunnerAddr: "127.0.0.1:0", WritebackAddr: "127.0.0.1:0", TracerProvider: tp, Logger: testLogger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
-	cc, err := st.Dial(st.CoordinatorAddr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &env{st: st, client: handoffv1.NewCoordinatorServiceClient(cc), defaultBudget: &handoffv1.Budget{UsdRemainingMicros: 1_000_000}}
-	if e.input, err = st.Artifacts.Put(context.Background(), artifact.Ref{JobID: "tkt_1", Stage: "submit", Type: "raw_ticket", SchemaVersion: "raw_ticket.v1", MediaType: "application/json"}, support.SampleTicket()); err != nil {
-		t.Fatal(err)
-	}
+	e := &env{defaultBudget: &handoffv1.Budget{UsdRemainingMicros: 1_000_000}}
+	e.st, e.client = startStack(t, stack.Config{TracerProvider: tp})
+	e.input = mustInput(t, e.st)
 	job, _ := e.submit(t, "support-ticket", "tkt_1", "", e.defaultBudget)
 	if job.GetState() != handoffv1.JobState_JOB_STATE_COMPLETED {
 		t.Fatalf("job %s: %v", job.GetState(), job.GetEscalation())

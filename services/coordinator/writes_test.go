@@ -11,13 +11,10 @@ import (
 	"time"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
-	"github.com/handoffhq/handoff/internal/artifact"
 	"github.com/handoffhq/handoff/internal/demo"
-	"github.com/handoffhq/handoff/internal/pipeline"
 	"github.com/handoffhq/handoff/internal/stack"
 	"github.com/handoffhq/handoff/internal/store"
 	"github.com/handoffhq/handoff/services/agentrunner"
-	"github.com/handoffhq/handoff/services/agentrunner/support"
 )
 
 // writeLog records the writes the platform makes to its store.
@@ -75,34 +72,15 @@ func TestStepWritesOutcomeWithState(t *testing.T) {
 	}
 	t.Cleanup(func() { bolt.Close() })
 	wl := &writeLog{Store: bolt}
-	p, problems, err := pipeline.Parse("relay.yaml", []byte(fmt.Sprintf(relay, 10, 2)))
-	if err != nil || pipeline.HasErrors(problems) {
-		t.Fatalf("relay pipeline: %v %v", err, problems)
-	}
 	draft := &recorder{name: "draft"} // spends nothing
 	judge := &recorder{name: "judge", spend: 50_000, verdicts: []handoffv1.Verdict{handoffv1.Verdict_VERDICT_PASS}}
-	st, err := stack.Start(context.Background(), stack.Config{
-		DataDir: dir, Store: wl, CoordinatorAddr: "127.0.0.1:0", RunnerAddr: "127.0.0.1:0", WritebackAddr: "127.0.0.1:0",
-		Logger: testLogger(t), Pipelines: map[string]*pipeline.Pipeline{p.Name: p}, Agents: []agentrunner.Agent{draft, judge},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
-	cc, err := st.Dial(st.CoordinatorAddr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	client := handoffv1.NewCoordinatorServiceClient(cc)
+	st, client := startStack(t, stack.Config{DataDir: dir, Store: wl, Pipelines: relayPipeline(t, 10, 2), Agents: []agentrunner.Agent{draft, judge}})
 	ctx := context.Background()
-	in, err := st.Artifacts.Put(ctx, artifact.Ref{JobID: "tkt_w", Stage: "submit", Type: "raw_ticket", SchemaVersion: "raw_ticket.v1", MediaType: "application/json"}, support.SampleTicket())
-	if err != nil {
-		t.Fatal(err)
-	}
+	in := mustInput(t, st)
 	wl.mu.Lock()
 	wl.writes = nil
 	wl.mu.Unlock()
-	resp, err := client.SubmitJob(ctx, &handoffv1.SubmitJobRequest{JobId: "tkt_w", Pipeline: "relay", Goal: "Draft a triage note",
+	resp, err := client.SubmitJob(ctx, &handoffv1.SubmitJobRequest{JobId: "tkt_1", Pipeline: "relay", Goal: "Draft a triage note",
 		Budget: &handoffv1.Budget{UsdRemainingMicros: 1_000_000}, Inputs: []*handoffv1.Artifact{in}})
 	if err != nil {
 		t.Fatal(err)
