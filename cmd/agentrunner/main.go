@@ -51,7 +51,7 @@ func (m *multi) Set(v string) error { *m = append(*m, v); return nil }
 
 type settings struct {
 	listen, metricsListen, storeSpec, artifactsDir string
-	stageTimeout, resultTTL                        time.Duration
+	stageTimeout, resultTTL, storeWait             time.Duration
 	llmStages, llmBaseURL, llmModel                string
 	llmPrice                                       int
 	execAgents                                     multi
@@ -75,6 +75,7 @@ func parse(args []string) (*settings, error) {
 	b.String(&s.storeSpec, "store", "HANDOFF_STORE", "./handoff-data/agentrunner.db",
 		"stage-completion records and wallets: a bbolt file, or redis://[:password@]host:port[/db][?prefix=P] to share them between processes")
 	b.String(&s.artifactsDir, "artifacts", "HANDOFF_ARTIFACTS", "./handoff-data/artifacts", "artifact folder, shared with the other services")
+	b.Duration(&s.storeWait, "store-wait", "HANDOFF_STORE_WAIT", 60*time.Second, "at start-up, how long to keep trying a Redis store that does not answer yet (0: fail at once)")
 	b.Duration(&s.stageTimeout, "stage-timeout", "HANDOFF_STAGE_TIMEOUT", agentrunner.DefaultStageTimeout, "bound on one agent run")
 	b.Duration(&s.resultTTL, "result-ttl", "HANDOFF_RESULT_TTL", 0, "how long stage-completion records are kept, 0 = forever")
 	b.String(&s.llmStages, "llm-stages", "HANDOFF_LLM_STAGES", "", "comma-separated support stages served by an OpenAI-compatible model instead of the built-in agents")
@@ -121,7 +122,7 @@ func run(args []string, log *slog.Logger) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	st, err := store.OpenURL(ctx, s.storeSpec)
+	st, err := store.OpenURLWait(ctx, s.storeSpec, s.storeWait, store.LogRetries(log, s.storeSpec))
 	if err != nil {
 		return fmt.Errorf("--store: %w", err)
 	}

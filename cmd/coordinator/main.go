@@ -35,7 +35,7 @@ import (
 type settings struct {
 	listen, store, runner, writeback, pipelines, metrics string
 	hopTimeout, hopRetryFor, leaseTTL, drainTimeout      time.Duration
-	healthInterval                                       time.Duration
+	healthInterval, storeWait                            time.Duration
 	security                                             rpc.Security
 }
 
@@ -64,6 +64,7 @@ func parse(args []string) (*settings, error) {
 	b.Duration(&s.hopRetryFor, "hop-retry-for", "HANDOFF_HOP_RETRY_FOR", 3*time.Minute, "keep retrying a hop whose peer is down or whose claim is held this long before the run fails or escalates; longer than the runner's claim TTL and the writeback's --pending-ttl")
 	b.Duration(&s.leaseTTL, "lease-ttl", "HANDOFF_LEASE_TTL", 10*time.Second, "run lease: another replica takes a dead replica's runs over about this long after it died")
 	b.Duration(&s.drainTimeout, "drain-timeout", "HANDOFF_DRAIN_TIMEOUT", 30*time.Second, "on SIGTERM, how long hops in flight may take to finish before they are cut")
+	b.Duration(&s.storeWait, "store-wait", "HANDOFF_STORE_WAIT", 60*time.Second, "at start-up, how long to keep trying a Redis store that does not answer yet (0: fail at once)")
 	b.Duration(&s.healthInterval, "health-interval", "HANDOFF_HEALTH_INTERVAL", time.Second, "how often the store is pinged; health is NOT_SERVING while the ping fails")
 	s.security.Bind(b)
 	if err := b.Parse(args); err != nil {
@@ -112,7 +113,7 @@ func run(args []string, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	st, err := store.OpenURL(ctx, s.store)
+	st, err := store.OpenURLWait(ctx, s.store, s.storeWait, store.LogRetries(log, s.store))
 	if err != nil {
 		return fmt.Errorf("--store: %w", err)
 	}

@@ -59,6 +59,7 @@ type config struct {
 	webhookTimeout time.Duration
 	pendingTTL     time.Duration
 	receiptTTL     time.Duration
+	storeWait      time.Duration
 	metricsListen  string // "" = no metrics endpoint
 	security       rpc.Security
 }
@@ -118,6 +119,7 @@ func parseConfig(args []string, getenv func(string) string, out io.Writer) (conf
 		webhookTimeout string
 		pendingTTL     string
 		receiptTTL     string
+		storeWait      string
 	)
 	fs.StringVar(&cfg.listen, "listen", env("HANDOFF_WRITEBACK_LISTEN", "127.0.0.1:50053"), "gRPC listen address host:port (env HANDOFF_WRITEBACK_LISTEN)")
 	fs.StringVar(&cfg.storePath, "store", env("HANDOFF_STORE", "./handoff-data/writeback.db"), "receipts and the demo ledger: a bbolt file, or redis://[:password@]host:port[/db][?prefix=P] to share them between processes (env HANDOFF_STORE)")
@@ -127,6 +129,7 @@ func parseConfig(args []string, getenv func(string) string, out io.Writer) (conf
 	fs.StringVar(&webhookTimeout, "webhook-timeout", env("HANDOFF_WEBHOOK_TIMEOUT", writeback.DefaultWebhookTimeout.String()), "timeout of one webhook POST (env HANDOFF_WEBHOOK_TIMEOUT)")
 	fs.StringVar(&pendingTTL, "pending-ttl", env("HANDOFF_WRITEBACK_PENDING_TTL", writeback.DefaultPendingTTL.String()), "how long an in-flight write blocks other callers of its key (env HANDOFF_WRITEBACK_PENDING_TTL)")
 	fs.StringVar(&receiptTTL, "receipt-ttl", env("HANDOFF_WRITEBACK_RECEIPT_TTL", "0"), "how long receipts are kept, 0 = forever; a repeat after expiry writes again (env HANDOFF_WRITEBACK_RECEIPT_TTL)")
+	fs.StringVar(&storeWait, "store-wait", env("HANDOFF_STORE_WAIT", "60s"), "at start-up, how long to keep trying a Redis store that does not answer yet, 0 = fail at once (env HANDOFF_STORE_WAIT)")
 	fs.StringVar(&cfg.metricsListen, "metrics-listen", env("HANDOFF_METRICS_LISTEN", ""), "serve Prometheus metrics on http://host:port/metrics; empty = off (env HANDOFF_METRICS_LISTEN)")
 	b := hconfig.New(fs)
 	cfg.security.Bind(b)
@@ -160,6 +163,7 @@ func parseConfig(args []string, getenv func(string) string, out io.Writer) (conf
 		{"--webhook-timeout", webhookTimeout, &cfg.webhookTimeout, time.Millisecond},
 		{"--pending-ttl", pendingTTL, &cfg.pendingTTL, time.Second},
 		{"--receipt-ttl", receiptTTL, &cfg.receiptTTL, 0},
+		{"--store-wait", storeWait, &cfg.storeWait, 0},
 	}
 	for _, d := range durations {
 		v, err := time.ParseDuration(d.raw)
@@ -212,7 +216,7 @@ func serve(ctx context.Context, cfg config, tr transport, base *slog.Logger, rea
 		}
 	}()
 
-	st, err := store.OpenURL(ctx, cfg.storePath)
+	st, err := store.OpenURLWait(ctx, cfg.storePath, cfg.storeWait, store.LogRetries(log, cfg.storePath))
 	if err != nil {
 		return fmt.Errorf("--store: %w", err)
 	}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"maps"
 	"net"
 	"net/url"
@@ -12,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -57,6 +60,61 @@ func OpenURL(ctx context.Context, spec string) (Store, error) {
 		return nil, fmt.Errorf("%q: %w", Redact(spec), err)
 	}
 	return st, nil
+}
+
+// OpenURLWait is OpenURL for a service that is starting: while a Redis store does not answer
+// (refused, reset, timed out: it may be starting or restarting with the rest of the
+// deployment), it tries again, pausing 200 ms doubling up to 5 s, until wait has passed since
+// the first attempt or ctx ends; then the last error is returned. retrying, when set, is
+// told each failure and the pause before the next attempt (for the log). A setting that
+// cannot work fails at once: a bad URL, a Redis that answers with an error (a wrong
+// password, a missing database), a bbolt file. wait <= 0 is OpenURL.
+func OpenURLWait(ctx context.Context, spec string, wait time.Duration, retrying func(err error, pause time.Duration)) (Store, error) {
+	deadline := time.Now().Add(wait)
+	pause := 200 * time.Millisecond
+	for {
+		st, err := OpenURL(ctx, spec)
+		if err == nil || wait <= 0 || !unreachable(err) || ctx.Err() != nil {
+			return st, err
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return nil, fmt.Errorf("%w (still unreachable after waiting %s)", err, wait)
+		}
+		pause = min(pause, left)
+		if retrying != nil {
+			retrying(err, pause)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w (gave up waiting: %w)", err, ctx.Err())
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, 5*time.Second)
+	}
+}
+
+// LogRetries is an OpenURLWait retrying function that logs each failed attempt as a warning.
+func LogRetries(log *slog.Logger, spec string) func(err error, pause time.Duration) {
+	return func(err error, pause time.Duration) {
+		log.Warn("store not reachable yet; trying again", "store", Redact(spec), "in", pause.String(), "err", err)
+	}
+}
+
+// unreachable reports whether err says the store could not be reached, as opposed to a
+// store that answered with a refusal or a setting that is wrong.
+func unreachable(err error) bool {
+	var ne net.Error
+	var oe *net.OpError
+	switch {
+	case errors.As(err, &oe), errors.As(err, &ne):
+		return true
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, syscall.ECONNREFUSED),
+		errors.Is(err, syscall.ECONNRESET), errors.Is(err, context.DeadlineExceeded):
+		return true
+	}
+	// A Redis that is loading its data set answers LOADING until it is ready.
+	return strings.Contains(err.Error(), "LOADING")
 }
 
 // ParseURL checks a --store setting (see OpenURL) without opening anything: for a redis://
