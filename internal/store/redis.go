@@ -32,8 +32,9 @@ package store
 // Atomicity. Each operation that reads and then writes, or touches several keys, is one Lua
 // script (EVALSHA, falling back to EVAL when the server has not cached it), which Redis runs
 // with nothing interleaved, so concurrent callers in different processes cannot race. Where
-// one command is already atomic it is used alone: PutRun is SET XX, Complete is SET,
-// AppendLedger is RPUSH (whose reply is the new length, i.e. the sequence number).
+// one command is already atomic it is used alone: PutRun without events is SET XX, Complete
+// is SET, AppendLedger is RPUSH (whose reply is the new length, i.e. the sequence number).
+// The agent runner's hop is Admit (claim + wallet debit, one script) and Complete.
 //
 // Scripts name all their keys in KEYS. On Redis Cluster they still need every key in one
 // slot: use a prefix with a hash tag, such as "{handoff}:".
