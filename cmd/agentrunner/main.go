@@ -60,6 +60,7 @@ type settings struct {
 
 func main() {
 	log := slog.New(telemetry.LogHandler(slog.NewJSONHandler(os.Stderr, nil)))
+	store.RouteRedisLogs(log)
 	if err := run(os.Args[1:], log); err != nil {
 		fmt.Fprintln(os.Stderr, "agentrunner:", err)
 		os.Exit(1)

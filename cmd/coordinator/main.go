@@ -41,6 +41,7 @@ type settings struct {
 
 func main() {
 	log := slog.New(telemetry.LogHandler(slog.NewJSONHandler(os.Stderr, nil)))
+	store.RouteRedisLogs(log)
 	if err := run(os.Args[1:], log); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return

@@ -93,6 +93,7 @@ func run(args []string, getenv func(string) string, stderr io.Writer) int {
 		return 2
 	}
 	log := slog.New(telemetry.LogHandler(slog.NewJSONHandler(stderr, nil)))
+	store.RouteRedisLogs(log)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := serve(ctx, cfg, transport{creds, unary, stream}, log, nil); err != nil {
