@@ -36,7 +36,9 @@ func (s *syncBuffer) String() string {
 func TestRouteRedisLogs(t *testing.T) {
 	var buf syncBuffer
 	store.RouteRedisLogs(slog.New(slog.NewJSONHandler(&buf, nil)).With("service", "test"))
-	t.Cleanup(func() { store.RouteRedisLogs(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))) })
+	t.Cleanup(func() {
+		store.RouteRedisLogs(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	})
 
 	if _, err := store.OpenRedis(context.Background(), store.RedisOptions{Addr: freeAddr(t)}); err == nil {
 		t.Fatal("OpenRedis of an address nothing listens on succeeded")
