@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -479,7 +478,8 @@ func (s *Server) eventAsync(ctx context.Context, job *handoffv1.Job, ev *handoff
 }
 
 // later stamps an event like event, but writes it with the run's next save (save, finish),
-// in the same store write as the state it led to: a hop's outcome is then one write
+// in the same store write as the state it led to, or drops it when the step fails before
+// that save (dropUnsaved): a hop's outcome is then one write
 // instead of one per event, and a crash cannot keep the events without the state or the
 // state without the events. Events a watcher should see before a slow call (the package
 // sent to an agent) go through event instead.
@@ -499,25 +499,12 @@ func (s *Server) takePending(runID string) []*handoffv1.JobEvent {
 	return evs
 }
 
-// putBackPending returns events a failed save did not write, ahead of any added since.
-func (s *Server) putBackPending(runID string, evs []*handoffv1.JobEvent) {
-	if len(evs) == 0 {
-		return
-	}
-	s.mu.Lock()
-	s.pending[runID] = append(evs, s.pending[runID]...)
-	s.mu.Unlock()
-}
-
-// dropPending removes ev from the run's waiting events.
-func (s *Server) dropPending(runID string, ev *handoffv1.JobEvent) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	evs := slices.DeleteFunc(s.pending[runID], func(e *handoffv1.JobEvent) bool { return e == ev })
-	if len(evs) == 0 {
-		delete(s.pending, runID)
-	} else {
-		s.pending[runID] = evs
+// dropUnsaved drops the run's waiting events after a step that did not save: the step is
+// repeated from the run's last saved state, and records its events again then.
+func (s *Server) dropUnsaved(runID string, why string) {
+	if evs := s.takePending(runID); len(evs) > 0 {
+		s.log.Warn("events of a step that was not saved are dropped; the step is repeated from the saved run",
+			"run_id", runID, "events", len(evs), "why", why)
 	}
 }
 

@@ -60,6 +60,7 @@ func (s *Server) run(ctx context.Context, runID string, l *lease) error {
 			continue
 		}
 		job = nil
+		s.dropUnsaved(runID, err.Error())
 		if ctx.Err() != nil {
 			return context.Cause(ctx)
 		}
@@ -413,12 +414,17 @@ func failureReasons(ev *handoffv1.Evaluator) []*handoffv1.Reason {
 }
 
 // save writes the run together with its waiting events (later). When the write fails, the
-// events wait for the next save, ahead of newer ones.
+// events are dropped with the state they belong to.
 func (s *Server) save(ctx context.Context, job *handoffv1.Job) error {
 	job.UpdatedAt = timestamppb.New(s.opts.Now())
 	evs := s.takePending(job.GetRunId())
 	if err := s.opts.Store.PutRun(ctx, job, evs...); err != nil {
-		s.putBackPending(job.GetRunId(), evs)
+		// Neither the state nor its events were written: the step will be repeated from the
+		// last saved state and record them again, so they are not kept for a later save.
+		if len(evs) > 0 {
+			s.log.Warn("events of a step that was not saved are dropped; the step is repeated from the saved run",
+				"run_id", job.GetRunId(), "events", len(evs), "why", err.Error())
+		}
 		return fmt.Errorf("save run %s: %w", job.GetRunId(), err)
 	}
 	if len(evs) > 0 {
@@ -453,9 +459,8 @@ func (s *Server) finish(ctx context.Context, job *handoffv1.Job, state handoffv1
 	default:
 		ev.Kind = handoffv1.EventKind_EVENT_KIND_FAILED
 	}
-	s.later(job, ev) // the terminal state and its event in one write
+	s.later(job, ev) // the terminal state and its event in one write, or neither
 	if err := s.save(ctx, job); err != nil {
-		s.dropPending(job.GetRunId(), ev) // no terminal event without the terminal state
 		return err
 	}
 	s.log.Info("job ended", "run_id", job.GetRunId(), "job_id", job.GetJobId(), "state", state.String(), "stage", job.GetStage(), "detail", detail,

@@ -164,11 +164,9 @@ func (s *Server) drive(ctx context.Context, runID string) (bool, error) {
 		kept := make(chan struct{})
 		go func() { defer close(kept); l.keep(dctx, lose, runID) }()
 		err := s.run(dctx, runID, l)
-		if evs := s.takePending(runID); len(evs) > 0 {
-			// Events of a hop whose state was never saved: whoever drives the run next
-			// repeats that hop from the last saved state and records it again.
-			s.log.Warn("driver stopped with unsaved events; they are dropped", "run_id", runID, "events", len(evs))
-		}
+		// Events of a hop whose state was never saved: whoever drives the run next repeats
+		// that hop from the last saved state and records it again.
+		s.dropUnsaved(runID, "driver stopped")
 		lost := errors.Is(context.Cause(dctx), errLeaseLost) || errors.Is(err, errLeaseLost)
 		lose(nil)
 		<-kept

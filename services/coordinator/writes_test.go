@@ -2,11 +2,13 @@ package coordinator_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,8 +22,9 @@ import (
 // writeLog records the writes the platform makes to its store.
 type writeLog struct {
 	store.Store
-	mu     sync.Mutex
-	writes []string
+	mu       sync.Mutex
+	writes   []string
+	failPuts atomic.Int32 // refuse this many saves that carry events
 }
 
 func (w *writeLog) add(s string) {
@@ -31,6 +34,9 @@ func (w *writeLog) add(s string) {
 }
 
 func (w *writeLog) PutRun(ctx context.Context, j *handoffv1.Job, evs ...*handoffv1.JobEvent) error {
+	if len(evs) > 0 && w.failPuts.Add(-1) >= 0 {
+		return errors.New("writeLog: save refused")
+	}
 	var ks []string
 	for _, ev := range evs {
 		ks = append(ks, strings.TrimPrefix(ev.GetKind().String(), "EVENT_KIND_"))
@@ -110,5 +116,41 @@ func TestStepWritesOutcomeWithState(t *testing.T) {
 	}
 	if !slices.Equal(got, want) {
 		t.Fatalf("store writes\n got %v\nwant %v", got, want)
+	}
+}
+
+// TestFailedSaveDropsItsEvents: when a hop's save fails, the events it learned are not kept
+// for later: the hop is repeated from the saved run (its re-delivery answered DUPLICATE) and
+// the timeline holds that repeat's outcome once, not a stale ACCEPTED from the failed one.
+func TestFailedSaveDropsItsEvents(t *testing.T) {
+	dir := t.TempDir()
+	bolt, err := store.Open(filepath.Join(dir, "w.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { bolt.Close() })
+	wl := &writeLog{Store: bolt}
+	wl.failPuts.Store(1) // the draft's save
+	draft := &recorder{name: "draft"}
+	judge := &recorder{name: "judge", verdicts: []handoffv1.Verdict{handoffv1.Verdict_VERDICT_PASS}}
+	st, client := startStack(t, stack.Config{DataDir: dir, Store: wl, Pipelines: relayPipeline(t, 10, 2), Agents: []agentrunner.Agent{draft, judge}})
+	ctx := context.Background()
+	resp, err := client.SubmitJob(ctx, &handoffv1.SubmitJobRequest{JobId: "tkt_1", Pipeline: "relay", Goal: "Draft a triage note",
+		Budget: &handoffv1.Budget{UsdRemainingMicros: 1_000_000}, Inputs: []*handoffv1.Artifact{mustInput(t, st)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs, err := demo.Watch(ctx, client, resp.GetJob().GetRunId(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"draft:SUBMITTED", "draft:PACKAGE_SENT", "draft:PACKAGE_SENT", "draft:ACK:DUPLICATE", "draft:STAGE_RESULT",
+		"judge:PACKAGE_SENT", "judge:ACK:ACCEPTED", "judge:STAGE_RESULT", "judge:VERDICT:PASS",
+		"writeback:PACKAGE_SENT", "writeback:ACK:ACCEPTED", "writeback:RECEIPT", "writeback:COMPLETED"}
+	if got := kinds(evs); !slices.Equal(got, want) {
+		t.Fatalf("timeline\n got %v\nwant %v", got, want)
+	}
+	if draft.calls() != 1 {
+		t.Fatalf("draft ran %d times; want 1 (the repeat is a DUPLICATE)", draft.calls())
 	}
 }
