@@ -24,6 +24,7 @@ var (
 	bucketIdem     = []byte("idem")     // key -> idemRecord
 	bucketLedger   = []byte("ledger")   // seq -> LedgerEntry (JSON)
 	bucketWallets  = []byte("wallets")  // wallet id -> Budget
+	bucketPaid     = []byte("paid")     // wallet id NUL idempotency key -> 1: Admit debited that hop
 )
 
 // Bolt is the embedded Store on one bbolt file. bbolt serialises write transactions, which
@@ -41,7 +42,7 @@ func Open(path string) (*Bolt, error) {
 		return nil, fmt.Errorf("open store %s: %w", path, err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketRuns, bucketRunIndex, bucketRequests, bucketEvents, bucketIdem, bucketLedger, bucketWallets} {
+		for _, b := range [][]byte{bucketRuns, bucketRunIndex, bucketRequests, bucketEvents, bucketIdem, bucketLedger, bucketWallets, bucketPaid} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
@@ -400,6 +401,12 @@ func (s *Bolt) Admit(_ context.Context, key string, pendingTTL time.Duration, wa
 		if err != nil {
 			return err
 		}
+		paid := tx.Bucket(bucketPaid)
+		paidKey := append(append([]byte(walletID), 0), key...)
+		if paid.Get(paidKey) != nil {
+			a.Debited, a.Paid, a.Wallet = true, true, cur
+			return nil
+		}
 		after, err := ApplyDebit(cur, d)
 		if errors.Is(err, ErrWalletEmpty) {
 			a.DebitErr, a.Wallet = ErrWalletEmpty, cur
@@ -410,6 +417,9 @@ func (s *Bolt) Admit(_ context.Context, key string, pendingTTL time.Duration, wa
 		}
 		data, err := proto.Marshal(after)
 		if err != nil {
+			return err
+		}
+		if err := paid.Put(paidKey, []byte{1}); err != nil {
 			return err
 		}
 		a.Debited, a.Wallet = true, after

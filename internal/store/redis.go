@@ -25,7 +25,8 @@ package store
 //	                             expiry replaces bbolt's stored deadline: an expired record
 //	                             is simply absent.
 //	wallet:<id>          hash    fields usd, revisions, hops: decimal integers, so the Debit
-//	                             script does exact integer arithmetic on them.
+//	                             script does exact integer arithmetic on them; and a field
+//	                             paid:<idempotency key> for each hop Admit debited from it.
 //	ledger               list    JSON {Key, Payload, At}; the element at index i is entry
 //	                             ledger-%06d of i+1 (append-only, like events).
 //
@@ -588,8 +589,10 @@ func (s *Redis) Claim(ctx context.Context, key string, pendingTTL time.Duration)
 // then, only for that fresh claim and only with a wallet key, runs debit: the runner's
 // claim and hop debit in one round trip instead of two (Claim is this script without a
 // wallet). A negative usd is refused before anything is written.
-// KEYS: idem[, wallet]. ARGV: ttl ms, hops, revisions, usd, requireMoney.
-// Reply: {"held", record} | {"claimed"} | {"claimed", debit's reply...}.
+// A debit marks the wallet hash with the field "paid:<key>", and a key found marked is not
+// debited again ({"claimed", "paid", usd, revisions, hops}): a wallet pays each key once.
+// KEYS: idem[, wallet]. ARGV: ttl ms, hops, revisions, usd, requireMoney, key.
+// Reply: {"held", record} | {"claimed"} | {"claimed", "paid", ...} | {"claimed", debit's reply...}.
 var admitScript = redis.NewScript(debitLua + `
 if KEYS[2] and ARGV[4]:sub(1, 1) == '-' then return {'negative'} end
 local ok
@@ -600,7 +603,13 @@ else
 end
 if not ok then return {'held', redis.call('GET', KEYS[1])} end
 if not KEYS[2] then return {'claimed'} end
+local paid = 'paid:' .. ARGV[6]
+if redis.call('HEXISTS', KEYS[2], paid) == 1 then
+  local w = redis.call('HMGET', KEYS[2], 'usd', 'revisions', 'hops')
+  return {'claimed', 'paid', w[1], w[2], w[3]}
+end
 local r = debit(KEYS[2], ARGV[2], ARGV[3], ARGV[4], ARGV[5])
+if r[1] == 'ok' then redis.call('HSET', KEYS[2], paid, '1') end
 table.insert(r, 1, 'claimed')
 return r
 `)
@@ -617,7 +626,7 @@ func (s *Redis) Admit(ctx context.Context, key string, pendingTTL time.Duration,
 	if d.RequireMoney {
 		require = "1"
 	}
-	res, err := admitScript.Run(ctx, s.rdb, keys, ttlMillis(pendingTTL), d.Hops, d.Revisions, d.USDMicros, require).StringSlice()
+	res, err := admitScript.Run(ctx, s.rdb, keys, ttlMillis(pendingTTL), d.Hops, d.Revisions, d.USDMicros, require, key).StringSlice()
 	if err != nil {
 		return Admission{}, s.errf("claim %q: %w", key, err)
 	}
@@ -640,7 +649,7 @@ func (s *Redis) Admit(ctx context.Context, key string, pendingTTL time.Duration,
 	}
 	a := Admission{State: Claimed}
 	switch res[1] {
-	case "ok", "empty":
+	case "ok", "empty", "paid":
 		if len(res) != 5 {
 			return bad()
 		}
@@ -649,9 +658,12 @@ func (s *Redis) Admit(ctx context.Context, key string, pendingTTL time.Duration,
 			return Admission{}, s.errf("claim %q: wallet %s: %w", key, walletID, err)
 		}
 		a.Wallet = w
-		if res[1] == "ok" {
+		switch res[1] {
+		case "ok":
 			a.Debited = true
-		} else {
+		case "paid":
+			a.Debited, a.Paid = true, true
+		default:
 			a.DebitErr = ErrWalletEmpty
 		}
 	case "notfound":

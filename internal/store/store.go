@@ -146,6 +146,10 @@ type Admission struct {
 	Value []byte
 	// Debited is true when the wallet was debited: Wallet is then what is left.
 	Debited bool
+	// Paid is true when this key had already been debited from this wallet by an earlier
+	// Admit whose claim was then released or lapsed (a retry after a crash or a timeout):
+	// nothing is taken again, Debited is true and Wallet is what the wallet holds.
+	Paid bool
 	// DebitErr says why a claimed key's wallet was not debited: ErrWalletEmpty (Wallet is
 	// then what the wallet holds, unchanged) or ErrNotFound (no such wallet; Wallet nil).
 	// Always nil when nothing was claimed or no wallet was named.
@@ -161,7 +165,8 @@ type Admitter interface {
 	// empty, debits d from wallet walletID as Debit does, atomically with the claim. A
 	// refused debit (empty or missing wallet) leaves the claim in place: the caller
 	// Releases it as after any other refusal. A key that is Pending or Done debits nothing,
-	// so a re-delivery is never charged twice.
+	// and a wallet is debited at most once per key (see Admission.Paid), so neither a
+	// re-delivery nor a retry after a released or lapsed claim is charged twice.
 	Admit(ctx context.Context, key string, pendingTTL time.Duration, walletID string, d Debit) (Admission, error)
 }
 

@@ -766,7 +766,8 @@ func (c *countingStore) Admit(ctx context.Context, key string, ttl time.Duration
 
 // TestHopStoreRoundTrips: an accepted delivery costs the store two calls, Admit (claim and
 // hop debit together) and Complete; a refused debit is Admit and Release, with the agent not
-// run; a re-delivery is charged nothing.
+// run; a re-delivery is charged nothing, and neither is a stage delivered again after its run
+// failed.
 func TestHopStoreRoundTrips(t *testing.T) {
 	st, err := store.Open(filepath.Join(t.TempDir(), "counted.db"))
 	if err != nil {
@@ -821,5 +822,30 @@ func TestHopStoreRoundTrips(t *testing.T) {
 	}
 	if w, _ := st.Wallet(ctx, "w-full"); w.GetHopsRemaining() != 2 {
 		t.Fatalf("w-full holds %d hops; want 2 (the duplicate is not charged)", w.GetHopsRemaining())
+	}
+
+	// A stage whose run failed (its claim released) and is delivered again is charged once.
+	var failOnce atomic.Bool
+	failOnce.Store(true)
+	flaky := &fake{card: agentrunner.RoleCard{Name: "review"}, run: func(ctx context.Context, in agentrunner.Input) (*handoffv1.StageResult, error) {
+		if failOnce.Swap(false) {
+			return nil, errors.New("model overloaded")
+		}
+		return writeOne(ctx, in)
+	}}
+	e2 := start(t, agentrunner.Options{Store: cs, Agents: []agentrunner.Agent{flaky}}, "")
+	p = pkg("review")
+	p.Budget.WalletId = "w-full"
+	for i, want := range []handoffv1.StageStatus{handoffv1.StageStatus_STAGE_STATUS_FAILED, handoffv1.StageStatus_STAGE_STATUS_COMPLETED} {
+		msgs, err := deliver(t, e2.client, &handoffv1.DeliverRequest{Package: p})
+		if err != nil || len(msgs) != 2 || msgs[1].GetResult().GetStatus() != want {
+			t.Fatalf("delivery %d of the flaky stage: %v, %v; want %s", i+1, msgs, err, want)
+		}
+		if got := msgs[0].GetAck().GetWallet().GetHopsRemaining(); got != 1 {
+			t.Fatalf("delivery %d: ack.wallet has %d hops; want 1 (one hop for the stage, however often it is delivered)", i+1, got)
+		}
+	}
+	if w, _ := st.Wallet(ctx, "w-full"); w.GetHopsRemaining() != 1 {
+		t.Fatalf("w-full holds %d hops after a failed and a repeated delivery of one stage; want 1", w.GetHopsRemaining())
 	}
 }

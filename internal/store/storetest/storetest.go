@@ -484,6 +484,34 @@ func testAdmit(t *testing.T, s store.Store) {
 	if a, err := s.Admit(ctx, "k4", time.Minute, "", hop); err != nil || a.State != store.Claimed || a.Debited || a.DebitErr != nil {
 		t.Fatalf("Admit without a wallet = %+v, %v; want claimed only", a, err)
 	}
+	// A key whose claim was released (or lapsed) after its debit is not charged again by
+	// the same wallet: the retry is claimed, reported paid, and the wallet is unchanged.
+	// Another wallet pays for the same key on its own.
+	for _, id := range []string{"w2", "w3"} {
+		if _, err := s.OpenWallet(ctx, id, &handoffv1.Budget{UsdRemainingMicros: 500, HopsRemaining: 5}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if a, err := s.Admit(ctx, "kp", time.Minute, "w2", hop); err != nil || !a.Debited || a.Paid || a.Wallet.GetHopsRemaining() != 4 {
+		t.Fatalf("first Admit of kp = %+v, %v; want debited to 4 hops", a, err)
+	}
+	if err := s.Release(ctx, "kp"); err != nil {
+		t.Fatal(err)
+	}
+	a, err = s.Admit(ctx, "kp", time.Minute, "w2", hop)
+	if err != nil || a.State != store.Claimed || !a.Debited || !a.Paid || a.DebitErr != nil || a.Wallet.GetHopsRemaining() != 4 {
+		t.Fatalf("Admit of kp after its release = %+v, %v; want claimed, already paid, still 4 hops", a, err)
+	}
+	if w, _ := s.Wallet(ctx, "w2"); w.GetHopsRemaining() != 4 {
+		t.Fatalf("w2 holds %d hops after a retried key; want 4 (charged once)", w.GetHopsRemaining())
+	}
+	if err := s.Release(ctx, "kp"); err != nil {
+		t.Fatal(err)
+	}
+	if a, err := s.Admit(ctx, "kp", time.Minute, "w3", hop); err != nil || !a.Debited || a.Paid || a.Wallet.GetHopsRemaining() != 4 {
+		t.Fatalf("Admit of kp from another wallet = %+v, %v; want a debit of its own", a, err)
+	}
+
 	// A debit that would add money is refused before anything is written.
 	if _, err := s.Admit(ctx, "k5", time.Minute, "w", store.Debit{USDMicros: -1}); err == nil {
 		t.Fatal("Admit with a negative debit: no error")
