@@ -30,6 +30,7 @@ var errClosed = errors.New("store: closed")
 type txCall struct {
 	fn   func(*bolt.Tx) error
 	err  error
+	done bool      // err is the call's outcome
 	wake chan bool // true: lead the next commit; false: done, err is set
 }
 
@@ -89,10 +90,24 @@ func (s *Bolt) update(fn func(*bolt.Tx) error) error {
 // call's outcome is then that of some serial order of the calls, as with one transaction
 // each.
 func (s *Bolt) commitBatch(batch []*txCall) {
+	all := batch
+	defer func() {
+		// A panic outside the callers' functions (in bbolt itself) must not leave the
+		// others waiting forever: each undecided call gets it as its error, and the lead
+		// is passed on as usual.
+		if r := recover(); r != nil {
+			for _, c := range all {
+				if !c.done {
+					c.err, c.done = fmt.Errorf("store: write transaction failed: %v", r), true
+				}
+			}
+		}
+	}()
+	set := func(c *txCall, err error) { c.err, c.done = err, true }
 	for len(batch) > 0 {
 		s.commit.txs.Add(1)
 		if len(batch) == 1 {
-			batch[0].err = s.db.Update(batch[0].run)
+			set(batch[0], s.db.Update(batch[0].run))
 			return
 		}
 		failed := -1
@@ -107,13 +122,13 @@ func (s *Bolt) commitBatch(batch []*txCall) {
 		})
 		if failed < 0 { // committed, or the commit itself failed: the same for everyone
 			for _, c := range batch {
-				c.err = err
+				set(c, err)
 			}
 			return
 		}
 		c := batch[failed]
 		s.commit.txs.Add(1)
-		c.err = s.db.Update(c.run)
+		set(c, s.db.Update(c.run))
 		batch = slices.Delete(slices.Clone(batch), failed, failed+1)
 	}
 }
