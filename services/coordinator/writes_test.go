@@ -27,6 +27,17 @@ type writeLog struct {
 	failPuts atomic.Int32 // refuse this many saves that carry events
 }
 
+// newWriteLog is a writeLog over a bbolt store in dir.
+func newWriteLog(t *testing.T, dir string) *writeLog {
+	t.Helper()
+	bolt, err := store.Open(filepath.Join(dir, "w.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { bolt.Close() })
+	return &writeLog{Store: bolt}
+}
+
 func (w *writeLog) add(s string) {
 	w.mu.Lock()
 	w.writes = append(w.writes, s)
@@ -72,12 +83,7 @@ func (w *writeLog) AcquireLease(ctx context.Context, name, owner string, ttl tim
 // wallet once, not before every hop.
 func TestStepWritesOutcomeWithState(t *testing.T) {
 	dir := t.TempDir()
-	bolt, err := store.Open(filepath.Join(dir, "w.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { bolt.Close() })
-	wl := &writeLog{Store: bolt}
+	wl := newWriteLog(t, dir)
 	draft := &recorder{name: "draft"} // spends nothing
 	judge := &recorder{name: "judge", spend: 50_000, verdicts: []handoffv1.Verdict{handoffv1.Verdict_VERDICT_PASS}}
 	st, client := startStack(t, stack.Config{DataDir: dir, Store: wl, Pipelines: relayPipeline(t, 10, 2), Agents: []agentrunner.Agent{draft, judge}})
@@ -124,12 +130,7 @@ func TestStepWritesOutcomeWithState(t *testing.T) {
 // the timeline holds that repeat's outcome once, not a stale ACCEPTED from the failed one.
 func TestFailedSaveDropsItsEvents(t *testing.T) {
 	dir := t.TempDir()
-	bolt, err := store.Open(filepath.Join(dir, "w.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { bolt.Close() })
-	wl := &writeLog{Store: bolt}
+	wl := newWriteLog(t, dir)
 	wl.failPuts.Store(1) // the draft's save
 	draft := &recorder{name: "draft"}
 	judge := &recorder{name: "judge", verdicts: []handoffv1.Verdict{handoffv1.Verdict_VERDICT_PASS}}
