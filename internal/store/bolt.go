@@ -358,6 +358,18 @@ func decodeIdem(b []byte, now time.Time) (ClaimState, []byte, bool) {
 	return ClaimState(b[0]), append([]byte(nil), b[9:]...), true
 }
 
+func (s *Bolt) Unpay(_ context.Context, walletID, key string) error {
+	return s.update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketPaid).Delete(paidKey(walletID, key))
+	})
+}
+
+// paidKey is the paid bucket's key of walletID's payment for key. Wallet ids cannot hold a
+// NUL (the contract's wallet_id pattern), so the pair is unambiguous.
+func paidKey(walletID, key string) []byte {
+	return append(append([]byte(walletID), 0), key...)
+}
+
 // Claim is Admit without a wallet.
 func (s *Bolt) Claim(ctx context.Context, key string, pendingTTL time.Duration) (ClaimState, []byte, error) {
 	a, err := s.Admit(ctx, key, pendingTTL, "", Debit{})
@@ -402,8 +414,8 @@ func (s *Bolt) Admit(_ context.Context, key string, pendingTTL time.Duration, wa
 			return err
 		}
 		paid := tx.Bucket(bucketPaid)
-		paidKey := append(append([]byte(walletID), 0), key...)
-		if paid.Get(paidKey) != nil {
+		pk := paidKey(walletID, key)
+		if paid.Get(pk) != nil {
 			a.Debited, a.Paid, a.Wallet = true, true, cur
 			return nil
 		}
@@ -419,7 +431,7 @@ func (s *Bolt) Admit(_ context.Context, key string, pendingTTL time.Duration, wa
 		if err != nil {
 			return err
 		}
-		if err := paid.Put(paidKey, []byte{1}); err != nil {
+		if err := paid.Put(pk, []byte{1}); err != nil {
 			return err
 		}
 		a.Debited, a.Wallet = true, after

@@ -674,6 +674,14 @@ func (s *Redis) Admit(ctx context.Context, key string, pendingTTL time.Duration,
 	return a, nil
 }
 
+// Unpay is one HDEL of the wallet's paid:<key> field.
+func (s *Redis) Unpay(ctx context.Context, walletID, key string) error {
+	if err := s.rdb.HDel(ctx, s.key("wallet", walletID), "paid:"+key).Err(); err != nil {
+		return s.errf("unpay %q from wallet %s: %w", key, walletID, err)
+	}
+	return nil
+}
+
 // Complete is one SET: it replaces the pending marker, and SET without KEEPTTL drops the
 // marker's expiry, so ttl <= 0 keeps the result forever.
 func (s *Redis) Complete(ctx context.Context, key string, value []byte, ttl time.Duration) error {

@@ -168,6 +168,10 @@ type Admitter interface {
 	// and a wallet is debited at most once per key (see Admission.Paid), so neither a
 	// re-delivery nor a retry after a released or lapsed claim is charged twice.
 	Admit(ctx context.Context, key string, pendingTTL time.Duration, walletID string, d Debit) (Admission, error)
+	// Unpay forgets that walletID paid for key, so the next Admit of key debits again: for
+	// a hop whose work ran and failed, where a new attempt is a new hop. Unknown wallets and
+	// keys are no error.
+	Unpay(ctx context.Context, walletID, key string) error
 }
 
 // LedgerEntry is one write to the demo ledger.

@@ -252,6 +252,25 @@ func (s *Server) admit(ctx context.Context, req proto.Message, key string, ttl t
 	return a.State, a.Value, func(c context.Context) context.Context { return budget.WithDebited(c, d) }, nil
 }
 
+// unpay undoes the "paid" mark of a delivery whose agent ran and failed: the claim is
+// released, and a new attempt at the stage is a new hop, charged again. A delivery retried
+// because the runner or the caller went away (no result) stays paid and is not charged
+// twice. A failed Unpay only means the next attempt is free; it is logged.
+func (s *Server) unpay(ctx context.Context, req *handoffv1.DeliverRequest) {
+	id := req.GetPackage().GetBudget().GetWalletId()
+	d, ok := budget.DebitedFrom(ctx)
+	if id == "" || !ok || d.WalletID != id || d.Err != nil {
+		return
+	}
+	key, err := deliverKey(req)
+	if err == nil {
+		err = s.st.Unpay(ctx, id, key)
+	}
+	if err != nil {
+		s.log.Warn("agentrunner: could not unmark a failed stage's hop as paid; its next attempt is not charged", "wallet_id", id, "err", err)
+	}
+}
+
 func (s *Server) record(ctx context.Context, req proto.Message, sent proto.Message) (value []byte, done, failed bool) {
 	m, ok := sent.(*handoffv1.DeliverResponse)
 	if !ok {
@@ -263,6 +282,7 @@ func (s *Server) record(ctx context.Context, req proto.Message, sent proto.Messa
 	case *handoffv1.DeliverResponse_Result:
 		res := ev.Result
 		if res.GetStatus() != handoffv1.StageStatus_STAGE_STATUS_COMPLETED {
+			s.unpay(ctx, req.(*handoffv1.DeliverRequest))
 			return nil, false, true
 		}
 		prior := &handoffv1.PriorResult{

@@ -759,6 +759,10 @@ func (c *countingStore) Wallet(ctx context.Context, id string) (*handoffv1.Budge
 	c.add("Wallet")
 	return c.Store.Wallet(ctx, id)
 }
+func (c *countingStore) Unpay(ctx context.Context, id, key string) error {
+	c.add("Unpay")
+	return c.Store.Unpay(ctx, id, key)
+}
 func (c *countingStore) Admit(ctx context.Context, key string, ttl time.Duration, id string, d store.Debit) (store.Admission, error) {
 	c.add("Admit")
 	return c.Store.Admit(ctx, key, ttl, id, d)
@@ -766,8 +770,8 @@ func (c *countingStore) Admit(ctx context.Context, key string, ttl time.Duration
 
 // TestHopStoreRoundTrips: an accepted delivery costs the store two calls, Admit (claim and
 // hop debit together) and Complete; a refused debit is Admit and Release, with the agent not
-// run; a re-delivery is charged nothing, and neither is a stage delivered again after its run
-// failed.
+// run; a re-delivery is charged nothing, while a stage delivered again after its agent
+// failed is a new hop.
 func TestHopStoreRoundTrips(t *testing.T) {
 	st, err := store.Open(filepath.Join(t.TempDir(), "counted.db"))
 	if err != nil {
@@ -824,7 +828,8 @@ func TestHopStoreRoundTrips(t *testing.T) {
 		t.Fatalf("w-full holds %d hops; want 2 (the duplicate is not charged)", w.GetHopsRemaining())
 	}
 
-	// A stage whose run failed (its claim released) and is delivered again is charged once.
+	// A stage whose agent ran and failed is charged again when delivered again: the new
+	// attempt is a new hop (a retry after a crash, with no result, is not: storetest Admit).
 	var failOnce atomic.Bool
 	failOnce.Store(true)
 	flaky := &fake{card: agentrunner.RoleCard{Name: "review"}, run: func(ctx context.Context, in agentrunner.Input) (*handoffv1.StageResult, error) {
@@ -836,16 +841,20 @@ func TestHopStoreRoundTrips(t *testing.T) {
 	e2 := start(t, agentrunner.Options{Store: cs, Agents: []agentrunner.Agent{flaky}}, "")
 	p = pkg("review")
 	p.Budget.WalletId = "w-full"
+	cs.take()
 	for i, want := range []handoffv1.StageStatus{handoffv1.StageStatus_STAGE_STATUS_FAILED, handoffv1.StageStatus_STAGE_STATUS_COMPLETED} {
 		msgs, err := deliver(t, e2.client, &handoffv1.DeliverRequest{Package: p})
 		if err != nil || len(msgs) != 2 || msgs[1].GetResult().GetStatus() != want {
 			t.Fatalf("delivery %d of the flaky stage: %v, %v; want %s", i+1, msgs, err, want)
 		}
-		if got := msgs[0].GetAck().GetWallet().GetHopsRemaining(); got != 1 {
-			t.Fatalf("delivery %d: ack.wallet has %d hops; want 1 (one hop for the stage, however often it is delivered)", i+1, got)
+		if got, wantHops := msgs[0].GetAck().GetWallet().GetHopsRemaining(), uint32(1-i); got != wantHops {
+			t.Fatalf("delivery %d: ack.wallet has %d hops; want %d (each attempt that ran is a hop)", i+1, got, wantHops)
 		}
 	}
-	if w, _ := st.Wallet(ctx, "w-full"); w.GetHopsRemaining() != 1 {
-		t.Fatalf("w-full holds %d hops after a failed and a repeated delivery of one stage; want 1", w.GetHopsRemaining())
+	if calls := cs.take(); !slices.Equal(calls, []string{"Admit", "Unpay", "Release", "Admit", "Complete"}) {
+		t.Fatalf("store calls of a failed then repeated stage = %v; want [Admit Unpay Release Admit Complete]", calls)
+	}
+	if w, _ := st.Wallet(ctx, "w-full"); w.GetHopsRemaining() != 0 {
+		t.Fatalf("w-full holds %d hops after a failed and a repeated run of one stage; want 0", w.GetHopsRemaining())
 	}
 }

@@ -511,6 +511,19 @@ func testAdmit(t *testing.T, s store.Store) {
 	if a, err := s.Admit(ctx, "kp", time.Minute, "w3", hop); err != nil || !a.Debited || a.Paid || a.Wallet.GetHopsRemaining() != 4 {
 		t.Fatalf("Admit of kp from another wallet = %+v, %v; want a debit of its own", a, err)
 	}
+	// Unpay (the hop ran and failed): the next Admit of the key is a new hop, debited again.
+	if err := s.Unpay(ctx, "w2", "kp"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Unpay(ctx, "nobody", "nothing"); err != nil {
+		t.Fatalf("Unpay of an unknown wallet and key = %v, want nil", err)
+	}
+	if err := s.Release(ctx, "kp"); err != nil {
+		t.Fatal(err)
+	}
+	if a, err := s.Admit(ctx, "kp", time.Minute, "w2", hop); err != nil || !a.Debited || a.Paid || a.Wallet.GetHopsRemaining() != 3 {
+		t.Fatalf("Admit of kp after Unpay = %+v, %v; want a new debit, 3 hops left", a, err)
+	}
 
 	// A debit that would add money is refused before anything is written.
 	if _, err := s.Admit(ctx, "k5", time.Minute, "w", store.Debit{USDMicros: -1}); err == nil {
