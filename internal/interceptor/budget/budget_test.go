@@ -12,13 +12,13 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/contract"
 	"github.com/handoffhq/handoff/internal/interceptor/budget"
+	"github.com/handoffhq/handoff/internal/interceptor/hop/hoptest"
 	"github.com/handoffhq/handoff/internal/store"
 )
 
@@ -331,36 +331,6 @@ func TestUnaryPassThrough(t *testing.T) {
 
 // ---- streams ----
 
-type fakeStream struct {
-	ctx   context.Context
-	in    []proto.Message
-	recvs int
-	sent  []proto.Message
-}
-
-func (f *fakeStream) SetHeader(metadata.MD) error  { return nil }
-func (f *fakeStream) SendHeader(metadata.MD) error { return nil }
-func (f *fakeStream) SetTrailer(metadata.MD)       {}
-func (f *fakeStream) Context() context.Context {
-	if f.ctx == nil {
-		return context.Background()
-	}
-	return f.ctx
-}
-func (f *fakeStream) SendMsg(m any) error {
-	f.sent = append(f.sent, proto.Clone(m.(proto.Message)))
-	return nil
-}
-func (f *fakeStream) RecvMsg(m any) error {
-	f.recvs++
-	if len(f.in) == 0 {
-		return io.EOF
-	}
-	proto.Merge(m.(proto.Message), f.in[0])
-	f.in = f.in[1:]
-	return nil
-}
-
 // deliverHandler mimics a runner: ACCEPTED ack, then a result.
 type deliverHandler struct {
 	calls   int
@@ -393,29 +363,29 @@ func TestStreamDebitStampsAck(t *testing.T) {
 	st := openBolt(t)
 	openWallet(t, st, "w1", &handoffv1.Budget{UsdRemainingMicros: usd, HopsRemaining: 2})
 	req := &handoffv1.DeliverRequest{Package: pkg("draft", "w1", usd, 2), Agent: "drafter"}
-	ss := &fakeStream{in: []proto.Message{req}}
+	ss := &hoptest.Stream{In: []proto.Message{req}}
 	h := &deliverHandler{}
 	if err := budget.StreamServerInterceptor(st)(nil, ss, deliverInfo, h.handle); err != nil {
 		t.Fatal(err)
 	}
-	if h.calls != 1 || !proto.Equal(h.got, req) || h.nextErr != io.EOF || ss.recvs != 1 {
-		t.Fatalf("calls=%d got=%v next=%v recvs=%d", h.calls, h.got, h.nextErr, ss.recvs)
+	if h.calls != 1 || !proto.Equal(h.got, req) || h.nextErr != io.EOF || ss.Recvs != 1 {
+		t.Fatalf("calls=%d got=%v next=%v recvs=%d", h.calls, h.got, h.nextErr, ss.Recvs)
 	}
 	want := &handoffv1.Budget{UsdRemainingMicros: usd, HopsRemaining: 1, WalletId: "w1"}
 	if !proto.Equal(h.wallet, want) {
 		t.Fatalf("FromContext = %v, want %v", h.wallet, want)
 	}
-	if len(ss.sent) != 2 {
-		t.Fatalf("sent %d messages", len(ss.sent))
+	if len(ss.Sent) != 2 {
+		t.Fatalf("sent %d messages", len(ss.Sent))
 	}
-	if got := ss.sent[0].(*handoffv1.DeliverResponse).GetAck().GetWallet(); !proto.Equal(got, want) {
+	if got := ss.Sent[0].(*handoffv1.DeliverResponse).GetAck().GetWallet(); !proto.Equal(got, want) {
 		t.Fatalf("ack.wallet = %v, want %v", got, want)
 	}
 	if h.ackSent.GetWallet() != nil {
 		t.Fatal("the handler's own ack was modified")
 	}
-	if ss.sent[1].(*handoffv1.DeliverResponse).GetResult() == nil {
-		t.Fatalf("second message = %v", ss.sent[1])
+	if ss.Sent[1].(*handoffv1.DeliverResponse).GetResult() == nil {
+		t.Fatalf("second message = %v", ss.Sent[1])
 	}
 }
 
@@ -431,15 +401,15 @@ func TestStreamEmptyWalletNamesThePart(t *testing.T) {
 	} {
 		t.Run(id, func(t *testing.T) {
 			// The package's own numbers are fine: the stored wallet decides.
-			ss := &fakeStream{in: []proto.Message{&handoffv1.DeliverRequest{Package: pkg("draft", id, usd, 5)}}}
+			ss := &hoptest.Stream{In: []proto.Message{&handoffv1.DeliverRequest{Package: pkg("draft", id, usd, 5)}}}
 			h := &deliverHandler{}
 			if err := budget.StreamServerInterceptor(st)(nil, ss, deliverInfo, h.handle); err != nil {
 				t.Fatal(err)
 			}
-			if h.calls != 0 || len(ss.sent) != 1 {
-				t.Fatalf("calls=%d sent=%d", h.calls, len(ss.sent))
+			if h.calls != 0 || len(ss.Sent) != 1 {
+				t.Fatalf("calls=%d sent=%d", h.calls, len(ss.Sent))
 			}
-			ack := ss.sent[0].(*handoffv1.DeliverResponse).GetAck()
+			ack := ss.Sent[0].(*handoffv1.DeliverResponse).GetAck()
 			if ack.GetStatus() != handoffv1.AckStatus_ACK_STATUS_REJECTED_BUDGET || ack.GetWallet() != nil || ack.GetJobId() != "job-1" {
 				t.Fatalf("ack = %v", ack)
 			}
@@ -456,18 +426,18 @@ func TestStreamUnconfigured(t *testing.T) {
 	w := noWallets{t}
 	info := &grpc.StreamServerInfo{FullMethod: handoffv1.CoordinatorService_WatchJob_FullMethodName, IsServerStream: true}
 	h := func(_ any, ss grpc.ServerStream) error { return ss.RecvMsg(&handoffv1.WatchJobRequest{}) }
-	ss := &fakeStream{in: []proto.Message{&handoffv1.WatchJobRequest{RunId: "r"}}}
+	ss := &hoptest.Stream{In: []proto.Message{&handoffv1.WatchJobRequest{RunId: "r"}}}
 	if err := budget.StreamServerInterceptor(w)(nil, ss, info, h); err != nil {
 		t.Fatal(err)
 	}
 	info = &grpc.StreamServerInfo{FullMethod: "/x.Y/Deliver2", IsServerStream: true}
 	h = func(_ any, ss grpc.ServerStream) error { return ss.RecvMsg(&handoffv1.DeliverRequest{}) }
-	ss = &fakeStream{in: []proto.Message{&handoffv1.DeliverRequest{Package: pkg("draft", "", usd, 1)}}}
+	ss = &hoptest.Stream{In: []proto.Message{&handoffv1.DeliverRequest{Package: pkg("draft", "", usd, 1)}}}
 	if err := budget.StreamServerInterceptor(w)(nil, ss, info, h); status.Code(err) != codes.Internal {
 		t.Fatalf("err = %v, want Internal", err)
 	}
 	// Configured, it is checked.
-	ss = &fakeStream{in: []proto.Message{&handoffv1.DeliverRequest{Package: pkg("draft", "", usd, 1)}}}
+	ss = &hoptest.Stream{In: []proto.Message{&handoffv1.DeliverRequest{Package: pkg("draft", "", usd, 1)}}}
 	opt := budget.WithStreamRequest("/x.Y/Deliver2", func() proto.Message { return &handoffv1.DeliverRequest{} })
 	if err := budget.StreamServerInterceptor(w, opt)(nil, ss, info, h); err != nil {
 		t.Fatal(err)

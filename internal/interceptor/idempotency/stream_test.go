@@ -12,11 +12,11 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+	"github.com/handoffhq/handoff/internal/interceptor/hop/hoptest"
 	"github.com/handoffhq/handoff/internal/interceptor/idempotency"
 	"github.com/handoffhq/handoff/internal/store"
 )
@@ -266,7 +266,7 @@ func TestStreamTable(t *testing.T) {
 			if c.recv == nil {
 				c.recv = []proto.Message{deliverReq("job-t")}
 			}
-			ss := &fakeStream{ctx: context.Background(), recv: c.recv}
+			ss := &hoptest.Stream{Ctx: context.Background(), In: c.recv}
 			calls := 0
 			handler := func(_ any, s grpc.ServerStream) error {
 				calls++
@@ -294,8 +294,8 @@ func TestStreamTable(t *testing.T) {
 			if c.msg != "" && !strings.HasPrefix(status.Convert(err).Message(), c.msg) {
 				t.Errorf("error %v; want message %q", err, c.msg)
 			}
-			if calls != c.calls || len(ss.sent) != c.sent {
-				t.Errorf("%d handler calls, %d sent; want %d, %d", calls, len(ss.sent), c.calls, c.sent)
+			if calls != c.calls || len(ss.Sent) != c.sent {
+				t.Errorf("%d handler calls, %d sent; want %d, %d", calls, len(ss.Sent), c.calls, c.sent)
 			}
 		})
 	}
@@ -304,7 +304,7 @@ func TestStreamTable(t *testing.T) {
 // TestStreamHandlerMessageMismatch: a handler reading another type gets Internal.
 func TestStreamHandlerMessageMismatch(t *testing.T) {
 	fs := &faultStore{Idempotency: openBolt(t)}
-	ss := &fakeStream{ctx: context.Background(), recv: []proto.Message{deliverReq("job-m")}}
+	ss := &hoptest.Stream{Ctx: context.Background(), In: []proto.Message{deliverReq("job-m")}}
 	intercept := idempotency.StreamServerInterceptor(fs, deliverOpts()...)
 	err := intercept(nil, ss, &grpc.StreamServerInfo{FullMethod: deliverMethod, IsServerStream: true},
 		func(_ any, s grpc.ServerStream) error { return s.RecvMsg(&handoffv1.CheckRequest{}) })
@@ -318,34 +318,9 @@ func TestStreamHandlerMessageMismatch(t *testing.T) {
 func TestStreamClientStreamingRefused(t *testing.T) {
 	fs := &faultStore{Idempotency: openBolt(t)}
 	intercept := idempotency.StreamServerInterceptor(fs, deliverOpts()...)
-	err := intercept(nil, &fakeStream{ctx: context.Background()}, &grpc.StreamServerInfo{FullMethod: deliverMethod, IsClientStream: true, IsServerStream: true},
+	err := intercept(nil, &hoptest.Stream{Ctx: context.Background()}, &grpc.StreamServerInfo{FullMethod: deliverMethod, IsClientStream: true, IsServerStream: true},
 		func(any, grpc.ServerStream) error { t.Error("handler called"); return nil })
 	wantCode(t, err, codes.Internal, "client-streaming")
-}
-
-// fakeStream is a server stream: RecvMsg hands out recv, SendMsg collects sent.
-type fakeStream struct {
-	ctx  context.Context
-	recv []proto.Message
-	sent []proto.Message
-}
-
-func (s *fakeStream) SetHeader(metadata.MD) error  { return nil }
-func (s *fakeStream) SendHeader(metadata.MD) error { return nil }
-func (s *fakeStream) SetTrailer(metadata.MD)       {}
-func (s *fakeStream) Context() context.Context     { return s.ctx }
-func (s *fakeStream) SendMsg(m any) error {
-	s.sent = append(s.sent, m.(proto.Message))
-	return nil
-}
-
-func (s *fakeStream) RecvMsg(m any) error {
-	if len(s.recv) == 0 {
-		return io.EOF
-	}
-	proto.Merge(m.(proto.Message), s.recv[0])
-	s.recv = s.recv[1:]
-	return nil
 }
 
 // TestStreamPanicLeavesClaim: a handler (or record hook) that panics may have done its work,
@@ -381,7 +356,7 @@ func TestStreamPanicLeavesClaim(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			fs := &faultStore{Idempotency: openBolt(t)}
 			intercept := idempotency.StreamServerInterceptor(fs, c.opts...)
-			ss := &fakeStream{ctx: context.Background(), recv: []proto.Message{deliverReq("job-p")}}
+			ss := &hoptest.Stream{Ctx: context.Background(), In: []proto.Message{deliverReq("job-p")}}
 			func() {
 				defer func() {
 					if recover() == nil {

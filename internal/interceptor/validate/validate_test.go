@@ -12,12 +12,12 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/contract"
+	"github.com/handoffhq/handoff/internal/interceptor/hop/hoptest"
 	"github.com/handoffhq/handoff/internal/interceptor/validate"
 )
 
@@ -283,43 +283,6 @@ func TestPackageAckRejecterUnary(t *testing.T) {
 
 // ---- streams ----
 
-// fakeStream is a grpc.ServerStream whose client sends in and whose sends are recorded.
-type fakeStream struct {
-	ctx   context.Context
-	in    []proto.Message
-	err   error // returned by RecvMsg instead of a message when set
-	recvs int
-	sent  []proto.Message
-}
-
-func (f *fakeStream) SetHeader(metadata.MD) error  { return nil }
-func (f *fakeStream) SendHeader(metadata.MD) error { return nil }
-func (f *fakeStream) SetTrailer(metadata.MD)       {}
-func (f *fakeStream) Context() context.Context {
-	if f.ctx == nil {
-		return context.Background()
-	}
-	return f.ctx
-}
-
-func (f *fakeStream) SendMsg(m any) error {
-	f.sent = append(f.sent, proto.Clone(m.(proto.Message)))
-	return nil
-}
-
-func (f *fakeStream) RecvMsg(m any) error {
-	f.recvs++
-	if f.err != nil {
-		return f.err
-	}
-	if len(f.in) == 0 {
-		return io.EOF
-	}
-	proto.Merge(m.(proto.Message), f.in[0])
-	f.in = f.in[1:]
-	return nil
-}
-
 // deliverHandler is the generated Deliver handler's shape: it receives one DeliverRequest,
 // then reads once more to see the end of the stream.
 type deliverHandler struct {
@@ -344,7 +307,7 @@ var deliverInfo = &grpc.StreamServerInfo{FullMethod: deliver, IsServerStream: tr
 func TestStreamValidReplaysRequest(t *testing.T) {
 	v := newValidator(t)
 	req := &handoffv1.DeliverRequest{Package: validPackage(), Agent: "drafter", RequiredTools: []string{"tickets.get"}}
-	ss := &fakeStream{in: []proto.Message{req}}
+	ss := &hoptest.Stream{In: []proto.Message{req}}
 	h := &deliverHandler{}
 	if err := validate.StreamServerInterceptor(v)(nil, ss, deliverInfo, h.handle); err != nil {
 		t.Fatal(err)
@@ -355,11 +318,11 @@ func TestStreamValidReplaysRequest(t *testing.T) {
 	if h.nextErr != io.EOF {
 		t.Fatalf("second RecvMsg = %v, want io.EOF", h.nextErr)
 	}
-	if ss.recvs != 1 {
-		t.Fatalf("the real stream was read %d times, want 1", ss.recvs)
+	if ss.Recvs != 1 {
+		t.Fatalf("the real stream was read %d times, want 1", ss.Recvs)
 	}
-	if len(ss.sent) != 1 {
-		t.Fatalf("sent %d messages", len(ss.sent))
+	if len(ss.Sent) != 1 {
+		t.Fatalf("sent %d messages", len(ss.Sent))
 	}
 }
 
@@ -369,23 +332,23 @@ func TestStreamInvalidNeverCallsHandler(t *testing.T) {
 	onReject := validate.WithOnReject(func(string, []*handoffv1.Reason) { rejects.Add(1) })
 
 	// Without a rejecter: InvalidArgument, nothing sent.
-	ss := &fakeStream{in: []proto.Message{&handoffv1.DeliverRequest{Package: badPackage()}}}
+	ss := &hoptest.Stream{In: []proto.Message{&handoffv1.DeliverRequest{Package: badPackage()}}}
 	h := &deliverHandler{}
 	err := validate.StreamServerInterceptor(v, onReject)(nil, ss, deliverInfo, h.handle)
 	if got := fields(violations(t, err)); !slices.Contains(got, "package.job_id") {
 		t.Fatalf("violations %v", got)
 	}
-	if h.calls != 0 || len(ss.sent) != 0 {
-		t.Fatalf("handler calls=%d sent=%d", h.calls, len(ss.sent))
+	if h.calls != 0 || len(ss.Sent) != 0 {
+		t.Fatalf("handler calls=%d sent=%d", h.calls, len(ss.Sent))
 	}
 
 	// With PackageAckRejecter: one REJECTED_SCHEMA Ack, the call ends OK.
-	ss = &fakeStream{in: []proto.Message{&handoffv1.DeliverRequest{Package: badPackage()}}}
+	ss = &hoptest.Stream{In: []proto.Message{&handoffv1.DeliverRequest{Package: badPackage()}}}
 	err = validate.StreamServerInterceptor(v, onReject, validate.WithRejecter(validate.PackageAckRejecter()))(nil, ss, deliverInfo, h.handle)
-	if err != nil || h.calls != 0 || len(ss.sent) != 1 {
-		t.Fatalf("err=%v handler calls=%d sent=%d", err, h.calls, len(ss.sent))
+	if err != nil || h.calls != 0 || len(ss.Sent) != 1 {
+		t.Fatalf("err=%v handler calls=%d sent=%d", err, h.calls, len(ss.Sent))
 	}
-	ack := ss.sent[0].(*handoffv1.DeliverResponse).GetAck()
+	ack := ss.Sent[0].(*handoffv1.DeliverResponse).GetAck()
 	if ack.GetStatus() != handoffv1.AckStatus_ACK_STATUS_REJECTED_SCHEMA || ack.GetSchema() != contract.V1 {
 		t.Fatalf("ack = %v", ack)
 	}
@@ -404,7 +367,7 @@ func TestStreamInvalidNeverCallsHandler(t *testing.T) {
 func TestStreamRecvError(t *testing.T) {
 	v := newValidator(t)
 	boom := status.Error(codes.Canceled, "gone")
-	ss := &fakeStream{err: boom}
+	ss := &hoptest.Stream{Err: boom}
 	h := &deliverHandler{}
 	if err := validate.StreamServerInterceptor(v)(nil, ss, deliverInfo, h.handle); !errors.Is(err, boom) {
 		t.Fatalf("err = %v", err)
@@ -425,12 +388,12 @@ func TestStreamUnconfiguredValidatesOnRecv(t *testing.T) {
 		recvErr = ss.RecvMsg(&handoffv1.WatchJobRequest{})
 		return recvErr
 	}
-	ss := &fakeStream{in: []proto.Message{&handoffv1.WatchJobRequest{}}}
+	ss := &hoptest.Stream{In: []proto.Message{&handoffv1.WatchJobRequest{}}}
 	err := validate.StreamServerInterceptor(v)(nil, ss, info, h)
 	if got := fields(violations(t, err)); !slices.Equal(got, []string{"run_id"}) || calls != 1 {
 		t.Fatalf("violations %v, calls %d", got, calls)
 	}
-	ss = &fakeStream{in: []proto.Message{&handoffv1.WatchJobRequest{RunId: "r1"}}}
+	ss = &hoptest.Stream{In: []proto.Message{&handoffv1.WatchJobRequest{RunId: "r1"}}}
 	if err := validate.StreamServerInterceptor(v)(nil, ss, info, h); err != nil {
 		t.Fatal(err)
 	}
@@ -442,7 +405,7 @@ func TestStreamClientStreamingRest(t *testing.T) {
 	v := newValidator(t)
 	method := handoffv1.CoordinatorService_WatchJob_FullMethodName
 	info := &grpc.StreamServerInfo{FullMethod: method, IsClientStream: true, IsServerStream: true}
-	ss := &fakeStream{in: []proto.Message{&handoffv1.WatchJobRequest{RunId: "a"}, &handoffv1.WatchJobRequest{RunId: "b"}, &handoffv1.WatchJobRequest{}}}
+	ss := &hoptest.Stream{In: []proto.Message{&handoffv1.WatchJobRequest{RunId: "a"}, &handoffv1.WatchJobRequest{RunId: "b"}, &handoffv1.WatchJobRequest{}}}
 	var got []string
 	var last error
 	h := func(_ any, ss grpc.ServerStream) error {
