@@ -184,6 +184,26 @@ func (rp runnerProxy) Deliver(req *handoffv1.DeliverRequest, down grpc.ServerStr
 }
 
 func (p *proxy) redeliverDeliver(req *handoffv1.DeliverRequest) {
+	p.redeliver(func(ctx context.Context) (bool, string, error) {
+		// The copy is a full hop as the coordinator makes it: ack, then (after ACCEPTED)
+		// the stage's result.
+		ack, _, err := rpc.Deliver(ctx, p.runner, req)
+		switch st := ack.GetStatus(); {
+		case err != nil, st == handoffv1.AckStatus_ACK_STATUS_ACCEPTED:
+			return false, "", err
+		case st == handoffv1.AckStatus_ACK_STATUS_DUPLICATE:
+			return true, "", nil
+		default:
+			return false, "ack " + st.String(), nil
+		}
+	})
+}
+
+// redeliver sends a copy of a hop in the background after copyDelay, as a second caller
+// would, and counts how it was answered. send makes the copy and says whether it was
+// answered as a duplicate, or why it was refused otherwise; an Aborted error means the
+// first delivery was still in flight.
+func (p *proxy) redeliver(send func(ctx context.Context) (duplicate bool, refused string, err error)) {
 	p.record(func(r *RedeliveryReport) { r.Sent++ })
 	p.wg.Add(1)
 	go func() {
@@ -191,21 +211,19 @@ func (p *proxy) redeliverDeliver(req *handoffv1.DeliverRequest) {
 		time.Sleep(p.copyDelay())
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		// The copy is a full hop as the coordinator makes it: ack, then (after ACCEPTED) the
-		// stage's result.
-		ack, _, err := rpc.Deliver(ctx, p.runner, req)
+		dup, refused, err := send(ctx)
 		p.record(func(r *RedeliveryReport) {
 			switch {
 			case status.Code(err) == codes.Aborted:
 				r.InFlight++
 			case err != nil:
 				r.other(reason(err))
-			case ack.GetStatus() == handoffv1.AckStatus_ACK_STATUS_DUPLICATE:
+			case refused != "":
+				r.other(refused)
+			case dup:
 				r.Duplicate++
-			case ack.GetStatus() == handoffv1.AckStatus_ACK_STATUS_ACCEPTED:
-				r.Ran++
 			default:
-				r.other("ack " + ack.GetStatus().String())
+				r.Ran++
 			}
 		})
 	}()
@@ -219,27 +237,10 @@ type writebackProxy struct {
 func (wp writebackProxy) Write(ctx context.Context, req *handoffv1.WriteRequest) (*handoffv1.WriteResponse, error) {
 	p := wp.p
 	if p.h.hop(req.GetPackage().GetJobId()+"/"+req.GetPackage().GetStage()) && p.redeliverNow() {
-		p.record(func(r *RedeliveryReport) { r.Sent++ })
-		p.wg.Add(1)
-		go func() {
-			defer p.wg.Done()
-			time.Sleep(p.copyDelay())
-			cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			resp, err := p.wb.Write(cctx, req)
-			p.record(func(r *RedeliveryReport) {
-				switch {
-				case status.Code(err) == codes.Aborted:
-					r.InFlight++
-				case err != nil:
-					r.other(reason(err))
-				case resp.GetDuplicate():
-					r.Duplicate++
-				default:
-					r.Ran++
-				}
-			})
-		}()
+		p.redeliver(func(ctx context.Context) (bool, string, error) {
+			resp, err := p.wb.Write(ctx, req)
+			return resp.GetDuplicate(), "", err
+		})
 	}
 	return p.wb.Write(forward(ctx), req)
 }
