@@ -448,12 +448,18 @@ func (s *Server) wake(runID string) {
 // events still waiting for the run's next save (so the timeline keeps its order).
 func (s *Server) event(ctx context.Context, job *handoffv1.Job, ev *handoffv1.JobEvent) {
 	s.stamp(job, ev)
-	for _, e := range append(s.takePending(job.GetRunId()), ev) {
-		if _, err := s.opts.Store.AppendEvent(ctx, job.GetRunId(), e); err != nil {
-			s.log.Error("append event", "run_id", job.GetRunId(), "kind", e.GetKind().String(), "err", err)
+	s.appendEvents(ctx, job.GetRunId(), append(s.takePending(job.GetRunId()), ev))
+}
+
+// appendEvents appends evs to the run's timeline one by one and wakes its watchers. A failed
+// append is logged: the run itself does not depend on its timeline.
+func (s *Server) appendEvents(ctx context.Context, runID string, evs []*handoffv1.JobEvent) {
+	for _, e := range evs {
+		if _, err := s.opts.Store.AppendEvent(ctx, runID, e); err != nil {
+			s.log.Error("append event", "run_id", runID, "kind", e.GetKind().String(), "err", err)
 		}
 	}
-	s.wake(job.GetRunId())
+	s.wake(runID)
 }
 
 // eventAsync is event without waiting: the write overlaps the call the event announces (the
@@ -467,21 +473,15 @@ func (s *Server) eventAsync(ctx context.Context, job *handoffv1.Job, ev *handoff
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		for _, e := range evs {
-			if _, err := s.opts.Store.AppendEvent(ctx, runID, e); err != nil {
-				s.log.Error("append event", "run_id", runID, "kind", e.GetKind().String(), "err", err)
-			}
-		}
-		s.wake(runID)
+		s.appendEvents(ctx, runID, evs)
 	}()
 	return func() { <-done }
 }
 
 // later stamps an event like event, but writes it with the run's next save (save, finish),
 // in the same store write as the state it led to, or drops it when the step fails before
-// that save (dropUnsaved): a hop's outcome is then one write
-// instead of one per event, and a crash cannot keep the events without the state or the
-// state without the events. Events a watcher should see before a slow call (the package
+// that save (dropUnsaved): a hop's outcome is then one write instead of one per event, and a
+// crash cannot keep the events without the state or the state without the events. Events a watcher should see before a slow call (the package
 // sent to an agent) go through event instead.
 func (s *Server) later(job *handoffv1.Job, ev *handoffv1.JobEvent) {
 	s.stamp(job, ev)
@@ -502,7 +502,12 @@ func (s *Server) takePending(runID string) []*handoffv1.JobEvent {
 // dropUnsaved drops the run's waiting events after a step that did not save: the step is
 // repeated from the run's last saved state, and records its events again then.
 func (s *Server) dropUnsaved(runID string, why string) {
-	if evs := s.takePending(runID); len(evs) > 0 {
+	s.logDropped(runID, s.takePending(runID), why)
+}
+
+// logDropped says that evs, the events of a step whose state was not saved, are dropped.
+func (s *Server) logDropped(runID string, evs []*handoffv1.JobEvent, why string) {
+	if len(evs) > 0 {
 		s.log.Warn("events of a step that was not saved are dropped; the step is repeated from the saved run",
 			"run_id", runID, "events", len(evs), "why", why)
 	}

@@ -421,10 +421,7 @@ func (s *Server) save(ctx context.Context, job *handoffv1.Job) error {
 	if err := s.opts.Store.PutRun(ctx, job, evs...); err != nil {
 		// Neither the state nor its events were written: the step will be repeated from the
 		// last saved state and record them again, so they are not kept for a later save.
-		if len(evs) > 0 {
-			s.log.Warn("events of a step that was not saved are dropped; the step is repeated from the saved run",
-				"run_id", job.GetRunId(), "events", len(evs), "why", err.Error())
-		}
+		s.logDropped(job.GetRunId(), evs, err.Error())
 		return fmt.Errorf("save run %s: %w", job.GetRunId(), err)
 	}
 	if len(evs) > 0 {
