@@ -152,28 +152,10 @@ func TestRedisCrossClientDebit(t *testing.T) {
 	if _, err := a.OpenWallet(ctx, "hot", &handoffv1.Budget{UsdRemainingMicros: 1000, HopsRemaining: 10}); err != nil {
 		t.Fatal(err)
 	}
-	stores := []store.Store{a, b}
-	var ok, empty atomic.Int32
-	var wg sync.WaitGroup
-	for i := range 100 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			_, err := stores[i%2].Debit(ctx, "hot", store.Debit{Hops: 1})
-			switch {
-			case err == nil:
-				ok.Add(1)
-			case errors.Is(err, store.ErrWalletEmpty):
-				empty.Add(1)
-			default:
-				t.Error(err)
-			}
-		}()
-	}
-	wg.Wait()
+	ok, empty := storetest.RaceDebits(t, []store.Store{a, b}, "hot", store.Debit{Hops: 1})
 	w, err := b.Wallet(ctx, "hot")
-	if err != nil || ok.Load() != 10 || empty.Load() != 90 || w.GetHopsRemaining() != 0 || w.GetUsdRemainingMicros() != 1000 {
-		t.Fatalf("100 debits across two clients: %d ok, %d empty, wallet %v (%v); want 10, 90, hops 0", ok.Load(), empty.Load(), w, err)
+	if err != nil || ok != 10 || empty != 90 || w.GetHopsRemaining() != 0 || w.GetUsdRemainingMicros() != 1000 {
+		t.Fatalf("100 debits across two clients: %d ok, %d empty, wallet %v (%v); want 10, 90, hops 0", ok, empty, w, err)
 	}
 }
 

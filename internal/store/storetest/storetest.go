@@ -200,27 +200,10 @@ func testConcurrentDebit(t *testing.T, s store.Store) {
 	if _, err := s.OpenWallet(ctx, "hot", &handoffv1.Budget{UsdRemainingMicros: 1_000_000, HopsRemaining: 10}); err != nil {
 		t.Fatal(err)
 	}
-	var ok, empty atomic.Int32
-	var wg sync.WaitGroup
-	for i := 0; i < 100; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			_, err := s.Debit(ctx, "hot", store.Debit{Hops: 1, USDMicros: 1, RequireMoney: true})
-			switch {
-			case err == nil:
-				ok.Add(1)
-			case errors.Is(err, store.ErrWalletEmpty):
-				empty.Add(1)
-			default:
-				t.Error(err)
-			}
-		}()
-	}
-	wg.Wait()
+	ok, empty := RaceDebits(t, []store.Store{s}, "hot", store.Debit{Hops: 1, USDMicros: 1, RequireMoney: true})
 	w, err := s.Wallet(ctx, "hot")
-	if err != nil || ok.Load() != 10 || empty.Load() != 90 || w.GetHopsRemaining() != 0 || w.GetUsdRemainingMicros() != 1_000_000-10 {
-		t.Fatalf("100 concurrent debits on 10 hops: %d ok, %d empty, wallet %v (%v); want 10, 90, hops 0", ok.Load(), empty.Load(), w, err)
+	if err != nil || ok != 10 || empty != 90 || w.GetHopsRemaining() != 0 || w.GetUsdRemainingMicros() != 1_000_000-10 {
+		t.Fatalf("100 concurrent debits on 10 hops: %d ok, %d empty, wallet %v (%v); want 10, 90, hops 0", ok, empty, w, err)
 	}
 }
 
@@ -578,4 +561,30 @@ func testConcurrentAdmit(t *testing.T, s store.Store) {
 		t.Fatalf("same key claimed %d times (want 1), %d debited (want 20), %d empty (want 31), wallet %v",
 			sameClaimed.Load(), debited.Load(), empty.Load(), w)
 	}
+}
+
+// RaceDebits makes 100 concurrent Debits of d from wallet id, spread over stores in turn
+// (several clients of one server), and returns how many succeeded and how many found the
+// wallet empty; any other error fails the test.
+func RaceDebits(t *testing.T, stores []store.Store, id string, d store.Debit) (ok, empty int32) {
+	t.Helper()
+	var okN, emptyN atomic.Int32
+	var wg sync.WaitGroup
+	for i := range 100 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := stores[i%len(stores)].Debit(context.Background(), id, d)
+			switch {
+			case err == nil:
+				okN.Add(1)
+			case errors.Is(err, store.ErrWalletEmpty):
+				emptyN.Add(1)
+			default:
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	return okN.Load(), emptyN.Load()
 }
