@@ -3,6 +3,7 @@ package rpc
 import (
 	"context"
 	"net"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -16,10 +17,12 @@ import (
 )
 
 // stubRunner answers every Deliver with an ACCEPTED ack and a result (or only a refusal for
-// job "refuse"), then, when hold is set, keeps the stream open until the client leaves.
+// job "refuse"), then, when hold is set, keeps the stream open until the client leaves and
+// closes released.
 type stubRunner struct {
 	handoffv1.UnimplementedAgentRunnerServiceServer
-	hold bool
+	hold     bool
+	released chan struct{}
 }
 
 func (r *stubRunner) Deliver(req *handoffv1.DeliverRequest, s grpc.ServerStreamingServer[handoffv1.DeliverResponse]) error {
@@ -38,6 +41,7 @@ func (r *stubRunner) Deliver(req *handoffv1.DeliverRequest, s grpc.ServerStreami
 	}
 	if r.hold {
 		<-s.Context().Done()
+		close(r.released)
 	}
 	return nil
 }
@@ -91,30 +95,65 @@ func TestDeliverEndsCleanly(t *testing.T) {
 			t.Fatalf("Deliver %d = %v, %v, %v", i, ack, res, err)
 		}
 	}
-	ends.mu.Lock()
-	defer ends.mu.Unlock()
-	if len(ends.errs) != 20 {
-		t.Fatalf("%d calls ended, want 20", len(ends.errs))
+	// The ends are read in the background: wait for all of them.
+	var errs []error
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		ends.mu.Lock()
+		errs = slices.Clone(ends.errs)
+		ends.mu.Unlock()
+		if len(errs) >= 20 || time.Now().After(deadline) {
+			break
+		}
 	}
-	for i, err := range ends.errs {
+	if len(errs) != 20 {
+		t.Fatalf("%d calls ended, want 20", len(errs))
+	}
+	for i, err := range errs {
 		if err != nil {
 			t.Errorf("call %d ended with %v on the client; want OK (the stream read to its end)", i, err)
 		}
 	}
 }
 
-// TestDeliverDoesNotWaitForeverForTheEnd: a runner that keeps the stream open after its
-// result costs drainTimeout, and the result is still returned.
-func TestDeliverDoesNotWaitForeverForTheEnd(t *testing.T) {
+// TestDeliverReturnsBeforeTheEnd: Deliver returns the result as soon as it is in, while
+// the runner still holds its stream open (it stores the completion after sending it).
+func TestDeliverReturnsBeforeTheEnd(t *testing.T) {
+	defer func(d time.Duration) { drainTimeout = d }(drainTimeout)
+	drainTimeout = time.Hour // the end is not waited for, however long it may take
+	c := stubClient(t, &stubRunner{hold: true, released: make(chan struct{})}, &endErrors{})
+	type answer struct {
+		ack *handoffv1.Ack
+		res *handoffv1.StageResult
+		err error
+	}
+	got := make(chan answer, 1)
+	go func() {
+		ack, res, err := Deliver(context.Background(), c, &handoffv1.DeliverRequest{Package: &handoffv1.HandoffPackage{JobId: "job"}})
+		got <- answer{ack, res, err}
+	}()
+	select {
+	case a := <-got:
+		if a.err != nil || a.ack.GetStatus() != handoffv1.AckStatus_ACK_STATUS_ACCEPTED || a.res.GetStatus() != handoffv1.StageStatus_STAGE_STATUS_COMPLETED {
+			t.Fatalf("Deliver = %v, %v, %v; want the ack and the result", a.ack, a.res, a.err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Deliver did not return while the runner held its stream open after the result")
+	}
+}
+
+// TestDeliverEndsAHeldStream: a runner that keeps the stream open after its result has it
+// ended once drainTimeout passes, rather than kept forever.
+func TestDeliverEndsAHeldStream(t *testing.T) {
 	defer func(d time.Duration) { drainTimeout = d }(drainTimeout)
 	drainTimeout = 50 * time.Millisecond
-	c := stubClient(t, &stubRunner{hold: true}, &endErrors{})
-	start := time.Now()
-	ack, res, err := Deliver(context.Background(), c, &handoffv1.DeliverRequest{Package: &handoffv1.HandoffPackage{JobId: "job"}})
-	if err != nil || ack.GetStatus() != handoffv1.AckStatus_ACK_STATUS_ACCEPTED || res.GetStatus() != handoffv1.StageStatus_STAGE_STATUS_COMPLETED {
-		t.Fatalf("Deliver = %v, %v, %v; want the ack and the result", ack, res, err)
+	r := &stubRunner{hold: true, released: make(chan struct{})}
+	c := stubClient(t, r, &endErrors{})
+	if _, res, err := Deliver(context.Background(), c, &handoffv1.DeliverRequest{Package: &handoffv1.HandoffPackage{JobId: "job"}}); err != nil || res == nil {
+		t.Fatalf("Deliver = %v, %v; want the result", res, err)
 	}
-	if d := time.Since(start); d > 5*time.Second {
-		t.Fatalf("Deliver took %v with a runner that never ends its stream; want about drainTimeout", d)
+	select {
+	case <-r.released:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stream was never ended: a runner that holds it open would keep it forever")
 	}
 }

@@ -74,6 +74,10 @@ func (s *Server) buildInterceptors() ([]grpc.UnaryServerInterceptor, []grpc.Stre
 			idempotency.WithStreamReplay(handoffv1.AgentRunnerService_Deliver_FullMethodName, s.replay),
 			idempotency.WithStreamRecord(handoffv1.AgentRunnerService_Deliver_FullMethodName, s.record),
 			idempotency.WithStreamClaim(handoffv1.AgentRunnerService_Deliver_FullMethodName, s.admit),
+			// The coordinator saves a result with its run before acting on it, so the
+			// completion is stored while the result travels (and the coordinator saves),
+			// not ahead of it: one store round trip less on every hop's path.
+			idempotency.WithStreamRecordAfterSend(handoffv1.AgentRunnerService_Deliver_FullMethodName),
 			idempotency.WithPendingTTL(s.claimTTL),
 			idempotency.WithResultTTL(s.resultTTL),
 			idempotency.WithLogger(s.log),

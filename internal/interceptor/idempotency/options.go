@@ -190,6 +190,8 @@ type streamMethod struct {
 	replay func(req proto.Message, stored []byte) (proto.Message, error)
 	record func(ctx context.Context, req proto.Message, sent proto.Message) (value []byte, done bool, failed bool)
 	claim  ClaimFunc
+	// afterSend: a done message is sent before it is stored (WithStreamRecordAfterSend).
+	afterSend bool
 }
 
 // ClaimFunc claims key for req in place of the store's Claim (see WithStreamClaim). ctx is
@@ -270,7 +272,8 @@ func WithStreamClaim(fullMethod string, fn ClaimFunc) StreamOption {
 // is called with the request for every message the handler sends, before it is sent:
 //
 //   - done: value is stored under the key (Complete) before the message goes out, so a
-//     caller that has seen it and retries gets the replay. done wins over failed.
+//     caller that has seen it and retries gets the replay (after it, with
+//     WithStreamRecordAfterSend). done wins over failed.
 //   - failed: the key is released before the message goes out, so a retry runs again.
 //   - neither: nothing happens (an ACCEPTED ack, progress).
 //
@@ -285,6 +288,21 @@ func WithStreamRecord(fullMethod string, fn func(ctx context.Context, req proto.
 			panic(fmt.Sprintf("idempotency: WithStreamRecord(%q): function is nil", fullMethod))
 		}
 		c.method(fullMethod).record = fn
+	})
+}
+
+// WithStreamRecordAfterSend makes a done message of fullMethod go out before its value is
+// stored rather than after, so the store write overlaps what the caller does with it
+// instead of delaying it by a round trip. Use it only when the caller keeps the result
+// durably itself before acting on it (the coordinator saves its run): a result that was
+// sent but could not be stored then loses nothing, since the caller does not ask again.
+// A caller that does repeat the request before the store write lands gets Aborted (in
+// flight) and the replay on its retry; when the write fails the call ends with Unavailable
+// after the message, and the key stays claimed, as without this option. A failed message
+// still releases the key before it is sent.
+func WithStreamRecordAfterSend(fullMethod string) StreamOption {
+	return streamOption(func(c *streamConfig) {
+		c.method(fullMethod).afterSend = true
 	})
 }
 

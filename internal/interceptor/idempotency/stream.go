@@ -27,14 +27,16 @@ import (
 //   - Claimed: the handler runs on a wrapped stream. Its RecvMsg hands back the request once
 //     (proto.Merge into the handler's message) and io.EOF after; its SendMsg passes every
 //     message to the WithStreamRecord hook before sending it, which settles the key
-//     (Complete on done, Release on failed). A handler that returns before either has its
+//     (Complete on done, before the send or, with WithStreamRecordAfterSend, after it;
+//     Release on failed, before the send). A handler that returns before either has its
 //     key released. Its Context is detached from the caller (see the package
 //     documentation), so a caller that hangs up after the ack does not stop the work: the
 //     result is still recorded, and the retry gets the replay.
 //
-// When a done result cannot be stored, SendMsg returns Unavailable without sending it, the
-// call ends with that Internal whatever the handler returns, and the key is left claimed
-// (see the package documentation).
+// When a done result cannot be stored, SendMsg returns Unavailable without sending it (or
+// after sending it, with WithStreamRecordAfterSend), the call ends with that Unavailable
+// whatever the handler returns, and the key is left claimed (see the package
+// documentation).
 //
 // It panics on a nil store or a misconfiguration (a key without a replay or record hook, a
 // method that is not server-streaming).
@@ -184,17 +186,14 @@ func (s *claimedStream) RecvMsg(m any) error {
 	return s.ReplayStream.RecvMsg(m)
 }
 
-// SendMsg settles the key by the record hook's verdict on m, then sends m.
+// SendMsg passes m to the record hook and settles the key as it says: a done result is
+// stored (Complete) before m is sent, or just after it with WithStreamRecordAfterSend; a
+// failed one releases the key before m is sent, so an immediate retry can claim it. An
+// error from storing a done result means, before the send, that m was not sent.
+//
+// mu is held through the send: a stream's SendMsg is not safe for concurrent use anyway,
+// and the outcome must not change between the verdict and the store write.
 func (s *claimedStream) SendMsg(m any) error {
-	if err := s.settle(m); err != nil {
-		return err
-	}
-	return s.ServerStream.SendMsg(m)
-}
-
-// settle passes m to the record hook and Completes or Releases the key as it says. Its
-// error (the result could not be stored) means m must not be sent.
-func (s *claimedStream) settle(m any) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.outcome == unrecorded {
@@ -202,7 +201,7 @@ func (s *claimedStream) settle(m any) error {
 	}
 	msg, ok := m.(proto.Message)
 	if !ok {
-		return nil
+		return s.ServerStream.SendMsg(m)
 	}
 	value, done, failed := s.m.record(s.ctx, s.req, msg)
 	switch {
@@ -211,16 +210,34 @@ func (s *claimedStream) settle(m any) error {
 			s.e.log.WarnContext(s.ctx, "idempotency: the key is already settled; later result ignored",
 				"method", s.method, "key", s.key, "done", done, "failed", failed)
 		}
-	case done:
-		if err := s.e.complete(s.ctx, s.key, value); err != nil {
-			s.outcome = unrecorded
-			s.recordErr = s.e.notRecorded(s.ctx, s.method, s.key, err)
-			return s.recordErr
+	case done && s.m.afterSend:
+		// The caller keeps the result itself before acting on it, so the store write
+		// need not delay it. It is made even if the send failed: the work is done, and
+		// the caller's retry should get it back rather than run it again.
+		sendErr := s.ServerStream.SendMsg(m)
+		if err := s.complete(value); err != nil {
+			return err
 		}
-		s.outcome = completed
+		return sendErr
+	case done:
+		if err := s.complete(value); err != nil {
+			return err
+		}
 	case failed:
 		s.e.release(s.ctx, s.method, s.key)
 		s.outcome = released
 	}
+	return s.ServerStream.SendMsg(m)
+}
+
+// complete stores a done result under the key; on failure the key stays claimed and the
+// call ends with the error.
+func (s *claimedStream) complete(value []byte) error {
+	if err := s.e.complete(s.ctx, s.key, value); err != nil {
+		s.outcome = unrecorded
+		s.recordErr = s.e.notRecorded(s.ctx, s.method, s.key, err)
+		return s.recordErr
+	}
+	s.outcome = completed
 	return nil
 }

@@ -425,3 +425,123 @@ func TestStreamClaimFunc(t *testing.T) {
 		t.Errorf("claim function called %d times (want 3), handler %d (want 1)", claims.Load(), f.calls.Load())
 	}
 }
+
+// gatedStore holds every Complete until gate is closed, and says when one has started.
+type gatedStore struct {
+	store.Idempotency
+	completing chan struct{}
+	gate       chan struct{}
+}
+
+func (g *gatedStore) Complete(ctx context.Context, key string, value []byte, ttl time.Duration) error {
+	g.completing <- struct{}{}
+	<-g.gate
+	return g.Idempotency.Complete(ctx, key, value, ttl)
+}
+
+// TestRecordAfterSend: with WithStreamRecordAfterSend the result reaches the caller while
+// its Complete is still held; once the Complete lands the stream ends OK and a repeat gets
+// the DUPLICATE replay of that result. Without the option the result waits for the store.
+func TestRecordAfterSend(t *testing.T) {
+	for _, after := range []bool{true, false} {
+		t.Run(map[bool]string{true: "after", false: "before"}[after], func(t *testing.T) {
+			bolt := openBolt(t)
+			g := &gatedStore{Idempotency: bolt, completing: make(chan struct{}, 1), gate: make(chan struct{})}
+			var opts []idempotency.StreamOption
+			if after {
+				opts = append(opts, idempotency.WithStreamRecordAfterSend(deliverMethod))
+			}
+			c := runnerClient(t, g, &fakeRunner{}, opts...)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			stream, err := c.Deliver(ctx, deliverReq("job-as"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if m, err := stream.Recv(); err != nil || m.GetAck().GetStatus() != accepted {
+				t.Fatalf("first message %v, %v; want ACCEPTED", m, err)
+			}
+			<-g.completing // the result is done and its Complete has started
+			got := make(chan *handoffv1.DeliverResponse, 1)
+			go func() {
+				m, _ := stream.Recv()
+				got <- m
+			}()
+			var res *handoffv1.StageResult
+			select {
+			case m := <-got:
+				if !after {
+					t.Fatalf("result %v arrived while its Complete was held; want it after the store write", m)
+				}
+				res = m.GetResult()
+			case <-time.After(300 * time.Millisecond):
+				if after {
+					t.Fatal("no result while its Complete was held; want it sent first")
+				}
+			}
+			if state, _ := lookup(t, bolt, "stage:job-as:draft:1"); state != store.Pending {
+				t.Fatalf("key %v while Complete is held; want still claimed (Pending)", state)
+			}
+			close(g.gate)
+			if res == nil {
+				res = (<-got).GetResult()
+			}
+			if res.GetStatus() != handoffv1.StageStatus_STAGE_STATUS_COMPLETED {
+				t.Fatalf("result %v; want COMPLETED", res)
+			}
+			if _, err := stream.Recv(); err != io.EOF {
+				t.Fatalf("stream end %v; want OK", err)
+			}
+			again, err := deliver(ctx, c, deliverReq("job-as"))
+			if err != nil || ackStatus(again) != duplicate || again[0].GetAck().GetPrior().GetNextHint() != res.GetNextHint() {
+				t.Fatalf("repeat = %v, %v; want DUPLICATE with the first result (%q)", again, err, res.GetNextHint())
+			}
+		})
+	}
+}
+
+// TestRecordAfterSendCompleteFailure: a result sent first whose Complete then fails ends
+// the call with Unavailable after the result, and the key stays claimed (a repeat is
+// refused as in flight, nothing released), as when the result waits for the store.
+func TestRecordAfterSendCompleteFailure(t *testing.T) {
+	fs := &faultStore{Idempotency: openBolt(t), completeErr: errors.New("disk full")}
+	f := &fakeRunner{}
+	c := runnerClient(t, fs, f, idempotency.WithStreamRecordAfterSend(deliverMethod))
+	msgs, err := deliver(context.Background(), c, deliverReq("job-acf"))
+	wantCode(t, err, codes.Unavailable, "could not be stored: disk full")
+	if len(msgs) != 2 || ackStatus(msgs) != accepted || msgs[1].GetResult().GetStatus() != handoffv1.StageStatus_STAGE_STATUS_COMPLETED {
+		t.Errorf("messages %v; want the ACCEPTED ack and the result", msgs)
+	}
+	_, err = deliver(context.Background(), c, deliverReq("job-acf"))
+	wantCode(t, err, codes.Aborted, "is in flight")
+	if f.calls.Load() != 1 || fs.releases.Load() != 0 {
+		t.Errorf("%d runs, %d releases; want 1, 0", f.calls.Load(), fs.releases.Load())
+	}
+}
+
+// TestRecordAfterSendFailedReleasesFirst: a FAILED result still frees its key before it is
+// sent, so the caller's immediate retry runs instead of being refused as in flight.
+func TestRecordAfterSendFailedReleasesFirst(t *testing.T) {
+	st := openBolt(t)
+	f := &fakeRunner{}
+	f.failFirst.Store(1)
+	c := runnerClient(t, st, f, idempotency.WithStreamRecordAfterSend(deliverMethod))
+	ctx := context.Background()
+	stream, err := c.Deliver(ctx, deliverReq("job-af"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		if _, err := stream.Recv(); err != nil {
+			t.Fatalf("message %d: %v", i, err)
+		}
+	}
+	// The FAILED result is in, the stream's end not yet read.
+	if state, _ := lookup(t, st, "stage:job-af:draft:1"); state != 0 {
+		t.Fatalf("key %v when the FAILED result arrived; want already released", state)
+	}
+	second, err := deliver(ctx, c, deliverReq("job-af"))
+	if err != nil || ackStatus(second) != accepted || second[1].GetResult().GetStatus() != handoffv1.StageStatus_STAGE_STATUS_COMPLETED {
+		t.Fatalf("retry = %v, %v; want a fresh run that completes", second, err)
+	}
+}
