@@ -31,6 +31,10 @@ var ErrTooLarge = errors.New("artifact larger than 4 MiB")
 type Ref struct {
 	JobID, Stage string
 	Round        uint32
+	// Returns is how many times a person had sent the job back to a stage
+	// (package.operator_returns), so a stage re-run on a person's word never overwrites the
+	// run it replaces, also within one judge round.
+	Returns uint32
 	// Type and SchemaVersion become the Artifact's type and schema_version.
 	Type, SchemaVersion string
 	// MediaType of the bytes ("application/json", "text/markdown").
@@ -88,7 +92,11 @@ func (f *Files) Put(_ context.Context, ref Ref, data []byte) (*handoffv1.Artifac
 			return nil, fmt.Errorf("artifact: %s %q is not usable in a path", name, v)
 		}
 	}
-	dir := filepath.Join(f.root, ref.JobID, fmt.Sprintf("%s-r%d", ref.Stage, ref.Round))
+	name := fmt.Sprintf("%s-r%d", ref.Stage, ref.Round)
+	if ref.Returns > 0 {
+		name += fmt.Sprintf("-o%d", ref.Returns)
+	}
+	dir := filepath.Join(f.root, ref.JobID, name)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
@@ -159,4 +167,24 @@ func Verify(a *handoffv1.Artifact, data []byte) error {
 		return fmt.Errorf("artifact %s: sha256 %s does not match recorded %s", a.GetUri(), got, a.GetSha256())
 	}
 	return nil
+}
+
+// WithReturns returns st, or, when returns > 0, st with every Put stored under
+// Ref.Returns = returns: the agent runner hands it to an agent re-running a stage after a
+// person sent the job back, so the agent's own Refs need not know about it.
+func WithReturns(st Store, returns uint32) Store {
+	if returns == 0 || st == nil {
+		return st
+	}
+	return returnsStore{Store: st, returns: returns}
+}
+
+type returnsStore struct {
+	Store
+	returns uint32
+}
+
+func (r returnsStore) Put(ctx context.Context, ref Ref, data []byte) (*handoffv1.Artifact, error) {
+	ref.Returns = r.returns
+	return r.Store.Put(ctx, ref, data)
 }

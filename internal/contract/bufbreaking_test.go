@@ -50,7 +50,7 @@ func TestBufBreakingBites(t *testing.T) {
 		old, new string
 	}{
 		{"rename job_id", "string job_id = 2 [", "string ticket_id = 2 ["},
-		{"renumber job_id", "string job_id = 2 [", "string job_id = 14 ["},
+		{"renumber job_id", "string job_id = 2 [", "string job_id = 99 ["},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			changed := copyTree(t, root)

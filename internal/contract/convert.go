@@ -46,7 +46,8 @@ func V1ToV2(p *handoffv1.HandoffPackage, deadline time.Time) (*handoffv2.Handoff
 		Goal:          p.GetGoal(),
 		Constraints:   cloneStrings(p.GetConstraints()),
 		OpenQuestions: cloneStrings(p.GetOpenQuestions()),
-		NextHint:      p.GetNextHint(),
+		NextHint:        p.GetNextHint(),
+		OperatorReturns: p.GetOperatorReturns(),
 		Budget: &handoffv2.Budget{
 			UsdRemainingMicros: p.GetBudget().GetUsdRemainingMicros(),
 			Deadline:           dl,
@@ -114,7 +115,8 @@ func V2ToV1(p *handoffv2.HandoffPackage) (*handoffv1.HandoffPackage, error) {
 		Goal:          p.GetGoal(),
 		Constraints:   cloneStrings(p.GetConstraints()),
 		OpenQuestions: cloneStrings(p.GetOpenQuestions()),
-		NextHint:      p.GetNextHint(),
+		NextHint:        p.GetNextHint(),
+		OperatorReturns: p.GetOperatorReturns(),
 	}
 	if b := p.GetBudget(); b != nil {
 		out.Budget = &handoffv1.Budget{

@@ -37,15 +37,18 @@ import (
 //     "agent"/"stage", rule "role.agent"); a required_tools entry the agent's role card
 //     lacks -> REJECTED_ROLE, one reason per missing tool (field "required_tools[i]", rule
 //     "role.tools"). An accepted package carries its agent to the handler in the context.
-//  3. idempotency (Deliver only; key CompletionKey(job_id, stage, evaluator.rounds)):
+//  3. idempotency (Deliver only; key CompletionKey(job_id, stage, evaluator.rounds,
+//     operator_returns)):
 //     before budget on purpose. A re-delivery of a completed stage is answered DUPLICATE
 //     with the stored PriorResult, and one still in flight gets gRPC Aborted, without
 //     paying a second hop: when the same wallet paid the first completion, the replayed
 //     Ack carries that wallet (the hop is paid); otherwise (another run of the job) it
-//     carries none and the coordinator debits that hop itself, exactly once. A COMPLETED StageResult is recorded (done) before it
-//     is sent; a FAILED StageResult or any Ack other than ACCEPTED (a budget rejection
-//     below) releases the claim, so a later delivery runs the stage. The claim's TTL is
-//     at least 2*StageTimeout+30s, since the interceptor bounds the handler by TTL/2.
+//     carries none and the coordinator debits that hop itself, exactly once. A COMPLETED
+//     StageResult is recorded (done) just after it is sent (WithStreamRecordAfterSend); a
+//     FAILED StageResult or any Ack other than ACCEPTED (a budget rejection below)
+//     releases the claim before it is sent, so a later delivery runs the stage. The
+//     claim's TTL is at least 2*StageTimeout+30s, since the interceptor bounds the handler
+//     by TTL/2.
 //  4. budget (Deliver debits one hop from the wallet in the store and stamps ack.wallet;
 //     Check only reads it): last, so only a package that will really run (valid, routed,
 //     not done, not in flight) pays. An empty wallet -> REJECTED_BUDGET (rule
@@ -216,7 +219,7 @@ func deliverKey(req proto.Message) (string, error) {
 		return "", errors.New("package is required")
 	}
 	p := r.GetPackage()
-	return CompletionKey(p.GetJobId(), p.GetStage(), p.GetEvaluator().GetRounds()), nil
+	return packageKey(p), nil
 }
 
 // replay answers a re-delivery of a completed stage: DUPLICATE carrying the stored result.

@@ -83,7 +83,7 @@ func TestChainOrder(t *testing.T) {
 		t.Fatalf("a REJECTED_ROLE package paid a hop: %v", w)
 	}
 	// ... and claims no completion key.
-	if st, _, _ := e.st.Lookup(context.Background(), agentrunner.CompletionKey(p.JobId, p.Stage, 0)); st != 0 {
+	if st, _, _ := e.st.Lookup(context.Background(), agentrunner.CompletionKey(p.JobId, p.Stage, 0, 0)); st != 0 {
 		t.Fatalf("a REJECTED_ROLE package left a record: %v", st)
 	}
 
@@ -203,7 +203,7 @@ func TestEmptyWalletReleasesClaim(t *testing.T) {
 			if n := ag.calls.Load(); n != 0 {
 				t.Fatalf("agent called %d times for an empty wallet", n)
 			}
-			key := agentrunner.CompletionKey(p.JobId, p.Stage, 0)
+			key := agentrunner.CompletionKey(p.JobId, p.Stage, 0, 0)
 			if st, _, err := e.st.Lookup(context.Background(), key); err != nil || st != 0 {
 				t.Fatalf("claim after REJECTED_BUDGET: %v %v, want released", st, err)
 			}

@@ -208,11 +208,21 @@ func NewGRPCServer(srv *Server, cfg rpc.ServerConfig) (gs *grpc.Server, hs *heal
 }
 
 // CompletionKey is the idempotency key of one stage completion:
-// "stage:<job_id>:<stage>:<round>", round being the number of judge verdicts so far. The
-// retry attempt is never part of it: a re-delivery hits the same key, while a revision after
-// a judge FAIL (one more verdict) is a new key.
-func CompletionKey(jobID, stage string, round uint32) string {
+// "stage:<job_id>:<stage>:<round>", round being the number of judge verdicts so far, with
+// ":o<returns>" appended once a person has sent the job back to a stage (returns =
+// package.operator_returns). The retry attempt is never part of it: a re-delivery hits the
+// same key, while a revision after a judge FAIL (one more verdict) or a stage a person
+// sends the job back to is a new key.
+func CompletionKey(jobID, stage string, round, returns uint32) string {
+	if returns > 0 {
+		return fmt.Sprintf("stage:%s:%s:%d:o%d", jobID, stage, round, returns)
+	}
 	return fmt.Sprintf("stage:%s:%s:%d", jobID, stage, round)
+}
+
+// packageKey is the completion key of the stage run package p asks for.
+func packageKey(p *handoffv1.HandoffPackage) string {
+	return CompletionKey(p.GetJobId(), p.GetStage(), p.GetEvaluator().GetRounds(), p.GetOperatorReturns())
 }
 
 // duplicateAck decodes a stored completion into a DUPLICATE Ack.
@@ -263,7 +273,7 @@ func (s *Server) Deliver(req *handoffv1.DeliverRequest, stream grpc.ServerStream
 	runCtx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	start := time.Now()
-	res, runErr := s.run(runCtx, ag, Input{Package: p, Round: round, Artifacts: s.artifacts})
+	res, runErr := s.run(runCtx, ag, Input{Package: p, Round: round, Artifacts: artifact.WithReturns(s.artifacts, p.GetOperatorReturns())})
 	if runErr == nil {
 		runErr = s.finish(p, res)
 	}
@@ -307,7 +317,7 @@ func (s *Server) Check(ctx context.Context, req *handoffv1.CheckRequest) (*hando
 		return nil, noChain("Check")
 	}
 	p := req.GetPackage()
-	key := CompletionKey(p.GetJobId(), p.GetStage(), p.GetEvaluator().GetRounds())
+	key := packageKey(p)
 	state, value, err := s.st.Lookup(ctx, key)
 	if err != nil {
 		return nil, status.Errorf(codes.Unavailable, "idempotency store: %v", err)

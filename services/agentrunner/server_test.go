@@ -536,8 +536,13 @@ func TestNewErrors(t *testing.T) {
 			t.Errorf("%s: New succeeded", name)
 		}
 	}
-	if got := agentrunner.CompletionKey("job-1", "draft", 2); got != "stage:job-1:draft:2" {
-		t.Errorf("key %q", got)
+	for _, c := range []struct {
+		round, returns uint32
+		want           string
+	}{{2, 0, "stage:job-1:draft:2"}, {0, 1, "stage:job-1:draft:0:o1"}, {2, 3, "stage:job-1:draft:2:o3"}} {
+		if got := agentrunner.CompletionKey("job-1", "draft", c.round, c.returns); got != c.want {
+			t.Errorf("CompletionKey(round %d, returns %d) = %q, want %q", c.round, c.returns, got, c.want)
+		}
 	}
 }
 
@@ -625,7 +630,7 @@ func TestClaimAndResultTTL(t *testing.T) {
 	e := start(t, agentrunner.Options{Agents: []agentrunner.Agent{ag}, StageTimeout: 100 * time.Millisecond,
 		ResultTTL: 400 * time.Millisecond}, "")
 	p := pkg("draft")
-	key := agentrunner.CompletionKey(p.JobId, p.Stage, 0)
+	key := agentrunner.CompletionKey(p.JobId, p.Stage, 0, 0)
 	if st, _, err := e.st.Claim(context.Background(), key, 300*time.Millisecond); err != nil || st != store.Claimed {
 		t.Fatalf("claim: %v %v", st, err)
 	}

@@ -178,6 +178,8 @@ func (s *Server) buildPackage(job *handoffv1.Job, st *pipeline.Stage, tp string)
 		MemoryRefs:    job.GetMemoryRefs(),
 		Trace:         &handoffv1.Trace{Traceparent: tp},
 		NextHint:      job.GetNextHint(),
+		// A stage a person sent the run back to is a new completion for the runner.
+		OperatorReturns: job.GetOperatorReturns(),
 	}
 	pkg = proto.Clone(pkg).(*handoffv1.HandoffPackage)
 	if s.opts.Tamper != nil {

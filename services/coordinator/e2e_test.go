@@ -60,7 +60,9 @@ type recorder struct {
 	spend int64
 	// verdicts, for a judge: the verdict of each call in turn (the last one repeats).
 	verdicts []handoffv1.Verdict
-	mu       sync.Mutex
+	// failFirst calls report STAGE_STATUS_FAILED.
+	failFirst int
+	mu        sync.Mutex
 	got      []*handoffv1.HandoffPackage
 }
 
@@ -78,6 +80,9 @@ func (r *recorder) Run(ctx context.Context, in agentrunner.Input) (*handoffv1.St
 	r.got = append(r.got, proto.Clone(in.Package).(*handoffv1.HandoffPackage))
 	r.mu.Unlock()
 	res := &handoffv1.StageResult{SpentUsdMicros: r.spend}
+	if n < r.failFirst {
+		return &handoffv1.StageResult{Status: handoffv1.StageStatus_STAGE_STATUS_FAILED, Error: "model timed out"}, nil
+	}
 	if r.verdicts == nil {
 		a, err := in.Artifacts.Put(ctx, artifact.Ref{JobID: in.Package.GetJobId(), Stage: r.name, Round: in.Round, Type: "note", SchemaVersion: "note.v1", MediaType: "text/plain"}, []byte("a note"))
 		if err != nil {

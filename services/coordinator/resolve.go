@@ -208,7 +208,14 @@ func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEs
 
 	// The next judge round: a person's decision counts as one, so a stage re-run after it
 	// is a new completion (the agent runner keys completions by round), never a DUPLICATE.
+	// Before any judge verdict there is no round to count (the evaluator block only exists
+	// with a verdict), so a return to a stage is counted in operator_returns, which the
+	// runner keys completions (and artifacts) by as well.
 	round := job.GetEvaluator().GetRounds() + 1
+	returns := job.GetOperatorReturns()
+	if res.Action == handoffv1.ResolutionAction_RESOLUTION_ACTION_RETURN_TO_STAGE {
+		returns++
+	}
 	if edit != nil {
 		if s.opts.Artifacts == nil {
 			return nil, status.Error(codes.FailedPrecondition, "this coordinator has no artifact store: edits are not possible")
@@ -224,7 +231,7 @@ func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEs
 		if mt == "" {
 			mt = "text/plain"
 		}
-		a, err := s.opts.Artifacts.Put(ctx, artifact.Ref{JobID: job.GetJobId(), Stage: "operator", Round: round, Type: prop.GetType(), SchemaVersion: prop.GetSchemaVersion(), MediaType: mt}, []byte(*edit))
+		a, err := s.opts.Artifacts.Put(ctx, artifact.Ref{JobID: job.GetJobId(), Stage: "operator", Round: round, Returns: returns, Type: prop.GetType(), SchemaVersion: prop.GetSchemaVersion(), MediaType: mt}, []byte(*edit))
 		if err != nil {
 			return nil, status.Errorf(codes.InvalidArgument, "store the edited artifact: %v", err)
 		}
@@ -256,6 +263,7 @@ func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEs
 		if c := req.GetComment(); c != "" {
 			job.NextHint = truncate("operator: "+c, 1000)
 		}
+		job.OperatorReturns = returns
 		job.Stage = target.Name
 		job.State = handoffv1.JobState_JOB_STATE_RUNNING
 		job.Escalation = nil

@@ -181,6 +181,52 @@ func TestResolveReturnToStage(t *testing.T) {
 	}
 }
 
+// TestResolveReturnBeforeAnyVerdict: a run escalated before any judge verdict (the judge's
+// stage failed) and sent back to draft by a person runs draft again, with the person's
+// edit, rather than being answered with draft's first result as a DUPLICATE; its artifact
+// does not overwrite the first run's.
+func TestResolveReturnBeforeAnyVerdict(t *testing.T) {
+	e := startOp(t, 1, []handoffv1.Verdict{handoffv1.Verdict_VERDICT_PASS})
+	e.judge.failFirst = 1
+	job, _ := e.submit(t, "relay", "tkt_1", "", e.defaultBudget)
+	if job.GetState() != handoffv1.JobState_JOB_STATE_ESCALATED || job.GetEscalation().GetCause() != handoffv1.EscalationCause_ESCALATION_CAUSE_STAGE_FAILED || job.GetEvaluator() != nil {
+		t.Fatalf("run %s (%v), evaluator %v; want ESCALATED STAGE_FAILED before any verdict", job.GetState(), job.GetEscalation(), job.GetEvaluator())
+	}
+	resp, err := e.client.ResolveEscalation(op(), &handoffv1.ResolveEscalationRequest{RunId: job.GetRunId(), Operator: "ana", Comment: "start over",
+		Action: &handoffv1.ResolveEscalationRequest_ReturnToStage{ReturnToStage: &handoffv1.ReturnToStageAction{Stage: "draft", ArtifactText: ptr("an edited note")}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := waitState(t, e, job.GetRunId(), handoffv1.JobState_JOB_STATE_COMPLETED)
+	if e.draft.calls() != 2 {
+		t.Fatalf("draft ran %d times; want 2 (sent back by a person, it runs again)", e.draft.calls())
+	}
+	again := e.draft.got[1]
+	if again.GetOperatorReturns() != 1 || done.GetOperatorReturns() != 1 {
+		t.Fatalf("operator_returns: package %d, run %d; want 1", again.GetOperatorReturns(), done.GetOperatorReturns())
+	}
+	edited := resp.GetResolution().GetEditedArtifact()
+	if edited == nil || !slices.ContainsFunc(again.GetArtifacts(), func(a *handoffv1.Artifact) bool { return a.GetUri() == edited.GetUri() }) {
+		t.Fatalf("re-run package artifacts %v; want the edited one %v", again.GetArtifacts(), edited)
+	}
+	// Each draft run's note is its own file, both still readable.
+	var notes []string
+	for _, a := range done.GetArtifacts() {
+		if a.GetProducedBy() == "draft" {
+			notes = append(notes, a.GetUri())
+			if _, err := e.st.Artifacts.Get(context.Background(), a.GetUri()); err != nil {
+				t.Fatalf("draft artifact %s: %v", a.GetUri(), err)
+			}
+		}
+	}
+	if len(notes) != 2 || notes[0] == notes[1] {
+		t.Fatalf("draft artifacts %v; want two distinct ones", notes)
+	}
+	if e.judge.calls() != 2 || e.writes(t) != 1 {
+		t.Fatalf("judge calls %d, writes %d; want 2, 1", e.judge.calls(), e.writes(t))
+	}
+}
+
 func TestResolveFailAndReject(t *testing.T) {
 	e := startOp(t, 0, []handoffv1.Verdict{handoffv1.Verdict_VERDICT_FAIL})
 	for i, action := range []*handoffv1.ResolveEscalationRequest{

@@ -32,7 +32,9 @@ const (
 type AgentRunnerServiceClient interface {
 	// Deliver hands a package to the stage it names. The stream's first message is always the
 	// Ack. Only after ACCEPTED does the agent run, and one StageResult follows. After
-	// DUPLICATE the prior result is in the Ack and the stream ends.
+	// DUPLICATE the prior result is in the Ack and the stream ends. A COMPLETED result is
+	// stored for repeats while it travels: an error status after it (that write failed)
+	// does not undo it, and a repeat is refused as in flight (ABORTED) until it is stored.
 	Deliver(ctx context.Context, in *DeliverRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[DeliverResponse], error)
 	// Check answers with the Ack that Deliver would send first, and does no work. Use it to
 	// test a package by hand (grpcurl) or from CI.
@@ -82,7 +84,9 @@ func (c *agentRunnerServiceClient) Check(ctx context.Context, in *CheckRequest, 
 type AgentRunnerServiceServer interface {
 	// Deliver hands a package to the stage it names. The stream's first message is always the
 	// Ack. Only after ACCEPTED does the agent run, and one StageResult follows. After
-	// DUPLICATE the prior result is in the Ack and the stream ends.
+	// DUPLICATE the prior result is in the Ack and the stream ends. A COMPLETED result is
+	// stored for repeats while it travels: an error status after it (that write failed)
+	// does not undo it, and a repeat is refused as in flight (ABORTED) until it is stored.
 	Deliver(*DeliverRequest, grpc.ServerStreamingServer[DeliverResponse]) error
 	// Check answers with the Ack that Deliver would send first, and does no work. Use it to
 	// test a package by hand (grpcurl) or from CI.

@@ -779,9 +779,12 @@ type Job struct {
 	// Money spent so far, in micro-USD.
 	SpentUsdMicros int64 `protobuf:"varint,23,opt,name=spent_usd_micros,json=spentUsdMicros,proto3" json:"spent_usd_micros,omitempty"`
 	// The last decision a person made on the run (ResolveEscalation).
-	Resolution    *Resolution `protobuf:"bytes,24,opt,name=resolution,proto3" json:"resolution,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Resolution *Resolution `protobuf:"bytes,24,opt,name=resolution,proto3" json:"resolution,omitempty"`
+	// How many times a person sent the run back to a stage (RETURN_TO_STAGE); carried on
+	// every package as operator_returns.
+	OperatorReturns uint32 `protobuf:"varint,25,opt,name=operator_returns,json=operatorReturns,proto3" json:"operator_returns,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Job) Reset() {
@@ -980,6 +983,13 @@ func (x *Job) GetResolution() *Resolution {
 		return x.Resolution
 	}
 	return nil
+}
+
+func (x *Job) GetOperatorReturns() uint32 {
+	if x != nil {
+		return x.OperatorReturns
+	}
+	return 0
 }
 
 // Escalation says why the rail stopped and handed the run to a person.
@@ -1879,7 +1889,7 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\x06run_id\x18\x01 \x01(\tB\x06\xbaH\x03\xc8\x01\x01R\x05runId\x12\x1b\n" +
 	"\tafter_seq\x18\x02 \x01(\x04R\bafterSeq\">\n" +
 	"\x10WatchJobResponse\x12*\n" +
-	"\x05event\x18\x01 \x01(\v2\x14.handoff.v1.JobEventR\x05event\"\xad\a\n" +
+	"\x05event\x18\x01 \x01(\v2\x14.handoff.v1.JobEventR\x05event\"\xd8\a\n" +
 	"\x03Job\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x15\n" +
 	"\x06job_id\x18\x02 \x01(\tR\x05jobId\x12\x1a\n" +
@@ -1914,7 +1924,8 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\x10spent_usd_micros\x18\x17 \x01(\x03R\x0espentUsdMicros\x126\n" +
 	"\n" +
 	"resolution\x18\x18 \x01(\v2\x16.handoff.v1.ResolutionR\n" +
-	"resolution\"\xdd\x01\n" +
+	"resolution\x12)\n" +
+	"\x10operator_returns\x18\x19 \x01(\rR\x0foperatorReturns\"\xdd\x01\n" +
 	"\n" +
 	"Escalation\x121\n" +
 	"\x05cause\x18\x01 \x01(\x0e2\x1b.handoff.v1.EscalationCauseR\x05cause\x12\x14\n" +

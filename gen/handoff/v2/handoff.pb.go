@@ -188,9 +188,14 @@ type HandoffPackage struct {
 	// W3C trace context, so the whole job is one trace. The rail stamps it when it is absent.
 	Trace *Trace `protobuf:"bytes,12,opt,name=trace,proto3" json:"trace,omitempty"`
 	// A suggestion for the next stage. Never authoritative: it cannot change goal or constraints.
-	NextHint      string `protobuf:"bytes,13,opt,name=next_hint,json=nextHint,proto3" json:"next_hint,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	NextHint string `protobuf:"bytes,13,opt,name=next_hint,json=nextHint,proto3" json:"next_hint,omitempty"`
+	// How many times a person has sent the job back to a stage (an escalation resolved with
+	// RETURN_TO_STAGE). With the evaluator's rounds it names a stage's completion, so a stage
+	// that a person sends the job back to runs again rather than answering DUPLICATE, also
+	// before any judge verdict. Zero on every hop until then.
+	OperatorReturns uint32 `protobuf:"varint,14,opt,name=operator_returns,json=operatorReturns,proto3" json:"operator_returns,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *HandoffPackage) Reset() {
@@ -312,6 +317,13 @@ func (x *HandoffPackage) GetNextHint() string {
 		return x.NextHint
 	}
 	return ""
+}
+
+func (x *HandoffPackage) GetOperatorReturns() uint32 {
+	if x != nil {
+		return x.OperatorReturns
+	}
+	return 0
 }
 
 // MemoryRef points at one durable fact ("customer_id" "cus_9").
@@ -1165,7 +1177,7 @@ var File_handoff_v2_handoff_proto protoreflect.FileDescriptor
 const file_handoff_v2_handoff_proto_rawDesc = "" +
 	"\n" +
 	"\x18handoff/v2/handoff.proto\x12\n" +
-	"handoff.v2\x1a\x1bbuf/validate/validate.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc8\x05\n" +
+	"handoff.v2\x1a\x1bbuf/validate/validate.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xfd\x05\n" +
 	"\x0eHandoffPackage\x12,\n" +
 	"\x06schema\x18\x01 \x01(\tB\x14\xbaH\x11\xc8\x01\x01r\f\n" +
 	"\n" +
@@ -1183,7 +1195,8 @@ const file_handoff_v2_handoff_proto_rawDesc = "" +
 	"\vmemory_refs\x18\v \x03(\v2\x15.handoff.v2.MemoryRefB\b\xbaH\x05\x92\x01\x02\x10@R\n" +
 	"memoryRefs\x12'\n" +
 	"\x05trace\x18\f \x01(\v2\x11.handoff.v2.TraceR\x05trace\x12%\n" +
-	"\tnext_hint\x18\r \x01(\tB\b\xbaH\x05r\x03\x18\xe8\aR\bnextHint\"e\n" +
+	"\tnext_hint\x18\r \x01(\tB\b\xbaH\x05r\x03\x18\xe8\aR\bnextHint\x123\n" +
+	"\x10operator_returns\x18\x0e \x01(\rB\b\xbaH\x05*\x03\x18\xe8\aR\x0foperatorReturns\"e\n" +
 	"\tMemoryRef\x121\n" +
 	"\x04kind\x18\x01 \x01(\tB\x1d\xbaH\x1a\xc8\x01\x01r\x15\x18@2\x11^[a-z][a-z0-9_]*$R\x04kind\x12%\n" +
 	"\x02id\x18\x02 \x01(\tB\x15\xbaH\x12\xc8\x01\x01r\r\x18\xbf\x012\b^[^\\s]+$R\x02id\"\xca\x02\n" +

@@ -244,7 +244,9 @@ export const AgentRunnerService: GenService<{
   /**
    * Deliver hands a package to the stage it names. The stream's first message is always the
    * Ack. Only after ACCEPTED does the agent run, and one StageResult follows. After
-   * DUPLICATE the prior result is in the Ack and the stream ends.
+   * DUPLICATE the prior result is in the Ack and the stream ends. A COMPLETED result is
+   * stored for repeats while it travels: an error status after it (that write failed)
+   * does not undo it, and a repeat is refused as in flight (ABORTED) until it is stored.
    *
    * @generated from rpc handoff.v1.AgentRunnerService.Deliver
    */
