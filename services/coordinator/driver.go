@@ -81,6 +81,7 @@ var errDone = errors.New("run ended")
 // advance makes one hop of the run (errDone when the run has ended) and returns the run as
 // that hop saved it. job is the run as the previous hop saved it, or nil to load it.
 func (s *Server) advance(ctx context.Context, runID string, job *handoffv1.Job) (*handoffv1.Job, error) {
+	var saved *handoffv1.Budget
 	if job == nil {
 		var err error
 		if job, err = s.opts.Store.GetRun(ctx, runID); err != nil {
@@ -96,12 +97,13 @@ func (s *Server) advance(ctx context.Context, runID string, job *handoffv1.Job) 
 		if err != nil {
 			return nil, fmt.Errorf("open wallet: %w", err)
 		}
+		saved = job.GetWallet()
 		s.setWallet(job, w)
 	}
 	if terminal(job.GetState()) {
 		return nil, errDone
 	}
-	if err := s.step(ctx, job); err != nil {
+	if err := s.step(ctx, job, saved); err != nil {
 		return nil, err
 	}
 	return job, nil
@@ -124,8 +126,13 @@ func (s *Server) debit(ctx context.Context, job *handoffv1.Job, d store.Debit) e
 	return nil
 }
 
-// step makes one hop of a RUNNING run and saves the outcome.
-func (s *Server) step(ctx context.Context, job *handoffv1.Job) error {
+// step makes one hop of a RUNNING run and saves the outcome. saved is the wallet as the run
+// last saved it when the run was just loaded (nil when job is the run the previous step
+// saved): every debit is mirrored into the run when it is saved, so a wallet now below
+// saved was debited by a step whose save failed (or whose coordinator stopped), and this
+// step repeats it. What that step paid is not charged again: the runner replays its hop
+// free of charge, and the rail skips its own debits already taken (aheadOf).
+func (s *Server) step(ctx context.Context, job *handoffv1.Job, saved *handoffv1.Budget) error {
 	p, ok := s.opts.Pipelines[job.GetPipeline()]
 	if !ok {
 		return s.finish(ctx, job, handoffv1.JobState_JOB_STATE_FAILED, nil, fmt.Sprintf("pipeline %q is no longer loaded", job.GetPipeline()))
@@ -135,11 +142,15 @@ func (s *Server) step(ctx context.Context, job *handoffv1.Job) error {
 		return s.finish(ctx, job, handoffv1.JobState_JOB_STATE_FAILED, nil, fmt.Sprintf("stage %q is not in pipeline %s", job.GetStage(), p.Name))
 	}
 	// The rail checks the wallet before it sends anything: an empty wallet or the hop cap
-	// ends the run here, gracefully, instead of in the middle of a stage.
-	if job.GetWallet().GetHopsRemaining() == 0 {
+	// ends the run here, gracefully, instead of in the middle of a stage. Not when the
+	// repeated step emptied it: its hop is a replay that costs nothing again (a hop the
+	// runner would charge, it refuses with REJECTED_BUDGET before any agent runs).
+	hopPaid, usdPaid, _ := aheadOf(saved, job.GetWallet())
+	switch {
+	case hopPaid || usdPaid:
+	case job.GetWallet().GetHopsRemaining() == 0:
 		return s.escalate(ctx, job, p, handoffv1.EscalationCause_ESCALATION_CAUSE_HOP_CAP, fmt.Sprintf("hop cap reached after %d hops", job.GetHops()), nil)
-	}
-	if job.GetWallet().GetUsdRemainingMicros() == 0 {
+	case job.GetWallet().GetUsdRemainingMicros() == 0:
 		return s.escalate(ctx, job, p, handoffv1.EscalationCause_ESCALATION_CAUSE_WALLET_EMPTY, "the job's wallet is empty", nil)
 	}
 	// The hop's send span: a child of the job's trace, and the parent of the receiver's
@@ -156,9 +167,20 @@ func (s *Server) step(ctx context.Context, job *handoffv1.Job) error {
 	// Hop calls run under the span (so gRPC metadata carries it); saving state does not
 	// depend on it.
 	if st.IsWriteback() {
-		return s.writeback(hctx, job, p, st, pkg)
+		return s.writeback(hctx, job, p, st, pkg, saved)
 	}
-	return s.agentHop(hctx, job, p, st, pkg)
+	return s.agentHop(hctx, job, p, st, pkg, saved)
+}
+
+// aheadOf says which parts of wallet cur are below saved (see step): hops, money and
+// revisions already taken by a step being repeated. All false when saved is nil.
+func aheadOf(saved, cur *handoffv1.Budget) (hops, usd, revisions bool) {
+	if saved == nil {
+		return false, false, false
+	}
+	return cur.GetHopsRemaining() < saved.GetHopsRemaining(),
+		cur.GetUsdRemainingMicros() < saved.GetUsdRemainingMicros(),
+		cur.GetRevisionsRemaining() < saved.GetRevisionsRemaining()
 }
 
 // buildPackage makes the package for stage st from the run's durable state alone. Goal and
@@ -196,7 +218,7 @@ func last[T any](xs []T) []T {
 }
 
 // agentHop sends the package to the stage's agent runner and applies the outcome.
-func (s *Server) agentHop(ctx context.Context, job *handoffv1.Job, p *pipeline.Pipeline, st *pipeline.Stage, pkg *handoffv1.HandoffPackage) error {
+func (s *Server) agentHop(ctx context.Context, job *handoffv1.Job, p *pipeline.Pipeline, st *pipeline.Stage, pkg *handoffv1.HandoffPackage, saved *handoffv1.Budget) error {
 	runner := s.runners[st.Runner]
 	req := &handoffv1.DeliverRequest{Package: pkg, Agent: st.AgentName(), RequiredTools: st.Tools}
 	hop := job.GetHops() + 1
@@ -272,17 +294,22 @@ func (s *Server) agentHop(ctx context.Context, job *handoffv1.Job, p *pipeline.P
 		job.Evaluator = ev
 		s.later(job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_VERDICT, Stage: st.Name, Evaluator: ev, Traceparent: ack.GetTraceparent(), Hop: hop})
 		if ev.GetLastVerdict() == handoffv1.Verdict_VERDICT_FAIL {
-			if job.GetWallet().GetRevisionsRemaining() == 0 {
-				return s.escalate(ctx, job, p, handoffv1.EscalationCause_ESCALATION_CAUSE_REVISIONS_EXHAUSTED,
-					fmt.Sprintf("judge %s failed the work and no revisions are left", st.Name), failureReasons(ev))
-			}
-			// Critique loop: back to the reviser, with the failures in the package.
-			if err := s.debit(ctx, job, store.Debit{Revisions: 1}); err != nil {
-				if errors.Is(err, store.ErrWalletEmpty) {
+			// Critique loop: back to the reviser, with the failures in the package, for
+			// one revision off the wallet. A repeated step whose revision was taken
+			// before its save failed has it already.
+			if _, _, taken := aheadOf(saved, job.GetWallet()); !taken {
+				exhausted := job.GetWallet().GetRevisionsRemaining() == 0
+				if !exhausted {
+					err := s.debit(ctx, job, store.Debit{Revisions: 1})
+					if err != nil && !errors.Is(err, store.ErrWalletEmpty) {
+						return err
+					}
+					exhausted = err != nil
+				}
+				if exhausted {
 					return s.escalate(ctx, job, p, handoffv1.EscalationCause_ESCALATION_CAUSE_REVISIONS_EXHAUSTED,
 						fmt.Sprintf("judge %s failed the work and no revisions are left", st.Name), failureReasons(ev))
 				}
-				return err
 			}
 			job.Revisions++
 			job.Stage = st.Revise
@@ -298,7 +325,8 @@ func (s *Server) agentHop(ctx context.Context, job *handoffv1.Job, p *pipeline.P
 }
 
 // writeback calls the writeback service, only ever after a judge's PASS.
-func (s *Server) writeback(ctx context.Context, job *handoffv1.Job, p *pipeline.Pipeline, st *pipeline.Stage, pkg *handoffv1.HandoffPackage) error {
+// saved is as for step.
+func (s *Server) writeback(ctx context.Context, job *handoffv1.Job, p *pipeline.Pipeline, st *pipeline.Stage, pkg *handoffv1.HandoffPackage, saved *handoffv1.Budget) error {
 	if job.GetEvaluator().GetLastVerdict() != handoffv1.Verdict_VERDICT_PASS {
 		return s.escalate(ctx, job, p, handoffv1.EscalationCause_ESCALATION_CAUSE_WRITE_REFUSED,
 			fmt.Sprintf("writeback %s refused by the rail: last verdict is %s, not PASS", st.Name, job.GetEvaluator().GetLastVerdict()), nil)
@@ -319,8 +347,13 @@ func (s *Server) writeback(ctx context.Context, job *handoffv1.Job, p *pipeline.
 	})
 	sent()
 	job.Hops = hop
-	if derr := s.debit(ctx, job, store.Debit{Hops: 1}); derr != nil && !errors.Is(derr, store.ErrWalletEmpty) {
-		return derr
+	// The rail pays the writeback hop itself, once: a repeated step whose debit was taken
+	// before its save failed does not take it again (nothing else debits between the
+	// previous stage's save and this one).
+	if hopPaid, _, _ := aheadOf(saved, job.GetWallet()); !hopPaid {
+		if derr := s.debit(ctx, job, store.Debit{Hops: 1}); derr != nil && !errors.Is(derr, store.ErrWalletEmpty) {
+			return derr
+		}
 	}
 	if err != nil {
 		if ctx.Err() != nil {

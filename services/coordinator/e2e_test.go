@@ -63,7 +63,7 @@ type recorder struct {
 	// failFirst calls report STAGE_STATUS_FAILED.
 	failFirst int
 	mu        sync.Mutex
-	got      []*handoffv1.HandoffPackage
+	got       []*handoffv1.HandoffPackage
 }
 
 func (r *recorder) Card() agentrunner.RoleCard { return agentrunner.RoleCard{Name: r.name} }

@@ -305,7 +305,7 @@ func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEs
 func (s *Server) writebackHop(ctx context.Context, job *handoffv1.Job, p *pipeline.Pipeline, st *pipeline.Stage) error {
 	hctx, tp, end := s.hopSpan(ctx, job, st)
 	defer end()
-	return s.writeback(hctx, job, p, st, s.buildPackage(job, st, tp))
+	return s.writeback(hctx, job, p, st, s.buildPackage(job, st, tp), nil)
 }
 
 func (s *Server) hopSpan(ctx context.Context, job *handoffv1.Job, st *pipeline.Stage) (context.Context, string, func()) {

@@ -25,6 +25,8 @@ type writeLog struct {
 	mu       sync.Mutex
 	writes   []string
 	failPuts atomic.Int32 // refuse this many saves that carry events
+	// failStage, when set, refuses the first save carrying an event of that stage.
+	failStage atomic.Pointer[string]
 }
 
 // newWriteLog is a writeLog over a bbolt store in dir.
@@ -46,6 +48,10 @@ func (w *writeLog) add(s string) {
 
 func (w *writeLog) PutRun(ctx context.Context, j *handoffv1.Job, evs ...*handoffv1.JobEvent) error {
 	if len(evs) > 0 && w.failPuts.Add(-1) >= 0 {
+		return errors.New("writeLog: save refused")
+	}
+	if st := w.failStage.Load(); st != nil && slices.ContainsFunc(evs, func(ev *handoffv1.JobEvent) bool { return ev.GetStage() == *st }) &&
+		w.failStage.CompareAndSwap(st, nil) {
 		return errors.New("writeLog: save refused")
 	}
 	var ks []string
@@ -153,5 +159,69 @@ func TestFailedSaveDropsItsEvents(t *testing.T) {
 	}
 	if draft.calls() != 1 {
 		t.Fatalf("draft ran %d times; want 1 (the repeat is a DUPLICATE)", draft.calls())
+	}
+}
+
+// TestRepeatedStepPaysOnce: a step whose debits landed but whose save failed is repeated,
+// and what it paid is not paid again, nor taken for an empty wallet: the runner's last hop
+// (no HOP_CAP at the stage it paid for), the judge's last revision (no
+// REVISIONS_EXHAUSTED), the writeback hop the rail debits itself (one hop, not two).
+func TestRepeatedStepPaysOnce(t *testing.T) {
+	for _, c := range []struct {
+		name                 string
+		hops, maxRevisions   uint32
+		verdicts             []handoffv1.Verdict
+		failStage            string
+		state                handoffv1.JobState
+		escalatedAt          string
+		draftCalls, hopsLeft int
+		revisionsLeft        uint32
+	}{
+		{name: "last hop", hops: 1, maxRevisions: 1, verdicts: []handoffv1.Verdict{handoffv1.Verdict_VERDICT_PASS}, failStage: "draft",
+			state: handoffv1.JobState_JOB_STATE_ESCALATED, escalatedAt: "judge", draftCalls: 1, hopsLeft: 0, revisionsLeft: 1},
+		{name: "last revision", hops: 10, maxRevisions: 1, verdicts: []handoffv1.Verdict{handoffv1.Verdict_VERDICT_FAIL, handoffv1.Verdict_VERDICT_PASS}, failStage: "judge",
+			state: handoffv1.JobState_JOB_STATE_COMPLETED, draftCalls: 2, hopsLeft: 5, revisionsLeft: 0},
+		{name: "writeback hop", hops: 4, maxRevisions: 1, verdicts: []handoffv1.Verdict{handoffv1.Verdict_VERDICT_PASS}, failStage: "writeback",
+			state: handoffv1.JobState_JOB_STATE_COMPLETED, draftCalls: 1, hopsLeft: 1, revisionsLeft: 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			wl := newWriteLog(t, dir)
+			wl.failStage.Store(&c.failStage)
+			draft := &recorder{name: "draft"}
+			judge := &recorder{name: "judge", verdicts: c.verdicts}
+			st, client := startStack(t, stack.Config{DataDir: dir, Store: wl, Pipelines: relayPipeline(t, 10, int(c.maxRevisions)), Agents: []agentrunner.Agent{draft, judge}})
+			ctx := context.Background()
+			resp, err := client.SubmitJob(ctx, &handoffv1.SubmitJobRequest{JobId: "tkt_1", Pipeline: "relay", Goal: "Draft a triage note",
+				Budget: &handoffv1.Budget{UsdRemainingMicros: 1_000_000, HopsRemaining: c.hops}, Inputs: []*handoffv1.Artifact{mustInput(t, st)}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			evs, err := demo.Watch(ctx, client, resp.GetJob().GetRunId(), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if wl.failStage.Load() != nil {
+				t.Fatalf("no save of stage %s was refused; timeline %v", c.failStage, kinds(evs))
+			}
+			got, err := client.GetJob(ctx, &handoffv1.GetJobRequest{RunId: resp.GetJob().GetRunId()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			job := got.GetJob()
+			if job.GetState() != c.state || job.GetEscalation().GetStage() != c.escalatedAt {
+				t.Fatalf("run %s, escalated at %q (%v); want %s at %q\ntimeline %v", job.GetState(), job.GetEscalation().GetStage(), job.GetEscalation(), c.state, c.escalatedAt, kinds(evs))
+			}
+			if draft.calls() != c.draftCalls {
+				t.Errorf("draft ran %d times; want %d", draft.calls(), c.draftCalls)
+			}
+			w, err := st.Store.OpenWallet(ctx, job.GetRunId(), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if int(w.GetHopsRemaining()) != c.hopsLeft || w.GetRevisionsRemaining() != c.revisionsLeft {
+				t.Errorf("wallet left %d hops, %d revisions; want %d, %d", w.GetHopsRemaining(), w.GetRevisionsRemaining(), c.hopsLeft, c.revisionsLeft)
+			}
+		})
 	}
 }
