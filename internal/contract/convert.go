@@ -40,12 +40,12 @@ func V1ToV2(p *handoffv1.HandoffPackage, deadline time.Time) (*handoffv2.Handoff
 		return nil, errors.New("contract: V1ToV2: budget: the v1 package has no budget to carry the deadline")
 	}
 	out := &handoffv2.HandoffPackage{
-		Schema:        V2,
-		JobId:         p.GetJobId(),
-		Stage:         p.GetStage(),
-		Goal:          p.GetGoal(),
-		Constraints:   cloneStrings(p.GetConstraints()),
-		OpenQuestions: cloneStrings(p.GetOpenQuestions()),
+		Schema:          V2,
+		JobId:           p.GetJobId(),
+		Stage:           p.GetStage(),
+		Goal:            p.GetGoal(),
+		Constraints:     cloneStrings(p.GetConstraints()),
+		OpenQuestions:   cloneStrings(p.GetOpenQuestions()),
 		NextHint:        p.GetNextHint(),
 		OperatorReturns: p.GetOperatorReturns(),
 		Budget: &handoffv2.Budget{
@@ -109,12 +109,12 @@ func V2ToV1(p *handoffv2.HandoffPackage) (*handoffv1.HandoffPackage, error) {
 		return nil, fmt.Errorf("contract: V2ToV1: schema: %q is not %s", p.GetSchema(), V2)
 	}
 	out := &handoffv1.HandoffPackage{
-		Schema:        V1,
-		JobId:         p.GetJobId(),
-		Stage:         p.GetStage(),
-		Goal:          p.GetGoal(),
-		Constraints:   cloneStrings(p.GetConstraints()),
-		OpenQuestions: cloneStrings(p.GetOpenQuestions()),
+		Schema:          V1,
+		JobId:           p.GetJobId(),
+		Stage:           p.GetStage(),
+		Goal:            p.GetGoal(),
+		Constraints:     cloneStrings(p.GetConstraints()),
+		OpenQuestions:   cloneStrings(p.GetOpenQuestions()),
 		NextHint:        p.GetNextHint(),
 		OperatorReturns: p.GetOperatorReturns(),
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"path"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -19,6 +20,7 @@ import (
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/contract"
 	"github.com/handoffhq/handoff/internal/interceptor/budget"
+	"github.com/handoffhq/handoff/internal/interceptor/hop"
 	"github.com/handoffhq/handoff/internal/interceptor/idempotency"
 	"github.com/handoffhq/handoff/internal/interceptor/validate"
 	"github.com/handoffhq/handoff/internal/store"
@@ -167,13 +169,14 @@ func (s *Server) roleStream(srv any, ss grpc.ServerStream, info *grpc.StreamServ
 	if info.FullMethod != handoffv1.AgentRunnerService_Deliver_FullMethodName {
 		return handler(srv, ss)
 	}
-	req := &handoffv1.DeliverRequest{}
-	if err := ss.RecvMsg(req); err != nil {
+	m, err := hop.Receive(ss, &handoffv1.DeliverRequest{})
+	if err != nil {
 		if errors.Is(err, io.EOF) {
 			return status.Errorf(codes.InvalidArgument, "%s: the request message is missing", info.FullMethod)
 		}
 		return err
 	}
+	req := m.(*handoffv1.DeliverRequest)
 	if req.GetPackage() == nil {
 		return errNoPackage
 	}
@@ -185,13 +188,22 @@ func (s *Server) roleStream(srv any, ss grpc.ServerStream, info *grpc.StreamServ
 	return handler(srv, &routedStream{ServerStream: ss, req: req, agent: ag})
 }
 
-// routedStream hands the next interceptor the request the role gate read, and the chosen
-// agent in its context.
+// routedStream hands the next interceptor the request the role gate read (by reference
+// through hop.Receive, or a copy through RecvMsg), and the chosen agent in its context.
 type routedStream struct {
 	grpc.ServerStream
 	req   *handoffv1.DeliverRequest
 	agent Agent
 	read  bool
+}
+
+// TakeRequest implements hop.Holder.
+func (s *routedStream) TakeRequest(want reflect.Type) (proto.Message, bool) {
+	if s.read || reflect.TypeOf(s.req) != want {
+		return nil, false
+	}
+	s.read = true
+	return s.req, true
 }
 
 func (s *routedStream) Context() context.Context {

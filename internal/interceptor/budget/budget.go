@@ -179,8 +179,8 @@ func StreamServerInterceptor(w store.Wallets, opts ...Option) grpc.StreamServerI
 		if !ok {
 			return handler(srv, &guardStream{ServerStream: ss, method: info.FullMethod})
 		}
-		req := newReq()
-		if err := ss.RecvMsg(req); err != nil {
+		req, err := hop.Receive(ss, newReq())
+		if err != nil {
 			return err
 		}
 		bs := &budgetStream{ReplayStream: hop.NewReplayStream(ss, req, "budget")}

@@ -2,6 +2,7 @@ package hop
 
 import (
 	"io"
+	"reflect"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -69,4 +70,40 @@ func (s *ReplayStream) refuse(m any) error {
 	}
 	return status.Errorf(codes.Internal, "%s: handler receives a %s, the interceptor read a %s (WithStreamRequest is misconfigured)",
 		s.Who, pm.ProtoReflect().Descriptor().FullName(), s.First.ProtoReflect().Descriptor().FullName())
+}
+
+// Holder is a stream that holds a request its interceptor received and has not handed on
+// yet (ReplayStream, and the streams that embed it).
+type Holder interface {
+	// TakeRequest hands the held request over by reference, once, when its Go type is
+	// want; the stream then behaves as after its first RecvMsg.
+	TakeRequest(want reflect.Type) (proto.Message, bool)
+}
+
+// TakeRequest implements Holder.
+func (s *ReplayStream) TakeRequest(want reflect.Type) (proto.Message, bool) {
+	if s.handed || reflect.TypeOf(s.First) != want {
+		return nil, false
+	}
+	s.handed = true
+	return s.First, true
+}
+
+// Receive receives the first request of ss for an interceptor that reads it before its
+// handler does. When an interceptor earlier in the chain already received it (ss is a
+// Holder of a request of into's type), that very message is returned, not a copy: every
+// interceptor of a hop would otherwise copy the ~2 KB package once more (a proto.Merge
+// each). Otherwise into is filled by ss.RecvMsg and returned. The message is shared along
+// the chain from then on, so no interceptor may change it after handing it on; the handler
+// still gets its own copy from the last ReplayStream.
+func Receive(ss grpc.ServerStream, into proto.Message) (proto.Message, error) {
+	if h, ok := ss.(Holder); ok {
+		if m, ok := h.TakeRequest(reflect.TypeOf(into)); ok {
+			return m, nil
+		}
+	}
+	if err := ss.RecvMsg(into); err != nil {
+		return nil, err
+	}
+	return into, nil
 }

@@ -114,3 +114,37 @@ func TestReplayStreamRefused(t *testing.T) {
 		t.Errorf("First was modified: %v", first)
 	}
 }
+
+// TestReceiveTakesTheHeldRequest: an interceptor behind a ReplayStream gets the very
+// request the one before it received (no copy, nothing read from the client), once; the
+// stream then behaves as after its first RecvMsg. A stream holding nothing, or a request
+// of another type, is read with RecvMsg.
+func TestReceiveTakesTheHeldRequest(t *testing.T) {
+	held := &handoffv1.DeliverRequest{Agent: "draft"}
+	client := &stream{in: []proto.Message{&handoffv1.DeliverRequest{Agent: "from the client"}}}
+	rs := hop.NewReplayStream(client, held, "test")
+
+	got, err := hop.Receive(rs, &handoffv1.DeliverRequest{})
+	if err != nil || got != proto.Message(held) {
+		t.Fatalf("Receive = %v, %v; want the held request itself", got, err)
+	}
+	if client.recvs != 0 {
+		t.Fatalf("%d reads from the client; want 0", client.recvs)
+	}
+	if err := rs.RecvMsg(&handoffv1.DeliverRequest{}); err != io.EOF {
+		t.Fatalf("RecvMsg after the hand-over = %v; want io.EOF (server-streaming, handed once)", err)
+	}
+
+	// Another type: not taken, read from the stream (here: refused by the ReplayStream).
+	rs2 := hop.NewReplayStream(client, held, "test")
+	if _, err := hop.Receive(rs2, &handoffv1.CheckRequest{}); status.Code(err) != codes.Internal {
+		t.Fatalf("Receive into another type = %v; want the ReplayStream's Internal refusal", err)
+	}
+
+	// Not a holder: RecvMsg into the message given.
+	into := &handoffv1.DeliverRequest{}
+	got, err = hop.Receive(client, into)
+	if err != nil || got != proto.Message(into) || into.GetAgent() != "from the client" || client.recvs != 1 {
+		t.Fatalf("Receive from the client = %v, %v (%d reads); want its message in into", got, err, client.recvs)
+	}
+}

@@ -55,8 +55,8 @@ func StreamServerInterceptor(st store.Idempotency, opts ...StreamOption) grpc.St
 			return status.Errorf(codes.Internal, "idempotency: %s is client-streaming; only server-streaming methods can be keyed", info.FullMethod)
 		}
 		ctx := ss.Context()
-		req := m.newReq()
-		if err := ss.RecvMsg(req); err != nil {
+		req, err := hop.Receive(ss, m.newReq())
+		if err != nil {
 			if err == io.EOF {
 				return status.Errorf(codes.InvalidArgument, "%s: the request message is missing", info.FullMethod)
 			}
