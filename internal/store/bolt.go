@@ -153,7 +153,8 @@ func (s *Bolt) PutRun(_ context.Context, job *handoffv1.Job, evs ...*handoffv1.J
 	if err != nil {
 		return err
 	}
-	return s.update(func(tx *bolt.Tx) error {
+	seqs := make([]uint64, len(evs))
+	err = s.update(func(tx *bolt.Tx) error {
 		runs := tx.Bucket(bucketRuns)
 		if runs.Get([]byte(job.GetRunId())) == nil {
 			return fmt.Errorf("store: put run %s: %w", job.GetRunId(), ErrNotFound)
@@ -161,13 +162,23 @@ func (s *Bolt) PutRun(_ context.Context, job *handoffv1.Job, evs ...*handoffv1.J
 		if err := runs.Put([]byte(job.GetRunId()), data); err != nil {
 			return err
 		}
-		for _, ev := range evs {
-			if _, err := appendEvent(tx, job.GetRunId(), ev); err != nil {
+		for i, ev := range evs {
+			var err error
+			if seqs[i], err = appendEvent(tx, job.GetRunId(), ev); err != nil {
 				return err
 			}
 		}
 		return nil
 	})
+	if err != nil {
+		return err
+	}
+	// Only now: a group commit may run the function again, and a failed one leaves the
+	// events unwritten.
+	for i, ev := range evs {
+		ev.Seq = seqs[i]
+	}
+	return nil
 }
 
 func (s *Bolt) ListRuns(_ context.Context, state handoffv1.JobState, limit int, after string) ([]*handoffv1.Job, string, error) {
@@ -223,7 +234,11 @@ func (s *Bolt) AppendEvent(_ context.Context, runID string, ev *handoffv1.JobEve
 		seq, err = appendEvent(tx, runID, ev)
 		return err
 	})
-	return seq, err
+	if err != nil {
+		return 0, err
+	}
+	ev.Seq = seq
+	return seq, nil
 }
 
 // appendEvent stores ev as the next event of runID's timeline and returns its seq.

@@ -233,12 +233,14 @@ func (s *Redis) GetRun(ctx context.Context, runID string) (*handoffv1.Job, error
 }
 
 // putRunEventsScript replaces a run that exists and appends events to its timeline, in one
-// step. KEYS: run, events. ARGV: Job bytes, event bytes... Reply: 1, or 0 for no such run.
+// step. KEYS: run, events. ARGV: Job bytes, event bytes... Reply: the timeline's length
+// after the events (the last one's seq), or 0 for no such run.
 var putRunEventsScript = redis.NewScript(`
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 redis.call('SET', KEYS[1], ARGV[1])
-for i = 2, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
-return 1
+local n = 0
+for i = 2, #ARGV do n = redis.call('RPUSH', KEYS[2], ARGV[i]) end
+return n
 `)
 
 // PutRun is SET XX (one command that writes only when the run exists), or, with events, a
@@ -260,9 +262,14 @@ func (s *Redis) PutRun(ctx context.Context, job *handoffv1.Job, evs ...*handoffv
 			}
 			args = append(args, b)
 		}
-		var n int64
-		n, err = putRunEventsScript.Run(ctx, s.rdb, []string{s.key("run", job.GetRunId()), s.key("events", job.GetRunId())}, args...).Int64()
-		ok = n == 1
+		var last int64
+		last, err = putRunEventsScript.Run(ctx, s.rdb, []string{s.key("run", job.GetRunId()), s.key("events", job.GetRunId())}, args...).Int64()
+		ok = last > 0
+		if ok && err == nil {
+			for i, ev := range evs {
+				ev.Seq = uint64(last) - uint64(len(evs)-1-i)
+			}
+		}
 	}
 	if err != nil {
 		return s.errf("put run %s: %w", job.GetRunId(), err)
@@ -366,6 +373,7 @@ func (s *Redis) AppendEvent(ctx context.Context, runID string, ev *handoffv1.Job
 	if seq == 0 {
 		return 0, s.errf("append event to run %s: %w", runID, ErrNotFound)
 	}
+	ev.Seq = uint64(seq)
 	return uint64(seq), nil
 }
 

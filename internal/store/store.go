@@ -43,13 +43,14 @@ type Runs interface {
 	GetRun(ctx context.Context, runID string) (*handoffv1.Job, error)
 	// PutRun replaces a stored run (ErrNotFound if it was never created) and appends evs
 	// to its timeline (as AppendEvent does, in order), atomically: the run's state and the
-	// events that led to it are saved together, in one write.
+	// events that led to it are saved together, in one write. On success each event's Seq
+	// is set to its place in the timeline.
 	PutRun(ctx context.Context, job *handoffv1.Job, evs ...*handoffv1.JobEvent) error
 	// ListRuns lists runs newest first, optionally only those in one state. after is the
 	// page token returned by the previous call ("" for the first page).
 	ListRuns(ctx context.Context, state handoffv1.JobState, limit int, after string) (runs []*handoffv1.Job, next string, err error)
 	// AppendEvent adds an event to a run's timeline, assigning the next sequence number
-	// (from 1), and returns it.
+	// (from 1), and returns it; on success ev.Seq is set to it too.
 	AppendEvent(ctx context.Context, runID string, ev *handoffv1.JobEvent) (uint64, error)
 	// Events returns a run's events with seq > afterSeq, in order.
 	Events(ctx context.Context, runID string, afterSeq uint64) ([]*handoffv1.JobEvent, error)

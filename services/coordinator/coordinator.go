@@ -5,12 +5,14 @@
 package coordinator
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -98,6 +100,7 @@ type Server struct {
 	mu      sync.Mutex
 	driving map[string]bool                  // run ids with a live driver in this process
 	notify  map[string]chan struct{}         // closed and replaced whenever a run gets an event
+	feeds   map[string]*feed                 // runs watched here: the events this process wrote
 	pending map[string][]*handoffv1.JobEvent // events waiting for their run's next save (later)
 
 	wg        sync.WaitGroup
@@ -151,6 +154,7 @@ func New(opts Options) (*Server, error) {
 		runners: map[string]handoffv1.AgentRunnerServiceClient{"": opts.Runner},
 		driving: map[string]bool{},
 		notify:  map[string]chan struct{}{},
+		feeds:   map[string]*feed{},
 		pending: map[string][]*handoffv1.JobEvent{},
 
 		stopping:  make(chan struct{}),
@@ -337,11 +341,17 @@ func (s *Server) WatchJob(req *handoffv1.WatchJobRequest, stream grpc.ServerStre
 	// for the event (up to endGrace, in case the append failed) rather than end without it.
 	const endGrace = 2 * time.Second
 	sawEnd, endBy := false, time.Time{}
+	defer s.watchFeed(req.GetRunId())()
 	for {
 		wait := s.waiter(req.GetRunId())
-		evs, err := s.opts.Store.Events(ctx, req.GetRunId(), after)
-		if err != nil {
-			return storeErr(err, req.GetRunId())
+		// Events this process wrote come from the feed; the first read, a watcher that fell
+		// behind, and a poll for other processes' writes go to the store.
+		evs, ok := s.fed(req.GetRunId(), after)
+		if !ok {
+			var err error
+			if evs, err = s.opts.Store.Events(ctx, req.GetRunId(), after); err != nil {
+				return storeErr(err, req.GetRunId())
+			}
 		}
 		for _, ev := range evs {
 			if err := stream.Send(&handoffv1.WatchJobResponse{Event: ev}); err != nil {
@@ -435,13 +445,97 @@ func (s *Server) waiter(runID string) <-chan struct{} {
 	return ch
 }
 
-func (s *Server) wake(runID string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+// wakeLocked closes the run's waiter channel; s.mu is held.
+func (s *Server) wakeLocked(runID string) {
 	if ch, ok := s.notify[runID]; ok {
 		close(ch)
 		delete(s.notify, runID)
 	}
+}
+
+// feedCap bounds a feed: a watcher further behind reads the store.
+const feedCap = 256
+
+// feed holds, for a run with watchers in this process (WatchJob), the latest events this
+// process wrote to its timeline, in seq order, so a watch of a run driven here reads the
+// store only to start, to catch up, and to notice other processes' writes (the poll),
+// instead of once per event.
+type feed struct {
+	watchers int
+	evs      []*handoffv1.JobEvent
+}
+
+// watchFeed makes the run's feed collect events for one more watcher; stop ends that.
+func (s *Server) watchFeed(runID string) (stop func()) {
+	s.mu.Lock()
+	f, ok := s.feeds[runID]
+	if !ok {
+		f = &feed{}
+		s.feeds[runID] = f
+	}
+	f.watchers++
+	s.mu.Unlock()
+	return func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if f.watchers--; f.watchers == 0 {
+			delete(s.feeds, runID)
+		}
+	}
+}
+
+// published wakes the run's watchers after evs were written, handing the events to its feed
+// when it has one. Events without a seq (a store that did not number them) are not fed:
+// the watchers then read them from the store.
+func (s *Server) published(runID string, evs []*handoffv1.JobEvent) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if f, ok := s.feeds[runID]; ok {
+		for _, ev := range evs {
+			if ev.GetSeq() == 0 {
+				continue
+			}
+			// Writes of one run are sequential, so an event almost always goes last; the
+			// search only keeps the feed ordered if one does not.
+			i := len(f.evs)
+			for i > 0 && f.evs[i-1].GetSeq() >= ev.GetSeq() {
+				i--
+			}
+			if i < len(f.evs) && f.evs[i].GetSeq() == ev.GetSeq() {
+				continue
+			}
+			f.evs = slices.Insert(f.evs, i, proto.Clone(ev).(*handoffv1.JobEvent))
+		}
+		if n := len(f.evs) - feedCap; n > 0 {
+			f.evs = slices.Delete(f.evs, 0, n)
+		}
+	}
+	s.wakeLocked(runID)
+}
+
+// fed returns the run's events after seq after from its feed, when the feed holds the next
+// one (after+1) and those following it without a gap; ok is false otherwise, and the
+// store has to be read.
+func (s *Server) fed(runID string, after uint64) (evs []*handoffv1.JobEvent, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	f := s.feeds[runID]
+	if f == nil {
+		return nil, false
+	}
+	i, found := slices.BinarySearchFunc(f.evs, after+1, func(ev *handoffv1.JobEvent, seq uint64) int { return cmp.Compare(ev.GetSeq(), seq) })
+	if !found {
+		return nil, false
+	}
+	next := after + 1
+	for _, ev := range f.evs[i:] {
+		if ev.GetSeq() != next {
+			break
+		}
+		evs = append(evs, ev)
+		next++
+	}
+	return evs, true
 }
 
 // event appends an event to the run's timeline now, stamped with the run's state, after any
@@ -454,12 +548,15 @@ func (s *Server) event(ctx context.Context, job *handoffv1.Job, ev *handoffv1.Jo
 // appendEvents appends evs to the run's timeline one by one and wakes its watchers. A failed
 // append is logged: the run itself does not depend on its timeline.
 func (s *Server) appendEvents(ctx context.Context, runID string, evs []*handoffv1.JobEvent) {
+	written := evs[:0:0]
 	for _, e := range evs {
 		if _, err := s.opts.Store.AppendEvent(ctx, runID, e); err != nil {
 			s.log.Error("append event", "run_id", runID, "kind", e.GetKind().String(), "err", err)
+			continue
 		}
+		written = append(written, e)
 	}
-	s.wake(runID)
+	s.published(runID, written)
 }
 
 // eventAsync is event without waiting: the write overlaps the call the event announces (the

@@ -460,7 +460,7 @@ func (s *Server) save(ctx context.Context, job *handoffv1.Job) error {
 		return fmt.Errorf("save run %s: %w", job.GetRunId(), err)
 	}
 	if len(evs) > 0 {
-		s.wake(job.GetRunId())
+		s.published(job.GetRunId(), evs)
 	}
 	return nil
 }

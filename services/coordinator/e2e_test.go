@@ -62,7 +62,9 @@ type recorder struct {
 	verdicts []handoffv1.Verdict
 	// failFirst calls report STAGE_STATUS_FAILED.
 	failFirst int
-	mu        sync.Mutex
+	// proceed, when set, holds every call until it is closed.
+	proceed chan struct{}
+	mu      sync.Mutex
 	got       []*handoffv1.HandoffPackage
 }
 
@@ -79,6 +81,13 @@ func (r *recorder) Run(ctx context.Context, in agentrunner.Input) (*handoffv1.St
 	n := len(r.got)
 	r.got = append(r.got, proto.Clone(in.Package).(*handoffv1.HandoffPackage))
 	r.mu.Unlock()
+	if r.proceed != nil {
+		select {
+		case <-r.proceed:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
 	res := &handoffv1.StageResult{SpentUsdMicros: r.spend}
 	if n < r.failFirst {
 		return &handoffv1.StageResult{Status: handoffv1.StageStatus_STAGE_STATUS_FAILED, Error: "model timed out"}, nil

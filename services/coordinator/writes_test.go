@@ -25,6 +25,7 @@ type writeLog struct {
 	mu       sync.Mutex
 	writes   []string
 	failPuts atomic.Int32 // refuse this many saves that carry events
+	reads    atomic.Int32 // Events calls
 	// failStage, when set, refuses the first save carrying an event of that stage.
 	failStage atomic.Pointer[string]
 }
@@ -60,6 +61,11 @@ func (w *writeLog) PutRun(ctx context.Context, j *handoffv1.Job, evs ...*handoff
 	}
 	w.add(fmt.Sprintf("PutRun(%s)[%s]", strings.TrimPrefix(j.GetState().String(), "JOB_STATE_"), strings.Join(ks, " ")))
 	return w.Store.PutRun(ctx, j, evs...)
+}
+
+func (w *writeLog) Events(ctx context.Context, id string, after uint64) ([]*handoffv1.JobEvent, error) {
+	w.reads.Add(1)
+	return w.Store.Events(ctx, id, after)
 }
 
 func (w *writeLog) AppendEvent(ctx context.Context, id string, ev *handoffv1.JobEvent) (uint64, error) {
@@ -223,5 +229,109 @@ func TestRepeatedStepPaysOnce(t *testing.T) {
 				t.Errorf("wallet left %d hops, %d revisions; want %d, %d", w.GetHopsRemaining(), w.GetRevisionsRemaining(), c.hopsLeft, c.revisionsLeft)
 			}
 		})
+	}
+}
+
+// TestWatchReadsTheStoreOnce: a watch of a run this coordinator drives gets its events from
+// the coordinator's writes, not from a store read per event: one read to start, and the
+// whole timeline, in order, without a gap.
+func TestWatchReadsTheStoreOnce(t *testing.T) {
+	dir := t.TempDir()
+	wl := newWriteLog(t, dir)
+	draft := &recorder{name: "draft", proceed: make(chan struct{})}
+	judge := &recorder{name: "judge", verdicts: []handoffv1.Verdict{handoffv1.Verdict_VERDICT_PASS}}
+	st, client := startStack(t, stack.Config{DataDir: dir, Store: wl, Pipelines: relayPipeline(t, 10, 2), Agents: []agentrunner.Agent{draft, judge}})
+	ctx := context.Background()
+	resp, err := client.SubmitJob(ctx, &handoffv1.SubmitJobRequest{JobId: "tkt_1", Pipeline: "relay", Goal: "Draft a triage note",
+		Budget: &handoffv1.Budget{UsdRemainingMicros: 1_000_000}, Inputs: []*handoffv1.Artifact{mustInput(t, st)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		evs []*handoffv1.JobEvent
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		evs, err := demo.Watch(ctx, client, resp.GetJob().GetRunId(), nil)
+		done <- result{evs, err}
+	}()
+	// The draft holds the run until the watch has made its first read.
+	for deadline := time.Now().Add(10 * time.Second); wl.reads.Load() == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the watch never read the store")
+		}
+	}
+	start := wl.reads.Load()
+	close(draft.proceed)
+	r := <-done
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	want := []string{"draft:SUBMITTED", "draft:PACKAGE_SENT", "draft:ACK:ACCEPTED", "draft:STAGE_RESULT",
+		"judge:PACKAGE_SENT", "judge:ACK:ACCEPTED", "judge:STAGE_RESULT", "judge:VERDICT:PASS",
+		"writeback:PACKAGE_SENT", "writeback:ACK:ACCEPTED", "writeback:RECEIPT", "writeback:COMPLETED"}
+	if got := kinds(r.evs); !slices.Equal(got, want) {
+		t.Fatalf("timeline\n got %v\nwant %v", got, want)
+	}
+	for i, ev := range r.evs {
+		if ev.GetSeq() != uint64(i+1) {
+			t.Fatalf("event %d has seq %d; want %d", i, ev.GetSeq(), i+1)
+		}
+	}
+	// After its first read the watch may poll once for other processes (every 500ms); the
+	// ten events written after it must not each cost a read.
+	if n := wl.reads.Load() - start; n > 1 {
+		t.Fatalf("the watch read the store %d more times after its first read; want at most 1", n)
+	}
+}
+
+// TestWatchSeesOtherWriters: events another process writes to the shared store (a replica
+// that holds the run's lease) reach a watch here too, through its poll, in order, and the
+// watch ends at the run's terminal event.
+func TestWatchSeesOtherWriters(t *testing.T) {
+	dir := t.TempDir()
+	wl := newWriteLog(t, dir)
+	_, client := startStack(t, stack.Config{DataDir: dir, Store: wl, Pipelines: relayPipeline(t, 10, 2),
+		Agents: []agentrunner.Agent{&recorder{name: "draft"}, &recorder{name: "judge", verdicts: []handoffv1.Verdict{handoffv1.Verdict_VERDICT_PASS}}}})
+	ctx := context.Background()
+	run := &handoffv1.Job{RunId: "run_elsewhere", JobId: "tkt_9", Pipeline: "relay", Stage: "draft", State: handoffv1.JobState_JOB_STATE_RUNNING}
+	if _, _, err := wl.Store.CreateRun(ctx, run); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := wl.Store.AcquireLease(ctx, "run:"+run.GetRunId(), "other-replica", time.Minute); err != nil || !ok {
+		t.Fatalf("lease for the other replica: %v, %v", ok, err)
+	}
+	type result struct {
+		evs []*handoffv1.JobEvent
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		evs, err := demo.Watch(ctx, client, run.GetRunId(), nil)
+		done <- result{evs, err}
+	}()
+	for deadline := time.Now().Add(10 * time.Second); wl.reads.Load() == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the watch never read the store")
+		}
+	}
+	if _, err := wl.Store.AppendEvent(ctx, run.GetRunId(), &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_PACKAGE_SENT, Stage: "draft"}); err != nil {
+		t.Fatal(err)
+	}
+	run.State = handoffv1.JobState_JOB_STATE_COMPLETED
+	if err := wl.Store.PutRun(ctx, run, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_COMPLETED, Stage: "draft"}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-done:
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		if got, want := kinds(r.evs), []string{"draft:PACKAGE_SENT", "draft:COMPLETED"}; !slices.Equal(got, want) {
+			t.Fatalf("timeline %v; want %v", got, want)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the watch never saw the other replica's events")
 	}
 }

@@ -270,9 +270,10 @@ func testEvents(t *testing.T, s store.Store) {
 		t.Fatal(err)
 	}
 	for i := 1; i <= 3; i++ {
-		seq, err := s.AppendEvent(ctx, "r", &handoffv1.JobEvent{Stage: fmt.Sprint("s", i)})
-		if err != nil || seq != uint64(i) {
-			t.Fatalf("AppendEvent #%d = %d, %v", i, seq, err)
+		ev := &handoffv1.JobEvent{Stage: fmt.Sprint("s", i)}
+		seq, err := s.AppendEvent(ctx, "r", ev)
+		if err != nil || seq != uint64(i) || ev.GetSeq() != seq {
+			t.Fatalf("AppendEvent #%d = %d, %v (event's seq %d)", i, seq, err, ev.GetSeq())
 		}
 	}
 	evs, err := s.Events(ctx, "r", 1)
@@ -282,8 +283,12 @@ func testEvents(t *testing.T, s store.Store) {
 
 	// PutRun with events: the run and the events together, numbered after the others.
 	run := &handoffv1.Job{RunId: "r", Stage: "after", Hops: 4}
-	if err := s.PutRun(ctx, run, &handoffv1.JobEvent{Stage: "s4", Seq: 99}, &handoffv1.JobEvent{Stage: "s5"}); err != nil {
+	s4, s5 := &handoffv1.JobEvent{Stage: "s4", Seq: 99}, &handoffv1.JobEvent{Stage: "s5"}
+	if err := s.PutRun(ctx, run, s4, s5); err != nil {
 		t.Fatal(err)
+	}
+	if s4.GetSeq() != 4 || s5.GetSeq() != 5 {
+		t.Fatalf("PutRun set the events' seqs to %d, %d; want 4, 5 (their places in the timeline)", s4.GetSeq(), s5.GetSeq())
 	}
 	if got, err := s.GetRun(ctx, "r"); err != nil || !proto.Equal(got, run) {
 		t.Fatalf("run after PutRun with events = %v, %v; want %v", got, err, run)
