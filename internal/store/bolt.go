@@ -224,9 +224,9 @@ func (s *Bolt) ListRuns(_ context.Context, state handoffv1.JobState, limit int, 
 	return out, next, err
 }
 
-func (s *Bolt) AppendEvent(_ context.Context, runID string, ev *handoffv1.JobEvent) (uint64, error) {
+func (s *Bolt) AppendEvent(ctx context.Context, runID string, ev *handoffv1.JobEvent) (uint64, error) {
 	var seq uint64
-	err := s.update(func(tx *bolt.Tx) error {
+	err := s.updateLinger(lingerOf(ctx), func(tx *bolt.Tx) error {
 		if tx.Bucket(bucketRuns).Get([]byte(runID)) == nil {
 			return fmt.Errorf("store: append event to run %s: %w", runID, ErrNotFound)
 		}
@@ -458,8 +458,8 @@ func (s *Bolt) Admit(_ context.Context, key string, pendingTTL time.Duration, wa
 	return a, nil
 }
 
-func (s *Bolt) Complete(_ context.Context, key string, value []byte, ttl time.Duration) error {
-	return s.update(func(tx *bolt.Tx) error {
+func (s *Bolt) Complete(ctx context.Context, key string, value []byte, ttl time.Duration) error {
+	return s.updateLinger(lingerOf(ctx), func(tx *bolt.Tx) error {
 		var exp time.Time
 		if ttl > 0 {
 			exp = s.now().Add(ttl)

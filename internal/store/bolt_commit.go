@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 )
@@ -18,7 +19,13 @@ import (
 //
 // Unlike bbolt's own Batch there is no timer: a writer that finds nobody committing starts
 // at once, so a lone call costs what db.Update costs, and batches form only from writers
-// that would have waited anyway.
+// that would have waited anyway. The one exception is a write its caller marked with
+// Linger (one off the caller's critical path, such as the package-sent event written while
+// the package travels, or a completion stored after its result was sent): finding nobody
+// committing, it waits up to its linger for another writer to lead a transaction it can
+// join, and commits alone only if none comes. On one host the writes of a hop then share
+// fsyncs: the package-sent event with the runner's Admit, the runner's Complete with the
+// coordinator's save.
 //
 // The leader is the caller that found nobody committing. It commits everything queued (its
 // own call among it), wakes those callers with their results, and passes the lead to the
@@ -47,7 +54,11 @@ type committer struct {
 // update runs fn in a write transaction, shared with concurrent callers (see above). fn
 // may run more than once (after a rolled-back attempt), so it must set all its outputs on
 // every run and have no effect outside tx. Its error, or the commit's, is returned.
-func (s *Bolt) update(fn func(*bolt.Tx) error) error {
+func (s *Bolt) update(fn func(*bolt.Tx) error) error { return s.updateLinger(0, fn) }
+
+// updateLinger is update for a write that may wait up to linger for company (see above)
+// before it commits alone; linger <= 0 is update.
+func (s *Bolt) updateLinger(linger time.Duration, fn func(*bolt.Tx) error) error {
 	c := &txCall{fn: fn, wake: make(chan bool, 1)}
 	g := &s.commit
 	g.mu.Lock()
@@ -57,7 +68,22 @@ func (s *Bolt) update(fn func(*bolt.Tx) error) error {
 	}
 	g.queue = append(g.queue, c)
 	lead := !g.committing
-	g.committing = true
+	if lead && linger > 0 {
+		// Queued with nobody committing: the next writer to come leads and takes this call
+		// along. If none comes in time, this call leads, unless a commit has started
+		// meanwhile (then it is in that batch or the next, like any queued call).
+		lead = false
+		time.AfterFunc(linger, func() {
+			g.mu.Lock()
+			defer g.mu.Unlock()
+			if !g.committing && slices.Contains(g.queue, c) {
+				g.committing = true
+				c.wake <- true
+			}
+		})
+	} else {
+		g.committing = true
+	}
 	g.mu.Unlock()
 	if !lead && !<-c.wake {
 		return c.err
@@ -144,11 +170,16 @@ func (c *txCall) run(tx *bolt.Tx) (err error) {
 	return c.fn(tx)
 }
 
-// closeCommits refuses new writes and waits for the running commit to finish.
+// closeCommits refuses new writes, commits the lingering ones at once, and waits for the
+// running commit to finish.
 func (s *Bolt) closeCommits() {
 	g := &s.commit
 	g.mu.Lock()
 	g.closed = true
+	if !g.committing && len(g.queue) > 0 {
+		g.committing = true
+		g.queue[0].wake <- true
+	}
 	for g.committing {
 		g.idle.Wait()
 	}

@@ -160,3 +160,78 @@ func TestCloseRefusesWrites(t *testing.T) {
 		t.Fatalf("update after Close = %v, want errClosed", err)
 	}
 }
+
+// TestLingerJoinsTheNextWrite: a lingering write waits for company: a plain write that
+// comes within its linger leads one transaction for both; alone, it commits by itself once
+// its linger passes; Close commits one still waiting at once. Every write is on disk when
+// its call returns.
+func TestLingerJoinsTheNextWrite(t *testing.T) {
+	s := openTestBolt(t)
+	bucket := []byte("t")
+	if err := s.db.Update(func(tx *bolt.Tx) error { _, err := tx.CreateBucket(bucket); return err }); err != nil {
+		t.Fatal(err)
+	}
+	put := func(k string) func(*bolt.Tx) error {
+		return func(tx *bolt.Tx) error { return tx.Bucket(bucket).Put([]byte(k), []byte("v")) }
+	}
+	has := func(k string) bool {
+		var ok bool
+		s.db.View(func(tx *bolt.Tx) error { ok = tx.Bucket(bucket).Get([]byte(k)) != nil; return nil })
+		return ok
+	}
+
+	// Company: the lingering write is queued, not committed, until the plain write leads.
+	before := txCount(s)
+	lingered := make(chan error, 1)
+	go func() { lingered <- s.updateLinger(time.Hour, put("event")) }()
+	queued(t, s, 1)
+	if txCount(s) != before || has("event") {
+		t.Fatal("the lingering write committed on its own before its linger passed")
+	}
+	if err := s.update(put("admit")); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-lingered; err != nil {
+		t.Fatal(err)
+	}
+	if n := txCount(s) - before; n != 1 || !has("event") || !has("admit") {
+		t.Fatalf("%d transactions, event %v, admit %v; want both in 1", n, has("event"), has("admit"))
+	}
+
+	// Alone: it commits by itself once its linger has passed.
+	before = txCount(s)
+	if err := s.updateLinger(time.Millisecond, put("alone")); err != nil || !has("alone") || txCount(s)-before != 1 {
+		t.Fatalf("alone: %v, on disk %v, %d transactions; want committed in 1", err, has("alone"), txCount(s)-before)
+	}
+
+	// Close does not wait out a linger, and does not drop the write.
+	path := s.db.Path()
+	go func() { lingered <- s.updateLinger(time.Hour, put("at-close")) }()
+	queued(t, s, 1)
+	closed := make(chan error, 1)
+	go func() { closed <- s.Close() }()
+	select {
+	case err := <-lingered:
+		if err != nil {
+			t.Fatalf("lingering write at Close: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close left the lingering write waiting")
+	}
+	if err := <-closed; err != nil {
+		t.Fatal(err)
+	}
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if err := db.View(func(tx *bolt.Tx) error {
+		if tx.Bucket(bucket).Get([]byte("at-close")) == nil {
+			return errors.New("the write made at Close is not on disk")
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -20,6 +20,24 @@ var ErrNotFound = errors.New("not found")
 // ErrWalletEmpty is returned by Debit when the wallet cannot cover it; nothing was taken.
 var ErrWalletEmpty = errors.New("wallet empty")
 
+// lingerKey carries a write's linger in its context (Linger).
+type lingerKey struct{}
+
+// Linger marks the writes made with ctx as ones off their caller's critical path, which
+// need not start a transaction of their own at once: on bbolt each may wait up to d for
+// another write to share its transaction (and its fsync) with, and commits alone when none
+// comes; the write is as durable as any when the call returns. Honoured by the bbolt
+// store's AppendEvent and Complete; Redis, where writes do not queue behind each other,
+// ignores it.
+func Linger(ctx context.Context, d time.Duration) context.Context {
+	return context.WithValue(ctx, lingerKey{}, d)
+}
+
+func lingerOf(ctx context.Context) time.Duration {
+	d, _ := ctx.Value(lingerKey{}).(time.Duration)
+	return d
+}
+
 // Store is everything the services persist.
 type Store interface {
 	Runs

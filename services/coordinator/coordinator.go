@@ -559,6 +559,9 @@ func (s *Server) appendEvents(ctx context.Context, runID string, evs []*handoffv
 	s.published(runID, written)
 }
 
+// asyncEventLinger is how long an eventAsync write may wait for company (store.Linger).
+const asyncEventLinger = time.Millisecond
+
 // eventAsync is event without waiting: the write overlaps the call the event announces (the
 // package sent), so it costs the hop no store round trip of its own. The returned function
 // waits for the write; call it before the run's next write, which keeps the timeline in
@@ -570,7 +573,9 @@ func (s *Server) eventAsync(ctx context.Context, job *handoffv1.Job, ev *handoff
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		s.appendEvents(ctx, runID, evs)
+		// Off the hop's path: on bbolt the write may wait a moment for the receiver's first
+		// write (the runner's Admit, when they share the store) and share its fsync.
+		s.appendEvents(store.Linger(ctx, asyncEventLinger), runID, evs)
 	}()
 	return func() { <-done }
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -214,13 +215,15 @@ func (s *claimedStream) SendMsg(m any) error {
 		// The caller keeps the result itself before acting on it, so the store write
 		// need not delay it. It is made even if the send failed: the work is done, and
 		// the caller's retry should get it back rather than run it again.
+		// On bbolt the write may wait a moment to share the caller's next write's fsync
+		// (the coordinator saves the result it just got).
 		sendErr := s.ServerStream.SendMsg(m)
-		if err := s.complete(value); err != nil {
+		if err := s.complete(store.Linger(s.ctx, afterSendLinger), value); err != nil {
 			return err
 		}
 		return sendErr
 	case done:
-		if err := s.complete(value); err != nil {
+		if err := s.complete(s.ctx, value); err != nil {
 			return err
 		}
 	case failed:
@@ -230,10 +233,15 @@ func (s *claimedStream) SendMsg(m any) error {
 	return s.ServerStream.SendMsg(m)
 }
 
+// afterSendLinger is how long a completion stored after its result was sent may wait for
+// company on bbolt (store.Linger): it is off the caller's path, and the caller's save of the
+// result comes right behind it.
+const afterSendLinger = time.Millisecond
+
 // complete stores a done result under the key; on failure the key stays claimed and the
 // call ends with the error.
-func (s *claimedStream) complete(value []byte) error {
-	if err := s.e.complete(s.ctx, s.key, value); err != nil {
+func (s *claimedStream) complete(ctx context.Context, value []byte) error {
+	if err := s.e.complete(ctx, s.key, value); err != nil {
 		s.outcome = unrecorded
 		s.recordErr = s.e.notRecorded(s.ctx, s.method, s.key, err)
 		return s.recordErr
