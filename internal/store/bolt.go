@@ -79,12 +79,13 @@ func u64(n uint64) []byte {
 	return b
 }
 
-func (s *Bolt) CreateRun(_ context.Context, job *handoffv1.Job) (*handoffv1.Job, bool, error) {
+func (s *Bolt) CreateRun(_ context.Context, job *handoffv1.Job, evs ...*handoffv1.JobEvent) (*handoffv1.Job, bool, error) {
 	if job.GetRunId() == "" {
 		return nil, false, fmt.Errorf("store: run_id is empty")
 	}
 	var out *handoffv1.Job
 	created := false
+	seqs := make([]uint64, len(evs))
 	err := s.update(func(tx *bolt.Tx) error {
 		out, created = nil, false
 		runs := tx.Bucket(bucketRuns)
@@ -121,9 +122,31 @@ func (s *Bolt) CreateRun(_ context.Context, job *handoffv1.Job) (*handoffv1.Job,
 				return err
 			}
 		}
+		if b := job.GetWallet(); b != nil {
+			w := tx.Bucket(bucketWallets)
+			if w.Get([]byte(job.GetRunId())) == nil {
+				data, err := proto.Marshal(b)
+				if err != nil {
+					return err
+				}
+				if err := w.Put([]byte(job.GetRunId()), data); err != nil {
+					return err
+				}
+			}
+		}
+		for i, ev := range evs {
+			if seqs[i], err = appendEvent(tx, job.GetRunId(), ev); err != nil {
+				return err
+			}
+		}
 		out, created = proto.Clone(job).(*handoffv1.Job), true
 		return nil
 	})
+	if err == nil && created {
+		for i, ev := range evs {
+			ev.Seq = seqs[i]
+		}
+	}
 	return out, created, err
 }
 

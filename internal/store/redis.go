@@ -173,23 +173,31 @@ func (s *Redis) Close() error {
 
 // ---- Runs ----
 
-// createRunScript stores a run and indexes it, unless its request id was seen before (then it
-// returns {"dup", earlier run_id}) or its run id is taken ({"exists"}).
-// KEYS: run, runs:index, runs:seq[, request]. ARGV: run_id, Job bytes.
+// createRunScript stores a run, indexes it, opens its wallet (when given and missing, as
+// openWalletScript) and appends its first events, unless its request id was seen before
+// (then it returns {"dup", earlier run_id}) or its run id is taken ({"exists"}). Reply on
+// success: {"created", the timeline's length after the events}.
+// KEYS: run, runs:index, runs:seq, events, wallet[, request]. ARGV: run_id, Job bytes,
+// "1" when a wallet is given (else "0"), usd, revisions, hops, event bytes...
 var createRunScript = redis.NewScript(`
-if KEYS[4] then
-  local prev = redis.call('GET', KEYS[4])
+if KEYS[6] then
+  local prev = redis.call('GET', KEYS[6])
   if prev then return {'dup', prev} end
 end
 if redis.call('EXISTS', KEYS[1]) == 1 then return {'exists'} end
 redis.call('SET', KEYS[1], ARGV[2])
 local seq = redis.call('INCR', KEYS[3])
 redis.call('ZADD', KEYS[2], seq, ARGV[1])
-if KEYS[4] then redis.call('SET', KEYS[4], ARGV[1]) end
-return {'created'}
+if KEYS[6] then redis.call('SET', KEYS[6], ARGV[1]) end
+if ARGV[3] == '1' and redis.call('EXISTS', KEYS[5]) == 0 then
+  redis.call('HSET', KEYS[5], 'usd', ARGV[4], 'revisions', ARGV[5], 'hops', ARGV[6])
+end
+local n = 0
+for i = 7, #ARGV do n = redis.call('RPUSH', KEYS[4], ARGV[i]) end
+return {'created', tostring(n)}
 `)
 
-func (s *Redis) CreateRun(ctx context.Context, job *handoffv1.Job) (*handoffv1.Job, bool, error) {
+func (s *Redis) CreateRun(ctx context.Context, job *handoffv1.Job, evs ...*handoffv1.JobEvent) (*handoffv1.Job, bool, error) {
 	if job.GetRunId() == "" {
 		return nil, false, fmt.Errorf("store: run_id is empty")
 	}
@@ -197,16 +205,39 @@ func (s *Redis) CreateRun(ctx context.Context, job *handoffv1.Job) (*handoffv1.J
 	if err != nil {
 		return nil, false, fmt.Errorf("store: encode run %s: %w", job.GetRunId(), err)
 	}
-	keys := []string{s.key("run", job.GetRunId()), s.key("runs", "index"), s.key("runs", "seq")}
+	keys := []string{s.key("run", job.GetRunId()), s.key("runs", "index"), s.key("runs", "seq"),
+		s.key("events", job.GetRunId()), s.key("wallet", job.GetRunId())}
 	if rid := job.GetRequestId(); rid != "" {
 		keys = append(keys, s.key("request", rid))
 	}
-	res, err := createRunScript.Run(ctx, s.rdb, keys, job.GetRunId(), data).StringSlice()
+	hasWallet := "0"
+	if job.GetWallet() != nil {
+		hasWallet = "1"
+	}
+	b := job.GetWallet()
+	args := []any{job.GetRunId(), data, hasWallet, b.GetUsdRemainingMicros(), b.GetRevisionsRemaining(), b.GetHopsRemaining()}
+	for _, ev := range evs {
+		e, err := encodeEvent(ev)
+		if err != nil {
+			return nil, false, fmt.Errorf("store: encode event for run %s: %w", job.GetRunId(), err)
+		}
+		args = append(args, e)
+	}
+	res, err := createRunScript.Run(ctx, s.rdb, keys, args...).StringSlice()
 	if err != nil {
 		return nil, false, s.errf("create run %s: %w", job.GetRunId(), err)
 	}
 	switch res[0] {
 	case "created":
+		if len(evs) > 0 && len(res) > 1 {
+			last, err := strconv.ParseUint(res[1], 10, 64)
+			if err != nil {
+				return nil, false, s.errf("create run %s: unexpected script reply %q", job.GetRunId(), res)
+			}
+			for i, ev := range evs {
+				ev.Seq = last - uint64(len(evs)-1-i)
+			}
+		}
 		return proto.Clone(job).(*handoffv1.Job), true, nil
 	case "exists":
 		return nil, false, s.errf("create run %s: run already exists", job.GetRunId())

@@ -54,9 +54,12 @@ type Store interface {
 // Runs stores job runs and their event timelines. A run is written after every hop, so a
 // restarted coordinator resumes from the last completed hop.
 type Runs interface {
-	// CreateRun stores a new run. When job.RequestId is set and a run was already created
-	// with that request id, it returns that earlier run and created=false instead.
-	CreateRun(ctx context.Context, job *handoffv1.Job) (run *handoffv1.Job, created bool, err error)
+	// CreateRun stores a new run, opens its wallet (as OpenWallet(job.run_id, job.wallet)
+	// does, when job.wallet is set) and appends evs to its timeline, in one write: a run
+	// never exists without the wallet it started with or its first events. On success each
+	// event's Seq is set. When job.RequestId is set and a run was already created with that
+	// request id, it returns that earlier run and created=false instead, and writes nothing.
+	CreateRun(ctx context.Context, job *handoffv1.Job, evs ...*handoffv1.JobEvent) (run *handoffv1.Job, created bool, err error)
 	// GetRun returns a run or ErrNotFound.
 	GetRun(ctx context.Context, runID string) (*handoffv1.Job, error)
 	// PutRun replaces a stored run (ErrNotFound if it was never created) and appends evs

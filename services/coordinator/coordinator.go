@@ -286,16 +286,23 @@ func (s *Server) SubmitJob(ctx context.Context, req *handoffv1.SubmitJobRequest)
 	if s.stopped() {
 		return nil, status.Error(codes.Unavailable, "coordinator is shutting down; submit to another replica or retry")
 	}
-	run, created, err := s.opts.Store.CreateRun(ctx, job)
+	// The run, its wallet and its SUBMITTED event in one write.
+	submitted := &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_SUBMITTED, Stage: job.GetStage()}
+	s.stamp(job, submitted)
+	run, created, err := s.opts.Store.CreateRun(ctx, job, submitted)
 	if err != nil {
 		return nil, status.Errorf(codes.Unavailable, "store: %v", err)
 	}
 	if !created {
 		return &handoffv1.SubmitJobResponse{Job: run, Existing: true}, nil
 	}
-	s.event(ctx, run, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_SUBMITTED, Stage: run.GetStage()})
+	s.published(run.GetRunId(), []*handoffv1.JobEvent{submitted})
 	s.log.Info("job submitted", "run_id", run.GetRunId(), "job_id", run.GetJobId(), "pipeline", p.Name, "trace_id", traceparent.TraceID(tp))
-	if _, err := s.drive(ctx, run.GetRunId()); err != nil {
+	// The driver starts from the run just written (and its wallet, opened with it) rather
+	// than reading both back.
+	start := proto.Clone(run).(*handoffv1.Job)
+	s.setWallet(start, start.GetWallet())
+	if _, err := s.drive(ctx, run.GetRunId(), start); err != nil {
 		s.log.Warn("could not take the new run's lease; the takeover scan will drive it", "run_id", run.GetRunId(), "err", err)
 	}
 	return &handoffv1.SubmitJobResponse{Job: run}, nil

@@ -31,13 +31,13 @@ const maxCarried = 64
 // and the driver stops before its next hop when it was lost, or when Close started. The run is saved after every hop, so whoever
 // drives it next resumes at the last completed hop. When the store fails, the run waits and
 // tries again: it neither skips a hop nor ends in a state it did not reach.
-func (s *Server) run(ctx context.Context, runID string, l *lease) error {
+func (s *Server) run(ctx context.Context, runID string, l *lease, start *handoffv1.Job) error {
 	backoff := 100 * time.Millisecond
 	// The run as this driver last saved it. Only this driver writes the run while it holds
 	// the lease, and the wallet changes only through its own hops, whose answers it mirrors:
 	// so after a step that saved, the next one starts from memory instead of reading the run
 	// and its wallet again. After any error it reads both from the store.
-	var job *handoffv1.Job
+	job := start
 	for {
 		if ctx.Err() != nil {
 			return context.Cause(ctx)

@@ -122,8 +122,10 @@ func (l *lease) keep(ctx context.Context, lose context.CancelCauseFunc, runID st
 }
 
 // drive starts a driver for the run when this replica can take its lease and has no driver
-// for it yet. It reports whether a driver was started.
-func (s *Server) drive(ctx context.Context, runID string) (bool, error) {
+// for it yet. It reports whether a driver was started. start, when not nil, is the run as
+// its caller just wrote it, with its wallet (SubmitJob): the driver begins from it instead
+// of reading both. The driver owns it from then on.
+func (s *Server) drive(ctx context.Context, runID string, start *handoffv1.Job) (bool, error) {
 	if s.stopped() {
 		return false, nil
 	}
@@ -163,7 +165,7 @@ func (s *Server) drive(ctx context.Context, runID string) (bool, error) {
 		defer lose(nil)
 		kept := make(chan struct{})
 		go func() { defer close(kept); l.keep(dctx, lose, runID) }()
-		err := s.run(dctx, runID, l)
+		err := s.run(dctx, runID, l, start)
 		// Events of a hop whose state was never saved: whoever drives the run next repeats
 		// that hop from the last saved state and records it again.
 		s.dropUnsaved(runID, "driver stopped")
@@ -242,7 +244,7 @@ func (s *Server) scan(ctx context.Context) (int, error) {
 			if mine {
 				continue
 			}
-			started, err := s.drive(ctx, r.GetRunId())
+			started, err := s.drive(ctx, r.GetRunId(), nil)
 			if err != nil {
 				return n, fmt.Errorf("take the lease of run %s: %w", r.GetRunId(), err)
 			}

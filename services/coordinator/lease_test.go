@@ -40,11 +40,11 @@ func (f *faultyStore) cut() error {
 	return nil
 }
 
-func (f *faultyStore) CreateRun(ctx context.Context, j *handoffv1.Job) (*handoffv1.Job, bool, error) {
+func (f *faultyStore) CreateRun(ctx context.Context, j *handoffv1.Job, evs ...*handoffv1.JobEvent) (*handoffv1.Job, bool, error) {
 	if err := f.cut(); err != nil {
 		return nil, false, err
 	}
-	return f.Store.CreateRun(ctx, j)
+	return f.Store.CreateRun(ctx, j, evs...)
 }
 func (f *faultyStore) GetRun(ctx context.Context, id string) (*handoffv1.Job, error) {
 	if err := f.cut(); err != nil {

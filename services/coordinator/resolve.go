@@ -286,7 +286,7 @@ func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEs
 	}
 	release()
 	if job.GetState() == handoffv1.JobState_JOB_STATE_RUNNING {
-		if _, err := s.drive(context.WithoutCancel(ctx), runID); err != nil {
+		if _, err := s.drive(context.WithoutCancel(ctx), runID, nil); err != nil {
 			s.log.Warn("could not take the resolved run's lease; the takeover scan will drive it", "run_id", runID, "err", err)
 		}
 	}

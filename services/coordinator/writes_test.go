@@ -63,6 +63,15 @@ func (w *writeLog) PutRun(ctx context.Context, j *handoffv1.Job, evs ...*handoff
 	return w.Store.PutRun(ctx, j, evs...)
 }
 
+func (w *writeLog) CreateRun(ctx context.Context, j *handoffv1.Job, evs ...*handoffv1.JobEvent) (*handoffv1.Job, bool, error) {
+	var ks []string
+	for _, ev := range evs {
+		ks = append(ks, strings.TrimPrefix(ev.GetKind().String(), "EVENT_KIND_"))
+	}
+	w.add(fmt.Sprintf("CreateRun[%s]", strings.Join(ks, " ")))
+	return w.Store.CreateRun(ctx, j, evs...)
+}
+
 func (w *writeLog) Events(ctx context.Context, id string, after uint64) ([]*handoffv1.JobEvent, error) {
 	w.reads.Add(1)
 	return w.Store.Events(ctx, id, after)
@@ -89,10 +98,11 @@ func (w *writeLog) AcquireLease(ctx context.Context, name, owner string, ttl tim
 }
 
 // TestStepWritesOutcomeWithState: what a hop learned (the ack, the result, the verdict, the
-// receipt, the end) is written with the run's new state in one PutRun; only the intake and
-// each package sent are appended on their own, before the slow call. A spend-free stage
-// debits nothing more, the lease is not renewed on every hop, and the driver opens the
-// wallet once, not before every hop.
+// receipt, the end) is written with the run's new state in one PutRun; the run is created
+// with its wallet and SUBMITTED event in one write, and each package sent is appended on
+// its own, before the slow call. A spend-free stage debits nothing more, the lease is not
+// renewed on every hop, and the driver starts from the run it created instead of reading it
+// and opening its wallet.
 func TestStepWritesOutcomeWithState(t *testing.T) {
 	dir := t.TempDir()
 	wl := newWriteLog(t, dir)
@@ -121,13 +131,13 @@ func TestStepWritesOutcomeWithState(t *testing.T) {
 	wl.mu.Lock()
 	var got []string
 	for _, w := range wl.writes {
-		if strings.HasPrefix(w, "PutRun") || strings.HasPrefix(w, "AppendEvent") || w == "Debit" || w == "AcquireLease" || w == "OpenWallet" {
+		if strings.HasPrefix(w, "PutRun") || strings.HasPrefix(w, "AppendEvent") || strings.HasPrefix(w, "CreateRun") || w == "Debit" || w == "AcquireLease" || w == "OpenWallet" {
 			got = append(got, w)
 		}
 	}
 	wl.mu.Unlock()
 	want := []string{
-		"AppendEvent(SUBMITTED)", "AcquireLease", "OpenWallet", // the driver loads the run and its wallet once
+		"CreateRun[SUBMITTED]", "AcquireLease", // the run with its wallet and first event; the driver starts from it
 		"AppendEvent(PACKAGE_SENT)", "PutRun(RUNNING)[ACK STAGE_RESULT]", // draft: spent nothing, no Debit
 		"AppendEvent(PACKAGE_SENT)", "Debit", "PutRun(RUNNING)[ACK STAGE_RESULT VERDICT]", // judge: its spend
 		"AppendEvent(PACKAGE_SENT)", "Debit", "PutRun(COMPLETED)[ACK RECEIPT COMPLETED]", // writeback: its hop

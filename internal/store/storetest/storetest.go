@@ -212,19 +212,44 @@ func testRuns(t *testing.T, s store.Store) {
 	if _, err := s.GetRun(ctx, "nope"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("GetRun(missing) = %v, want ErrNotFound", err)
 	}
-	job := &handoffv1.Job{RunId: "run-1", JobId: "tkt_1", RequestId: "req-1", Goal: "g", State: handoffv1.JobState_JOB_STATE_RUNNING}
-	got, created, err := s.CreateRun(ctx, job)
+	job := &handoffv1.Job{RunId: "run-1", JobId: "tkt_1", RequestId: "req-1", Goal: "g", State: handoffv1.JobState_JOB_STATE_RUNNING,
+		Wallet: &handoffv1.Budget{UsdRemainingMicros: 5_000, RevisionsRemaining: 2, HopsRemaining: 7}}
+	submitted := &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_SUBMITTED, Stage: "intake"}
+	got, created, err := s.CreateRun(ctx, job, submitted)
 	if err != nil || !created || !proto.Equal(got, job) {
 		t.Fatalf("CreateRun = %v, %v, %v; want the job, created", got, created, err)
 	}
+	// Its wallet and first event came with it.
+	if w, err := s.Wallet(ctx, "run-1"); err != nil || !proto.Equal(w, job.GetWallet()) {
+		t.Fatalf("wallet of the new run = %v, %v; want %v", w, err, job.GetWallet())
+	}
+	if evs, err := s.Events(ctx, "run-1", 0); err != nil || len(evs) != 1 || evs[0].GetKind() != handoffv1.EventKind_EVENT_KIND_SUBMITTED || evs[0].GetSeq() != 1 || submitted.GetSeq() != 1 {
+		t.Fatalf("events of the new run = %v, %v (seq set %d); want SUBMITTED as 1", evs, err, submitted.GetSeq())
+	}
 	// Same request id, new run id: the first run comes back, nothing new is stored.
-	again := &handoffv1.Job{RunId: "run-2", JobId: "tkt_1", RequestId: "req-1"}
-	got, created, err = s.CreateRun(ctx, again)
+	again := &handoffv1.Job{RunId: "run-2", JobId: "tkt_1", RequestId: "req-1", Wallet: &handoffv1.Budget{HopsRemaining: 1}}
+	got, created, err = s.CreateRun(ctx, again, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_SUBMITTED})
 	if err != nil || created || got.GetRunId() != "run-1" {
 		t.Fatalf("CreateRun(same request id) = %v, %v, %v; want run-1, not created", got.GetRunId(), created, err)
 	}
 	if _, err := s.GetRun(ctx, "run-2"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("run-2 was stored although its request id was a retry: %v", err)
+	}
+	if _, err := s.Wallet(ctx, "run-2"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("run-2's wallet was opened although its request id was a retry: %v", err)
+	}
+	if evs, err := s.Events(ctx, "run-1", 1); err != nil || len(evs) != 0 {
+		t.Fatalf("the retry appended events %v, %v; want none", evs, err)
+	}
+	// A wallet that exists is left as it is (as OpenWallet does).
+	if _, err := s.OpenWallet(ctx, "run-3", &handoffv1.Budget{HopsRemaining: 9}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.CreateRun(ctx, &handoffv1.Job{RunId: "run-3", Wallet: &handoffv1.Budget{HopsRemaining: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if w, err := s.Wallet(ctx, "run-3"); err != nil || w.GetHopsRemaining() != 9 {
+		t.Fatalf("wallet opened before its run = %v, %v; want it unchanged (9 hops)", w, err)
 	}
 	job.State = handoffv1.JobState_JOB_STATE_COMPLETED
 	job.Hops = 5
