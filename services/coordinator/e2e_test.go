@@ -65,7 +65,7 @@ type recorder struct {
 	// proceed, when set, holds every call until it is closed.
 	proceed chan struct{}
 	mu      sync.Mutex
-	got       []*handoffv1.HandoffPackage
+	got     []*handoffv1.HandoffPackage
 }
 
 func (r *recorder) Card() agentrunner.RoleCard { return agentrunner.RoleCard{Name: r.name} }
