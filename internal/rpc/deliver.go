@@ -19,43 +19,64 @@ import (
 // It returns as soon as the last message is in; the stream's end is read in the background
 // (see finish). The runner stores a completion while its result travels, so a status after
 // the result (the store write failed) changes nothing for a caller that keeps the result
-// itself, as the coordinator does.
+// itself, as the coordinator does. ctx bounds the call until then: its cancellation or
+// deadline ends the stream while a message is still awaited, and no longer once the last
+// one is in (callers cancel their context as soon as Deliver returns).
 func Deliver(ctx context.Context, runner handoffv1.AgentRunnerServiceClient, req *handoffv1.DeliverRequest) (*handoffv1.Ack, *handoffv1.StageResult, error) {
-	ctx, cancel := context.WithCancel(ctx)
-	stream, err := runner.Deliver(ctx, req)
-	if err != nil {
+	// The stream's own context keeps ctx's values and deadline but not its cancellation,
+	// which is linked by hand (stop unlinks it once the last message is in).
+	base := context.WithoutCancel(ctx)
+	var sctx context.Context
+	var cancel context.CancelFunc
+	if dl, ok := ctx.Deadline(); ok {
+		sctx, cancel = context.WithDeadline(base, dl)
+	} else {
+		sctx, cancel = context.WithCancel(base)
+	}
+	stop := context.AfterFunc(ctx, cancel)
+	fail := func(err error) (*handoffv1.Ack, *handoffv1.StageResult, error) {
+		stop()
 		cancel()
+		if ctxErr := ctx.Err(); ctxErr != nil {
+			// The stream ended because ctx did (cancelled, or its deadline passed): say so
+			// as ctx does, whichever of the two links noticed first.
+			if c := status.Code(err); c == codes.Canceled || c == codes.DeadlineExceeded {
+				return nil, nil, status.FromContextError(ctxErr).Err()
+			}
+		}
 		return nil, nil, err
+	}
+	done := func(ack *handoffv1.Ack, res *handoffv1.StageResult, recv func() (*handoffv1.DeliverResponse, error)) (*handoffv1.Ack, *handoffv1.StageResult, error) {
+		stop()
+		go finish(recv, cancel, drainTimeout)
+		return ack, res, nil
+	}
+	stream, err := runner.Deliver(sctx, req)
+	if err != nil {
+		return fail(err)
 	}
 	first, err := stream.Recv()
 	if err != nil {
-		cancel()
-		return nil, nil, err
+		return fail(err)
 	}
 	ack := first.GetAck()
 	if ack == nil {
-		cancel()
-		return nil, nil, status.Error(codes.Internal, "agent runner broke the protocol: first message is not an ack")
+		return fail(status.Error(codes.Internal, "agent runner broke the protocol: first message is not an ack"))
 	}
 	if ack.GetStatus() != handoffv1.AckStatus_ACK_STATUS_ACCEPTED {
-		go finish(stream.Recv, cancel, drainTimeout) // a refusal is the stream's one message
-		return ack, nil, nil
+		return done(ack, nil, stream.Recv) // a refusal is the stream's one message
 	}
 	msg, err := stream.Recv()
 	if err == io.EOF {
-		cancel()
-		return nil, nil, status.Error(codes.Unavailable, "agent runner closed the stream after ACCEPTED without a result")
+		return fail(status.Error(codes.Unavailable, "agent runner closed the stream after ACCEPTED without a result"))
 	}
 	if err != nil {
-		cancel()
-		return nil, nil, err
+		return fail(err)
 	}
 	if msg.GetResult() == nil {
-		cancel()
-		return nil, nil, status.Error(codes.Internal, "agent runner broke the protocol: second message is not a stage result")
+		return fail(status.Error(codes.Internal, "agent runner broke the protocol: second message is not a stage result"))
 	}
-	go finish(stream.Recv, cancel, drainTimeout)
-	return ack, msg.GetResult(), nil
+	return done(ack, msg.GetResult(), stream.Recv)
 }
 
 // drainTimeout bounds the wait for the end of a Deliver stream after its last message.

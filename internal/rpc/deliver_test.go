@@ -9,8 +9,10 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/stats"
+	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
@@ -63,7 +65,7 @@ func (e *endErrors) HandleRPC(_ context.Context, s stats.RPCStats) {
 func (e *endErrors) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context { return ctx }
 func (e *endErrors) HandleConn(context.Context, stats.ConnStats)                       {}
 
-func stubClient(t *testing.T, r *stubRunner, ends *endErrors) handoffv1.AgentRunnerServiceClient {
+func stubClient(t *testing.T, r handoffv1.AgentRunnerServiceServer, ends *endErrors) handoffv1.AgentRunnerServiceClient {
 	t.Helper()
 	lis := bufconn.Listen(1 << 20)
 	g := grpc.NewServer()
@@ -156,4 +158,78 @@ func TestDeliverEndsAHeldStream(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the stream was never ended: a runner that holds it open would keep it forever")
 	}
+}
+
+// slowEnd is a stubRunner whose stream ends a moment after its result, as the runner's
+// does when it stores the completion after sending it.
+type slowEnd struct{ stubRunner }
+
+func (r *slowEnd) Deliver(req *handoffv1.DeliverRequest, s grpc.ServerStreamingServer[handoffv1.DeliverResponse]) error {
+	if err := r.stubRunner.Deliver(req, s); err != nil {
+		return err
+	}
+	time.Sleep(5 * time.Millisecond)
+	return nil
+}
+
+// TestDeliverOutlivesItsCallersContext: callers cancel their context as soon as Deliver
+// returns (the coordinator's retry does); the stream still ends OK, not Canceled, when its
+// end comes after that.
+func TestDeliverOutlivesItsCallersContext(t *testing.T) {
+	ends := &endErrors{}
+	c := stubClient(t, &slowEnd{}, ends)
+	for i := range 10 {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		_, res, err := Deliver(ctx, c, &handoffv1.DeliverRequest{Package: &handoffv1.HandoffPackage{JobId: "job"}})
+		cancel()
+		if err != nil || res == nil {
+			t.Fatalf("Deliver %d = %v, %v", i, res, err)
+		}
+	}
+	var errs []error
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		ends.mu.Lock()
+		errs = slices.Clone(ends.errs)
+		ends.mu.Unlock()
+		if len(errs) >= 10 || time.Now().After(deadline) {
+			break
+		}
+	}
+	if len(errs) != 10 {
+		t.Fatalf("%d calls ended, want 10", len(errs))
+	}
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("call %d ended with %v; want OK (the caller's cancel after the result must not end it)", i, err)
+		}
+	}
+}
+
+// TestDeliverHonoursItsCallersContext: until the last message is in, the caller's deadline
+// ends the call.
+func TestDeliverHonoursItsCallersContext(t *testing.T) {
+	c := stubClient(t, &holdFirst{}, &endErrors{})
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := Deliver(ctx, c, &handoffv1.DeliverRequest{Package: &handoffv1.HandoffPackage{JobId: "job"}})
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if status.Code(err) != codes.DeadlineExceeded {
+			t.Fatalf("Deliver = %v; want DeadlineExceeded", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Deliver ignored its caller's deadline while waiting for the ack")
+	}
+}
+
+// holdFirst never answers until the client leaves.
+type holdFirst struct{ stubRunner }
+
+func (r *holdFirst) Deliver(_ *handoffv1.DeliverRequest, s grpc.ServerStreamingServer[handoffv1.DeliverResponse]) error {
+	<-s.Context().Done()
+	return nil
 }
