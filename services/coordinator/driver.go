@@ -245,8 +245,12 @@ func (s *Server) agentHop(ctx context.Context, job *handoffv1.Job, p *pipeline.P
 	job.Hops = hop
 	if w := ack.GetWallet(); w != nil {
 		s.setWallet(job, w)
-	} else if err := s.debit(ctx, job, store.Debit{Hops: 1}); err != nil && !errors.Is(err, store.ErrWalletEmpty) {
-		return err
+	} else if hopPaid, _, _ := aheadOf(saved, job.GetWallet()); !hopPaid {
+		// Not when this step is a repeat whose hop the rail already paid before its save
+		// failed (see step).
+		if err := s.debit(ctx, job, store.Debit{Hops: 1}); err != nil && !errors.Is(err, store.ErrWalletEmpty) {
+			return err
+		}
 	}
 	s.later(job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_ACK, Stage: st.Name, Ack: ack, Traceparent: ack.GetTraceparent(), Hop: hop})
 

@@ -414,3 +414,39 @@ func (p *flakyPinger) Ping(context.Context) error {
 	}
 	return nil
 }
+
+// TestRepeatedStepRailPaidOnce: with a runner that does not share the coordinator's store
+// (its acks carry no wallet, so the rail pays each agent hop itself), a step whose save
+// failed is repeated without paying its hop a second time.
+func TestRepeatedStepRailPaidOnce(t *testing.T) {
+	r := startReplicas(t)
+	r.g.release()
+	wl := newWriteLog(t, t.TempDir()) // the coordinator's own store, not the runner's
+	draft := "draft"
+	wl.failStage.Store(&draft)
+	c := r.replica(t, "a", wl)
+	runID := r.submit(t, c, "tkt_rail")
+	var job *handoffv1.Job
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var err error
+		if job, err = wl.GetRun(context.Background(), runID); err != nil {
+			t.Fatal(err)
+		}
+		if job.GetState() != handoffv1.JobState_JOB_STATE_RUNNING {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("run still %s", job.GetState())
+		}
+	}
+	if wl.failStage.Load() != nil {
+		t.Fatal("the draft's save was never refused")
+	}
+	w, err := wl.Wallet(context.Background(), runID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if job.GetState() != handoffv1.JobState_JOB_STATE_COMPLETED || job.GetHops() != 3 || w.GetHopsRemaining() != 10-3 {
+		t.Fatalf("run %s after %d hops, wallet %d hops left; want COMPLETED after 3, 7 left (each hop paid once)", job.GetState(), job.GetHops(), w.GetHopsRemaining())
+	}
+}

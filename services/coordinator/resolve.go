@@ -3,6 +3,7 @@ package coordinator
 import (
 	"context"
 	"crypto/subtle"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -19,6 +20,7 @@ import (
 	"github.com/handoffhq/handoff/internal/artifact"
 	hoptrace "github.com/handoffhq/handoff/internal/interceptor/trace"
 	"github.com/handoffhq/handoff/internal/pipeline"
+	"github.com/handoffhq/handoff/internal/store"
 	"github.com/handoffhq/handoff/internal/traceparent"
 )
 
@@ -279,7 +281,17 @@ func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEs
 		s.event(ctx, job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_RESOLVED, Stage: target.Name, Resolution: res, Evaluator: job.GetEvaluator()})
 		// The writeback hop, inline: the same code the run loop uses (a judge's PASS gate,
 		// the job_id:stage:artifact_type key), without the wallet checks a person overrides.
-		if err := s.writebackHop(ctx, job, p, target); err != nil {
+		// The wallet comes from the store: an earlier approve whose save failed may have
+		// paid this hop already, and the store's wallet below the run's copy says so.
+		saved := job.GetWallet()
+		w, err := s.opts.Store.Wallet(ctx, runID)
+		switch {
+		case err == nil:
+			s.setWallet(job, w)
+		case !errors.Is(err, store.ErrNotFound):
+			return nil, status.Errorf(codes.Unavailable, "store: %v", err)
+		}
+		if err := s.writebackHop(ctx, job, p, target, saved); err != nil {
 			return nil, status.Errorf(codes.Unavailable, "%v", err)
 		}
 		resp.Receipt = job.GetReceipt()
@@ -302,10 +314,11 @@ func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEs
 }
 
 // writebackHop runs stage st (a writeback) for the run under a send span, as step does.
-func (s *Server) writebackHop(ctx context.Context, job *handoffv1.Job, p *pipeline.Pipeline, st *pipeline.Stage) error {
+// saved is as for step.
+func (s *Server) writebackHop(ctx context.Context, job *handoffv1.Job, p *pipeline.Pipeline, st *pipeline.Stage, saved *handoffv1.Budget) error {
 	hctx, tp, end := s.hopSpan(ctx, job, st)
 	defer end()
-	return s.writeback(hctx, job, p, st, s.buildPackage(job, st, tp), nil)
+	return s.writeback(hctx, job, p, st, s.buildPackage(job, st, tp), saved)
 }
 
 func (s *Server) hopSpan(ctx context.Context, job *handoffv1.Job, st *pipeline.Stage) (context.Context, string, func()) {

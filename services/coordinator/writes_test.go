@@ -12,6 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/demo"
 	"github.com/handoffhq/handoff/internal/stack"
@@ -343,5 +346,46 @@ func TestWatchSeesOtherWriters(t *testing.T) {
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("the watch never saw the other replica's events")
+	}
+}
+
+// TestApproveRetriedPaysOnce: an approve whose save fails after the write (and its hop's
+// debit) is retried by the person; the retry answers with the first write's receipt and
+// does not pay the writeback hop again.
+func TestApproveRetriedPaysOnce(t *testing.T) {
+	dir := t.TempDir()
+	wl := newWriteLog(t, dir)
+	st, client := startStack(t, stack.Config{DataDir: dir, Store: wl, Pipelines: relayPipeline(t, 10, 0), OperatorToken: opToken,
+		Agents: []agentrunner.Agent{&recorder{name: "draft"}, &recorder{name: "judge", verdicts: []handoffv1.Verdict{handoffv1.Verdict_VERDICT_FAIL}}}})
+	ctx := context.Background()
+	resp, err := client.SubmitJob(ctx, &handoffv1.SubmitJobRequest{JobId: "tkt_1", Pipeline: "relay", Goal: "Draft a triage note",
+		Budget: &handoffv1.Budget{UsdRemainingMicros: 1_000_000, HopsRemaining: 10}, Inputs: []*handoffv1.Artifact{mustInput(t, st)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runID := resp.GetJob().GetRunId()
+	if _, err := demo.Watch(ctx, client, runID, nil); err != nil {
+		t.Fatal(err)
+	}
+	writeback := "writeback"
+	wl.failStage.Store(&writeback)
+	approve := &handoffv1.ResolveEscalationRequest{RunId: runID, Operator: "ana",
+		Action: &handoffv1.ResolveEscalationRequest_Approve{Approve: &handoffv1.ApproveAction{}}}
+	if _, err := client.ResolveEscalation(op(), approve); status.Code(err) != codes.Unavailable {
+		t.Fatalf("approve with its save refused = %v; want Unavailable", err)
+	}
+	again, err := client.ResolveEscalation(op(), approve)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.GetJob().GetState() != handoffv1.JobState_JOB_STATE_COMPLETED || again.GetReceipt() == nil {
+		t.Fatalf("retried approve: %v", again)
+	}
+	w, err := wl.Wallet(ctx, runID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.GetHopsRemaining() != 10-3 {
+		t.Fatalf("wallet has %d hops left; want 7 (draft, judge, one writeback)", w.GetHopsRemaining())
 	}
 }
