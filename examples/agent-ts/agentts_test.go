@@ -512,6 +512,26 @@ func TestTypeScriptDrafter(t *testing.T) {
 		t.Logf("client output:\n%s", out)
 	})
 
+	t.Run("a stage a person sent the job back to is not a DUPLICATE", func(t *testing.T) {
+		tsCC, err := grpc.NewClient(ts.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tsCC.Close()
+		tsRunner := handoffv1.NewAgentRunnerServiceClient(tsCC)
+		// The client's job completed its first draft (round 0) on the node runner.
+		for returns, want := range map[uint32]handoffv1.AckStatus{0: handoffv1.AckStatus_ACK_STATUS_DUPLICATE, 1: handoffv1.AckStatus_ACK_STATUS_ACCEPTED} {
+			pkg := packageFrom(t, func(m map[string]any) {
+				m["job_id"], m["stage"], m["operator_returns"] = "tkt_ts_client", "draft", returns
+				delete(m, "evaluator")
+			})
+			resp, err := tsRunner.Check(ctx, &handoffv1.CheckRequest{Package: pkg})
+			if err != nil || resp.GetAck().GetStatus() != want {
+				t.Errorf("Check of the first draft with operator_returns %d = %v, %v; want %s", returns, resp.GetAck().GetStatus(), err, want)
+			}
+		}
+	})
+
 	if err := <-typecheck; err != nil {
 		t.Errorf("tsc --noEmit: %v", err)
 	}

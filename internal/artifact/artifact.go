@@ -184,6 +184,14 @@ type returnsStore struct {
 	returns uint32
 }
 
+// Root is the folder of the store it wraps, or "" when that is not a folder.
+func (r returnsStore) Root() string {
+	if f, ok := r.Store.(interface{ Root() string }); ok {
+		return f.Root()
+	}
+	return ""
+}
+
 func (r returnsStore) Put(ctx context.Context, ref Ref, data []byte) (*handoffv1.Artifact, error) {
 	ref.Returns = r.returns
 	return r.Store.Put(ctx, ref, data)

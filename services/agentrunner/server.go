@@ -298,7 +298,9 @@ func (s *Server) Deliver(req *handoffv1.DeliverRequest, stream grpc.ServerStream
 		return stream.Send(&handoffv1.DeliverResponse{Event: &handoffv1.DeliverResponse_Result{Result: failed}})
 	}
 	if err := stream.Send(&handoffv1.DeliverResponse{Event: &handoffv1.DeliverResponse_Result{Result: res}}); err != nil {
-		s.log.ErrorContext(ctx, "agentrunner: stage completed but its result was not delivered", "job_id", p.GetJobId(), "stage", p.GetStage(),
+		// The result goes out before its completion is stored (the idempotency interceptor
+		// logs which of the two failed): it may have reached the caller all the same.
+		s.log.ErrorContext(ctx, "agentrunner: stage completed but sending or storing its result failed", "job_id", p.GetJobId(), "stage", p.GetStage(),
 			"round", round, "agent", ag.Card().Name, "err", err)
 		return err
 	}

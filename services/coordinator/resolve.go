@@ -25,6 +25,9 @@ import (
 )
 
 // OperatorTokenRequired reports whether the operator calls need a token.
+// maxOperatorReturns is the contract's cap on HandoffPackage.operator_returns.
+const maxOperatorReturns = 1000
+
 func (s *Server) OperatorTokenRequired() bool { return s.opts.OperatorToken != "" }
 
 // CheckOperatorToken reports whether tok is the operator token (constant time). Always true
@@ -216,6 +219,11 @@ func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEs
 	round := job.GetEvaluator().GetRounds() + 1
 	returns := job.GetOperatorReturns()
 	if res.Action == handoffv1.ResolutionAction_RESOLUTION_ACTION_RETURN_TO_STAGE {
+		if returns >= maxOperatorReturns {
+			// The contract caps the count (operator_returns <= 1000): past it every package
+			// of the run would be rejected as malformed.
+			return nil, status.Errorf(codes.FailedPrecondition, "run %s was sent back to a stage %d times already, the most a run can be; approve, fail or reject it", runID, returns)
+		}
 		returns++
 	}
 	if edit != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -258,3 +259,30 @@ func TestResolveFailAndReject(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// TestResolveReturnCap: a run already sent back as often as the contract's operator_returns
+// allows is refused another return (its packages would all be rejected), not broken.
+func TestResolveReturnCap(t *testing.T) {
+	e := startOp(t, 0, []handoffv1.Verdict{handoffv1.Verdict_VERDICT_FAIL})
+	job, _ := e.submit(t, "relay", "tkt_1", "", e.defaultBudget)
+	if job.GetState() != handoffv1.JobState_JOB_STATE_ESCALATED {
+		t.Fatalf("state %s, want ESCALATED", job.GetState())
+	}
+	ctx := context.Background()
+	run, err := e.st.Store.GetRun(ctx, job.GetRunId())
+	if err != nil {
+		t.Fatal(err)
+	}
+	run.OperatorReturns = 1000
+	if err := e.st.Store.PutRun(ctx, run); err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.client.ResolveEscalation(op(), &handoffv1.ResolveEscalationRequest{RunId: job.GetRunId(), Operator: "ana",
+		Action: &handoffv1.ResolveEscalationRequest_ReturnToStage{ReturnToStage: &handoffv1.ReturnToStageAction{Stage: "draft"}}})
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(status.Convert(err).Message(), "1000 times") {
+		t.Fatalf("return past the cap = %v; want FailedPrecondition naming the count", err)
+	}
+	if got := waitState(t, e, job.GetRunId(), handoffv1.JobState_JOB_STATE_ESCALATED); got.GetOperatorReturns() != 1000 {
+		t.Fatalf("run after the refused return: operator_returns %d, want 1000 (unchanged)", got.GetOperatorReturns())
+	}
+}

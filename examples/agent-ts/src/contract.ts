@@ -217,7 +217,12 @@ export function budgetGate(p: HandoffPackage): Ack | undefined {
   return out.length > 0 ? ackFor(p, AckStatus.REJECTED_BUDGET, out) : undefined;
 }
 
-/** completionKey is the stage's idempotency key: "stage:<job_id>:<stage>:<round>". */
+/**
+ * completionKey is the stage's idempotency key, the same as the Go runner's:
+ * "stage:<job_id>:<stage>:<round>", with ":o<operator_returns>" once a person has sent the
+ * job back to a stage (so that stage runs again instead of answering DUPLICATE).
+ */
 export function completionKey(p: HandoffPackage): string {
-  return `stage:${p.jobId}:${p.stage}:${p.evaluator?.rounds ?? 0}`;
+  const base = `stage:${p.jobId}:${p.stage}:${p.evaluator?.rounds ?? 0}`;
+  return p.operatorReturns > 0 ? `${base}:o${p.operatorReturns}` : base;
 }

@@ -5,9 +5,11 @@
 //
 //   - stdin: the HandoffPackage as protojson with snake_case names, then EOF;
 //   - environment: exactly the env given to New, plus PATH (when env does not set it) and
-//     HANDOFF_JOB_ID, HANDOFF_STAGE, HANDOFF_ROUND and, when the runner's artifact store is
-//     a folder, HANDOFF_ARTIFACTS_DIR. The runner's own environment (API keys and the like)
-//     is not passed on;
+//     HANDOFF_JOB_ID, HANDOFF_STAGE, HANDOFF_ROUND, HANDOFF_OPERATOR_RETURNS (how many times
+//     a person sent the job back to a stage: a program that names its own files should
+//     use it with the round, so a re-run does not overwrite the run it replaces) and, when
+//     the runner's artifact store is a folder, HANDOFF_ARTIFACTS_DIR. The runner's own
+//     environment (API keys and the like) is not passed on;
 //   - stdout: exactly one StageResult in protojson (unknown fields are an error), at most
 //     1 MiB. Its artifacts are references the program stored itself; job_id and stage may be
 //     left empty (the runner fills them) but must match the package when set;
@@ -30,7 +32,6 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
-	"github.com/handoffhq/handoff/internal/artifact"
 	"github.com/handoffhq/handoff/internal/contract"
 	"github.com/handoffhq/handoff/services/agentrunner"
 )
@@ -165,8 +166,10 @@ func (a *Agent) environ(in agentrunner.Input) []string {
 		"HANDOFF_JOB_ID="+in.Package.GetJobId(),
 		"HANDOFF_STAGE="+in.Package.GetStage(),
 		"HANDOFF_ROUND="+strconv.FormatUint(uint64(in.Round), 10),
+		"HANDOFF_OPERATOR_RETURNS="+strconv.FormatUint(uint64(in.Package.GetOperatorReturns()), 10),
 	)
-	if f, ok := in.Artifacts.(*artifact.Files); ok {
+	// A folder store, also behind artifact.WithReturns.
+	if f, ok := in.Artifacts.(interface{ Root() string }); ok && f.Root() != "" {
 		env = append(env, "HANDOFF_ARTIFACTS_DIR="+f.Root())
 	}
 	return env

@@ -170,3 +170,25 @@ func TestNewErrors(t *testing.T) {
 		t.Error("nameless card accepted")
 	}
 }
+
+// TestEnvironmentAfterAReturn: a stage a person sent the job back to runs with its return
+// count in HANDOFF_OPERATOR_RETURNS, and still finds the artifact folder behind the store
+// the runner wraps for it (artifact.WithReturns).
+func TestEnvironmentAfterAReturn(t *testing.T) {
+	a, err := execagent.New(agentrunner.RoleCard{Name: "draft"}, []string{"/bin/sh", script(t, `cat >/dev/null
+echo "{\"next_hint\": \"$HANDOFF_OPERATOR_RETURNS|$HANDOFF_ARTIFACTS_DIR\"}"`)}, time.Second, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := input(t)
+	files := in.Artifacts.(*artifact.Files)
+	in.Package.OperatorReturns = 2
+	in.Artifacts = artifact.WithReturns(files, 2)
+	res, err := a.Run(context.Background(), in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "2|" + files.Root(); res.GetNextHint() != want {
+		t.Fatalf("environment: %q; want %q", res.GetNextHint(), want)
+	}
+}
