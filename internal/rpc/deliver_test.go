@@ -62,6 +62,24 @@ func (e *endErrors) HandleRPC(_ context.Context, s stats.RPCStats) {
 		e.mu.Unlock()
 	}
 }
+
+// wait returns how the first n calls ended, once n have (their ends are read in the
+// background, after Deliver returned).
+func (e *endErrors) wait(t *testing.T, n int) []error {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		e.mu.Lock()
+		errs := slices.Clone(e.errs)
+		e.mu.Unlock()
+		if len(errs) >= n {
+			return errs[:n]
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d calls ended, want %d", len(errs), n)
+		}
+	}
+}
+
 func (e *endErrors) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context { return ctx }
 func (e *endErrors) HandleConn(context.Context, stats.ConnStats)                       {}
 
@@ -97,20 +115,7 @@ func TestDeliverEndsCleanly(t *testing.T) {
 			t.Fatalf("Deliver %d = %v, %v, %v", i, ack, res, err)
 		}
 	}
-	// The ends are read in the background: wait for all of them.
-	var errs []error
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		ends.mu.Lock()
-		errs = slices.Clone(ends.errs)
-		ends.mu.Unlock()
-		if len(errs) >= 20 || time.Now().After(deadline) {
-			break
-		}
-	}
-	if len(errs) != 20 {
-		t.Fatalf("%d calls ended, want 20", len(errs))
-	}
-	for i, err := range errs {
+	for i, err := range ends.wait(t, 20) {
 		if err != nil {
 			t.Errorf("call %d ended with %v on the client; want OK (the stream read to its end)", i, err)
 		}
@@ -186,19 +191,7 @@ func TestDeliverOutlivesItsCallersContext(t *testing.T) {
 			t.Fatalf("Deliver %d = %v, %v", i, res, err)
 		}
 	}
-	var errs []error
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		ends.mu.Lock()
-		errs = slices.Clone(ends.errs)
-		ends.mu.Unlock()
-		if len(errs) >= 10 || time.Now().After(deadline) {
-			break
-		}
-	}
-	if len(errs) != 10 {
-		t.Fatalf("%d calls ended, want 10", len(errs))
-	}
-	for i, err := range errs {
+	for i, err := range ends.wait(t, 10) {
 		if err != nil {
 			t.Errorf("call %d ended with %v; want OK (the caller's cancel after the result must not end it)", i, err)
 		}

@@ -40,6 +40,25 @@ func openTestBolt(t *testing.T) *Bolt {
 	return s
 }
 
+// testBucket makes bucket "t" in s and returns a write function putting key k in it and a
+// check that k is on disk.
+func testBucket(t *testing.T, s *Bolt) (put func(k string) func(*bolt.Tx) error, has func(k string) bool) {
+	t.Helper()
+	bucket := []byte("t")
+	if err := s.db.Update(func(tx *bolt.Tx) error { _, err := tx.CreateBucket(bucket); return err }); err != nil {
+		t.Fatal(err)
+	}
+	put = func(k string) func(*bolt.Tx) error {
+		return func(tx *bolt.Tx) error { return tx.Bucket(bucket).Put([]byte(k), []byte("v")) }
+	}
+	has = func(k string) bool {
+		var ok bool
+		s.db.View(func(tx *bolt.Tx) error { ok = tx.Bucket(bucket).Get([]byte(k)) != nil; return nil })
+		return ok
+	}
+	return put, has
+}
+
 // txCount counts the write transactions update began.
 func txCount(s *Bolt) int64 { return s.commit.txs.Load() }
 
@@ -48,13 +67,7 @@ func txCount(s *Bolt) int64 { return s.commit.txs.Load() }
 // writes are durable when they return.
 func TestGroupCommit(t *testing.T) {
 	s := openTestBolt(t)
-	bucket := []byte("t")
-	if err := s.db.Update(func(tx *bolt.Tx) error { _, err := tx.CreateBucket(bucket); return err }); err != nil {
-		t.Fatal(err)
-	}
-	put := func(k string) func(*bolt.Tx) error {
-		return func(tx *bolt.Tx) error { return tx.Bucket(bucket).Put([]byte(k), []byte("v")) }
-	}
+	put, has := testBucket(t, s)
 
 	// The first writer holds the commit open until 20 others have queued behind it.
 	release := make(chan struct{})
@@ -129,21 +142,14 @@ func TestGroupCommit(t *testing.T) {
 	if got := txCount(s) - before; got != 5 {
 		t.Errorf("20 queued writers took %d write transactions; want 5", got)
 	}
-	err := s.db.View(func(tx *bolt.Tx) error {
-		b := tx.Bucket(bucket)
-		for i := range n {
-			k := fmt.Sprintf("k%d", i)
-			if has := b.Get([]byte(k)) != nil; has != (i != 5 && i != 9) {
-				return fmt.Errorf("key %s present = %v", k, has)
-			}
+	for i := range n {
+		k := fmt.Sprintf("k%d", i)
+		if got := has(k); got != (i != 5 && i != 9) {
+			t.Fatalf("key %s present = %v", k, got)
 		}
-		if b.Get([]byte("first")) == nil {
-			return errors.New("the leader's own write is missing")
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
+	}
+	if !has("first") {
+		t.Fatal("the leader's own write is missing")
 	}
 }
 
@@ -167,18 +173,7 @@ func TestCloseRefusesWrites(t *testing.T) {
 // its call returns.
 func TestLingerJoinsTheNextWrite(t *testing.T) {
 	s := openTestBolt(t)
-	bucket := []byte("t")
-	if err := s.db.Update(func(tx *bolt.Tx) error { _, err := tx.CreateBucket(bucket); return err }); err != nil {
-		t.Fatal(err)
-	}
-	put := func(k string) func(*bolt.Tx) error {
-		return func(tx *bolt.Tx) error { return tx.Bucket(bucket).Put([]byte(k), []byte("v")) }
-	}
-	has := func(k string) bool {
-		var ok bool
-		s.db.View(func(tx *bolt.Tx) error { ok = tx.Bucket(bucket).Get([]byte(k)) != nil; return nil })
-		return ok
-	}
+	put, has := testBucket(t, s)
 
 	// Company: the lingering write is queued, not committed, until the plain write leads.
 	before := txCount(s)
@@ -227,7 +222,7 @@ func TestLingerJoinsTheNextWrite(t *testing.T) {
 	}
 	defer db.Close()
 	if err := db.View(func(tx *bolt.Tx) error {
-		if tx.Bucket(bucket).Get([]byte("at-close")) == nil {
+		if tx.Bucket([]byte("t")).Get([]byte("at-close")) == nil {
 			return errors.New("the write made at Close is not on disk")
 		}
 		return nil

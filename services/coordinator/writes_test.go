@@ -100,6 +100,18 @@ func (w *writeLog) AcquireLease(ctx context.Context, name, owner string, ttl tim
 	return w.Store.AcquireLease(ctx, name, owner, ttl)
 }
 
+// submitTicket submits job tkt_1 on the relay pipeline with budget and the sample ticket
+// as its input, and returns its run id.
+func submitTicket(t *testing.T, client handoffv1.CoordinatorServiceClient, in *handoffv1.Artifact, budget *handoffv1.Budget) string {
+	t.Helper()
+	resp, err := client.SubmitJob(context.Background(), &handoffv1.SubmitJobRequest{JobId: "tkt_1", Pipeline: "relay", Goal: "Draft a triage note",
+		Budget: budget, Inputs: []*handoffv1.Artifact{in}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.GetJob().GetRunId()
+}
+
 // TestStepWritesOutcomeWithState: what a hop learned (the ack, the result, the verdict, the
 // receipt, the end) is written with the run's new state in one PutRun; the run is created
 // with its wallet and SUBMITTED event in one write, and each package sent is appended on
@@ -117,12 +129,8 @@ func TestStepWritesOutcomeWithState(t *testing.T) {
 	wl.mu.Lock()
 	wl.writes = nil
 	wl.mu.Unlock()
-	resp, err := client.SubmitJob(ctx, &handoffv1.SubmitJobRequest{JobId: "tkt_1", Pipeline: "relay", Goal: "Draft a triage note",
-		Budget: &handoffv1.Budget{UsdRemainingMicros: 1_000_000}, Inputs: []*handoffv1.Artifact{in}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	evs, err := demo.Watch(ctx, client, resp.GetJob().GetRunId(), nil)
+	runID := submitTicket(t, client, in, &handoffv1.Budget{UsdRemainingMicros: 1_000_000})
+	evs, err := demo.Watch(ctx, client, runID, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,12 +169,8 @@ func TestFailedSaveDropsItsEvents(t *testing.T) {
 	judge := &recorder{name: "judge", verdicts: []handoffv1.Verdict{handoffv1.Verdict_VERDICT_PASS}}
 	st, client := startStack(t, stack.Config{DataDir: dir, Store: wl, Pipelines: relayPipeline(t, 10, 2), Agents: []agentrunner.Agent{draft, judge}})
 	ctx := context.Background()
-	resp, err := client.SubmitJob(ctx, &handoffv1.SubmitJobRequest{JobId: "tkt_1", Pipeline: "relay", Goal: "Draft a triage note",
-		Budget: &handoffv1.Budget{UsdRemainingMicros: 1_000_000}, Inputs: []*handoffv1.Artifact{mustInput(t, st)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	evs, err := demo.Watch(ctx, client, resp.GetJob().GetRunId(), nil)
+	runID := submitTicket(t, client, mustInput(t, st), &handoffv1.Budget{UsdRemainingMicros: 1_000_000})
+	evs, err := demo.Watch(ctx, client, runID, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -211,19 +215,15 @@ func TestRepeatedStepPaysOnce(t *testing.T) {
 			judge := &recorder{name: "judge", verdicts: c.verdicts}
 			st, client := startStack(t, stack.Config{DataDir: dir, Store: wl, Pipelines: relayPipeline(t, 10, int(c.maxRevisions)), Agents: []agentrunner.Agent{draft, judge}})
 			ctx := context.Background()
-			resp, err := client.SubmitJob(ctx, &handoffv1.SubmitJobRequest{JobId: "tkt_1", Pipeline: "relay", Goal: "Draft a triage note",
-				Budget: &handoffv1.Budget{UsdRemainingMicros: 1_000_000, HopsRemaining: c.hops}, Inputs: []*handoffv1.Artifact{mustInput(t, st)}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			evs, err := demo.Watch(ctx, client, resp.GetJob().GetRunId(), nil)
+			runID := submitTicket(t, client, mustInput(t, st), &handoffv1.Budget{UsdRemainingMicros: 1_000_000, HopsRemaining: c.hops})
+			evs, err := demo.Watch(ctx, client, runID, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if wl.failStage.Load() != nil {
 				t.Fatalf("no save of stage %s was refused; timeline %v", c.failStage, kinds(evs))
 			}
-			got, err := client.GetJob(ctx, &handoffv1.GetJobRequest{RunId: resp.GetJob().GetRunId()})
+			got, err := client.GetJob(ctx, &handoffv1.GetJobRequest{RunId: runID})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -255,18 +255,14 @@ func TestWatchReadsTheStoreOnce(t *testing.T) {
 	judge := &recorder{name: "judge", verdicts: []handoffv1.Verdict{handoffv1.Verdict_VERDICT_PASS}}
 	st, client := startStack(t, stack.Config{DataDir: dir, Store: wl, Pipelines: relayPipeline(t, 10, 2), Agents: []agentrunner.Agent{draft, judge}})
 	ctx := context.Background()
-	resp, err := client.SubmitJob(ctx, &handoffv1.SubmitJobRequest{JobId: "tkt_1", Pipeline: "relay", Goal: "Draft a triage note",
-		Budget: &handoffv1.Budget{UsdRemainingMicros: 1_000_000}, Inputs: []*handoffv1.Artifact{mustInput(t, st)}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	runID := submitTicket(t, client, mustInput(t, st), &handoffv1.Budget{UsdRemainingMicros: 1_000_000})
 	type result struct {
 		evs []*handoffv1.JobEvent
 		err error
 	}
 	done := make(chan result, 1)
 	go func() {
-		evs, err := demo.Watch(ctx, client, resp.GetJob().GetRunId(), nil)
+		evs, err := demo.Watch(ctx, client, runID, nil)
 		done <- result{evs, err}
 	}()
 	// The draft holds the run until the watch has made its first read.
@@ -358,12 +354,7 @@ func TestApproveRetriedPaysOnce(t *testing.T) {
 	st, client := startStack(t, stack.Config{DataDir: dir, Store: wl, Pipelines: relayPipeline(t, 10, 0), OperatorToken: opToken,
 		Agents: []agentrunner.Agent{&recorder{name: "draft"}, &recorder{name: "judge", verdicts: []handoffv1.Verdict{handoffv1.Verdict_VERDICT_FAIL}}}})
 	ctx := context.Background()
-	resp, err := client.SubmitJob(ctx, &handoffv1.SubmitJobRequest{JobId: "tkt_1", Pipeline: "relay", Goal: "Draft a triage note",
-		Budget: &handoffv1.Budget{UsdRemainingMicros: 1_000_000, HopsRemaining: 10}, Inputs: []*handoffv1.Artifact{mustInput(t, st)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runID := resp.GetJob().GetRunId()
+	runID := submitTicket(t, client, mustInput(t, st), &handoffv1.Budget{UsdRemainingMicros: 1_000_000, HopsRemaining: 10})
 	if _, err := demo.Watch(ctx, client, runID, nil); err != nil {
 		t.Fatal(err)
 	}

@@ -201,21 +201,32 @@ func TestDeliverCallerCancels(t *testing.T) {
 	}
 }
 
-// TestDeliverCompleteFailure: a result that cannot be recorded is not sent; the call ends
-// Internal and the key stays claimed, so a re-delivery is refused rather than run again.
+// TestDeliverCompleteFailure: a result that cannot be recorded ends the call Unavailable
+// and leaves the key claimed, so a re-delivery is refused rather than run again. Stored
+// before the send (the default), the result is not sent; with WithStreamRecordAfterSend it
+// was sent first.
 func TestDeliverCompleteFailure(t *testing.T) {
-	fs := &faultStore{Idempotency: openBolt(t), completeErr: errors.New("disk full")}
-	f := &fakeRunner{}
-	c := runnerClient(t, fs, f)
-	msgs, err := deliver(context.Background(), c, deliverReq("job-cf"))
-	wantCode(t, err, codes.Unavailable, "could not be stored: disk full")
-	if len(msgs) != 1 || ackStatus(msgs) != accepted {
-		t.Errorf("messages %v; want only the ACCEPTED ack", msgs)
-	}
-	_, err = deliver(context.Background(), c, deliverReq("job-cf"))
-	wantCode(t, err, codes.Aborted, "is in flight")
-	if f.calls.Load() != 1 || fs.releases.Load() != 0 {
-		t.Errorf("%d runs, %d releases; want 1, 0", f.calls.Load(), fs.releases.Load())
+	for _, after := range []bool{false, true} {
+		t.Run(map[bool]string{false: "before", true: "after"}[after], func(t *testing.T) {
+			fs := &faultStore{Idempotency: openBolt(t), completeErr: errors.New("disk full")}
+			f := &fakeRunner{}
+			var opts []idempotency.StreamOption
+			wantMsgs := 1 // the ACCEPTED ack only
+			if after {
+				opts, wantMsgs = append(opts, idempotency.WithStreamRecordAfterSend(deliverMethod)), 2
+			}
+			c := runnerClient(t, fs, f, opts...)
+			msgs, err := deliver(context.Background(), c, deliverReq("job-cf"))
+			wantCode(t, err, codes.Unavailable, "could not be stored: disk full")
+			if len(msgs) != wantMsgs || ackStatus(msgs) != accepted {
+				t.Errorf("messages %v; want %d: the ACCEPTED ack (and, sent first, the result)", msgs, wantMsgs)
+			}
+			_, err = deliver(context.Background(), c, deliverReq("job-cf"))
+			wantCode(t, err, codes.Aborted, "is in flight")
+			if f.calls.Load() != 1 || fs.releases.Load() != 0 {
+				t.Errorf("%d runs, %d releases; want 1, 0", f.calls.Load(), fs.releases.Load())
+			}
+		})
 	}
 }
 
@@ -497,25 +508,6 @@ func TestRecordAfterSend(t *testing.T) {
 				t.Fatalf("repeat = %v, %v; want DUPLICATE with the first result (%q)", again, err, res.GetNextHint())
 			}
 		})
-	}
-}
-
-// TestRecordAfterSendCompleteFailure: a result sent first whose Complete then fails ends
-// the call with Unavailable after the result, and the key stays claimed (a repeat is
-// refused as in flight, nothing released), as when the result waits for the store.
-func TestRecordAfterSendCompleteFailure(t *testing.T) {
-	fs := &faultStore{Idempotency: openBolt(t), completeErr: errors.New("disk full")}
-	f := &fakeRunner{}
-	c := runnerClient(t, fs, f, idempotency.WithStreamRecordAfterSend(deliverMethod))
-	msgs, err := deliver(context.Background(), c, deliverReq("job-acf"))
-	wantCode(t, err, codes.Unavailable, "could not be stored: disk full")
-	if len(msgs) != 2 || ackStatus(msgs) != accepted || msgs[1].GetResult().GetStatus() != handoffv1.StageStatus_STAGE_STATUS_COMPLETED {
-		t.Errorf("messages %v; want the ACCEPTED ack and the result", msgs)
-	}
-	_, err = deliver(context.Background(), c, deliverReq("job-acf"))
-	wantCode(t, err, codes.Aborted, "is in flight")
-	if f.calls.Load() != 1 || fs.releases.Load() != 0 {
-		t.Errorf("%d runs, %d releases; want 1, 0", f.calls.Load(), fs.releases.Load())
 	}
 }
 
