@@ -12,8 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/contract"
@@ -448,5 +450,58 @@ func TestRepeatedStepRailPaidOnce(t *testing.T) {
 	}
 	if job.GetState() != handoffv1.JobState_JOB_STATE_COMPLETED || job.GetHops() != 3 || w.GetHopsRemaining() != 10-3 {
 		t.Fatalf("run %s after %d hops, wallet %d hops left; want COMPLETED after 3, 7 left (each hop paid once)", job.GetState(), job.GetHops(), w.GetHopsRemaining())
+	}
+}
+
+// TestApproveFailedThenReturnPaysEveryHop: an approve whose save failed paid its writeback
+// hop; when the person then returns the run to a stage instead, the run carries the
+// wallet as the store has it, so the next driver does not take that payment for a
+// repeated step's and every later hop is paid (the rail pays them: the runner does not
+// share the coordinator's store).
+func TestApproveFailedThenReturnPaysEveryHop(t *testing.T) {
+	r := startReplicas(t)
+	r.g.release()
+	F, P := handoffv1.Verdict_VERDICT_FAIL, handoffv1.Verdict_VERDICT_PASS
+	r.judge.verdicts = []handoffv1.Verdict{F, F, F, P}
+	wl := newWriteLog(t, t.TempDir())
+	c := r.replica(t, "a", wl)
+	runID := r.submit(t, c, "tkt_back")
+	ctx := context.Background()
+	waitFor := func(want handoffv1.JobState) *handoffv1.Job {
+		t.Helper()
+		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			job, err := wl.GetRun(ctx, runID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if job.GetState() == want {
+				return job
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("run %s, want %s", job.GetState(), want)
+			}
+		}
+	}
+	if job := waitFor(handoffv1.JobState_JOB_STATE_ESCALATED); job.GetHops() != 6 {
+		t.Fatalf("escalated after %d hops, want 6 (three drafts, three FAILs)", job.GetHops())
+	}
+	writeback := "writeback"
+	wl.failStage.Store(&writeback)
+	if _, err := c.ResolveEscalation(ctx, &handoffv1.ResolveEscalationRequest{RunId: runID, Operator: "ana",
+		Action: &handoffv1.ResolveEscalationRequest_Approve{Approve: &handoffv1.ApproveAction{}}}); status.Code(err) != codes.Unavailable {
+		t.Fatalf("approve with its save refused = %v; want Unavailable", err)
+	}
+	if _, err := c.ResolveEscalation(ctx, &handoffv1.ResolveEscalationRequest{RunId: runID, Operator: "ana",
+		Action: &handoffv1.ResolveEscalationRequest_ReturnToStage{ReturnToStage: &handoffv1.ReturnToStageAction{Stage: "draft"}}}); err != nil {
+		t.Fatal(err)
+	}
+	job := waitFor(handoffv1.JobState_JOB_STATE_COMPLETED)
+	w, err := wl.Wallet(ctx, runID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 10 hops made: 6, the approve's writeback, then draft, judge, writeback.
+	if job.GetHops() != 9 || w.GetHopsRemaining() != 0 {
+		t.Fatalf("run ended after %d hops with %d left in the wallet; want 9 run hops (+1 approve) and 0 left", job.GetHops(), w.GetHopsRemaining())
 	}
 }

@@ -251,6 +251,18 @@ func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEs
 		job.Artifacts = append(job.Artifacts, a)
 		res.EditedArtifact = a
 	}
+	// Whatever this resolution saves carries the store's wallet, not the run's copy: an
+	// earlier approve whose save failed may have paid its writeback hop since the run was
+	// saved, and a run saved with the older copy would make its next driver take that debit
+	// for its own repeated step's (aheadOf) and not pay a new hop. saved keeps the run's
+	// copy for the approve below.
+	saved := job.GetWallet()
+	switch w, err := s.opts.Store.Wallet(ctx, runID); {
+	case err == nil:
+		s.setWallet(job, w)
+	case !errors.Is(err, store.ErrNotFound):
+		return nil, status.Errorf(codes.Unavailable, "store: %v", err)
+	}
 	job.Resolution = res
 	resp := &handoffv1.ResolveEscalationResponse{Resolution: res}
 
@@ -289,16 +301,8 @@ func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEs
 		s.event(ctx, job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_RESOLVED, Stage: target.Name, Resolution: res, Evaluator: job.GetEvaluator()})
 		// The writeback hop, inline: the same code the run loop uses (a judge's PASS gate,
 		// the job_id:stage:artifact_type key), without the wallet checks a person overrides.
-		// The wallet comes from the store: an earlier approve whose save failed may have
-		// paid this hop already, and the store's wallet below the run's copy says so.
-		saved := job.GetWallet()
-		w, err := s.opts.Store.Wallet(ctx, runID)
-		switch {
-		case err == nil:
-			s.setWallet(job, w)
-		case !errors.Is(err, store.ErrNotFound):
-			return nil, status.Errorf(codes.Unavailable, "store: %v", err)
-		}
+		// An earlier approve whose save failed may have paid this hop already: the store's
+		// wallet below the run's saved copy says so.
 		if err := s.writebackHop(ctx, job, p, target, saved); err != nil {
 			return nil, status.Errorf(codes.Unavailable, "%v", err)
 		}
