@@ -216,7 +216,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	fA := add("A", "bare hop: gRPC unary, 1 KiB over 127.0.0.1 TCP, handler does one Redis SET NX PX; no interceptors", cfg.Concurrency)
 	fB := add("B", "platform hop on Redis: ~2 KB package, coordinator token, full agent-runner chain, Noop agent, Ack+StageResult received, then one PutRun", cfg.Concurrency)
 	fC := add("C", "platform hop on bbolt (fsync per write transaction): as B", cfg.Concurrency)
-	fW := add("W_bolt", "one bbolt write transaction (a Claim of a fresh key) in the same folder as C's file: what each of C's 3 store writes costs", cfg.Concurrency)
+	fW := add("W_bolt", "one bbolt write transaction (a Claim of a fresh key) in the same folder as C's file: the unit C's store writes cost (2 transactions in sequence per hop)", cfg.Concurrency)
 	var fCT *figure
 	if cfg.TmpfsBolt {
 		fCT = add("C_tmpfs", "as C with the bbolt file on /dev/shm (tmpfs): fsync does nothing", cfg.Concurrency)
@@ -501,7 +501,7 @@ func notes(cfg Config) []string {
 		"one process: every server and client shares the machine's CPUs; loopback TCP throughout",
 		"latency: serial bursts (one call in flight); ops/s: bursts with the figure's concurrency in flight, counted against wall time including the drain",
 		"services log JSON at warn level to io.Discard (handoff up's default level); tracing: SDK provider, no exporter unless OTEL_EXPORTER_OTLP_ENDPOINT is set; metrics on",
-		"B/C record a hop as the coordinator does after a result: one store.PutRun of the run with the hop's ACK and STAGE_RESULT events; B/C packages carry a wallet_id, so the runner claims the stage and debits the stored wallet in one store.Admit, then Completes (2 store writes per hop + the PutRun)",
+		"B/C record a hop as the coordinator does after a result: one store.PutRun of the run with the hop's ACK and STAGE_RESULT events; B/C packages carry a wallet_id, so the runner claims the stage and debits the stored wallet in one store.Admit, then Completes just after sending the result, overlapping the PutRun (3 store writes per hop, 2 in sequence; on bbolt the Complete shares the PutRun's transaction)",
 		fmt.Sprintf("bbolt files of C, R and J_bolt under %s; each write transaction fsyncs", boltDir),
 		"J: latency one job at a time; jobs/s with the concurrency in flight; J_redis is stack.Start's assembly rebuilt on store.OpenRedis (stack.Start only opens bbolt)",
 	}
