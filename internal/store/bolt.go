@@ -85,7 +85,7 @@ func (s *Bolt) CreateRun(_ context.Context, job *handoffv1.Job, evs ...*handoffv
 	}
 	var out *handoffv1.Job
 	created := false
-	seqs := make([]uint64, len(evs))
+	var last uint64
 	err := s.update(func(tx *bolt.Tx) error {
 		out, created = nil, false
 		runs := tx.Bucket(bucketRuns)
@@ -134,18 +134,14 @@ func (s *Bolt) CreateRun(_ context.Context, job *handoffv1.Job, evs ...*handoffv
 				}
 			}
 		}
-		for i, ev := range evs {
-			if seqs[i], err = appendEvent(tx, job.GetRunId(), ev); err != nil {
-				return err
-			}
+		if last, err = appendEvents(tx, job.GetRunId(), evs); err != nil {
+			return err
 		}
 		out, created = proto.Clone(job).(*handoffv1.Job), true
 		return nil
 	})
 	if err == nil && created {
-		for i, ev := range evs {
-			ev.Seq = seqs[i]
-		}
+		numberEvents(evs, last)
 	}
 	return out, created, err
 }
@@ -176,7 +172,7 @@ func (s *Bolt) PutRun(_ context.Context, job *handoffv1.Job, evs ...*handoffv1.J
 	if err != nil {
 		return err
 	}
-	seqs := make([]uint64, len(evs))
+	var last uint64
 	err = s.update(func(tx *bolt.Tx) error {
 		runs := tx.Bucket(bucketRuns)
 		if runs.Get([]byte(job.GetRunId())) == nil {
@@ -185,22 +181,16 @@ func (s *Bolt) PutRun(_ context.Context, job *handoffv1.Job, evs ...*handoffv1.J
 		if err := runs.Put([]byte(job.GetRunId()), data); err != nil {
 			return err
 		}
-		for i, ev := range evs {
-			var err error
-			if seqs[i], err = appendEvent(tx, job.GetRunId(), ev); err != nil {
-				return err
-			}
-		}
-		return nil
+		var err error
+		last, err = appendEvents(tx, job.GetRunId(), evs)
+		return err
 	})
 	if err != nil {
 		return err
 	}
 	// Only now: a group commit may run the function again, and a failed one leaves the
 	// events unwritten.
-	for i, ev := range evs {
-		ev.Seq = seqs[i]
-	}
+	numberEvents(evs, last)
 	return nil
 }
 
@@ -262,6 +252,17 @@ func (s *Bolt) AppendEvent(ctx context.Context, runID string, ev *handoffv1.JobE
 	}
 	ev.Seq = seq
 	return seq, nil
+}
+
+// appendEvents stores evs as the next events of runID's timeline, in order, and returns the
+// last one's seq (their seqs are consecutive: one transaction holds the bucket's sequence).
+func appendEvents(tx *bolt.Tx, runID string, evs []*handoffv1.JobEvent) (last uint64, err error) {
+	for _, ev := range evs {
+		if last, err = appendEvent(tx, runID, ev); err != nil {
+			return 0, err
+		}
+	}
+	return last, nil
 }
 
 // appendEvent stores ev as the next event of runID's timeline and returns its seq.

@@ -215,13 +215,9 @@ func (s *Redis) CreateRun(ctx context.Context, job *handoffv1.Job, evs ...*hando
 		hasWallet = "1"
 	}
 	b := job.GetWallet()
-	args := []any{job.GetRunId(), data, hasWallet, b.GetUsdRemainingMicros(), b.GetRevisionsRemaining(), b.GetHopsRemaining()}
-	for _, ev := range evs {
-		e, err := encodeEvent(ev)
-		if err != nil {
-			return nil, false, fmt.Errorf("store: encode event for run %s: %w", job.GetRunId(), err)
-		}
-		args = append(args, e)
+	args, err := appendEncoded([]any{job.GetRunId(), data, hasWallet, b.GetUsdRemainingMicros(), b.GetRevisionsRemaining(), b.GetHopsRemaining()}, job.GetRunId(), evs)
+	if err != nil {
+		return nil, false, err
 	}
 	res, err := createRunScript.Run(ctx, s.rdb, keys, args...).StringSlice()
 	if err != nil {
@@ -234,9 +230,7 @@ func (s *Redis) CreateRun(ctx context.Context, job *handoffv1.Job, evs ...*hando
 			if err != nil {
 				return nil, false, s.errf("create run %s: unexpected script reply %q", job.GetRunId(), res)
 			}
-			for i, ev := range evs {
-				ev.Seq = last - uint64(len(evs)-1-i)
-			}
+			numberEvents(evs, last)
 		}
 		return proto.Clone(job).(*handoffv1.Job), true, nil
 	case "exists":
@@ -285,21 +279,15 @@ func (s *Redis) PutRun(ctx context.Context, job *handoffv1.Job, evs ...*handoffv
 	if len(evs) == 0 {
 		ok, err = s.rdb.SetXX(ctx, s.key("run", job.GetRunId()), data, 0).Result()
 	} else {
-		args := []any{data}
-		for _, ev := range evs {
-			b, err := encodeEvent(ev)
-			if err != nil {
-				return fmt.Errorf("store: encode event for run %s: %w", job.GetRunId(), err)
-			}
-			args = append(args, b)
+		var args []any
+		if args, err = appendEncoded([]any{data}, job.GetRunId(), evs); err != nil {
+			return err
 		}
 		var last int64
 		last, err = putRunEventsScript.Run(ctx, s.rdb, []string{s.key("run", job.GetRunId()), s.key("events", job.GetRunId())}, args...).Int64()
 		ok = last > 0
 		if ok && err == nil {
-			for i, ev := range evs {
-				ev.Seq = uint64(last) - uint64(len(evs)-1-i)
-			}
+			numberEvents(evs, uint64(last))
 		}
 	}
 	if err != nil {
@@ -309,6 +297,18 @@ func (s *Redis) PutRun(ctx context.Context, job *handoffv1.Job, evs ...*handoffv
 		return s.errf("put run %s: %w", job.GetRunId(), ErrNotFound)
 	}
 	return nil
+}
+
+// appendEncoded appends evs, encoded as the events list stores them, to a script's args.
+func appendEncoded(args []any, runID string, evs []*handoffv1.JobEvent) ([]any, error) {
+	for _, ev := range evs {
+		b, err := encodeEvent(ev)
+		if err != nil {
+			return nil, fmt.Errorf("store: encode event for run %s: %w", runID, err)
+		}
+		args = append(args, b)
+	}
+	return args, nil
 }
 
 // encodeEvent is an event as the events list stores it: seq cleared (the position is the

@@ -210,3 +210,11 @@ type Ledger interface {
 	AppendLedger(ctx context.Context, key string, payload []byte) (LedgerEntry, error)
 	LedgerEntries(ctx context.Context) ([]LedgerEntry, error)
 }
+
+// numberEvents sets the Seq of evs, the events just appended in order to a timeline whose
+// last event now has seq last.
+func numberEvents(evs []*handoffv1.JobEvent, last uint64) {
+	for i, ev := range evs {
+		ev.Seq = last - uint64(len(evs)-1-i)
+	}
+}
