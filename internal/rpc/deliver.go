@@ -46,14 +46,14 @@ func Deliver(ctx context.Context, runner handoffv1.AgentRunnerServiceClient, req
 		}
 		return nil, nil, err
 	}
-	done := func(ack *handoffv1.Ack, res *handoffv1.StageResult, recv func() (*handoffv1.DeliverResponse, error)) (*handoffv1.Ack, *handoffv1.StageResult, error) {
-		stop()
-		go finish(recv, cancel, drainTimeout)
-		return ack, res, nil
-	}
 	stream, err := runner.Deliver(sctx, req)
 	if err != nil {
 		return fail(err)
+	}
+	done := func(ack *handoffv1.Ack, res *handoffv1.StageResult) (*handoffv1.Ack, *handoffv1.StageResult, error) {
+		stop()
+		go finish(stream.Recv, cancel, drainTimeout)
+		return ack, res, nil
 	}
 	first, err := stream.Recv()
 	if err != nil {
@@ -64,7 +64,7 @@ func Deliver(ctx context.Context, runner handoffv1.AgentRunnerServiceClient, req
 		return fail(status.Error(codes.Internal, "agent runner broke the protocol: first message is not an ack"))
 	}
 	if ack.GetStatus() != handoffv1.AckStatus_ACK_STATUS_ACCEPTED {
-		return done(ack, nil, stream.Recv) // a refusal is the stream's one message
+		return done(ack, nil) // a refusal is the stream's one message
 	}
 	msg, err := stream.Recv()
 	if err == io.EOF {
@@ -76,7 +76,7 @@ func Deliver(ctx context.Context, runner handoffv1.AgentRunnerServiceClient, req
 	if msg.GetResult() == nil {
 		return fail(status.Error(codes.Internal, "agent runner broke the protocol: second message is not a stage result"))
 	}
-	return done(ack, msg.GetResult(), stream.Recv)
+	return done(ack, msg.GetResult())
 }
 
 // drainTimeout bounds the wait for the end of a Deliver stream after its last message.

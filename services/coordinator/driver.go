@@ -172,6 +172,19 @@ func (s *Server) step(ctx context.Context, job *handoffv1.Job, saved *handoffv1.
 	return s.agentHop(hctx, job, p, st, pkg, saved)
 }
 
+// payHop is the rail paying a hop itself (a receiver that does not share its store, the
+// writeback): one hop off the wallet, never below zero, and not again when this step is a
+// repeat whose hop was paid before its save failed (saved, see step).
+func (s *Server) payHop(ctx context.Context, job *handoffv1.Job, saved *handoffv1.Budget) error {
+	if hopPaid, _, _ := aheadOf(saved, job.GetWallet()); hopPaid {
+		return nil
+	}
+	if err := s.debit(ctx, job, store.Debit{Hops: 1}); err != nil && !errors.Is(err, store.ErrWalletEmpty) {
+		return err
+	}
+	return nil
+}
+
 // aheadOf says which parts of wallet cur are below saved (see step): hops, money and
 // revisions already taken by a step being repeated. All false when saved is nil.
 func aheadOf(saved, cur *handoffv1.Budget) (hops, usd, revisions bool) {
@@ -245,12 +258,8 @@ func (s *Server) agentHop(ctx context.Context, job *handoffv1.Job, p *pipeline.P
 	job.Hops = hop
 	if w := ack.GetWallet(); w != nil {
 		s.setWallet(job, w)
-	} else if hopPaid, _, _ := aheadOf(saved, job.GetWallet()); !hopPaid {
-		// Not when this step is a repeat whose hop the rail already paid before its save
-		// failed (see step).
-		if err := s.debit(ctx, job, store.Debit{Hops: 1}); err != nil && !errors.Is(err, store.ErrWalletEmpty) {
-			return err
-		}
+	} else if err := s.payHop(ctx, job, saved); err != nil {
+		return err
 	}
 	s.later(job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_ACK, Stage: st.Name, Ack: ack, Traceparent: ack.GetTraceparent(), Hop: hop})
 
@@ -302,15 +311,14 @@ func (s *Server) agentHop(ctx context.Context, job *handoffv1.Job, p *pipeline.P
 			// one revision off the wallet. A repeated step whose revision was taken
 			// before its save failed has it already.
 			if _, _, taken := aheadOf(saved, job.GetWallet()); !taken {
-				exhausted := job.GetWallet().GetRevisionsRemaining() == 0
-				if !exhausted {
-					err := s.debit(ctx, job, store.Debit{Revisions: 1})
-					if err != nil && !errors.Is(err, store.ErrWalletEmpty) {
-						return err
-					}
-					exhausted = err != nil
+				err := store.ErrWalletEmpty
+				if job.GetWallet().GetRevisionsRemaining() > 0 {
+					err = s.debit(ctx, job, store.Debit{Revisions: 1})
 				}
-				if exhausted {
+				if err != nil && !errors.Is(err, store.ErrWalletEmpty) {
+					return err
+				}
+				if err != nil {
 					return s.escalate(ctx, job, p, handoffv1.EscalationCause_ESCALATION_CAUSE_REVISIONS_EXHAUSTED,
 						fmt.Sprintf("judge %s failed the work and no revisions are left", st.Name), failureReasons(ev))
 				}
@@ -351,13 +359,10 @@ func (s *Server) writeback(ctx context.Context, job *handoffv1.Job, p *pipeline.
 	})
 	sent()
 	job.Hops = hop
-	// The rail pays the writeback hop itself, once: a repeated step whose debit was taken
-	// before its save failed does not take it again (nothing else debits between the
-	// previous stage's save and this one).
-	if hopPaid, _, _ := aheadOf(saved, job.GetWallet()); !hopPaid {
-		if derr := s.debit(ctx, job, store.Debit{Hops: 1}); derr != nil && !errors.Is(derr, store.ErrWalletEmpty) {
-			return derr
-		}
+	// The rail pays the writeback hop itself (nothing else debits between the previous
+	// stage's save and this one).
+	if derr := s.payHop(ctx, job, saved); derr != nil {
+		return derr
 	}
 	if err != nil {
 		if ctx.Err() != nil {
