@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"path"
-	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -185,42 +184,28 @@ func (s *Server) roleStream(srv any, ss grpc.ServerStream, info *grpc.StreamServ
 		s.logAck(ss.Context(), ack, "deliver")
 		return sendAck(ss, ack)
 	}
-	return handler(srv, &routedStream{ServerStream: ss, req: req, agent: ag})
+	return handler(srv, newRoutedStream(ss, req, ag))
 }
 
-// routedStream hands the next interceptor the request the role gate read (by reference
-// through hop.Receive, or a copy through RecvMsg), and the chosen agent in its context.
+// routedStream hands the next interceptor the request the role gate read (a hop.ReplayStream:
+// by reference through hop.Receive, or a copy through RecvMsg), and the chosen agent in its
+// context.
 type routedStream struct {
-	grpc.ServerStream
-	req   *handoffv1.DeliverRequest
+	*hop.ReplayStream
 	agent Agent
-	read  bool
 }
 
-// TakeRequest implements hop.Holder.
-func (s *routedStream) TakeRequest(want reflect.Type) (proto.Message, bool) {
-	if s.read || reflect.TypeOf(s.req) != want {
-		return nil, false
-	}
-	s.read = true
-	return s.req, true
+func newRoutedStream(ss grpc.ServerStream, req *handoffv1.DeliverRequest, ag Agent) *routedStream {
+	return &routedStream{ReplayStream: &hop.ReplayStream{
+		ServerStream: ss, First: req, KeepOnRefuse: true,
+		Refuse: func(m any) error {
+			return status.Errorf(codes.Internal, "agentrunner: Deliver receives into %T, not a DeliverRequest", m)
+		},
+	}, agent: ag}
 }
 
 func (s *routedStream) Context() context.Context {
 	return context.WithValue(s.ServerStream.Context(), agentKey{}, s.agent) // outer wrappers may update theirs
-}
-
-func (s *routedStream) RecvMsg(m any) error {
-	if s.read {
-		return s.ServerStream.RecvMsg(m) // io.EOF: Deliver's client sends one message
-	}
-	dst, ok := m.(*handoffv1.DeliverRequest)
-	if !ok {
-		return status.Errorf(codes.Internal, "agentrunner: Deliver receives into %T, not a DeliverRequest", m)
-	}
-	s.read = true
-	proto.Merge(dst, s.req)
-	return nil
 }
 
 // ---- idempotency hooks ----
