@@ -66,13 +66,14 @@ func IsLoopback(listen string) bool {
 }
 
 // Server returns the transport credentials (nil for plaintext) and the identity
-// interceptors for service listening on listen, with the platform's default policy.
-func (s *Security) Server(service, listen string) (credentials.TransportCredentials, grpc.UnaryServerInterceptor, grpc.StreamServerInterceptor, error) {
+// interceptors for service listening on listen, with the platform's default policy and
+// extra identity options (operator credentials).
+func (s *Security) Server(service, listen string, extra ...identity.Option) (credentials.TransportCredentials, grpc.UnaryServerInterceptor, grpc.StreamServerInterceptor, error) {
 	sg, err := s.signer()
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	opts := []identity.Option{identity.WithPolicy(identity.DefaultPolicy())}
+	opts := append([]identity.Option{identity.WithPolicy(identity.DefaultPolicy())}, extra...)
 	if sg != nil {
 		opts = append(opts, identity.WithSigner(sg))
 	}
@@ -91,7 +92,8 @@ func (s *Security) Server(service, listen string) (credentials.TransportCredenti
 	default:
 		return nil, nil, nil, errors.New("no transport security: set --certs DIR (mTLS; create it with `handoff certs`) or --plaintext-loopback with a loopback listen address")
 	}
-	return creds, identity.UnaryServerInterceptor(opts...), identity.StreamServerInterceptor(opts...), nil
+	authz := identity.NewAuthorizer(opts...)
+	return creds, authz.UnaryServerInterceptor(), authz.StreamServerInterceptor(), nil
 }
 
 // Client returns the dial settings for service calling another service.

@@ -75,6 +75,11 @@ type coordinatorServer struct {
 	rec *recorder
 }
 
+func (s coordinatorServer) SubmitJob(ctx context.Context, _ *handoffv1.SubmitJobRequest) (*handoffv1.SubmitJobResponse, error) {
+	s.rec.record(ctx)
+	return &handoffv1.SubmitJobResponse{}, nil
+}
+
 func (s coordinatorServer) GetJob(ctx context.Context, _ *handoffv1.GetJobRequest) (*handoffv1.GetJobResponse, error) {
 	s.rec.record(ctx)
 	return &handoffv1.GetJobResponse{}, nil
@@ -250,8 +255,12 @@ func TestTokensOverPlaintextLoopback(t *testing.T) {
 		{name: "malformed on a stream", call: deliverCall, auth: "Bearer hst1.", code: codes.Unauthenticated, msg: "malformed service token"},
 		{name: "no token", call: writeCall, code: codes.Unauthenticated, msg: "no caller identity: present a client certificate or a service token"},
 		{name: "no token on a stream", call: deliverCall, code: codes.Unauthenticated, msg: "no caller identity"},
-		{name: "anyone may read jobs", call: func(ctx context.Context, cc *grpc.ClientConn) error {
+		{name: "anonymous may not read jobs", call: func(ctx context.Context, cc *grpc.ClientConn) error {
 			_, err := handoffv1.NewCoordinatorServiceClient(cc).GetJob(ctx, &handoffv1.GetJobRequest{})
+			return err
+		}, code: codes.Unauthenticated, msg: "no caller identity"},
+		{name: "anyone may submit", call: func(ctx context.Context, cc *grpc.ClientConn) error {
+			_, err := handoffv1.NewCoordinatorServiceClient(cc).SubmitJob(ctx, &handoffv1.SubmitJobRequest{})
 			return err
 		}},
 	}

@@ -43,16 +43,29 @@ const TrustDomain = "handoff.local"
 type Identity struct {
 	// Service is the calling service's name, e.g. "coordinator".
 	Service string
-	// Method is how the caller proved it: MethodMTLS or MethodToken.
+	// Method is how the caller proved it: MethodMTLS, MethodToken or MethodOperatorToken.
 	Method string
+	// Name is the operator account's name when Method is MethodOperatorToken (or a web
+	// session made from one); empty for services.
+	Name string
 }
 
-// String returns e.g. `coordinator (mtls)`.
-func (id Identity) String() string { return id.Service + " (" + id.Method + ")" }
+// String returns e.g. `coordinator (mtls)`, or `operator alice (operator-token)`.
+func (id Identity) String() string {
+	if id.Name != "" {
+		return id.Service + " " + id.Name + " (" + id.Method + ")"
+	}
+	return id.Service + " (" + id.Method + ")"
+}
 
-// LogValue logs the identity as a group: caller.service and caller.auth.
+// LogValue logs the identity as a group: caller.service, caller.auth and, for an operator,
+// caller.name.
 func (id Identity) LogValue() slog.Value {
-	return slog.GroupValue(slog.String("service", id.Service), slog.String("auth", id.Method))
+	attrs := []slog.Attr{slog.String("service", id.Service), slog.String("auth", id.Method)}
+	if id.Name != "" {
+		attrs = append(attrs, slog.String("name", id.Name))
+	}
+	return slog.GroupValue(attrs...)
 }
 
 type ctxKey struct{}

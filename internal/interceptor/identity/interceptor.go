@@ -27,26 +27,12 @@ const msgNoIdentity = "no caller identity: present a client certificate or a ser
 // identity, refuses the call unless the policy allows it, and passes the identity to the
 // handler in the context. It panics on an invalid policy (see Policy.Validate).
 func UnaryServerInterceptor(opts ...Option) grpc.UnaryServerInterceptor {
-	o := newOptions(opts)
-	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		ctx, err := o.authorize(ctx, info.FullMethod)
-		if err != nil {
-			return nil, err
-		}
-		return handler(ctx, req)
-	}
+	return NewAuthorizer(opts...).UnaryServerInterceptor()
 }
 
 // StreamServerInterceptor is UnaryServerInterceptor for streaming methods.
 func StreamServerInterceptor(opts ...Option) grpc.StreamServerInterceptor {
-	o := newOptions(opts)
-	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		ctx, err := o.authorize(ss.Context(), info.FullMethod)
-		if err != nil {
-			return err
-		}
-		return handler(srv, &wrappedStream{ServerStream: ss, ctx: ctx})
-	}
+	return NewAuthorizer(opts...).StreamServerInterceptor()
 }
 
 type wrappedStream struct {
@@ -62,12 +48,11 @@ func (o *options) authorize(ctx context.Context, fullMethod string) (context.Con
 	if alwaysOpen(fullMethod) {
 		return ctx, nil
 	}
-	allowed, ok := o.policy.allowed(fullMethod)
-	if !ok {
-		allowed = o.defaultAllow
-	}
 	id, found, err := o.identify(ctx)
 	if err != nil {
+		if _, isStatus := status.FromError(err); isStatus {
+			return nil, err // the operator check's own answer (ResourceExhausted), already logged
+		}
 		// A credential that is presented and fails is refused even where anyone may call:
 		// a caller that believes it is authenticated must learn that it is not.
 		return nil, o.refuse(ctx, fullMethod, codes.Unauthenticated, err.Error())
@@ -75,21 +60,33 @@ func (o *options) authorize(ctx context.Context, fullMethod string) (context.Con
 	if found {
 		ctx = NewContext(ctx, id)
 	}
-	if slices.Contains(allowed, Anyone) {
-		return ctx, nil
-	}
-	if !found {
-		return nil, o.refuse(ctx, fullMethod, codes.Unauthenticated, msgNoIdentity)
-	}
-	if !slices.Contains(allowed, id.Service) {
-		who := "no caller is allowed"
-		if len(allowed) > 0 {
-			who = "allowed callers: " + strings.Join(allowed, ", ")
-		}
-		return nil, o.refuse(ctx, fullMethod, codes.PermissionDenied,
-			fmt.Sprintf("caller %q (%s) may not call %s; %s", id.Service, id.Method, fullMethod, who))
+	if err := o.decide(ctx, fullMethod, id, found); err != nil {
+		return nil, err
 	}
 	return ctx, nil
+}
+
+// decide applies the policy to a caller already identified (found) or anonymous.
+func (o *options) decide(ctx context.Context, fullMethod string, id Identity, found bool) error {
+	allowed, ok := o.policy.allowed(fullMethod)
+	if !ok {
+		allowed = o.defaultAllow
+	}
+	if slices.Contains(allowed, Anyone) {
+		return nil
+	}
+	if !found {
+		return o.refuse(ctx, fullMethod, codes.Unauthenticated, msgNoIdentity)
+	}
+	if slices.Contains(allowed, AnyIdentity) || slices.Contains(allowed, id.Service) {
+		return nil
+	}
+	who := "no caller is allowed"
+	if len(allowed) > 0 {
+		who = "allowed callers: " + strings.Join(allowed, ", ")
+	}
+	return o.refuse(ctx, fullMethod, codes.PermissionDenied,
+		fmt.Sprintf("caller %q (%s) may not call %s; %s", id.Service, id.Method, fullMethod, who))
 }
 
 func (o *options) refuse(ctx context.Context, fullMethod string, code codes.Code, msg string) error {
@@ -131,8 +128,14 @@ func (o *options) identify(ctx context.Context) (id Identity, found bool, err er
 	}
 
 	tok, found, err := serviceToken(ctx)
-	if err != nil || !found {
+	if err != nil {
 		return Identity{}, false, err
+	}
+	if !found {
+		return o.operator(ctx, p, tlsInfo)
+	}
+	if _, both, _ := operatorToken(ctx); both {
+		return Identity{}, false, errors.New("authorization carries a service token and an operator token; send one")
 	}
 	if o.signer == nil {
 		return Identity{}, false, errors.New("service tokens are not accepted by this server; present a client certificate")
@@ -145,6 +148,30 @@ func (o *options) identify(ctx context.Context) (id Identity, found bool, err er
 		return Identity{}, false, err
 	}
 	return Identity{Service: svc, Method: MethodToken}, true, nil
+}
+
+// operator identifies a caller by an operator token: a bearer value that is not a service
+// token. found is false when the call carries none.
+func (o *options) operator(ctx context.Context, p *peer.Peer, tlsInfo *credentials.TLSInfo) (Identity, bool, error) {
+	tok, found, err := operatorToken(ctx)
+	if err != nil || !found {
+		return Identity{}, false, err
+	}
+	if o.operators == nil {
+		return Identity{}, false, errors.New("operator tokens are not accepted by this server")
+	}
+	if tlsInfo == nil && p != nil && !localAddr(p.Addr) {
+		return Identity{}, false, fmt.Errorf("operator token refused: it came over plaintext from %s, not loopback; use TLS between hosts", p.Addr)
+	}
+	source := ""
+	if p != nil && p.Addr != nil {
+		source = p.Addr.String()
+	}
+	id, err := o.operators.Verify(ctx, source, tok)
+	if err != nil {
+		return Identity{}, false, err
+	}
+	return id, true, nil
 }
 
 // serviceFromCert reads the service from a verified leaf certificate: the one
@@ -181,8 +208,8 @@ func serviceFromCert(c *x509.Certificate) (string, error) {
 var tokenScheme = regexp.MustCompile(`^hst[0-9]+\.`)
 
 // serviceToken returns the service token from the authorization metadata. Values in
-// another scheme, or bearer tokens of another kind (an operator's), are not ours and are
-// left alone; more than one service token is an error.
+// another scheme are not ours and are left alone; a bearer token of another kind is an
+// operator's (operatorToken); more than one service token is an error.
 func serviceToken(ctx context.Context) (tok string, found bool, err error) {
 	md, _ := metadata.FromIncomingContext(ctx)
 	for _, v := range md.Get("authorization") {
@@ -193,6 +220,24 @@ func serviceToken(ctx context.Context) (tok string, found bool, err error) {
 		}
 		if found {
 			return "", false, errors.New("more than one service token in authorization metadata")
+		}
+		tok, found = rest, true
+	}
+	return tok, found, nil
+}
+
+// operatorToken returns the bearer token of the authorization metadata that is not a
+// service token; more than one is an error.
+func operatorToken(ctx context.Context) (tok string, found bool, err error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	for _, v := range md.Get("authorization") {
+		scheme, rest, _ := strings.Cut(strings.TrimSpace(v), " ")
+		rest = strings.TrimSpace(rest)
+		if !strings.EqualFold(scheme, "bearer") || tokenScheme.MatchString(rest) {
+			continue
+		}
+		if found {
+			return "", false, errors.New("more than one operator token in authorization metadata")
 		}
 		tok, found = rest, true
 	}

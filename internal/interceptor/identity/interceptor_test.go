@@ -153,10 +153,12 @@ func TestUnaryInterceptor(t *testing.T) {
 			code: codes.Unauthenticated, msg: []string{"service tokens are not accepted"}},
 		{name: "two tokens", method: write, caller: caller{token: append(tok("coordinator"), tok("coordinator")...)},
 			code: codes.Unauthenticated, msg: []string{"more than one service token"}},
-		{name: "other bearer tokens are not ours", method: write, caller: caller{token: []string{"Bearer op_abc123", "Basic dXNlcjpwYXNz"}},
+		{name: "other schemes are not ours", method: write, caller: caller{token: []string{"Basic dXNlcjpwYXNz"}},
 			code: codes.Unauthenticated, msg: []string{"no caller identity"}},
-		{name: "other bearer token beside ours", method: write, caller: caller{token: append([]string{"Bearer op_abc123"}, tok("coordinator")...)},
-			want: identity.Identity{Service: "coordinator", Method: "token"}},
+		{name: "an operator token where none are accepted", method: write, caller: caller{token: []string{"Bearer op_abc123"}},
+			code: codes.Unauthenticated, msg: []string{"operator tokens are not accepted"}},
+		{name: "an operator token beside a service token", method: write, caller: caller{token: append([]string{"Bearer op_abc123"}, tok("coordinator")...)},
+			code: codes.Unauthenticated, msg: []string{"a service token and an operator token"}},
 
 		// No identity
 		{name: "no identity on a protected method", method: write, caller: caller{},
@@ -339,7 +341,8 @@ func TestStreamInterceptor(t *testing.T) {
 		{"mtls operator", deliver, caller{cert: spiffeCert("x", "spiffe://handoff.local/operator")}, codes.OK, identity.Identity{Service: "operator", Method: "mtls"}},
 		{"writeback may not deliver", deliver, caller{token: []string{"Bearer " + s.Token("writeback", time.Minute)}}, codes.PermissionDenied, identity.Identity{}},
 		{"anonymous may not deliver", deliver, caller{}, codes.Unauthenticated, identity.Identity{}},
-		{"anonymous may watch a job", "/handoff.v1.CoordinatorService/WatchJob", caller{}, codes.OK, identity.Identity{}},
+		{"anonymous may not watch a job", "/handoff.v1.CoordinatorService/WatchJob", caller{}, codes.Unauthenticated, identity.Identity{}},
+		{"any service may watch a job", "/handoff.v1.CoordinatorService/WatchJob", caller{token: []string{"Bearer " + s.Token("writeback", time.Minute)}}, codes.OK, identity.Identity{Service: "writeback", Method: "token"}},
 		{"reflection open", "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo", caller{}, codes.OK, identity.Identity{}},
 	}
 	for _, tt := range tests {

@@ -12,6 +12,7 @@ type Option func(*options)
 type options struct {
 	policy       Policy
 	signer       *Signer
+	operators    *Operators
 	defaultAllow []string
 	logger       *slog.Logger
 	now          func() time.Time
@@ -27,6 +28,14 @@ func WithPolicy(p Policy) Option {
 // service token and no client certificate is refused.
 func WithSigner(s *Signer) Option {
 	return func(o *options) { o.signer = s }
+}
+
+// WithOperators accepts operator tokens (authorization: Bearer <token>, any bearer value
+// that is not a service token) verified by ops, as the identity OperatorService. Without
+// it, a call that presents such a token is refused: a credential this server cannot check
+// is never ignored.
+func WithOperators(ops *Operators) Option {
+	return func(o *options) { o.operators = ops }
 }
 
 // WithDefaultAllow sets the services allowed to call methods the policy does not match;

@@ -10,10 +10,15 @@ import (
 // Anyone is the policy value that lets any caller through, including one with no identity.
 const Anyone = "*"
 
+// AnyIdentity is the policy value that lets through every caller with a verified identity
+// (any service of the trust domain, or an operator) and no anonymous one.
+const AnyIdentity = "+"
+
 // Policy maps a full gRPC method name ("/handoff.v1.WritebackService/Write") or a
 // service wildcard ("/handoff.v1.WritebackService/*") to the services allowed to call it.
 // An exact entry wins over its service's wildcard; an entry with no services lets nobody
-// call; the value Anyone ("*") lets any caller through, identified or not. A method the
+// call; the value Anyone ("*") lets any caller through, identified or not; AnyIdentity ("+")
+// any identified caller. A method the
 // policy does not match is open only to the services of WithDefaultAllow (by default none).
 //
 // Health (/grpc.health.v1.Health/*) and reflection (/grpc.reflection.v1.ServerReflection/*,
@@ -35,10 +40,20 @@ func DefaultPolicy() Policy {
 		// Check answers the ack a package would get and does no work and spends nothing,
 		// so anyone may use it to test a package (grpcurl, CI of another team's agent).
 		"/handoff.v1.AgentRunnerService/Check": {Anyone},
-		// The coordinator is the front door: clients and operators submit jobs and read
-		// them without a service identity. Human actions (escalations) get their own
-		// operator token check later, in the service.
-		"/handoff.v1.CoordinatorService/*": {Anyone},
+		// The coordinator is the front door: clients submit jobs without a service
+		// identity (a submission carries its own content, and a job_id or request_id
+		// already used with other content is refused).
+		"/handoff.v1.CoordinatorService/SubmitJob": {Anyone},
+		// A job's goal, constraints, memory refs and evaluator details are not for
+		// everyone: reading them takes a verified identity, a service's or an operator's.
+		"/handoff.v1.CoordinatorService/GetJob":   {AnyIdentity},
+		"/handoff.v1.CoordinatorService/ListJobs": {AnyIdentity},
+		"/handoff.v1.CoordinatorService/WatchJob": {AnyIdentity},
+		// Escalations are decisions of people: only an operator (an operator token, or an
+		// operator certificate under mTLS) lists and resolves them. No service identity
+		// may, so a compromised runner cannot approve its own write.
+		"/handoff.v1.CoordinatorService/ListEscalations":   {OperatorService},
+		"/handoff.v1.CoordinatorService/ResolveEscalation": {OperatorService},
 	}
 }
 
@@ -104,8 +119,8 @@ func (p Policy) Validate() error {
 
 func checkServices(services []string) error {
 	for _, s := range services {
-		if s != Anyone && !validService(s) {
-			return fmt.Errorf("%q is neither a service name nor %q", s, Anyone)
+		if s != Anyone && s != AnyIdentity && !validService(s) {
+			return fmt.Errorf("%q is neither a service name nor %q or %q", s, Anyone, AnyIdentity)
 		}
 	}
 	return nil

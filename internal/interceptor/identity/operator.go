@@ -1,0 +1,189 @@
+package identity
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
+)
+
+// OperatorService is the identity of a person: the service name an operator's certificate
+// carries and the one an operator token establishes. Policies name it like a service.
+const OperatorService = "operator"
+
+// MethodOperatorToken is Identity.Method for a caller that presented an operator token.
+const MethodOperatorToken = "operator-token"
+
+// MinOperatorTokenLen is the shortest operator token NewOperators accepts: a token guards
+// approvals of external writes, so a short guessable one is refused at start-up.
+const MinOperatorTokenLen = 16
+
+// Defaults of the failure limit: each source may fail this many times in a row before it
+// must wait, and earns one more try per failureRefill.
+const (
+	failureBurst  = 5
+	failureRefill = 12 * time.Second
+	// maxSources bounds the memory of the limiter; past it, sources that are back to a
+	// full allowance are forgotten.
+	maxSources = 10_000
+)
+
+// ErrTooManyFailures is returned (wrapped in a ResourceExhausted status) when a source has
+// failed too often; it must wait before it may try again, even with the right token.
+var ErrTooManyFailures = errors.New("too many failed operator credentials from this address")
+
+// Account is one operator: a name recorded with what it does, and its token.
+type Account struct {
+	Name  string
+	Token string
+}
+
+type account struct {
+	name string
+	hash [sha256.Size]byte
+}
+
+// Operators verifies operator tokens (bearer tokens that are not service tokens), for the
+// gRPC interceptor and the operator page alike. Only hashes of the tokens are kept. Failed
+// attempts are counted per source address and logged without the token; a source past its
+// allowance is refused for a while. Safe for concurrent use.
+type Operators struct {
+	accounts []account
+	log      *slog.Logger
+	now      func() time.Time
+
+	mu      sync.Mutex
+	sources map[string]*rate.Limiter
+}
+
+// NewOperators returns a verifier for accounts (at least one). Each token must be at least
+// MinOperatorTokenLen bytes, and names and tokens must be distinct.
+func NewOperators(log *slog.Logger, accounts ...Account) (*Operators, error) {
+	if len(accounts) == 0 {
+		return nil, errors.New("identity: no operator accounts")
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	o := &Operators{log: log, now: time.Now, sources: map[string]*rate.Limiter{}}
+	names := map[string]bool{}
+	hashes := map[[sha256.Size]byte]bool{}
+	for i, a := range accounts {
+		if a.Name == "" {
+			return nil, fmt.Errorf("identity: operator account %d has no name", i)
+		}
+		if len(a.Token) < MinOperatorTokenLen {
+			return nil, fmt.Errorf("identity: operator %q: token is %d bytes, need at least %d", a.Name, len(a.Token), MinOperatorTokenLen)
+		}
+		if tokenScheme.MatchString(a.Token) {
+			return nil, fmt.Errorf("identity: operator %q: token looks like a service token (hstN.); choose another", a.Name)
+		}
+		h := sha256.Sum256([]byte(a.Token))
+		if names[a.Name] || hashes[h] {
+			return nil, fmt.Errorf("identity: operator %q: name or token used twice", a.Name)
+		}
+		names[a.Name], hashes[h] = true, true
+		o.accounts = append(o.accounts, account{name: a.Name, hash: h})
+	}
+	return o, nil
+}
+
+// Verify checks an operator token presented from source (a host, or host:port, of the
+// caller) and returns the operator's identity. A wrong token is Unauthenticated; a source
+// over its failure allowance is ResourceExhausted whatever it presents. Both are logged
+// with the source and the reason, never the token.
+func (o *Operators) Verify(ctx context.Context, source, tok string) (Identity, error) {
+	src := sourceHost(source)
+	if !o.allowed(src) {
+		o.log.WarnContext(ctx, "identity: operator credential refused", "source", src, "reason", "too many failures")
+		return Identity{}, status.Errorf(codes.ResourceExhausted, "%v; wait %s and try again", ErrTooManyFailures, failureRefill)
+	}
+	h := sha256.Sum256([]byte(tok))
+	for _, a := range o.accounts {
+		// Every account is compared, so the time taken does not say which one matched.
+		if subtle.ConstantTimeCompare(h[:], a.hash[:]) == 1 {
+			o.succeeded(src)
+			return Identity{Service: OperatorService, Method: MethodOperatorToken, Name: a.name}, nil
+		}
+	}
+	o.failed(src)
+	o.log.WarnContext(ctx, "identity: operator credential refused", "source", src, "reason", "unknown operator token")
+	return Identity{}, status.Error(codes.Unauthenticated, "operator token not recognised")
+}
+
+func (o *Operators) limiter(src string) *rate.Limiter {
+	l, ok := o.sources[src]
+	if !ok {
+		if len(o.sources) >= maxSources {
+			o.forgetIdle()
+		}
+		l = rate.NewLimiter(rate.Every(failureRefill), failureBurst)
+		o.sources[src] = l
+	}
+	return l
+}
+
+// allowed reports whether src has at least one try left (without spending it).
+func (o *Operators) allowed(src string) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	l, ok := o.sources[src]
+	return !ok || l.TokensAt(o.now()) >= 1
+}
+
+func (o *Operators) failed(src string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.limiter(src).AllowN(o.now(), 1)
+}
+
+// succeeded forgets src's earlier failures: a person who mistyped once is not held back.
+func (o *Operators) succeeded(src string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	delete(o.sources, src)
+}
+
+func (o *Operators) forgetIdle() {
+	now := o.now()
+	for k, l := range o.sources {
+		if l.TokensAt(now) >= failureBurst {
+			delete(o.sources, k)
+		}
+	}
+	if len(o.sources) >= maxSources { // all are busy failing: start over rather than grow
+		clear(o.sources)
+	}
+}
+
+// sourceHost drops the port of a host:port, so one host's connections share an allowance.
+func sourceHost(addr string) string {
+	if h, _, err := net.SplitHostPort(addr); err == nil {
+		return h
+	}
+	return addr
+}
+
+// OperatorCredentials returns client credentials that send tok as the operator token on
+// every call (authorization: Bearer <tok>), for a tool acting as an operator (grpcurl's
+// -H does the same by hand). Like service tokens it may travel over plaintext only on
+// loopback: the server refuses it over plaintext from any other address.
+func OperatorCredentials(tok string) credentials.PerRPCCredentials { return operatorCreds(tok) }
+
+type operatorCreds string
+
+func (c operatorCreds) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": "Bearer " + string(c)}, nil
+}
+
+func (operatorCreds) RequireTransportSecurity() bool { return false }
