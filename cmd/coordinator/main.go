@@ -23,6 +23,7 @@ import (
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/config"
 	"github.com/handoffhq/handoff/internal/contract"
+	"github.com/handoffhq/handoff/internal/interceptor/identity"
 	"github.com/handoffhq/handoff/internal/pipeline"
 	"github.com/handoffhq/handoff/internal/rpc"
 	"github.com/handoffhq/handoff/internal/stack"
@@ -37,12 +38,15 @@ type settings struct {
 	hopTimeout, hopRetryFor, leaseTTL, drainTimeout      time.Duration
 	healthInterval, storeWait                            time.Duration
 	security                                             rpc.Security
+	operatorToken                                        string
 }
 
 func main() {
 	log := slog.New(telemetry.LogHandler(slog.NewJSONHandler(os.Stderr, nil)))
 	store.RouteRedisLogs(log)
-	if err := run(os.Args[1:], log); err != nil {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], log, nil); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return
 		}
@@ -68,8 +72,17 @@ func parse(args []string) (*settings, error) {
 	b.Duration(&s.storeWait, "store-wait", "HANDOFF_STORE_WAIT", 60*time.Second, "at start-up, how long to keep trying a Redis store that does not answer yet (0: fail at once)")
 	b.Duration(&s.healthInterval, "health-interval", "HANDOFF_HEALTH_INTERVAL", time.Second, "how often the store is pinged; health is NOT_SERVING while the ping fails")
 	s.security.Bind(b)
+	b.String(&s.operatorToken, "operator-token", "HANDOFF_OPERATOR_TOKEN", "", fmt.Sprintf("token an operator presents (authorization: Bearer <token>) to ListEscalations and ResolveEscalation; required, at least %d bytes", identity.MinOperatorTokenLen))
 	if err := b.Parse(args); err != nil {
 		return nil, err
+	}
+	// Fail closed before anything else: this binary serves the calls that approve writes,
+	// and without operator credentials nobody could be told apart from an operator.
+	if s.operatorToken == "" {
+		return nil, errors.New("no operator credentials: set --operator-token (or HANDOFF_OPERATOR_TOKEN); ListEscalations and ResolveEscalation need an operator")
+	}
+	if len(s.operatorToken) < identity.MinOperatorTokenLen {
+		return nil, fmt.Errorf("--operator-token is %d bytes, need at least %d", len(s.operatorToken), identity.MinOperatorTokenLen)
 	}
 	if s.hopTimeout <= 0 {
 		return nil, fmt.Errorf("--hop-timeout must be positive, got %s", s.hopTimeout)
@@ -89,13 +102,12 @@ func parse(args []string) (*settings, error) {
 	return &s, nil
 }
 
-func run(args []string, log *slog.Logger) error {
+// run serves until ctx ends; ready, when set, is told the address listened on.
+func run(ctx context.Context, args []string, log *slog.Logger, ready func(net.Addr)) error {
 	s, err := parse(args)
 	if err != nil {
 		return err
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
 
 	var pls map[string]*pipeline.Pipeline
 	if s.pipelines != "" {
@@ -106,7 +118,11 @@ func run(args []string, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("--pipelines: %w", err)
 	}
-	creds, idUnary, idStream, err := s.security.Server("coordinator", s.listen)
+	ops, err := identity.NewOperators(log, identity.Account{Name: identity.OperatorService, Token: s.operatorToken})
+	if err != nil {
+		return fmt.Errorf("--operator-token: %w", err)
+	}
+	creds, idUnary, idStream, err := s.security.Server("coordinator", s.listen, identity.WithOperators(ops))
 	if err != nil {
 		return err
 	}
@@ -200,5 +216,8 @@ func run(args []string, log *slog.Logger) error {
 		g.GracefulStop()
 	}()
 	log.Info("coordinator listening", "addr", lis.Addr().String(), "pipelines", len(pls), "owner", srv.Owner(), "lease_ttl", s.leaseTTL.String())
+	if ready != nil {
+		ready(lis.Addr())
+	}
 	return g.Serve(lis)
 }

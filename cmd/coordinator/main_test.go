@@ -1,12 +1,14 @@
 package main
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
 )
 
 func TestParseNamesBadSettings(t *testing.T) {
+	t.Setenv("HANDOFF_OPERATOR_TOKEN", testOperatorToken)
 	t.Setenv("HANDOFF_HOP_TIMEOUT", "forever")
 	_, err := parse(nil)
 	if err == nil || !strings.Contains(err.Error(), "HANDOFF_HOP_TIMEOUT") {
@@ -19,17 +21,19 @@ func TestParseNamesBadSettings(t *testing.T) {
 }
 
 func TestRunRefusesNoTransportSecurity(t *testing.T) {
-	err := run([]string{"--store", t.TempDir() + "/c.db", "--listen", "127.0.0.1:0"}, nil)
+	t.Setenv("HANDOFF_OPERATOR_TOKEN", testOperatorToken)
+	err := run(context.Background(), []string{"--store", t.TempDir() + "/c.db", "--listen", "127.0.0.1:0"}, nil, nil)
 	if err == nil || !strings.Contains(err.Error(), "--certs") {
 		t.Fatalf("run without --certs or --plaintext-loopback = %v; want a refusal naming --certs", err)
 	}
-	err = run([]string{"--plaintext-loopback", "--listen", "0.0.0.0:0", "--store", t.TempDir() + "/c.db"}, nil)
+	err = run(context.Background(), []string{"--plaintext-loopback", "--listen", "0.0.0.0:0", "--store", t.TempDir() + "/c.db"}, nil, nil)
 	if err == nil || !strings.Contains(err.Error(), "loopback") {
 		t.Fatalf("plaintext on 0.0.0.0 = %v; want a refusal", err)
 	}
 }
 
 func TestParseLeaseAndDrainSettings(t *testing.T) {
+	t.Setenv("HANDOFF_OPERATOR_TOKEN", testOperatorToken)
 	s, err := parse(nil)
 	if err != nil {
 		t.Fatal(err)

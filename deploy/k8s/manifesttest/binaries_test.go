@@ -164,6 +164,8 @@ func testProbes(t *testing.T, root, bin string, help map[string]string) {
 					v = certs
 				case e.Name == "HANDOFF_ARTIFACTS":
 					v = filepath.Join(dir, "artifacts")
+				case e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil:
+					v = "manifest-test-secret-" + e.ValueFrom.SecretKeyRef.Name // the Secret's value, made up here
 				}
 				env = append(env, e.Name+"="+v)
 			}
