@@ -475,9 +475,10 @@ func (s *Server) save(ctx context.Context, job *handoffv1.Job) error {
 }
 
 func (s *Server) escalate(ctx context.Context, job *handoffv1.Job, p *pipeline.Pipeline, cause handoffv1.EscalationCause, detail string, reasons []*handoffv1.Reason) error {
+	job.Escalations = max(job.GetEscalations(), job.GetResolution().GetEscalation().GetNumber()) + 1
 	job.Escalation = &handoffv1.Escalation{
 		Cause: cause, Stage: job.GetStage(), Detail: detail, Reasons: reasons,
-		Route: p.Escalation.Route, At: timestamppb.New(s.opts.Now()),
+		Route: p.Escalation.Route, At: timestamppb.New(s.opts.Now()), Number: job.Escalations,
 	}
 	return s.finish(ctx, job, handoffv1.JobState_JOB_STATE_ESCALATED, job.Escalation, detail)
 }

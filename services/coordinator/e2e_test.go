@@ -130,6 +130,17 @@ func (w tlog) Write(p []byte) (int, error) {
 
 // startStack starts the platform from cfg on loopback: free ports, t's temp folder unless
 // cfg.DataDir is set, warnings in the test log. It returns it with a coordinator client.
+// anonymous is a client of st's coordinator with no identity at all, as grpcurl without
+// credentials would be.
+func anonymous(t *testing.T, st *stack.Stack) handoffv1.CoordinatorServiceClient {
+	t.Helper()
+	cc, err := st.Dial(st.CoordinatorAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return handoffv1.NewCoordinatorServiceClient(cc)
+}
+
 func startStack(t *testing.T, cfg stack.Config) (*stack.Stack, handoffv1.CoordinatorServiceClient) {
 	t.Helper()
 	if cfg.DataDir == "" {
@@ -144,7 +155,7 @@ func startStack(t *testing.T, cfg stack.Config) (*stack.Stack, handoffv1.Coordin
 		t.Fatal(err)
 	}
 	t.Cleanup(st.Close)
-	cc, err := st.Dial(st.CoordinatorAddr)
+	cc, err := st.DialAs(st.CoordinatorAddr, "operator")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -453,11 +455,10 @@ func TestRepeatedStepRailPaidOnce(t *testing.T) {
 	}
 }
 
-// TestApproveFailedThenReturnPaysEveryHop: an approve whose save failed paid its writeback
-// hop; when the person then returns the run to a stage instead, the run carries the
-// wallet as the store has it, so the next driver does not take that payment for a
-// repeated step's and every later hop is paid (the rail pays them: the runner does not
-// share the coordinator's store).
+// TestApproveFailedThenReturnPaysEveryHop: an approve whose decision could not be saved has
+// not taken effect: it pays nothing, leaves no RESOLVED event, and the run stays at its
+// escalation, so the person can still return it to a stage; every later hop is paid once
+// (the rail pays them: the runner does not share the coordinator's store).
 func TestApproveFailedThenReturnPaysEveryHop(t *testing.T) {
 	r := startReplicas(t)
 	r.g.release()
@@ -487,11 +488,21 @@ func TestApproveFailedThenReturnPaysEveryHop(t *testing.T) {
 	}
 	writeback := "writeback"
 	wl.failStage.Store(&writeback)
-	if _, err := c.ResolveEscalation(ctx, &handoffv1.ResolveEscalationRequest{RunId: runID, Operator: "ana",
+	if _, err := c.ResolveEscalation(ctx, &handoffv1.ResolveEscalationRequest{RunId: runID, Operator: "ana", Escalation: 1,
 		Action: &handoffv1.ResolveEscalationRequest_Approve{Approve: &handoffv1.ApproveAction{}}}); status.Code(err) != codes.Unavailable {
 		t.Fatalf("approve with its save refused = %v; want Unavailable", err)
 	}
-	if _, err := c.ResolveEscalation(ctx, &handoffv1.ResolveEscalationRequest{RunId: runID, Operator: "ana",
+	if job := waitFor(handoffv1.JobState_JOB_STATE_ESCALATED); job.GetHops() != 6 || job.GetResolution() != nil {
+		t.Fatalf("after the refused approve: %d hops, resolution %v; want the run untouched", job.GetHops(), job.GetResolution())
+	}
+	evs, err := wl.Events(ctx, runID, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k := kinds(evs); slices.ContainsFunc(k, func(s string) bool { return strings.HasSuffix(s, ":RESOLVED") }) {
+		t.Fatalf("a RESOLVED event was written for a decision that did not take effect: %v", k)
+	}
+	if _, err := c.ResolveEscalation(ctx, &handoffv1.ResolveEscalationRequest{RunId: runID, Operator: "ana", Escalation: 1,
 		Action: &handoffv1.ResolveEscalationRequest_ReturnToStage{ReturnToStage: &handoffv1.ReturnToStageAction{Stage: "draft"}}}); err != nil {
 		t.Fatal(err)
 	}
@@ -500,8 +511,8 @@ func TestApproveFailedThenReturnPaysEveryHop(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// 10 hops made: 6, the approve's writeback, then draft, judge, writeback.
-	if job.GetHops() != 9 || w.GetHopsRemaining() != 0 {
-		t.Fatalf("run ended after %d hops with %d left in the wallet; want 9 run hops (+1 approve) and 0 left", job.GetHops(), w.GetHopsRemaining())
+	// 9 hops made: 6, then draft, judge, writeback; the refused approve paid none.
+	if job.GetHops() != 9 || w.GetHopsRemaining() != 1 {
+		t.Fatalf("run ended after %d hops with %d left in the wallet; want 9 hops and 1 left", job.GetHops(), w.GetHopsRemaining())
 	}
 }

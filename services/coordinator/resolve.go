@@ -2,16 +2,15 @@ package coordinator
 
 import (
 	"context"
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"go.opentelemetry.io/otel/attribute"
 	oteltrace "go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -24,46 +23,12 @@ import (
 	"github.com/handoffhq/handoff/internal/traceparent"
 )
 
-// OperatorTokenRequired reports whether the operator calls need a token.
 // maxOperatorReturns is the contract's cap on HandoffPackage.operator_returns.
 const maxOperatorReturns = 1000
 
-func (s *Server) OperatorTokenRequired() bool { return s.opts.OperatorToken != "" }
-
-// CheckOperatorToken reports whether tok is the operator token (constant time). Always true
-// when no token is configured.
-func (s *Server) CheckOperatorToken(tok string) bool {
-	if s.opts.OperatorToken == "" {
-		return true
-	}
-	return subtle.ConstantTimeCompare([]byte(tok), []byte(s.opts.OperatorToken)) == 1
-}
-
-// operator checks the operator token in the call's authorization metadata. Service tokens
-// (hst1.…) in the same key are skipped by the comparison simply by not matching.
-func (s *Server) operator(ctx context.Context) error {
-	if s.opts.OperatorToken == "" {
-		return nil
-	}
-	md, _ := metadata.FromIncomingContext(ctx)
-	ok := false
-	for _, v := range md.Get("authorization") {
-		scheme, rest, _ := strings.Cut(strings.TrimSpace(v), " ")
-		if strings.EqualFold(scheme, "bearer") && s.CheckOperatorToken(strings.TrimSpace(rest)) {
-			ok = true
-		}
-	}
-	if !ok {
-		return status.Error(codes.Unauthenticated, "operator token required: send `authorization: Bearer <token>`")
-	}
-	return nil
-}
-
-// ListEscalations lists ESCALATED runs, newest first.
+// ListEscalations lists ESCALATED runs, newest first. Who may call it (an operator) is the
+// identity policy's rule, checked before any handler runs (internal/interceptor/identity).
 func (s *Server) ListEscalations(ctx context.Context, req *handoffv1.ListEscalationsRequest) (*handoffv1.ListEscalationsResponse, error) {
-	if err := s.operator(ctx); err != nil {
-		return nil, err
-	}
 	resp, err := s.ListJobs(ctx, &handoffv1.ListJobsRequest{State: handoffv1.JobState_JOB_STATE_ESCALATED, PageSize: req.GetPageSize(), PageToken: req.GetPageToken()})
 	if err != nil {
 		return nil, err
@@ -116,10 +81,10 @@ func (s *Server) Proposed(ctx context.Context, job *handoffv1.Job) (*handoffv1.A
 // ResolveEscalation applies a person's decision to an ESCALATED run. Approving a run that an
 // earlier approve completed sends the same write again (same idempotency key): the writeback
 // answers with the first receipt and writes nothing (duplicate=true).
+//
+// The decision names the escalation it answers (req.escalation): one taken for an escalation
+// the run has since left is refused, so a stale page cannot decide the run's next one.
 func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEscalationRequest) (*handoffv1.ResolveEscalationResponse, error) {
-	if err := s.operator(ctx); err != nil {
-		return nil, err
-	}
 	// In-process callers (the web page) skip the interceptor chain: validate here too.
 	if err := s.opts.Validator.Validate(req); err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "invalid request: %v", err)
@@ -179,10 +144,17 @@ func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEs
 	if _, isApprove := req.GetAction().(*handoffv1.ResolveEscalationRequest_Approve); isApprove &&
 		job.GetState() == handoffv1.JobState_JOB_STATE_COMPLETED &&
 		job.GetResolution().GetAction() == handoffv1.ResolutionAction_RESOLUTION_ACTION_APPROVE {
+		if n := escalationNumber(job.GetResolution().GetEscalation()); req.GetEscalation() != n {
+			return nil, status.Errorf(codes.FailedPrecondition, "run %s: escalation %d was approved; this decision names escalation %d", runID, n, req.GetEscalation())
+		}
 		return s.reapprove(ctx, job, p)
 	}
 	if job.GetState() != handoffv1.JobState_JOB_STATE_ESCALATED {
 		return nil, status.Errorf(codes.FailedPrecondition, "run %s is %s, not ESCALATED", runID, strings.TrimPrefix(job.GetState().String(), "JOB_STATE_"))
+	}
+	if n := escalationNumber(job.GetEscalation()); req.GetEscalation() != n {
+		return nil, status.Errorf(codes.FailedPrecondition, "run %s is at escalation %d (%s); this decision was made for escalation %d: reload and decide again",
+			runID, n, strings.TrimPrefix(job.GetEscalation().GetCause().String(), "ESCALATION_CAUSE_"), req.GetEscalation())
 	}
 
 	res := &handoffv1.Resolution{Operator: req.GetOperator(), Comment: req.GetComment(), Escalation: job.GetEscalation(), At: timestamppb.New(s.opts.Now())}
@@ -268,7 +240,7 @@ func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEs
 
 	switch res.Action {
 	case handoffv1.ResolutionAction_RESOLUTION_ACTION_FAIL, handoffv1.ResolutionAction_RESOLUTION_ACTION_REJECT_MALFORMED:
-		s.event(ctx, job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_RESOLVED, Stage: job.GetStage(), Resolution: res})
+		s.later(job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_RESOLVED, Stage: job.GetStage(), Resolution: res})
 		what := "failed"
 		if res.Action == handoffv1.ResolutionAction_RESOLUTION_ACTION_REJECT_MALFORMED {
 			what = "rejected as malformed"
@@ -289,7 +261,7 @@ func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEs
 		job.Stage = target.Name
 		job.State = handoffv1.JobState_JOB_STATE_RUNNING
 		job.Escalation = nil
-		s.event(ctx, job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_RESOLVED, Stage: target.Name, Resolution: res, Evaluator: job.GetEvaluator()})
+		s.later(job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_RESOLVED, Stage: target.Name, Resolution: res, Evaluator: job.GetEvaluator()})
 		if err := s.save(ctx, job); err != nil {
 			return nil, status.Errorf(codes.Unavailable, "%v", err)
 		}
@@ -298,7 +270,13 @@ func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEs
 		job.Stage = target.Name
 		job.State = handoffv1.JobState_JOB_STATE_RUNNING
 		job.Escalation = nil
-		s.event(ctx, job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_RESOLVED, Stage: target.Name, Resolution: res, Evaluator: job.GetEvaluator()})
+		// The decision takes effect when the run is saved RUNNING at the writeback stage with
+		// the human PASS, together with its RESOLVED event; a crash after this save leaves a
+		// run the takeover scan drives to the same write.
+		s.later(job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_RESOLVED, Stage: target.Name, Resolution: res, Evaluator: job.GetEvaluator()})
+		if err := s.save(ctx, job); err != nil {
+			return nil, status.Errorf(codes.Unavailable, "%v", err)
+		}
 		// The writeback hop, inline: the same code the run loop uses (a judge's PASS gate,
 		// the job_id:stage:artifact_type key), without the wallet checks a person overrides.
 		// An earlier approve whose save failed may have paid this hop already: the store's
@@ -370,9 +348,18 @@ func (s *Server) reapprove(ctx context.Context, job *handoffv1.Job, p *pipeline.
 	return &handoffv1.ResolveEscalationResponse{Job: job, Receipt: wr.GetReceipt(), Duplicate: wr.GetDuplicate(), Resolution: job.GetResolution()}, nil
 }
 
+// truncate cuts s to at most n bytes on a rune boundary, so the result stays UTF-8.
 func truncate(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
 	return s[:n]
+}
+
+// escalationNumber is esc's number; an escalation stored before numbers existed is 1.
+func escalationNumber(esc *handoffv1.Escalation) uint32 {
+	return max(esc.GetNumber(), 1)
 }

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -41,9 +42,10 @@ func mustInput(t *testing.T, st *stack.Stack) *handoffv1.Artifact {
 	return a
 }
 
-func op() context.Context {
-	return metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+opToken)
-}
+// op is the context of an operator's call on env.client, which already carries the
+// operator's service identity; the operator token itself is tried on an anonymous client
+// (TestResolveApproveWritesOnce) and by cmd/coordinator's tests.
+func op() context.Context { return context.Background() }
 
 func waitState(t *testing.T, e *env, runID string, want handoffv1.JobState) *handoffv1.Job {
 	t.Helper()
@@ -79,16 +81,18 @@ func TestResolveApproveWritesOnce(t *testing.T) {
 		t.Fatalf("state %s, want ESCALATED", job.GetState())
 	}
 	// No token, wrong token: no access.
-	if _, err := e.client.ListEscalations(context.Background(), &handoffv1.ListEscalationsRequest{}); status.Code(err) != codes.Unauthenticated {
+	anon := anonymous(t, e.st)
+	if _, err := anon.ListEscalations(context.Background(), &handoffv1.ListEscalationsRequest{}); status.Code(err) != codes.Unauthenticated {
 		t.Fatalf("ListEscalations without token: %v, want Unauthenticated", err)
 	}
 	bad := metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer nope")
-	approve := &handoffv1.ResolveEscalationRequest{RunId: job.GetRunId(), Operator: "ana", Comment: "fixed the citation",
+	approve := &handoffv1.ResolveEscalationRequest{RunId: job.GetRunId(), Operator: "ana", Escalation: 1, Comment: "fixed the citation",
 		Action: &handoffv1.ResolveEscalationRequest_Approve{Approve: &handoffv1.ApproveAction{ArtifactText: ptr("an edited note")}}}
-	if _, err := e.client.ResolveEscalation(bad, approve); status.Code(err) != codes.Unauthenticated {
+	if _, err := anon.ResolveEscalation(bad, approve); status.Code(err) != codes.Unauthenticated {
 		t.Fatalf("ResolveEscalation with a wrong token: %v, want Unauthenticated", err)
 	}
-	list, err := e.client.ListEscalations(op(), &handoffv1.ListEscalationsRequest{})
+	withToken := metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+opToken)
+	list, err := anon.ListEscalations(withToken, &handoffv1.ListEscalationsRequest{})
 	if err != nil || len(list.GetJobs()) != 1 || list.GetJobs()[0].GetRunId() != job.GetRunId() {
 		t.Fatalf("ListEscalations: %v %v", list, err)
 	}
@@ -143,7 +147,7 @@ func TestResolveApproveWritesOnce(t *testing.T) {
 		t.Fatalf("timeline %v", evs)
 	}
 	// A completed run cannot be failed.
-	_, err = e.client.ResolveEscalation(op(), &handoffv1.ResolveEscalationRequest{RunId: job.GetRunId(), Operator: "ana",
+	_, err = e.client.ResolveEscalation(op(), &handoffv1.ResolveEscalationRequest{RunId: job.GetRunId(), Operator: "ana", Escalation: 1,
 		Action: &handoffv1.ResolveEscalationRequest_Fail{Fail: &handoffv1.FailAction{Reason: "late"}}})
 	if status.Code(err) != codes.FailedPrecondition {
 		t.Fatalf("fail on a completed run: %v, want FailedPrecondition", err)
@@ -157,7 +161,7 @@ func TestResolveReturnToStage(t *testing.T) {
 		t.Fatalf("state %s, want ESCALATED", job.GetState())
 	}
 	ret := func(stage string) error {
-		_, err := e.client.ResolveEscalation(op(), &handoffv1.ResolveEscalationRequest{RunId: job.GetRunId(), Operator: "ana", Comment: "cite the policy",
+		_, err := e.client.ResolveEscalation(op(), &handoffv1.ResolveEscalationRequest{RunId: job.GetRunId(), Operator: "ana", Escalation: 1, Comment: "cite the policy",
 			Action: &handoffv1.ResolveEscalationRequest_ReturnToStage{ReturnToStage: &handoffv1.ReturnToStageAction{Stage: stage}}})
 		return err
 	}
@@ -193,7 +197,7 @@ func TestResolveReturnBeforeAnyVerdict(t *testing.T) {
 	if job.GetState() != handoffv1.JobState_JOB_STATE_ESCALATED || job.GetEscalation().GetCause() != handoffv1.EscalationCause_ESCALATION_CAUSE_STAGE_FAILED || job.GetEvaluator() != nil {
 		t.Fatalf("run %s (%v), evaluator %v; want ESCALATED STAGE_FAILED before any verdict", job.GetState(), job.GetEscalation(), job.GetEvaluator())
 	}
-	resp, err := e.client.ResolveEscalation(op(), &handoffv1.ResolveEscalationRequest{RunId: job.GetRunId(), Operator: "ana", Comment: "start over",
+	resp, err := e.client.ResolveEscalation(op(), &handoffv1.ResolveEscalationRequest{RunId: job.GetRunId(), Operator: "ana", Escalation: 1, Comment: "start over",
 		Action: &handoffv1.ResolveEscalationRequest_ReturnToStage{ReturnToStage: &handoffv1.ReturnToStageAction{Stage: "draft", ArtifactText: ptr("an edited note")}}})
 	if err != nil {
 		t.Fatal(err)
@@ -235,7 +239,7 @@ func TestResolveFailAndReject(t *testing.T) {
 		{Action: &handoffv1.ResolveEscalationRequest_RejectMalformed{RejectMalformed: &handoffv1.RejectMalformedAction{Reason: "ticket is spam"}}},
 	} {
 		job, _ := e.submit(t, "relay", fmt.Sprintf("tkt_%d", i+1), "", e.defaultBudget)
-		action.RunId, action.Operator = job.GetRunId(), "bo"
+		action.RunId, action.Operator, action.Escalation = job.GetRunId(), "bo", 1
 		resp, err := e.client.ResolveEscalation(op(), action)
 		if err != nil {
 			t.Fatal(err)
@@ -277,12 +281,66 @@ func TestResolveReturnCap(t *testing.T) {
 	if err := e.st.Store.PutRun(ctx, run); err != nil {
 		t.Fatal(err)
 	}
-	_, err = e.client.ResolveEscalation(op(), &handoffv1.ResolveEscalationRequest{RunId: job.GetRunId(), Operator: "ana",
+	_, err = e.client.ResolveEscalation(op(), &handoffv1.ResolveEscalationRequest{RunId: job.GetRunId(), Operator: "ana", Escalation: 1,
 		Action: &handoffv1.ResolveEscalationRequest_ReturnToStage{ReturnToStage: &handoffv1.ReturnToStageAction{Stage: "draft"}}})
 	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(status.Convert(err).Message(), "1000 times") {
 		t.Fatalf("return past the cap = %v; want FailedPrecondition naming the count", err)
 	}
 	if got := waitState(t, e, job.GetRunId(), handoffv1.JobState_JOB_STATE_ESCALATED); got.GetOperatorReturns() != 1000 {
 		t.Fatalf("run after the refused return: operator_returns %d, want 1000 (unchanged)", got.GetOperatorReturns())
+	}
+}
+
+// A decision names the escalation it answers: after a return to a stage the run escalates
+// again (escalation 2), and a decision made for the first is refused, changing nothing.
+func TestResolveStaleEscalationRefused(t *testing.T) {
+	e := startOp(t, 0, []handoffv1.Verdict{handoffv1.Verdict_VERDICT_FAIL})
+	job, _ := e.submit(t, "relay", "tkt_1", "", e.defaultBudget)
+	if job.GetState() != handoffv1.JobState_JOB_STATE_ESCALATED || job.GetEscalation().GetNumber() != 1 || job.GetEscalations() != 1 {
+		t.Fatalf("run %s, escalation %v (count %d); want ESCALATED, number 1", job.GetState(), job.GetEscalation(), job.GetEscalations())
+	}
+	decide := func(n uint32, a *handoffv1.ResolveEscalationRequest) error {
+		a.RunId, a.Operator, a.Escalation = job.GetRunId(), "ana", n
+		_, err := e.client.ResolveEscalation(op(), a)
+		return err
+	}
+	if err := decide(1, &handoffv1.ResolveEscalationRequest{Action: &handoffv1.ResolveEscalationRequest_ReturnToStage{ReturnToStage: &handoffv1.ReturnToStageAction{Stage: "draft"}}}); err != nil {
+		t.Fatal(err)
+	}
+	again := waitState(t, e, job.GetRunId(), handoffv1.JobState_JOB_STATE_ESCALATED)
+	for deadline := time.Now().Add(10 * time.Second); again.GetEscalation().GetNumber() != 2 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		again = waitState(t, e, job.GetRunId(), handoffv1.JobState_JOB_STATE_ESCALATED)
+	}
+	if again.GetEscalation().GetNumber() != 2 || again.GetEscalations() != 2 {
+		t.Fatalf("second escalation %v (count %d); want number 2", again.GetEscalation(), again.GetEscalations())
+	}
+	before := len(events(t, e, job.GetRunId()))
+	err := decide(1, &handoffv1.ResolveEscalationRequest{Action: &handoffv1.ResolveEscalationRequest_Approve{Approve: &handoffv1.ApproveAction{}}})
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "escalation 2") || !strings.Contains(err.Error(), "for escalation 1") {
+		t.Fatalf("a decision for escalation 1 at escalation 2 = %v; want FailedPrecondition naming both", err)
+	}
+	if n := len(events(t, e, job.GetRunId())); n != before || e.writes(t) != 0 {
+		t.Fatalf("the refused decision wrote %d events and %d writes", n-before, e.writes(t))
+	}
+	if err := decide(2, &handoffv1.ResolveEscalationRequest{Action: &handoffv1.ResolveEscalationRequest_Fail{Fail: &handoffv1.FailAction{Reason: "enough"}}}); err != nil {
+		t.Fatalf("the decision for escalation 2: %v", err)
+	}
+}
+
+// A long non-ASCII comment becomes the next hint cut on a rune boundary: the run saves
+// and goes on, and the hint is valid UTF-8.
+func TestResolveReturnCommentCutOnARune(t *testing.T) {
+	e := startOp(t, 1, []handoffv1.Verdict{handoffv1.Verdict_VERDICT_FAIL, handoffv1.Verdict_VERDICT_FAIL, handoffv1.Verdict_VERDICT_PASS})
+	job, _ := e.submit(t, "relay", "tkt_1", "", e.defaultBudget)
+	comment := "x" + strings.Repeat("é", 600) // "operator: x" + 2-byte runes: byte 1000 falls inside one
+	_, err := e.client.ResolveEscalation(op(), &handoffv1.ResolveEscalationRequest{RunId: job.GetRunId(), Operator: "ana", Escalation: 1, Comment: comment,
+		Action: &handoffv1.ResolveEscalationRequest_ReturnToStage{ReturnToStage: &handoffv1.ReturnToStageAction{Stage: "draft"}}})
+	if err != nil {
+		t.Fatalf("return with a long non-ASCII comment: %v", err)
+	}
+	waitState(t, e, job.GetRunId(), handoffv1.JobState_JOB_STATE_COMPLETED)
+	hint := e.draft.got[len(e.draft.got)-1].GetNextHint()
+	if !utf8.ValidString(hint) || len(hint) > 1000 || len(hint) < 998 || !strings.HasPrefix(hint, "operator: x") {
+		t.Fatalf("next hint: %d bytes, valid UTF-8 %v; want the comment cut to at most 1000 bytes on a rune", len(hint), utf8.ValidString(hint))
 	}
 }

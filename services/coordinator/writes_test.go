@@ -360,7 +360,7 @@ func TestApproveRetriedPaysOnce(t *testing.T) {
 	}
 	writeback := "writeback"
 	wl.failStage.Store(&writeback)
-	approve := &handoffv1.ResolveEscalationRequest{RunId: runID, Operator: "ana",
+	approve := &handoffv1.ResolveEscalationRequest{RunId: runID, Operator: "ana", Escalation: 1,
 		Action: &handoffv1.ResolveEscalationRequest_Approve{Approve: &handoffv1.ApproveAction{}}}
 	if _, err := client.ResolveEscalation(op(), approve); status.Code(err) != codes.Unavailable {
 		t.Fatalf("approve with its save refused = %v; want Unavailable", err)

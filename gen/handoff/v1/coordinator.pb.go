@@ -783,8 +783,10 @@ type Job struct {
 	// How many times a person sent the run back to a stage (RETURN_TO_STAGE); carried on
 	// every package as operator_returns.
 	OperatorReturns uint32 `protobuf:"varint,25,opt,name=operator_returns,json=operatorReturns,proto3" json:"operator_returns,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// How many times the run has escalated (the number of its latest escalation).
+	Escalations   uint32 `protobuf:"varint,26,opt,name=escalations,proto3" json:"escalations,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Job) Reset() {
@@ -992,6 +994,13 @@ func (x *Job) GetOperatorReturns() uint32 {
 	return 0
 }
 
+func (x *Job) GetEscalations() uint32 {
+	if x != nil {
+		return x.Escalations
+	}
+	return 0
+}
+
 // Escalation says why the rail stopped and handed the run to a person.
 type Escalation struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1002,8 +1011,12 @@ type Escalation struct {
 	// The rejecting ack's reasons, when an ack caused it.
 	Reasons []*Reason `protobuf:"bytes,4,rep,name=reasons,proto3" json:"reasons,omitempty"`
 	// Where the pipeline routes escalations ("support-leads").
-	Route         string                 `protobuf:"bytes,5,opt,name=route,proto3" json:"route,omitempty"`
-	At            *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=at,proto3" json:"at,omitempty"`
+	Route string                 `protobuf:"bytes,5,opt,name=route,proto3" json:"route,omitempty"`
+	At    *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=at,proto3" json:"at,omitempty"`
+	// Which of the run's escalations this is: 1 for its first, counting up each time the run
+	// escalates again. A resolution names it (ResolveEscalationRequest.escalation), so a
+	// decision taken for an earlier escalation never applies to a later one.
+	Number        uint32 `protobuf:"varint,7,opt,name=number,proto3" json:"number,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1078,6 +1091,13 @@ func (x *Escalation) GetAt() *timestamppb.Timestamp {
 		return x.At
 	}
 	return nil
+}
+
+func (x *Escalation) GetNumber() uint32 {
+	if x != nil {
+		return x.Number
+	}
+	return 0
 }
 
 // JobEvent is one entry on a run's timeline.
@@ -1356,7 +1376,11 @@ type ResolveEscalationRequest struct {
 	//	*ResolveEscalationRequest_ReturnToStage
 	//	*ResolveEscalationRequest_Fail
 	//	*ResolveEscalationRequest_RejectMalformed
-	Action        isResolveEscalationRequest_Action `protobuf_oneof:"action"`
+	Action isResolveEscalationRequest_Action `protobuf_oneof:"action"`
+	// The escalation this decision answers (Escalation.number, 1 for the first). Required: a
+	// decision for an escalation the run has since left is refused with FailedPrecondition,
+	// so one taken on a stale page never applies to the run's next escalation.
+	Escalation    uint32 `protobuf:"varint,8,opt,name=escalation,proto3" json:"escalation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1453,6 +1477,13 @@ func (x *ResolveEscalationRequest) GetRejectMalformed() *RejectMalformedAction {
 		}
 	}
 	return nil
+}
+
+func (x *ResolveEscalationRequest) GetEscalation() uint32 {
+	if x != nil {
+		return x.Escalation
+	}
+	return 0
 }
 
 type isResolveEscalationRequest_Action interface {
@@ -1889,7 +1920,7 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\x06run_id\x18\x01 \x01(\tB\x06\xbaH\x03\xc8\x01\x01R\x05runId\x12\x1b\n" +
 	"\tafter_seq\x18\x02 \x01(\x04R\bafterSeq\">\n" +
 	"\x10WatchJobResponse\x12*\n" +
-	"\x05event\x18\x01 \x01(\v2\x14.handoff.v1.JobEventR\x05event\"\xd8\a\n" +
+	"\x05event\x18\x01 \x01(\v2\x14.handoff.v1.JobEventR\x05event\"\xfa\a\n" +
 	"\x03Job\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x15\n" +
 	"\x06job_id\x18\x02 \x01(\tR\x05jobId\x12\x1a\n" +
@@ -1925,7 +1956,8 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\n" +
 	"resolution\x18\x18 \x01(\v2\x16.handoff.v1.ResolutionR\n" +
 	"resolution\x12)\n" +
-	"\x10operator_returns\x18\x19 \x01(\rR\x0foperatorReturns\"\xdd\x01\n" +
+	"\x10operator_returns\x18\x19 \x01(\rR\x0foperatorReturns\x12 \n" +
+	"\vescalations\x18\x1a \x01(\rR\vescalations\"\xf5\x01\n" +
 	"\n" +
 	"Escalation\x121\n" +
 	"\x05cause\x18\x01 \x01(\x0e2\x1b.handoff.v1.EscalationCauseR\x05cause\x12\x14\n" +
@@ -1933,7 +1965,8 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\x06detail\x18\x03 \x01(\tR\x06detail\x12,\n" +
 	"\areasons\x18\x04 \x03(\v2\x12.handoff.v1.ReasonR\areasons\x12\x14\n" +
 	"\x05route\x18\x05 \x01(\tR\x05route\x12*\n" +
-	"\x02at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"\xbf\x04\n" +
+	"\x02at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x16\n" +
+	"\x06number\x18\a \x01(\rR\x06number\"\xbf\x04\n" +
 	"\bJobEvent\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x15\n" +
 	"\x06run_id\x18\x02 \x01(\tR\x05runId\x12\x15\n" +
@@ -1962,7 +1995,7 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"page_token\x18\x02 \x01(\tR\tpageToken\"f\n" +
 	"\x17ListEscalationsResponse\x12#\n" +
 	"\x04jobs\x18\x01 \x03(\v2\x0f.handoff.v1.JobR\x04jobs\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x9c\x03\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xc5\x03\n" +
 	"\x18ResolveEscalationRequest\x12\"\n" +
 	"\x06run_id\x18\x01 \x01(\tB\v\xbaH\b\xc8\x01\x01r\x03\x18\x80\x01R\x05runId\x12'\n" +
 	"\boperator\x18\x02 \x01(\tB\v\xbaH\b\xc8\x01\x01r\x03\x18\x80\x01R\boperator\x12\"\n" +
@@ -1970,7 +2003,10 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\aapprove\x18\x04 \x01(\v2\x19.handoff.v1.ApproveActionH\x00R\aapprove\x12I\n" +
 	"\x0freturn_to_stage\x18\x05 \x01(\v2\x1f.handoff.v1.ReturnToStageActionH\x00R\rreturnToStage\x12,\n" +
 	"\x04fail\x18\x06 \x01(\v2\x16.handoff.v1.FailActionH\x00R\x04fail\x12N\n" +
-	"\x10reject_malformed\x18\a \x01(\v2!.handoff.v1.RejectMalformedActionH\x00R\x0frejectMalformedB\x0f\n" +
+	"\x10reject_malformed\x18\a \x01(\v2!.handoff.v1.RejectMalformedActionH\x00R\x0frejectMalformed\x12'\n" +
+	"\n" +
+	"escalation\x18\b \x01(\rB\a\xbaH\x04*\x02 \x00R\n" +
+	"escalationB\x0f\n" +
 	"\x06action\x12\x05\xbaH\x02\b\x01\"V\n" +
 	"\rApproveAction\x123\n" +
 	"\rartifact_text\x18\x01 \x01(\tB\t\xbaH\x06r\x04(\x80\x80@H\x00R\fartifactText\x88\x01\x01B\x10\n" +
