@@ -61,7 +61,10 @@ type Config struct {
 	// WebAddr, when set, serves the operator page (escalations) over HTTP on this address,
 	// meant for loopback ("127.0.0.1:8080"); empty: off.
 	WebAddr string
-	// OperatorToken, when set, guards ListEscalations, ResolveEscalation and the web page.
+	// OperatorToken, when set, is an operator's credential (authorization: Bearer <token>,
+	// and the web page's sign-in). Without it only callers holding an operator service
+	// identity (DialAs(addr, "operator")) can reach ListEscalations and ResolveEscalation,
+	// and the web page does not start.
 	OperatorToken string
 }
 
@@ -208,20 +211,31 @@ func Start(ctx context.Context, cfg Config) (st *Stack, err error) {
 		Tamper:         cfg.Tamper,
 		TracerProvider: s.tp,
 		Artifacts:      s.Artifacts,
-		OperatorToken:  cfg.OperatorToken,
 	})
 	if err != nil {
 		return nil, err
 	}
+	coordOpts := []identity.Option{}
+	if cfg.OperatorToken != "" {
+		ops, err := identity.NewOperators(log, identity.Account{Name: identity.OperatorService, Token: cfg.OperatorToken})
+		if err != nil {
+			return nil, fmt.Errorf("stack: operator token: %w", err)
+		}
+		coordOpts = append(coordOpts, identity.WithOperators(ops))
+	}
 	cu, cs := s.Coordinator.Interceptors()
-	s.serve(lis["coordinator"], "coordinator", handoffv1.CoordinatorService_ServiceDesc.ServiceName, func(g *grpc.Server) { coordinator.Register(g, s.Coordinator) }, cu, cs)
+	coordAuthz := s.serve(lis["coordinator"], "coordinator", handoffv1.CoordinatorService_ServiceDesc.ServiceName, func(g *grpc.Server) { coordinator.Register(g, s.Coordinator) }, cu, cs, coordOpts...)
 	if cfg.WebAddr != "" {
+		page, err := web.New(s.Coordinator, coordAuthz, web.Options{Logger: log.With("service", "web")})
+		if err != nil {
+			return nil, fmt.Errorf("stack: operator page: %w (set Config.OperatorToken)", err)
+		}
 		wl, err := net.Listen("tcp", cfg.WebAddr)
 		if err != nil {
 			return nil, fmt.Errorf("stack: operator page cannot listen on %s: %w", cfg.WebAddr, err)
 		}
 		s.WebAddr = wl.Addr().String()
-		s.web = &http.Server{Handler: web.New(s.Coordinator), ReadHeaderTimeout: 5 * time.Second}
+		s.web = &http.Server{Handler: page, ReadHeaderTimeout: 5 * time.Second}
 		go s.web.Serve(wl)
 	}
 	if n, err := s.Coordinator.Resume(ctx); err != nil {
@@ -241,13 +255,16 @@ func or(v, def string) string {
 
 // serve starts a gRPC server on l with the platform's interceptor chain, the service,
 // health and reflection (so grpcurl can list and call it without proto files).
-// unary and stream are the service's own enforcement interceptors (step 6 of the chain).
-func (s *Stack) serve(l net.Listener, name, service string, register func(*grpc.Server), unary []grpc.UnaryServerInterceptor, stream []grpc.StreamServerInterceptor) {
+// unary and stream are the service's own enforcement interceptors (step 6 of the chain);
+// extra are identity options beyond the platform's (operator credentials). It returns the
+// server's identity check, for in-process callers of its handlers.
+func (s *Stack) serve(l net.Listener, name, service string, register func(*grpc.Server), unary []grpc.UnaryServerInterceptor, stream []grpc.StreamServerInterceptor, extra ...identity.Option) *identity.Authorizer {
 	m := telemetry.NewMetrics(s.Registry, name)
-	idOpts := []identity.Option{identity.WithSigner(s.signer), identity.WithPolicy(identity.DefaultPolicy()), identity.WithLogger(s.log)}
+	idOpts := append([]identity.Option{identity.WithSigner(s.signer), identity.WithPolicy(identity.DefaultPolicy()), identity.WithLogger(s.log)}, extra...)
+	authz := identity.NewAuthorizer(idOpts...)
 	g := rpc.NewServer(rpc.ServerConfig{
 		Service: name, Logger: s.log, TracerProvider: s.tp, Metrics: m,
-		IdentityUnary: identity.UnaryServerInterceptor(idOpts...), IdentityStream: identity.StreamServerInterceptor(idOpts...),
+		IdentityUnary: authz.UnaryServerInterceptor(), IdentityStream: authz.StreamServerInterceptor(),
 		Unary: unary, Stream: stream,
 	})
 	register(g)
@@ -260,15 +277,18 @@ func (s *Stack) serve(l net.Listener, name, service string, register func(*grpc.
 	s.servers = append(s.servers, g)
 	s.healths = append(s.healths, hs)
 	go g.Serve(l)
+	return authz
 }
 
 // Dial returns a client connection to one of the stack's addresses, calling without a
-// service identity (as grpcurl or a client would); Close closes it.
+// service identity (as grpcurl or a client would): it may submit jobs and Check packages,
+// not read jobs. Close closes it.
 func (s *Stack) Dial(addr string) (*grpc.ClientConn, error) {
 	return s.dial(addr, rpc.DialConfig{TracerProvider: s.tp})
 }
 
-// DialAs returns a connection whose calls carry service's identity token.
+// DialAs returns a connection whose calls carry service's identity token; "operator" is a
+// person's identity (it may read jobs and resolve escalations).
 func (s *Stack) DialAs(addr, service string) (*grpc.ClientConn, error) {
 	return s.dial(addr, rpc.DialConfig{TracerProvider: s.tp, PerRPC: s.signer.PerRPCCredentials(service)})
 }

@@ -38,7 +38,7 @@ func chromium(t *testing.T) string {
 func escalated(t *testing.T, st *stack.Stack) *handoffv1.Job {
 	t.Helper()
 	ctx := context.Background()
-	cc, err := st.Dial(st.CoordinatorAddr)
+	cc, err := st.DialAs(st.CoordinatorAddr, "operator")
 	if err != nil {
 		t.Fatal(err)
 	}

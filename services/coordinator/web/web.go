@@ -1,35 +1,48 @@
 // Package web is the operator page of the coordinator: the queue of escalated runs and a
 // page per run where a person approves, returns, fails or rejects it. Server-rendered
 // html/template, no build step. Every action calls the coordinator's own methods
-// (ListEscalations, GetJob, ResolveEscalation) in-process: there is no second code path.
+// (ListEscalations, GetJob, ResolveEscalation) in-process, after the same identity check
+// their gRPC callers pass (the coordinator's identity.Authorizer): there is no second rule.
+//
+// Sign-in takes the operator token once and answers with a signed session cookie that
+// expires (Options.SessionTTL) and never holds the token; sign-out revokes it. Failed
+// sign-ins count against the same per-address allowance as failed operator tokens on gRPC.
 package web
 
 import (
 	"context"
 	"embed"
+	"errors"
 	"fmt"
 	"html/template"
+	"log/slog"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
-	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+	"github.com/handoffhq/handoff/internal/interceptor/identity"
 	"github.com/handoffhq/handoff/services/coordinator"
 )
 
-// CookieName holds the operator token after the login form.
-const CookieName = "handoff_operator"
+// CookieName holds the signed operator session after sign-in.
+const CookieName = "handoff_session"
+
+// DefaultSessionTTL is how long a sign-in lasts.
+const DefaultSessionTTL = 8 * time.Hour
 
 //go:embed templates/*.html
 var files embed.FS
 
 var tmpl = template.Must(template.New("").Funcs(template.FuncMap{
-	"trim": strings.TrimPrefix,
-	"usd":  func(m int64) string { return fmt.Sprintf("$%.2f", float64(m)/1e6) },
+	"trim":   strings.TrimPrefix,
+	"usd":    func(m int64) string { return fmt.Sprintf("$%.2f", float64(m)/1e6) },
+	"escnum": func(e *handoffv1.Escalation) uint32 { return max(e.GetNumber(), 1) },
 	"age": func(j *handoffv1.Job) string {
 		t := j.GetEscalation().GetAt()
 		if t == nil {
@@ -40,26 +53,68 @@ var tmpl = template.Must(template.New("").Funcs(template.FuncMap{
 	"ts": func(t interface{ AsTime() time.Time }) string { return t.AsTime().UTC().Format(time.RFC3339) },
 }).ParseFS(files, "templates/*.html"))
 
-// Handler serves the operator page for srv.
-type Handler struct {
-	srv *coordinator.Server
-	mux *http.ServeMux
+// Options configures the page.
+type Options struct {
+	// SessionTTL is how long a sign-in lasts; default DefaultSessionTTL.
+	SessionTTL time.Duration
+	// Logger records sign-ins and sign-outs; default slog.Default().
+	Logger *slog.Logger
+	// Now is the clock of sessions; default time.Now.
+	Now func() time.Time
 }
 
-// New returns the operator page's handler.
-func New(srv *coordinator.Server) *Handler {
-	h := &Handler{srv: srv, mux: http.NewServeMux()}
+// Handler serves the operator page for srv.
+type Handler struct {
+	srv      *coordinator.Server
+	authz    *identity.Authorizer
+	sessions *sessions
+	log      *slog.Logger
+	mux      *http.ServeMux
+}
+
+// New returns the operator page's handler. authz must be the coordinator server's own
+// identity check, with operator credentials: the page never runs without them.
+func New(srv *coordinator.Server, authz *identity.Authorizer, opts Options) (*Handler, error) {
+	if authz == nil || authz.Operators() == nil {
+		return nil, errors.New("web: the operator page needs operator credentials (an identity.Authorizer WithOperators)")
+	}
+	if opts.SessionTTL <= 0 {
+		opts.SessionTTL = DefaultSessionTTL
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	ss, err := newSessions(opts.SessionTTL, opts.Now)
+	if err != nil {
+		return nil, err
+	}
+	h := &Handler{srv: srv, authz: authz, sessions: ss, log: opts.Logger, mux: http.NewServeMux()}
 	h.mux.HandleFunc("GET /{$}", h.queue)
 	h.mux.HandleFunc("GET /login", h.loginForm)
 	h.mux.HandleFunc("POST /login", h.login)
+	h.mux.HandleFunc("POST /logout", h.logout)
 	h.mux.HandleFunc("GET /jobs/{run}", h.job)
 	h.mux.HandleFunc("POST /jobs/{run}/resolve", h.resolve)
-	return h
+	return h, nil
+}
+
+type sessionKey struct{}
+
+// session is the signed-in operator of a request that passed ServeHTTP's check.
+type session struct {
+	id     identity.Identity
+	sid    string
+	expiry time.Time
 }
 
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.Header().Set("Referrer-Policy", "same-origin")
+	w.Header().Set("Cache-Control", "no-store")
 	if r.Method == http.MethodPost {
 		// Forms only from this page: a browser sends Origin on cross-site POSTs.
 		if o := r.Header.Get("Origin"); o != "" {
@@ -69,40 +124,48 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
-	if !strings.HasPrefix(r.URL.Path, "/login") && !h.authorized(r) {
-		w.WriteHeader(http.StatusUnauthorized)
-		h.render(w, "login.html", map[string]any{"Next": r.URL.Path})
+	if r.URL.Path == "/login" {
+		h.mux.ServeHTTP(w, r)
 		return
 	}
-	h.mux.ServeHTTP(w, r)
+	c, err := r.Cookie(CookieName)
+	var sess session
+	if err == nil {
+		sess.id, sess.sid, sess.expiry, err = h.sessions.verify(c.Value)
+	}
+	if err != nil {
+		w.WriteHeader(http.StatusUnauthorized)
+		h.render(w, "login.html", map[string]any{"Next": safeNext(r.URL.RequestURI())})
+		return
+	}
+	h.mux.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), sessionKey{}, sess)))
 }
 
-// token is the operator token the request presents: the Authorization header, else the cookie.
-func token(r *http.Request) string {
-	if v := r.Header.Get("Authorization"); v != "" {
-		scheme, rest, _ := strings.Cut(v, " ")
-		if strings.EqualFold(scheme, "bearer") {
-			return strings.TrimSpace(rest)
-		}
+// allow is the identity policy's decision on method for the signed-in operator; the
+// returned context carries the identity, as the interceptor's does for a gRPC caller.
+func (h *Handler) allow(r *http.Request, method string) (context.Context, error) {
+	sess, ok := r.Context().Value(sessionKey{}).(session)
+	if !ok {
+		return nil, status.Error(codes.Unauthenticated, "not signed in")
 	}
-	if c, err := r.Cookie(CookieName); err == nil {
-		return c.Value
-	}
-	return ""
+	return h.authz.Allow(r.Context(), sess.id, method)
 }
 
-func (h *Handler) authorized(r *http.Request) bool {
-	if !h.srv.OperatorTokenRequired() {
-		return true
+// safeNext returns next when it is a path on this site, else "/": a sign-in never sends
+// the browser to another host (no scheme, no host, no "//" or backslash that a browser
+// would read as one).
+func safeNext(next string) string {
+	if next == "" || next[0] != '/' || strings.HasPrefix(next, "//") || strings.ContainsAny(next, "\\\x00\r\n\t") {
+		return "/"
 	}
-	tok := token(r)
-	return tok != "" && h.srv.CheckOperatorToken(tok)
-}
-
-// ctx carries the request's token to the coordinator methods as gRPC metadata, so they
-// check it exactly as they do for a gRPC caller.
-func ctx(r *http.Request) context.Context {
-	return metadata.NewIncomingContext(r.Context(), metadata.Pairs("authorization", "Bearer "+token(r)))
+	u, err := url.Parse(next)
+	if err != nil || u.Scheme != "" || u.Host != "" || u.User != nil || strings.HasPrefix(u.Path, "//") {
+		return "/"
+	}
+	if un, err := url.PathUnescape(u.EscapedPath()); err != nil || strings.ContainsAny(un, "\\") || strings.HasPrefix(un, "//") {
+		return "/"
+	}
+	return next
 }
 
 func (h *Handler) render(w http.ResponseWriter, name string, data any) {
@@ -114,41 +177,68 @@ func (h *Handler) render(w http.ResponseWriter, name string, data any) {
 
 func (h *Handler) fail(w http.ResponseWriter, err error) {
 	code := http.StatusBadGateway
-	switch status.Code(err).String() {
-	case "NotFound":
+	switch status.Code(err) {
+	case codes.NotFound:
 		code = http.StatusNotFound
-	case "Unauthenticated":
+	case codes.Unauthenticated:
 		code = http.StatusUnauthorized
-	case "InvalidArgument", "FailedPrecondition":
+	case codes.PermissionDenied:
+		code = http.StatusForbidden
+	case codes.InvalidArgument, codes.FailedPrecondition:
 		code = http.StatusBadRequest
-	case "Aborted":
+	case codes.Aborted:
 		code = http.StatusConflict
+	case codes.ResourceExhausted:
+		code = http.StatusTooManyRequests
 	}
 	w.WriteHeader(code)
 	h.render(w, "error.html", map[string]any{"Error": status.Convert(err).Message()})
 }
 
 func (h *Handler) loginForm(w http.ResponseWriter, r *http.Request) {
-	h.render(w, "login.html", map[string]any{"Next": "/"})
+	h.render(w, "login.html", map[string]any{"Next": safeNext(r.URL.Query().Get("next"))})
 }
 
 func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
-	tok := r.PostFormValue("token")
-	if !h.srv.CheckOperatorToken(tok) {
-		w.WriteHeader(http.StatusUnauthorized)
-		h.render(w, "login.html", map[string]any{"Next": "/", "Error": "wrong token"})
+	next := safeNext(r.PostFormValue("next"))
+	id, err := h.authz.Operators().Verify(r.Context(), r.RemoteAddr, r.PostFormValue("token"))
+	if err != nil {
+		msg := "wrong token"
+		code := http.StatusUnauthorized
+		if status.Code(err) == codes.ResourceExhausted {
+			msg, code = status.Convert(err).Message(), http.StatusTooManyRequests
+		}
+		w.WriteHeader(code)
+		h.render(w, "login.html", map[string]any{"Next": next, "Error": msg})
 		return
 	}
-	http.SetCookie(w, &http.Cookie{Name: CookieName, Value: tok, Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode})
-	next := r.PostFormValue("next")
-	if !strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") {
-		next = "/"
+	v, exp, err := h.sessions.issue(id.Name)
+	if err != nil {
+		http.Error(w, "session: "+err.Error(), http.StatusInternalServerError)
+		return
 	}
+	http.SetCookie(w, &http.Cookie{Name: CookieName, Value: v, Path: "/", Expires: exp, MaxAge: int(time.Until(exp).Seconds()),
+		HttpOnly: true, SameSite: http.SameSiteStrictMode})
+	h.log.Info("operator signed in", "operator", id.Name, "source", r.RemoteAddr, "expires", exp.UTC().Format(time.RFC3339))
 	http.Redirect(w, r, next, http.StatusSeeOther)
 }
 
+func (h *Handler) logout(w http.ResponseWriter, r *http.Request) {
+	if sess, ok := r.Context().Value(sessionKey{}).(session); ok {
+		h.sessions.revoke(sess.sid, sess.expiry)
+		h.log.Info("operator signed out", "operator", sess.id.Name, "source", r.RemoteAddr)
+	}
+	http.SetCookie(w, &http.Cookie{Name: CookieName, Value: "", Path: "/", MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode})
+	http.Redirect(w, r, "/login", http.StatusSeeOther)
+}
+
 func (h *Handler) queue(w http.ResponseWriter, r *http.Request) {
-	resp, err := h.srv.ListEscalations(ctx(r), &handoffv1.ListEscalationsRequest{PageSize: 200})
+	c, err := h.allow(r, handoffv1.CoordinatorService_ListEscalations_FullMethodName)
+	if err != nil {
+		h.fail(w, err)
+		return
+	}
+	resp, err := h.srv.ListEscalations(c, &handoffv1.ListEscalationsRequest{PageSize: 200})
 	if err != nil {
 		h.fail(w, err)
 		return
@@ -157,7 +247,11 @@ func (h *Handler) queue(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) job(w http.ResponseWriter, r *http.Request) {
-	c := ctx(r)
+	c, err := h.allow(r, handoffv1.CoordinatorService_GetJob_FullMethodName)
+	if err != nil {
+		h.fail(w, err)
+		return
+	}
 	resp, err := h.srv.GetJob(c, &handoffv1.GetJobRequest{RunId: r.PathValue("run")})
 	if err != nil {
 		h.fail(w, err)
@@ -177,9 +271,19 @@ func (h *Handler) job(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) resolve(w http.ResponseWriter, r *http.Request) {
-	c := ctx(r)
+	c, err := h.allow(r, handoffv1.CoordinatorService_ResolveEscalation_FullMethodName)
+	if err != nil {
+		h.fail(w, err)
+		return
+	}
 	runID := r.PathValue("run")
-	req := &handoffv1.ResolveEscalationRequest{RunId: runID, Operator: strings.TrimSpace(r.PostFormValue("operator")), Comment: r.PostFormValue("comment")}
+	esc, err := strconv.ParseUint(r.PostFormValue("escalation"), 10, 32)
+	if err != nil || esc == 0 {
+		w.WriteHeader(http.StatusBadRequest)
+		h.render(w, "error.html", map[string]any{"Error": fmt.Sprintf("escalation %q: want the number of the escalation decided (reload the page)", r.PostFormValue("escalation"))})
+		return
+	}
+	req := &handoffv1.ResolveEscalationRequest{RunId: runID, Operator: strings.TrimSpace(r.PostFormValue("operator")), Comment: r.PostFormValue("comment"), Escalation: uint32(esc)}
 	// The textarea's text counts as an edit only when it differs from what was shown.
 	var edit *string
 	if r.PostForm.Has("artifact_text") {

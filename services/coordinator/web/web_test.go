@@ -1,0 +1,165 @@
+package web_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/cookiejar"
+	"net/url"
+	"strings"
+	"testing"
+
+	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+	"github.com/handoffhq/handoff/internal/stack"
+	"github.com/handoffhq/handoff/services/coordinator/web"
+)
+
+// page starts the stack with its operator page and returns the page's base URL.
+func page(t *testing.T) (*stack.Stack, string) {
+	t.Helper()
+	st, err := stack.Start(context.Background(), stack.Config{DataDir: t.TempDir(), CoordinatorAddr: "127.0.0.1:0", RunnerAddr: "127.0.0.1:0",
+		WritebackAddr: "127.0.0.1:0", WebAddr: "127.0.0.1:0", OperatorToken: token, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	return st, "http://" + st.WebAddr
+}
+
+// browser is an HTTP client with a cookie jar that does not follow redirects, so each
+// answer can be read as the browser gets it.
+func browser(t *testing.T) *http.Client {
+	jar, err := cookiejar.New(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+}
+
+func post(t *testing.T, c *http.Client, u string, form url.Values) (*http.Response, string) {
+	t.Helper()
+	resp, err := c.PostForm(u, form)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp, string(b)
+}
+
+func get(t *testing.T, c *http.Client, u string) (*http.Response, string) {
+	t.Helper()
+	resp, err := c.Get(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp, string(b)
+}
+
+func TestSignInRedirectsOnlyToThisSite(t *testing.T) {
+	_, base := page(t)
+	for _, tc := range []struct{ next, want string }{
+		{"/jobs/run_1", "/jobs/run_1"},
+		{"/?x=1", "/?x=1"},
+		{"/\\evil.com", "/"},
+		{"/%5Cevil.com", "/"},
+		{"//evil.com", "/"},
+		{"/%2F%2Fevil.com", "/"},
+		{"https://evil.com/", "/"},
+		{"javascript:alert(1)", "/"},
+		{"/\tevil", "/"},
+		{"", "/"},
+	} {
+		resp, _ := post(t, browser(t), base+"/login", url.Values{"token": {token}, "next": {tc.next}})
+		if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != tc.want {
+			t.Errorf("next %q: %d Location %q, want 303 %q", tc.next, resp.StatusCode, resp.Header.Get("Location"), tc.want)
+		}
+	}
+}
+
+func TestSessionIsSignedExpiresAndEndsAtSignOut(t *testing.T) {
+	_, base := page(t)
+	c := browser(t)
+	if resp, _ := get(t, c, base+"/"); resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("queue before sign-in: %d, want 401", resp.StatusCode)
+	}
+	resp, _ := post(t, c, base+"/login", url.Values{"token": {token}, "next": {"/"}})
+	var sess *http.Cookie
+	for _, ck := range resp.Cookies() {
+		if ck.Name == web.CookieName {
+			sess = ck
+		}
+	}
+	if sess == nil {
+		t.Fatalf("no %s cookie after sign-in: %v", web.CookieName, resp.Cookies())
+	}
+	if strings.Contains(sess.Value, token) || !sess.HttpOnly || sess.SameSite != http.SameSiteStrictMode || sess.MaxAge <= 0 || sess.MaxAge > int(web.DefaultSessionTTL.Seconds()) {
+		t.Fatalf("session cookie %+v: want signed (no token), HttpOnly, SameSite=Strict, with an expiry", sess)
+	}
+	if resp, body := get(t, c, base+"/"); resp.StatusCode != http.StatusOK || !strings.Contains(body, "Escalated jobs") {
+		t.Fatalf("queue after sign-in: %d", resp.StatusCode)
+	}
+	// A forged or altered session is no session.
+	forged := browser(t)
+	u, _ := url.Parse(base)
+	parts := strings.Split(sess.Value, ".")
+	parts[1] = "99999999999"
+	forged.Jar.SetCookies(u, []*http.Cookie{{Name: web.CookieName, Value: strings.Join(parts, ".")}})
+	if resp, _ := get(t, forged, base+"/"); resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("altered session: %d, want 401", resp.StatusCode)
+	}
+	// The raw token as a cookie (the old scheme) is no session either.
+	old := browser(t)
+	old.Jar.SetCookies(u, []*http.Cookie{{Name: web.CookieName, Value: token}, {Name: "handoff_operator", Value: token}})
+	if resp, _ := get(t, old, base+"/"); resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("token as cookie: %d, want 401", resp.StatusCode)
+	}
+	// Sign-out ends the session on the server, not only in this browser.
+	if resp, _ := post(t, c, base+"/logout", nil); resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("sign-out: %d", resp.StatusCode)
+	}
+	replay := browser(t)
+	replay.Jar.SetCookies(u, []*http.Cookie{{Name: web.CookieName, Value: sess.Value}})
+	if resp, _ := get(t, replay, base+"/"); resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("session replayed after sign-out: %d, want 401", resp.StatusCode)
+	}
+}
+
+func TestFailedSignInsAreLimited(t *testing.T) {
+	_, base := page(t)
+	var last *http.Response
+	for range 6 {
+		last, _ = post(t, browser(t), base+"/login", url.Values{"token": {"wrong-wrong-wrong-wrong"}})
+	}
+	if last.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("6th failed sign-in: %d, want 429", last.StatusCode)
+	}
+	resp, body := post(t, browser(t), base+"/login", url.Values{"token": {token}})
+	if resp.StatusCode != http.StatusTooManyRequests || !strings.Contains(body, "too many failed") {
+		t.Fatalf("right token right after: %d, want 429 until the allowance refills", resp.StatusCode)
+	}
+}
+
+// A decision names its escalation: a form without one is refused before the coordinator
+// is called, and one for another escalation is refused by the coordinator.
+func TestResolveNamesTheEscalation(t *testing.T) {
+	st, base := page(t)
+	job := escalated(t, st)
+	c := browser(t)
+	post(t, c, base+"/login", url.Values{"token": {token}})
+	form := url.Values{"action": {"fail"}, "operator": {"ana"}, "reason": {"no"}}
+	if resp, body := post(t, c, base+"/jobs/"+job.GetRunId()+"/resolve", form); resp.StatusCode != http.StatusBadRequest || !strings.Contains(body, "escalation") {
+		t.Fatalf("no escalation: %d %s", resp.StatusCode, body)
+	}
+	form.Set("escalation", "2")
+	if resp, body := post(t, c, base+"/jobs/"+job.GetRunId()+"/resolve", form); resp.StatusCode != http.StatusBadRequest || !strings.Contains(body, "escalation 1") {
+		t.Fatalf("stale escalation: %d %s", resp.StatusCode, body)
+	}
+	got, err := st.Coordinator.GetJob(context.Background(), &handoffv1.GetJobRequest{RunId: job.GetRunId()})
+	if err != nil || got.GetJob().GetState() != handoffv1.JobState_JOB_STATE_ESCALATED {
+		t.Fatalf("after refused decisions: %v %v", got.GetJob().GetState(), err)
+	}
+}
