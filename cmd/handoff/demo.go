@@ -50,7 +50,7 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	defer st.Close()
-	cc, err := st.Dial(st.CoordinatorAddr)
+	cc, err := st.DialAs(st.CoordinatorAddr, "operator")
 	if err != nil {
 		fmt.Fprintln(stderr, "handoff demo:", err)
 		return 1

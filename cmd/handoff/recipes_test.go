@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -81,14 +82,15 @@ func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
 func TestReadmeGrpcurlRecipes(t *testing.T) {
 	root := repoRoot(t)
 	grpcurl := grpcurlPath(t, root)
+	const token = "recipes-operator-token"
 	st, err := stack.Start(context.Background(), stack.Config{DataDir: t.TempDir(), CoordinatorAddr: "127.0.0.1:0", RunnerAddr: "127.0.0.1:0", WritebackAddr: "127.0.0.1:0",
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		OperatorToken: token, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(st.Close)
 	env := append(os.Environ(), "PATH="+filepath.Dir(grpcurl)+string(os.PathListSeparator)+os.Getenv("PATH"),
-		"COORD="+st.CoordinatorAddr, "RUNNER="+st.RunnerAddr)
+		"COORD="+st.CoordinatorAddr, "RUNNER="+st.RunnerAddr, "TOKEN="+token)
 	want := map[string][]string{
 		"list":        {"handoff.v1.CoordinatorService", "grpc.health.v1.Health"},
 		"check":       {`"status": "ACK_STATUS_ACCEPTED"`, `"jobId": "tkt_18422"`},
@@ -122,6 +124,18 @@ func TestReadmeGrpcurlRecipes(t *testing.T) {
 				t.Fatalf("submit output has no run id: %v\n%s", err, out)
 			}
 			env = append(env, "RUN_ID="+resp.Job.RunID)
+		}
+	}
+	// The reading recipes need the header: without the token they are refused.
+	for _, r := range recipes {
+		if r.name != "escalations" {
+			continue
+		}
+		cmd := exec.Command("bash", "-c", r.cmd)
+		cmd.Dir, cmd.Env = root, append(slices.Clone(env), "TOKEN=")
+		out, err := cmd.CombinedOutput()
+		if err == nil || !strings.Contains(string(out), "Unauthenticated") {
+			t.Errorf("recipe %q without a token: %v\n%s; want Unauthenticated", r.name, err, out)
 		}
 	}
 }

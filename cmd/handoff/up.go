@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/handoffhq/handoff/internal/config"
+	"github.com/handoffhq/handoff/internal/interceptor/identity"
 	"github.com/handoffhq/handoff/internal/stack"
 	"github.com/handoffhq/handoff/internal/telemetry"
 )
@@ -59,7 +60,7 @@ func runUp(args []string, stdout, stderr io.Writer) int {
 	b := config.New(fs)
 	bindStack(b, &f, "handoff-data", stack.DefaultCoordinatorAddr, stack.DefaultRunnerAddr, stack.DefaultWritebackAddr, "127.0.0.1:9464")
 	b.String(&webAddr, "web-listen", "HANDOFF_WEB_LISTEN", "127.0.0.1:8080", "serve the operator page (escalations) at http://ADDR/ (empty: off)")
-	b.String(&opToken, "operator-token", "HANDOFF_OPERATOR_TOKEN", "", "token required by ListEscalations, ResolveEscalation and the operator page (empty: none)")
+	b.String(&opToken, "operator-token", "HANDOFF_OPERATOR_TOKEN", "", fmt.Sprintf("operator token (%d bytes or more) for ListEscalations, ResolveEscalation, reading jobs with grpcurl and the operator page's sign-in (empty: one is made for this run and printed)", identity.MinOperatorTokenLen))
 	if err := b.Parse(args); err != nil {
 		if err == flag.ErrHelp {
 			return 0
@@ -95,6 +96,7 @@ func runUp(args []string, stdout, stderr io.Writer) int {
 	}
 	if generated {
 		fmt.Fprintf(stdout, "  operator token %s (made for this run; set HANDOFF_OPERATOR_TOKEN to choose one)\n", opToken)
+		fmt.Fprintf(stdout, "  for grpcurl: TOKEN=%s, then -H \"authorization: Bearer $TOKEN\"\n", opToken)
 	}
 	if f.metrics != "" {
 		lis, err := net.Listen("tcp", f.metrics)

@@ -206,6 +206,9 @@ func supportTicketVia(t *testing.T, addr string) *pipeline.Pipeline {
 	return p
 }
 
+// tsOperatorToken is the operator token the TypeScript client reads its job with.
+const tsOperatorToken = "ts-client-operator-token"
+
 func TestTypeScriptDrafter(t *testing.T) {
 	node := requireNode(t)
 	start := time.Now()
@@ -234,8 +237,9 @@ func TestTypeScriptDrafter(t *testing.T) {
 		CoordinatorAddr: "127.0.0.1:0", RunnerAddr: "127.0.0.1:0", WritebackAddr: "127.0.0.1:0",
 		Pipelines: map[string]*pipeline.Pipeline{"support-ticket": supportTicketVia(t, ts.addr)},
 		// No draft agent on the Go runner: only the Node process can serve the draft stage.
-		Agents: []agentrunner.Agent{support.NewIntake(), support.NewRetrieve(), support.NewJudge()},
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Agents:        []agentrunner.Agent{support.NewIntake(), support.NewRetrieve(), support.NewJudge()},
+		Logger:        slog.New(slog.NewTextHandler(io.Discard, nil)),
+		OperatorToken: tsOperatorToken,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -244,7 +248,7 @@ func TestTypeScriptDrafter(t *testing.T) {
 	if _, ok := st.Runner.Agents()["draft"]; ok {
 		t.Fatal("the Go runner has a draft agent; the test could not tell who served the stage")
 	}
-	coordCC, err := st.Dial(st.CoordinatorAddr)
+	coordCC, err := st.DialAs(st.CoordinatorAddr, "operator")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -496,7 +500,7 @@ func TestTypeScriptDrafter(t *testing.T) {
 		cctx, ccancel := context.WithTimeout(ctx, time.Minute)
 		defer ccancel()
 		cmd := exec.CommandContext(cctx, node, "--import", "tsx", "src/client.ts",
-			"--coordinator", st.CoordinatorAddr, "--artifacts", arts, "--job-id", "tkt_ts_client")
+			"--coordinator", st.CoordinatorAddr, "--artifacts", arts, "--job-id", "tkt_ts_client", "--token", tsOperatorToken)
 		out, err := cmd.CombinedOutput()
 		if err != nil {
 			t.Fatalf("client: %v\n%s", err, out)

@@ -196,7 +196,7 @@ func newJobsRig(ctx context.Context, kind, redisAddr, baseDir string, log *slog.
 		return nil, err
 	}
 	r.closers = append(r.closers, st.Close)
-	cc, err := st.Dial(st.CoordinatorAddr)
+	cc, err := st.DialAs(st.CoordinatorAddr, "operator")
 	if err != nil {
 		return nil, err
 	}

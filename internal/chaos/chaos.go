@@ -308,6 +308,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The operator token: the harness reads the runs it submitted as an operator would.
+	opKey := make([]byte, 16)
+	rand.Read(opKey)
+	opToken := hex.EncodeToString(opKey)
 	pl, err := pipelines.FS.ReadFile("support-ticket.yaml")
 	if err != nil {
 		return nil, err
@@ -395,7 +399,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		if err := mk(fmt.Sprintf("coordinator-%d", i+1), "coordinator", addr(2+i),
 			"--agentrunner", h.proxy.addr, "--writeback", h.proxy.addr, "--pipelines", plDir,
 			"--lease-ttl", cfg.LeaseTTL.String(), "--hop-retry-for", hopRetryFor.String(), "--hop-timeout", hopTimeout.String(),
-			"--health-interval", "500ms", "--drain-timeout", "10s"); err != nil {
+			"--health-interval", "500ms", "--drain-timeout", "10s", "--operator-token", opToken); err != nil {
 			return nil, err
 		}
 	}
@@ -432,7 +436,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	// The jobs.
 	var clients []handoffv1.CoordinatorServiceClient
 	for _, c := range h.coords {
-		cc, err := grpc.NewClient(c.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		cc, err := grpc.NewClient(c.addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithPerRPCCredentials(identity.OperatorCredentials(opToken)))
 		if err != nil {
 			return nil, err
 		}

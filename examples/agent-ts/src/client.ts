@@ -5,7 +5,10 @@
 //
 // Usage: tsx src/client.ts [--coordinator HOST:PORT] [--artifacts DIR] [--ticket FILE]
 //                          [--job-id ID] [--request-id ID] [--pipeline NAME] [--goal TEXT]
+//                          [--token TOKEN]
 //   --coordinator  HANDOFF_COORDINATOR, else 127.0.0.1:50051 (`handoff up`)
+//   --token        HANDOFF_OPERATOR_TOKEN: watching a job needs an identity, and on plaintext
+//                  loopback this client's is the operator token `handoff up` prints
 //   --artifacts    HANDOFF_ARTIFACTS, else <repository>/handoff-data/artifacts (`handoff up`'s):
 //                  the folder the stages share
 //   --ticket       a raw_ticket.v1 JSON file; default: the Go agents' sample ticket
@@ -74,6 +77,7 @@ async function main(): Promise<number> {
       "request-id": { type: "string" },
       pipeline: { type: "string" },
       goal: { type: "string" },
+      token: { type: "string" },
     },
   });
   const coordinator = values.coordinator ?? process.env.HANDOFF_COORDINATOR ?? "127.0.0.1:50051";
@@ -86,7 +90,14 @@ async function main(): Promise<number> {
   const ticket = await readFile(values.ticket ?? sampleTicket);
   const input = await store.put({ jobId, stage: "submit", round: 0, type: "raw_ticket", schemaVersion: "raw_ticket.v1", mediaType: "application/json" }, ticket);
 
-  const client = createClient(CoordinatorService, createGrpcTransport({ baseUrl: `http://${coordinator}` }));
+  const token = values.token ?? process.env.HANDOFF_OPERATOR_TOKEN ?? "";
+  const client = createClient(
+    CoordinatorService,
+    createGrpcTransport({
+      baseUrl: `http://${coordinator}`,
+      interceptors: token ? [(next) => (req) => (req.header.set("authorization", `Bearer ${token}`), next(req))] : [],
+    }),
+  );
   const { job } = await client.submitJob({
     requestId: values["request-id"] ?? `ts-${jobId}`,
     jobId,
