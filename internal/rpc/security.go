@@ -34,9 +34,9 @@ type Security struct {
 
 // Bind registers the flags (with HANDOFF_* environment fallbacks).
 func (s *Security) Bind(b *config.Binder) {
-	b.String(&s.CertsDir, "certs", "HANDOFF_CERTS", "", "folder made by `handoff certs`: serve and call with mTLS as this service")
-	b.String(&s.TokenKeyFile, "token-key-file", "HANDOFF_TOKEN_KEY_FILE", "", "this service's own token key, <service>.key from `handoff keys` (mode 0600): signs the service tokens of the calls it makes, with --plaintext-loopback")
-	b.String(&s.TokenPublicKeys, "token-public-keys", "HANDOFF_TOKEN_PUBLIC_KEYS", "", "folder of <service>.pub public keys, public/ from `handoff keys`: accept service tokens these services signed for this one, with --plaintext-loopback")
+	b.String(&s.CertsDir, "certs", "HANDOFF_CERTS", "", "`DIR` made by 'handoff certs': serve and call with mTLS as this service")
+	b.String(&s.TokenKeyFile, "token-key-file", "HANDOFF_TOKEN_KEY_FILE", "", "this service's own token key `FILE`, <service>.key from 'handoff keys' (mode 0600): signs the service tokens of the calls it makes, with --plaintext-loopback")
+	b.String(&s.TokenPublicKeys, "token-public-keys", "HANDOFF_TOKEN_PUBLIC_KEYS", "", "`DIR` of <service>.pub public keys, public/ from 'handoff keys': accept service tokens these services signed for this one, with --plaintext-loopback")
 	b.Bool(&s.PlaintextLoopback, "plaintext-loopback", "HANDOFF_PLAINTEXT_LOOPBACK", false, "serve without TLS; refused unless the listen address is loopback")
 }
 

@@ -55,12 +55,18 @@ func GenerateKeys(dir string, services []string, force bool) (*KeysResult, error
 		}
 		keyPath, pubPath := KeyFile(dir, svc), PublicKeyFile(dir, svc)
 		var key ed25519.PrivateKey
-		if _, err := os.Stat(keyPath); err == nil && !force {
+		_, statErr := os.Stat(keyPath)
+		if statErr != nil && !errors.Is(statErr, fs.ErrNotExist) && !force {
+			return res, fmt.Errorf("keys: %w", statErr)
+		}
+		if statErr == nil && !force {
+			var err error
 			if key, err = LoadPrivateKey(keyPath); err != nil {
 				return res, fmt.Errorf("keys: existing %w (--force replaces it)", err)
 			}
 			res.Kept = append(res.Kept, keyPath)
 		} else {
+			var err error
 			if _, key, err = ed25519.GenerateKey(rand.Reader); err != nil {
 				return res, fmt.Errorf("keys: generate %s: %w", svc, err)
 			}
