@@ -8,7 +8,7 @@
 //
 // Transport security is required: --certs DIR (mTLS with the certificates `handoff certs`
 // made) or --plaintext-loopback on a loopback --listen address (callers then prove who they
-// are with service tokens signed with --token-key-file). --store is a bbolt file, or
+// are with service tokens, checked with the public keys in --token-public-keys). --store is a bbolt file, or
 // redis://[:password@]host:port[/db][?prefix=P] so that several runners (and the
 // coordinator) share one set of completion records and wallets (store.OpenURL reads it).
 package main

@@ -17,6 +17,7 @@ Usage:
   handoff up [flags]                                         run coordinator, agent runner, writeback
   handoff demo [flags]                                       run the sample support ticket end to end
   handoff certs [--dir DIR] [--services a,b] [--days N]      make a development CA and service certificates (mTLS)
+  handoff keys [--dir DIR] [--services a,b]                  make one service-token key per service (plaintext loopback)
   handoff chaos [--jobs N] [--kills N] [--json]              break a multi-process deployment while jobs run; count lost jobs and double writes
   handoff replay [--n 1000] [--invalid 0.10] [--duplicate 0.05] [--runner ADDR] [--json]
                                                              replay generated packages as hops; check every ack, write, trace
@@ -48,6 +49,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return runDemo(rest, stdout, stderr)
 	case "certs":
 		return runCerts(rest, stdout, stderr)
+	case "keys":
+		return runKeys(rest, stdout, stderr)
 	case "chaos":
 		return runChaos(rest, stdout, stderr)
 	case "replay":

@@ -41,7 +41,8 @@ Without --runner, the platform runs in-process (stack.Start on the embedded stor
 counting Noop agent for --stage). With --runner ADDR (--coordinator ADDR is the same: the
 address the replay sends hops to as the coordinator), it dials the deployment:
   identity  --certs DIR (mTLS with the "coordinator" certificate of ` + "`handoff certs`" + `), or
-            --plaintext-loopback --token-key-file FILE (the deployment's shared token key)
+            --plaintext-loopback --token-key-file DIR/coordinator.key (the coordinator's
+            own key from ` + "`handoff keys`" + `)
   stage     the runner must serve --stage with an agent that completes any package, e.g.
             agentrunner --exec 'replay=/path/to/noop.sh' (a script: cat >/dev/null; echo '{}')
   writes    --writeback ADDR; the artifact to write is the result's, or one stored in

@@ -4,8 +4,8 @@
 // The server is writeback.NewGRPCServer: the platform's interceptor chain (metrics, logging,
 // identity, trace) with the writeback's enforcement (validate, gate, idempotency) as its step
 // 6. Transport security is rpc.Security: --certs DIR (mTLS) or --plaintext-loopback (loopback
-// only, service tokens signed with --token-key-file); one of them is required, and by the
-// platform's policy only the coordinator may call Write.
+// only; callers' service tokens are checked with the public keys in --token-public-keys);
+// one of them is required, and by the platform's policy only the coordinator may call Write.
 //
 // --store is a bbolt file, or redis://[:password@]host:port[/db][?prefix=P] so that several
 // writeback processes share one set of receipts (keys under "handoff:" unless ?prefix= names
@@ -104,7 +104,7 @@ func run(args []string, getenv func(string) string, stderr io.Writer) int {
 }
 
 // parseConfig reads flags with environment fallbacks and checks every value. The security
-// flags (--certs, --token-key-file, --plaintext-loopback) are rpc.Security's, read through
+// flags (--certs, --token-key-file, --token-public-keys, --plaintext-loopback) are rpc.Security's, read through
 // internal/config.
 func parseConfig(args []string, getenv func(string) string, out io.Writer) (config, error) {
 	env := func(name, def string) string {

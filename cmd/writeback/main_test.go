@@ -3,8 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
+	"crypto/ed25519"
+	"encoding/base64"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -20,6 +21,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
@@ -61,12 +63,14 @@ func TestParseConfigDefaultsAndEnv(t *testing.T) {
 
 func TestParseConfigSecurityFlags(t *testing.T) {
 	t.Setenv("HANDOFF_PLAINTEXT_LOOPBACK", "true")
-	t.Setenv("HANDOFF_TOKEN_KEY_FILE", "/etc/handoff/token.key")
+	t.Setenv("HANDOFF_TOKEN_KEY_FILE", "/etc/handoff/writeback.key")
+	t.Setenv("HANDOFF_TOKEN_PUBLIC_KEYS", "/etc/handoff/public")
 	cfg, err := parseConfig([]string{"--certs", "/etc/handoff/certs"}, envOf(nil), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !cfg.security.PlaintextLoopback || cfg.security.TokenKeyFile != "/etc/handoff/token.key" || cfg.security.CertsDir != "/etc/handoff/certs" {
+	if !cfg.security.PlaintextLoopback || cfg.security.TokenKeyFile != "/etc/handoff/writeback.key" ||
+		cfg.security.TokenPublicKeys != "/etc/handoff/public" || cfg.security.CertsDir != "/etc/handoff/certs" {
 		t.Errorf("security %+v", cfg.security)
 	}
 	t.Setenv("HANDOFF_PLAINTEXT_LOOPBACK", "maybe")
@@ -171,20 +175,38 @@ func TestServeEndToEnd(t *testing.T) {
 	if err := certs.Generate(certsDir, []string{"writeback", "coordinator", "agentrunner"}, time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	key := make([]byte, 32)
-	rand.Read(key)
-	keyFile := filepath.Join(t.TempDir(), "token.key")
-	if err := os.WriteFile(keyFile, []byte(hex.EncodeToString(key)+"\n"), 0o600); err != nil {
+	keys := t.TempDir()
+	if _, err := identity.GenerateKeys(keys, []string{"writeback", "coordinator", "agentrunner"}, false); err != nil {
 		t.Fatal(err)
 	}
-	signer, err := identity.NewSigner([]byte(hex.EncodeToString(key)))
-	if err != nil {
-		t.Fatal(err)
+	signer := func(t *testing.T, as, keyOf string) *identity.Signer { // keyOf's key, naming as
+		key, err := identity.LoadPrivateKey(identity.KeyFile(keys, keyOf))
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := identity.NewSigner(as, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
 	}
 
+	// hst2 signs a token by hand, with any claims, the way the format says: what an
+	// attacker holding keyOf's key would send.
+	hst2 := func(t *testing.T, keyOf, iss, aud string, iat, exp int64) string {
+		key, err := identity.LoadPrivateKey(identity.KeyFile(keys, keyOf))
+		if err != nil {
+			t.Fatal(err)
+		}
+		payload := fmt.Sprintf("hst2.%s.%s.%d.%d", iss, aud, iat, exp)
+		return payload + "." + base64.RawURLEncoding.EncodeToString(ed25519.Sign(key, []byte(payload)))
+	}
+	now := time.Now().Unix()
 	modes := map[string]struct {
 		flags []string
 		dial  func(t *testing.T, caller string) []grpc.DialOption
+		// refused are authorization values the server must refuse as Unauthenticated.
+		refused map[string]string
 	}{
 		"mtls": {
 			flags: []string{"--certs", certsDir},
@@ -197,10 +219,18 @@ func TestServeEndToEnd(t *testing.T) {
 			},
 		},
 		"plaintext loopback": {
-			flags: []string{"--plaintext-loopback", "--token-key-file", keyFile},
+			flags: []string{"--plaintext-loopback", "--token-key-file", identity.KeyFile(keys, "writeback"), "--token-public-keys", filepath.Join(keys, identity.PublicDir)},
 			dial: func(t *testing.T, caller string) []grpc.DialOption {
 				return []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()),
-					grpc.WithPerRPCCredentials(signer.PerRPCCredentials(caller))}
+					grpc.WithPerRPCCredentials(signer(t, caller, caller).PerRPCCredentials())}
+			},
+			refused: map[string]string{
+				"agentrunner's key claiming coordinator":   hst2(t, "agentrunner", "coordinator", "writeback", now, now+60),
+				"writeback's own key claiming coordinator": hst2(t, "writeback", "coordinator", "writeback", now, now+60),
+				"coordinator's token for agentrunner":      hst2(t, "coordinator", "coordinator", "agentrunner", now, now+60),
+				"coordinator's token expiring in 2286":     hst2(t, "coordinator", "coordinator", "writeback", now, 9999999999),
+				"coordinator's token issued an hour ahead": hst2(t, "coordinator", "coordinator", "writeback", now+3600, now+3660),
+				"an hst1 shared-key token":                 "hst1.coordinator.9999999999.AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA",
 			},
 		},
 	}
@@ -279,6 +309,19 @@ func TestServeEndToEnd(t *testing.T) {
 			_, runner := client("agentrunner")
 			if _, err := runner.Write(cctx, req); status.Code(err) != codes.PermissionDenied {
 				t.Fatalf("agentrunner: %v, want PermissionDenied", err)
+			}
+			if len(mode.refused) > 0 {
+				plain, err := grpc.NewClient(grpcAddr.String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer plain.Close()
+				for name, tok := range mode.refused {
+					ctx := metadata.AppendToOutgoingContext(cctx, "authorization", "Bearer "+tok)
+					if _, err := handoffv1.NewWritebackServiceClient(plain).Write(ctx, req); status.Code(err) != codes.Unauthenticated {
+						t.Errorf("%s: %v, want Unauthenticated", name, err)
+					}
+				}
 			}
 			first, err := coordinator.Write(cctx, req)
 			if err != nil || first.GetDuplicate() || first.GetReceipt().GetIdempotencyKey() != "tkt-1:writeback:reply_md" {

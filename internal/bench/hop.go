@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"crypto/ed25519"
 	"fmt"
 	"io"
 	"log/slog"
@@ -131,16 +132,21 @@ func newHopRig(ctx context.Context, cfg hopConfig) (_ *hopRig, err error) {
 	if err != nil {
 		return nil, err
 	}
-	// What stack.Start does for each service: one signer for the deployment, the default
-	// identity policy, an SDK tracer provider, the service's metrics.
-	signer, err := identity.NewRandomSigner()
+	// What stack.Start does for each service: the coordinator's own token key, a verifier
+	// holding its public key, the default identity policy, an SDK tracer provider, the
+	// service's metrics.
+	signer, err := identity.GenerateSigner("coordinator")
+	if err != nil {
+		return nil, err
+	}
+	verifier, err := identity.NewVerifier("agentrunner", map[string]ed25519.PublicKey{"coordinator": signer.PublicKey()})
 	if err != nil {
 		return nil, err
 	}
 	if r.tp, err = telemetry.NewTracerProvider(ctx, "handoff-bench"); err != nil {
 		return nil, err
 	}
-	idOpts := []identity.Option{identity.WithSigner(signer), identity.WithPolicy(identity.DefaultPolicy()), identity.WithLogger(cfg.Logger)}
+	idOpts := []identity.Option{identity.WithVerifier(verifier), identity.WithPolicy(identity.DefaultPolicy()), identity.WithLogger(cfg.Logger)}
 	r.g, r.hs = agentrunner.NewGRPCServer(srv, rpc.ServerConfig{
 		Service: "agentrunner", Logger: cfg.Logger, TracerProvider: r.tp,
 		Metrics:       telemetry.NewMetrics(telemetry.NewRegistry(), "agentrunner"),
@@ -151,7 +157,7 @@ func newHopRig(ctx context.Context, cfg hopConfig) (_ *hopRig, err error) {
 		return nil, err
 	}
 	go r.g.Serve(lis)
-	if r.cc, err = rpc.Dial(lis.Addr().String(), rpc.DialConfig{TracerProvider: r.tp, PerRPC: signer.PerRPCCredentials("coordinator")}); err != nil {
+	if r.cc, err = rpc.Dial(lis.Addr().String(), rpc.DialConfig{TracerProvider: r.tp, PerRPC: signer.PerRPCCredentials()}); err != nil {
 		return nil, err
 	}
 	r.client = handoffv1.NewAgentRunnerServiceClient(r.cc)

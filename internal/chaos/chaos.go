@@ -25,7 +25,6 @@ package chaos
 import (
 	"context"
 	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -296,22 +295,25 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	defer h.redis.stop()
 	h.say("redis-server on %s (append-only, fsync always) in %s", h.redis.addr, h.redis.dir)
 
-	// The deployment's service-token key (plaintext on loopback), and the pipeline: the
-	// shipped support ticket with its writeback stage on the webhook target.
-	keyFile := filepath.Join(h.dir, "token.key")
-	key := make([]byte, 32)
-	rand.Read(key)
-	if err := os.WriteFile(keyFile, []byte(hex.EncodeToString(key)), 0o600); err != nil {
+	// The deployment's service-token keys (plaintext on loopback): one private key per
+	// service, as `handoff keys` makes them, and the folder of public keys they all verify
+	// with. The hop proxy calls the runner and the writeback as the coordinator, with the
+	// coordinator's key. Then the pipeline: the shipped support ticket with its writeback
+	// stage on the webhook target.
+	keyDir := filepath.Join(h.dir, "keys")
+	if _, err := identity.GenerateKeys(keyDir, binaries, false); err != nil {
 		return nil, err
 	}
-	signer, err := identity.NewSigner([]byte(hex.EncodeToString(key)))
+	coordKey, err := identity.LoadPrivateKey(identity.KeyFile(keyDir, "coordinator"))
+	if err != nil {
+		return nil, err
+	}
+	signer, err := identity.NewSigner("coordinator", coordKey)
 	if err != nil {
 		return nil, err
 	}
 	// The operator token: the harness reads the runs it submitted as an operator would.
-	opKey := make([]byte, 16)
-	rand.Read(opKey)
-	opToken := hex.EncodeToString(opKey)
+	opToken := rand.Text()
 	pl, err := pipelines.FS.ReadFile("support-ticket.yaml")
 	if err != nil {
 		return nil, err
@@ -349,7 +351,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	addr := func(i int) string { return fmt.Sprintf("127.0.0.1:%d", ports[i]) }
 	runnerAddr, wbAddr := addr(0), addr(1)
 	h.proxy = &proxy{h: h}
-	asCoordinator := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithPerRPCCredentials(signer.PerRPCCredentials("coordinator"))}
+	asCoordinator := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithPerRPCCredentials(signer.PerRPCCredentials())}
 	rc, err := grpc.NewClient(runnerAddr, asCoordinator...)
 	if err != nil {
 		return nil, err
@@ -368,11 +370,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 
 	// The services.
 	storeURL := "redis://" + h.redis.addr + "/0"
-	common := []string{"--plaintext-loopback", "--token-key-file", keyFile, "--store", storeURL}
+	common := []string{"--plaintext-loopback", "--token-public-keys", filepath.Join(keyDir, identity.PublicDir), "--store", storeURL}
 	logDir := filepath.Join(h.dir, "logs")
 	mk := func(name, kind, listen string, args ...string) error {
+		own := []string{"--listen", listen, "--token-key-file", identity.KeyFile(keyDir, kind)}
 		p, err := newProc(name, kind, filepath.Join(bin, kind), listen, filepath.Join(logDir, name+".log"),
-			append(append([]string{"--listen", listen}, common...), args...), h.say)
+			append(append(own, common...), args...), h.say)
 		if err != nil {
 			return err
 		}

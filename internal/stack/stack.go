@@ -6,6 +6,7 @@ package stack
 
 import (
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -91,7 +92,7 @@ type Stack struct {
 	// telemetry.Handler.
 	Registry *prometheus.Registry
 
-	signer   *identity.Signer
+	signers  map[string]*identity.Signer // one key per identity; the verifiers get public keys only
 	tp       oteltrace.TracerProvider
 	shutdown func(context.Context) error
 	log      *slog.Logger
@@ -127,9 +128,14 @@ func Start(ctx context.Context, cfg Config) (st *Stack, err error) {
 	}
 	s := &Stack{Registry: telemetry.NewRegistry(), tp: cfg.TracerProvider, log: cfg.Logger}
 	// One process, plaintext on loopback: the services prove who they are to each other
-	// with tokens signed by a key that never leaves this process.
-	if s.signer, err = identity.NewRandomSigner(); err != nil {
-		return nil, err
+	// with tokens, each signed with that service's own key, made here and never written
+	// anywhere. Each server's verifier holds only the public keys, so a service's code
+	// could not mint another's identity even in this process.
+	s.signers = map[string]*identity.Signer{}
+	for _, svc := range Identities {
+		if s.signers[svc], err = identity.GenerateSigner(svc); err != nil {
+			return nil, err
+		}
 	}
 	if s.tp == nil {
 		tp, err := telemetry.NewTracerProvider(ctx, "handoff")
@@ -177,7 +183,9 @@ func Start(ctx context.Context, cfg Config) (st *Stack, err error) {
 		return nil, err
 	}
 	ru, rs := s.Runner.Interceptors()
-	s.serve(lis["agent runner"], "agentrunner", handoffv1.AgentRunnerService_ServiceDesc.ServiceName, func(g *grpc.Server) { agentrunner.Register(g, s.Runner) }, ru, rs)
+	if _, err := s.serve(lis["agent runner"], "agentrunner", handoffv1.AgentRunnerService_ServiceDesc.ServiceName, func(g *grpc.Server) { agentrunner.Register(g, s.Runner) }, ru, rs); err != nil {
+		return nil, err
+	}
 
 	// The demo ledger appends every write it receives (no key check of its own), so a
 	// double write the platform let through would show in its count.
@@ -193,7 +201,9 @@ func Start(ctx context.Context, cfg Config) (st *Stack, err error) {
 	if err != nil {
 		return nil, err
 	}
-	s.serve(lis["writeback"], "writeback", handoffv1.WritebackService_ServiceDesc.ServiceName, func(g *grpc.Server) { writeback.Register(g, wb) }, wb.Interceptors(), nil)
+	if _, err := s.serve(lis["writeback"], "writeback", handoffv1.WritebackService_ServiceDesc.ServiceName, func(g *grpc.Server) { writeback.Register(g, wb) }, wb.Interceptors(), nil); err != nil {
+		return nil, err
+	}
 
 	runnerConn, err := s.DialAs(s.RunnerAddr, "coordinator")
 	if err != nil {
@@ -224,7 +234,10 @@ func Start(ctx context.Context, cfg Config) (st *Stack, err error) {
 		coordOpts = append(coordOpts, identity.WithOperators(ops))
 	}
 	cu, cs := s.Coordinator.Interceptors()
-	coordAuthz := s.serve(lis["coordinator"], "coordinator", handoffv1.CoordinatorService_ServiceDesc.ServiceName, func(g *grpc.Server) { coordinator.Register(g, s.Coordinator) }, cu, cs, coordOpts...)
+	coordAuthz, err := s.serve(lis["coordinator"], "coordinator", handoffv1.CoordinatorService_ServiceDesc.ServiceName, func(g *grpc.Server) { coordinator.Register(g, s.Coordinator) }, cu, cs, coordOpts...)
+	if err != nil {
+		return nil, err
+	}
 	if cfg.WebAddr != "" {
 		page, err := web.New(s.Coordinator, coordAuthz, web.Options{Logger: log.With("service", "web")})
 		if err != nil {
@@ -256,11 +269,21 @@ func or(v, def string) string {
 // serve starts a gRPC server on l with the platform's interceptor chain, the service,
 // health and reflection (so grpcurl can list and call it without proto files).
 // unary and stream are the service's own enforcement interceptors (step 6 of the chain);
-// extra are identity options beyond the platform's (operator credentials). It returns the
-// server's identity check, for in-process callers of its handlers.
-func (s *Stack) serve(l net.Listener, name, service string, register func(*grpc.Server), unary []grpc.UnaryServerInterceptor, stream []grpc.StreamServerInterceptor, extra ...identity.Option) *identity.Authorizer {
+// extra are identity options beyond the platform's (operator credentials). The server
+// accepts tokens addressed to name, verified with the public keys of Identities. It returns
+// the server's identity check, for in-process callers of its handlers.
+func (s *Stack) serve(l net.Listener, name, service string, register func(*grpc.Server), unary []grpc.UnaryServerInterceptor, stream []grpc.StreamServerInterceptor, extra ...identity.Option) (*identity.Authorizer, error) {
+	pubs := map[string]ed25519.PublicKey{}
+	for svc, sg := range s.signers {
+		pubs[svc] = sg.PublicKey()
+	}
+	v, err := identity.NewVerifier(name, pubs)
+	if err != nil {
+		l.Close()
+		return nil, fmt.Errorf("stack: %s: %w", name, err)
+	}
 	m := telemetry.NewMetrics(s.Registry, name)
-	idOpts := append([]identity.Option{identity.WithSigner(s.signer), identity.WithPolicy(identity.DefaultPolicy()), identity.WithLogger(s.log)}, extra...)
+	idOpts := append([]identity.Option{identity.WithVerifier(v), identity.WithPolicy(identity.DefaultPolicy()), identity.WithLogger(s.log)}, extra...)
 	authz := identity.NewAuthorizer(idOpts...)
 	g := rpc.NewServer(rpc.ServerConfig{
 		Service: name, Logger: s.log, TracerProvider: s.tp, Metrics: m,
@@ -277,7 +300,7 @@ func (s *Stack) serve(l net.Listener, name, service string, register func(*grpc.
 	s.servers = append(s.servers, g)
 	s.healths = append(s.healths, hs)
 	go g.Serve(l)
-	return authz
+	return authz, nil
 }
 
 // Dial returns a client connection to one of the stack's addresses, calling without a
@@ -287,10 +310,19 @@ func (s *Stack) Dial(addr string) (*grpc.ClientConn, error) {
 	return s.dial(addr, rpc.DialConfig{TracerProvider: s.tp})
 }
 
-// DialAs returns a connection whose calls carry service's identity token; "operator" is a
-// person's identity (it may read jobs and resolve escalations).
+// Identities are the services the stack holds a token key for: its three services, and the
+// operator (for DialAs).
+var Identities = []string{"coordinator", "agentrunner", "writeback", "operator"}
+
+// DialAs returns a connection whose calls carry tokens from service (one of Identities),
+// each addressed to the service it calls; "operator" is a person's identity (it may read
+// jobs and resolve escalations).
 func (s *Stack) DialAs(addr, service string) (*grpc.ClientConn, error) {
-	return s.dial(addr, rpc.DialConfig{TracerProvider: s.tp, PerRPC: s.signer.PerRPCCredentials(service)})
+	sg, ok := s.signers[service]
+	if !ok {
+		return nil, fmt.Errorf("stack: DialAs %q: the stack holds keys for %v only", service, Identities)
+	}
+	return s.dial(addr, rpc.DialConfig{TracerProvider: s.tp, PerRPC: sg.PerRPCCredentials()})
 }
 
 func (s *Stack) dial(addr string, dc rpc.DialConfig) (*grpc.ClientConn, error) {

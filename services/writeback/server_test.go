@@ -2,6 +2,7 @@ package writeback_test
 
 import (
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"log/slog"
 	"net"
@@ -763,16 +764,25 @@ func TestRefusedRepeatOfCompletedKeyIsNotReplayed(t *testing.T) {
 // With identity on the chain (step 4), only the coordinator may write; the refusal comes
 // before anything is validated, claimed or written.
 func TestOnlyCoordinatorMayWrite(t *testing.T) {
-	signer, err := identity.NewRandomSigner()
+	signers := map[string]*identity.Signer{}
+	pubs := map[string]ed25519.PublicKey{}
+	for _, svc := range []string{"coordinator", "agentrunner"} {
+		s, err := identity.GenerateSigner(svc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		signers[svc], pubs[svc] = s, s.PublicKey()
+	}
+	verifier, err := identity.NewVerifier("writeback", pubs)
 	if err != nil {
 		t.Fatal(err)
 	}
 	as := func(t *testing.T, caller string) *env {
 		return newEnv(t, envOpts{
 			rpc: func(c *rpc.ServerConfig) {
-				c.IdentityUnary = identity.UnaryServerInterceptor(identity.WithSigner(signer), identity.WithPolicy(identity.DefaultPolicy()))
+				c.IdentityUnary = identity.UnaryServerInterceptor(identity.WithVerifier(verifier), identity.WithPolicy(identity.DefaultPolicy()))
 			},
-			dial: []grpc.DialOption{grpc.WithPerRPCCredentials(signer.PerRPCCredentials(caller))},
+			dial: []grpc.DialOption{grpc.WithPerRPCCredentials(signers[caller].PerRPCCredentials())},
 		})
 	}
 
@@ -809,7 +819,7 @@ func TestOnlyCoordinatorMayWrite(t *testing.T) {
 
 	t.Run("no token is unauthenticated", func(t *testing.T) {
 		e := newEnv(t, envOpts{rpc: func(c *rpc.ServerConfig) {
-			c.IdentityUnary = identity.UnaryServerInterceptor(identity.WithSigner(signer), identity.WithPolicy(identity.DefaultPolicy()))
+			c.IdentityUnary = identity.UnaryServerInterceptor(identity.WithVerifier(verifier), identity.WithPolicy(identity.DefaultPolicy()))
 		}})
 		if _, err := e.client.Write(ctxT(t), e.req()); status.Code(err) != codes.Unauthenticated {
 			t.Fatalf("%v, want Unauthenticated", err)

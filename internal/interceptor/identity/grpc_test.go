@@ -2,6 +2,7 @@ package identity_test
 
 import (
 	"context"
+	"crypto/ed25519"
 	"crypto/tls"
 	"errors"
 	"io"
@@ -227,49 +228,104 @@ func TestMTLSOverLoopback(t *testing.T) {
 	})
 }
 
+// TestTokensOverPlaintextLoopback serves each service on its own loopback server whose
+// verifier holds the four services' public keys and checks tokens for that service, as the
+// binaries and `handoff up` run them, and calls them over real gRPC.
 func TestTokensOverPlaintextLoopback(t *testing.T) {
-	s := newSigner(t, 1)
-	addr, rec := serve(t, insecure.NewCredentials(), identity.WithPolicy(identity.DefaultPolicy()), identity.WithSigner(s))
-	plain := dial(t, addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	agentTok := s.Token("agentrunner", time.Minute)
+	r := newRing(t)
+	addrs, recs := map[string]string{}, map[string]*recorder{}
+	for _, svc := range []string{"writeback", "agentrunner", "coordinator"} {
+		addrs[svc], recs[svc] = serve(t, insecure.NewCredentials(), identity.WithPolicy(identity.DefaultPolicy()), identity.WithVerifier(r.verifier(t, svc)))
+	}
+	plain := func(svc string) *grpc.ClientConn {
+		return dial(t, addrs[svc], grpc.WithTransportCredentials(insecure.NewCredentials()))
+	}
+	as := func(svc, caller string) *grpc.ClientConn {
+		return dial(t, addrs[svc], grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithPerRPCCredentials(r[caller].PerRPCCredentials()))
+	}
+	forged := func(key ed25519.PrivateKey) *identity.Signer { // someone's key, claiming to be the coordinator
+		s, err := identity.NewSigner("coordinator", key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	now := time.Now().Unix()
+	coord := r["coordinator"]
+	getJob := func(ctx context.Context, cc *grpc.ClientConn) error {
+		_, err := handoffv1.NewCoordinatorServiceClient(cc).GetJob(ctx, &handoffv1.GetJobRequest{})
+		return err
+	}
 
 	tests := []struct {
 		name string
-		conn *grpc.ClientConn // default: plain, with the raw authorization value below
+		srv  string           // default writeback
+		conn *grpc.ClientConn // default: plain to srv, with the raw authorization value below
 		auth string
 		call func(context.Context, *grpc.ClientConn) error
 		code codes.Code
 		msg  string
 		want identity.Identity
 	}{
-		{name: "valid (PerRPCCredentials)", call: writeCall,
-			conn: dial(t, addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithPerRPCCredentials(s.PerRPCCredentials("coordinator"))),
+		// One credentials object per caller reaches every service: the audience follows the call.
+		{name: "coordinator writes (PerRPCCredentials)", call: writeCall, conn: as("writeback", "coordinator"),
 			want: identity.Identity{Service: "coordinator", Method: "token"}},
-		{name: "valid stream", call: deliverCall, auth: "Bearer " + s.Token("coordinator", time.Minute),
+		{name: "coordinator delivers (PerRPCCredentials, stream)", srv: "agentrunner", call: deliverCall, conn: as("agentrunner", "coordinator"),
 			want: identity.Identity{Service: "coordinator", Method: "token"}},
-		{name: "valid but not allowed", call: writeCall, auth: "Bearer " + agentTok, code: codes.PermissionDenied, msg: `caller "agentrunner" (token)`},
-		{name: "expired", call: writeCall, auth: "Bearer " + s.Token("coordinator", -time.Minute), code: codes.Unauthenticated, msg: "service token expired"},
-		{name: "wrong key", call: writeCall, auth: "Bearer " + newSigner(t, 2).Token("coordinator", time.Minute), code: codes.Unauthenticated, msg: "signature does not match"},
-		{name: "tampered service", call: writeCall, auth: "Bearer " + strings.Replace(agentTok, ".agentrunner.", ".coordinator.", 1), code: codes.Unauthenticated, msg: "signature does not match"},
-		{name: "malformed", call: writeCall, auth: "Bearer hst1.coordinator.notatime.sig", code: codes.Unauthenticated, msg: "malformed service token"},
-		{name: "malformed on a stream", call: deliverCall, auth: "Bearer hst1.", code: codes.Unauthenticated, msg: "malformed service token"},
+		{name: "operator delivers (PerRPCCredentials)", srv: "agentrunner", call: deliverCall, conn: as("agentrunner", "operator"),
+			want: identity.Identity{Service: "operator", Method: "token"}},
+		{name: "operator reads a job (PerRPCCredentials)", srv: "coordinator", call: getJob, conn: as("coordinator", "operator"),
+			want: identity.Identity{Service: "operator", Method: "token"}},
+		{name: "agentrunner's own token may not write", call: writeCall, conn: as("writeback", "agentrunner"), code: codes.PermissionDenied, msg: `caller "agentrunner" (token)`},
+
+		// Nobody mints another's identity: the verifier holds public keys only.
+		{name: "writeback's key claiming coordinator", call: writeCall, auth: "Bearer " + token(t, forged(seededKey(3)), "writeback"),
+			code: codes.Unauthenticated, msg: `signature does not verify (not signed by the issuer's key, or altered) (token from "coordinator")`},
+		{name: "agentrunner's key claiming coordinator", call: writeCall, auth: "Bearer " + token(t, forged(seededKey(2)), "writeback"),
+			code: codes.Unauthenticated, msg: "signature does not verify"},
+		{name: "agentrunner's key claiming coordinator on Deliver", srv: "agentrunner", call: deliverCall, auth: "Bearer " + token(t, forged(seededKey(2)), "agentrunner"),
+			code: codes.Unauthenticated, msg: "signature does not verify"},
+		{name: "unknown issuer", call: writeCall, auth: "Bearer " + token(t, newRing(t, "intruder")["intruder"], "writeback"),
+			code: codes.Unauthenticated, msg: `unknown issuer: "intruder"`},
+
+		// A token is for one service.
+		{name: "audience agentrunner on Write", call: writeCall, auth: "Bearer " + token(t, coord, "agentrunner"),
+			code: codes.Unauthenticated, msg: `"coordinator"'s token is for "agentrunner", this is "writeback"`},
+		{name: "audience writeback on Deliver", srv: "agentrunner", call: deliverCall, auth: "Bearer " + token(t, coord, "writeback"),
+			code: codes.Unauthenticated, msg: `is for "writeback", this is "agentrunner"`},
+		{name: "audience agentrunner on Deliver", srv: "agentrunner", call: deliverCall, auth: "Bearer " + token(t, coord, "agentrunner"),
+			want: identity.Identity{Service: "coordinator", Method: "token"}},
+
+		// A token lives at most MaxLifetime, with ClockSkew of leeway.
+		{name: "expiry in 2286", call: writeCall, auth: "Bearer " + coord.Mint("writeback", now, time.Date(2286, 11, 20, 17, 46, 39, 0, time.UTC).Unix()),
+			code: codes.Unauthenticated, msg: "last at most 10m0s"},
+		{name: "issued an hour ahead", call: writeCall, auth: "Bearer " + coord.Mint("writeback", now+3600, now+3660),
+			code: codes.Unauthenticated, msg: "issued in the future"},
+		{name: "expired", call: writeCall, auth: "Bearer " + coord.Mint("writeback", now-600, now-120), code: codes.Unauthenticated, msg: "service token expired"},
+		{name: "hst1 shared-key token", call: writeCall, auth: "Bearer hst1.coordinator.9999999999.AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA",
+			code: codes.Unauthenticated, msg: "no longer accepted"},
+		{name: "tampered issuer", call: writeCall, auth: "Bearer " + strings.Replace(token(t, r["agentrunner"], "writeback"), ".agentrunner.", ".coordinator.", 1),
+			code: codes.Unauthenticated, msg: "signature does not verify"},
+		{name: "malformed on a stream", srv: "agentrunner", call: deliverCall, auth: "Bearer hst2.", code: codes.Unauthenticated, msg: "malformed service token"},
 		{name: "no token", call: writeCall, code: codes.Unauthenticated, msg: "no caller identity: present a client certificate or a service token"},
-		{name: "no token on a stream", call: deliverCall, code: codes.Unauthenticated, msg: "no caller identity"},
-		{name: "anonymous may not read jobs", call: func(ctx context.Context, cc *grpc.ClientConn) error {
-			_, err := handoffv1.NewCoordinatorServiceClient(cc).GetJob(ctx, &handoffv1.GetJobRequest{})
-			return err
-		}, code: codes.Unauthenticated, msg: "no caller identity"},
-		{name: "anyone may submit", call: func(ctx context.Context, cc *grpc.ClientConn) error {
+		{name: "no token on a stream", srv: "agentrunner", call: deliverCall, code: codes.Unauthenticated, msg: "no caller identity"},
+		{name: "anonymous may not read jobs", srv: "coordinator", call: getJob, code: codes.Unauthenticated, msg: "no caller identity"},
+		{name: "anyone may submit", srv: "coordinator", call: func(ctx context.Context, cc *grpc.ClientConn) error {
 			_, err := handoffv1.NewCoordinatorServiceClient(cc).SubmitJob(ctx, &handoffv1.SubmitJobRequest{})
 			return err
 		}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			srv := tt.srv
+			if srv == "" {
+				srv = "writeback"
+			}
+			rec := recs[srv]
 			before, _ := rec.snapshot()
 			cc, ctx := tt.conn, testContext(t)
 			if cc == nil {
-				cc = plain
+				cc = plain(srv)
 			}
 			if tt.auth != "" {
 				ctx = metadata.AppendToOutgoingContext(ctx, "authorization", tt.auth)
@@ -295,6 +351,39 @@ func TestTokensOverPlaintextLoopback(t *testing.T) {
 				t.Errorf("identity %v, want %+v", ids, tt.want)
 			}
 		})
+	}
+
+	// A client whose credentials cannot name an audience for the call fails it before it
+	// leaves, naming the service, rather than send a token to an unknown party.
+	t.Run("unknown service", func(t *testing.T) {
+		err := as("writeback", "coordinator").Invoke(testContext(t), "/other.v1.Thing/Do", &handoffv1.GetJobRequest{}, &handoffv1.GetJobResponse{})
+		if status.Code(err) != codes.Unauthenticated || !strings.Contains(err.Error(), "other.v1.Thing is not a handoff service") {
+			t.Fatalf("err %v, want Unauthenticated naming other.v1.Thing", err)
+		}
+	})
+	// Health through a connection with credentials carries no token and works.
+	t.Run("health without a token", func(t *testing.T) {
+		resp, err := healthpb.NewHealthClient(as("writeback", "coordinator")).Check(testContext(t), &healthpb.HealthCheckRequest{})
+		if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+			t.Fatalf("health: %v %v", resp, err)
+		}
+	})
+}
+
+// The client's audience table names the services gen/handoff/v1 declares.
+func TestAudiencesMatchTheProto(t *testing.T) {
+	r := newRing(t)
+	for svc, desc := range map[string]grpc.ServiceDesc{
+		"writeback": handoffv1.WritebackService_ServiceDesc, "agentrunner": handoffv1.AgentRunnerService_ServiceDesc, "coordinator": handoffv1.CoordinatorService_ServiceDesc,
+	} {
+		method := "/" + desc.ServiceName + "/X"
+		md, err := r["coordinator"].PerRPCCredentials().GetRequestMetadata(credentials.NewContextWithRequestInfo(context.Background(), credentials.RequestInfo{Method: method}))
+		if err != nil {
+			t.Fatalf("%s: %v", method, err)
+		}
+		if _, err := r.verifier(t, svc).Verify(strings.TrimPrefix(md["authorization"], "Bearer "), time.Now()); err != nil {
+			t.Errorf("%s: token not for %s: %v", method, svc, err)
+		}
 	}
 }
 

@@ -6,10 +6,14 @@
 //  1. mTLS: a client certificate verified against the CA (see internal/certs). The service
 //     is read from the URI SAN spiffe://handoff.local/<svc>, or from the subject CN when
 //     the certificate has no spiffe:// URI. This is the way between separate processes.
-//  2. A service token in the metadata, authorization: Bearer hst1.<svc>.<expiry>.<mac>,
-//     signed with a key the services of one process share (see Signer). This is for
-//     plaintext on loopback (`handoff up`), and is refused over plaintext from any other
-//     address.
+//  2. A service token in the metadata, authorization: Bearer
+//     hst2.<issuer>.<audience>.<issued-at>.<expiry>.<sig>, signed with the calling
+//     service's own Ed25519 key (Signer). A server verifies it with public keys only
+//     (Verifier), so no service can mint another's identity; the audience must be the
+//     server's own service, and a token lives at most MaxLifetime (with ClockSkew of
+//     leeway). This is for plaintext on loopback (`handoff up`, or the binaries with
+//     --token-key-file and --token-public-keys), and is refused over plaintext from any
+//     other address. The older shared-key hst1 tokens are refused.
 //
 // The interceptor puts the Identity in the context (FromContext) for the handler and the
 // logging interceptor. Health checks and reflection are always open, so probes and

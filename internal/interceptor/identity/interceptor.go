@@ -137,13 +137,13 @@ func (o *options) identify(ctx context.Context) (id Identity, found bool, err er
 	if _, both, _ := operatorToken(ctx); both {
 		return Identity{}, false, errors.New("authorization carries a service token and an operator token; send one")
 	}
-	if o.signer == nil {
+	if o.verifier == nil {
 		return Identity{}, false, errors.New("service tokens are not accepted by this server; present a client certificate")
 	}
 	if tlsInfo == nil && p != nil && !localAddr(p.Addr) {
 		return Identity{}, false, fmt.Errorf("service token refused: it came over plaintext from %s, not loopback; use mTLS between hosts", p.Addr)
 	}
-	svc, err := o.signer.Verify(tok, o.now())
+	svc, err := o.verifier.Verify(tok, o.now())
 	if err != nil {
 		return Identity{}, false, err
 	}
@@ -204,7 +204,8 @@ func serviceFromCert(c *x509.Certificate) (string, error) {
 	}
 }
 
-// tokenScheme matches the version prefix of a service token (hst1., and later hstN.).
+// tokenScheme matches the version prefix of a service token (hst2., the refused hst1.,
+// and any later hstN.), so an old or unknown version is refused rather than ignored.
 var tokenScheme = regexp.MustCompile(`^hst[0-9]+\.`)
 
 // serviceToken returns the service token from the authorization metadata. Values in

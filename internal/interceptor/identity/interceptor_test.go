@@ -93,9 +93,17 @@ const (
 )
 
 func TestUnaryInterceptor(t *testing.T) {
-	s := newSigner(t, 1)
-	tok := func(svc string) []string { return []string{"Bearer " + s.Token(svc, time.Minute)} }
-	defaults := []identity.Option{identity.WithPolicy(identity.DefaultPolicy()), identity.WithSigner(s)}
+	// The interceptor does not look at the audience beyond the verifier's check, so every
+	// token here is for the verifier's own service whatever the method.
+	r := newRing(t)
+	v := r.verifier(t, "writeback")
+	tok := func(svc string) []string { return []string{"Bearer " + token(t, r[svc], "writeback")} }
+	defaults := []identity.Option{identity.WithPolicy(identity.DefaultPolicy()), identity.WithVerifier(v)}
+	now := time.Now().Unix()
+	otherKey, err := identity.NewSigner("coordinator", seededKey(9))
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	tests := []struct {
 		name   string
@@ -133,14 +141,20 @@ func TestUnaryInterceptor(t *testing.T) {
 		// Tokens
 		{name: "token allowed", method: write, caller: caller{token: tok("coordinator")},
 			want: identity.Identity{Service: "coordinator", Method: "token"}},
-		{name: "token scheme case-insensitive", method: write, caller: caller{token: []string{"bearer  " + s.Token("coordinator", time.Minute)}},
+		{name: "token scheme case-insensitive", method: write, caller: caller{token: []string{"bearer  " + token(t, r["coordinator"], "writeback")}},
 			want: identity.Identity{Service: "coordinator", Method: "token"}},
 		{name: "token not allowed", method: write, caller: caller{token: tok("operator")},
 			code: codes.PermissionDenied, msg: []string{`caller "operator" (token)`, write, "allowed callers: coordinator"}},
-		{name: "token expired", method: write, caller: caller{token: []string{"Bearer " + s.Token("coordinator", -time.Second)}},
+		{name: "token expired", method: write, caller: caller{token: []string{"Bearer " + r["coordinator"].Mint("writeback", now-120, now-60)}},
 			code: codes.Unauthenticated, msg: []string{"service token expired"}},
-		{name: "token wrong key", method: write, caller: caller{token: []string{"Bearer " + newSigner(t, 9).Token("coordinator", time.Minute)}},
-			code: codes.Unauthenticated, msg: []string{"signature does not match"}},
+		{name: "token wrong key", method: write, caller: caller{token: []string{"Bearer " + token(t, otherKey, "writeback")}},
+			code: codes.Unauthenticated, msg: []string{"signature does not verify"}},
+		{name: "token for another audience", method: write, caller: caller{token: []string{"Bearer " + token(t, r["coordinator"], "agentrunner")}},
+			code: codes.Unauthenticated, msg: []string{`is for "agentrunner", this is "writeback"`}},
+		{name: "token from an unknown issuer", method: write, caller: caller{token: []string{"Bearer " + token(t, newRing(t, "intruder")["intruder"], "writeback")}},
+			code: codes.Unauthenticated, msg: []string{`unknown issuer: "intruder"`}},
+		{name: "token over the max lifetime", method: write, caller: caller{token: []string{"Bearer " + r["coordinator"].Mint("writeback", now, now+3600)}},
+			code: codes.Unauthenticated, msg: []string{"lifetime"}},
 		{name: "token malformed", method: write, caller: caller{token: []string{"Bearer hst1.coordinator.12"}},
 			code: codes.Unauthenticated, msg: []string{"malformed service token"}},
 		{name: "token over plaintext from the network", method: write, caller: caller{addr: remote, token: tok("coordinator")},
@@ -149,7 +163,7 @@ func TestUnaryInterceptor(t *testing.T) {
 			want: identity.Identity{Service: "coordinator", Method: "token"}},
 		{name: "token over a unix socket", method: write, caller: caller{addr: &net.UnixAddr{Name: "/run/h.sock", Net: "unix"}, token: tok("coordinator")},
 			want: identity.Identity{Service: "coordinator", Method: "token"}},
-		{name: "token without signer", method: write, caller: caller{token: tok("coordinator")}, opts: []identity.Option{identity.WithPolicy(identity.DefaultPolicy())},
+		{name: "token without verifier", method: write, caller: caller{token: tok("coordinator")}, opts: []identity.Option{identity.WithPolicy(identity.DefaultPolicy())},
 			code: codes.Unauthenticated, msg: []string{"service tokens are not accepted"}},
 		{name: "two tokens", method: write, caller: caller{token: append(tok("coordinator"), tok("coordinator")...)},
 			code: codes.Unauthenticated, msg: []string{"more than one service token"}},
@@ -198,7 +212,7 @@ func TestUnaryInterceptor(t *testing.T) {
 			want: identity.Identity{Service: "coordinator", Method: "token"}},
 		{name: "default allow anyone", method: "/other.v1.Thing/Do", caller: caller{},
 			opts: append([]identity.Option{identity.WithDefaultAllow(identity.Anyone)}, defaults...)},
-		{name: "no policy denies all", method: write, caller: caller{token: tok("coordinator")}, opts: []identity.Option{identity.WithSigner(s)},
+		{name: "no policy denies all", method: write, caller: caller{token: tok("coordinator")}, opts: []identity.Option{identity.WithVerifier(v)},
 			code: codes.PermissionDenied},
 	}
 	for _, tt := range tests {
@@ -227,7 +241,8 @@ func TestUnaryInterceptor(t *testing.T) {
 }
 
 func TestPolicyExactAndWildcard(t *testing.T) {
-	s := newSigner(t, 1)
+	r := newRing(t, "a", "b", "c")
+	v := r.verifier(t, "writeback")
 	policy := identity.Policy{
 		"/x.v1.S/*":      {"a"},
 		"/x.v1.S/Exact":  {"b"},
@@ -256,18 +271,18 @@ func TestPolicyExactAndWildcard(t *testing.T) {
 		t.Run(tt.method+" by "+tt.svc, func(t *testing.T) {
 			c := caller{}
 			if tt.svc != "" {
-				c.token = []string{"Bearer " + s.Token(tt.svc, time.Minute)}
+				c.token = []string{"Bearer " + token(t, r[tt.svc], "writeback")}
 			}
-			_, _, _, err := call(c.context(), tt.method, identity.WithPolicy(policy), identity.WithSigner(s))
+			_, _, _, err := call(c.context(), tt.method, identity.WithPolicy(policy), identity.WithVerifier(v))
 			if got := status.Code(err); got != tt.code {
 				t.Fatalf("code %v (%v), want %v", got, err, tt.code)
 			}
 		})
 	}
 	// The interceptor keeps its own copy of the policy.
-	icpt := identity.UnaryServerInterceptor(identity.WithPolicy(policy), identity.WithSigner(s))
+	icpt := identity.UnaryServerInterceptor(identity.WithPolicy(policy), identity.WithVerifier(v))
 	policy["/x.v1.S/*"] = []string{"z"}
-	c := caller{token: []string{"Bearer " + s.Token("a", time.Minute)}}
+	c := caller{token: []string{"Bearer " + token(t, r["a"], "writeback")}}
 	if _, err := icpt(c.context(), nil, &grpc.UnaryServerInfo{FullMethod: "/x.v1.S/Other"}, func(context.Context, any) (any, error) { return nil, nil }); err != nil {
 		t.Errorf("policy changed under the interceptor: %v", err)
 	}
@@ -328,8 +343,8 @@ type fakeStream struct {
 func (f fakeStream) Context() context.Context { return f.ctx }
 
 func TestStreamInterceptor(t *testing.T) {
-	s := newSigner(t, 1)
-	icpt := identity.StreamServerInterceptor(identity.WithPolicy(identity.DefaultPolicy()), identity.WithSigner(s))
+	r := newRing(t)
+	icpt := identity.StreamServerInterceptor(identity.WithPolicy(identity.DefaultPolicy()), identity.WithVerifier(r.verifier(t, "agentrunner")))
 	tests := []struct {
 		name   string
 		method string
@@ -337,12 +352,12 @@ func TestStreamInterceptor(t *testing.T) {
 		code   codes.Code
 		want   identity.Identity
 	}{
-		{"coordinator delivers", deliver, caller{token: []string{"Bearer " + s.Token("coordinator", time.Minute)}}, codes.OK, identity.Identity{Service: "coordinator", Method: "token"}},
+		{"coordinator delivers", deliver, caller{token: []string{"Bearer " + token(t, r["coordinator"], "agentrunner")}}, codes.OK, identity.Identity{Service: "coordinator", Method: "token"}},
 		{"mtls operator", deliver, caller{cert: spiffeCert("x", "spiffe://handoff.local/operator")}, codes.OK, identity.Identity{Service: "operator", Method: "mtls"}},
-		{"writeback may not deliver", deliver, caller{token: []string{"Bearer " + s.Token("writeback", time.Minute)}}, codes.PermissionDenied, identity.Identity{}},
+		{"writeback may not deliver", deliver, caller{token: []string{"Bearer " + token(t, r["writeback"], "agentrunner")}}, codes.PermissionDenied, identity.Identity{}},
 		{"anonymous may not deliver", deliver, caller{}, codes.Unauthenticated, identity.Identity{}},
 		{"anonymous may not watch a job", "/handoff.v1.CoordinatorService/WatchJob", caller{}, codes.Unauthenticated, identity.Identity{}},
-		{"any service may watch a job", "/handoff.v1.CoordinatorService/WatchJob", caller{token: []string{"Bearer " + s.Token("writeback", time.Minute)}}, codes.OK, identity.Identity{Service: "writeback", Method: "token"}},
+		{"any service may watch a job", "/handoff.v1.CoordinatorService/WatchJob", caller{token: []string{"Bearer " + token(t, r["writeback"], "agentrunner")}}, codes.OK, identity.Identity{Service: "writeback", Method: "token"}},
 		{"reflection open", "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo", caller{}, codes.OK, identity.Identity{}},
 	}
 	for _, tt := range tests {
@@ -373,9 +388,9 @@ func TestStreamInterceptor(t *testing.T) {
 func TestRefusalsAreLogged(t *testing.T) {
 	var buf bytes.Buffer
 	log := slog.New(slog.NewTextHandler(&buf, nil))
-	s := newSigner(t, 1)
-	c := caller{token: []string{"Bearer " + s.Token("agentrunner", time.Minute)}}
-	_, _, _, err := call(c.context(), write, identity.WithPolicy(identity.DefaultPolicy()), identity.WithSigner(s), identity.WithLogger(log))
+	r := newRing(t)
+	c := caller{token: []string{"Bearer " + token(t, r["agentrunner"], "writeback")}}
+	_, _, _, err := call(c.context(), write, identity.WithPolicy(identity.DefaultPolicy()), identity.WithVerifier(r.verifier(t, "writeback")), identity.WithLogger(log))
 	if status.Code(err) != codes.PermissionDenied {
 		t.Fatalf("err %v", err)
 	}
@@ -383,6 +398,18 @@ func TestRefusalsAreLogged(t *testing.T) {
 		if !strings.Contains(buf.String(), want) {
 			t.Errorf("log %q lacks %q", buf.String(), want)
 		}
+	}
+
+	// A refused token is logged by its reason, never by its value.
+	buf.Reset()
+	tok := token(t, r["coordinator"], "agentrunner")
+	c = caller{token: []string{"Bearer " + tok}}
+	_, _, _, err = call(c.context(), write, identity.WithPolicy(identity.DefaultPolicy()), identity.WithVerifier(r.verifier(t, "writeback")), identity.WithLogger(log))
+	if status.Code(err) != codes.Unauthenticated || !strings.Contains(buf.String(), `is for \"agentrunner\"`) {
+		t.Fatalf("err %v, log %q", err, buf.String())
+	}
+	if sig := tok[strings.LastIndex(tok, ".")+1:]; strings.Contains(buf.String(), sig) || strings.Contains(status.Convert(err).Message(), sig) {
+		t.Errorf("the token's signature is in the log or the error: %q", buf.String())
 	}
 }
 

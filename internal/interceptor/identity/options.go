@@ -11,7 +11,7 @@ type Option func(*options)
 
 type options struct {
 	policy       Policy
-	signer       *Signer
+	verifier     *Verifier
 	operators    *Operators
 	defaultAllow []string
 	logger       *slog.Logger
@@ -24,10 +24,11 @@ func WithPolicy(p Policy) Option {
 	return func(o *options) { o.policy = p.clone() }
 }
 
-// WithSigner accepts service tokens verified with s. Without it, a call that carries a
-// service token and no client certificate is refused.
-func WithSigner(s *Signer) Option {
-	return func(o *options) { o.signer = s }
+// WithVerifier accepts service tokens that v verifies: addressed to v's audience (the
+// service this server is) and signed by a caller whose public key v holds. Without it, a
+// call that carries a service token and no client certificate is refused.
+func WithVerifier(v *Verifier) Option {
+	return func(o *options) { o.verifier = v }
 }
 
 // WithOperators accepts operator tokens (authorization: Bearer <token>, any bearer value
