@@ -138,7 +138,17 @@ func (s *Signer) mint(audience string, iat, exp int64) string {
 type Verifier struct {
 	audience string
 	keys     map[string]ed25519.PublicKey
+
+	// verified remembers tokens whose signature held, by their exact text: a client sends
+	// the same token for minutes, and an Ed25519 check costs tens of microseconds a call.
+	// A hit still has its claims checked against the clock.
+	mu       sync.Mutex
+	verified map[string]claims
 }
+
+// maxVerified bounds the verified-token cache; past it, expired entries are dropped, and
+// all of them when none has expired.
+const maxVerified = 4096
 
 // NewVerifier returns a Verifier for tokens addressed to audience (the service that runs
 // it), accepting those signed with keys[issuer] (copied). Which issuer may call which
@@ -160,7 +170,7 @@ func NewVerifier(audience string, keys map[string]ed25519.PublicKey) (*Verifier,
 		}
 		own[svc] = slices.Clone(keys[svc])
 	}
-	return &Verifier{audience: audience, keys: own}, nil
+	return &Verifier{audience: audience, keys: own, verified: map[string]claims{}}, nil
 }
 
 // Audience is the service the verifier accepts tokens for.
@@ -173,7 +183,16 @@ func (v *Verifier) Audience() string { return v.audience }
 // now-ClockSkew. Errors wrap one of the Err* values above and name the issuer once it is
 // known.
 func (v *Verifier) Verify(tok string, now time.Time) (issuer string, err error) {
-	c, err := parseToken(tok)
+	v.mu.Lock()
+	c, ok := v.verified[tok]
+	v.mu.Unlock()
+	if ok {
+		if err := c.check(v.audience, now); err != nil {
+			return "", err
+		}
+		return c.issuer, nil
+	}
+	c, err = parseToken(tok)
 	if err != nil {
 		return "", err
 	}
@@ -187,7 +206,24 @@ func (v *Verifier) Verify(tok string, now time.Time) (issuer string, err error) 
 	if err := c.check(v.audience, now); err != nil {
 		return "", err
 	}
+	v.remember(tok, c, now)
 	return c.issuer, nil
+}
+
+func (v *Verifier) remember(tok string, c claims, now time.Time) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if len(v.verified) >= maxVerified {
+		for k, e := range v.verified {
+			if now.Unix() >= e.exp {
+				delete(v.verified, k)
+			}
+		}
+		if len(v.verified) >= maxVerified {
+			clear(v.verified)
+		}
+	}
+	v.verified[tok] = c
 }
 
 // claims is a parsed, not yet verified, token.

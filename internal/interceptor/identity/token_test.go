@@ -340,3 +340,26 @@ func TestPerRPCCredentials(t *testing.T) {
 		t.Errorf("no method in context: %v", err)
 	}
 }
+
+// A token already verified is not checked for its signature again, but its claims are,
+// against the clock of each call: it still expires, and a look-alike with another
+// signature is not taken for it.
+func TestVerifiedTokensStillExpire(t *testing.T) {
+	r := newRing(t)
+	v := r.verifier(t, "writeback")
+	now := time.Now()
+	tok := token(t, r["coordinator"], "writeback")
+	for range 2 {
+		if iss, err := v.Verify(tok, now); err != nil || iss != "coordinator" {
+			t.Fatalf("Verify = %q, %v", iss, err)
+		}
+	}
+	if _, err := v.Verify(tok, now.Add(time.Minute+identity.ClockSkew+time.Second)); !errors.Is(err, identity.ErrTokenExpired) {
+		t.Fatalf("the verified token after its expiry: %v, want ErrTokenExpired", err)
+	}
+	last := tok[len(tok)-1]
+	forged := tok[:len(tok)-1] + string(map[bool]byte{true: 'A', false: 'B'}[last != 'A'])
+	if _, err := v.Verify(forged, now); err == nil {
+		t.Fatal("a token with an altered signature was accepted after the genuine one was cached")
+	}
+}
