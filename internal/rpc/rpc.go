@@ -11,6 +11,8 @@
 //	3 logging      one line per finished call with its code, duration and trace id.
 //	4 identity     who is calling (mTLS or service token) and whether the method allows
 //	               them; unauthenticated callers stop here, before any package is read.
+//	  utf8         a request with invalid UTF-8 in a string field is InvalidArgument naming
+//	               the field (the server's codec marks it instead of failing; see utf8.go).
 //	5 trace        joins the call to its package's trace (the package wins over metadata).
 //	6 enforcement  the service's own: validation, budget, idempotency, in the order the
 //	               service passes them (validation first, so the rest see valid packages).
@@ -105,6 +107,8 @@ func NewServer(cfg ServerConfig) *grpc.Server {
 	if cfg.IdentityStream != nil {
 		stream = append(stream, cfg.IdentityStream)
 	}
+	unary = append(unary, utf8Unary)
+	stream = append(stream, utf8Stream)
 	topts := []trace.Option{trace.WithTracerProvider(tp), trace.WithLogger(log)}
 	unary = append(unary, trace.UnaryServerInterceptor(topts...))
 	stream = append(stream, trace.StreamServerInterceptor(topts...))
@@ -117,6 +121,8 @@ func NewServer(cfg ServerConfig) *grpc.Server {
 		grpc.StatsHandler(otelgrpc.NewServerHandler(otelgrpc.WithTracerProvider(tp), otelgrpc.WithPropagators(propagators))),
 		grpc.ChainUnaryInterceptor(unary...),
 		grpc.ChainStreamInterceptor(stream...),
+		// Only with the utf8 interceptors above: the codec leaves them a marked request.
+		grpc.ForceServerCodecV2(newUTF8Codec()),
 	}
 	if cfg.Creds != nil {
 		opts = append(opts, grpc.Creds(cfg.Creds))
