@@ -56,6 +56,8 @@ type ServerConfig struct {
 	Stream []grpc.StreamServerInterceptor
 	// Creds are the transport credentials (mTLS); nil means plaintext.
 	Creds credentials.TransportCredentials
+	// Limits cap the calls in flight and enforce keepalive; zero fields take the defaults.
+	Limits Limits
 	// Options are appended to the server options.
 	Options []grpc.ServerOption
 }
@@ -75,7 +77,8 @@ func traceFields(ctx context.Context) logging.Fields {
 	return nil
 }
 
-// NewServer returns a gRPC server with the chain above. Register services, health and
+// NewServer returns a gRPC server with the chain above and cfg.Limits (streams capped per
+// connection and server-wide, keepalive enforced). Register services, health and
 // reflection on it.
 func NewServer(cfg ServerConfig) *grpc.Server {
 	log := cfg.Logger
@@ -124,6 +127,7 @@ func NewServer(cfg ServerConfig) *grpc.Server {
 		// Only with the utf8 interceptors above: the codec leaves them a marked request.
 		grpc.ForceServerCodecV2(newUTF8Codec()),
 	}
+	opts = append(opts, cfg.Limits.serverOptions()...)
 	if cfg.Creds != nil {
 		opts = append(opts, grpc.Creds(cfg.Creds))
 	}
