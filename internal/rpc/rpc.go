@@ -11,6 +11,8 @@
 //	3 logging      one line per finished call with its code, duration and trace id.
 //	4 identity     who is calling (mTLS or service token) and whether the method allows
 //	               them; unauthenticated callers stop here, before any package is read.
+//	  utf8         a request with invalid UTF-8 in a string field is InvalidArgument naming
+//	               the field (the server's codec marks it instead of failing; see utf8.go).
 //	5 trace        joins the call to its package's trace (the package wins over metadata).
 //	6 enforcement  the service's own: validation, budget, idempotency, in the order the
 //	               service passes them (validation first, so the rest see valid packages).
@@ -54,6 +56,8 @@ type ServerConfig struct {
 	Stream []grpc.StreamServerInterceptor
 	// Creds are the transport credentials (mTLS); nil means plaintext.
 	Creds credentials.TransportCredentials
+	// Limits cap the calls in flight and enforce keepalive; zero fields take the defaults.
+	Limits Limits
 	// Options are appended to the server options.
 	Options []grpc.ServerOption
 }
@@ -73,7 +77,8 @@ func traceFields(ctx context.Context) logging.Fields {
 	return nil
 }
 
-// NewServer returns a gRPC server with the chain above. Register services, health and
+// NewServer returns a gRPC server with the chain above and cfg.Limits (streams capped per
+// connection and server-wide, keepalive enforced). Register services, health and
 // reflection on it.
 func NewServer(cfg ServerConfig) *grpc.Server {
 	log := cfg.Logger
@@ -105,6 +110,8 @@ func NewServer(cfg ServerConfig) *grpc.Server {
 	if cfg.IdentityStream != nil {
 		stream = append(stream, cfg.IdentityStream)
 	}
+	unary = append(unary, utf8Unary)
+	stream = append(stream, utf8Stream)
 	topts := []trace.Option{trace.WithTracerProvider(tp), trace.WithLogger(log)}
 	unary = append(unary, trace.UnaryServerInterceptor(topts...))
 	stream = append(stream, trace.StreamServerInterceptor(topts...))
@@ -117,7 +124,10 @@ func NewServer(cfg ServerConfig) *grpc.Server {
 		grpc.StatsHandler(otelgrpc.NewServerHandler(otelgrpc.WithTracerProvider(tp), otelgrpc.WithPropagators(propagators))),
 		grpc.ChainUnaryInterceptor(unary...),
 		grpc.ChainStreamInterceptor(stream...),
+		// Only with the utf8 interceptors above: the codec leaves them a marked request.
+		grpc.ForceServerCodecV2(newUTF8Codec()),
 	}
+	opts = append(opts, cfg.Limits.serverOptions()...)
 	if cfg.Creds != nil {
 		opts = append(opts, grpc.Creds(cfg.Creds))
 	}

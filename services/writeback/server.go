@@ -199,7 +199,8 @@ func (s *Server) Write(ctx context.Context, req *handoffv1.WriteRequest) (*hando
 		if errors.Is(err, fs.ErrNotExist) {
 			return nil, status.Errorf(codes.NotFound, "artifact %s: not found in the artifact store", w.art.GetUri())
 		}
-		return nil, status.Errorf(codes.FailedPrecondition, "artifact %s: %v", w.art.GetUri(), err)
+		// The store's error names the URI and the refused name below the root, not the root.
+		return nil, status.Errorf(codes.FailedPrecondition, "%v", err)
 	}
 	if err := artifact.Verify(w.art, payload); err != nil {
 		log.WarnContext(ctx, "writeback: artifact digest mismatch", "error", err)
