@@ -7,28 +7,28 @@ BIN := $(CURDIR)/bin
 TS_DIR := examples/agent-ts
 PROTOC_GEN_ES := $(TS_DIR)/node_modules/.bin/protoc-gen-es
 
-.PHONY: demo test tools protodeps gen lint breaking gencheck check gotest deploytest fuzz
+.PHONY: demo test tools protodeps gen lint breaking gencheck staticcheck check gotest deploytest fuzz
 
 demo:
 	go run ./cmd/handoff demo
 
 # Everything CI checks, in order: contract lint, breaking check against the previous commit,
-# generated code up to date, every Go test, then the Kubernetes manifests and static
+# generated code up to date, staticcheck, every Go test, then the Kubernetes manifests and static
 # binaries (their own module, so k8s.io/api stays out of the app's go.mod).
 test: check gotest deploytest
 
-check: lint breaking gencheck
+check: lint breaking gencheck staticcheck
 
-# Pinned tools: buf from npm (seconds); protoc plugins and grpcurl (for the README recipe
-# tests) from tools/go.mod; protoc-gen-es and the TypeScript example's packages from its
+# Pinned tools: buf from npm (seconds); protoc plugins, grpcurl (for the README recipe
+# tests) and staticcheck from tools/go.mod; protoc-gen-es and the TypeScript example's packages from its
 # package-lock.json (its Go test runs them).
-tools: $(BUF) $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(BIN)/protoc-gen-jsonschema $(BIN)/grpcurl $(PROTOC_GEN_ES)
+tools: $(BUF) $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(BIN)/protoc-gen-jsonschema $(BIN)/grpcurl $(BIN)/staticcheck $(PROTOC_GEN_ES)
 
 $(BUF): tools/package.json tools/package-lock.json
 	cd tools && npm ci --no-audit --no-fund --loglevel=error
 	touch $(BUF)
 
-$(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(BIN)/protoc-gen-jsonschema $(BIN)/grpcurl &: tools/go.mod tools/go.sum
+$(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(BIN)/protoc-gen-jsonschema $(BIN)/grpcurl $(BIN)/staticcheck &: tools/go.mod tools/go.sum
 	cd tools && GOBIN=$(BIN) go install tool
 
 $(PROTOC_GEN_ES): $(TS_DIR)/package.json $(TS_DIR)/package-lock.json
@@ -63,6 +63,10 @@ gencheck: gen
 	if ! git diff --exit-code --stat -- $(GENERATED) || [ -n "$$new" ]; then \
 		[ -z "$$new" ] || printf 'new, not in git:\n%s\n' "$$new" >&2; \
 		echo "$(GENERATED) out of date: run 'make gen' and commit the result" >&2; exit 1; fi
+
+# staticcheck's default checks over the app module (the manifest tests are their own module).
+staticcheck: tools
+	$(BIN)/staticcheck ./...
 
 gotest: tools protodeps
 	go test -count=1 ./...

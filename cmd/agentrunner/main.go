@@ -260,7 +260,7 @@ func buildAgents(llmStages string, cfg llmagent.Config, execs []string, timeout 
 		head, cmdline, ok := strings.Cut(spec, "=")
 		argv := strings.Fields(cmdline)
 		if !ok || len(argv) == 0 {
-			return nil, fmt.Errorf("--exec %q: want name[:tool,tool]=/path/to/program arg...", spec)
+			return nil, fmt.Errorf("--exec %q: want name[:tool,tool]=/path/to/program [arg ...]", spec)
 		}
 		name, tools, _ := strings.Cut(head, ":")
 		card := agentrunner.RoleCard{Name: strings.TrimSpace(name)}

@@ -701,16 +701,3 @@ func TestKnownDivergences(t *testing.T) {
 	}
 }
 
-func withoutMember(t *testing.T, data []byte, member string) []byte {
-	t.Helper()
-	var m map[string]json.RawMessage
-	if err := json.Unmarshal(data, &m); err != nil {
-		t.Fatal(err)
-	}
-	delete(m, member)
-	out, err := json.Marshal(m)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
-}

@@ -30,6 +30,7 @@ import (
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"go.opentelemetry.io/otel/propagation"
 	oteltrace "go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -88,7 +89,7 @@ func NewServer(cfg ServerConfig) *grpc.Server {
 	log = log.With("service", cfg.Service)
 	tp := cfg.TracerProvider
 	if tp == nil {
-		tp = oteltrace.NewNoopTracerProvider()
+		tp = noop.NewTracerProvider()
 	}
 	logOpts := []logging.Option{logging.WithLogOnEvents(logging.FinishCall), logging.WithFieldsFromContext(traceFields)}
 	recoverOpts := []recovery.Option{recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
@@ -147,7 +148,7 @@ type DialConfig struct {
 func Dial(addr string, cfg DialConfig) (*grpc.ClientConn, error) {
 	tp := cfg.TracerProvider
 	if tp == nil {
-		tp = oteltrace.NewNoopTracerProvider()
+		tp = noop.NewTracerProvider()
 	}
 	creds := cfg.Creds
 	if creds == nil {

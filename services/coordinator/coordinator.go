@@ -19,6 +19,7 @@ import (
 	"time"
 
 	oteltrace "go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -145,7 +146,7 @@ func New(opts Options) (*Server, error) {
 		opts.Now = time.Now
 	}
 	if opts.TracerProvider == nil {
-		opts.TracerProvider = oteltrace.NewNoopTracerProvider()
+		opts.TracerProvider = noop.NewTracerProvider()
 	}
 	s := &Server{
 		opts:    opts,
@@ -545,13 +546,6 @@ func (s *Server) fed(runID string, after uint64) (evs []*handoffv1.JobEvent, ok 
 	return evs, true
 }
 
-// event appends an event to the run's timeline now, stamped with the run's state, after any
-// events still waiting for the run's next save (so the timeline keeps its order).
-func (s *Server) event(ctx context.Context, job *handoffv1.Job, ev *handoffv1.JobEvent) {
-	s.stamp(job, ev)
-	s.appendEvents(ctx, job.GetRunId(), append(s.takePending(job.GetRunId()), ev))
-}
-
 // appendEvents appends evs to the run's timeline one by one and wakes its watchers. A failed
 // append is logged: the run itself does not depend on its timeline.
 func (s *Server) appendEvents(ctx context.Context, runID string, evs []*handoffv1.JobEvent) {
@@ -569,7 +563,9 @@ func (s *Server) appendEvents(ctx context.Context, runID string, evs []*handoffv
 // asyncEventLinger is how long an eventAsync write may wait for company (store.Linger).
 const asyncEventLinger = time.Millisecond
 
-// eventAsync is event without waiting: the write overlaps the call the event announces (the
+// eventAsync appends an event to the run's timeline now, stamped with the run's state, after
+// any events still waiting for the run's next save (so the timeline keeps its order), and
+// without waiting: the write overlaps the call the event announces (the
 // package sent), so it costs the hop no store round trip of its own. The returned function
 // waits for the write; call it before the run's next write, which keeps the timeline in
 // order.

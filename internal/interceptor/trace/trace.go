@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	oteltrace "go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
 
@@ -65,7 +66,7 @@ func build(opts []Option) *options {
 		f(o)
 	}
 	if o.tp == nil {
-		o.tp = oteltrace.NewNoopTracerProvider()
+		o.tp = noop.NewTracerProvider()
 	}
 	return o
 }

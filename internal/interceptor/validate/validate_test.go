@@ -53,7 +53,7 @@ func badPackage() *handoffv1.HandoffPackage {
 }
 
 // unary runs the interceptor on req with a counting handler.
-func unary(t *testing.T, v *contract.Validator, method string, req any, opts ...validate.Option) (any, error, int32) {
+func unary(t *testing.T, v *contract.Validator, method string, req any, opts ...validate.Option) (any, int32, error) {
 	t.Helper()
 	var calls atomic.Int32
 	h := func(ctx context.Context, req any) (any, error) {
@@ -61,7 +61,7 @@ func unary(t *testing.T, v *contract.Validator, method string, req any, opts ...
 		return &handoffv1.CheckResponse{Ack: &handoffv1.Ack{Status: handoffv1.AckStatus_ACK_STATUS_ACCEPTED}}, nil
 	}
 	resp, err := validate.UnaryServerInterceptor(v, opts...)(context.Background(), req, &grpc.UnaryServerInfo{FullMethod: method}, h)
-	return resp, err, calls.Load()
+	return resp, calls.Load(), err
 }
 
 // violations returns the BadRequest field violations of an InvalidArgument error.
@@ -90,7 +90,7 @@ func fields(fvs []*errdetails.BadRequest_FieldViolation) []string {
 
 func TestUnaryValidCallsHandler(t *testing.T) {
 	v := newValidator(t)
-	resp, err, calls := unary(t, v, check, &handoffv1.CheckRequest{Package: validPackage(), Agent: "drafter"})
+	resp, calls, err := unary(t, v, check, &handoffv1.CheckRequest{Package: validPackage(), Agent: "drafter"})
 	if err != nil || calls != 1 || resp == nil {
 		t.Fatalf("resp=%v err=%v calls=%d, want the handler's answer", resp, err, calls)
 	}
@@ -99,7 +99,7 @@ func TestUnaryValidCallsHandler(t *testing.T) {
 func TestUnaryInvalidPackage(t *testing.T) {
 	v := newValidator(t)
 	var hooked []string
-	_, err, calls := unary(t, v, check, &handoffv1.CheckRequest{Package: badPackage()},
+	_, calls, err := unary(t, v, check, &handoffv1.CheckRequest{Package: badPackage()},
 		validate.WithOnReject(func(m string, rs []*handoffv1.Reason) {
 			hooked = append(hooked, m)
 			for _, r := range rs {
@@ -139,7 +139,7 @@ func TestUnaryVersionGate(t *testing.T) {
 	v := newValidator(t)
 	p := badPackage()
 	p.Schema = "handoff.v9"
-	_, err, calls := unary(t, v, check, &handoffv1.CheckRequest{Package: p, Agent: "Not An Agent"})
+	_, calls, err := unary(t, v, check, &handoffv1.CheckRequest{Package: p, Agent: "Not An Agent"})
 	if calls != 0 {
 		t.Fatal("handler called")
 	}
@@ -149,7 +149,7 @@ func TestUnaryVersionGate(t *testing.T) {
 	}
 	// A v2 package in a v1 request is a mismatch, also alone.
 	p.Schema = contract.V2
-	_, err, _ = unary(t, v, check, &handoffv1.CheckRequest{Package: p})
+	_, _, err = unary(t, v, check, &handoffv1.CheckRequest{Package: p})
 	if fvs := violations(t, err); len(fvs) != 1 || fvs[0].GetReason() != "VERSION_MISMATCH" {
 		t.Fatalf("violations = %v, want one version.mismatch", fvs)
 	}
@@ -158,7 +158,7 @@ func TestUnaryVersionGate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err, _ = unary(t, v2only, check, &handoffv1.CheckRequest{Package: validPackage()})
+	_, _, err = unary(t, v2only, check, &handoffv1.CheckRequest{Package: validPackage()})
 	if fvs := violations(t, err); len(fvs) != 1 || fvs[0].GetField() != "package.schema" {
 		t.Fatalf("violations = %v, want one on package.schema", fvs)
 	}
@@ -166,7 +166,7 @@ func TestUnaryVersionGate(t *testing.T) {
 
 func TestUnaryRequestFields(t *testing.T) {
 	v := newValidator(t)
-	_, err, calls := unary(t, v, check, &handoffv1.CheckRequest{Package: validPackage(), Agent: "Bad Agent"})
+	_, calls, err := unary(t, v, check, &handoffv1.CheckRequest{Package: validPackage(), Agent: "Bad Agent"})
 	if calls != 0 {
 		t.Fatal("handler called")
 	}
@@ -175,7 +175,7 @@ func TestUnaryRequestFields(t *testing.T) {
 	}
 	// A bad package and a bad agent: both reported, the package's once (not twice, from
 	// CheckV1 and from the request's own validation).
-	_, err, _ = unary(t, v, check, &handoffv1.CheckRequest{Package: badPackage(), Agent: "Bad Agent"})
+	_, _, err = unary(t, v, check, &handoffv1.CheckRequest{Package: badPackage(), Agent: "Bad Agent"})
 	got := fields(violations(t, err))
 	if !slices.Contains(got, "agent") || !slices.Contains(got, "package.job_id") {
 		t.Fatalf("violations name %v", got)
@@ -193,7 +193,7 @@ func TestUnaryRequestFields(t *testing.T) {
 
 func TestUnaryMissingPackage(t *testing.T) {
 	v := newValidator(t)
-	_, err, calls := unary(t, v, check, &handoffv1.CheckRequest{})
+	_, calls, err := unary(t, v, check, &handoffv1.CheckRequest{})
 	if calls != 0 {
 		t.Fatal("handler called")
 	}
@@ -202,7 +202,7 @@ func TestUnaryMissingPackage(t *testing.T) {
 		t.Fatalf("violations = %v, want package required", fvs)
 	}
 	// An empty package is present: it fails the version gate.
-	_, err, _ = unary(t, v, check, &handoffv1.CheckRequest{Package: &handoffv1.HandoffPackage{}})
+	_, _, err = unary(t, v, check, &handoffv1.CheckRequest{Package: &handoffv1.HandoffPackage{}})
 	if fvs := violations(t, err); len(fvs) != 1 || fvs[0].GetField() != "package.schema" {
 		t.Fatalf("violations = %v, want package.schema required", fvs)
 	}
@@ -211,18 +211,18 @@ func TestUnaryMissingPackage(t *testing.T) {
 // Requests without a package are validated with their own rules.
 func TestUnaryOtherRequests(t *testing.T) {
 	v := newValidator(t)
-	_, err, calls := unary(t, v, handoffv1.CoordinatorService_GetJob_FullMethodName, &handoffv1.GetJobRequest{})
+	_, calls, err := unary(t, v, handoffv1.CoordinatorService_GetJob_FullMethodName, &handoffv1.GetJobRequest{})
 	if calls != 0 {
 		t.Fatal("handler called")
 	}
 	if got := fields(violations(t, err)); !slices.Equal(got, []string{"run_id"}) {
 		t.Fatalf("violations name %v", got)
 	}
-	if _, err, calls := unary(t, v, handoffv1.CoordinatorService_GetJob_FullMethodName, &handoffv1.GetJobRequest{RunId: "r1"}); err != nil || calls != 1 {
+	if _, calls, err := unary(t, v, handoffv1.CoordinatorService_GetJob_FullMethodName, &handoffv1.GetJobRequest{RunId: "r1"}); err != nil || calls != 1 {
 		t.Fatalf("valid request: err=%v calls=%d", err, calls)
 	}
 	// Not a protobuf message: refused, not let through.
-	if _, err, calls := unary(t, v, "/x.Y/Z", "text"); status.Code(err) != codes.Internal || calls != 0 {
+	if _, calls, err := unary(t, v, "/x.Y/Z", "text"); status.Code(err) != codes.Internal || calls != 0 {
 		t.Fatalf("non-proto request: err=%v calls=%d", err, calls)
 	}
 }
@@ -231,7 +231,7 @@ func TestPackageAckRejecterUnary(t *testing.T) {
 	v := newValidator(t)
 	opt := validate.WithRejecter(validate.PackageAckRejecter())
 	p := badPackage()
-	resp, err, calls := unary(t, v, check, &handoffv1.CheckRequest{Package: p}, opt)
+	resp, calls, err := unary(t, v, check, &handoffv1.CheckRequest{Package: p}, opt)
 	if err != nil || calls != 0 {
 		t.Fatalf("err=%v calls=%d, want an Ack and no handler call", err, calls)
 	}
@@ -257,7 +257,7 @@ func TestPackageAckRejecterUnary(t *testing.T) {
 	}
 
 	// No package: an Ack with one reason about the package as a whole.
-	resp, err, _ = unary(t, v, check, &handoffv1.CheckRequest{}, opt)
+	resp, _, err = unary(t, v, check, &handoffv1.CheckRequest{}, opt)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -270,12 +270,12 @@ func TestPackageAckRejecterUnary(t *testing.T) {
 	}
 
 	// Only the agent is bad: a broken request, not a package to reject.
-	_, err, calls = unary(t, v, check, &handoffv1.CheckRequest{Package: validPackage(), Agent: "Bad Agent"}, opt)
+	_, calls, err = unary(t, v, check, &handoffv1.CheckRequest{Package: validPackage(), Agent: "Bad Agent"}, opt)
 	if status.Code(err) != codes.InvalidArgument || calls != 0 {
 		t.Fatalf("err=%v calls=%d, want InvalidArgument", err, calls)
 	}
 	// Other methods: declined.
-	_, err, _ = unary(t, v, handoffv1.WritebackService_Write_FullMethodName, &handoffv1.WriteRequest{Package: p}, opt)
+	_, _, err = unary(t, v, handoffv1.WritebackService_Write_FullMethodName, &handoffv1.WriteRequest{Package: p}, opt)
 	if status.Code(err) != codes.InvalidArgument {
 		t.Fatalf("err=%v, want InvalidArgument", err)
 	}
