@@ -700,4 +700,3 @@ func TestKnownDivergences(t *testing.T) {
 		})
 	}
 }
-
