@@ -72,11 +72,11 @@ func (f *faultyStore) AppendEvent(ctx context.Context, id string, ev *handoffv1.
 	}
 	return f.Store.AppendEvent(ctx, id, ev)
 }
-func (f *faultyStore) OpenWallet(ctx context.Context, id string, b *handoffv1.Budget) (*handoffv1.Budget, error) {
+func (f *faultyStore) OpenWallet(ctx context.Context, id, job string, b *handoffv1.Budget) (*handoffv1.Budget, error) {
 	if err := f.cut(); err != nil {
 		return nil, err
 	}
-	return f.Store.OpenWallet(ctx, id, b)
+	return f.Store.OpenWallet(ctx, id, job, b)
 }
 func (f *faultyStore) Debit(ctx context.Context, id string, d store.Debit) (*handoffv1.Budget, error) {
 	if err := f.cut(); err != nil {
@@ -417,12 +417,21 @@ func (p *flakyPinger) Ping(context.Context) error {
 	return nil
 }
 
-// TestRepeatedStepRailPaidOnce: with a runner that does not share the coordinator's store
-// (its acks carry no wallet, so the rail pays each agent hop itself), a step whose save
-// failed is repeated without paying its hop a second time.
+// railPays makes the replicas' runner a receiver that debits nothing, as an agent runner
+// of another language behind a stage's runner: address is (its acks carry no wallet, so the
+// rail pays each agent hop itself): its packages name no wallet_id. (The Go runner with a
+// store of its own refuses a wallet_id it does not hold, REJECTED_BUDGET.)
+func (r *replicas) railPays() {
+	r.opts.Tamper = func(p *handoffv1.HandoffPackage) { p.GetBudget().WalletId = "" }
+}
+
+// TestRepeatedStepRailPaidOnce: with a runner that does not debit the hop (the rail pays
+// each agent hop itself, railPays), a step whose save failed is repeated without paying its
+// hop a second time.
 func TestRepeatedStepRailPaidOnce(t *testing.T) {
 	r := startReplicas(t)
 	r.g.release()
+	r.railPays()
 	wl := newWriteLog(t, t.TempDir()) // the coordinator's own store, not the runner's
 	draft := "draft"
 	wl.failStage.Store(&draft)
@@ -456,11 +465,11 @@ func TestRepeatedStepRailPaidOnce(t *testing.T) {
 // TestApproveFailedThenReturnPaysEveryHop: an approve whose save failed paid its writeback
 // hop; when the person then returns the run to a stage instead, the run carries the
 // wallet as the store has it, so the next driver does not take that payment for a
-// repeated step's and every later hop is paid (the rail pays them: the runner does not
-// share the coordinator's store).
+// repeated step's and every later hop is paid (the rail pays them: railPays).
 func TestApproveFailedThenReturnPaysEveryHop(t *testing.T) {
 	r := startReplicas(t)
 	r.g.release()
+	r.railPays()
 	F, P := handoffv1.Verdict_VERDICT_FAIL, handoffv1.Verdict_VERDICT_PASS
 	r.judge.verdicts = []handoffv1.Verdict{F, F, F, P}
 	wl := newWriteLog(t, t.TempDir())
