@@ -11,6 +11,9 @@
 // are with service tokens, checked with the public keys in --token-public-keys). --store is a bbolt file, or
 // redis://[:password@]host:port[/db][?prefix=P] so that several runners (and the
 // coordinator) share one set of completion records and wallets (store.OpenURL reads it).
+// The runner pays each hop from the wallet the coordinator opened, so it needs the
+// coordinator's store: a package whose wallet is not in it (a bbolt file of the runner's
+// own) is refused, REJECTED_BUDGET naming budget.wallet_id.
 package main
 
 import (
@@ -74,7 +77,7 @@ func parse(args []string) (*settings, error) {
 	b.String(&s.listen, "listen", "HANDOFF_AGENTRUNNER_LISTEN", "127.0.0.1:50052", "gRPC listen address")
 	b.String(&s.metricsListen, "metrics-listen", "HANDOFF_METRICS_LISTEN", "", "serve Prometheus metrics on this address at /metrics (empty: off)")
 	b.String(&s.storeSpec, "store", "HANDOFF_STORE", "./handoff-data/agentrunner.db",
-		"stage-completion records and wallets: a bbolt file, or redis://[:password@]host:port[/db][?prefix=P] to share them between processes")
+		"stage-completion records and the coordinator's wallets: a bbolt file, or redis://[:password@]host:port[/db][?prefix=P] shared with the coordinator (a package whose wallet is not in this store is REJECTED_BUDGET)")
 	b.String(&s.artifactsDir, "artifacts", "HANDOFF_ARTIFACTS", "./handoff-data/artifacts", "artifact folder, shared with the other services")
 	b.Duration(&s.storeWait, "store-wait", "HANDOFF_STORE_WAIT", 60*time.Second, "at start-up, how long to keep trying a Redis store that does not answer yet (0: fail at once)")
 	b.Duration(&s.stageTimeout, "stage-timeout", "HANDOFF_STAGE_TIMEOUT", agentrunner.DefaultStageTimeout, "bound on one agent run")

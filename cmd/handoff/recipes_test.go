@@ -91,9 +91,11 @@ func TestReadmeGrpcurlRecipes(t *testing.T) {
 	t.Cleanup(st.Close)
 	env := append(os.Environ(), "PATH="+filepath.Dir(grpcurl)+string(os.PathListSeparator)+os.Getenv("PATH"),
 		"COORD="+st.CoordinatorAddr, "RUNNER="+st.RunnerAddr, "TOKEN="+token)
+	// check: valid.json names wallet run_5f0c2a9e41b7d3c8, no wallet of job tkt_18422 in the
+	// runner's store, and a package pays only from its own job's wallet.
 	want := map[string][]string{
 		"list":        {"handoff.v1.CoordinatorService", "grpc.health.v1.Health"},
-		"check":       {`"status": "ACK_STATUS_ACCEPTED"`, `"jobId": "tkt_18422"`},
+		"check":       {`"status": "ACK_STATUS_REJECTED_BUDGET"`, `"jobId": "tkt_18422"`, `"field": "budget.wallet_id"`},
 		"submit":      {`"runId": "run_`, `"jobId": "tkt_42"`},
 		"watch":       {"EVENT_KIND_SUBMITTED", "EVENT_KIND_ESCALATED", "ESCALATION_CAUSE_STAGE_FAILED"},
 		"escalations": {`"jobId": "tkt_42"`, `"route": "support-leads"`, `"cause": "ESCALATION_CAUSE_STAGE_FAILED"`},

@@ -162,11 +162,12 @@ func newHopRig(ctx context.Context, cfg hopConfig) (_ *hopRig, err error) {
 	}
 	r.client = handoffv1.NewAgentRunnerServiceClient(r.cc)
 
-	// One wallet and one run per in-flight slot, made before any hop is timed.
+	// One wallet and one run per in-flight slot, made before any hop is timed. They are all
+	// runs of job jobPrefix: a wallet pays only for its own job's packages.
 	now := timestamppb.Now()
 	for i := range cfg.Workers {
 		w := &hopWorker{walletID: fmt.Sprintf("%s-w%02d", r.jobPrefix, i)}
-		if _, err := r.st.OpenWallet(ctx, w.walletID, &handoffv1.Budget{UsdRemainingMicros: math.MaxInt64 / 2, HopsRemaining: math.MaxUint32}); err != nil {
+		if _, err := r.st.OpenWallet(ctx, w.walletID, r.jobPrefix, &handoffv1.Budget{UsdRemainingMicros: math.MaxInt64 / 2, HopsRemaining: math.MaxUint32}); err != nil {
 			return nil, err
 		}
 		w.run = &handoffv1.Job{
@@ -185,13 +186,19 @@ func newHopRig(ctx context.Context, cfg hopConfig) (_ *hopRig, err error) {
 
 func (r *hopRig) nextJob() string { return fmt.Sprintf("%s-%d", r.jobPrefix, r.seq.Add(1)) }
 
+// nextStage is a stage of job jobPrefix no hop ran yet ("bench-<n>", served by the bench
+// agent), so each hop is a new stage completion paid from its worker's wallet, as the
+// hops of one job are.
+func (r *hopRig) nextStage() string { return fmt.Sprintf("%s-%d", benchStage, r.seq.Add(1)) }
+
 // hop is figures B and C: one valid package delivered (Ack ACCEPTED, then the StageResult
 // COMPLETED, both on the package's trace), then the run saved with one PutRun.
 func (r *hopRig) hop(ctx context.Context, worker int) error {
 	w := r.workers[worker%len(r.workers)]
 	tp := newTraceparent(nil)
-	p := r.tmpl.make(r.nextJob(), tp, w.walletID)
-	ack, res, err := rpc.Deliver(ctx, r.client, &handoffv1.DeliverRequest{Package: p})
+	p := r.tmpl.make(r.jobPrefix, tp, w.walletID)
+	p.Stage = r.nextStage()
+	ack, res, err := rpc.Deliver(ctx, r.client, &handoffv1.DeliverRequest{Package: p, Agent: benchStage})
 	if err != nil {
 		return err
 	}

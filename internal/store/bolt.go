@@ -83,21 +83,32 @@ func (s *Bolt) CreateRun(_ context.Context, job *handoffv1.Job, evs ...*handoffv
 	if job.GetRunId() == "" {
 		return nil, false, fmt.Errorf("store: run_id is empty")
 	}
+	if job.GetWallet() != nil && job.GetJobId() == "" {
+		return nil, false, fmt.Errorf("store: run %s has a wallet but no job_id to record in it", job.GetRunId())
+	}
+	jobSum, reqSum := JobDigest(job), RequestDigest(job)
 	var out *handoffv1.Job
-	created := false
+	created, legacy := false, false
 	var last uint64
 	err := s.update(func(tx *bolt.Tx) error {
-		out, created = nil, false
+		out, created, legacy = nil, false, false
 		runs := tx.Bucket(bucketRuns)
 		if rid := job.GetRequestId(); rid != "" {
 			if prev := tx.Bucket(bucketRequests).Get([]byte(rid)); prev != nil {
+				sum := getIn(tx, bucketRequestSums, rid)
+				if sum != nil && string(sum) != reqSum {
+					return fmt.Errorf("store: request %s: %w", rid, ErrRequestConflict)
+				}
 				j, err := decodeJob(runs.Get(prev))
 				if err != nil {
 					return err
 				}
-				out = j
+				out, legacy = j, sum == nil
 				return nil
 			}
+		}
+		if err := checkSubmit(tx, job.GetJobId(), jobSum); err != nil {
+			return err
 		}
 		if runs.Get([]byte(job.GetRunId())) != nil {
 			return fmt.Errorf("store: run %s already exists", job.GetRunId())
@@ -121,17 +132,18 @@ func (s *Bolt) CreateRun(_ context.Context, job *handoffv1.Job, evs ...*handoffv
 			if err := tx.Bucket(bucketRequests).Put([]byte(rid), []byte(job.GetRunId())); err != nil {
 				return err
 			}
+			if err := putIn(tx, bucketRequestSums, rid, reqSum); err != nil {
+				return err
+			}
+		}
+		if jid := job.GetJobId(); jid != "" && getIn(tx, bucketJobSums, jid) == nil {
+			if err := putIn(tx, bucketJobSums, jid, jobSum); err != nil {
+				return err
+			}
 		}
 		if b := job.GetWallet(); b != nil {
-			w := tx.Bucket(bucketWallets)
-			if w.Get([]byte(job.GetRunId())) == nil {
-				data, err := proto.Marshal(b)
-				if err != nil {
-					return err
-				}
-				if err := w.Put([]byte(job.GetRunId()), data); err != nil {
-					return err
-				}
+			if _, err := openWalletTx(tx, job.GetRunId(), job.GetJobId(), b); err != nil {
+				return err
 			}
 		}
 		if last, err = appendEvents(tx, job.GetRunId(), evs); err != nil {
@@ -140,10 +152,16 @@ func (s *Bolt) CreateRun(_ context.Context, job *handoffv1.Job, evs ...*handoffv
 		out, created = proto.Clone(job).(*handoffv1.Job), true
 		return nil
 	})
-	if err == nil && created {
+	if err != nil {
+		return nil, false, err
+	}
+	if legacy && !SameIntake(out, job) {
+		return nil, false, fmt.Errorf("store: request %s: %w", job.GetRequestId(), ErrRequestConflict)
+	}
+	if created {
 		numberEvents(evs, last)
 	}
-	return out, created, err
+	return out, created, nil
 }
 
 func decodeJob(data []byte) (*handoffv1.Job, error) {
@@ -318,37 +336,66 @@ func decodeBudget(data []byte) (*handoffv1.Budget, error) {
 	return b, nil
 }
 
-func (s *Bolt) OpenWallet(_ context.Context, id string, b *handoffv1.Budget) (*handoffv1.Budget, error) {
+func (s *Bolt) OpenWallet(_ context.Context, id, job string, b *handoffv1.Budget) (*handoffv1.Budget, error) {
 	if id == "" {
 		return nil, fmt.Errorf("store: empty wallet id")
 	}
-	// Most calls find the wallet (the coordinator opens it before every hop): read first, so
-	// they cost no write transaction (and no fsync). Wallets are never deleted.
-	if cur, err := s.Wallet(context.Background(), id); err == nil {
+	if job == "" {
+		return nil, fmt.Errorf("store: open wallet %s: empty job id", id)
+	}
+	// Most calls find the wallet, already of this job (the coordinator opens it whenever it
+	// loads a run): read first, so they cost no write transaction (and no fsync). Wallets
+	// are never deleted.
+	if cur, err := s.WalletFor(context.Background(), id, job); err == nil {
 		return cur, nil
 	}
 	var out *handoffv1.Budget
 	err := s.update(func(tx *bolt.Tx) error {
-		w := tx.Bucket(bucketWallets)
-		if cur := w.Get([]byte(id)); cur != nil {
-			var err error
-			out, err = decodeBudget(cur)
-			return err
-		}
-		data, err := proto.Marshal(b)
-		if err != nil {
-			return err
-		}
-		out = proto.Clone(b).(*handoffv1.Budget)
-		return w.Put([]byte(id), data)
+		var err error
+		out, err = openWalletTx(tx, id, job, b)
+		return err
 	})
-	return out, err
+	if err != nil {
+		return nil, fmt.Errorf("store: open wallet %s: %w", id, err)
+	}
+	return out, nil
+}
+
+// openWalletTx is OpenWallet in tx: it creates wallet id of job holding b, or returns the
+// one there, giving it job when it records none (ErrWrongJob when it records another).
+func openWalletTx(tx *bolt.Tx, id, job string, b *handoffv1.Budget) (*handoffv1.Budget, error) {
+	w := tx.Bucket(bucketWallets)
+	if cur := w.Get([]byte(id)); cur != nil {
+		switch owner := getIn(tx, bucketWalletJobs, id); {
+		case owner == nil:
+			if err := putIn(tx, bucketWalletJobs, id, job); err != nil {
+				return nil, err
+			}
+		case string(owner) != job:
+			return nil, ErrWrongJob
+		}
+		return decodeBudget(cur)
+	}
+	data, err := proto.Marshal(b)
+	if err != nil {
+		return nil, err
+	}
+	if err := w.Put([]byte(id), data); err != nil {
+		return nil, err
+	}
+	if err := putIn(tx, bucketWalletJobs, id, job); err != nil {
+		return nil, err
+	}
+	return proto.Clone(b).(*handoffv1.Budget), nil
 }
 
 func (s *Bolt) Debit(_ context.Context, id string, d Debit) (*handoffv1.Budget, error) {
 	var out *handoffv1.Budget
 	err := s.update(func(tx *bolt.Tx) error {
 		out = nil
+		if err := walletJobOK(tx, id, d.Job); err != nil {
+			return err
+		}
 		w := tx.Bucket(bucketWallets)
 		cur, err := decodeBudget(w.Get([]byte(id)))
 		if err != nil {
@@ -369,6 +416,22 @@ func (s *Bolt) Debit(_ context.Context, id string, d Debit) (*handoffv1.Budget, 
 func (s *Bolt) Wallet(_ context.Context, id string) (*handoffv1.Budget, error) {
 	var out *handoffv1.Budget
 	err := s.db.View(func(tx *bolt.Tx) error {
+		var err error
+		out, err = decodeBudget(tx.Bucket(bucketWallets).Get([]byte(id)))
+		return err
+	})
+	return out, err
+}
+
+func (s *Bolt) WalletFor(_ context.Context, id, job string) (*handoffv1.Budget, error) {
+	if job == "" {
+		return nil, fmt.Errorf("store: wallet %s: empty job id", id)
+	}
+	var out *handoffv1.Budget
+	err := s.db.View(func(tx *bolt.Tx) error {
+		if err := walletJobOK(tx, id, job); err != nil {
+			return err
+		}
 		var err error
 		out, err = decodeBudget(tx.Bucket(bucketWallets).Get([]byte(id)))
 		return err
@@ -441,6 +504,12 @@ func (s *Bolt) Admit(_ context.Context, key string, pendingTTL time.Duration, wa
 			return err
 		}
 		if walletID == "" {
+			return nil
+		}
+		// The job first, so a wallet of another job is refused before anything of it is
+		// read out.
+		if err := walletJobOK(tx, walletID, d.Job); err != nil {
+			a.DebitErr = err
 			return nil
 		}
 		w := tx.Bucket(bucketWallets)

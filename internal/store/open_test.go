@@ -169,7 +169,7 @@ func TestOpenURLRedisPrefix(t *testing.T) {
 	if _, ok := s.(*store.Redis); !ok {
 		t.Fatalf("a redis:// URL opened %T, want *store.Redis", s)
 	}
-	if _, err := s.OpenWallet(ctx, "w", &handoffv1.Budget{HopsRemaining: 1}); err != nil {
+	if _, err := s.OpenWallet(ctx, "w", "job-w", &handoffv1.Budget{HopsRemaining: 1}); err != nil {
 		t.Fatal(err)
 	}
 	if keys := storetest.RedisKeys(t, rdb, prefix); len(keys) != 1 || keys[0] != prefix+"wallet:w" {

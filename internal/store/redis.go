@@ -12,6 +12,10 @@ package store
 //	                             ListRuns walks it newest first; the page token is a score.
 //	runs:seq             string  INCR counter giving each created run its creation number.
 //	request:<request_id> string  run_id created for that request id (CreateRun dedupe).
+//	requestsum:<request_id> string  RequestDigest of that request: a request id used
+//	                             again for a different request is refused.
+//	jobsum:<job_id>      string  JobDigest of the first run created with that job id: a
+//	                             job id submitted again with other content is refused.
 //	events:<run_id>      list    proto.Marshal(JobEvent) with seq cleared; the element at
 //	                             index i is the event with seq i+1 (append-only, so the
 //	                             position is the sequence number and needs no counter).
@@ -25,7 +29,9 @@ package store
 //	                             expiry replaces bbolt's stored deadline: an expired record
 //	                             is simply absent.
 //	wallet:<id>          hash    fields usd, revisions, hops: decimal integers, so the Debit
-//	                             script does exact integer arithmetic on them; and a field
+//	                             script does exact integer arithmetic on them; job: the
+//	                             job_id the wallet belongs to (absent in wallets opened
+//	                             before wallets recorded it); and a field
 //	                             paid:<idempotency key> for each hop Admit debited from it.
 //	ledger               list    JSON {Key, Payload, At}; the element at index i is entry
 //	                             ledger-%06d of i+1 (append-only, like events).
@@ -173,27 +179,52 @@ func (s *Redis) Close() error {
 
 // ---- Runs ----
 
-// createRunScript stores a run, indexes it, opens its wallet (when given and missing, as
+// createRunScript stores a run, indexes it, opens its wallet (when given, as
 // openWalletScript) and appends its first events, unless its request id was seen before
-// (then it returns {"dup", earlier run_id}) or its run id is taken ({"exists"}). Reply on
+// (then it returns {"dup", earlier run_id, its request digest or "" when none was
+// recorded}, or {"reqconflict"} when the digest differs), its job id was first created with
+// other content ({"jobconflict"}), its run id is taken ({"exists"}) or its wallet id is
+// another job's wallet ({"wrongjob"}). Every check comes before the first write. Reply on
 // success: {"created", the timeline's length after the events}.
-// KEYS: run, runs:index, runs:seq, events, wallet[, request]. ARGV: run_id, Job bytes,
-// "1" when a wallet is given (else "0"), usd, revisions, hops, event bytes...
+// KEYS: run, runs:index, runs:seq, events, wallet, jobsum[, request, requestsum]. ARGV:
+// run_id, Job bytes, "1" when a wallet is given (else "0"), usd, revisions, hops, job_id,
+// job digest, request digest, event bytes...
 var createRunScript = redis.NewScript(`
-if KEYS[6] then
-  local prev = redis.call('GET', KEYS[6])
-  if prev then return {'dup', prev} end
+if KEYS[7] then
+  local prev = redis.call('GET', KEYS[7])
+  if prev then
+    local sum = redis.call('GET', KEYS[8])
+    if sum and sum ~= ARGV[9] then return {'reqconflict'} end
+    return {'dup', prev, sum or ''}
+  end
+end
+if ARGV[7] ~= '' then
+  local sum = redis.call('GET', KEYS[6])
+  if sum and sum ~= ARGV[8] then return {'jobconflict'} end
 end
 if redis.call('EXISTS', KEYS[1]) == 1 then return {'exists'} end
+local walletExists = redis.call('EXISTS', KEYS[5]) == 1
+if ARGV[3] == '1' and walletExists then
+  local owner = redis.call('HGET', KEYS[5], 'job')
+  if owner and owner ~= ARGV[7] then return {'wrongjob'} end
+end
 redis.call('SET', KEYS[1], ARGV[2])
 local seq = redis.call('INCR', KEYS[3])
 redis.call('ZADD', KEYS[2], seq, ARGV[1])
-if KEYS[6] then redis.call('SET', KEYS[6], ARGV[1]) end
-if ARGV[3] == '1' and redis.call('EXISTS', KEYS[5]) == 0 then
-  redis.call('HSET', KEYS[5], 'usd', ARGV[4], 'revisions', ARGV[5], 'hops', ARGV[6])
+if KEYS[7] then
+  redis.call('SET', KEYS[7], ARGV[1])
+  redis.call('SET', KEYS[8], ARGV[9])
+end
+if ARGV[7] ~= '' then redis.call('SET', KEYS[6], ARGV[8], 'NX') end
+if ARGV[3] == '1' then
+  if walletExists then
+    redis.call('HSETNX', KEYS[5], 'job', ARGV[7])
+  else
+    redis.call('HSET', KEYS[5], 'usd', ARGV[4], 'revisions', ARGV[5], 'hops', ARGV[6], 'job', ARGV[7])
+  end
 end
 local n = 0
-for i = 7, #ARGV do n = redis.call('RPUSH', KEYS[4], ARGV[i]) end
+for i = 10, #ARGV do n = redis.call('RPUSH', KEYS[4], ARGV[i]) end
 return {'created', tostring(n)}
 `)
 
@@ -201,21 +232,25 @@ func (s *Redis) CreateRun(ctx context.Context, job *handoffv1.Job, evs ...*hando
 	if job.GetRunId() == "" {
 		return nil, false, fmt.Errorf("store: run_id is empty")
 	}
+	if job.GetWallet() != nil && job.GetJobId() == "" {
+		return nil, false, fmt.Errorf("store: run %s has a wallet but no job_id to record in it", job.GetRunId())
+	}
 	data, err := proto.Marshal(job)
 	if err != nil {
 		return nil, false, fmt.Errorf("store: encode run %s: %w", job.GetRunId(), err)
 	}
 	keys := []string{s.key("run", job.GetRunId()), s.key("runs", "index"), s.key("runs", "seq"),
-		s.key("events", job.GetRunId()), s.key("wallet", job.GetRunId())}
+		s.key("events", job.GetRunId()), s.key("wallet", job.GetRunId()), s.key("jobsum", job.GetJobId())}
 	if rid := job.GetRequestId(); rid != "" {
-		keys = append(keys, s.key("request", rid))
+		keys = append(keys, s.key("request", rid), s.key("requestsum", rid))
 	}
 	hasWallet := "0"
 	if job.GetWallet() != nil {
 		hasWallet = "1"
 	}
 	b := job.GetWallet()
-	args, err := appendEncoded([]any{job.GetRunId(), data, hasWallet, b.GetUsdRemainingMicros(), b.GetRevisionsRemaining(), b.GetHopsRemaining()}, job.GetRunId(), evs)
+	args, err := appendEncoded([]any{job.GetRunId(), data, hasWallet, b.GetUsdRemainingMicros(), b.GetRevisionsRemaining(), b.GetHopsRemaining(),
+		job.GetJobId(), JobDigest(job), RequestDigest(job)}, job.GetRunId(), evs)
 	if err != nil {
 		return nil, false, err
 	}
@@ -235,11 +270,23 @@ func (s *Redis) CreateRun(ctx context.Context, job *handoffv1.Job, evs ...*hando
 		return proto.Clone(job).(*handoffv1.Job), true, nil
 	case "exists":
 		return nil, false, s.errf("create run %s: run already exists", job.GetRunId())
+	case "reqconflict":
+		return nil, false, s.errf("create run %s: request %s: %w", job.GetRunId(), job.GetRequestId(), ErrRequestConflict)
+	case "jobconflict":
+		return nil, false, s.errf("create run %s: job %s: %w", job.GetRunId(), job.GetJobId(), ErrJobConflict)
+	case "wrongjob":
+		return nil, false, s.errf("create run %s: its wallet id is a wallet of another job: %w", job.GetRunId(), ErrWrongJob)
 	case "dup":
+		if len(res) != 3 {
+			return nil, false, s.errf("create run %s: unexpected script reply %q", job.GetRunId(), res)
+		}
 		// Runs are never deleted, so the earlier run is still there to read.
 		prev, err := s.GetRun(ctx, res[1])
 		if err != nil {
 			return nil, false, s.errf("create run %s: earlier run %s for request %s: %w", job.GetRunId(), res[1], job.GetRequestId(), err)
+		}
+		if res[2] == "" && !SameIntake(prev, job) { // recorded before requests had digests
+			return nil, false, s.errf("create run %s: request %s: %w", job.GetRunId(), job.GetRequestId(), ErrRequestConflict)
 		}
 		return prev, false, nil
 	}
@@ -443,14 +490,23 @@ func (s *Redis) Events(ctx context.Context, runID string, afterSeq uint64) ([]*h
 
 // ---- Wallets ----
 
-// openWalletScript creates the wallet unless it exists, and returns what it holds.
-// KEYS: wallet. ARGV: usd, revisions, hops. Reply: {usd, revisions, hops} as strings.
+// openWalletScript creates the wallet of a job unless it exists, gives an existing one the
+// job when it records none, and returns what it holds; {"wrongjob"} (nothing written) when
+// it records another job.
+// KEYS: wallet. ARGV: usd, revisions, hops, job. Reply: {"ok", usd, revisions, hops}.
 var openWalletScript = redis.NewScript(`
 if redis.call('EXISTS', KEYS[1]) == 1 then
-  return redis.call('HMGET', KEYS[1], 'usd', 'revisions', 'hops')
+  local owner = redis.call('HGET', KEYS[1], 'job')
+  if not owner then
+    redis.call('HSET', KEYS[1], 'job', ARGV[4])
+  elseif owner ~= ARGV[4] then
+    return {'wrongjob'}
+  end
+  local w = redis.call('HMGET', KEYS[1], 'usd', 'revisions', 'hops')
+  return {'ok', w[1], w[2], w[3]}
 end
-redis.call('HSET', KEYS[1], 'usd', ARGV[1], 'revisions', ARGV[2], 'hops', ARGV[3])
-return {ARGV[1], ARGV[2], ARGV[3]}
+redis.call('HSET', KEYS[1], 'usd', ARGV[1], 'revisions', ARGV[2], 'hops', ARGV[3], 'job', ARGV[4])
+return {'ok', ARGV[1], ARGV[2], ARGV[3]}
 `)
 
 // debitScript is ApplyDebit in Lua, on the wallet hash: hops and revisions are taken whole or
@@ -460,16 +516,29 @@ return {ARGV[1], ARGV[2], ARGV[3]}
 //
 // Money is compared as decimal strings and changed with HINCRBY, never through a Lua number:
 // those are doubles, exact only to 2^53, while the wallet holds any int64.
+// With a job (Debit.Job) the wallet must record it, checked first: {"notfound"} or
+// {"wrongjob"} otherwise.
 // KEYS: wallet. ARGV: hops, revisions, usd (all >= 0 decimal except usd may be negative),
-// requireMoney ("1" or "0").
+// requireMoney ("1" or "0"), job ("" for none).
 var debitScript = redis.NewScript(debitLua + `
+local refused = jobRefused(KEYS[1], ARGV[5])
+if refused then return {refused} end
 return debit(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4])
 `)
 
 // debitLua defines debit(wallet key, hops, revisions, usd, requireMoney), shared by
 // debitScript and admitScript. On {"empty"} it also returns what the wallet holds, so a
-// refusal can name the empty part without a second read.
+// refusal can name the empty part without a second read. jobRefused(wallet key, job) is
+// the job check before it (Debit.Job): nil when job is "" or the wallet records it, else
+// 'notfound' (no wallet) or 'wrongjob' (another job's, or one that records none).
 const debitLua = `
+local function jobRefused(wkey, job)
+  if job == '' then return nil end
+  local owner = redis.call('HGET', wkey, 'job')
+  if owner == job then return nil end
+  if redis.call('EXISTS', wkey) == 0 then return 'notfound' end
+  return 'wrongjob'
+end
 local function cmp(a, b)
   local na, nb = a:sub(1, 1) == '-', b:sub(1, 1) == '-'
   if na ~= nb then if na then return -1 else return 1 end end
@@ -519,16 +588,25 @@ func parseBudget(f []string) (*handoffv1.Budget, error) {
 	return &handoffv1.Budget{UsdRemainingMicros: usd, RevisionsRemaining: uint32(revs), HopsRemaining: uint32(hops)}, nil
 }
 
-func (s *Redis) OpenWallet(ctx context.Context, id string, b *handoffv1.Budget) (*handoffv1.Budget, error) {
+func (s *Redis) OpenWallet(ctx context.Context, id, job string, b *handoffv1.Budget) (*handoffv1.Budget, error) {
 	if id == "" {
 		return nil, fmt.Errorf("store: empty wallet id")
 	}
+	if job == "" {
+		return nil, fmt.Errorf("store: open wallet %s: empty job id", id)
+	}
 	res, err := openWalletScript.Run(ctx, s.rdb, []string{s.key("wallet", id)},
-		b.GetUsdRemainingMicros(), b.GetRevisionsRemaining(), b.GetHopsRemaining()).StringSlice()
+		b.GetUsdRemainingMicros(), b.GetRevisionsRemaining(), b.GetHopsRemaining(), job).StringSlice()
 	if err != nil {
 		return nil, s.errf("open wallet %s: %w", id, err)
 	}
-	out, err := parseBudget(res)
+	if len(res) == 1 && res[0] == "wrongjob" {
+		return nil, s.errf("open wallet %s: %w", id, ErrWrongJob)
+	}
+	if len(res) != 4 || res[0] != "ok" {
+		return nil, s.errf("open wallet %s: unexpected script reply %q", id, res)
+	}
+	out, err := parseBudget(res[1:])
 	if err != nil {
 		return nil, s.errf("open wallet %s: %w", id, err)
 	}
@@ -541,7 +619,7 @@ func (s *Redis) Debit(ctx context.Context, id string, d Debit) (*handoffv1.Budge
 		require = "1"
 	}
 	res, err := debitScript.Run(ctx, s.rdb, []string{s.key("wallet", id)},
-		d.Hops, d.Revisions, d.USDMicros, require).StringSlice()
+		d.Hops, d.Revisions, d.USDMicros, require, d.Job).StringSlice()
 	if err != nil {
 		return nil, s.errf("debit wallet %s: %w", id, err)
 	}
@@ -554,6 +632,8 @@ func (s *Redis) Debit(ctx context.Context, id string, d Debit) (*handoffv1.Budge
 		return out, nil
 	case "notfound":
 		return nil, s.errf("debit wallet %s: %w", id, ErrNotFound)
+	case "wrongjob":
+		return nil, s.errf("debit wallet %s: %w", id, ErrWrongJob)
 	case "empty":
 		return nil, s.errf("debit wallet %s: %w", id, ErrWalletEmpty)
 	case "negative":
@@ -567,6 +647,29 @@ func (s *Redis) Wallet(ctx context.Context, id string) (*handoffv1.Budget, error
 	if err != nil {
 		return nil, s.errf("wallet %s: %w", id, err)
 	}
+	return s.walletFields(id, vals)
+}
+
+// WalletFor is one HMGET of the wallet's numbers and its job.
+func (s *Redis) WalletFor(ctx context.Context, id, job string) (*handoffv1.Budget, error) {
+	if job == "" {
+		return nil, fmt.Errorf("store: wallet %s: empty job id", id)
+	}
+	vals, err := s.rdb.HMGet(ctx, s.key("wallet", id), "usd", "revisions", "hops", "job").Result()
+	if err != nil {
+		return nil, s.errf("wallet %s: %w", id, err)
+	}
+	if owner, _ := vals[3].(string); owner != job {
+		if vals[0] == nil {
+			return nil, s.errf("wallet %s: %w", id, ErrNotFound)
+		}
+		return nil, s.errf("wallet %s: %w", id, ErrWrongJob)
+	}
+	return s.walletFields(id, vals[:3])
+}
+
+// walletFields parses an HMGET of usd, revisions, hops (ErrNotFound when they are absent).
+func (s *Redis) walletFields(id string, vals []any) (*handoffv1.Budget, error) {
 	f := make([]string, len(vals))
 	for i, v := range vals {
 		str, ok := v.(string)
@@ -630,8 +733,12 @@ func (s *Redis) Claim(ctx context.Context, key string, pendingTTL time.Duration)
 // wallet). A negative usd is refused before anything is written.
 // A debit marks the wallet hash with the field "paid:<key>", and a key found marked is not
 // debited again ({"claimed", "paid", usd, revisions, hops}): a wallet pays each key once.
-// KEYS: idem[, wallet]. ARGV: ttl ms, hops, revisions, usd, requireMoney, key.
-// Reply: {"held", record} | {"claimed"} | {"claimed", "paid", ...} | {"claimed", debit's reply...}.
+// With a job (Debit.Job) the wallet's job is checked right after the claim, before the
+// paid mark and the debit, so another job's wallet is refused ({"claimed", "wrongjob"})
+// without a word of what it holds.
+// KEYS: idem[, wallet]. ARGV: ttl ms, hops, revisions, usd, requireMoney, key, job.
+// Reply: {"held", record} | {"claimed"} | {"claimed", "notfound"|"wrongjob"} |
+// {"claimed", "paid", ...} | {"claimed", debit's reply...}.
 var admitScript = redis.NewScript(debitLua + `
 if KEYS[2] and ARGV[4]:sub(1, 1) == '-' then return {'negative'} end
 local ok
@@ -642,6 +749,8 @@ else
 end
 if not ok then return {'held', redis.call('GET', KEYS[1])} end
 if not KEYS[2] then return {'claimed'} end
+local refused = jobRefused(KEYS[2], ARGV[7])
+if refused then return {'claimed', refused} end
 local paid = 'paid:' .. ARGV[6]
 if redis.call('HEXISTS', KEYS[2], paid) == 1 then
   local w = redis.call('HMGET', KEYS[2], 'usd', 'revisions', 'hops')
@@ -665,7 +774,7 @@ func (s *Redis) Admit(ctx context.Context, key string, pendingTTL time.Duration,
 	if d.RequireMoney {
 		require = "1"
 	}
-	res, err := admitScript.Run(ctx, s.rdb, keys, ttlMillis(pendingTTL), d.Hops, d.Revisions, d.USDMicros, require, key).StringSlice()
+	res, err := admitScript.Run(ctx, s.rdb, keys, ttlMillis(pendingTTL), d.Hops, d.Revisions, d.USDMicros, require, key, d.Job).StringSlice()
 	if err != nil {
 		return Admission{}, s.errf("claim %q: %w", key, err)
 	}
@@ -707,6 +816,8 @@ func (s *Redis) Admit(ctx context.Context, key string, pendingTTL time.Duration,
 		}
 	case "notfound":
 		a.DebitErr = ErrNotFound
+	case "wrongjob":
+		a.DebitErr = ErrWrongJob
 	default:
 		return bad()
 	}

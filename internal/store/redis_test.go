@@ -54,7 +54,7 @@ func TestRedisSharedClient(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.OpenWallet(context.Background(), "w", &handoffv1.Budget{HopsRemaining: 1}); err != nil {
+	if _, err := s.OpenWallet(context.Background(), "w", "job-w", &handoffv1.Budget{HopsRemaining: 1}); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Close(); err != nil {
@@ -77,13 +77,13 @@ func TestRedisKeysStayUnderPrefix(t *testing.T) {
 	rnd := make([]byte, 8)
 	rand.Read(rnd)
 	tok := "tok" + hex.EncodeToString(rnd) // marks every key this test's operations write
-	if _, _, err := s.CreateRun(ctx, &handoffv1.Job{RunId: "run-" + tok, RequestId: "req-" + tok}); err != nil {
+	if _, _, err := s.CreateRun(ctx, &handoffv1.Job{RunId: "run-" + tok, JobId: "job-" + tok, RequestId: "req-" + tok}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.AppendEvent(ctx, "run-"+tok, &handoffv1.JobEvent{Stage: "s"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.OpenWallet(ctx, "w-"+tok, &handoffv1.Budget{HopsRemaining: 2}); err != nil {
+	if _, err := s.OpenWallet(ctx, "w-"+tok, "job-"+tok, &handoffv1.Budget{HopsRemaining: 2}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.Debit(ctx, "w-"+tok, store.Debit{Hops: 1}); err != nil {
@@ -109,9 +109,9 @@ func TestRedisKeysStayUnderPrefix(t *testing.T) {
 		}
 	}
 	own := storetest.RedisKeys(t, rdb, prefix)
-	// run, runs:index, runs:seq, request, events, wallet, idem, ledger.
-	if len(own) != 8 {
-		t.Errorf("keys under the prefix = %v, want the 8 of the documented layout", own)
+	// run, runs:index, runs:seq, request, requestsum, jobsum, events, wallet, idem, ledger.
+	if len(own) != 10 {
+		t.Errorf("keys under the prefix = %v, want the 10 of the documented layout", own)
 	}
 }
 
@@ -149,7 +149,7 @@ func TestRedisCrossClientDebit(t *testing.T) {
 	prefix := storetest.RedisPrefix(t)
 	a, b := storetest.OpenRedisPrefix(t, prefix), storetest.OpenRedisPrefix(t, prefix)
 	ctx := context.Background()
-	if _, err := a.OpenWallet(ctx, "hot", &handoffv1.Budget{UsdRemainingMicros: 1000, HopsRemaining: 10}); err != nil {
+	if _, err := a.OpenWallet(ctx, "hot", "job-hot", &handoffv1.Budget{UsdRemainingMicros: 1000, HopsRemaining: 10}); err != nil {
 		t.Fatal(err)
 	}
 	ok, empty := storetest.RaceDebits(t, []store.Store{a, b}, "hot", store.Debit{Hops: 1})

@@ -20,6 +20,20 @@ var ErrNotFound = errors.New("not found")
 // ErrWalletEmpty is returned by Debit when the wallet cannot cover it; nothing was taken.
 var ErrWalletEmpty = errors.New("wallet empty")
 
+// ErrWrongJob is returned when a debit or read names a job (Debit.Job, WalletFor) that is
+// not the one the wallet records: it records another job, or none (a wallet opened before
+// wallets recorded their job, which its coordinator has not opened again since). Nothing
+// was taken, and the error carries nothing of what the wallet holds.
+var ErrWrongJob = errors.New("wallet is not this job's")
+
+// ErrJobConflict is returned by CreateRun for a run whose job_id was submitted before with
+// other content (JobDigest): a job's content is fixed by its first submission.
+var ErrJobConflict = errors.New("job_id was submitted before with other content")
+
+// ErrRequestConflict is returned by CreateRun for a run whose request_id was used before for
+// a different request (RequestDigest): a retry repeats its request exactly.
+var ErrRequestConflict = errors.New("request_id was used before for a different request")
+
 // lingerKey carries a write's linger in its context (Linger).
 type lingerKey struct{}
 
@@ -54,11 +68,22 @@ type Store interface {
 // Runs stores job runs and their event timelines. A run is written after every hop, so a
 // restarted coordinator resumes from the last completed hop.
 type Runs interface {
-	// CreateRun stores a new run, opens its wallet (as OpenWallet(job.run_id, job.wallet)
-	// does, when job.wallet is set) and appends evs to its timeline, in one write: a run
-	// never exists without the wallet it started with or its first events. On success each
-	// event's Seq is set. When job.RequestId is set and a run was already created with that
-	// request id, it returns that earlier run and created=false instead, and writes nothing.
+	// CreateRun stores a new run, opens its wallet (as OpenWallet(job.run_id, job.job_id,
+	// job.wallet) does, when job.wallet is set; a wallet needs a job_id) and appends evs to
+	// its timeline, in one write: a run never exists without the wallet it started with or
+	// its first events. On success each event's Seq is set. job is the run as submitted:
+	// its artifacts are the job's inputs.
+	//
+	// In the same write it keeps job_id and request_id from being first-come:
+	//   - When job.RequestId is set and a run was already created with that request id, it
+	//     returns that earlier run and created=false, and writes nothing, if the request is
+	//     the same (RequestDigest); a different one is ErrRequestConflict. (A request id
+	//     recorded before requests recorded their digest is compared on what the earlier
+	//     run still holds as submitted: SameIntake.)
+	//   - A job_id whose runs were created with other content (JobDigest) is
+	//     ErrJobConflict; the same content creates the new run (a repeat of the job). The
+	//     first run created with a job_id fixes its content, also when older runs with that
+	//     job_id exist from before runs recorded it. A run without a job_id is not checked.
 	CreateRun(ctx context.Context, job *handoffv1.Job, evs ...*handoffv1.JobEvent) (run *handoffv1.Job, created bool, err error)
 	// GetRun returns a run or ErrNotFound.
 	GetRun(ctx context.Context, runID string) (*handoffv1.Job, error)
@@ -87,18 +112,31 @@ type Debit struct {
 	USDMicros int64
 	// RequireMoney makes Debit fail with ErrWalletEmpty when no money is left before it.
 	RequireMoney bool
+	// Job, when set, is the job paying: the wallet must record it, or the debit fails with
+	// ErrWrongJob and takes nothing. It is checked before anything else about the wallet,
+	// so a refusal says nothing of what another job's wallet holds. Empty: not checked
+	// (the rail's own debits of its run's wallet).
+	Job string
 }
 
 // Wallets hold each job's one budget. Debit is atomic, so concurrent hops on one wallet
-// can neither overspend it nor drive it below zero.
+// can neither overspend it nor drive it below zero. A wallet records the job it belongs to,
+// so a package of one job cannot pay from another's (Debit.Job, WalletFor).
 type Wallets interface {
-	// OpenWallet creates wallet id holding b. If it already exists it is left unchanged and
-	// returned, so opening is safe to retry.
-	OpenWallet(ctx context.Context, id string, b *handoffv1.Budget) (*handoffv1.Budget, error)
-	// Debit takes d from wallet id and returns what is left (ErrNotFound, ErrWalletEmpty).
+	// OpenWallet creates wallet id of job job (not empty) holding b. If it already exists
+	// it is left unchanged and returned, so opening is safe to retry; one that records no
+	// job (opened before wallets recorded it) is given job, which is how wallets of an
+	// older store are adopted by their runs' coordinator; one of another job is
+	// ErrWrongJob.
+	OpenWallet(ctx context.Context, id, job string, b *handoffv1.Budget) (*handoffv1.Budget, error)
+	// Debit takes d from wallet id and returns what is left (ErrNotFound, ErrWrongJob,
+	// ErrWalletEmpty).
 	Debit(ctx context.Context, id string, d Debit) (*handoffv1.Budget, error)
-	// Wallet returns what wallet id holds.
+	// Wallet returns what wallet id holds, whatever its job.
 	Wallet(ctx context.Context, id string) (*handoffv1.Budget, error)
+	// WalletFor returns what wallet id holds when it is job's, in one read: ErrWrongJob
+	// when it records another job or none, ErrNotFound when there is no such wallet.
+	WalletFor(ctx context.Context, id, job string) (*handoffv1.Budget, error)
 }
 
 // ApplyDebit is the one definition of a debit, shared by the implementations: it returns
@@ -173,7 +211,8 @@ type Admission struct {
 	// nothing is taken again, Debited is true and Wallet is what the wallet holds.
 	Paid bool
 	// DebitErr says why a claimed key's wallet was not debited: ErrWalletEmpty (Wallet is
-	// then what the wallet holds, unchanged) or ErrNotFound (no such wallet; Wallet nil).
+	// then what the wallet holds, unchanged), ErrNotFound (no such wallet; Wallet nil) or
+	// ErrWrongJob (the wallet is not d.Job's; Wallet nil: nothing of it is shown).
 	// Always nil when nothing was claimed or no wallet was named.
 	DebitErr error
 	Wallet   *handoffv1.Budget
@@ -184,8 +223,9 @@ type Admission struct {
 // network round trip each on Redis).
 type Admitter interface {
 	// Admit claims key as Claim does and, only when it is Claimed and walletID is not
-	// empty, debits d from wallet walletID as Debit does, atomically with the claim. A
-	// refused debit (empty or missing wallet) leaves the claim in place: the caller
+	// empty, debits d from wallet walletID as Debit does (d.Job checked first), atomically
+	// with the claim. A refused debit (empty, missing or another job's wallet) leaves the
+	// claim in place: the caller
 	// Releases it as after any other refusal. A key that is Pending or Done debits nothing,
 	// and a wallet is debited at most once per key (see Admission.Paid), so neither a
 	// re-delivery nor a retry after a released or lapsed claim is charged twice.

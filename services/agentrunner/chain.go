@@ -53,7 +53,10 @@ import (
 //  4. budget (Deliver debits one hop from the wallet in the store and stamps ack.wallet;
 //     Check only reads it): last, so only a package that will really run (valid, routed,
 //     not done, not in flight) pays. An empty wallet -> REJECTED_BUDGET (rule
-//     "budget.empty"), the agent is not called and the claim above is released.
+//     "budget.empty"); a wallet_id that is not a wallet of the package's job in this
+//     store (unknown, another job's) -> REJECTED_BUDGET (field "budget.wallet_id", rule
+//     "budget.wallet"), checked in the same Admit as the claim. Either way the agent is
+//     not called and the claim above is released.
 //
 // Then the handler: Deliver sends ACCEPTED and runs the agent; Check looks the completion
 // key up (DUPLICATE / Aborted / ACCEPTED). Check's chain is the same without step 3.
@@ -229,7 +232,9 @@ func (s *Server) replay(req proto.Message, stored []byte) (proto.Message, error)
 		return nil, err
 	}
 	if id := ack.GetPrior().GetWalletId(); id != "" && id == p.GetBudget().GetWalletId() {
-		if w, err := s.st.Wallet(context.Background(), id); err == nil {
+		// Only the package's own job's wallet is shown (a completion recorded before wallets
+		// recorded their job may name any).
+		if w, err := s.st.WalletFor(context.Background(), id, p.GetJobId()); err == nil {
 			w.WalletId = id
 			ack.Wallet = w
 		}
@@ -247,8 +252,10 @@ func (s *Server) replay(req proto.Message, stored []byte) (proto.Message, error)
 // decides what a refused or missing wallet means; a key that is Pending or Done debits
 // nothing.
 func (s *Server) admit(ctx context.Context, req proto.Message, key string, ttl time.Duration) (store.ClaimState, []byte, func(context.Context) context.Context, error) {
-	id := req.(*handoffv1.DeliverRequest).GetPackage().GetBudget().GetWalletId()
-	a, err := s.st.Admit(ctx, key, ttl, id, budget.HopDebit)
+	p := req.(*handoffv1.DeliverRequest).GetPackage()
+	id := p.GetBudget().GetWalletId()
+	// Paid by the package's job: a wallet of another job is refused in the same round trip.
+	a, err := s.st.Admit(ctx, key, ttl, id, budget.HopFor(p.GetJobId()))
 	if err != nil || a.State != store.Claimed || id == "" {
 		return a.State, a.Value, nil, err
 	}
@@ -297,12 +304,13 @@ func (s *Server) record(ctx context.Context, req proto.Message, sent proto.Messa
 		}
 		// Deliver debits the hop whenever the package's wallet is in this store (budget
 		// step): remember which wallet paid, so a re-delivery from it is not charged again.
-		if id := req.(*handoffv1.DeliverRequest).GetPackage().GetBudget().GetWalletId(); id != "" {
+		p := req.(*handoffv1.DeliverRequest).GetPackage()
+		if id := p.GetBudget().GetWalletId(); id != "" {
 			if d, ok := budget.DebitedFrom(ctx); ok && d.WalletID == id {
 				if d.Err == nil {
 					prior.WalletId = id // debited with the claim: no need to ask the store
 				}
-			} else if _, err := s.st.Wallet(ctx, id); err == nil {
+			} else if _, err := s.st.WalletFor(ctx, id, p.GetJobId()); err == nil {
 				prior.WalletId = id
 			}
 		}

@@ -2,10 +2,14 @@ package agentrunner_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -22,14 +26,21 @@ import (
 	"github.com/handoffhq/handoff/services/agentrunner"
 )
 
-// openWallet puts wallet id holding b into the runner's store and returns a package whose
-// budget names it.
+// openWallet puts wallet id of job-1 (pkg's job) holding b into the runner's store and
+// returns a package whose budget names it.
 func openWallet(t *testing.T, e *env, id string, b *handoffv1.Budget, stage string) *handoffv1.HandoffPackage {
 	t.Helper()
-	if _, err := e.st.OpenWallet(context.Background(), id, b); err != nil {
+	return openJobWallet(t, e, id, "job-1", b, stage)
+}
+
+// openJobWallet is openWallet for a package of job job.
+func openJobWallet(t *testing.T, e *env, id, job string, b *handoffv1.Budget, stage string) *handoffv1.HandoffPackage {
+	t.Helper()
+	if _, err := e.st.OpenWallet(context.Background(), id, job, b); err != nil {
 		t.Fatal(err)
 	}
 	p := pkg(stage)
+	p.JobId = job
 	p.Budget.WalletId = id
 	return p
 }
@@ -90,8 +101,7 @@ func TestChainOrder(t *testing.T) {
 	// Duplicate before budget: a completed stage re-delivered on a wallet that is now empty
 	// is DUPLICATE, not REJECTED_BUDGET, and carries the wallet that already paid for it
 	// (so the coordinator does not pay a second time).
-	p = openWallet(t, e, "w-last", &handoffv1.Budget{UsdRemainingMicros: 100, HopsRemaining: 1}, "draft")
-	p.JobId = "job-last"
+	p = openJobWallet(t, e, "w-last", "job-last", &handoffv1.Budget{UsdRemainingMicros: 100, HopsRemaining: 1}, "draft")
 	msgs, err = deliver(t, e.client, &handoffv1.DeliverRequest{Package: p})
 	if err != nil || len(msgs) != 2 || msgs[0].GetAck().GetWallet().GetHopsRemaining() != 0 {
 		t.Fatalf("last hop: %v %v", msgs, err)
@@ -184,8 +194,7 @@ func TestEmptyWalletReleasesClaim(t *testing.T) {
 	} {
 		t.Run(c.id, func(t *testing.T) {
 			// The package's own numbers look fine: the stored wallet is what counts.
-			p := openWallet(t, e, c.id, c.b, "draft")
-			p.JobId = "job-" + c.id
+			p := openJobWallet(t, e, c.id, "job-"+c.id, c.b, "draft")
 			req := &handoffv1.DeliverRequest{Package: p}
 			msgs, err := deliver(t, e.client, req)
 			if err != nil || len(msgs) != 1 {
@@ -209,8 +218,7 @@ func TestEmptyWalletReleasesClaim(t *testing.T) {
 			}
 
 			// The same stage with money (another wallet) runs and pays.
-			q := openWallet(t, e, c.id+"-topped", &handoffv1.Budget{UsdRemainingMicros: 5000, HopsRemaining: 3}, "draft")
-			q.JobId = p.JobId
+			q := openJobWallet(t, e, c.id+"-topped", p.JobId, &handoffv1.Budget{UsdRemainingMicros: 5000, HopsRemaining: 3}, "draft")
 			msgs, err = deliver(t, e.client, &handoffv1.DeliverRequest{Package: q})
 			if err != nil || len(msgs) != 2 || msgs[0].GetAck().GetWallet().GetHopsRemaining() != 2 ||
 				msgs[1].GetResult().GetStatus() != handoffv1.StageStatus_STAGE_STATUS_COMPLETED {
@@ -295,5 +303,58 @@ func TestHandlersNeedChain(t *testing.T) {
 	}
 	if ag.calls.Load() != 0 {
 		t.Fatal("the agent ran without the chain")
+	}
+}
+
+// TestPaysOnlyFromItsJobsWallet: over gRPC through the runner's whole chain, a package
+// naming another job's wallet, or a wallet the store does not hold, is REJECTED_BUDGET
+// naming budget.wallet_id on Deliver and Check: the agent is not called, the claim is
+// released, the other job's wallet is untouched, and the answer shows nothing of it. The
+// wallet's own job still pays from it.
+func TestPaysOnlyFromItsJobsWallet(t *testing.T) {
+	ag := &fake{card: agentrunner.RoleCard{Name: "draft"}}
+	e := start(t, agentrunner.Options{Agents: []agentrunner.Agent{ag}}, "")
+	theirs := &handoffv1.Budget{UsdRemainingMicros: 31337, RevisionsRemaining: 2, HopsRemaining: 6}
+	own := openJobWallet(t, e, "run-y", "job-y", theirs, "draft")
+
+	for _, id := range []string{"run-y", "run-unknown"} {
+		for i := range 6 { // as many hops as the other wallet holds
+			p := pkg(fmt.Sprintf("draft%d", i))
+			p.Budget.WalletId = id
+			req := &handoffv1.DeliverRequest{Package: p, Agent: "draft"}
+			msgs, err := deliver(t, e.client, req)
+			if err != nil || len(msgs) != 1 {
+				t.Fatalf("%s: %v %v", id, msgs, err)
+			}
+			ack := msgs[0].GetAck()
+			fields, rules := reasonFields(ack)
+			if ack.GetStatus() != handoffv1.AckStatus_ACK_STATUS_REJECTED_BUDGET || ack.GetWallet() != nil ||
+				!slices.Equal(fields, []string{"budget.wallet_id"}) || rules[0] != "budget.wallet" {
+				t.Fatalf("package of job-1 naming %s: ack %v; want REJECTED_BUDGET naming budget.wallet_id", id, ack)
+			}
+			if msg := ack.GetReasons()[0].GetMessage(); strings.Contains(msg, "31337") || strings.Contains(msg, "job-y") {
+				t.Fatalf("the reason %q shows the other job's wallet", msg)
+			}
+			if a := check(t, e, req); !proto.Equal(a, ack) {
+				t.Fatalf("Check %v != Deliver %v", a, ack)
+			}
+			if st, _, _ := e.st.Lookup(context.Background(), agentrunner.CompletionKey(p.JobId, p.Stage, 0, 0)); st != 0 {
+				t.Fatalf("claim after REJECTED_BUDGET: %v, want released", st)
+			}
+		}
+	}
+	if n := ag.calls.Load(); n != 0 {
+		t.Fatalf("agent called %d times for packages paying from another job's wallet", n)
+	}
+	if w := wallet(t, e, "run-y"); !proto.Equal(w, theirs) {
+		t.Fatalf("job-y's wallet = %v, want it untouched (%v)", w, theirs)
+	}
+	if _, err := e.st.Wallet(context.Background(), "run-unknown"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("a wallet was created for the unknown id: %v", err)
+	}
+	// Its own job pays from it.
+	msgs, err := deliver(t, e.client, &handoffv1.DeliverRequest{Package: own})
+	if err != nil || len(msgs) != 2 || msgs[0].GetAck().GetWallet().GetHopsRemaining() != 5 {
+		t.Fatalf("job-y's own package: %v %v; want ACCEPTED with 5 hops left", msgs, err)
 	}
 }

@@ -764,6 +764,11 @@ func (c *countingStore) Wallet(ctx context.Context, id string) (*handoffv1.Budge
 	c.add("Wallet")
 	return c.Store.Wallet(ctx, id)
 }
+
+func (c *countingStore) WalletFor(ctx context.Context, id, job string) (*handoffv1.Budget, error) {
+	c.add("WalletFor")
+	return c.Store.WalletFor(ctx, id, job)
+}
 func (c *countingStore) Unpay(ctx context.Context, id, key string) error {
 	c.add("Unpay")
 	return c.Store.Unpay(ctx, id, key)
@@ -784,8 +789,12 @@ func TestHopStoreRoundTrips(t *testing.T) {
 	}
 	t.Cleanup(func() { st.Close() })
 	ctx := context.Background()
-	for id, hops := range map[string]uint32{"w-full": 3, "w-empty": 0} {
-		if _, err := st.OpenWallet(ctx, id, &handoffv1.Budget{UsdRemainingMicros: 9000, HopsRemaining: hops}); err != nil {
+	for id, job := range map[string]string{"w-full": "job-1", "w-empty": "job-empty"} {
+		hops := uint32(3)
+		if id == "w-empty" {
+			hops = 0
+		}
+		if _, err := st.OpenWallet(ctx, id, job, &handoffv1.Budget{UsdRemainingMicros: 9000, HopsRemaining: hops}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -242,7 +242,11 @@ func (s *Server) pipelineNames() string {
 	return strings.Join(names, ", ")
 }
 
-// SubmitJob creates a run and starts driving it.
+// SubmitJob creates a run and starts driving it. Inputs must be in the job's own artifact
+// folder or carry a sha256 (InvalidArgument naming the input otherwise). A job_id already
+// submitted with other content is AlreadyExists, a request_id used for a different request
+// FailedPrecondition (createRunErr); the same request again returns its run, the same job
+// content under a new request starts a repeat run.
 func (s *Server) SubmitJob(ctx context.Context, req *handoffv1.SubmitJobRequest) (*handoffv1.SubmitJobResponse, error) {
 	p, ok := s.opts.Pipelines[req.GetPipeline()]
 	if !ok {
@@ -251,7 +255,12 @@ func (s *Server) SubmitJob(ctx context.Context, req *handoffv1.SubmitJobRequest)
 	if tp := req.GetTrace().GetTraceparent(); tp != "" && !traceparent.Valid(tp) {
 		return nil, status.Errorf(codes.InvalidArgument, "invalid request: trace.traceparent %q is not a valid W3C traceparent", tp)
 	}
+	if field, why := inputsProblem(s.artifactRoot(), req.GetJobId(), req.GetInputs()); field != "" {
+		return nil, fieldError(codes.InvalidArgument, field, why)
+	}
+	runID := newRunID()
 	wallet := proto.Clone(req.GetBudget()).(*handoffv1.Budget)
+	wallet.WalletId = runID // the rail's: a caller does not choose the wallet its job pays from
 	if wallet.GetHopsRemaining() == 0 {
 		wallet.HopsRemaining = uint32(p.MaxHops)
 	}
@@ -269,7 +278,7 @@ func (s *Server) SubmitJob(ctx context.Context, req *handoffv1.SubmitJobRequest)
 	}
 	now := timestamppb.New(s.opts.Now())
 	job := &handoffv1.Job{
-		RunId:       newRunID(),
+		RunId:       runID,
 		JobId:       req.GetJobId(),
 		Pipeline:    p.Name,
 		State:       handoffv1.JobState_JOB_STATE_RUNNING,
@@ -287,12 +296,13 @@ func (s *Server) SubmitJob(ctx context.Context, req *handoffv1.SubmitJobRequest)
 	if s.stopped() {
 		return nil, status.Error(codes.Unavailable, "coordinator is shutting down; submit to another replica or retry")
 	}
-	// The run, its wallet and its SUBMITTED event in one write.
+	// The run, its wallet and its SUBMITTED event in one write, which also refuses a job_id
+	// or request_id reused for other content.
 	submitted := &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_SUBMITTED, Stage: job.GetStage()}
 	s.stamp(job, submitted)
 	run, created, err := s.opts.Store.CreateRun(ctx, job, submitted)
 	if err != nil {
-		return nil, status.Errorf(codes.Unavailable, "store: %v", err)
+		return nil, createRunErr(err, req)
 	}
 	if !created {
 		return &handoffv1.SubmitJobResponse{Job: run, Existing: true}, nil

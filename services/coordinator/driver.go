@@ -91,9 +91,11 @@ func (s *Server) advance(ctx context.Context, runID string, job *handoffv1.Job) 
 			return nil, errDone
 		}
 		// The wallet lives in the store under the run id, where every receiver that shares
-		// the store debits it. Opening is idempotent: it creates the wallet on the first hop
-		// (or after a crash between submit and here) and otherwise returns what is left.
-		w, err := s.opts.Store.OpenWallet(ctx, job.GetRunId(), job.GetWallet())
+		// the store debits it, for the run's job only. Opening is idempotent: it creates the
+		// wallet on the first hop (or after a crash between submit and here) and otherwise
+		// returns what is left; a wallet from before wallets recorded their job becomes this
+		// job's here, before any package names it.
+		w, err := s.opts.Store.OpenWallet(ctx, job.GetRunId(), job.GetJobId(), job.GetWallet())
 		if err != nil {
 			return nil, fmt.Errorf("open wallet: %w", err)
 		}

@@ -189,14 +189,19 @@ func start(t *testing.T, maxHops, maxRevisions int, verdicts []handoffv1.Verdict
 	return e
 }
 
-func (e *env) submit(t *testing.T, pipelineName, jobID, requestID string, budget *handoffv1.Budget) (*handoffv1.Job, []*handoffv1.JobEvent) {
-	t.Helper()
-	ctx := context.Background()
-	resp, err := e.client.SubmitJob(ctx, &handoffv1.SubmitJobRequest{
+// request is the submit e.submit sends.
+func (e *env) request(pipelineName, jobID, requestID string, budget *handoffv1.Budget) *handoffv1.SubmitJobRequest {
+	return &handoffv1.SubmitJobRequest{
 		RequestId: requestID, JobId: jobID, Pipeline: pipelineName,
 		Goal: "Draft internal triage summary; do not send to customer", Constraints: []string{"no refund promises"},
 		Budget: budget, Inputs: []*handoffv1.Artifact{e.input}, MemoryRefs: []string{"customer_id:cus_9"},
-	})
+	}
+}
+
+func (e *env) submit(t *testing.T, pipelineName, jobID, requestID string, budget *handoffv1.Budget) (*handoffv1.Job, []*handoffv1.JobEvent) {
+	t.Helper()
+	ctx := context.Background()
+	resp, err := e.client.SubmitJob(ctx, e.request(pipelineName, jobID, requestID, budget))
 	if err != nil {
 		t.Fatalf("SubmitJob: %v", err)
 	}
@@ -360,17 +365,32 @@ func TestBadPackageRejectedWithoutAgentCall(t *testing.T) {
 	}
 }
 
+// TestSubmitRetryReturnsSameRun: the same request under its request_id again is a retry,
+// answered with the run it started; the same request_id with any other payload is refused
+// with FailedPrecondition naming request_id, not answered with the old run.
 func TestSubmitRetryReturnsSameRun(t *testing.T) {
 	e := start(t, 10, 2, []handoffv1.Verdict{handoffv1.Verdict_VERDICT_PASS}, nil)
 	first, _ := e.submit(t, "relay", "tkt_1", "req-7", e.defaultBudget)
-	resp, err := e.client.SubmitJob(context.Background(), &handoffv1.SubmitJobRequest{
-		RequestId: "req-7", JobId: "tkt_1", Pipeline: "relay", Goal: "x", Budget: e.defaultBudget,
-	})
+	resp, err := e.client.SubmitJob(context.Background(), e.request("relay", "tkt_1", "req-7", e.defaultBudget))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !resp.GetExisting() || resp.GetJob().GetRunId() != first.GetRunId() {
 		t.Fatalf("retried submit = run %s existing=%v; want run %s existing", resp.GetJob().GetRunId(), resp.GetExisting(), first.GetRunId())
+	}
+	for name, edit := range map[string]func(r *handoffv1.SubmitJobRequest){
+		"goal":        func(r *handoffv1.SubmitJobRequest) { r.Goal = "x" },
+		"budget":      func(r *handoffv1.SubmitJobRequest) { r.Budget = &handoffv1.Budget{UsdRemainingMicros: 5} },
+		"no inputs":   func(r *handoffv1.SubmitJobRequest) { r.Inputs = nil },
+		"constraints": func(r *handoffv1.SubmitJobRequest) { r.Constraints = append(r.Constraints, "be brief") },
+		"job_id":      func(r *handoffv1.SubmitJobRequest) { r.JobId = "tkt_other" },
+	} {
+		req := e.request("relay", "tkt_1", "req-7", e.defaultBudget)
+		edit(req)
+		resp, err := e.client.SubmitJob(context.Background(), req)
+		if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "request_id") || badField(err) != "request_id" {
+			t.Fatalf("request_id again with another %s = %v, %v; want FailedPrecondition naming request_id", name, resp, err)
+		}
 	}
 	if e.draft.calls() != 1 || e.writes(t) != 1 {
 		t.Fatalf("draft calls %d, writes %d after a retried submit; want 1, 1", e.draft.calls(), e.writes(t))

@@ -74,11 +74,11 @@ func (f *faultyStore) AppendEvent(ctx context.Context, id string, ev *handoffv1.
 	}
 	return f.Store.AppendEvent(ctx, id, ev)
 }
-func (f *faultyStore) OpenWallet(ctx context.Context, id string, b *handoffv1.Budget) (*handoffv1.Budget, error) {
+func (f *faultyStore) OpenWallet(ctx context.Context, id, job string, b *handoffv1.Budget) (*handoffv1.Budget, error) {
 	if err := f.cut(); err != nil {
 		return nil, err
 	}
-	return f.Store.OpenWallet(ctx, id, b)
+	return f.Store.OpenWallet(ctx, id, job, b)
 }
 func (f *faultyStore) Debit(ctx context.Context, id string, d store.Debit) (*handoffv1.Budget, error) {
 	if err := f.cut(); err != nil {
@@ -419,12 +419,21 @@ func (p *flakyPinger) Ping(context.Context) error {
 	return nil
 }
 
-// TestRepeatedStepRailPaidOnce: with a runner that does not share the coordinator's store
-// (its acks carry no wallet, so the rail pays each agent hop itself), a step whose save
-// failed is repeated without paying its hop a second time.
+// railPays makes the replicas' runner a receiver that debits nothing, as an agent runner
+// of another language behind a stage's runner: address is (its acks carry no wallet, so the
+// rail pays each agent hop itself): its packages name no wallet_id. (The Go runner with a
+// store of its own refuses a wallet_id it does not hold, REJECTED_BUDGET.)
+func (r *replicas) railPays() {
+	r.opts.Tamper = func(p *handoffv1.HandoffPackage) { p.GetBudget().WalletId = "" }
+}
+
+// TestRepeatedStepRailPaidOnce: with a runner that does not debit the hop (the rail pays
+// each agent hop itself, railPays), a step whose save failed is repeated without paying its
+// hop a second time.
 func TestRepeatedStepRailPaidOnce(t *testing.T) {
 	r := startReplicas(t)
 	r.g.release()
+	r.railPays()
 	wl := newWriteLog(t, t.TempDir()) // the coordinator's own store, not the runner's
 	draft := "draft"
 	wl.failStage.Store(&draft)
@@ -458,10 +467,11 @@ func TestRepeatedStepRailPaidOnce(t *testing.T) {
 // TestApproveFailedThenReturnPaysEveryHop: an approve whose decision could not be saved has
 // not taken effect: it pays nothing, leaves no RESOLVED event, and the run stays at its
 // escalation, so the person can still return it to a stage; every later hop is paid once
-// (the rail pays them: the runner does not share the coordinator's store).
+// (the rail pays them: railPays).
 func TestApproveFailedThenReturnPaysEveryHop(t *testing.T) {
 	r := startReplicas(t)
 	r.g.release()
+	r.railPays()
 	F, P := handoffv1.Verdict_VERDICT_FAIL, handoffv1.Verdict_VERDICT_PASS
 	r.judge.verdicts = []handoffv1.Verdict{F, F, F, P}
 	wl := newWriteLog(t, t.TempDir())

@@ -90,9 +90,9 @@ func (w *writeLog) Debit(ctx context.Context, id string, d store.Debit) (*handof
 	return w.Store.Debit(ctx, id, d)
 }
 
-func (w *writeLog) OpenWallet(ctx context.Context, id string, b *handoffv1.Budget) (*handoffv1.Budget, error) {
+func (w *writeLog) OpenWallet(ctx context.Context, id, job string, b *handoffv1.Budget) (*handoffv1.Budget, error) {
 	w.add("OpenWallet")
-	return w.Store.OpenWallet(ctx, id, b)
+	return w.Store.OpenWallet(ctx, id, job, b)
 }
 
 func (w *writeLog) AcquireLease(ctx context.Context, name, owner string, ttl time.Duration) (bool, error) {
@@ -234,7 +234,7 @@ func TestRepeatedStepPaysOnce(t *testing.T) {
 			if draft.calls() != c.draftCalls {
 				t.Errorf("draft ran %d times; want %d", draft.calls(), c.draftCalls)
 			}
-			w, err := st.Store.OpenWallet(ctx, job.GetRunId(), nil)
+			w, err := st.Store.OpenWallet(ctx, job.GetRunId(), job.GetJobId(), nil)
 			if err != nil {
 				t.Fatal(err)
 			}

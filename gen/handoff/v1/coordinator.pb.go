@@ -281,7 +281,7 @@ func (ResolutionAction) EnumDescriptor() ([]byte, []int) {
 
 type SubmitJobRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Client-chosen id that makes the submit safe to retry.
+	// Client-chosen id that makes the submit safe to retry: one id, one request.
 	RequestId string `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	// Business id of the job (a ticket id). Same rules as HandoffPackage.job_id.
 	JobId string `protobuf:"bytes,2,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
@@ -291,7 +291,9 @@ type SubmitJobRequest struct {
 	Constraints []string `protobuf:"bytes,5,rep,name=constraints,proto3" json:"constraints,omitempty"`
 	// The job's wallet. Zero revisions or hops means "use the pipeline's limits".
 	Budget *Budget `protobuf:"bytes,6,opt,name=budget,proto3" json:"budget,omitempty"`
-	// The job's inputs by reference (the raw ticket).
+	// The job's inputs by reference (the raw ticket). Each is stored in the job's own folder
+	// under the artifact root (file:///<root>/<job_id>/...), or carries the sha256 its reader
+	// checks.
 	Inputs     []*Artifact `protobuf:"bytes,7,rep,name=inputs,proto3" json:"inputs,omitempty"`
 	MemoryRefs []string    `protobuf:"bytes,8,rep,name=memory_refs,json=memoryRefs,proto3" json:"memory_refs,omitempty"`
 	// Continue the caller's trace; a new trace starts when absent.

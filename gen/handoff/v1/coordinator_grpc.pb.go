@@ -35,8 +35,13 @@ const (
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 type CoordinatorServiceClient interface {
 	// SubmitJob starts a run of a job through a pipeline. A retried submit with the same
-	// request_id returns the run the first one started. A new submit of a job_id that already
-	// ran starts a new run whose completed stages answer DUPLICATE and write nothing again.
+	// request_id and the same request returns the run the first one started; the same
+	// request_id with any other request is FAILED_PRECONDITION naming request_id. A new submit
+	// of a job_id that already ran, with the same content (goal, constraints, pipeline,
+	// inputs, memory_refs), starts a new run whose completed stages answer DUPLICATE and write
+	// nothing again; with other content it is ALREADY_EXISTS naming job_id: a job's content is
+	// fixed by its first submission. An input that is neither in the job's own folder under
+	// the artifact root nor pinned by a sha256 is INVALID_ARGUMENT naming inputs[i].uri.
 	SubmitJob(ctx context.Context, in *SubmitJobRequest, opts ...grpc.CallOption) (*SubmitJobResponse, error)
 	// GetJob returns one run.
 	GetJob(ctx context.Context, in *GetJobRequest, opts ...grpc.CallOption) (*GetJobResponse, error)
@@ -135,8 +140,13 @@ func (c *coordinatorServiceClient) ResolveEscalation(ctx context.Context, in *Re
 // for forward compatibility.
 type CoordinatorServiceServer interface {
 	// SubmitJob starts a run of a job through a pipeline. A retried submit with the same
-	// request_id returns the run the first one started. A new submit of a job_id that already
-	// ran starts a new run whose completed stages answer DUPLICATE and write nothing again.
+	// request_id and the same request returns the run the first one started; the same
+	// request_id with any other request is FAILED_PRECONDITION naming request_id. A new submit
+	// of a job_id that already ran, with the same content (goal, constraints, pipeline,
+	// inputs, memory_refs), starts a new run whose completed stages answer DUPLICATE and write
+	// nothing again; with other content it is ALREADY_EXISTS naming job_id: a job's content is
+	// fixed by its first submission. An input that is neither in the job's own folder under
+	// the artifact root nor pinned by a sha256 is INVALID_ARGUMENT naming inputs[i].uri.
 	SubmitJob(context.Context, *SubmitJobRequest) (*SubmitJobResponse, error)
 	// GetJob returns one run.
 	GetJob(context.Context, *GetJobRequest) (*GetJobResponse, error)

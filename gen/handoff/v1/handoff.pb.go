@@ -624,8 +624,10 @@ type Budget struct {
 	HopsRemaining uint32 `protobuf:"varint,3,opt,name=hops_remaining,json=hopsRemaining,proto3" json:"hops_remaining,omitempty"`
 	// The wallet this budget is a view of (the rail's id for the job run). When set, the
 	// receiving service debits the hop from that wallet in the shared store, atomically, and
-	// the numbers above are only what the sender saw. Empty: the numbers above are checked
-	// as they are (a package sent by hand).
+	// the numbers above are only what the sender saw. The wallet belongs to one job: a
+	// wallet_id the store does not hold, or a wallet of another job than job_id, is
+	// REJECTED_BUDGET naming budget.wallet_id. Empty: the numbers above are checked as they
+	// are (a package sent by hand).
 	WalletId      string `protobuf:"bytes,4,opt,name=wallet_id,json=walletId,proto3" json:"wallet_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

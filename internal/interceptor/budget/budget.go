@@ -5,25 +5,32 @@
 // They act on requests that carry a handoff package (a field named "package" of message type
 // handoff.v1.HandoffPackage, found by reflection); other requests pass through untouched.
 //
-//   - budget.wallet_id is set and the wallet is in the store, and the method debits
-//     (WithDebitMethods; default AgentRunnerService/Deliver): one hop is taken from the
-//     wallet, atomically, with Wallets.Debit(ctx, id, store.Debit{Hops: 1, RequireMoney:
-//     true}). When the wallet cannot cover it (store.ErrWalletEmpty) the package is rejected
+//   - budget.wallet_id is set, the wallet is in the store and records the package's job_id,
+//     and the method debits (WithDebitMethods; default AgentRunnerService/Deliver): one hop
+//     is taken from the wallet, atomically, with Wallets.Debit(ctx, id, HopFor(job_id)).
+//     When the wallet cannot cover it (store.ErrWalletEmpty) the package is rejected
 //     (REJECTED_BUDGET, rule "budget.empty", one reason per empty part, read once with
-//     Wallets.Wallet: "budget.hops_remaining" and/or "budget.usd_remaining_micros"). When the
-//     debit succeeds, the wallet after it (with its wallet_id) is in the handler's context
-//     (FromContext) and in ack.wallet of every Ack the handler sends that leaves it unset, so
-//     the sender knows the hop was already paid for.
+//     Wallets.WalletFor: "budget.hops_remaining" and/or "budget.usd_remaining_micros"). When
+//     the debit succeeds, the wallet after it (with its wallet_id) is in the handler's
+//     context (FromContext) and in ack.wallet of every Ack the handler sends that leaves it
+//     unset, so the sender knows the hop was already paid for.
 //   - The context already carries the outcome of this hop's debit for that wallet
 //     (WithDebited: the agent runner debits in the same store round trip as its
 //     idempotency claim, store.Admitter): it is used as above, and the store is not asked
 //     again, not even to name the empty part of a refused debit.
-//   - The wallet is in the store and the method does not debit (AgentRunnerService/Check):
-//     the stored wallet is read and the package rejected when it has no hops or no money;
-//     nothing is taken and ack.wallet is left alone.
-//   - No wallet_id, or a wallet this store does not hold (store.ErrNotFound): the package's
-//     own numbers are checked (usd_remaining_micros == 0, hops_remaining == 0: one reason per
-//     empty field); nothing is debited and ack.wallet is left nil.
+//   - The wallet is the job's and the method does not debit (AgentRunnerService/Check):
+//     the stored wallet is read (WalletFor) and the package rejected when it has no hops or
+//     no money; nothing is taken and ack.wallet is left alone.
+//   - budget.wallet_id names a wallet this store does not hold (store.ErrNotFound), or one
+//     of another job, or one that records no job (store.ErrWrongJob): the package is
+//     rejected (REJECTED_BUDGET, field "budget.wallet_id", rule "budget.wallet"), fail
+//     closed: a package pays only from its own job's wallet, and a runner whose store does
+//     not hold the coordinator's wallets runs nothing the coordinator sends. Both cases get
+//     the same words, which name only what the package itself said: the reason shows
+//     nothing of another job's wallet, not even whether it exists.
+//   - No wallet_id (a package sent by hand): the package's own numbers are checked
+//     (usd_remaining_micros == 0, hops_remaining == 0: one reason per empty field); nothing
+//     is debited and ack.wallet is left nil.
 //   - Any other store error is codes.Unavailable ("wallet store: ..."), a cancelled or
 //     expired call its context's code: the interceptor fails closed and never lets a package
 //     through unchecked.
@@ -63,16 +70,28 @@ import (
 )
 
 // HopDebit is what one hop takes from the job's wallet: one hop, and only while money is
-// left.
+// left. A package's hop is HopFor its job.
 var HopDebit = store.Debit{Hops: 1, RequireMoney: true}
 
-// RuleEmpty is the rule id of a budget rejection (the agent runner's RuleBudgetEmpty).
-const RuleEmpty = "budget.empty"
+// HopFor is HopDebit paid by job: the wallet must be job's (store.Debit.Job).
+func HopFor(job string) store.Debit {
+	d := HopDebit
+	d.Job = job
+	return d
+}
+
+// Rule ids of budget rejections: an empty wallet (the agent runner's RuleBudgetEmpty), and a
+// wallet_id that is not the package's job's wallet in the store.
+const (
+	RuleEmpty  = "budget.empty"
+	RuleWallet = "budget.wallet"
+)
 
 // Field paths of the budget reasons, relative to the package.
 const (
-	FieldHops  = "budget.hops_remaining"
-	FieldMoney = "budget.usd_remaining_micros"
+	FieldHops   = "budget.hops_remaining"
+	FieldMoney  = "budget.usd_remaining_micros"
+	FieldWallet = "budget.wallet_id"
 )
 
 type ctxKey struct{}
@@ -231,53 +250,61 @@ func (o *options) decide(ctx context.Context, w store.Wallets, method string, m 
 // check is decide for one package; reasons are relative to the package.
 func check(ctx context.Context, w store.Wallets, pkg *handoffv1.HandoffPackage, debit bool) (*handoffv1.Budget, []*handoffv1.Reason, error) {
 	b := pkg.GetBudget()
-	if id := b.GetWalletId(); id != "" {
-		if debit {
-			var after, held *handoffv1.Budget
-			var err error
-			if d, ok := DebitedFrom(ctx); ok && d.WalletID == id {
-				after, err = d.Wallet, d.Err // already debited (or refused) with the claim
-				if errors.Is(err, store.ErrWalletEmpty) {
-					after, held = nil, d.Wallet
-				}
-			} else {
-				after, err = w.Debit(ctx, id, HopDebit)
-			}
-			switch {
-			case err == nil:
-				after = proto.Clone(after).(*handoffv1.Budget)
-				after.WalletId = id
-				return after, nil, nil
-			case errors.Is(err, store.ErrWalletEmpty):
-				cur := held
-				if cur == nil {
-					if cur, err = w.Wallet(ctx, id); err != nil {
-						return nil, nil, storeError(err)
-					}
-				}
-				reasons := emptyParts(cur, fmt.Sprintf("wallet %q", id))
-				if len(reasons) == 0 { // not for lack of hops or money: say so as a whole
-					reasons = []*handoffv1.Reason{{Field: "budget", Rule: RuleEmpty,
-						Message: fmt.Sprintf("wallet %q cannot cover one hop", id)}}
-				}
-				return nil, reasons, nil
-			case errors.Is(err, store.ErrNotFound):
-				// Not a wallet of this store: check the package's own numbers below.
-			default:
-				return nil, nil, storeError(err)
-			}
-		} else {
-			cur, err := w.Wallet(ctx, id)
-			switch {
-			case err == nil:
-				return nil, emptyParts(cur, fmt.Sprintf("wallet %q", id)), nil
-			case errors.Is(err, store.ErrNotFound):
-			default:
+	id, job := b.GetWalletId(), pkg.GetJobId()
+	if id == "" {
+		return nil, emptyParts(b, "the job's wallet"), nil
+	}
+	if !debit {
+		cur, err := w.WalletFor(ctx, id, job)
+		switch {
+		case err == nil:
+			return nil, emptyParts(cur, fmt.Sprintf("wallet %q", id)), nil
+		case errors.Is(err, store.ErrNotFound), errors.Is(err, store.ErrWrongJob):
+			return nil, notJobs(id, job), nil
+		}
+		return nil, nil, storeError(err)
+	}
+	var after, held *handoffv1.Budget
+	var err error
+	if d, ok := DebitedFrom(ctx); ok && d.WalletID == id {
+		after, err = d.Wallet, d.Err // already debited (or refused) with the claim
+		if errors.Is(err, store.ErrWalletEmpty) {
+			after, held = nil, d.Wallet
+		}
+	} else {
+		after, err = w.Debit(ctx, id, HopFor(job))
+	}
+	switch {
+	case err == nil:
+		after = proto.Clone(after).(*handoffv1.Budget)
+		after.WalletId = id
+		return after, nil, nil
+	case errors.Is(err, store.ErrWalletEmpty):
+		// The debit checked the job first: this is the package's own job's wallet.
+		cur := held
+		if cur == nil {
+			if cur, err = w.WalletFor(ctx, id, job); err != nil {
 				return nil, nil, storeError(err)
 			}
 		}
+		reasons := emptyParts(cur, fmt.Sprintf("wallet %q", id))
+		if len(reasons) == 0 { // not for lack of hops or money: say so as a whole
+			reasons = []*handoffv1.Reason{{Field: "budget", Rule: RuleEmpty,
+				Message: fmt.Sprintf("wallet %q cannot cover one hop", id)}}
+		}
+		return nil, reasons, nil
+	case errors.Is(err, store.ErrNotFound), errors.Is(err, store.ErrWrongJob):
+		return nil, notJobs(id, job), nil
 	}
-	return nil, emptyParts(b, "the job's wallet"), nil
+	return nil, nil, storeError(err)
+}
+
+// notJobs is the reason for a wallet_id that is not a wallet of the package's job in this
+// store: unknown, another job's, or one that records no job, in the same words, naming only
+// what the package said.
+func notJobs(id, job string) []*handoffv1.Reason {
+	return []*handoffv1.Reason{{Field: FieldWallet, Rule: RuleWallet,
+		Message: fmt.Sprintf("wallet %q is not a wallet of job %q in this runner's store: a package pays only from its own job's wallet", id, job)}}
 }
 
 // emptyParts names each empty part of b (no money, no hops).

@@ -6,6 +6,7 @@ import (
 	"io"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -39,9 +40,10 @@ func openBolt(t *testing.T) *store.Bolt {
 	return st
 }
 
+// openWallet opens wallet id of job-1, the job of every package pkg makes.
 func openWallet(t *testing.T, w store.Wallets, id string, b *handoffv1.Budget) {
 	t.Helper()
-	if _, err := w.OpenWallet(context.Background(), id, b); err != nil {
+	if _, err := w.OpenWallet(context.Background(), id, "job-1", b); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -87,10 +89,18 @@ func (f *fakeWallets) Wallet(ctx context.Context, id string) (*handoffv1.Budget,
 	return f.Wallets.Wallet(ctx, id)
 }
 
+func (f *fakeWallets) WalletFor(ctx context.Context, id, job string) (*handoffv1.Budget, error) {
+	f.reads.Add(1)
+	if f.readErr != nil {
+		return nil, f.readErr
+	}
+	return f.Wallets.WalletFor(ctx, id, job)
+}
+
 // noWallets fails the test on any store call.
 type noWallets struct{ t *testing.T }
 
-func (n noWallets) OpenWallet(context.Context, string, *handoffv1.Budget) (*handoffv1.Budget, error) {
+func (n noWallets) OpenWallet(context.Context, string, string, *handoffv1.Budget) (*handoffv1.Budget, error) {
 	n.t.Error("store used")
 	return nil, errors.New("unexpected")
 }
@@ -99,6 +109,10 @@ func (n noWallets) Debit(context.Context, string, store.Debit) (*handoffv1.Budge
 	return nil, errors.New("unexpected")
 }
 func (n noWallets) Wallet(context.Context, string) (*handoffv1.Budget, error) {
+	n.t.Error("store used")
+	return nil, errors.New("unexpected")
+}
+func (n noWallets) WalletFor(context.Context, string, string) (*handoffv1.Budget, error) {
 	n.t.Error("store used")
 	return nil, errors.New("unexpected")
 }
@@ -224,8 +238,6 @@ func TestPackageNumbers(t *testing.T) {
 		{"no wallet, no money", "", 0, 3, []string{budget.FieldMoney}},
 		{"no wallet, no hops", "", usd, 0, []string{budget.FieldHops}},
 		{"no wallet, nothing", "", 0, 0, []string{budget.FieldMoney, budget.FieldHops}},
-		{"unknown wallet, enough", "nope", usd, 1, nil},
-		{"unknown wallet, no money", "nope", 0, 1, []string{budget.FieldMoney}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for _, method := range []string{deliver, check} {
@@ -261,6 +273,51 @@ func TestPackageNumbers(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestWalletNotTheJobs: a wallet_id that is not a wallet of the package's job in the store
+// (unknown, or another job's) is REJECTED_BUDGET naming budget.wallet_id, on Deliver and
+// Check alike, whatever the package's own numbers say; nothing is taken, and the words are
+// the same for both, so the answer says nothing of the other job's wallet.
+func TestWalletNotTheJobs(t *testing.T) {
+	st := openBolt(t)
+	theirs := &handoffv1.Budget{UsdRemainingMicros: 424242, HopsRemaining: 7, RevisionsRemaining: 3}
+	if _, err := st.OpenWallet(context.Background(), "run-theirs", "job-2", theirs); err != nil {
+		t.Fatal(err)
+	}
+	msgs := map[string]string{}
+	for _, id := range []string{"run-theirs", "run-nobody"} {
+		for _, method := range []string{deliver, check} {
+			h := &checkHandler{}
+			resp, err := runUnary(st, method, &handoffv1.CheckRequest{Package: pkg("draft", id, usd, 3)}, h.handle)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ack := ackIn(resp)
+			if h.calls != 0 || ack.GetStatus() != handoffv1.AckStatus_ACK_STATUS_REJECTED_BUDGET || ack.GetWallet() != nil || len(ack.GetReasons()) != 1 {
+				t.Fatalf("%s %s: calls=%d ack=%v; want REJECTED_BUDGET with one reason, no wallet", id, method, h.calls, ack)
+			}
+			r := ack.GetReasons()[0]
+			if r.GetField() != budget.FieldWallet || r.GetRule() != budget.RuleWallet {
+				t.Fatalf("%s %s: reason %v; want %s/%s", id, method, r, budget.FieldWallet, budget.RuleWallet)
+			}
+			msgs[id] = strings.ReplaceAll(r.GetMessage(), id, "ID")
+		}
+	}
+	if msgs["run-theirs"] != msgs["run-nobody"] {
+		t.Fatalf("another job's wallet and an unknown one are told apart:\n%q\n%q", msgs["run-theirs"], msgs["run-nobody"])
+	}
+	for _, leak := range []string{"424242", "7", "job-2"} {
+		if strings.Contains(msgs["run-theirs"], leak) {
+			t.Fatalf("the reason %q shows %q of the other job's wallet", msgs["run-theirs"], leak)
+		}
+	}
+	if got := walletOf(t, st, "run-theirs"); !proto.Equal(got, theirs) {
+		t.Fatalf("the other job's wallet is %v, want it untouched (%v)", got, theirs)
+	}
+	if _, err := st.Wallet(context.Background(), "run-nobody"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("the interceptor created a wallet: %v", err)
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/test/bufconn"
+	"google.golang.org/protobuf/proto"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/contract"
@@ -261,22 +262,33 @@ func TestIntegrationNoWalletZeroMoney(t *testing.T) {
 	}
 }
 
-func TestIntegrationUnknownWalletChecksNumbers(t *testing.T) {
+// TestIntegrationOtherJobsWallet: over gRPC, a package naming another job's wallet, or an
+// unknown one, is REJECTED_BUDGET naming budget.wallet_id, whatever its own numbers say:
+// the other wallet is untouched and the handler never runs.
+func TestIntegrationOtherJobsWallet(t *testing.T) {
 	st := openBolt(t)
-	c, runner := serve(t, st)
-	got, err := callDeliver(context.Background(), c, pkg("draft", "elsewhere-1", usd, 0))
-	if err != nil {
+	theirs := &handoffv1.Budget{UsdRemainingMicros: usd, HopsRemaining: 6}
+	if _, err := st.OpenWallet(context.Background(), "run-y", "job-y", theirs); err != nil {
 		t.Fatal(err)
 	}
-	if got.ack.GetStatus() != handoffv1.AckStatus_ACK_STATUS_REJECTED_BUDGET || !slices.Equal(reasonFields(got.ack.GetReasons()), []string{budget.FieldHops}) {
-		t.Fatalf("got %+v", got)
+	c, runner := serve(t, st)
+	for _, id := range []string{"run-y", "elsewhere-1"} {
+		for range 6 {
+			got, err := callDeliver(context.Background(), c, pkg("draft", id, usd, 2))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.ack.GetStatus() != handoffv1.AckStatus_ACK_STATUS_REJECTED_BUDGET || got.ack.GetWallet() != nil || got.result != nil ||
+				!slices.Equal(reasonFields(got.ack.GetReasons()), []string{budget.FieldWallet}) {
+				t.Fatalf("wallet %s: got %+v; want REJECTED_BUDGET naming %s", id, got, budget.FieldWallet)
+			}
+		}
 	}
-	got, err = callDeliver(context.Background(), c, pkg("draft", "elsewhere-1", usd, 2))
-	if err != nil || got.ack.GetStatus() != handoffv1.AckStatus_ACK_STATUS_ACCEPTED || got.ack.GetWallet() != nil {
-		t.Fatalf("got %+v, %v: want ACCEPTED without ack.wallet (no debit happened here)", got, err)
+	if runner.delivers.Load() != 0 {
+		t.Fatalf("handler called %d times, want 0", runner.delivers.Load())
 	}
-	if runner.delivers.Load() != 1 {
-		t.Fatalf("handler called %d times, want 1", runner.delivers.Load())
+	if got := walletOf(t, st, "run-y"); !proto.Equal(got, theirs) {
+		t.Fatalf("job-y's wallet = %v, want it untouched", got)
 	}
 	if _, err := st.Wallet(context.Background(), "elsewhere-1"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("the interceptor created a wallet: %v", err)

@@ -20,6 +20,7 @@ import (
 // Run runs the suite. newStore must return an empty store that the suite may use freely.
 func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 	t.Run("Runs", func(t *testing.T) { testRuns(t, newStore(t)) })
+	t.Run("SubmitRules", func(t *testing.T) { testSubmitRules(t, newStore(t)) })
 	t.Run("ListRunsPaging", func(t *testing.T) { testListRuns(t, newStore(t)) })
 	t.Run("Events", func(t *testing.T) { testEvents(t, newStore(t)) })
 	t.Run("ClaimCompleteRelease", func(t *testing.T) { testClaim(t, newStore(t)) })
@@ -27,6 +28,7 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 	t.Run("ConcurrentClaim", func(t *testing.T) { testConcurrentClaim(t, newStore(t)) })
 	t.Run("Ledger", func(t *testing.T) { testLedger(t, newStore(t)) })
 	t.Run("Wallet", func(t *testing.T) { testWallet(t, newStore(t)) })
+	t.Run("WalletJob", func(t *testing.T) { testWalletJob(t, newStore(t)) })
 	t.Run("ConcurrentDebit", func(t *testing.T) { testConcurrentDebit(t, newStore(t)) })
 	t.Run("WalletExactMoney", func(t *testing.T) { testWalletExactMoney(t, newStore(t)) })
 	t.Run("RunEdges", func(t *testing.T) { testRunEdges(t, newStore(t)) })
@@ -42,7 +44,7 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 func testWalletExactMoney(t *testing.T, s store.Store) {
 	ctx := context.Background()
 	const big = 1<<62 + 1 // far past 2^53, where a float64 stops being exact
-	if _, err := s.OpenWallet(ctx, "rich", &handoffv1.Budget{UsdRemainingMicros: big, HopsRemaining: 3, RevisionsRemaining: 2}); err != nil {
+	if _, err := s.OpenWallet(ctx, "rich", "job-rich", &handoffv1.Budget{UsdRemainingMicros: big, HopsRemaining: 3, RevisionsRemaining: 2}); err != nil {
 		t.Fatal(err)
 	}
 	got, err := s.Debit(ctx, "rich", store.Debit{USDMicros: 1, RequireMoney: true})
@@ -168,11 +170,11 @@ func testWallet(t *testing.T, s store.Store) {
 		t.Fatalf("Debit(missing) = %v, want ErrNotFound", err)
 	}
 	start := &handoffv1.Budget{UsdRemainingMicros: 1000, RevisionsRemaining: 1, HopsRemaining: 2}
-	if _, err := s.OpenWallet(ctx, "w", start); err != nil {
+	if _, err := s.OpenWallet(ctx, "w", "job-w", start); err != nil {
 		t.Fatal(err)
 	}
 	// Opening again (a retried submit) changes nothing.
-	if got, err := s.OpenWallet(ctx, "w", &handoffv1.Budget{UsdRemainingMicros: 5}); err != nil || !proto.Equal(got, start) {
+	if got, err := s.OpenWallet(ctx, "w", "job-w", &handoffv1.Budget{UsdRemainingMicros: 5}); err != nil || !proto.Equal(got, start) {
 		t.Fatalf("reopen = %v, %v; want the first budget", got, err)
 	}
 	got, err := s.Debit(ctx, "w", store.Debit{Hops: 1, USDMicros: 400, RequireMoney: true})
@@ -197,7 +199,7 @@ func testWallet(t *testing.T, s store.Store) {
 
 func testConcurrentDebit(t *testing.T, s store.Store) {
 	ctx := context.Background()
-	if _, err := s.OpenWallet(ctx, "hot", &handoffv1.Budget{UsdRemainingMicros: 1_000_000, HopsRemaining: 10}); err != nil {
+	if _, err := s.OpenWallet(ctx, "hot", "job-hot", &handoffv1.Budget{UsdRemainingMicros: 1_000_000, HopsRemaining: 10}); err != nil {
 		t.Fatal(err)
 	}
 	ok, empty := RaceDebits(t, []store.Store{s}, "hot", store.Debit{Hops: 1, USDMicros: 1, RequireMoney: true})
@@ -226,8 +228,10 @@ func testRuns(t *testing.T, s store.Store) {
 	if evs, err := s.Events(ctx, "run-1", 0); err != nil || len(evs) != 1 || evs[0].GetKind() != handoffv1.EventKind_EVENT_KIND_SUBMITTED || evs[0].GetSeq() != 1 || submitted.GetSeq() != 1 {
 		t.Fatalf("events of the new run = %v, %v (seq set %d); want SUBMITTED as 1", evs, err, submitted.GetSeq())
 	}
-	// Same request id, new run id: the first run comes back, nothing new is stored.
-	again := &handoffv1.Job{RunId: "run-2", JobId: "tkt_1", RequestId: "req-1", Wallet: &handoffv1.Budget{HopsRemaining: 1}}
+	// Same request id and request, new run id: the first run comes back, nothing new is
+	// stored. (A different request under that id is testSubmitRules'.)
+	again := proto.Clone(job).(*handoffv1.Job)
+	again.RunId = "run-2"
 	got, created, err = s.CreateRun(ctx, again, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_SUBMITTED})
 	if err != nil || created || got.GetRunId() != "run-1" {
 		t.Fatalf("CreateRun(same request id) = %v, %v, %v; want run-1, not created", got.GetRunId(), created, err)
@@ -242,10 +246,10 @@ func testRuns(t *testing.T, s store.Store) {
 		t.Fatalf("the retry appended events %v, %v; want none", evs, err)
 	}
 	// A wallet that exists is left as it is (as OpenWallet does).
-	if _, err := s.OpenWallet(ctx, "run-3", &handoffv1.Budget{HopsRemaining: 9}); err != nil {
+	if _, err := s.OpenWallet(ctx, "run-3", "tkt_3", &handoffv1.Budget{HopsRemaining: 9}); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := s.CreateRun(ctx, &handoffv1.Job{RunId: "run-3", Wallet: &handoffv1.Budget{HopsRemaining: 1}}); err != nil {
+	if _, _, err := s.CreateRun(ctx, &handoffv1.Job{RunId: "run-3", JobId: "tkt_3", Wallet: &handoffv1.Budget{HopsRemaining: 1}}); err != nil {
 		t.Fatal(err)
 	}
 	if w, err := s.Wallet(ctx, "run-3"); err != nil || w.GetHopsRemaining() != 9 {
@@ -452,7 +456,7 @@ func PagedRunIDs(t testing.TB, s store.Runs, state handoffv1.JobState, pageSize,
 func testAdmit(t *testing.T, s store.Store) {
 	ctx := context.Background()
 	hop := store.Debit{Hops: 1, RequireMoney: true}
-	if _, err := s.OpenWallet(ctx, "w", &handoffv1.Budget{UsdRemainingMicros: 500, RevisionsRemaining: 1, HopsRemaining: 1}); err != nil {
+	if _, err := s.OpenWallet(ctx, "w", "job-w", &handoffv1.Budget{UsdRemainingMicros: 500, RevisionsRemaining: 1, HopsRemaining: 1}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.Admit(ctx, "", time.Minute, "w", hop); err == nil {
@@ -501,7 +505,7 @@ func testAdmit(t *testing.T, s store.Store) {
 	// the same wallet: the retry is claimed, reported paid, and the wallet is unchanged.
 	// Another wallet pays for the same key on its own.
 	for _, id := range []string{"w2", "w3"} {
-		if _, err := s.OpenWallet(ctx, id, &handoffv1.Budget{UsdRemainingMicros: 500, HopsRemaining: 5}); err != nil {
+		if _, err := s.OpenWallet(ctx, id, "job-"+id, &handoffv1.Budget{UsdRemainingMicros: 500, HopsRemaining: 5}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -552,7 +556,7 @@ func testAdmit(t *testing.T, s store.Store) {
 // than the wallet holds.
 func testConcurrentAdmit(t *testing.T, s store.Store) {
 	ctx := context.Background()
-	if _, err := s.OpenWallet(ctx, "hot", &handoffv1.Budget{UsdRemainingMicros: 1_000, HopsRemaining: 20}); err != nil {
+	if _, err := s.OpenWallet(ctx, "hot", "job-hot", &handoffv1.Budget{UsdRemainingMicros: 1_000, HopsRemaining: 20}); err != nil {
 		t.Fatal(err)
 	}
 	var sameClaimed, debited, empty atomic.Int32

@@ -27,7 +27,7 @@ export const file_handoff_v1_coordinator: GenFile = /*@__PURE__*/
  */
 export type SubmitJobRequest = Message<"handoff.v1.SubmitJobRequest"> & {
   /**
-   * Client-chosen id that makes the submit safe to retry.
+   * Client-chosen id that makes the submit safe to retry: one id, one request.
    *
    * @generated from field: string request_id = 1;
    */
@@ -65,7 +65,9 @@ export type SubmitJobRequest = Message<"handoff.v1.SubmitJobRequest"> & {
   budget?: Budget | undefined;
 
   /**
-   * The job's inputs by reference (the raw ticket).
+   * The job's inputs by reference (the raw ticket). Each is stored in the job's own folder
+   * under the artifact root (file:///<root>/<job_id>/...), or carries the sha256 its reader
+   * checks.
    *
    * @generated from field: repeated handoff.v1.Artifact inputs = 7;
    */
@@ -1062,8 +1064,13 @@ export const ResolutionActionSchema: GenEnum<ResolutionAction> = /*@__PURE__*/
 export const CoordinatorService: GenService<{
   /**
    * SubmitJob starts a run of a job through a pipeline. A retried submit with the same
-   * request_id returns the run the first one started. A new submit of a job_id that already
-   * ran starts a new run whose completed stages answer DUPLICATE and write nothing again.
+   * request_id and the same request returns the run the first one started; the same
+   * request_id with any other request is FAILED_PRECONDITION naming request_id. A new submit
+   * of a job_id that already ran, with the same content (goal, constraints, pipeline,
+   * inputs, memory_refs), starts a new run whose completed stages answer DUPLICATE and write
+   * nothing again; with other content it is ALREADY_EXISTS naming job_id: a job's content is
+   * fixed by its first submission. An input that is neither in the job's own folder under
+   * the artifact root nor pinned by a sha256 is INVALID_ARGUMENT naming inputs[i].uri.
    *
    * @generated from rpc handoff.v1.CoordinatorService.SubmitJob
    */
