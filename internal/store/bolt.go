@@ -3,7 +3,6 @@ package store
 import (
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -579,37 +578,4 @@ func (s *Bolt) Lookup(_ context.Context, key string) (ClaimState, []byte, error)
 		return nil
 	})
 	return state, value, err
-}
-
-func (s *Bolt) AppendLedger(_ context.Context, key string, payload []byte) (LedgerEntry, error) {
-	var e LedgerEntry
-	err := s.update(func(tx *bolt.Tx) error {
-		b := tx.Bucket(bucketLedger)
-		seq, err := b.NextSequence()
-		if err != nil {
-			return err
-		}
-		e = LedgerEntry{ID: fmt.Sprintf("ledger-%06d", seq), Key: key, Payload: append([]byte(nil), payload...), At: s.now().UTC()}
-		data, err := json.Marshal(e)
-		if err != nil {
-			return err
-		}
-		return b.Put(u64(seq), data)
-	})
-	return e, err
-}
-
-func (s *Bolt) LedgerEntries(context.Context) ([]LedgerEntry, error) {
-	var out []LedgerEntry
-	err := s.db.View(func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketLedger).ForEach(func(_, v []byte) error {
-			var e LedgerEntry
-			if err := json.Unmarshal(v, &e); err != nil {
-				return err
-			}
-			out = append(out, e)
-			return nil
-		})
-	})
-	return out, err
 }

@@ -35,12 +35,16 @@ package store
 //	                             paid:<idempotency key> for each hop Admit debited from it.
 //	ledger               list    JSON {Key, Payload, At}; the element at index i is entry
 //	                             ledger-%06d of i+1 (append-only, like events).
+//	ledger:keys          hash    ledger key -> its entry's number: the ledger upserts by key.
+//	ledger:offers        hash    ledger key -> how many appends named it (LedgerEntry.Offers).
 //
 // Atomicity. Each operation that reads and then writes, or touches several keys, is one Lua
 // script (EVALSHA, falling back to EVAL when the server has not cached it), which Redis runs
 // with nothing interleaved, so concurrent callers in different processes cannot race. Where
 // one command is already atomic it is used alone: PutRun without events is SET XX, Complete
-// is SET, AppendLedger is RPUSH (whose reply is the new length, i.e. the sequence number).
+// is SET. AppendLedger is a script too (an upsert: look the key up, else RPUSH, whose reply
+// is the new length, i.e. the sequence number), and AppendLedgerComplete one that also
+// stores the idempotency result (redis_ledger.go).
 // The agent runner's hop is Admit (claim + wallet debit, one script) and Complete.
 //
 // Scripts name all their keys in KEYS. On Redis Cluster they still need every key in one
@@ -48,7 +52,6 @@ package store
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -863,47 +866,4 @@ func (s *Redis) Lookup(ctx context.Context, key string) (ClaimState, []byte, err
 		return 0, nil, s.errf("lookup %q: %w", key, err)
 	}
 	return st, val, nil
-}
-
-// ---- Ledger ----
-
-// ledgerRecord is a ledger entry as stored; its ID comes from its position in the list.
-type ledgerRecord struct {
-	Key     string    `json:"key"`
-	Payload []byte    `json:"payload"`
-	At      time.Time `json:"at"`
-}
-
-func ledgerID(seq int64) string { return fmt.Sprintf("ledger-%06d", seq) }
-
-// AppendLedger is one RPUSH: its reply, the list's new length, is the entry's sequence number,
-// so no two appends (from any process) get the same ID.
-func (s *Redis) AppendLedger(ctx context.Context, key string, payload []byte) (LedgerEntry, error) {
-	e := LedgerEntry{Key: key, Payload: append([]byte(nil), payload...), At: s.now().UTC()}
-	data, err := json.Marshal(ledgerRecord{Key: e.Key, Payload: e.Payload, At: e.At})
-	if err != nil {
-		return LedgerEntry{}, fmt.Errorf("store: encode ledger entry: %w", err)
-	}
-	n, err := s.rdb.RPush(ctx, s.key("ledger"), data).Result()
-	if err != nil {
-		return LedgerEntry{}, s.errf("append ledger %q: %w", key, err)
-	}
-	e.ID = ledgerID(n)
-	return e, nil
-}
-
-func (s *Redis) LedgerEntries(ctx context.Context) ([]LedgerEntry, error) {
-	raw, err := s.rdb.LRange(ctx, s.key("ledger"), 0, -1).Result()
-	if err != nil {
-		return nil, s.errf("ledger entries: %w", err)
-	}
-	var out []LedgerEntry
-	for i, r := range raw {
-		var rec ledgerRecord
-		if err := json.Unmarshal([]byte(r), &rec); err != nil {
-			return nil, fmt.Errorf("store: decode ledger entry %d: %w", i+1, err)
-		}
-		out = append(out, LedgerEntry{ID: ledgerID(int64(i + 1)), Key: rec.Key, Payload: rec.Payload, At: rec.At})
-	}
-	return out, nil
 }

@@ -92,7 +92,7 @@ func TestRedisKeysStayUnderPrefix(t *testing.T) {
 	if _, _, err := s.Claim(ctx, "k-"+tok, time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.AppendLedger(ctx, "k-"+tok, []byte("x")); err != nil {
+	if _, _, err := s.AppendLedger(ctx, "k-"+tok, []byte("x")); err != nil {
 		t.Fatal(err)
 	}
 	var all []string
@@ -109,9 +109,10 @@ func TestRedisKeysStayUnderPrefix(t *testing.T) {
 		}
 	}
 	own := storetest.RedisKeys(t, rdb, prefix)
-	// run, runs:index, runs:seq, request, requestsum, jobsum, events, wallet, idem, ledger.
-	if len(own) != 10 {
-		t.Errorf("keys under the prefix = %v, want the 10 of the documented layout", own)
+	// run, runs:index, runs:seq, request, requestsum, jobsum, events, wallet, idem, ledger,
+	// ledger:keys, ledger:offers.
+	if len(own) != 12 {
+		t.Errorf("keys under the prefix = %v, want the 12 of the documented layout", own)
 	}
 }
 

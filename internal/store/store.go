@@ -1,5 +1,6 @@
 // Package store holds the platform's durable state: job runs and their timelines,
-// idempotency records, and the demo ledger that stands in for an external system.
+// idempotency records, and the demo ledger that stands in for an external system (and,
+// like one, upserts by idempotency key).
 //
 // Every service talks to the Store interface; the embedded bbolt implementation (Open) is
 // the default, so one laptop needs no server. Implementations must make Claim atomic: it
@@ -242,12 +243,31 @@ type LedgerEntry struct {
 	Key     string
 	Payload []byte
 	At      time.Time
+	// Offers is how many AppendLedger or AppendLedgerComplete calls named Key, the one
+	// that made the entry included. Above 1, the platform sent the write again and the
+	// ledger absorbed it by its key: what would have been a double write. Not part of the
+	// entry as stored (json:"-"); the store counts it beside the entry.
+	Offers int `json:"-"`
 }
 
-// Ledger is the demo's external system: an append-only list of writes. It is deliberately
-// NOT idempotent itself, so tests can count double writes the platform failed to prevent.
+// Ledger is the demo's external system, and like a real downstream it enforces the
+// idempotency key itself: it upserts by key. The first write of a key makes its entry;
+// every later one returns that entry, writes no other and does not change it (its payload
+// is neither kept nor compared: the first write wins), and is only counted
+// (LedgerEntry.Offers), so tests still see each write the platform let through twice.
 type Ledger interface {
-	AppendLedger(ctx context.Context, key string, payload []byte) (LedgerEntry, error)
+	// AppendLedger makes key's entry with payload unless key has one, and returns key's
+	// entry; created says whether this call made it.
+	AppendLedger(ctx context.Context, key string, payload []byte) (e LedgerEntry, created bool, err error)
+	// AppendLedgerComplete is AppendLedger and Idempotency.Complete in one transaction,
+	// for a writer whose idempotency records live in this store: it upserts payload under
+	// key as AppendLedger does and stores result(entry) under idemKey as Complete(idemKey,
+	// result(entry), ttl) does, whichever call made the entry. So the entry and the result
+	// built from it (the writeback's receipt naming the entry id) exist together or not at
+	// all, whenever the writer dies. result may run more than once (each run must only
+	// compute); an error from it aborts the transaction and is returned.
+	AppendLedgerComplete(ctx context.Context, key string, payload []byte, idemKey string, ttl time.Duration, result func(LedgerEntry) ([]byte, error)) (e LedgerEntry, created bool, err error)
+	// LedgerEntries returns every entry, oldest first, each with its Offers.
 	LedgerEntries(ctx context.Context) ([]LedgerEntry, error)
 }
 

@@ -651,7 +651,7 @@ func TestLedgerRecoversWriteOfDeadWriter(t *testing.T) {
 	if s, _, err := e.st.Claim(ctx, wantKey, ttl); err != nil || s != store.Claimed {
 		t.Fatalf("claim: %v %v", s, err)
 	}
-	entry, err := e.st.AppendLedger(ctx, wantKey, e.body)
+	entry, _, err := e.st.AppendLedger(ctx, wantKey, e.body)
 	if err != nil {
 		t.Fatal(err)
 	}

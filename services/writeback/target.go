@@ -77,7 +77,7 @@ func (l *Ledger) Write(ctx context.Context, w WriteInput) (string, error) {
 			}
 		}
 	}
-	e, err := l.Store.AppendLedger(ctx, w.Key, w.Payload)
+	e, _, err := l.Store.AppendLedger(ctx, w.Key, w.Payload)
 	if err != nil {
 		return "", fmt.Errorf("ledger: append %s: %w", w.Key, err)
 	}

@@ -26,7 +26,7 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 	t.Run("ClaimCompleteRelease", func(t *testing.T) { testClaim(t, newStore(t)) })
 	t.Run("ClaimExpiry", func(t *testing.T) { testClaimExpiry(t, newStore(t)) })
 	t.Run("ConcurrentClaim", func(t *testing.T) { testConcurrentClaim(t, newStore(t)) })
-	t.Run("Ledger", func(t *testing.T) { testLedger(t, newStore(t)) })
+	t.Run("Ledger", func(t *testing.T) { runLedger(t, newStore) })
 	t.Run("Wallet", func(t *testing.T) { testWallet(t, newStore(t)) })
 	t.Run("WalletJob", func(t *testing.T) { testWalletJob(t, newStore(t)) })
 	t.Run("ConcurrentDebit", func(t *testing.T) { testConcurrentDebit(t, newStore(t)) })
@@ -408,22 +408,6 @@ func testConcurrentClaim(t *testing.T, s store.Store) {
 	wg.Wait()
 	if counts[store.Claimed] != 1 || counts[store.Pending] != 99 {
 		t.Fatalf("100 concurrent claims: %v; want exactly one claimed", counts)
-	}
-}
-
-func testLedger(t *testing.T, s store.Store) {
-	ctx := context.Background()
-	a, err := s.AppendLedger(ctx, "k1", []byte("one"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := s.AppendLedger(ctx, "k1", []byte("two"))
-	if err != nil || a.ID == b.ID {
-		t.Fatalf("ledger ids %q %q, %v: each append is its own entry", a.ID, b.ID, err)
-	}
-	es, err := s.LedgerEntries(ctx)
-	if err != nil || len(es) != 2 || string(es[1].Payload) != "two" {
-		t.Fatalf("LedgerEntries = %v, %v", es, err)
 	}
 }
 
