@@ -296,6 +296,10 @@ type fakeWriteback struct {
 	// started receives once per call when set; the call then waits for proceed.
 	started chan struct{}
 	proceed chan struct{}
+	// selfStore, when set, is where the handler stores its response itself (Claim.Stored),
+	// as a target in the idempotency store would with its write; claims gets each Claim.
+	selfStore store.Idempotency
+	claims    chan *idempotency.Claim
 }
 
 func (f *fakeWriteback) Write(ctx context.Context, req *handoffv1.WriteRequest) (*handoffv1.WriteResponse, error) {
@@ -322,11 +326,30 @@ func (f *fakeWriteback) Write(ctx context.Context, req *handoffv1.WriteRequest) 
 	}
 	key, _ := writeKey(req)
 	id := f.sink.write(key)
-	return &handoffv1.WriteResponse{Receipt: &handoffv1.Receipt{
+	resp := &handoffv1.WriteResponse{Receipt: &handoffv1.Receipt{
 		IdempotencyKey: key, Target: req.GetTarget(), ExternalId: id,
 		WrittenAt: timestamppb.Now(), JobId: req.GetPackage().GetJobId(),
 		Traceparent: req.GetPackage().GetTrace().GetTraceparent(),
-	}}, nil
+	}}
+	if f.claims != nil {
+		c, _ := idempotency.ClaimFrom(ctx)
+		f.claims <- c
+	}
+	if f.selfStore != nil {
+		c, ok := idempotency.ClaimFrom(ctx)
+		if !ok {
+			return nil, status.Error(codes.Internal, "no claim in the handler's context")
+		}
+		data, err := proto.Marshal(resp)
+		if err != nil {
+			return nil, err
+		}
+		if err := f.selfStore.Complete(ctx, c.Key, data, c.ResultTTL); err != nil {
+			return nil, status.Error(codes.Unavailable, err.Error())
+		}
+		c.Stored()
+	}
+	return resp, nil
 }
 
 func writebackClient(t testing.TB, st store.Idempotency, f *fakeWriteback, opts ...idempotency.Option) handoffv1.WritebackServiceClient {

@@ -18,7 +18,9 @@
 //     the message "request with idempotency key K is in flight; retry in 1s".
 //   - Claimed: the handler runs. On success the result is stored under the key (Complete,
 //     kept for the result TTL) before it is sent; on a handler error the key is released
-//     (Release) and the error is returned unchanged, so a retry runs again.
+//     (Release) and the error is returned unchanged, so a retry runs again. A handler whose
+//     effect lives in the idempotency store itself stores the result in the same
+//     transaction as the effect instead, and says so (ClaimFrom, Claim.Stored).
 //
 // A handler must therefore return an error only when it did no external effect: the
 // interceptor releases the key on every error, and the retry runs the handler again.
@@ -62,6 +64,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/handoffhq/handoff/internal/crashpoint"
 	"github.com/handoffhq/handoff/internal/store"
 )
 
@@ -119,8 +122,11 @@ func UnaryServerInterceptor(st store.Idempotency, opts ...Option) grpc.UnaryServ
 			e.release(ctx, info.FullMethod, key)
 			return nil, status.FromContextError(err).Err()
 		}
+		crashpoint.Hit(crashpoint.AfterClaim, key)
 		wctx, cancel := e.workContext(ctx)
 		defer cancel()
+		held := &Claim{Key: key, ResultTTL: e.resultTTL}
+		wctx = withClaim(wctx, held)
 		returned := false
 		defer func() {
 			if !returned {
@@ -134,18 +140,21 @@ func UnaryServerInterceptor(st store.Idempotency, opts ...Option) grpc.UnaryServ
 			e.release(ctx, info.FullMethod, key)
 			return resp, herr
 		}
-		out, ok := resp.(proto.Message)
-		if !ok {
-			err = fmt.Errorf("response %T is not a protobuf message", resp)
-		} else {
-			var data []byte
-			if data, err = proto.Marshal(out); err == nil {
-				err = e.complete(ctx, key, data)
+		if !held.stored.Load() { // else the handler stored it with its effect (Claim)
+			out, ok := resp.(proto.Message)
+			if !ok {
+				err = fmt.Errorf("response %T is not a protobuf message", resp)
+			} else {
+				var data []byte
+				if data, err = proto.Marshal(out); err == nil {
+					err = e.complete(ctx, key, data)
+				}
+			}
+			if err != nil {
+				return nil, e.notRecorded(ctx, info.FullMethod, key, err)
 			}
 		}
-		if err != nil {
-			return nil, e.notRecorded(ctx, info.FullMethod, key, err)
-		}
+		crashpoint.Hit(crashpoint.AfterReceipt, key)
 		return resp, nil
 	}
 }

@@ -206,3 +206,45 @@ func TestResultTTLExpiry(t *testing.T) {
 		t.Errorf("%d writes; want 2 (the result had expired)", f.sink.count())
 	}
 }
+
+// TestHandlerStoresItsResult: a handler whose effect lives in the idempotency store finds
+// its claim (key and result TTL) in its context, stores the result itself (with the effect,
+// in one transaction, in the writeback) and says so: the interceptor does not store it
+// again, and repeats are answered with what the handler stored.
+func TestHandlerStoresItsResult(t *testing.T) {
+	bolt := openBolt(t)
+	fs := &faultStore{Idempotency: bolt}
+	f := &fakeWriteback{selfStore: bolt, claims: make(chan *idempotency.Claim, 1)}
+	c := writebackClient(t, fs, f, idempotency.WithResultTTL(time.Hour))
+	ctx := context.Background()
+	first, err := c.Write(ctx, writeReq("job-self"))
+	if err != nil || first.GetDuplicate() {
+		t.Fatalf("Write = %v, %v; want a fresh write", first, err)
+	}
+	if cl := <-f.claims; cl == nil || cl.Key != "job-self:writeback:summary_md" || cl.ResultTTL != time.Hour {
+		t.Fatalf("claim in the handler's context = %+v; want key job-self:writeback:summary_md, result TTL 1h", cl)
+	}
+	if n := fs.completes.Load(); n != 0 {
+		t.Errorf("the interceptor stored the result %d times after the handler had; want 0", n)
+	}
+	again, err := c.Write(ctx, writeReq("job-self"))
+	if err != nil || !again.GetDuplicate() || !proto.Equal(again.GetReceipt(), first.GetReceipt()) {
+		t.Fatalf("repeat = %v, %v; want the handler's stored receipt, duplicate", again, err)
+	}
+	if f.calls.Load() != 1 || f.sink.count() != 1 {
+		t.Errorf("%d handler calls, %d writes; want 1 and 1", f.calls.Load(), f.sink.count())
+	}
+
+	// A handler that stores nothing itself has its result stored by the interceptor.
+	f2 := &fakeWriteback{claims: make(chan *idempotency.Claim, 1)}
+	fs2 := &faultStore{Idempotency: openBolt(t)}
+	if _, err := writebackClient(t, fs2, f2).Write(ctx, writeReq("job-plain")); err != nil {
+		t.Fatal(err)
+	}
+	if cl := <-f2.claims; cl == nil || cl.ResultTTL != 0 {
+		t.Fatalf("claim = %+v; want one with the default result TTL 0 (forever)", cl)
+	}
+	if n := fs2.completes.Load(); n != 1 {
+		t.Errorf("the interceptor stored the result %d times; want 1", n)
+	}
+}
