@@ -48,7 +48,8 @@ address the replay sends hops to as the coordinator), it dials the deployment:
   writes    --writeback ADDR; the artifact to write is the result's, or one stored in
             --artifacts DIR (the deployment's artifact folder) when the result has none
   counts    --metrics URL (the runner's /metrics) for agent calls, --ledger-store redis://...
-            for ledger entries; without them those figures are "unknown" (double writes are
+            for ledger entries and the writes offered per key (the ledger upserts by key and
+            counts each offer); without them those figures are "unknown" (double writes are
             then judged from the receipts)
 
 Exits 0 when every package got its expected status and agent calls for rejected packages,

@@ -95,7 +95,7 @@ type ReplayConfig struct {
 	// AcceptedCounter, when set (and Agent is not), reads the runner's count of ACCEPTED
 	// Deliver acks (from /metrics) before and after: an agent runs only after ACCEPTED.
 	AcceptedCounter func(context.Context) (float64, error)
-	// Ledger, when set, is read after the replay to count ledger entries per key.
+	// Ledger, when set, is read after the replay to count the writes offered per key.
 	Ledger store.Ledger
 	// Progress, when set, is called after each package with the number done.
 	Progress func(done int)
@@ -121,8 +121,10 @@ type WriteReport struct {
 	// LedgerEntries and LedgerKeys of this replay's jobs ("unknown" without a ledger).
 	LedgerEntries any `json:"ledger_entries"`
 	LedgerKeys    any `json:"ledger_keys"`
-	// DoubleWrites is the number of ledger entries beyond the first per key; without a
-	// ledger, the repeats whose receipt named another external write than the first.
+	// DoubleWrites is the number of writes the ledger was offered beyond the first per key
+	// (it upserts, so it absorbed them: each is a write the platform let through twice)
+	// plus any entries beyond the first per key; without a ledger, the repeats whose
+	// receipt named another external write than the first.
 	DoubleWrites   int    `json:"double_writes"`
 	DoubleWritesBy string `json:"double_writes_by"`
 }
@@ -505,11 +507,11 @@ func (cfg *ReplayConfig) report(ctx context.Context, items []*replayItem, runPre
 		if entries, err := cfg.Ledger.LedgerEntries(ctx); err != nil {
 			w.DoubleWritesBy = "ledger unreadable: " + err.Error()
 		} else {
-			perKey := map[string]int{}
+			perKey := map[string]int{} // offers
 			total := 0
 			for _, e := range entries {
 				if strings.HasPrefix(e.Key, runPrefix+"-") {
-					perKey[e.Key]++
+					perKey[e.Key] += max(e.Offers, 1)
 					total++
 				}
 			}
@@ -518,7 +520,7 @@ func (cfg *ReplayConfig) report(ctx context.Context, items []*replayItem, runPre
 				w.DoubleWrites += c - 1
 			}
 			w.LedgerEntries, w.LedgerKeys = total, len(perKey)
-			w.DoubleWritesBy = "ledger entries per key beyond the first"
+			w.DoubleWritesBy = "ledger offers per key beyond the first (the ledger upserts by key and counts each offer)"
 		}
 	}
 

@@ -187,9 +187,10 @@ func Start(ctx context.Context, cfg Config) (st *Stack, err error) {
 		return nil, err
 	}
 
-	// The demo ledger appends every write it receives (no key check of its own), so a
-	// double write the platform let through would show in its count.
-	targets := []writeback.Target{&writeback.Ledger{Store: s.Store, AppendOnly: true}}
+	// The demo ledger enforces the key as a downstream system must (it upserts), and on
+	// the writeback's own store each entry and its receipt are one transaction. A write
+	// the platform let through twice still shows, in the entry's Offers.
+	targets := []writeback.Target{writeback.NewLedger(s.Store)}
 	if cfg.WebhookURL != "" {
 		wh, err := writeback.NewWebhook(writeback.WebhookConfig{URL: cfg.WebhookURL})
 		if err != nil {

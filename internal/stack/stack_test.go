@@ -15,6 +15,7 @@ import (
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/artifact"
 	"github.com/handoffhq/handoff/internal/stack"
+	"github.com/handoffhq/handoff/internal/store"
 	"github.com/handoffhq/handoff/internal/telemetry"
 )
 
@@ -57,6 +58,61 @@ func TestMetrics(t *testing.T) {
 	}
 }
 
+// writeReq is a write the judge passed, of a summary stored in st's artifacts.
+func writeReq(t *testing.T, st *stack.Stack, jobID string) *handoffv1.WriteRequest {
+	t.Helper()
+	art, err := st.Artifacts.Put(context.Background(), artifact.Ref{JobID: jobID, Stage: "draft", Type: "summary_md", SchemaVersion: "summary_md.v1", MediaType: "text/markdown"}, []byte("summary [hc-refund-policy]"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &handoffv1.WriteRequest{
+		Package: &handoffv1.HandoffPackage{
+			Schema: "handoff.v1", JobId: jobID, Stage: "writeback", Goal: "g",
+			Budget:    &handoffv1.Budget{UsdRemainingMicros: 1, HopsRemaining: 1},
+			Evaluator: &handoffv1.Evaluator{LastVerdict: handoffv1.Verdict_VERDICT_PASS, Rounds: 1},
+			Artifacts: []*handoffv1.Artifact{art},
+		},
+		Artifact: art, Target: "ledger",
+	}
+}
+
+// TestLedgerEnforcesTheKey is the issue's double write under `+"`handoff up`"+`: a writeback
+// that died after its ledger entry and before its receipt, whose claim then lapsed. The
+// retry finds the key's entry instead of writing a second one (the stack's ledger used to
+// append every write), and its receipt, stored with it, names that entry.
+func TestLedgerEnforcesTheKey(t *testing.T) {
+	st, err := stack.Start(context.Background(), stack.Config{DataDir: t.TempDir(), CoordinatorAddr: "127.0.0.1:0", RunnerAddr: "127.0.0.1:0", WritebackAddr: "127.0.0.1:0",
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	ctx := context.Background()
+	const key = "tkt_9:writeback:summary_md"
+	dead, _, err := st.Store.AppendLedger(ctx, key, []byte("summary [hc-refund-policy]"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc, err := st.DialAs(st.WritebackAddr, "coordinator")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := handoffv1.NewWritebackServiceClient(cc).Write(ctx, writeReq(t, st, "tkt_9"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.GetReceipt().GetExternalId() != dead.ID {
+		t.Errorf("receipt names %s; want the entry the dead writer made, %s", resp.GetReceipt().GetExternalId(), dead.ID)
+	}
+	entries, err := st.Store.LedgerEntries(ctx)
+	if err != nil || len(entries) != 1 || entries[0].Offers != 2 {
+		t.Fatalf("ledger %+v, %v; want one entry for the key, offered twice", entries, err)
+	}
+	if state, _, err := st.Store.Lookup(ctx, key); err != nil || state != store.Done {
+		t.Errorf("receipt record %v, %v; want done", state, err)
+	}
+}
+
 // TestOnlyTheCoordinatorWrites calls Writeback with a write the judge passed, as the agent
 // runner and as nobody: both are refused before any handler runs and nothing is written.
 func TestOnlyTheCoordinatorWrites(t *testing.T) {
@@ -66,19 +122,7 @@ func TestOnlyTheCoordinatorWrites(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(st.Close)
-	art, err := st.Artifacts.Put(context.Background(), artifact.Ref{JobID: "tkt_1", Stage: "draft", Type: "summary_md", SchemaVersion: "summary_md.v1", MediaType: "text/markdown"}, []byte("summary [hc-refund-policy]"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req := &handoffv1.WriteRequest{
-		Package: &handoffv1.HandoffPackage{
-			Schema: "handoff.v1", JobId: "tkt_1", Stage: "writeback", Goal: "g",
-			Budget:    &handoffv1.Budget{UsdRemainingMicros: 1, HopsRemaining: 1},
-			Evaluator: &handoffv1.Evaluator{LastVerdict: handoffv1.Verdict_VERDICT_PASS, Rounds: 1},
-			Artifacts: []*handoffv1.Artifact{art},
-		},
-		Artifact: art, Target: "ledger",
-	}
+	req := writeReq(t, st, "tkt_1")
 	for _, tt := range []struct {
 		caller string
 		code   codes.Code

@@ -22,11 +22,13 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/artifact"
 	"github.com/handoffhq/handoff/internal/contract"
+	"github.com/handoffhq/handoff/internal/crashpoint"
 	"github.com/handoffhq/handoff/internal/interceptor/idempotency"
 	"github.com/handoffhq/handoff/internal/store"
 )
@@ -52,7 +54,8 @@ type Options struct {
 	// contract.NewValidator(contract.V1).
 	Validator *contract.Validator
 	// Store holds the idempotency records (claims and receipts; a receipt is stored as the
-	// marshalled WriteResponse). Required.
+	// marshalled WriteResponse). Required. A ReceiptTarget on this same store (NewLedger
+	// over it) writes each entry and its receipt in one transaction.
 	Store store.Idempotency
 	// Artifacts is where artifact bytes are read from. Required.
 	Artifacts artifact.Store
@@ -65,8 +68,9 @@ type Options struct {
 	// PendingTTL/2, so the claim never lapses while its write still runs.
 	PendingTTL time.Duration
 	// ReceiptTTL is how long a receipt is kept; 0 keeps it forever. A repeat that arrives
-	// after the receipt expired is a new write and writes again, so keep it longer than any
-	// retry or redelivery horizon of the callers.
+	// after the receipt expired is a new write and calls the target again (the ledger
+	// answers it with the key's first entry; a webhook gets the key again), so keep it
+	// longer than any retry or redelivery horizon of the callers.
 	ReceiptTTL time.Duration
 	// Logger; default slog.Default().
 	Logger *slog.Logger
@@ -172,7 +176,8 @@ func Key(jobID, stage, artifactType string) string {
 //     missing from the artifact store, FailedPrecondition when it is unreadable or its
 //     bytes do not match;
 //   - calls the target (a panicking target counts as a failed one): Unavailable on
-//     failure, so a retry can write;
+//     failure, so a retry can write. A ReceiptTarget on the service's own store (the
+//     ledger) stores the receipt in the same transaction as its write;
 //   - returns the receipt, duplicate=false.
 //
 // Every error comes before the external write succeeded, so the idempotency interceptor
@@ -207,37 +212,58 @@ func (s *Server) Write(ctx context.Context, req *handoffv1.WriteRequest) (*hando
 		return nil, status.Errorf(codes.FailedPrecondition, "%v", err)
 	}
 
-	externalID, err := callTarget(ctx, w.target, WriteInput{
+	now := s.now()
+	answer := func(externalID string) *handoffv1.WriteResponse {
+		return &handoffv1.WriteResponse{Receipt: &handoffv1.Receipt{
+			IdempotencyKey: w.key,
+			Target:         w.target.Name(),
+			ExternalId:     externalID,
+			WrittenAt:      timestamppb.New(now),
+			Traceparent:    w.pkg.GetTrace().GetTraceparent(),
+			JobId:          w.pkg.GetJobId(),
+		}}
+	}
+	externalID, withReceipt, err := s.callTarget(ctx, w.target, WriteInput{
 		Key:         w.key,
 		JobID:       w.pkg.GetJobId(),
 		Stage:       w.pkg.GetStage(),
 		Artifact:    w.art,
 		Payload:     payload,
 		Traceparent: w.pkg.GetTrace().GetTraceparent(),
-	})
+	}, answer)
 	if err != nil {
 		log.WarnContext(ctx, "writeback: target write failed; the key is released", "error", err)
 		return nil, status.Errorf(codes.Unavailable, "target %s: write for key %s failed, retry: %v", w.target.Name(), w.key, err)
 	}
-
-	rc := &handoffv1.Receipt{
-		IdempotencyKey: w.key,
-		Target:         w.target.Name(),
-		ExternalId:     externalID,
-		WrittenAt:      timestamppb.New(s.now()),
-		Traceparent:    w.pkg.GetTrace().GetTraceparent(),
-		JobId:          w.pkg.GetJobId(),
-	}
-	log.InfoContext(ctx, "writeback: written", "duplicate", false, "external_id", externalID)
-	return &handoffv1.WriteResponse{Receipt: rc, Duplicate: false}, nil
+	crashpoint.Hit(crashpoint.AfterWrite, w.key)
+	log.InfoContext(ctx, "writeback: written", "duplicate", false, "external_id", externalID, "receipt_with_write", withReceipt)
+	return answer(externalID), nil
 }
 
-// callTarget calls t.Write and turns a panic into an error, so the claim is released.
-func callTarget(ctx context.Context, t Target, in WriteInput) (id string, err error) {
+// callTarget makes the write and turns a target's panic into an error, so the claim is
+// released. A ReceiptTarget on the service's own store writes the receipt in the same
+// transaction (withReceipt true: the idempotency interceptor is told it is stored, see
+// idempotency.Claim); any other target only writes, and the interceptor stores the receipt
+// after it. answer builds the response, whose marshalled form is the receipt.
+func (s *Server) callTarget(ctx context.Context, t Target, in WriteInput, answer func(externalID string) *handoffv1.WriteResponse) (id string, withReceipt bool, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			err = fmt.Errorf("target panicked: %v", r)
+			id, withReceipt, err = "", false, fmt.Errorf("target panicked: %v", r)
 		}
 	}()
-	return t.Write(ctx, in)
+	rt, ok := t.(ReceiptTarget)
+	claim, held := idempotency.ClaimFrom(ctx)
+	if !ok || !held || !rt.KeepsReceiptsIn(s.idem) {
+		id, err = t.Write(ctx, in)
+		return id, false, err
+	}
+	id, err = rt.WriteReceipt(ctx, in, claim.Key, claim.ResultTTL, func(id string) ([]byte, error) {
+		crashpoint.Hit(crashpoint.InWrite, claim.Key)
+		return proto.Marshal(answer(id))
+	})
+	if err != nil {
+		return "", false, err
+	}
+	claim.Stored()
+	return id, true, nil
 }

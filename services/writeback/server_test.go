@@ -50,7 +50,7 @@ type env struct {
 }
 
 type envOpts struct {
-	targets func(st *store.Bolt) []writeback.Target // default: an append-only ledger
+	targets func(st *store.Bolt) []writeback.Target // default: the ledger on the service's own store
 	mod     func(o *writeback.Options)
 	rpc     func(c *rpc.ServerConfig) // e.g. identity interceptors
 	dial    []grpc.DialOption         // e.g. per-RPC credentials
@@ -71,7 +71,7 @@ func newEnv(t *testing.T, eo envOpts) *env {
 	e := &env{st: st, files: files, body: []byte("# Reply\n\nYour refund was issued on 3 May.\n")}
 	e.art = e.putArtifact(t, 1, e.body)
 
-	targets := []writeback.Target{&writeback.Ledger{Store: st, AppendOnly: true}}
+	targets := []writeback.Target{writeback.NewLedger(st)}
 	if eo.targets != nil {
 		targets = eo.targets(st)
 	}
@@ -425,7 +425,7 @@ func (s *slowTarget) Write(ctx context.Context, w writeback.WriteInput) (string,
 func TestConcurrentSameKeyWritesOnce(t *testing.T) {
 	slow := &slowTarget{delay: 150 * time.Millisecond}
 	e := newEnv(t, envOpts{targets: func(st *store.Bolt) []writeback.Target {
-		slow.Target = &writeback.Ledger{Store: st, AppendOnly: true}
+		slow.Target = writeback.NewLedger(st)
 		return []writeback.Target{slow}
 	}})
 	ctx := ctxT(t)
@@ -539,7 +539,7 @@ func TestFailingTargetReleasesClaim(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			flaky := &flakyTarget{failures: 2, panics: panics}
 			e := newEnv(t, envOpts{targets: func(st *store.Bolt) []writeback.Target {
-				flaky.Target = &writeback.Ledger{Store: st, AppendOnly: true}
+				flaky.Target = writeback.NewLedger(st)
 				return []writeback.Target{flaky}
 			}})
 			ctx := ctxT(t)
@@ -615,7 +615,7 @@ func TestArtifactReadFailuresRelease(t *testing.T) {
 func TestCallerCancelDoesNotAbandonClaimedWrite(t *testing.T) {
 	slow := &slowTarget{delay: 300 * time.Millisecond}
 	e := newEnv(t, envOpts{targets: func(st *store.Bolt) []writeback.Target {
-		slow.Target = &writeback.Ledger{Store: st, AppendOnly: true}
+		slow.Target = writeback.NewLedger(st)
 		return []writeback.Target{slow}
 	}})
 	short, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
@@ -639,14 +639,12 @@ func TestCallerCancelDoesNotAbandonClaimedWrite(t *testing.T) {
 	}
 }
 
-// The writeback died after the ledger append and before storing the receipt: once the
-// pending claim lapses, the retry finds the ledger entry instead of appending again.
+// The writeback died after the ledger append and before storing the receipt (a write made
+// when entry and receipt were still two steps): once the pending claim lapses, the retry
+// finds the ledger entry instead of appending again, and its receipt names that entry.
 func TestLedgerRecoversWriteOfDeadWriter(t *testing.T) {
 	const ttl = 200 * time.Millisecond
-	e := newEnv(t, envOpts{
-		targets: func(st *store.Bolt) []writeback.Target { return []writeback.Target{writeback.NewLedger(st)} },
-		mod:     func(o *writeback.Options) { o.PendingTTL = ttl },
-	})
+	e := newEnv(t, envOpts{mod: func(o *writeback.Options) { o.PendingTTL = ttl }})
 	ctx := ctxT(t)
 	if s, _, err := e.st.Claim(ctx, wantKey, ttl); err != nil || s != store.Claimed {
 		t.Fatalf("claim: %v %v", s, err)
@@ -666,17 +664,90 @@ func TestLedgerRecoversWriteOfDeadWriter(t *testing.T) {
 	if resp.GetReceipt().GetExternalId() != entry.ID {
 		t.Errorf("external id %q, want the existing entry %q", resp.GetReceipt().GetExternalId(), entry.ID)
 	}
-	if n := len(e.ledger(t)); n != 1 {
-		t.Errorf("ledger has %d entries, want 1", n)
+	entries := e.ledger(t)
+	if len(entries) != 1 || entries[0].Offers != 2 {
+		t.Errorf("ledger %+v; want the one entry, offered twice", entries)
+	}
+	again, err := e.client.Write(ctx, e.req())
+	if err != nil || !again.GetDuplicate() || !proto.Equal(again.GetReceipt(), resp.GetReceipt()) {
+		t.Errorf("repeat: %v %v; want the retry's receipt, duplicate", again, err)
 	}
 }
 
-// Documented behaviour: a repeat after ReceiptTTL is a new write.
+// countingStore is one bbolt store that counts the receipts stored apart from a write
+// (Complete) and those stored with one (AppendLedgerComplete).
+type countingStore struct {
+	*store.Bolt
+	completes, withWrite atomic.Int32
+}
+
+func (c *countingStore) Complete(ctx context.Context, key string, value []byte, ttl time.Duration) error {
+	c.completes.Add(1)
+	return c.Bolt.Complete(ctx, key, value, ttl)
+}
+
+func (c *countingStore) AppendLedgerComplete(ctx context.Context, key string, payload []byte, idemKey string, ttl time.Duration, result func(store.LedgerEntry) ([]byte, error)) (store.LedgerEntry, bool, error) {
+	c.withWrite.Add(1)
+	return c.Bolt.AppendLedgerComplete(ctx, key, payload, idemKey, ttl, result)
+}
+
+// The ledger on the service's own store writes the entry and its receipt in one
+// transaction: the receipt is the marshalled response naming the entry, kept for
+// ReceiptTTL, and nothing stores it apart. A ledger on another store is written first and
+// its receipt stored after, as for any target.
+func TestLedgerWritesEntryAndReceiptTogether(t *testing.T) {
+	for _, together := range []bool{true, false} {
+		name := map[bool]string{true: "same store", false: "another store"}[together]
+		t.Run(name, func(t *testing.T) {
+			other := openStore(t)
+			var receipts *countingStore // the service's store
+			e := newEnv(t, envOpts{
+				targets: func(st *store.Bolt) []writeback.Target {
+					receipts = &countingStore{Bolt: st}
+					if together {
+						return []writeback.Target{writeback.NewLedger(receipts)}
+					}
+					return []writeback.Target{writeback.NewLedger(other)}
+				},
+				mod: func(o *writeback.Options) { o.Store, o.ReceiptTTL = receipts, time.Hour },
+			})
+			ctx := ctxT(t)
+			resp, err := e.client.Write(ctx, e.req())
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantWith, wantApart, ledger := int32(0), int32(1), store.Ledger(other)
+			if together {
+				wantWith, wantApart, ledger = 1, 0, e.st
+			}
+			if receipts.withWrite.Load() != wantWith || receipts.completes.Load() != wantApart {
+				t.Errorf("receipts stored with the write %d, apart %d; want %d and %d", receipts.withWrite.Load(), receipts.completes.Load(), wantWith, wantApart)
+			}
+			entries, err := ledger.LedgerEntries(ctx)
+			if err != nil || len(entries) != 1 || entries[0].ID != resp.GetReceipt().GetExternalId() {
+				t.Fatalf("ledger %+v, %v; want one entry, the receipt's %s", entries, err, resp.GetReceipt().GetExternalId())
+			}
+			st, v, err := e.st.Lookup(ctx, wantKey)
+			stored := &handoffv1.WriteResponse{}
+			if err != nil || st != store.Done || proto.Unmarshal(v, stored) != nil || !proto.Equal(stored, resp) {
+				t.Fatalf("stored receipt %v %v (%v); want done with the response %v", st, stored, err, resp)
+			}
+			again, err := e.client.Write(ctx, e.req())
+			if err != nil || !again.GetDuplicate() || !proto.Equal(again.GetReceipt(), resp.GetReceipt()) {
+				t.Fatalf("repeat: %v %v; want the first receipt, duplicate", again, err)
+			}
+		})
+	}
+}
+
+// Documented behaviour: a repeat after ReceiptTTL is a new write. The ledger, which
+// enforces the key, answers it with the first entry instead of writing a second.
 func TestReceiptTTLExpiry(t *testing.T) {
 	const ttl = 150 * time.Millisecond
 	e := newEnv(t, envOpts{mod: func(o *writeback.Options) { o.ReceiptTTL = ttl }})
 	ctx := ctxT(t)
-	if _, err := e.client.Write(ctx, e.req()); err != nil {
+	first, err := e.client.Write(ctx, e.req())
+	if err != nil {
 		t.Fatal(err)
 	}
 	if resp, err := e.client.Write(ctx, e.req()); err != nil || !resp.GetDuplicate() {
@@ -687,8 +758,11 @@ func TestReceiptTTLExpiry(t *testing.T) {
 	if err != nil || resp.GetDuplicate() {
 		t.Fatalf("repeat after ttl: %v %v, want a new write", resp, err)
 	}
-	if n := len(e.ledger(t)); n != 2 {
-		t.Errorf("ledger has %d entries, want 2 (append-only ledger, receipt expired)", n)
+	if resp.GetReceipt().GetExternalId() != first.GetReceipt().GetExternalId() {
+		t.Errorf("new write's entry %s, want the key's first %s", resp.GetReceipt().GetExternalId(), first.GetReceipt().GetExternalId())
+	}
+	if entries := e.ledger(t); len(entries) != 1 || entries[0].Offers != 2 {
+		t.Errorf("ledger %+v; want one entry, offered twice (the receipt had expired)", entries)
 	}
 }
 
@@ -834,7 +908,7 @@ func TestOnlyCoordinatorMayWrite(t *testing.T) {
 func TestWriteWithoutChainRefuses(t *testing.T) {
 	e := newEnv(t, envOpts{})
 	srv, err := writeback.New(writeback.Options{
-		Store: e.st, Artifacts: e.files, Targets: []writeback.Target{&writeback.Ledger{Store: e.st, AppendOnly: true}},
+		Store: e.st, Artifacts: e.files, Targets: []writeback.Target{writeback.NewLedger(e.st)},
 		Logger: slog.New(slog.DiscardHandler),
 	})
 	if err != nil {

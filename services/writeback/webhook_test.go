@@ -63,7 +63,7 @@ func TestWebhookThroughService(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return []writeback.Target{&writeback.Ledger{Store: st, AppendOnly: true}, wh}
+		return []writeback.Target{writeback.NewLedger(st), wh}
 	}})
 	ctx := ctxT(t)
 	req := e.req()
