@@ -9,40 +9,51 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/handoffhq/handoff/internal/chaos"
 )
 
-const chaosUsage = `Usage: handoff chaos [--jobs 500] [--kills 10] [--redis-restarts 1] [--redeliver 0.05] [--json] [flags]
+const chaosUsage = `Usage: handoff chaos [--jobs 500] [--kills 10] [--redis-restarts 1] [--redeliver 0.05] [--target both] [--json] [flags]
 
 Runs the platform as deployed (coordinator x2, agent runner and writeback as separate
 processes built from this source tree, on a redis-server of its own) and breaks it while
-support-ticket jobs run: SIGKILLs the writeback after the external system applied a write
-and before it answered, a coordinator mid-job and the agent runner mid-stage (--kills times
-each), restarts Redis (--redis-restarts), and delivers a share of hops twice (--redeliver).
-Killed processes are restarted. The external system is an HTTP sink that records every
-write and honours Idempotency-Key.
+support-ticket jobs run: SIGKILLs the writeback in the middle of writes, a coordinator
+mid-job and the agent runner mid-stage (--kills times each), restarts Redis
+(--redis-restarts), and delivers a share of hops twice (--redeliver). Killed processes are
+restarted.
 
-At the end it prints the jobs by state, the faults injected and what the sink saw. Must be
-0: jobs lost (not terminal by --deadline), double writes (a job written under a second key
-or without one), re-sent keys with another body, completed jobs without a write; and every
-asked fault must have been injected.
+The jobs write to (--target) the writeback's ledger target, the demo ledger in the shared
+Redis, which upserts by key and stores each entry with its receipt in one transaction (the
+writeback is killed at its crash points: after the claim, inside that transaction, after
+the write, after the receipt); or an HTTP sink behind the webhook target, which records
+every write and honours Idempotency-Key (the writeback is killed after the sink applied a
+write and before it answered); or both, every other job to each.
+
+At the end it prints the jobs by state, the faults injected and what the ledger and the
+sink saw. Must be 0: jobs lost (not terminal by --deadline), double writes (a job written
+under a second key or without one), re-sent sink keys with another body, ledger keys
+offered twice, completed ledger jobs whose receipt names another entry, completed jobs
+without a write; and every asked fault must have been injected.
 
 Needs redis-server (apt-get install redis-server) and, unless --bin is given, the Go
-toolchain in the handoff source tree (it runs one go build).
+toolchain in the handoff source tree (it runs one go build, with -tags crashpoints).
 
 Flags:
   --jobs N             jobs to run (default 500)
   --kills N            SIGKILLs of each service (default 10; 0 for none)
   --redis-restarts N   redis-server restarts (default 1; 0 for none)
   --redeliver F        share of hops delivered twice (default 0.05; 0 for none)
+  --target T           where the jobs write: ledger, sink or both (default both)
   --concurrency N      jobs in flight at once (default 32)
   --deadline D         every job must be terminal within D of the first submission (default 15m)
   --lease-ttl D        the coordinators' run lease (default 3s)
   --seed N             seed of the re-delivery choice (default random)
-  --bin DIR            prebuilt coordinator, agentrunner and writeback binaries
+  --bin DIR            prebuilt coordinator, agentrunner and writeback binaries (the
+                       writeback built with -tags crashpoints unless --target sink)
   --redis-server PATH  redis-server binary (default: found on PATH)
   --dir DIR            work folder, kept (default: a temporary one, removed unless --keep
                        or the run failed)
@@ -70,6 +81,7 @@ func runChaos(args []string, stdout, stderr io.Writer) int {
 	fs.Uint64Var(&cfg.Seed, "seed", 0, "")
 	fs.StringVar(&cfg.BinDir, "bin", "", "")
 	fs.StringVar(&cfg.RedisServer, "redis-server", "", "")
+	fs.StringVar(&cfg.Target, "target", chaos.TargetBoth, "")
 	fs.StringVar(&cfg.WorkDir, "dir", "", "")
 	fs.BoolVar(&cfg.Keep, "keep", false, "")
 	asJSON := fs.Bool("json", false, "")
@@ -95,6 +107,9 @@ func runChaos(args []string, stdout, stderr io.Writer) int {
 		return 2
 	case *redeliver < 0 || *redeliver > 1:
 		fmt.Fprintf(stderr, "handoff chaos: --redeliver must be between 0 and 1, got %g\n", *redeliver)
+		return 2
+	case !slices.Contains(chaos.Targets, cfg.Target):
+		fmt.Fprintf(stderr, "handoff chaos: --target must be one of %s, got %q\n", strings.Join(chaos.Targets, ", "), cfg.Target)
 		return 2
 	case cfg.Concurrency <= 0 || cfg.Deadline <= 0 || cfg.LeaseTTL < time.Second:
 		fmt.Fprintln(stderr, "handoff chaos: --concurrency and --deadline must be positive, --lease-ttl at least 1s")

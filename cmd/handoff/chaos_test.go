@@ -19,6 +19,7 @@ func TestChaosUsage(t *testing.T) {
 		{[]string{"chaos", "--redeliver", "1.5"}, 2, "--redeliver"},
 		{[]string{"chaos", "--kills", "-1"}, 2, "--kills"},
 		{[]string{"chaos", "--lease-ttl", "10ms"}, 2, "--lease-ttl"},
+		{[]string{"chaos", "--target", "crm"}, 2, `--target must be one of ledger, sink, both, got "crm"`},
 		{[]string{"chaos", "extra"}, 2, "unexpected argument"},
 		{[]string{"chaos", "--nope"}, 2, "nope"},
 	} {

@@ -1,12 +1,16 @@
 // Package chaos is a fault-injection harness for the platform as it is deployed: the three
 // service binaries as separate processes on one shared Redis, two coordinator replicas, and
-// an external system (an HTTP sink behind the writeback's webhook target) that records every
+// the external systems the writeback writes to (Config.Target): its ledger target, the demo
+// ledger in the shared Redis, which upserts by key and stores each entry with its receipt
+// in one transaction; and an HTTP sink behind its webhook target, which records every
 // write it receives and honours Idempotency-Key as a real downstream does.
 //
 // While jobs of the shipped support-ticket pipeline run, the harness
 //
 //   - SIGKILLs the writeback right after the sink applied a write and before the sink
-//     answered it (the write happened, its receipt is lost),
+//     answered it (the write happened, its receipt is lost), and, writing to the ledger, at
+//     its crash points between the claim of a key and the answer (a writeback built with
+//     -tags crashpoints reports each to the harness's hook, see internal/crashpoint),
 //   - SIGKILLs a coordinator replica mid-job (the other one takes its runs over when their
 //     leases lapse),
 //   - SIGKILLs the agent runner mid-stage (after it answered ACCEPTED, before the stage
@@ -17,8 +21,9 @@
 // restarting every killed process. The faults are spread over the run by a plan keyed on the
 // number of hops made so far. At the end every job must have reached a terminal state
 // (completed, escalated or failed) before the deadline, no job may have been written twice
-// (under two keys, or without a key), a re-sent key must carry the body first applied, and
-// every completed job must have its write in the sink. Run returns a Report whose Violations
+// (under two keys, or without a key), a re-sent key must carry the body first applied, no
+// ledger key may have been offered twice, every completed job must have its write in its
+// external system, and a ledger job's receipt must name its entry. Run returns a Report whose Violations
 // list each of those that failed; `handoff chaos` prints it.
 package chaos
 
@@ -28,10 +33,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	mrand "math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -43,9 +50,11 @@ import (
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/artifact"
+	"github.com/handoffhq/handoff/internal/crashpoint"
 	"github.com/handoffhq/handoff/internal/demo"
 	"github.com/handoffhq/handoff/internal/interceptor/identity"
 	"github.com/handoffhq/handoff/internal/pipeline"
+	"github.com/handoffhq/handoff/internal/store"
 	"github.com/handoffhq/handoff/pipelines"
 	"github.com/handoffhq/handoff/services/agentrunner/support"
 )
@@ -78,6 +87,9 @@ type Config struct {
 	RedisServer string
 	// Seed makes the choice of re-delivered hops repeatable [random].
 	Seed uint64
+	// Target is where the jobs' writeback stage writes: TargetLedger, TargetSink, or
+	// TargetBoth (every other job to each) [both].
+	Target string
 	// Progress receives a line per phase and every 5 seconds of the run (nil: quiet).
 	Progress io.Writer
 }
@@ -106,6 +118,9 @@ func (c *Config) defaults() {
 	}
 	if c.LeaseTTL <= 0 {
 		c.LeaseTTL = 3 * time.Second
+	}
+	if c.Target == "" {
+		c.Target = TargetBoth
 	}
 	if c.Seed == 0 {
 		var b [8]byte
@@ -142,12 +157,18 @@ type Report struct {
 	Hops       int64            `json:"hops"`
 	Calls      int64            `json:"calls"`
 	Redelivery RedeliveryReport `json:"redelivery"`
-	Sink       SinkReport       `json:"sink"`
-	// CompletedWithoutWrite counts completed jobs whose write the sink never applied. Must
-	// be 0: a completed job holds a receipt, which the writeback issues only after the sink
-	// answered 2xx.
+	// Target is Config.Target; Sink and Ledger are what each external system saw.
+	Target string       `json:"target"`
+	Sink   SinkReport   `json:"sink"`
+	Ledger LedgerReport `json:"ledger"`
+	// WritebackKillsAt counts the writeback's kills by where they happened: killAtSink
+	// ("sink-applied") or a crash point of a ledger write.
+	WritebackKillsAt map[string]int `json:"writeback_kills_at"`
+	// CompletedWithoutWrite counts completed jobs whose write their external system never
+	// applied. Must be 0: a completed job holds a receipt, which the writeback issues only
+	// after the write.
 	CompletedWithoutWrite int `json:"completed_without_write"`
-	// WrittenNotCompleted counts escalated or failed jobs whose write the sink applied (the
+	// WrittenNotCompleted counts escalated or failed jobs whose write was applied (the
 	// write happened but its receipt never reached the run).
 	WrittenNotCompleted int `json:"written_not_completed"`
 	// OverchargedJobs counts ended jobs whose wallet lost more hops than the run made, and
@@ -209,6 +230,9 @@ type harness struct {
 
 	maxHops int // the pipeline's max_hops: each job's wallet starts with it
 
+	jobTarget map[string]string // job id -> TargetLedger or TargetSink (read-only in the run)
+	killsAt   map[string]int    // writeback kills by where (under planMu)
+
 	hops  atomic.Int64 // distinct hops seen: the fault plan's clock
 	calls atomic.Int64 // calls forwarded, retries included
 	seen  sync.Map     // hop keys already counted
@@ -224,7 +248,11 @@ type harness struct {
 // violations returns a Report listing them and no error.
 func Run(ctx context.Context, cfg Config) (*Report, error) {
 	cfg.defaults()
-	h := &harness{cfg: cfg, rng: mrand.New(mrand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15))}
+	if !slices.Contains(Targets, cfg.Target) {
+		return nil, fmt.Errorf("chaos: target %q: want one of %s", cfg.Target, strings.Join(Targets, ", "))
+	}
+	h := &harness{cfg: cfg, rng: mrand.New(mrand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
+		jobTarget: map[string]string{}, killsAt: map[string]int{}}
 	var sayMu sync.Mutex // lines come from the proxy, the sink and the supervisors at once
 	h.say = func(format string, args ...any) {
 		if cfg.Progress != nil {
@@ -250,7 +278,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	} else {
 		h.dir = cfg.WorkDir
 	}
-	rep := &Report{WorkDir: h.dir, Seed: cfg.Seed, KillsAsked: cfg.Kills, RedisRestartsAsked: cfg.RedisRestarts, Jobs: JobsReport{Asked: cfg.Jobs}}
+	rep := &Report{WorkDir: h.dir, Seed: cfg.Seed, KillsAsked: cfg.Kills, RedisRestartsAsked: cfg.RedisRestarts, Jobs: JobsReport{Asked: cfg.Jobs}, Target: cfg.Target}
 	keep := cfg.Keep || !ownDir
 	defer func() {
 		if !keep && len(rep.Violations) == 0 {
@@ -281,6 +309,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			return nil, fmt.Errorf("binary %s: %w", b, err)
 		}
 	}
+	if cfg.uses(TargetLedger) {
+		if err := checkCrashpoints(filepath.Join(bin, "writeback")); err != nil {
+			return nil, err
+		}
+	}
 
 	// Redis, with an fsynced append-only file so a restart keeps every acknowledged write.
 	rport, err := freePort()
@@ -298,8 +331,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	// The deployment's service-token keys (plaintext on loopback): one private key per
 	// service, as `handoff keys` makes them, and the folder of public keys they all verify
 	// with. The hop proxy calls the runner and the writeback as the coordinator, with the
-	// coordinator's key. Then the pipeline: the shipped support ticket with its writeback
-	// stage on the webhook target.
+	// coordinator's key. Then the pipelines: the shipped support ticket, whose writeback
+	// stage writes to the ledger, and a variant of it under another name on the webhook
+	// target (the sink).
 	keyDir := filepath.Join(h.dir, "keys")
 	if _, err := identity.GenerateKeys(keyDir, binaries, false); err != nil {
 		return nil, err
@@ -318,18 +352,27 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	if !strings.Contains(string(pl), "target: ledger") {
-		return nil, errors.New("chaos: the shipped support-ticket pipeline no longer writes to target ledger; update the harness")
+	if !strings.Contains(string(pl), "target: ledger") || !strings.Contains(string(pl), "\nname: "+ledgerPipeline+"\n") {
+		return nil, errors.New("chaos: the shipped support-ticket pipeline is no longer named " + ledgerPipeline + " or no longer writes to target ledger; update the harness")
 	}
-	pl = []byte(strings.Replace(string(pl), "target: ledger", "target: webhook", 1))
-	parsed, problems, err := pipeline.Parse("support-ticket.yaml", pl)
-	if err != nil || pipeline.HasErrors(problems) {
-		return nil, fmt.Errorf("chaos: the webhook variant of support-ticket.yaml does not load: %v %v", err, problems)
+	variants := map[string][]byte{}
+	if cfg.uses(TargetLedger) {
+		variants[ledgerPipeline] = pl
 	}
-	h.maxHops = parsed.MaxHops
+	if cfg.uses(TargetSink) {
+		v := strings.Replace(string(pl), "target: ledger", "target: webhook", 1)
+		variants[sinkPipeline] = []byte(strings.Replace(v, "\nname: "+ledgerPipeline+"\n", "\nname: "+sinkPipeline+"\n", 1))
+	}
 	plDir := filepath.Join(h.dir, "pipelines")
-	if err := os.WriteFile(filepath.Join(plDir, "support-ticket.yaml"), pl, 0o644); err != nil {
-		return nil, err
+	for name, text := range variants {
+		parsed, problems, err := pipeline.Parse(name+".yaml", text)
+		if err != nil || pipeline.HasErrors(problems) {
+			return nil, fmt.Errorf("chaos: the %s variant of support-ticket.yaml does not load: %v %v", name, err, problems)
+		}
+		h.maxHops = parsed.MaxHops
+		if err := os.WriteFile(filepath.Join(plDir, name+".yaml"), text, 0o644); err != nil {
+			return nil, err
+		}
 	}
 	arts, err := artifact.NewFiles(filepath.Join(h.dir, "artifacts"))
 	if err != nil {
@@ -398,6 +441,14 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		"--webhook-timeout", webhookTimeout.String(), "--pending-ttl", pendingTTL.String()); err != nil {
 		return nil, err
 	}
+	if cfg.uses(TargetLedger) {
+		hook, stopHook, err := crashpoint.Serve(h.visit)
+		if err != nil {
+			return nil, err
+		}
+		defer stopHook()
+		h.writeback.env = []string{crashpoint.HookEnv + "=" + hook}
+	}
 	for i := range 2 {
 		if err := mk(fmt.Sprintf("coordinator-%d", i+1), "coordinator", addr(2+i),
 			"--agentrunner", h.proxy.addr, "--writeback", h.proxy.addr, "--pipelines", plDir,
@@ -427,13 +478,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		keep = true
 		return nil, err
 	}
-	h.say("services up: coordinators %s %s, agentrunner %s, writeback %s (webhook -> %s), hop proxy %s; logs in %s",
-		h.coords[0].addr, h.coords[1].addr, runnerAddr, wbAddr, h.sink.url, h.proxy.addr, logDir)
-	h.sink.setOnApply(func() {
-		if h.due(faultWriteback) {
-			h.killProc(h.writeback, "after the sink applied a write, before it answered")
-		}
-	})
+	h.say("services up: coordinators %s %s, agentrunner %s, writeback %s (target %s; webhook -> %s), hop proxy %s; logs in %s",
+		h.coords[0].addr, h.coords[1].addr, runnerAddr, wbAddr, cfg.Target, h.sink.url, h.proxy.addr, logDir)
+	h.sink.setOnApply(func() { h.killWriteback(killAtSink, "after the sink applied a write, before it answered") })
 	h.plan()
 
 	// The jobs.
@@ -446,6 +493,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		defer cc.Close()
 		clients = append(clients, handoffv1.NewCoordinatorServiceClient(cc))
 	}
+	for i := range cfg.Jobs {
+		h.jobTarget[jobID(i)] = cfg.targetOf(i)
+	}
 	start := time.Now()
 	results := h.runJobs(ctx, clients, arts)
 	rep.Duration = time.Since(start).Round(time.Millisecond).String()
@@ -454,7 +504,14 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 
 	h.say("stopping the services with SIGTERM (they drain)")
 	stopAll()
-	h.finish(rep, results)
+	var ledger []store.LedgerEntry
+	if cfg.uses(TargetLedger) {
+		if ledger, err = h.readLedger(ctx); err != nil {
+			keep = true
+			return nil, err
+		}
+	}
+	h.finish(rep, results, newLedgerBook(ledger))
 	if f, err := os.Create(filepath.Join(h.dir, "sink.jsonl")); err == nil {
 		h.sink.dump(f)
 		f.Close()
@@ -582,10 +639,12 @@ func (h *harness) hop(key string) (first bool) {
 
 func (h *harness) killRunner() { h.killProc(h.runner, "mid-stage (after ACCEPTED, before the result)") }
 
-func (h *harness) killProc(p *proc, when string) {
+func (h *harness) killProc(p *proc, when string) bool {
 	if p.kill() {
 		h.say("SIGKILL %s %s at hop %d", p.name, when, h.hops.Load())
+		return true
 	}
+	return false
 }
 
 // jobResult is one job's outcome.
@@ -622,7 +681,7 @@ func (h *harness) runJobs(ctx context.Context, clients []handoffv1.CoordinatorSe
 	defer close(stopProgress)
 	h.say("submitting %d jobs, %d at a time, deadline %s", h.cfg.Jobs, h.cfg.Concurrency, h.cfg.Deadline)
 	for i := range h.cfg.Jobs {
-		r := &jobResult{id: fmt.Sprintf("chaos_%05d", i+1)}
+		r := &jobResult{id: jobID(i)}
 		results[i] = r
 		select {
 		case sem <- struct{}{}:
@@ -648,8 +707,12 @@ func (h *harness) runJob(ctx context.Context, clients []handoffv1.CoordinatorSer
 		r.err = fmt.Errorf("store the ticket: %w", err)
 		return
 	}
+	pl := ledgerPipeline
+	if h.jobTarget[r.id] == TargetSink {
+		pl = sinkPipeline
+	}
 	req := &handoffv1.SubmitJobRequest{
-		RequestId: r.id, JobId: r.id, Pipeline: demo.Pipeline, Goal: demo.Goal, Constraints: demo.Constraints,
+		RequestId: r.id, JobId: r.id, Pipeline: pl, Goal: demo.Goal, Constraints: demo.Constraints,
 		Budget: &handoffv1.Budget{UsdRemainingMicros: 1_200_000}, Inputs: []*handoffv1.Artifact{input},
 		MemoryRefs: []string{"customer_id:cus_9"},
 	}
@@ -707,9 +770,15 @@ func (h *harness) kills() map[string]int {
 	return out
 }
 
+// jobID is job i's id.
+func jobID(i int) string { return fmt.Sprintf("chaos_%05d", i+1) }
+
 // finish fills the report and its violations.
-func (h *harness) finish(rep *Report, results []*jobResult) {
+func (h *harness) finish(rep *Report, results []*jobResult, ledger *ledgerBook) {
 	rep.Kills = h.kills()
+	h.planMu.Lock()
+	rep.WritebackKillsAt = maps.Clone(h.killsAt)
+	h.planMu.Unlock()
 	rep.Crashes = map[string]int{}
 	rep.Stops = map[string]string{}
 	for _, p := range h.procs {
@@ -727,6 +796,9 @@ func (h *harness) finish(rep *Report, results []*jobResult) {
 		}
 		st := r.job.GetState()
 		written := h.sink.writesFor(r.id) > 0
+		if h.jobTarget[r.id] == TargetLedger {
+			written = ledger.perJob[r.id] > 0
+		}
 		if r.job != nil && r.err == nil {
 			if extra := h.maxHops - int(r.job.GetWallet().GetHopsRemaining()) - int(r.job.GetHops()); extra > 0 {
 				rep.OverchargedJobs++
@@ -747,6 +819,9 @@ func (h *harness) finish(rep *Report, results []*jobResult) {
 			if !written {
 				rep.CompletedWithoutWrite++
 			}
+			if h.jobTarget[r.id] == TargetLedger {
+				ledger.checkReceipt(r.job)
+			}
 			continue
 		case st == handoffv1.JobState_JOB_STATE_ESCALATED:
 			rep.Jobs.Escalated++
@@ -760,6 +835,7 @@ func (h *harness) finish(rep *Report, results []*jobResult) {
 		}
 	}
 	sort.Strings(rep.Jobs.LostJobs)
+	rep.Ledger = ledger.report
 	v := &rep.Violations
 	if rep.Jobs.Lost > 0 {
 		*v = append(*v, fmt.Sprintf("%d jobs lost (not terminal by the deadline, or never submitted)", rep.Jobs.Lost))
@@ -770,8 +846,17 @@ func (h *harness) finish(rep *Report, results []*jobResult) {
 	if rep.Sink.Conflicts > 0 {
 		*v = append(*v, fmt.Sprintf("%d re-sent writes changed the body of a key already applied", rep.Sink.Conflicts))
 	}
+	if rep.Ledger.DoubleWrites > 0 {
+		*v = append(*v, fmt.Sprintf("%d ledger double writes: a job with more than one entry", rep.Ledger.DoubleWrites))
+	}
+	if rep.Ledger.Reoffered > 0 {
+		*v = append(*v, fmt.Sprintf("%d ledger writes offered again for a key already written (absorbed by the ledger, but let through by the writeback)", rep.Ledger.Reoffered))
+	}
+	if rep.Ledger.ReceiptMismatches > 0 {
+		*v = append(*v, fmt.Sprintf("%d completed ledger jobs hold a receipt that names another entry than their key's", rep.Ledger.ReceiptMismatches))
+	}
 	if rep.CompletedWithoutWrite > 0 {
-		*v = append(*v, fmt.Sprintf("%d completed jobs have no write in the sink", rep.CompletedWithoutWrite))
+		*v = append(*v, fmt.Sprintf("%d completed jobs have no write in their external system", rep.CompletedWithoutWrite))
 	}
 	for kind, n := range rep.Kills {
 		if n < rep.KillsAsked {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"maps"
 	"os"
 	"os/exec"
 	"strings"
@@ -12,10 +13,12 @@ import (
 	"time"
 )
 
-// TestShortChaosRun is the harness end to end, small: 20 jobs, two SIGKILLs of each service,
-// one Redis restart, 5% of hops delivered twice. Every job must end and nothing may be
-// written twice. It builds the three service binaries and needs redis-server: without it
-// the test fails under CI and is skipped elsewhere.
+// TestShortChaosRun is the harness end to end, small: 20 jobs, half writing to the ledger
+// and half to the sink, three SIGKILLs of each service (the writeback's once after the sink
+// applied a write, once inside a ledger write's entry+receipt transaction, once right
+// after it), one Redis restart, 5% of hops delivered twice. Every job must end and nothing
+// may be written twice. It builds the three service binaries and needs redis-server:
+// without it the test fails under CI and is skipped elsewhere.
 func TestShortChaosRun(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds three binaries and runs for about a minute; skipped with -short")
@@ -31,7 +34,7 @@ func TestShortChaosRun(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	rep, err := Run(ctx, Config{
-		Jobs: 20, Kills: 2, RedisRestarts: 1, Redeliver: 0.05, Concurrency: 20,
+		Jobs: 20, Kills: 3, RedisRestarts: 1, Redeliver: 0.05, Concurrency: 20, Target: TargetBoth,
 		Deadline: 3 * time.Minute, WorkDir: t.TempDir(), Progress: &progress, Seed: 7,
 	})
 	if errors.Is(err, ErrNoRedisServer) {
@@ -50,18 +53,26 @@ func TestShortChaosRun(t *testing.T) {
 		t.Fatalf("%d of %d submitted jobs ended; want 20 of 20", ended, rep.Jobs.Submitted)
 	}
 	for _, svc := range []string{"coordinator", "agentrunner", "writeback"} {
-		if rep.Kills[svc] != 2 {
-			t.Errorf("%s killed %d times, want 2", svc, rep.Kills[svc])
+		if rep.Kills[svc] != 3 {
+			t.Errorf("%s killed %d times, want 3", svc, rep.Kills[svc])
 		}
+	}
+	if want := map[string]int{killAtSink: 1, "in-write": 1, "after-write": 1}; !maps.Equal(rep.WritebackKillsAt, want) {
+		t.Errorf("writeback killed at %v, want %v", rep.WritebackKillsAt, want)
 	}
 	if rep.RedisRestarts != 1 {
 		t.Errorf("redis restarted %d times, want 1", rep.RedisRestarts)
 	}
-	// Each writeback kill lost the answer to a write the sink had applied; the retry sent it
-	// again under the same key, and the sink absorbed it.
-	if rep.Sink.ResentAbsorbed < rep.Kills["writeback"] || rep.Sink.KeysApplied < rep.Jobs.Completed {
-		t.Errorf("sink: %d re-sent deliveries absorbed for %d writeback kills, %d keys for %d completed jobs",
-			rep.Sink.ResentAbsorbed, rep.Kills["writeback"], rep.Sink.KeysApplied, rep.Jobs.Completed)
+	// The writeback kill at the sink lost the answer to a write the sink had applied; the
+	// retry sent it again under the same key, and the sink absorbed it. The kills in the
+	// ledger's writes left nothing to absorb: its entry and receipt are one transaction (a
+	// key offered twice would be a violation). Every job has its one write.
+	if rep.Sink.ResentAbsorbed < rep.WritebackKillsAt[killAtSink] || rep.Sink.KeysApplied+rep.Ledger.Keys < rep.Jobs.Completed {
+		t.Errorf("sink: %d re-sent deliveries absorbed for %d writeback kills there; %d sink keys and %d ledger keys for %d completed jobs",
+			rep.Sink.ResentAbsorbed, rep.WritebackKillsAt[killAtSink], rep.Sink.KeysApplied, rep.Ledger.Keys, rep.Jobs.Completed)
+	}
+	if rep.Ledger.Keys == 0 || rep.Sink.KeysApplied == 0 {
+		t.Errorf("ledger has %d keys, sink %d; want both targets written", rep.Ledger.Keys, rep.Sink.KeysApplied)
 	}
 	for name, how := range rep.Stops {
 		if !strings.HasPrefix(how, "graceful") {

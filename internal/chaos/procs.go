@@ -26,10 +26,12 @@ const module = "github.com/handoffhq/handoff"
 // binaries are the three service commands, by the name of their binary.
 var binaries = []string{"coordinator", "agentrunner", "writeback"}
 
-// build compiles the three service binaries into dir with one `go build`. It must run inside
-// the handoff module's source tree (any folder of it).
+// build compiles the three service binaries into dir with one `go build`, with crash points
+// (-tags crashpoints: the writeback reports them to the harness's hook, which kills it
+// there; see internal/crashpoint). It must run inside the handoff module's source tree (any
+// folder of it).
 func build(ctx context.Context, dir string) error {
-	args := []string{"build", "-o", dir + string(filepath.Separator)}
+	args := []string{"build", "-tags", "crashpoints", "-o", dir + string(filepath.Separator)}
 	for _, b := range binaries {
 		args = append(args, module+"/cmd/"+b)
 	}
@@ -59,6 +61,7 @@ type proc struct {
 	name, kind string // "coordinator-2", "coordinator"
 	bin        string
 	args       []string
+	env        []string // added to the harness's environment
 	addr       string
 	logPath    string
 	say        func(format string, args ...any)
@@ -95,6 +98,9 @@ func (p *proc) start() error {
 		return err
 	}
 	cmd := exec.Command(p.bin, p.args...)
+	if p.env != nil {
+		cmd.Env = append(os.Environ(), p.env...)
+	}
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = sysProcAttr()
 	if err := cmd.Start(); err != nil {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strings"
 )
 
 // WriteText prints the report for a person: the figures, the must-be-zero ones marked, and
@@ -16,7 +17,7 @@ func (r *Report) WriteText(w io.Writer) {
 		}
 		return fmt.Sprintf("%d (must be 0: VIOLATION)", n)
 	}
-	p("handoff chaos: %d jobs in %s (build %s), seed %d", r.Jobs.Asked, r.Duration, orDash(r.Build), r.Seed)
+	p("handoff chaos: %d jobs in %s (build %s), seed %d, target %s", r.Jobs.Asked, r.Duration, orDash(r.Build), r.Seed, orDash(r.Target))
 	p("jobs")
 	p("  submitted                 %d", r.Jobs.Submitted)
 	p("  completed                 %d", r.Jobs.Completed)
@@ -34,6 +35,13 @@ func (r *Report) WriteText(w io.Writer) {
 	}
 	p("faults")
 	p("  kills                     coordinator %d, agentrunner %d, writeback %d (asked %d each)", r.Kills["coordinator"], r.Kills["agentrunner"], r.Kills["writeback"], r.KillsAsked)
+	if len(r.WritebackKillsAt) > 0 {
+		var at []string
+		for _, k := range sortedKeys(r.WritebackKillsAt) {
+			at = append(at, fmt.Sprintf("%s %d", k, r.WritebackKillsAt[k]))
+		}
+		p("  writeback killed at       %s", strings.Join(at, ", "))
+	}
 	p("  redis restarts            %d (asked %d)", r.RedisRestarts, r.RedisRestartsAsked)
 	p("  crashes (not ours)        coordinator %d, agentrunner %d, writeback %d", r.Crashes["coordinator"], r.Crashes["agentrunner"], r.Crashes["writeback"])
 	p("  hops (calls with retries) %d (%d)", r.Hops, r.Calls)
@@ -42,12 +50,23 @@ func (r *Report) WriteText(w io.Writer) {
 	for _, k := range sortedKeys(r.Redelivery.OtherReasons) {
 		p("    other: %-4d %s", r.Redelivery.OtherReasons[k], k)
 	}
-	p("sink (external system)")
-	p("  deliveries received       %d", r.Sink.Deliveries)
-	p("  distinct keys applied     %d", r.Sink.KeysApplied)
-	p("  double writes             %s", mark(r.Sink.DoubleWrites))
-	p("  re-sent, absorbed by key  %d", r.Sink.ResentAbsorbed)
-	p("  re-sent with another body %s", mark(r.Sink.Conflicts))
+	if r.Target != TargetLedger {
+		p("sink (external system behind the webhook target)")
+		p("  deliveries received       %d", r.Sink.Deliveries)
+		p("  distinct keys applied     %d", r.Sink.KeysApplied)
+		p("  double writes             %s", mark(r.Sink.DoubleWrites))
+		p("  re-sent, absorbed by key  %d", r.Sink.ResentAbsorbed)
+		p("  re-sent with another body %s", mark(r.Sink.Conflicts))
+	}
+	if r.Target != TargetSink {
+		p("ledger (the ledger target: upserts by key, entry and receipt in one transaction)")
+		p("  entries                   %d", r.Ledger.Entries)
+		p("  distinct keys             %d", r.Ledger.Keys)
+		p("  double writes             %s", mark(r.Ledger.DoubleWrites))
+		p("  offered again, absorbed   %s", mark(r.Ledger.Reoffered))
+		p("  receipt names another     %s", mark(r.Ledger.ReceiptMismatches))
+	}
+	p("writes")
 	p("  completed without write   %s", mark(r.CompletedWithoutWrite))
 	p("  written, not completed    %d", r.WrittenNotCompleted)
 	p("wallets")
