@@ -1,0 +1,104 @@
+package identity
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+const opTok = "operator-token-0123456789"
+
+func TestNewOperatorsRefusesWeakAccounts(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		accs []Account
+		want string
+	}{
+		{"none", nil, "no operator accounts"},
+		{"short token", []Account{{Name: "ana", Token: "short"}}, "token is 5 bytes"},
+		{"no name", []Account{{Token: opTok}}, "has no name"},
+		{"service-token look-alike", []Account{{Name: "ana", Token: "hst2.coordinator.x.y.z.sig"}}, "looks like a service token"},
+		{"same token twice", []Account{{Name: "ana", Token: opTok}, {Name: "bo", Token: opTok}}, "used twice"},
+	} {
+		if _, err := NewOperators(nil, tc.accs...); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want an error containing %q", tc.name, err, tc.want)
+		}
+	}
+}
+
+// Failures are limited per host (not per connection), logged without the token, a success
+// forgets them, and the allowance refills with time.
+func TestOperatorFailuresLimitedPerHost(t *testing.T) {
+	var logs bytes.Buffer
+	ops, err := NewOperators(slog.New(slog.NewTextHandler(&logs, nil)), Account{Name: "ana", Token: opTok})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(1_800_000_000, 0)
+	ops.now = func() time.Time { return now }
+	ctx := context.Background()
+	if id, err := ops.Verify(ctx, "127.0.0.1:1000", opTok); err != nil || id != (Identity{Service: OperatorService, Method: MethodOperatorToken, Name: "ana"}) {
+		t.Fatalf("right token: %v %v", id, err)
+	}
+	wrong := "wrong-token-that-must-not-be-logged"
+	for i := range failureBurst {
+		if _, err := ops.Verify(ctx, fmt.Sprintf("127.0.0.1:%d", 2000+i), wrong); status.Code(err) != codes.Unauthenticated {
+			t.Fatalf("wrong token %d: %v, want Unauthenticated", i, err)
+		}
+	}
+	if _, err := ops.Verify(ctx, "127.0.0.1:3000", opTok); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("right token after %d failures from one host: %v, want ResourceExhausted", failureBurst, err)
+	}
+	if _, err := ops.Verify(ctx, "[::1]:3000", opTok); err != nil {
+		t.Fatalf("another host is not held back: %v", err)
+	}
+	now = now.Add(failureRefill)
+	if _, err := ops.Verify(ctx, "127.0.0.1:3001", opTok); err != nil {
+		t.Fatalf("after one refill period the right token passes: %v", err)
+	}
+	if _, err := ops.Verify(ctx, "127.0.0.1:3002", wrong); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("a success forgot the failures, so one more wrong token is only Unauthenticated: %v", err)
+	}
+	if strings.Contains(logs.String(), wrong) || strings.Contains(logs.String(), opTok) {
+		t.Fatalf("a token reached the log:\n%s", logs.String())
+	}
+	if !strings.Contains(logs.String(), "source=127.0.0.1") || !strings.Contains(logs.String(), "too many failures") {
+		t.Fatalf("refusals are logged with their source and reason:\n%s", logs.String())
+	}
+}
+
+func TestOperatorLimiterMemoryIsBounded(t *testing.T) {
+	ops, err := NewOperators(slog.New(slog.DiscardHandler), Account{Name: "ana", Token: opTok})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range maxSources + 500 {
+		ops.Verify(context.Background(), fmt.Sprintf("10.%d.%d.%d:1", i>>16&255, i>>8&255, i&255), "nope-nope-nope-nope")
+	}
+	if n := len(ops.sources); n > maxSources {
+		t.Fatalf("%d sources remembered, want at most %d", n, maxSources)
+	}
+}
+
+// The operator page's path: an identity made elsewhere (a session) passes the same policy.
+func TestAuthorizerAllow(t *testing.T) {
+	a := NewAuthorizer(WithPolicy(DefaultPolicy()))
+	resolve := "/handoff.v1.CoordinatorService/ResolveEscalation"
+	if _, err := a.Allow(context.Background(), Identity{Service: "agentrunner", Method: MethodMTLS}, resolve); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("agentrunner resolving: %v, want PermissionDenied", err)
+	}
+	ctx, err := a.Allow(context.Background(), Identity{Service: OperatorService, Method: "web-session", Name: "ana"}, resolve)
+	if err != nil {
+		t.Fatalf("operator resolving: %v", err)
+	}
+	if id, ok := FromContext(ctx); !ok || id.Name != "ana" {
+		t.Fatalf("the context carries %v, %v; want the operator", id, ok)
+	}
+}
