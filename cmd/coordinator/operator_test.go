@@ -138,11 +138,14 @@ func TestOperatorCallsNeedAnOperatorPlaintext(t *testing.T) {
 			}
 		}
 	}
-	// Submitting stays open to clients without an identity.
-	_, err := c.SubmitJob(context.Background(), &handoffv1.SubmitJobRequest{JobId: "tkt_1", Pipeline: "nope", Goal: "g",
-		Budget: &handoffv1.Budget{UsdRemainingMicros: 1000}})
-	if code := status.Code(err); code == codes.Unauthenticated || code == codes.PermissionDenied {
-		t.Errorf("anonymous SubmitJob = %v; want it past the identity check", err)
+	// Submitting takes an identity: an anonymous caller could squat a job_id, or repeat
+	// another client's request to be handed its run.
+	submit := &handoffv1.SubmitJobRequest{JobId: "tkt_1", Pipeline: "nope", Goal: "g", Budget: &handoffv1.Budget{UsdRemainingMicros: 1000}}
+	if _, err := c.SubmitJob(context.Background(), submit); status.Code(err) != codes.Unauthenticated {
+		t.Errorf("anonymous SubmitJob = %v; want Unauthenticated", err)
+	}
+	if _, err := c.SubmitJob(bearer(testOperatorToken), submit); status.Code(err) == codes.Unauthenticated || status.Code(err) == codes.PermissionDenied {
+		t.Errorf("the operator's SubmitJob = %v; want it past the identity check", err)
 	}
 }
 

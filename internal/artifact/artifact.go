@@ -189,6 +189,11 @@ func (f *Files) Get(_ context.Context, uri string) ([]byte, error) {
 	if !st.Mode().IsRegular() || !os.SameFile(fi, st) {
 		return nil, fmt.Errorf("%s: %q changed while it was opened: %w", what, rel, ErrNotRegular)
 	}
+	// A hard link is a regular file whose bytes may live outside the root: an artifact the
+	// store wrote has one name only.
+	if sys, ok := st.Sys().(*syscall.Stat_t); ok && sys.Nlink > 1 {
+		return nil, fmt.Errorf("%s: %q has %d hard links: %w", what, rel, sys.Nlink, ErrNotRegular)
+	}
 	data, err := io.ReadAll(io.LimitReader(fh, MaxBytes+1))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", what, cause(err))
@@ -314,8 +319,10 @@ func Verify(a *handoffv1.Artifact, data []byte) error {
 		return nil
 	}
 	sum := sha256.Sum256(data)
-	if got := hex.EncodeToString(sum[:]); got != a.GetSha256() {
-		return fmt.Errorf("artifact %s: sha256 %s does not match recorded %s", a.GetUri(), got, a.GetSha256())
+	if hex.EncodeToString(sum[:]) != a.GetSha256() {
+		// The digest of what is there is not said: it would tell a caller who guessed a path
+		// the digest it needs to pass this check.
+		return fmt.Errorf("artifact %s: its bytes do not match the recorded sha256 %s", a.GetUri(), a.GetSha256())
 	}
 	return nil
 }

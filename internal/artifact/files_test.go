@@ -192,3 +192,38 @@ func TestErrorsDoNotNameTheRoot(t *testing.T) {
 		t.Fatalf("Get(missing) error %q names the artifact root beyond the URI sent", err)
 	}
 }
+
+// A hard link under the root is a regular file whose bytes are another's: refused, as the
+// attack that read a file from outside the root through one.
+func TestGetRefusesHardLinks(t *testing.T) {
+	f := newFiles(t)
+	sec := secret(t)
+	dir := filepath.Join(f.Root(), "tkt_1", "submit-r0")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, "raw.json")
+	if err := os.Link(sec, link); err != nil {
+		t.Skipf("no hard links across these folders here: %v", err)
+	}
+	_, err := f.Get(context.Background(), fileURI(link))
+	if !errors.Is(err, artifact.ErrNotRegular) || !strings.Contains(err.Error(), "hard links") {
+		t.Fatalf("Get of a hard link = %v; want ErrNotRegular naming the links", err)
+	}
+}
+
+// A digest that does not match says so without telling what the bytes' digest is: it
+// would hand a caller who guessed a path the digest to pass the check with.
+func TestDigestMismatchDoesNotTellTheDigest(t *testing.T) {
+	f := newFiles(t)
+	a, err := f.Put(context.Background(), note, []byte("the real content"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	real := a.GetSha256()
+	a.Sha256 = strings.Repeat("0", 64)
+	err = artifact.Verify(a, []byte("the real content"))
+	if err == nil || strings.Contains(err.Error(), real) {
+		t.Fatalf("Verify with a wrong digest = %v; want a refusal that does not contain %s", err, real)
+	}
+}

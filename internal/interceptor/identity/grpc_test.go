@@ -310,10 +310,10 @@ func TestTokensOverPlaintextLoopback(t *testing.T) {
 		{name: "no token", call: writeCall, code: codes.Unauthenticated, msg: "no caller identity: present a client certificate or a service token"},
 		{name: "no token on a stream", srv: "agentrunner", call: deliverCall, code: codes.Unauthenticated, msg: "no caller identity"},
 		{name: "anonymous may not read jobs", srv: "coordinator", call: getJob, code: codes.Unauthenticated, msg: "no caller identity"},
-		{name: "anyone may submit", srv: "coordinator", call: func(ctx context.Context, cc *grpc.ClientConn) error {
+		{name: "anonymous may not submit", srv: "coordinator", call: func(ctx context.Context, cc *grpc.ClientConn) error {
 			_, err := handoffv1.NewCoordinatorServiceClient(cc).SubmitJob(ctx, &handoffv1.SubmitJobRequest{})
 			return err
-		}},
+		}, code: codes.Unauthenticated, msg: "no caller identity"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -177,10 +177,12 @@ func TestUnaryInterceptor(t *testing.T) {
 		// No identity
 		{name: "no identity on a protected method", method: write, caller: caller{},
 			code: codes.Unauthenticated, msg: []string{"no caller identity: present a client certificate or a service token"}},
-		{name: "no identity where anyone may call", method: submit, caller: caller{addr: remote}},
-		{name: "identity kept where anyone may call", method: submit, caller: caller{token: tok("operator")},
+		{name: "no identity where anyone may call", method: check, caller: caller{addr: remote}},
+		{name: "no identity may not submit", method: submit, caller: caller{},
+			code: codes.Unauthenticated, msg: []string{"no caller identity"}},
+		{name: "identity kept where anyone may call", method: check, caller: caller{token: tok("operator")},
 			want: identity.Identity{Service: "operator", Method: "token"}},
-		{name: "bad token refused even where anyone may call", method: submit, caller: caller{token: []string{"Bearer hst1.x"}},
+		{name: "bad token refused even where anyone may call", method: check, caller: caller{token: []string{"Bearer hst1.x"}},
 			code: codes.Unauthenticated, msg: []string{"malformed service token"}},
 
 		// Always open

@@ -40,10 +40,10 @@ func DefaultPolicy() Policy {
 		// Check answers the ack a package would get and does no work and spends nothing,
 		// so anyone may use it to test a package (grpcurl, CI of another team's agent).
 		"/handoff.v1.AgentRunnerService/Check": {Anyone},
-		// The coordinator is the front door: clients submit jobs without a service
-		// identity (a submission carries its own content, and a job_id or request_id
-		// already used with other content is refused).
-		"/handoff.v1.CoordinatorService/SubmitJob": {Anyone},
+		// Submitting takes an identity too: a job_id is bound to its first submission's
+		// content, so an anonymous caller could squat a predictable ticket id, or repeat
+		// someone's request to be handed their run.
+		"/handoff.v1.CoordinatorService/SubmitJob": {AnyIdentity},
 		// A job's goal, constraints, memory refs and evaluator details are not for
 		// everyone: reading them takes a verified identity, a service's or an operator's.
 		"/handoff.v1.CoordinatorService/GetJob":   {AnyIdentity},
