@@ -249,7 +249,9 @@ func Start(ctx context.Context, cfg Config) (st *Stack, err error) {
 			return nil, fmt.Errorf("stack: operator page cannot listen on %s: %w", cfg.WebAddr, err)
 		}
 		s.WebAddr = wl.Addr().String()
-		s.web = &http.Server{Handler: page, ReadHeaderTimeout: 5 * time.Second}
+		// Bounded reads and writes: a client trickling a request cannot hold a connection.
+		s.web = &http.Server{Handler: page, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
+			WriteTimeout: time.Minute, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
 		go s.web.Serve(wl)
 	}
 	if n, err := s.Coordinator.Resume(ctx); err != nil {

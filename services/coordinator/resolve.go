@@ -17,6 +17,7 @@ import (
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/artifact"
+	"github.com/handoffhq/handoff/internal/interceptor/identity"
 	hoptrace "github.com/handoffhq/handoff/internal/interceptor/trace"
 	"github.com/handoffhq/handoff/internal/pipeline"
 	"github.com/handoffhq/handoff/internal/store"
@@ -157,7 +158,7 @@ func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEs
 			runID, n, strings.TrimPrefix(job.GetEscalation().GetCause().String(), "ESCALATION_CAUSE_"), req.GetEscalation())
 	}
 
-	res := &handoffv1.Resolution{Operator: req.GetOperator(), Comment: req.GetComment(), Escalation: job.GetEscalation(), At: timestamppb.New(s.opts.Now())}
+	res := &handoffv1.Resolution{Operator: req.GetOperator(), Comment: req.GetComment(), Escalation: job.GetEscalation(), At: timestamppb.New(s.opts.Now()), Account: account(ctx)}
 	var edit *string
 	var target *pipeline.Stage
 	switch a := req.GetAction().(type) {
@@ -299,7 +300,7 @@ func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEs
 	if r := job.GetReceipt(); resp.Receipt == nil && r != nil && res.Action == handoffv1.ResolutionAction_RESOLUTION_ACTION_APPROVE {
 		resp.Receipt = r
 	}
-	s.log.Info("escalation resolved", "run_id", runID, "job_id", job.GetJobId(), "action", res.GetAction().String(), "operator", res.GetOperator(), "state", job.GetState().String())
+	s.log.Info("escalation resolved", "run_id", runID, "job_id", job.GetJobId(), "action", res.GetAction().String(), "operator", res.GetOperator(), "account", res.GetAccount(), "state", job.GetState().String())
 	return resp, nil
 }
 
@@ -357,6 +358,19 @@ func truncate(s string, n int) string {
 		n--
 	}
 	return s[:n]
+}
+
+// account names the verified caller of ctx for the record of a decision.
+func account(ctx context.Context) string {
+	id, ok := identity.FromContext(ctx)
+	switch {
+	case !ok:
+		return ""
+	case id.Name != "":
+		return id.Name
+	default:
+		return id.String()
+	}
 }
 
 // escalationNumber is esc's number; an escalation stored before numbers existed is 1.

@@ -110,6 +110,9 @@ func TestResolveApproveWritesOnce(t *testing.T) {
 	if ev := resp.GetJob().GetEvaluator(); ev.GetLastVerdict() != handoffv1.Verdict_VERDICT_PASS || ev.GetRounds() != 2 || len(ev.GetFailures()) != 0 {
 		t.Fatalf("evaluator %v", ev)
 	}
+	if acc := resp.GetResolution().GetAccount(); acc != "operator (token)" {
+		t.Fatalf("resolution account %q: want the verified caller, not the typed name", acc)
+	}
 	if a := resp.GetResolution().GetEditedArtifact(); a == nil || a.GetType() != "note" || a.GetProducedBy() != "operator" {
 		t.Fatalf("edited artifact %v", a)
 	}

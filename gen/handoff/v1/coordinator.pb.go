@@ -1719,8 +1719,12 @@ type Resolution struct {
 	// The edited artifact version, when the person edited it.
 	EditedArtifact *Artifact `protobuf:"bytes,6,opt,name=edited_artifact,json=editedArtifact,proto3" json:"edited_artifact,omitempty"`
 	// The escalation that was resolved.
-	Escalation    *Escalation            `protobuf:"bytes,7,opt,name=escalation,proto3" json:"escalation,omitempty"`
-	At            *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=at,proto3" json:"at,omitempty"`
+	Escalation *Escalation            `protobuf:"bytes,7,opt,name=escalation,proto3" json:"escalation,omitempty"`
+	At         *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=at,proto3" json:"at,omitempty"`
+	// Who decided, as verified by the coordinator, not as typed: the operator account's name
+	// for an operator token or page session ("operator"), else the identity's service and
+	// how it was proved ("operator (mtls)"). `operator` above is the name the person gave.
+	Account       string `protobuf:"bytes,9,opt,name=account,proto3" json:"account,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1809,6 +1813,13 @@ func (x *Resolution) GetAt() *timestamppb.Timestamp {
 		return x.At
 	}
 	return nil
+}
+
+func (x *Resolution) GetAccount() string {
+	if x != nil {
+		return x.Account
+	}
+	return ""
 }
 
 type ResolveEscalationResponse struct {
@@ -2021,7 +2032,7 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"FailAction\x12#\n" +
 	"\x06reason\x18\x01 \x01(\tB\v\xbaH\b\xc8\x01\x01r\x03\x18\xd0\x0fR\x06reason\"<\n" +
 	"\x15RejectMalformedAction\x12#\n" +
-	"\x06reason\x18\x01 \x01(\tB\v\xbaH\b\xc8\x01\x01r\x03\x18\xd0\x0fR\x06reason\"\xc9\x02\n" +
+	"\x06reason\x18\x01 \x01(\tB\v\xbaH\b\xc8\x01\x01r\x03\x18\xd0\x0fR\x06reason\"\xe3\x02\n" +
 	"\n" +
 	"Resolution\x124\n" +
 	"\x06action\x18\x01 \x01(\x0e2\x1c.handoff.v1.ResolutionActionR\x06action\x12\x1a\n" +
@@ -2033,7 +2044,8 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\n" +
 	"escalation\x18\a \x01(\v2\x16.handoff.v1.EscalationR\n" +
 	"escalation\x12*\n" +
-	"\x02at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"\xc3\x01\n" +
+	"\x02at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x18\n" +
+	"\aaccount\x18\t \x01(\tR\aaccount\"\xc3\x01\n" +
 	"\x19ResolveEscalationResponse\x12!\n" +
 	"\x03job\x18\x01 \x01(\v2\x0f.handoff.v1.JobR\x03job\x12-\n" +
 	"\areceipt\x18\x02 \x01(\v2\x13.handoff.v1.ReceiptR\areceipt\x12\x1c\n" +

@@ -34,7 +34,7 @@ const (
 	failureBurst  = 5
 	failureRefill = 12 * time.Second
 	// maxSources bounds the memory of the limiter; past it, sources that are back to a
-	// full allowance are forgotten.
+	// full allowance are forgotten, and new ones share one allowance while none is.
 	maxSources = 10_000
 )
 
@@ -63,7 +63,7 @@ type Operators struct {
 	now      func() time.Time
 
 	mu      sync.Mutex
-	sources map[string]*rate.Limiter
+	sources map[string]*source
 }
 
 // NewOperators returns a verifier for accounts (at least one). Each token must be at least
@@ -75,7 +75,7 @@ func NewOperators(log *slog.Logger, accounts ...Account) (*Operators, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	o := &Operators{log: log, now: time.Now, sources: map[string]*rate.Limiter{}}
+	o := &Operators{log: log, now: time.Now, sources: map[string]*source{}}
 	names := map[string]bool{}
 	hashes := map[[sha256.Size]byte]bool{}
 	for i, a := range accounts {
@@ -100,12 +100,18 @@ func NewOperators(log *slog.Logger, accounts ...Account) (*Operators, error) {
 
 // Verify checks an operator token presented from source (a host, or host:port, of the
 // caller) and returns the operator's identity. A wrong token is Unauthenticated; a source
-// over its failure allowance is ResourceExhausted whatever it presents. Both are logged
-// with the source and the reason, never the token.
+// over its failure allowance is ResourceExhausted whatever it presents. Refusals are logged
+// with the source and the reason, never the token; while a source stays locked out only its
+// first refusal is logged, so a flood of guesses is not a flood of log lines.
 func (o *Operators) Verify(ctx context.Context, source, tok string) (Identity, error) {
 	src := sourceHost(source)
-	if !o.allowed(src) {
-		o.log.WarnContext(ctx, "identity: operator credential refused", "source", src, "reason", "too many failures")
+	// The try is taken before the comparison, so concurrent guesses cannot all pass the
+	// check of a source that has one try left; a success gives it back.
+	ok, warn := o.take(src)
+	if !ok {
+		if warn {
+			o.log.WarnContext(ctx, "identity: operator credential refused", "source", src, "reason", "too many failures; further refusals of this source are not logged until it may try again")
+		}
 		return Identity{}, status.Errorf(codes.ResourceExhausted, "%v; wait %s and try again", ErrTooManyFailures, failureRefill)
 	}
 	h := sha256.Sum256([]byte(tok))
@@ -116,54 +122,65 @@ func (o *Operators) Verify(ctx context.Context, source, tok string) (Identity, e
 			return Identity{Service: OperatorService, Method: MethodOperatorToken, Name: a.name}, nil
 		}
 	}
-	o.failed(src)
 	o.log.WarnContext(ctx, "identity: operator credential refused", "source", src, "reason", "unknown operator token")
 	return Identity{}, status.Error(codes.Unauthenticated, "operator token not recognised")
 }
 
-func (o *Operators) limiter(src string) *rate.Limiter {
-	l, ok := o.sources[src]
-	if !ok {
-		if len(o.sources) >= maxSources {
-			o.forgetIdle()
-		}
-		l = rate.NewLimiter(rate.Every(failureRefill), failureBurst)
-		o.sources[src] = l
+// source is one address's allowance of failures.
+type source struct {
+	lim *rate.Limiter
+	// warned is set once a lockout of this source has been logged.
+	warned bool
+}
+
+// overflow is the allowance shared by every new source once the table is full of sources
+// still failing: a caller spraying from many addresses gets no fresh allowance per address.
+const overflow = ""
+
+// take spends one try of src's allowance. ok is false when none is left; warn is true for
+// the first such refusal of a lockout.
+func (o *Operators) take(src string) (ok, warn bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	now := o.now()
+	s := o.sourceLocked(src, now)
+	if s.lim.AllowN(now, 1) {
+		s.warned = false
+		return true, false
 	}
-	return l
+	warn = !s.warned
+	s.warned = true
+	return false, warn
 }
 
-// allowed reports whether src has at least one try left (without spending it).
-func (o *Operators) allowed(src string) bool {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	l, ok := o.sources[src]
-	return !ok || l.TokensAt(o.now()) >= 1
+func (o *Operators) sourceLocked(src string, now time.Time) *source {
+	if s, ok := o.sources[src]; ok {
+		return s
+	}
+	if len(o.sources) >= maxSources {
+		for k, s := range o.sources {
+			if k != overflow && s.lim.TokensAt(now) >= failureBurst {
+				delete(o.sources, k)
+			}
+		}
+		if len(o.sources) >= maxSources {
+			src = overflow
+			if s, ok := o.sources[src]; ok {
+				return s
+			}
+		}
+	}
+	s := &source{lim: rate.NewLimiter(rate.Every(failureRefill), failureBurst)}
+	o.sources[src] = s
+	return s
 }
 
-func (o *Operators) failed(src string) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.limiter(src).AllowN(o.now(), 1)
-}
-
-// succeeded forgets src's earlier failures: a person who mistyped once is not held back.
+// succeeded forgets src's failures: a person who mistyped once is not held back. (A
+// source in the shared overflow allowance leaves it as it is.)
 func (o *Operators) succeeded(src string) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	delete(o.sources, src)
-}
-
-func (o *Operators) forgetIdle() {
-	now := o.now()
-	for k, l := range o.sources {
-		if l.TokensAt(now) >= failureBurst {
-			delete(o.sources, k)
-		}
-	}
-	if len(o.sources) >= maxSources { // all are busy failing: start over rather than grow
-		clear(o.sources)
-	}
 }
 
 // sourceHost drops the port of a host:port, so one host's connections share an allowance.

@@ -56,6 +56,12 @@ func TestOperatorFailuresLimitedPerHost(t *testing.T) {
 	if _, err := ops.Verify(ctx, "127.0.0.1:3000", opTok); status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("right token after %d failures from one host: %v, want ResourceExhausted", failureBurst, err)
 	}
+	for range 3 {
+		ops.Verify(ctx, "127.0.0.1:3000", wrong)
+	}
+	if n := strings.Count(logs.String(), "too many failures"); n != 1 {
+		t.Fatalf("%d log lines for one lockout, want 1:\n%s", n, logs.String())
+	}
 	if _, err := ops.Verify(ctx, "[::1]:3000", opTok); err != nil {
 		t.Fatalf("another host is not held back: %v", err)
 	}
@@ -74,16 +80,30 @@ func TestOperatorFailuresLimitedPerHost(t *testing.T) {
 	}
 }
 
+// The table of sources is bounded, and filling it neither frees a locked-out source nor
+// gives each new address of a spray its own allowance.
 func TestOperatorLimiterMemoryIsBounded(t *testing.T) {
 	ops, err := NewOperators(slog.New(slog.DiscardHandler), Account{Name: "ana", Token: opTok})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := range maxSources + 500 {
-		ops.Verify(context.Background(), fmt.Sprintf("10.%d.%d.%d:1", i>>16&255, i>>8&255, i&255), "nope-nope-nope-nope")
+	ctx := context.Background()
+	for range failureBurst {
+		ops.Verify(ctx, "127.0.0.9:1", "nope-nope-nope-nope")
 	}
-	if n := len(ops.sources); n > maxSources {
-		t.Fatalf("%d sources remembered, want at most %d", n, maxSources)
+	addr := func(i int) string { return fmt.Sprintf("127.%d.%d.%d:1", i>>16&255, i>>8&255, i&255) }
+	for i := range maxSources + 500 {
+		ops.Verify(ctx, addr(1+i), "nope-nope-nope-nope")
+	}
+	if n := len(ops.sources); n > maxSources+1 {
+		t.Fatalf("%d sources remembered, want at most %d and the shared overflow", n, maxSources)
+	}
+	if _, err := ops.Verify(ctx, "127.0.0.9:1", opTok); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("the locked-out source after the table filled: %v, want still ResourceExhausted", err)
+	}
+	// New addresses past the table share one allowance, which the spray has used up.
+	if _, err := ops.Verify(ctx, addr(maxSources+1000), opTok); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("a new address while the table is full of failing sources: %v, want the shared overflow's ResourceExhausted", err)
 	}
 }
 

@@ -229,7 +229,7 @@ func TestVerify(t *testing.T) {
 		{name: "writeback's key claiming coordinator", tok: asCoord(wbKey).Mint("writeback", at, at+60), now: now, err: identity.ErrBadSignature, msg: `token from "coordinator"`},
 		{name: "agentrunner's key claiming coordinator", tok: asCoord(arKey).Mint("writeback", at, at+60), now: now, err: identity.ErrBadSignature},
 		{name: "unknown issuer", tok: intruder.Mint("writeback", at, at+60), now: now, err: identity.ErrUnknownIssuer,
-			msg: `"intruder" (this server holds public keys of agentrunner, coordinator, operator, writeback)`},
+			msg: `"intruder"`},
 		{name: "tampered issuer", tok: strings.Replace(r["agentrunner"].Mint("writeback", at, at+60), ".agentrunner.", ".coordinator.", 1), now: now, err: identity.ErrBadSignature},
 		{name: "tampered audience", tok: strings.Replace(coord.Mint("agentrunner", at, at+60), ".agentrunner.", ".writeback.", 1), now: now, err: identity.ErrBadSignature},
 		{name: "tampered expiry", tok: strings.Join([]string{"hst2", "coordinator", "writeback", parts[3], strconv.FormatInt(at+max, 10), sig}, "."), now: now, err: identity.ErrBadSignature},

@@ -145,7 +145,7 @@ func TestBrowserApprove(t *testing.T) {
 		t.Logf("ledger payload does not carry the text (it may hold only the uri): %.200s", es[0].Payload)
 	}
 	got, err := st.Coordinator.GetJob(context.Background(), &handoffv1.GetJobRequest{RunId: job.GetRunId()})
-	if err != nil || got.GetJob().GetResolution().GetOperator() != "ana" {
+	if err != nil || got.GetJob().GetResolution().GetOperator() != "ana" || got.GetJob().GetResolution().GetAccount() != "operator" {
 		t.Fatalf("resolution %v %v", got.GetJob().GetResolution(), err)
 	}
 }

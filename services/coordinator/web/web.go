@@ -21,6 +21,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -277,6 +278,13 @@ func (h *Handler) resolve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	runID := r.PathValue("run")
+	for _, f := range []string{"operator", "comment", "reason", "stage", "artifact_text", "escalation"} {
+		if !utf8.ValidString(r.PostFormValue(f)) {
+			w.WriteHeader(http.StatusBadRequest)
+			h.render(w, "error.html", map[string]any{"Error": fmt.Sprintf("%s: invalid UTF-8", f)})
+			return
+		}
+	}
 	esc, err := strconv.ParseUint(r.PostFormValue("escalation"), 10, 32)
 	if err != nil || esc == 0 {
 		w.WriteHeader(http.StatusBadRequest)

@@ -163,3 +163,19 @@ func TestResolveNamesTheEscalation(t *testing.T) {
 		t.Fatalf("after refused decisions: %v %v", got.GetJob().GetState(), err)
 	}
 }
+
+// Form text that is not UTF-8 is refused naming the field, before anything is decided.
+func TestResolveRefusesInvalidUTF8(t *testing.T) {
+	st, base := page(t)
+	job := escalated(t, st)
+	c := browser(t)
+	post(t, c, base+"/login", url.Values{"token": {token}})
+	resp, body := post(t, c, base+"/jobs/"+job.GetRunId()+"/resolve", url.Values{"action": {"fail"}, "operator": {"\xff\xfe"}, "reason": {"no"}, "escalation": {"1"}})
+	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(body, "operator: invalid UTF-8") {
+		t.Fatalf("invalid UTF-8 operator: %d %s", resp.StatusCode, body)
+	}
+	got, err := st.Coordinator.GetJob(context.Background(), &handoffv1.GetJobRequest{RunId: job.GetRunId()})
+	if err != nil || got.GetJob().GetState() != handoffv1.JobState_JOB_STATE_ESCALATED || got.GetJob().GetResolution() != nil {
+		t.Fatalf("after the refused form: %v %v", got.GetJob(), err)
+	}
+}
