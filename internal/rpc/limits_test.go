@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
+	"google.golang.org/grpc/metadata"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
@@ -316,5 +317,92 @@ func TestKeepaliveClosesSilentConnection(t *testing.T) {
 		case <-timeout:
 			t.Fatalf("connection still open after 10s (server pinged after %s)", pinged)
 		}
+	}
+}
+
+// silentCall opens a unary call to Check and never sends its request, as the attack that
+// filled a server did; it returns the call's end.
+func silentCall(ctx context.Context, cc *grpc.ClientConn) <-chan error {
+	done := make(chan error, 1)
+	s, err := cc.NewStream(ctx, &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}, handoffv1.AgentRunnerService_Check_FullMethodName)
+	if err != nil {
+		done <- err
+		return done
+	}
+	go func() { done <- s.RecvMsg(&handoffv1.CheckResponse{}) }()
+	return done
+}
+
+type checkRunner struct {
+	handoffv1.UnimplementedAgentRunnerServiceServer
+}
+
+func (checkRunner) Check(context.Context, *handoffv1.CheckRequest) (*handoffv1.CheckResponse, error) {
+	return &handoffv1.CheckResponse{}, nil
+}
+
+// Callers without a service identity have their own pool: filling it leaves the services'
+// calls room, and a call that never sends its request is cancelled after RequestTimeout,
+// giving its slot back.
+func TestAnonymousCallsCannotFillTheServer(t *testing.T) {
+	g := rpc.NewServer(rpc.ServerConfig{Service: "limits", Logger: slog.New(slog.DiscardHandler),
+		Limits: rpc.Limits{MaxStreams: 8, MaxAnonymousStreams: 2, RequestTimeout: 500 * time.Millisecond},
+		Identified: func(ctx context.Context) bool {
+			md, _ := metadata.FromIncomingContext(ctx)
+			return len(md.Get("x-test-service")) > 0
+		}})
+	handoffv1.RegisterAgentRunnerServiceServer(g, checkRunner{})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go g.Serve(lis)
+	t.Cleanup(g.Stop)
+	cc := dialTCP(t, lis.Addr().String())
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	held := []<-chan error{silentCall(ctx, cc), silentCall(ctx, cc)}
+	client := handoffv1.NewAgentRunnerServiceClient(cc)
+	var err3 error
+	waitFor(t, "the anonymous pool to be full", func() bool {
+		_, err3 = client.Check(ctx, &handoffv1.CheckRequest{})
+		return status.Code(err3) == codes.ResourceExhausted
+	})
+	if !strings.Contains(err3.Error(), "without a service identity") {
+		t.Fatalf("third anonymous call: %v; want the anonymous pool named", err3)
+	}
+	service := metadata.AppendToOutgoingContext(ctx, "x-test-service", "coordinator")
+	if _, err := client.Check(service, &handoffv1.CheckRequest{}); err != nil {
+		t.Fatalf("a service's call while the anonymous pool is full: %v", err)
+	}
+	for i, h := range held {
+		select {
+		case err := <-h:
+			if status.Code(err) != codes.Canceled && status.Code(err) != codes.DeadlineExceeded {
+				t.Fatalf("silent call %d ended with %v; want it cancelled", i, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("silent call %d still open 10 s after its request timeout", i)
+		}
+	}
+	waitFor(t, "the anonymous pool's slots back", func() bool {
+		_, err := client.Check(ctx, &handoffv1.CheckRequest{})
+		return err == nil
+	})
+}
+
+// A call whose request arrives in time is not cut by the request timeout, however long it
+// then runs.
+func TestRequestTimeoutSparesCallsThatSent(t *testing.T) {
+	r := &holdRunner{release: make(chan struct{})}
+	cc := dialTCP(t, serveTCP(t, r, rpc.Limits{RequestTimeout: 200 * time.Millisecond}))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	call := hold(ctx, cc)
+	waitFor(t, "the call in its handler", func() bool { return r.in.Load() == 1 })
+	time.Sleep(600 * time.Millisecond)
+	close(r.release)
+	if err := <-call; err != nil {
+		t.Fatalf("a call that sent its request, held past the request timeout: %v", err)
 	}
 }

@@ -4,6 +4,10 @@
 //	stats handler  otelgrpc: a span per RPC, trace context read from (server) or written to
 //	               (client) gRPC metadata. A stats handler, not an interceptor, so it also
 //	               sees calls the chain refuses.
+//	  limits       (limits.go) before any of it, as the call opens: calls in flight are
+//	               capped in two pools (services, and callers without a service identity),
+//	               and a call whose request does not arrive in time is cancelled; the
+//	               chain's first interceptor marks the request's arrival.
 //	1 metrics      per-method RPC counts and latency (go-grpc-middleware prometheus), outside
 //	               everything that can refuse a call, so refusals are counted too.
 //	2 ack counter  one count per Ack sent, whoever sends it: the handler or an interceptor
@@ -59,6 +63,10 @@ type ServerConfig struct {
 	Creds credentials.TransportCredentials
 	// Limits cap the calls in flight and enforce keepalive; zero fields take the defaults.
 	Limits Limits
+	// Identified, when set, tells whether a call's caller proves a service identity as the
+	// call opens (identity.Authorizer.Identified): the others get their own smaller pool of
+	// Limits, so they cannot fill the server for the services.
+	Identified func(context.Context) bool
 	// Options are appended to the server options.
 	Options []grpc.ServerOption
 }
@@ -97,8 +105,9 @@ func NewServer(cfg ServerConfig) *grpc.Server {
 		return status.Error(codes.Internal, "internal error (the panic is in the server log)")
 	})}
 
-	var unary []grpc.UnaryServerInterceptor
-	var stream []grpc.StreamServerInterceptor
+	// First: the request has arrived (the limits' request timer stops).
+	unary := []grpc.UnaryServerInterceptor{requestUnary}
+	stream := []grpc.StreamServerInterceptor{requestStream}
 	if cfg.Metrics != nil {
 		unary = append(unary, cfg.Metrics.RPC.UnaryServerInterceptor(), cfg.Metrics.AckUnaryInterceptor())
 		stream = append(stream, cfg.Metrics.RPC.StreamServerInterceptor(), cfg.Metrics.AckStreamInterceptor())
@@ -128,7 +137,7 @@ func NewServer(cfg ServerConfig) *grpc.Server {
 		// Only with the utf8 interceptors above: the codec leaves them a marked request.
 		grpc.ForceServerCodecV2(newUTF8Codec()),
 	}
-	opts = append(opts, cfg.Limits.serverOptions()...)
+	opts = append(opts, cfg.Limits.serverOptions(cfg.Identified)...)
 	if cfg.Creds != nil {
 		opts = append(opts, grpc.Creds(cfg.Creds))
 	}

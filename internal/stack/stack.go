@@ -290,7 +290,7 @@ func (s *Stack) serve(l net.Listener, name, service string, register func(*grpc.
 	authz := identity.NewAuthorizer(idOpts...)
 	g := rpc.NewServer(rpc.ServerConfig{
 		Service: name, Logger: s.log, TracerProvider: s.tp, Metrics: m,
-		IdentityUnary: authz.UnaryServerInterceptor(), IdentityStream: authz.StreamServerInterceptor(),
+		IdentityUnary: authz.UnaryServerInterceptor(), IdentityStream: authz.StreamServerInterceptor(), Identified: authz.Identified,
 		Unary: unary, Stream: stream,
 	})
 	register(g)

@@ -30,6 +30,16 @@ func (a *Authorizer) Allow(ctx context.Context, id Identity, fullMethod string) 
 	return NewContext(ctx, id), nil
 }
 
+// Identified reports whether the caller of ctx (its peer and incoming metadata) proves a
+// service identity: a verified client certificate or a service token that verifies.
+// Operator tokens are not checked here, so their failures are counted once, by Authorize.
+// The servers' load limits use it to keep anonymous callers out of the slots of identified
+// ones when a call opens, before its request is read.
+func (a *Authorizer) Identified(ctx context.Context) bool {
+	_, found, err := a.o.identifyAs(ctx, false)
+	return found && err == nil
+}
+
 // Operators returns the operator verifier (nil when operator tokens are not accepted).
 func (a *Authorizer) Operators() *Operators { return a.o.operators }
 

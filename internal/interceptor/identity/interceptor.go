@@ -107,6 +107,12 @@ func (o *options) refuse(ctx context.Context, fullMethod string, code codes.Code
 // service token. found is false when the caller presented neither; err is set when it
 // presented one that does not hold.
 func (o *options) identify(ctx context.Context) (id Identity, found bool, err error) {
+	return o.identifyAs(ctx, true)
+}
+
+// identifyAs is identify; withOperators false leaves operator tokens unchecked (found is
+// false for a caller presenting only one), so nothing counts their failures.
+func (o *options) identifyAs(ctx context.Context, withOperators bool) (id Identity, found bool, err error) {
 	p, _ := peer.FromContext(ctx)
 	var tlsInfo *credentials.TLSInfo
 	if p != nil {
@@ -132,6 +138,9 @@ func (o *options) identify(ctx context.Context) (id Identity, found bool, err er
 		return Identity{}, false, err
 	}
 	if !found {
+		if !withOperators {
+			return Identity{}, false, nil
+		}
 		return o.operator(ctx, p, tlsInfo)
 	}
 	if _, both, _ := operatorToken(ctx); both {
