@@ -1,6 +1,6 @@
 // Command agentrunner serves handoff.v1.AgentRunnerService with the built-in support agents
 // (intake, retrieve, draft, judge), server reflection and gRPC health, behind the platform's
-// interceptor chain (rpc.NewServer plus the runner's enforcement: schema, role, stage
+// interceptor chain (internal/server with the runner's enforcement: schema, role, stage
 // de-duplication, the job's wallet).
 //
 // Every flag has an environment fallback; flags win. Optionally, stages can be served by an
@@ -21,20 +21,20 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"strings"
 	"syscall"
 	"time"
 
-	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/artifact"
 	"github.com/handoffhq/handoff/internal/config"
 	"github.com/handoffhq/handoff/internal/contract"
 	"github.com/handoffhq/handoff/internal/rpc"
+	"github.com/handoffhq/handoff/internal/server"
 	"github.com/handoffhq/handoff/internal/store"
 	"github.com/handoffhq/handoff/internal/telemetry"
 	"github.com/handoffhq/handoff/services/agentrunner"
@@ -47,18 +47,75 @@ import (
 // metrics.
 const service = "agentrunner"
 
-type multi []string
+const (
+	about   = "hosts stage agents behind the AgentRunnerService: every package is checked (schema, role, duplicate, the job's wallet) and acked before its agent runs"
+	details = `Serves the built-in support agents (intake, retrieve, draft, judge); --llm-stages puts
+an OpenAI-compatible model on some of them, --exec a program. Needs transport security
+(--certs DIR, or --plaintext-loopback on a loopback --listen address) and the coordinator's
+--store: a package whose wallet is not in it is REJECTED_BUDGET naming budget.wallet_id.`
+)
 
-func (m *multi) String() string     { return strings.Join(*m, "; ") }
-func (m *multi) Set(v string) error { *m = append(*m, v); return nil }
+// Defaults of the runner's own settings.
+const (
+	defaultStore      = "./handoff-data/agentrunner.db"
+	defaultLLMBaseURL = "https://api.openai.com/v1"
+	// stopMargin is added to --stage-timeout to bound a graceful stop: a stage that started
+	// just before the stop may finish and send its result.
+	stopMargin = 5 * time.Second
+)
 
+// settings are the runner's configuration, from flags with HANDOFF_* fallbacks.
 type settings struct {
 	listen, metricsListen, storeSpec, artifactsDir string
 	stageTimeout, resultTTL, storeWait             time.Duration
-	llmStages, llmBaseURL, llmModel                string
+	llmStages, llmBaseURL, llmModel, llmAPIKey     string
 	llmPrice                                       int
-	execAgents                                     multi
+	execAgents                                     []string
 	sec                                            rpc.Security
+}
+
+// Bind registers every setting with its variable and default.
+func (s *settings) Bind(b *config.Binder) {
+	b.String(&s.listen, "listen", "HANDOFF_AGENTRUNNER_LISTEN", server.RunnerAddr, "gRPC listen address")
+	b.String(&s.metricsListen, "metrics-listen", "HANDOFF_METRICS_LISTEN", "", "serve Prometheus metrics on this address at /metrics (empty: off)")
+	b.String(&s.storeSpec, "store", "HANDOFF_STORE", defaultStore,
+		"stage-completion records and the coordinator's wallets: a bbolt file, or redis://[:password@]host:port[/db][?prefix=P] shared with the coordinator (a package whose wallet is not in this store is REJECTED_BUDGET)")
+	b.String(&s.artifactsDir, "artifacts", "HANDOFF_ARTIFACTS", server.Artifacts, "artifact folder, shared with the other services")
+	b.Duration(&s.storeWait, "store-wait", "HANDOFF_STORE_WAIT", server.DefaultStoreWait, "at start-up, how long to keep trying a Redis store that does not answer yet (0: fail at once)")
+	b.Duration(&s.stageTimeout, "stage-timeout", "HANDOFF_STAGE_TIMEOUT", agentrunner.DefaultStageTimeout, "bound on one agent run")
+	b.Duration(&s.resultTTL, "result-ttl", "HANDOFF_RESULT_TTL", 0, "how long stage-completion records are kept, 0 = forever")
+	b.String(&s.llmStages, "llm-stages", "HANDOFF_LLM_STAGES", "", "comma-separated support stages served by an OpenAI-compatible model instead of the built-in agents")
+	b.String(&s.llmBaseURL, "llm-base-url", "HANDOFF_LLM_BASE_URL", defaultLLMBaseURL, "OpenAI-compatible API base URL; the key is read from HANDOFF_LLM_API_KEY only")
+	b.String(&s.llmModel, "llm-model", "HANDOFF_LLM_MODEL", "", "model name")
+	b.Int(&s.llmPrice, "llm-price", "HANDOFF_LLM_PRICE_MICROS_PER_1K", 0, "micro-USD per 1000 tokens")
+	b.Secret(&s.llmAPIKey, "HANDOFF_LLM_API_KEY", "the model API's key, for --llm-stages (never a flag: it would show in the process list)")
+	b.List(&s.execAgents, "exec", "HANDOFF_EXEC_AGENTS", ";", `serve a role by a program: "name[:tool,tool]=/path/to/program arg..."`)
+	s.sec.Bind(b)
+}
+
+// Validate checks the values, naming the flag of a bad one.
+func (s *settings) Validate() error {
+	if err := config.HostPort("listen", s.listen); err != nil {
+		return err
+	}
+	if s.metricsListen != "" {
+		if err := config.HostPort("metrics-listen", s.metricsListen); err != nil {
+			return err
+		}
+	}
+	if _, err := store.ParseURL(s.storeSpec); err != nil {
+		return fmt.Errorf("--store: %v", err)
+	}
+	if s.artifactsDir == "" {
+		return errors.New("--artifacts: must not be empty")
+	}
+	if s.stageTimeout <= 0 {
+		return fmt.Errorf("--stage-timeout must be positive, got %s", s.stageTimeout)
+	}
+	if s.llmPrice < 0 {
+		return fmt.Errorf("--llm-price must not be negative, got %d", s.llmPrice)
+	}
+	return nil
 }
 
 func main() {
@@ -70,39 +127,19 @@ func main() {
 	}
 }
 
-func parse(args []string) (*settings, error) {
+// parse reads the settings from args and the environment; --help goes to out.
+func parse(args []string, out io.Writer) (*settings, error) {
 	fs := flag.NewFlagSet(service, flag.ContinueOnError)
+	fs.SetOutput(out)
 	var s settings
-	b := config.New(fs)
-	b.String(&s.listen, "listen", "HANDOFF_AGENTRUNNER_LISTEN", "127.0.0.1:50052", "gRPC listen address")
-	b.String(&s.metricsListen, "metrics-listen", "HANDOFF_METRICS_LISTEN", "", "serve Prometheus metrics on this address at /metrics (empty: off)")
-	b.String(&s.storeSpec, "store", "HANDOFF_STORE", "./handoff-data/agentrunner.db",
-		"stage-completion records and the coordinator's wallets: a bbolt file, or redis://[:password@]host:port[/db][?prefix=P] shared with the coordinator (a package whose wallet is not in this store is REJECTED_BUDGET)")
-	b.String(&s.artifactsDir, "artifacts", "HANDOFF_ARTIFACTS", "./handoff-data/artifacts", "artifact folder, shared with the other services")
-	b.Duration(&s.storeWait, "store-wait", "HANDOFF_STORE_WAIT", 60*time.Second, "at start-up, how long to keep trying a Redis store that does not answer yet (0: fail at once)")
-	b.Duration(&s.stageTimeout, "stage-timeout", "HANDOFF_STAGE_TIMEOUT", agentrunner.DefaultStageTimeout, "bound on one agent run")
-	b.Duration(&s.resultTTL, "result-ttl", "HANDOFF_RESULT_TTL", 0, "how long stage-completion records are kept, 0 = forever")
-	b.String(&s.llmStages, "llm-stages", "HANDOFF_LLM_STAGES", "", "comma-separated support stages served by an OpenAI-compatible model instead of the built-in agents")
-	b.String(&s.llmBaseURL, "llm-base-url", "HANDOFF_LLM_BASE_URL", "https://api.openai.com/v1", "OpenAI-compatible API base URL; the key is read from HANDOFF_LLM_API_KEY only")
-	b.String(&s.llmModel, "llm-model", "HANDOFF_LLM_MODEL", "", "model name")
-	b.Int(&s.llmPrice, "llm-price", "HANDOFF_LLM_PRICE_MICROS_PER_1K", 0, "micro-USD per 1000 tokens")
-	fs.Var(&s.execAgents, "exec", `serve a role by a program: "name[:tool,tool]=/path/to/program arg..." (repeatable; env HANDOFF_EXEC_AGENTS, entries separated by ";")`)
-	s.sec.Bind(b)
-	if err := b.Parse(args); err != nil {
+	if err := config.Load(fs, about, details, &s, args); err != nil {
 		return nil, err
-	}
-	if len(s.execAgents) == 0 {
-		for _, e := range strings.Split(os.Getenv("HANDOFF_EXEC_AGENTS"), ";") {
-			if e = strings.TrimSpace(e); e != "" {
-				s.execAgents = append(s.execAgents, e)
-			}
-		}
 	}
 	return &s, nil
 }
 
 func run(args []string, log *slog.Logger) error {
-	s, err := parse(args)
+	s, err := parse(args, os.Stderr)
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
@@ -110,13 +147,13 @@ func run(args []string, log *slog.Logger) error {
 		return err
 	}
 	// Security first: a runner never serves without an identity check.
-	creds, idUnary, idStream, err := s.sec.Server(service, s.listen)
+	creds, authz, err := s.sec.Server(service, s.listen)
 	if err != nil {
 		return err
 	}
 
 	agents, err := buildAgents(s.llmStages, llmagent.Config{
-		BaseURL: s.llmBaseURL, Model: s.llmModel, APIKey: os.Getenv("HANDOFF_LLM_API_KEY"),
+		BaseURL: s.llmBaseURL, Model: s.llmModel, APIKey: s.llmAPIKey,
 		PriceMicrosPer1KTokens: int64(s.llmPrice), Timeout: s.stageTimeout,
 	}, s.execAgents, s.stageTimeout)
 	if err != nil {
@@ -158,40 +195,28 @@ func run(args []string, log *slog.Logger) error {
 			log.Warn("agentrunner: flushing traces failed", "err", err)
 		}
 	}()
-	cfg := rpc.ServerConfig{
-		Service: service, Logger: log, TracerProvider: tp,
-		IdentityUnary: idUnary, IdentityStream: idStream, Creds: creds,
+	// The store holds the claims and wallets every delivery needs: health follows it. A
+	// stop lets running stages finish (unfinished claims expire after the claim TTL).
+	reg := telemetry.NewRegistry()
+	gs, err := server.New(srv.Service(),
+		server.WithSecurity(creds, authz), server.WithLogger(log), server.WithTracerProvider(tp),
+		server.WithMetrics(reg), server.WithHealthFrom(st, server.DefaultHealthInterval),
+		server.WithStopTimeout(s.stageTimeout+stopMargin))
+	if err != nil {
+		return err
 	}
-	var metricsSrv *http.Server
-	var metricsLis net.Listener
-	if s.metricsListen != "" {
-		reg := telemetry.NewRegistry()
-		cfg.Metrics = telemetry.NewMetrics(reg, service)
-		if metricsLis, err = net.Listen("tcp", s.metricsListen); err != nil {
-			return fmt.Errorf("--metrics-listen %s: %w", s.metricsListen, err)
-		}
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", telemetry.Handler(reg))
-		metricsSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	}
-	gs, hs := agentrunner.NewGRPCServer(srv, cfg)
-	// The store holds the claims and wallets every delivery needs: health follows it.
-	go rpc.WatchStoreHealth(ctx, st, hs, []string{"", handoffv1.AgentRunnerService_ServiceDesc.ServiceName}, time.Second, log)
 
 	lis, err := net.Listen("tcp", s.listen)
 	if err != nil {
-		if metricsLis != nil {
-			metricsLis.Close()
-		}
 		return fmt.Errorf("--listen %s: %w", s.listen, err)
 	}
-	if metricsSrv != nil {
-		go func() {
-			if err := metricsSrv.Serve(metricsLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				log.Error("agentrunner: metrics server stopped", "err", err)
-			}
-		}()
-		defer metricsSrv.Close()
+	if s.metricsListen != "" {
+		m, err := server.ServeMetrics("metrics-listen", s.metricsListen, reg, log)
+		if err != nil {
+			lis.Close()
+			return err
+		}
+		defer m.Close()
 	}
 	names := make([]string, 0, len(agents))
 	for _, a := range agents {
@@ -204,30 +229,7 @@ func run(args []string, log *slog.Logger) error {
 	log.Info("agentrunner: serving", "addr", lis.Addr().String(), "agents", strings.Join(names, ","),
 		"store", store.Redact(s.storeSpec), "artifacts", arts.Root(), "stage_timeout", s.stageTimeout,
 		"transport", transport, "metrics", s.metricsListen)
-
-	served := make(chan error, 1)
-	go func() { served <- gs.Serve(lis) }()
-
-	select {
-	case err := <-served:
-		return err
-	case <-ctx.Done():
-	}
-	grace := s.stageTimeout + 5*time.Second
-	log.Info("agentrunner: stopping; finishing running stages", "grace", grace)
-	hs.Shutdown()
-	done := make(chan struct{})
-	go func() { gs.GracefulStop(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(grace):
-		log.Warn("agentrunner: grace period over; stopping now (unfinished claims expire after the claim TTL)")
-		gs.Stop()
-	}
-	if err := <-served; err != nil && !errors.Is(err, net.ErrClosed) {
-		return err
-	}
-	return nil
+	return gs.Run(ctx, lis)
 }
 
 // buildAgents returns the built-in support agents, with the --llm-stages replaced by model

@@ -1,11 +1,14 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"flag"
 	"io"
 	"log/slog"
 	"net/url"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -63,5 +66,66 @@ func TestOpenStoreRedisShared(t *testing.T) {
 	defer a.Release(ctx, key)
 	if st, _, err := b.Lookup(ctx, key); err != nil || st != store.Pending {
 		t.Fatalf("the other process sees %v %v, want pending", st, err)
+	}
+}
+
+// HANDOFF_EXEC_AGENTS and HANDOFF_LLM_API_KEY go through the Binder like every setting:
+// the variable's entries are the list unless --exec is given; the key has no flag.
+func TestParseExecAndKeyFromTheEnvironment(t *testing.T) {
+	t.Setenv("HANDOFF_EXEC_AGENTS", "draft=/bin/draft --fast; judge:kb.search=/bin/judge ;")
+	t.Setenv("HANDOFF_LLM_API_KEY", "sk-test")
+	s, err := parse(nil, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"draft=/bin/draft --fast", "judge:kb.search=/bin/judge"}; !slices.Equal(s.execAgents, want) || s.llmAPIKey != "sk-test" {
+		t.Fatalf("exec %q key %q; want %q and the key", s.execAgents, s.llmAPIKey, want)
+	}
+	s, err = parse([]string{"--exec", "intake=/bin/intake", "--exec", "retrieve=/bin/retrieve"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"intake=/bin/intake", "retrieve=/bin/retrieve"}; !slices.Equal(s.execAgents, want) {
+		t.Fatalf("exec %q with flags; want only the flags' %q", s.execAgents, want)
+	}
+	var out bytes.Buffer
+	if _, err := parse([]string{"--llm-api-key", "sk"}, &out); err == nil {
+		t.Fatal("--llm-api-key was accepted; the key must come from the environment only")
+	}
+}
+
+func TestValidateNamesTheFlag(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--listen", "nope"}, "--listen"},
+		{[]string{"--metrics-listen", "localhost:x"}, "--metrics-listen"},
+		{[]string{"--store", "mysql://h:1"}, "--store"},
+		{[]string{"--artifacts", ""}, "--artifacts"},
+		{[]string{"--stage-timeout", "0s"}, "--stage-timeout"},
+		{[]string{"--stage-timeout", "later"}, "--stage-timeout"},
+		{[]string{"--result-ttl", "-1h"}, "--result-ttl"},
+		{[]string{"--llm-price", "-3"}, "--llm-price"},
+	} {
+		if _, err := parse(c.args, io.Discard); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("parse(%v) = %v; want an error naming %s", c.args, err, c.want)
+		}
+	}
+}
+
+func TestHelpSaysWhatItIs(t *testing.T) {
+	var out bytes.Buffer
+	if _, err := parse([]string{"-h"}, &out); err != flag.ErrHelp {
+		t.Fatalf("parse(-h) = %v, want flag.ErrHelp", err)
+	}
+	first, _, _ := strings.Cut(out.String(), "\n")
+	if !strings.HasPrefix(first, "agentrunner: hosts stage agents") {
+		t.Errorf("first line %q; want it to say what the agent runner is", first)
+	}
+	for _, want := range []string{"--exec value", "HANDOFF_EXEC_AGENTS", "Environment only:", "HANDOFF_LLM_API_KEY", "--stage-timeout duration"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("--help lacks %q:\n%s", want, out.String())
+		}
 	}
 }

@@ -7,18 +7,15 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/health"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/grpc/reflection"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/config"
@@ -26,10 +23,32 @@ import (
 	"github.com/handoffhq/handoff/internal/interceptor/identity"
 	"github.com/handoffhq/handoff/internal/pipeline"
 	"github.com/handoffhq/handoff/internal/rpc"
+	"github.com/handoffhq/handoff/internal/server"
 	"github.com/handoffhq/handoff/internal/stack"
 	"github.com/handoffhq/handoff/internal/store"
 	"github.com/handoffhq/handoff/internal/telemetry"
 	"github.com/handoffhq/handoff/services/coordinator"
+)
+
+// service is this binary's identity: its certificate name, its name in logs, traces and
+// metrics.
+const service = "coordinator"
+
+const (
+	about   = "runs the rail: the CoordinatorService over gRPC, driving each job's stages through an agent runner and the writeback service"
+	details = `Needs transport security (--certs DIR for mTLS, or --plaintext-loopback on a loopback
+--listen address with service tokens) and operator credentials (--operator-token): it serves
+the calls that approve writes. --store is a bbolt file or a redis:// URL shared with the other
+services and the other coordinator replicas, which split the runs by lease.`
+)
+
+// Defaults of the coordinator's own settings.
+const (
+	defaultStore        = "handoff-data/coordinator.db"
+	defaultHopTimeout   = 2 * time.Minute
+	defaultHopRetryFor  = 3 * time.Minute
+	defaultLeaseTTL     = 10 * time.Second
+	defaultDrainTimeout = 30 * time.Second
 )
 
 // settings are the coordinator's configuration, from flags with HANDOFF_* fallbacks.
@@ -39,6 +58,60 @@ type settings struct {
 	healthInterval, storeWait                            time.Duration
 	security                                             rpc.Security
 	operatorToken                                        string
+}
+
+// Bind registers every setting with its variable and default.
+func (s *settings) Bind(b *config.Binder) {
+	b.String(&s.listen, "listen", "HANDOFF_COORDINATOR_LISTEN", server.CoordinatorAddr, "gRPC listen address")
+	b.String(&s.store, "store", "HANDOFF_STORE", defaultStore, "bbolt file, or redis://host:port[/db] shared with the other services")
+	b.String(&s.runner, "agentrunner", "HANDOFF_AGENTRUNNER_ADDR", server.RunnerAddr, "default agent runner address")
+	b.String(&s.writeback, "writeback", "HANDOFF_WRITEBACK_ADDR", server.WritebackAddr, "writeback service address")
+	b.String(&s.pipelines, "pipelines", "HANDOFF_PIPELINES", "", "folder of pipeline YAML files (default: the shipped pipelines)")
+	b.String(&s.metrics, "metrics-listen", "HANDOFF_METRICS_LISTEN", "", "serve Prometheus metrics at http://ADDR/metrics (empty: off)")
+	b.Duration(&s.hopTimeout, "hop-timeout", "HANDOFF_HOP_TIMEOUT", defaultHopTimeout, "bound on one hop (ack and stage result)")
+	b.Duration(&s.hopRetryFor, "hop-retry-for", "HANDOFF_HOP_RETRY_FOR", defaultHopRetryFor, "keep retrying a hop whose peer is down or whose claim is held this long before the run fails or escalates; longer than the runner's claim TTL and the writeback's --pending-ttl")
+	b.Duration(&s.leaseTTL, "lease-ttl", "HANDOFF_LEASE_TTL", defaultLeaseTTL, "run lease: another replica takes a dead replica's runs over about this long after it died")
+	b.Duration(&s.drainTimeout, "drain-timeout", "HANDOFF_DRAIN_TIMEOUT", defaultDrainTimeout, "on SIGTERM, how long hops in flight may take to finish before they are cut")
+	b.Duration(&s.storeWait, "store-wait", "HANDOFF_STORE_WAIT", server.DefaultStoreWait, "at start-up, how long to keep trying a Redis store that does not answer yet (0: fail at once)")
+	b.Duration(&s.healthInterval, "health-interval", "HANDOFF_HEALTH_INTERVAL", server.DefaultHealthInterval, "how often the store is pinged; health is NOT_SERVING while the ping fails")
+	s.security.Bind(b)
+	b.String(&s.operatorToken, "operator-token", "HANDOFF_OPERATOR_TOKEN", "", fmt.Sprintf("token an operator presents (authorization: Bearer <token>) to ListEscalations and ResolveEscalation; required, at least %d bytes", identity.MinOperatorTokenLen))
+}
+
+// Validate checks the values, naming the flag of a bad one.
+func (s *settings) Validate() error {
+	// Fail closed before anything else: this binary serves the calls that approve writes,
+	// and without operator credentials nobody could be told apart from an operator.
+	if s.operatorToken == "" {
+		return errors.New("no operator credentials: set --operator-token (or HANDOFF_OPERATOR_TOKEN); ListEscalations and ResolveEscalation need an operator")
+	}
+	if len(s.operatorToken) < identity.MinOperatorTokenLen {
+		return fmt.Errorf("--operator-token is %d bytes, need at least %d", len(s.operatorToken), identity.MinOperatorTokenLen)
+	}
+	if err := config.HostPort("listen", s.listen); err != nil {
+		return err
+	}
+	if s.metrics != "" {
+		if err := config.HostPort("metrics-listen", s.metrics); err != nil {
+			return err
+		}
+	}
+	if _, err := store.ParseURL(s.store); err != nil {
+		return fmt.Errorf("--store: %v", err)
+	}
+	if s.hopTimeout <= 0 {
+		return fmt.Errorf("--hop-timeout must be positive, got %s", s.hopTimeout)
+	}
+	if s.leaseTTL < time.Second {
+		return fmt.Errorf("--lease-ttl must be at least 1s (renewals every third of it must fit store round trips), got %s", s.leaseTTL)
+	}
+	if s.drainTimeout <= 0 {
+		return fmt.Errorf("--drain-timeout must be positive, got %s", s.drainTimeout)
+	}
+	if s.healthInterval < 100*time.Millisecond {
+		return fmt.Errorf("--health-interval must be at least 100ms, got %s", s.healthInterval)
+	}
+	return nil
 }
 
 func main() {
@@ -55,58 +128,25 @@ func main() {
 	}
 }
 
-func parse(args []string) (*settings, error) {
-	fs := flag.NewFlagSet("coordinator", flag.ContinueOnError)
+// parse reads the settings from args and the environment; --help goes to out.
+func parse(args []string, out io.Writer) (*settings, error) {
+	fs := flag.NewFlagSet(service, flag.ContinueOnError)
+	fs.SetOutput(out)
 	var s settings
-	b := config.New(fs)
-	b.String(&s.listen, "listen", "HANDOFF_COORDINATOR_LISTEN", stack.DefaultCoordinatorAddr, "gRPC listen address")
-	b.String(&s.store, "store", "HANDOFF_STORE", "handoff-data/coordinator.db", "bbolt file, or redis://host:port[/db] shared with the other services")
-	b.String(&s.runner, "agentrunner", "HANDOFF_AGENTRUNNER_ADDR", stack.DefaultRunnerAddr, "default agent runner address")
-	b.String(&s.writeback, "writeback", "HANDOFF_WRITEBACK_ADDR", stack.DefaultWritebackAddr, "writeback service address")
-	b.String(&s.pipelines, "pipelines", "HANDOFF_PIPELINES", "", "folder of pipeline YAML files (default: the shipped pipelines)")
-	b.String(&s.metrics, "metrics-listen", "HANDOFF_METRICS_LISTEN", "", "serve Prometheus metrics at http://ADDR/metrics (empty: off)")
-	b.Duration(&s.hopTimeout, "hop-timeout", "HANDOFF_HOP_TIMEOUT", 2*time.Minute, "bound on one hop (ack and stage result)")
-	b.Duration(&s.hopRetryFor, "hop-retry-for", "HANDOFF_HOP_RETRY_FOR", 3*time.Minute, "keep retrying a hop whose peer is down or whose claim is held this long before the run fails or escalates; longer than the runner's claim TTL and the writeback's --pending-ttl")
-	b.Duration(&s.leaseTTL, "lease-ttl", "HANDOFF_LEASE_TTL", 10*time.Second, "run lease: another replica takes a dead replica's runs over about this long after it died")
-	b.Duration(&s.drainTimeout, "drain-timeout", "HANDOFF_DRAIN_TIMEOUT", 30*time.Second, "on SIGTERM, how long hops in flight may take to finish before they are cut")
-	b.Duration(&s.storeWait, "store-wait", "HANDOFF_STORE_WAIT", 60*time.Second, "at start-up, how long to keep trying a Redis store that does not answer yet (0: fail at once)")
-	b.Duration(&s.healthInterval, "health-interval", "HANDOFF_HEALTH_INTERVAL", time.Second, "how often the store is pinged; health is NOT_SERVING while the ping fails")
-	s.security.Bind(b)
-	b.String(&s.operatorToken, "operator-token", "HANDOFF_OPERATOR_TOKEN", "", fmt.Sprintf("token an operator presents (authorization: Bearer <token>) to ListEscalations and ResolveEscalation; required, at least %d bytes", identity.MinOperatorTokenLen))
-	if err := b.Parse(args); err != nil {
+	if err := config.Load(fs, about, details, &s, args); err != nil {
 		return nil, err
-	}
-	// Fail closed before anything else: this binary serves the calls that approve writes,
-	// and without operator credentials nobody could be told apart from an operator.
-	if s.operatorToken == "" {
-		return nil, errors.New("no operator credentials: set --operator-token (or HANDOFF_OPERATOR_TOKEN); ListEscalations and ResolveEscalation need an operator")
-	}
-	if len(s.operatorToken) < identity.MinOperatorTokenLen {
-		return nil, fmt.Errorf("--operator-token is %d bytes, need at least %d", len(s.operatorToken), identity.MinOperatorTokenLen)
-	}
-	if s.hopTimeout <= 0 {
-		return nil, fmt.Errorf("--hop-timeout must be positive, got %s", s.hopTimeout)
-	}
-	if s.hopRetryFor < 0 {
-		return nil, fmt.Errorf("--hop-retry-for must not be negative, got %s", s.hopRetryFor)
-	}
-	if s.leaseTTL < time.Second {
-		return nil, fmt.Errorf("--lease-ttl must be at least 1s (renewals every third of it must fit store round trips), got %s", s.leaseTTL)
-	}
-	if s.drainTimeout <= 0 {
-		return nil, fmt.Errorf("--drain-timeout must be positive, got %s", s.drainTimeout)
-	}
-	if s.healthInterval < 100*time.Millisecond {
-		return nil, fmt.Errorf("--health-interval must be at least 100ms, got %s", s.healthInterval)
 	}
 	return &s, nil
 }
 
 // run serves until ctx ends; ready, when set, is told the address listened on.
 func run(ctx context.Context, args []string, log *slog.Logger, ready func(net.Addr)) error {
-	s, err := parse(args)
+	s, err := parse(args, os.Stderr)
 	if err != nil {
 		return err
+	}
+	if log == nil {
+		log = slog.Default()
 	}
 
 	var pls map[string]*pipeline.Pipeline
@@ -122,11 +162,11 @@ func run(ctx context.Context, args []string, log *slog.Logger, ready func(net.Ad
 	if err != nil {
 		return fmt.Errorf("--operator-token: %w", err)
 	}
-	creds, idUnary, idStream, err := s.security.Server("coordinator", s.listen, identity.WithOperators(ops))
+	creds, authz, err := s.security.Server(service, s.listen, identity.WithOperators(ops))
 	if err != nil {
 		return err
 	}
-	dc, err := s.security.Client("coordinator")
+	dc, err := s.security.Client(service)
 	if err != nil {
 		return err
 	}
@@ -135,7 +175,7 @@ func run(ctx context.Context, args []string, log *slog.Logger, ready func(net.Ad
 		return fmt.Errorf("--store: %w", err)
 	}
 	defer st.Close()
-	tp, err := telemetry.NewTracerProvider(ctx, "coordinator")
+	tp, err := telemetry.NewTracerProvider(ctx, service)
 	if err != nil {
 		return err
 	}
@@ -166,35 +206,33 @@ func run(ctx context.Context, args []string, log *slog.Logger, ready func(net.Ad
 		return err
 	}
 	reg := telemetry.NewRegistry()
-	metrics := telemetry.NewMetrics(reg, "coordinator")
-	unary, stream := srv.Interceptors()
-	g := rpc.NewServer(rpc.ServerConfig{
-		Service: "coordinator", Logger: log, TracerProvider: tp, Metrics: metrics, Creds: creds,
-		IdentityUnary: idUnary, IdentityStream: idStream, Unary: unary, Stream: stream,
-	})
-	coordinator.Register(g, srv)
-	hs := health.NewServer()
-	hs.SetServingStatus(handoffv1.CoordinatorService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
-	healthpb.RegisterHealthServer(g, hs)
-	// Health follows the store: without it no run can be created or advanced.
-	go rpc.WatchStoreHealth(ctx, st, hs, []string{"", handoffv1.CoordinatorService_ServiceDesc.ServiceName}, s.healthInterval, log)
-	reflection.Register(g)
-	metrics.RPC.InitializeMetrics(g)
+	// Health follows the store: without it no run can be created or advanced. A stop
+	// drains: health says NOT_SERVING first so load balancers stop sending; the drivers
+	// finish the hop in flight (up to --drain-timeout), save it and release their run
+	// leases, so another replica takes the runs over at once (runs stay RUNNING); then
+	// in-flight calls finish (watches end with Unavailable, to be resumed on another replica).
+	g, err := server.New(srv.Service(),
+		server.WithSecurity(creds, authz), server.WithLogger(log), server.WithTracerProvider(tp),
+		server.WithMetrics(reg), server.WithHealthFrom(st, s.healthInterval),
+		server.WithDrain(func() {
+			log.Info("coordinator stopping: draining hops in flight", "drain_timeout", s.drainTimeout.String())
+			srv.Close()
+		}))
+	if err != nil {
+		return err
+	}
 
 	lis, err := net.Listen("tcp", s.listen)
 	if err != nil {
 		return fmt.Errorf("--listen %s: %w", s.listen, err)
 	}
 	if s.metrics != "" {
-		ml, err := net.Listen("tcp", s.metrics)
+		m, err := server.ServeMetrics("metrics-listen", s.metrics, reg, log)
 		if err != nil {
-			return fmt.Errorf("--metrics-listen %s: %w", s.metrics, err)
+			lis.Close()
+			return err
 		}
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", telemetry.Handler(reg))
-		hsrv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		go hsrv.Serve(ml)
-		defer hsrv.Close()
+		defer m.Close()
 	}
 	// Resume takes the RUNNING runs whose lease is free (left by a replica that died or
 	// drained) and keeps scanning for such runs every --lease-ttl/2. A failed first scan is
@@ -204,20 +242,9 @@ func run(ctx context.Context, args []string, log *slog.Logger, ready func(net.Ad
 	} else if n > 0 {
 		log.Info("resumed runs left in flight", "runs", n)
 	}
-	go func() {
-		<-ctx.Done()
-		// Drain: health says NOT_SERVING first so load balancers stop sending; drivers finish
-		// the hop in flight (up to --drain-timeout), save it and release their run leases, so
-		// another replica takes the runs over at once (runs stay RUNNING); then in-flight
-		// calls finish (watches end with Unavailable, to be resumed on another replica).
-		log.Info("coordinator stopping: draining hops in flight", "drain_timeout", s.drainTimeout.String())
-		hs.Shutdown()
-		srv.Close()
-		g.GracefulStop()
-	}()
 	log.Info("coordinator listening", "addr", lis.Addr().String(), "pipelines", len(pls), "owner", srv.Owner(), "lease_ttl", s.leaseTTL.String())
 	if ready != nil {
 		ready(lis.Addr())
 	}
-	return g.Serve(lis)
+	return g.Run(ctx, lis)
 }

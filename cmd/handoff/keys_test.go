@@ -69,7 +69,7 @@ func TestKeysExitCodesAndOutput(t *testing.T) {
 	pub := filepath.Join(d, identity.PublicDir)
 	for _, svc := range []string{"coordinator", "agentrunner", "writeback"} {
 		sec := rpc.Security{PlaintextLoopback: true, TokenKeyFile: identity.KeyFile(d, svc), TokenPublicKeys: pub}
-		if _, _, _, err := sec.Server(svc, "127.0.0.1:0"); err != nil {
+		if _, _, err := sec.Server(svc, "127.0.0.1:0"); err != nil {
 			t.Errorf("%s: Server: %v", svc, err)
 		}
 	}

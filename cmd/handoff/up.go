@@ -8,14 +8,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
-	"net/http"
 	"os/signal"
 	"syscall"
-	"time"
 
 	"github.com/handoffhq/handoff/internal/config"
 	"github.com/handoffhq/handoff/internal/interceptor/identity"
+	"github.com/handoffhq/handoff/internal/server"
 	"github.com/handoffhq/handoff/internal/stack"
 	"github.com/handoffhq/handoff/internal/telemetry"
 )
@@ -99,18 +97,14 @@ func runUp(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "  for grpcurl: TOKEN=%s, then -H \"authorization: Bearer $TOKEN\"\n", opToken)
 	}
 	if f.metrics != "" {
-		lis, err := net.Listen("tcp", f.metrics)
+		m, err := server.ServeMetrics("metrics-listen", f.metrics, st.Registry, cfg.Logger)
 		if err != nil {
 			st.Close()
-			fmt.Fprintf(stderr, "handoff up: --metrics-listen %s: %v\n", f.metrics, err)
+			fmt.Fprintln(stderr, "handoff up:", err)
 			return 1
 		}
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", telemetry.Handler(st.Registry))
-		hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		go hs.Serve(lis)
-		defer hs.Close()
-		fmt.Fprintf(stdout, "  metrics       http://%s/metrics\n", lis.Addr())
+		defer m.Close()
+		fmt.Fprintf(stdout, "  metrics       %s\n", m.URL())
 	}
 	fmt.Fprintf(stdout, "try: grpcurl -plaintext %s list\nCtrl-C drains in-flight calls and stops.\n", st.CoordinatorAddr)
 	<-ctx.Done()

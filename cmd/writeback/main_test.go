@@ -31,12 +31,15 @@ import (
 	"github.com/handoffhq/handoff/internal/interceptor/identity"
 )
 
-func envOf(m map[string]string) func(string) string {
-	return func(k string) string { return m[k] }
+// setenv sets each variable for the rest of the test.
+func setenv(t *testing.T, env map[string]string) {
+	for k, v := range env {
+		t.Setenv(k, v)
+	}
 }
 
 func TestParseConfigDefaultsAndEnv(t *testing.T) {
-	cfg, err := parseConfig(nil, envOf(nil), io.Discard)
+	cfg, err := parse(nil, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,18 +48,22 @@ func TestParseConfigDefaultsAndEnv(t *testing.T) {
 		cfg.pendingTTL != 2*time.Minute || cfg.receiptTTL != 0 || cfg.metricsListen != "" {
 		t.Errorf("defaults %+v", cfg)
 	}
-	cfg, err = parseConfig([]string{"--listen", ":7000"}, envOf(map[string]string{
-		"HANDOFF_WRITEBACK_LISTEN": "0.0.0.0:6000",
-		"HANDOFF_STORE":            "/data/wb.db",
-		"HANDOFF_ARTIFACTS":        "/data/art",
-		"HANDOFF_WEBHOOK_URL":      "https://hooks.example.com/x",
-		"HANDOFF_METRICS_LISTEN":   "127.0.0.1:9464",
-	}), io.Discard)
+	setenv(t, map[string]string{
+		"HANDOFF_WRITEBACK_LISTEN":      "0.0.0.0:6000",
+		"HANDOFF_STORE":                 "/data/wb.db",
+		"HANDOFF_ARTIFACTS":             "/data/art",
+		"HANDOFF_WEBHOOK_URL":           "https://hooks.example.com/x",
+		"HANDOFF_METRICS_LISTEN":        "127.0.0.1:9464",
+		"HANDOFF_WRITEBACK_PENDING_TTL": "90s",
+		"HANDOFF_WRITEBACK_RECEIPT_TTL": "720h",
+	})
+	cfg, err = parse([]string{"--listen", ":7000"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if cfg.listen != ":7000" || cfg.storePath != "/data/wb.db" || cfg.artifacts != "/data/art" ||
-		cfg.webhookURL != "https://hooks.example.com/x" || cfg.metricsListen != "127.0.0.1:9464" {
+		cfg.webhookURL != "https://hooks.example.com/x" || cfg.metricsListen != "127.0.0.1:9464" ||
+		cfg.pendingTTL != 90*time.Second || cfg.receiptTTL != 720*time.Hour {
 		t.Errorf("flags over env %+v", cfg)
 	}
 }
@@ -65,7 +72,7 @@ func TestParseConfigSecurityFlags(t *testing.T) {
 	t.Setenv("HANDOFF_PLAINTEXT_LOOPBACK", "true")
 	t.Setenv("HANDOFF_TOKEN_KEY_FILE", "/etc/handoff/writeback.key")
 	t.Setenv("HANDOFF_TOKEN_PUBLIC_KEYS", "/etc/handoff/public")
-	cfg, err := parseConfig([]string{"--certs", "/etc/handoff/certs"}, envOf(nil), io.Discard)
+	cfg, err := parse([]string{"--certs", "/etc/handoff/certs"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +81,7 @@ func TestParseConfigSecurityFlags(t *testing.T) {
 		t.Errorf("security %+v", cfg.security)
 	}
 	t.Setenv("HANDOFF_PLAINTEXT_LOOPBACK", "maybe")
-	if _, err := parseConfig(nil, envOf(nil), io.Discard); err == nil || !strings.Contains(err.Error(), "--plaintext-loopback") {
+	if _, err := parse(nil, io.Discard); err == nil || !strings.Contains(err.Error(), "--plaintext-loopback") {
 		t.Errorf("bad HANDOFF_PLAINTEXT_LOOPBACK: %v, want an error naming --plaintext-loopback", err)
 	}
 }
@@ -91,7 +98,7 @@ func TestParseConfigRedisStore(t *testing.T) {
 		"redis://redis.internal:6379/1?x=1": false,
 	}
 	for raw, ok := range cases {
-		cfg, err := parseConfig([]string{"--store", raw}, envOf(nil), io.Discard)
+		cfg, err := parse([]string{"--store", raw}, io.Discard)
 		if !ok {
 			if err == nil {
 				t.Errorf("%s: accepted", raw)
@@ -106,7 +113,7 @@ func TestParseConfigRedisStore(t *testing.T) {
 			t.Errorf("%s: --store %q", raw, cfg.storePath)
 		}
 	}
-	cfg, err := parseConfig([]string{"--store", "/var/lib/handoff/wb.db"}, envOf(nil), io.Discard)
+	cfg, err := parse([]string{"--store", "/var/lib/handoff/wb.db"}, io.Discard)
 	if err != nil || cfg.storePath != "/var/lib/handoff/wb.db" {
 		t.Errorf("bbolt path: %+v %v", cfg, err)
 	}
@@ -127,7 +134,7 @@ func TestRunRefusesWithoutTransportSecurity(t *testing.T) {
 	}
 	for name, tc := range cases {
 		var stderr bytes.Buffer
-		if code := run(append(append([]string{}, base...), tc.args...), envOf(nil), &stderr); code != 2 || !strings.Contains(stderr.String(), tc.want) {
+		if code := run(append(append([]string{}, base...), tc.args...), &stderr); code != 2 || !strings.Contains(stderr.String(), tc.want) {
 			t.Errorf("%s: exit %d, stderr %q; want 2 naming %q", name, code, stderr.String(), tc.want)
 		}
 	}
@@ -148,7 +155,11 @@ func TestParseConfigBadValuesNameTheFlag(t *testing.T) {
 		{[]string{"--webhook-url", "ftp://x"}, nil, "--webhook-url"},
 		{nil, map[string]string{"HANDOFF_WEBHOOK_URL": "not a url"}, "--webhook-url"},
 		{[]string{"--pending-ttl", "soon"}, nil, "--pending-ttl"},
+		{[]string{"--pending-ttl", "500ms"}, nil, "--pending-ttl"},
+		{nil, map[string]string{"HANDOFF_WRITEBACK_PENDING_TTL": "soon"}, "HANDOFF_WRITEBACK_PENDING_TTL"},
 		{[]string{"--receipt-ttl", "-1h"}, nil, "--receipt-ttl"},
+		{[]string{"--webhook-timeout", "0s"}, nil, "--webhook-timeout"},
+		{[]string{"--store-wait", "-1s"}, nil, "--store-wait"},
 		{[]string{"--store", ""}, nil, "--store"},
 		{[]string{"--webhook-url", "http://h", "--webhook-timeout", "2m"}, nil, "--webhook-timeout"},
 		{[]string{"--metrics-listen", "9464"}, nil, "--metrics-listen"},
@@ -160,10 +171,13 @@ func TestParseConfigBadValuesNameTheFlag(t *testing.T) {
 		{[]string{"extra"}, nil, "unexpected argument"},
 	}
 	for _, tc := range cases {
-		_, err := parseConfig(tc.args, envOf(tc.env), io.Discard)
-		if err == nil || !strings.Contains(err.Error(), tc.flag) {
-			t.Errorf("%v %v: err %v, want it to name %s", tc.args, tc.env, err, tc.flag)
-		}
+		t.Run(strings.Join(tc.args, " ")+tc.flag, func(t *testing.T) {
+			setenv(t, tc.env)
+			_, err := parse(tc.args, io.Discard)
+			if err == nil || !strings.Contains(err.Error(), tc.flag) {
+				t.Errorf("%v %v: err %v, want it to name %s", tc.args, tc.env, err, tc.flag)
+			}
+		})
 	}
 }
 
@@ -239,11 +253,11 @@ func TestServeEndToEnd(t *testing.T) {
 			dir := t.TempDir()
 			args := append([]string{"--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
 				"--store", filepath.Join(dir, "wb.db"), "--artifacts", filepath.Join(dir, "artifacts")}, mode.flags...)
-			cfg, err := parseConfig(args, envOf(nil), io.Discard)
+			cfg, err := parse(args, io.Discard)
 			if err != nil {
 				t.Fatal(err)
 			}
-			creds, unary, stream, err := cfg.security.Server(service, cfg.listen)
+			creds, authz, err := cfg.security.Server(service, cfg.listen)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -261,7 +275,7 @@ func TestServeEndToEnd(t *testing.T) {
 			addrs := make(chan [2]net.Addr, 1)
 			done := make(chan error, 1)
 			go func() {
-				done <- serve(ctx, cfg, transport{creds, unary, stream}, slog.New(slog.DiscardHandler),
+				done <- serve(ctx, cfg, transport{creds, authz}, slog.New(slog.DiscardHandler),
 					func(g, m net.Addr) { addrs <- [2]net.Addr{g, m} })
 			}()
 			var grpcAddr, metricsAddr net.Addr
@@ -347,5 +361,21 @@ func TestServeEndToEnd(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestHelpSaysWhatItIs(t *testing.T) {
+	var out bytes.Buffer
+	if code := run([]string{"--help"}, &out); code != 0 {
+		t.Fatalf("--help exits %d, want 0", code)
+	}
+	first, _, _ := strings.Cut(out.String(), "\n")
+	if !strings.HasPrefix(first, "writeback: the only writer to external systems") {
+		t.Errorf("first line %q; want it to say what the writeback is", first)
+	}
+	for _, want := range []string{"--pending-ttl duration", "HANDOFF_WRITEBACK_PENDING_TTL", "(default 2m0s)", "--certs DIR"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("--help lacks %q:\n%s", want, out.String())
+		}
 	}
 }

@@ -15,7 +15,6 @@ import (
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/health"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
@@ -23,6 +22,7 @@ import (
 	"github.com/handoffhq/handoff/internal/contract"
 	"github.com/handoffhq/handoff/internal/interceptor/identity"
 	"github.com/handoffhq/handoff/internal/rpc"
+	"github.com/handoffhq/handoff/internal/server"
 	"github.com/handoffhq/handoff/internal/store"
 	"github.com/handoffhq/handoff/internal/telemetry"
 	"github.com/handoffhq/handoff/services/agentrunner"
@@ -57,7 +57,7 @@ type hopConfig struct {
 }
 
 // hopRig is one agent runner served exactly as the platform serves it
-// (agentrunner.NewGRPCServer on rpc.NewServer with metrics, identity, tracing), a Noop
+// (internal/server: the runner's chain with metrics, identity, tracing, health), a Noop
 // agent behind a counting wrapper, a store, and a client that calls with the coordinator's
 // service token.
 type hopRig struct {
@@ -66,8 +66,7 @@ type hopRig struct {
 	redisAddr string
 	prefix    string
 	agent     *CountingAgent
-	g         *grpc.Server
-	hs        *health.Server
+	g         *server.Server
 	cc        *grpc.ClientConn
 	client    handoffv1.AgentRunnerServiceClient
 	tp        *sdktrace.TracerProvider
@@ -146,12 +145,11 @@ func newHopRig(ctx context.Context, cfg hopConfig) (_ *hopRig, err error) {
 	if r.tp, err = telemetry.NewTracerProvider(ctx, "handoff-bench"); err != nil {
 		return nil, err
 	}
-	idOpts := []identity.Option{identity.WithVerifier(verifier), identity.WithPolicy(identity.DefaultPolicy()), identity.WithLogger(cfg.Logger)}
-	r.g, r.hs = agentrunner.NewGRPCServer(srv, rpc.ServerConfig{
-		Service: "agentrunner", Logger: cfg.Logger, TracerProvider: r.tp,
-		Metrics:       telemetry.NewMetrics(telemetry.NewRegistry(), "agentrunner"),
-		IdentityUnary: identity.UnaryServerInterceptor(idOpts...), IdentityStream: identity.StreamServerInterceptor(idOpts...),
-	})
+	authz := identity.NewAuthorizer(identity.WithVerifier(verifier), identity.WithPolicy(identity.DefaultPolicy()), identity.WithLogger(cfg.Logger))
+	if r.g, err = server.New(srv.Service(), server.WithSecurity(nil, authz), server.WithLogger(cfg.Logger),
+		server.WithTracerProvider(r.tp), server.WithMetrics(telemetry.NewRegistry()), server.WithHealthFrom(r.st, 0)); err != nil {
+		return nil, err
+	}
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
@@ -273,9 +271,6 @@ func (w *boltWriter) close() {
 }
 
 func (r *hopRig) close() {
-	if r.hs != nil {
-		r.hs.Shutdown()
-	}
 	if r.cc != nil {
 		r.cc.Close()
 	}

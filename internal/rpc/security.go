@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
 	"github.com/handoffhq/handoff/internal/certs"
@@ -86,24 +85,24 @@ func IsLoopback(listen string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// Server returns the transport credentials (nil for plaintext) and the identity
-// interceptors for service listening on listen, with the platform's default policy and
-// extra identity options (operator credentials).
-func (s *Security) Server(service, listen string, extra ...identity.Option) (credentials.TransportCredentials, grpc.UnaryServerInterceptor, grpc.StreamServerInterceptor, error) {
+// Server returns the transport credentials (nil for plaintext) and the identity check
+// for service listening on listen, with the platform's default policy and extra identity
+// options (operator credentials). internal/server puts both on the service's server.
+func (s *Security) Server(service, listen string, extra ...identity.Option) (credentials.TransportCredentials, *identity.Authorizer, error) {
 	pubs, err := s.publicKeys()
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
 	// The server does not sign, but a bad key file is reported at start, not at the
 	// first call this service makes.
 	if _, err := s.signer(service, pubs); err != nil {
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
 	opts := append([]identity.Option{identity.WithPolicy(identity.DefaultPolicy())}, extra...)
 	if pubs != nil {
 		v, err := identity.NewVerifier(service, pubs)
 		if err != nil {
-			return nil, nil, nil, fmt.Errorf("--token-public-keys %s: %w", s.TokenPublicKeys, err)
+			return nil, nil, fmt.Errorf("--token-public-keys %s: %w", s.TokenPublicKeys, err)
 		}
 		opts = append(opts, identity.WithVerifier(v))
 	}
@@ -112,18 +111,17 @@ func (s *Security) Server(service, listen string, extra ...identity.Option) (cre
 	case s.CertsDir != "":
 		cfg, err := certs.ServerTLS(s.CertsDir, service)
 		if err != nil {
-			return nil, nil, nil, fmt.Errorf("--certs: %w", err)
+			return nil, nil, fmt.Errorf("--certs: %w", err)
 		}
 		creds = credentials.NewTLS(cfg)
 	case s.PlaintextLoopback:
 		if !IsLoopback(listen) {
-			return nil, nil, nil, fmt.Errorf("--plaintext-loopback: %s is not a loopback address; use --certs for anything reachable from another host", listen)
+			return nil, nil, fmt.Errorf("--plaintext-loopback: %s is not a loopback address; use --certs for anything reachable from another host", listen)
 		}
 	default:
-		return nil, nil, nil, errors.New("no transport security: set --certs DIR (mTLS; create it with `handoff certs`) or --plaintext-loopback with a loopback listen address")
+		return nil, nil, errors.New("no transport security: set --certs DIR (mTLS; create it with `handoff certs`) or --plaintext-loopback with a loopback listen address")
 	}
-	authz := identity.NewAuthorizer(opts...)
-	return creds, authz.UnaryServerInterceptor(), authz.StreamServerInterceptor(), nil
+	return creds, identity.NewAuthorizer(opts...), nil
 }
 
 // Client returns the dial settings for service calling another service. Over plaintext,

@@ -67,7 +67,7 @@ func TestSecurityServer(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			creds, u, s, err := tt.sec.Server("writeback", tt.listen)
+			creds, authz, err := tt.sec.Server("writeback", tt.listen)
 			if tt.wantErr != nil {
 				for _, w := range tt.wantErr {
 					if err == nil || !strings.Contains(err.Error(), w) {
@@ -76,8 +76,8 @@ func TestSecurityServer(t *testing.T) {
 				}
 				return
 			}
-			if err != nil || u == nil || s == nil || (creds != nil) != tt.tls {
-				t.Fatalf("Server = %v, %v, %v, %v", creds, u != nil, s != nil, err)
+			if err != nil || authz == nil || (creds != nil) != tt.tls {
+				t.Fatalf("Server = %v, %v, %v", creds, authz != nil, err)
 			}
 		})
 	}

@@ -19,9 +19,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	oteltrace "go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/health"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/grpc/reflection"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/artifact"
@@ -29,6 +26,7 @@ import (
 	"github.com/handoffhq/handoff/internal/interceptor/identity"
 	"github.com/handoffhq/handoff/internal/pipeline"
 	"github.com/handoffhq/handoff/internal/rpc"
+	"github.com/handoffhq/handoff/internal/server"
 	"github.com/handoffhq/handoff/internal/store"
 	"github.com/handoffhq/handoff/internal/telemetry"
 	"github.com/handoffhq/handoff/pipelines"
@@ -67,14 +65,20 @@ type Config struct {
 	// identity (DialAs(addr, "operator")) can reach ListEscalations and ResolveEscalation,
 	// and the web page does not start.
 	OperatorToken string
+	// HealthInterval is how often each service's health pings the store, as in the
+	// binaries (default server.DefaultHealthInterval): NOT_SERVING while the ping fails.
+	HealthInterval time.Duration
 }
 
-// Default listen addresses of `handoff up`.
+// Default listen addresses of `handoff up`: the binaries' defaults.
 const (
-	DefaultCoordinatorAddr = "127.0.0.1:50051"
-	DefaultRunnerAddr      = "127.0.0.1:50052"
-	DefaultWritebackAddr   = "127.0.0.1:50053"
+	DefaultCoordinatorAddr = server.CoordinatorAddr
+	DefaultRunnerAddr      = server.RunnerAddr
+	DefaultWritebackAddr   = server.WritebackAddr
 )
+
+// stopTimeout bounds each server's graceful stop in Close.
+const stopTimeout = 10 * time.Second
 
 // Stack is a running platform.
 type Stack struct {
@@ -96,8 +100,8 @@ type Stack struct {
 	tp       oteltrace.TracerProvider
 	shutdown func(context.Context) error
 	log      *slog.Logger
-	servers  []*grpc.Server
-	healths  []*health.Server
+	health   time.Duration
+	servers  []*server.Server // in start order: callees before their callers
 	conns    []*grpc.ClientConn
 	web      *http.Server
 }
@@ -126,7 +130,7 @@ func Start(ctx context.Context, cfg Config) (st *Stack, err error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
 		return nil, fmt.Errorf("stack: data dir: %w", err)
 	}
-	s := &Stack{Registry: telemetry.NewRegistry(), tp: cfg.TracerProvider, log: cfg.Logger}
+	s := &Stack{Registry: telemetry.NewRegistry(), tp: cfg.TracerProvider, log: cfg.Logger, health: cfg.HealthInterval}
 	// One process, plaintext on loopback: the services prove who they are to each other
 	// with tokens, each signed with that service's own key, made here and never written
 	// anywhere. Each server's verifier holds only the public keys, so a service's code
@@ -182,8 +186,7 @@ func Start(ctx context.Context, cfg Config) (st *Stack, err error) {
 	if err != nil {
 		return nil, err
 	}
-	ru, rs := s.Runner.Interceptors()
-	if _, err := s.serve(lis["agent runner"], "agentrunner", handoffv1.AgentRunnerService_ServiceDesc.ServiceName, func(g *grpc.Server) { agentrunner.Register(g, s.Runner) }, ru, rs); err != nil {
+	if _, err := s.serve(lis["agent runner"], s.Runner.Service()); err != nil {
 		return nil, err
 	}
 
@@ -202,7 +205,7 @@ func Start(ctx context.Context, cfg Config) (st *Stack, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, err := s.serve(lis["writeback"], "writeback", handoffv1.WritebackService_ServiceDesc.ServiceName, func(g *grpc.Server) { writeback.Register(g, wb) }, wb.Interceptors(), nil); err != nil {
+	if _, err := s.serve(lis["writeback"], wb.Service()); err != nil {
 		return nil, err
 	}
 
@@ -234,8 +237,7 @@ func Start(ctx context.Context, cfg Config) (st *Stack, err error) {
 		}
 		coordOpts = append(coordOpts, identity.WithOperators(ops))
 	}
-	cu, cs := s.Coordinator.Interceptors()
-	coordAuthz, err := s.serve(lis["coordinator"], "coordinator", handoffv1.CoordinatorService_ServiceDesc.ServiceName, func(g *grpc.Server) { coordinator.Register(g, s.Coordinator) }, cu, cs, coordOpts...)
+	coordAuthz, err := s.serve(lis["coordinator"], s.Coordinator.Service(), coordOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -269,40 +271,39 @@ func or(v, def string) string {
 	return v
 }
 
-// serve starts a gRPC server on l with the platform's interceptor chain, the service,
-// health and reflection (so grpcurl can list and call it without proto files).
-// unary and stream are the service's own enforcement interceptors (step 6 of the chain);
-// extra are identity options beyond the platform's (operator credentials). The server
-// accepts tokens addressed to name, verified with the public keys of Identities. It returns
-// the server's identity check, for in-process callers of its handlers.
-func (s *Stack) serve(l net.Listener, name, service string, register func(*grpc.Server), unary []grpc.UnaryServerInterceptor, stream []grpc.StreamServerInterceptor, extra ...identity.Option) (*identity.Authorizer, error) {
+// serve starts svc's server on l, assembled by internal/server as in the binaries: the
+// chain with svc's enforcement, health following the store, reflection (so grpcurl can list
+// and call it without proto files), metrics in s.Registry. extra are identity options
+// beyond the platform's (operator credentials). The server accepts tokens addressed to
+// svc.Name, verified with the public keys of Identities. It returns the server's identity
+// check, for in-process callers of its handlers.
+func (s *Stack) serve(l net.Listener, svc server.Service, extra ...identity.Option) (*identity.Authorizer, error) {
 	pubs := map[string]ed25519.PublicKey{}
-	for svc, sg := range s.signers {
-		pubs[svc] = sg.PublicKey()
+	for name, sg := range s.signers {
+		pubs[name] = sg.PublicKey()
 	}
-	v, err := identity.NewVerifier(name, pubs)
+	v, err := identity.NewVerifier(svc.Name, pubs)
 	if err != nil {
 		l.Close()
-		return nil, fmt.Errorf("stack: %s: %w", name, err)
+		return nil, fmt.Errorf("stack: %s: %w", svc.Name, err)
 	}
-	m := telemetry.NewMetrics(s.Registry, name)
 	idOpts := append([]identity.Option{identity.WithVerifier(v), identity.WithPolicy(identity.DefaultPolicy()), identity.WithLogger(s.log)}, extra...)
 	authz := identity.NewAuthorizer(idOpts...)
-	g := rpc.NewServer(rpc.ServerConfig{
-		Service: name, Logger: s.log, TracerProvider: s.tp, Metrics: m,
-		IdentityUnary: authz.UnaryServerInterceptor(), IdentityStream: authz.StreamServerInterceptor(), Identified: authz.Identified,
-		Unary: unary, Stream: stream,
-	})
-	register(g)
-	hs := health.NewServer()
-	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	hs.SetServingStatus(service, healthpb.HealthCheckResponse_SERVING)
-	healthpb.RegisterHealthServer(g, hs)
-	reflection.Register(g)
-	m.RPC.InitializeMetrics(g)
-	s.servers = append(s.servers, g)
-	s.healths = append(s.healths, hs)
-	go g.Serve(l)
+	opts := []server.Option{
+		server.WithSecurity(nil, authz), // plaintext: the listeners are on loopback
+		server.WithLogger(s.log), server.WithTracerProvider(s.tp), server.WithMetrics(s.Registry),
+		server.WithHealthFrom(s.Store, s.health), server.WithStopTimeout(stopTimeout),
+	}
+	if svc.Name == "coordinator" {
+		opts = append(opts, server.WithDrain(s.Coordinator.Close))
+	}
+	srv, err := server.New(svc, opts...)
+	if err != nil {
+		l.Close()
+		return nil, fmt.Errorf("stack: %s: %w", svc.Name, err)
+	}
+	s.servers = append(s.servers, srv)
+	go srv.Serve(l)
 	return authz, nil
 }
 
@@ -337,26 +338,21 @@ func (s *Stack) dial(addr string, dc rpc.DialConfig) (*grpc.ClientConn, error) {
 	return cc, nil
 }
 
-// Close drains the servers (in-flight calls finish, up to 10 s), stops the drivers and
-// closes the store. Runs still RUNNING resume at the next Start on the same DataDir.
+// Close drains the servers (health NOT_SERVING on all three first; in-flight calls finish,
+// up to 10 s per server), stops the drivers and closes the store. Runs still RUNNING
+// resume at the next Start on the same DataDir.
 func (s *Stack) Close() {
-	for _, hs := range s.healths {
-		hs.Shutdown()
+	for _, srv := range s.servers {
+		srv.Drain() // the coordinator's drain lets its drivers finish their hops
 	}
 	if s.web != nil {
 		s.web.Close()
 	}
 	if s.Coordinator != nil {
-		s.Coordinator.Close()
+		s.Coordinator.Close() // when Start failed before the coordinator's server
 	}
-	for _, g := range s.servers {
-		done := make(chan struct{})
-		go func() { g.GracefulStop(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			g.Stop()
-		}
+	for i := len(s.servers) - 1; i >= 0; i-- { // callers first: a runner outlives the hops sent to it
+		s.servers[i].GracefulStop()
 	}
 	for _, c := range s.conns {
 		c.Close()

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -15,14 +14,13 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
-	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/proto"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/artifact"
 	"github.com/handoffhq/handoff/internal/store"
+	"github.com/handoffhq/handoff/internal/testkit"
 	"github.com/handoffhq/handoff/services/agentrunner"
 )
 
@@ -79,8 +77,8 @@ func TestChainOrder(t *testing.T) {
 	if fields, _ := reasonFields(msgs[0].GetAck()); len(fields) != 1 || fields[0] != "job_id" {
 		t.Fatalf("schema+role reasons %v", msgs[0].GetAck().GetReasons())
 	}
-	if a := check(t, e, req); !proto.Equal(a, msgs[0].GetAck()) {
-		t.Fatalf("Check %v != Deliver %v", a, msgs[0].GetAck())
+	if !testkit.Equal(t, check(t, e, req), msgs[0].GetAck(), "Check's ack against Deliver's") {
+		t.FailNow()
 	}
 
 	// Role before budget: a misrouted package on an empty stored wallet is REJECTED_ROLE and
@@ -206,8 +204,8 @@ func TestEmptyWalletReleasesClaim(t *testing.T) {
 				len(fields) != len(c.fields) || fields[0] != c.fields[0] || rules[0] != agentrunner.RuleBudgetEmpty {
 				t.Fatalf("ack %v, want REJECTED_BUDGET on %v", ack, c.fields)
 			}
-			if a := check(t, e, req); !proto.Equal(a, ack) {
-				t.Fatalf("Check %v != Deliver %v", a, ack)
+			if !testkit.Equal(t, check(t, e, req), ack, "Check's ack against Deliver's") {
+				t.FailNow()
 			}
 			if n := ag.calls.Load(); n != 0 {
 				t.Fatalf("agent called %d times for an empty wallet", n)
@@ -227,8 +225,8 @@ func TestEmptyWalletReleasesClaim(t *testing.T) {
 			if n := ag.calls.Swap(0); n != 1 {
 				t.Fatalf("agent calls %d, want 1", n)
 			}
-			if w := wallet(t, e, c.id); !proto.Equal(w, c.b) {
-				t.Fatalf("the empty wallet changed: %v", w)
+			if !testkit.Equal(t, wallet(t, e, c.id), c.b, "the empty wallet") {
+				t.FailNow()
 			}
 		})
 	}
@@ -252,10 +250,7 @@ func TestConcurrentDeliveriesPayOnce(t *testing.T) {
 			errs <- err
 		}()
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for ag.calls.Load() == 0 && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
+	testkit.Eventually(t, 5*time.Second, "the winner's agent to run", func() bool { return ag.calls.Load() > 0 })
 	time.Sleep(50 * time.Millisecond) // let the losers reach the pending claim
 	close(release)
 	for range n {
@@ -284,17 +279,7 @@ func TestHandlersNeedChain(t *testing.T) {
 	}
 	gs := grpc.NewServer()
 	agentrunner.Register(gs, srv)
-	lis := bufconn.Listen(1 << 20)
-	go gs.Serve(lis)
-	defer gs.Stop()
-	conn, err := grpc.NewClient("passthrough:///bufnet",
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	c := handoffv1.NewAgentRunnerServiceClient(conn)
+	c := handoffv1.NewAgentRunnerServiceClient(testkit.Serve(t, gs))
 	if _, err := deliver(t, c, &handoffv1.DeliverRequest{Package: pkg("draft")}); status.Code(err) != codes.Internal {
 		t.Fatalf("Deliver without the chain: %v, want Internal", err)
 	}
@@ -335,8 +320,8 @@ func TestPaysOnlyFromItsJobsWallet(t *testing.T) {
 			if msg := ack.GetReasons()[0].GetMessage(); strings.Contains(msg, "31337") || strings.Contains(msg, "job-y") {
 				t.Fatalf("the reason %q shows the other job's wallet", msg)
 			}
-			if a := check(t, e, req); !proto.Equal(a, ack) {
-				t.Fatalf("Check %v != Deliver %v", a, ack)
+			if !testkit.Equal(t, check(t, e, req), ack, "Check's ack against Deliver's") {
+				t.FailNow()
 			}
 			if st, _, _ := e.st.Lookup(context.Background(), agentrunner.CompletionKey(p.JobId, p.Stage, 0, 0)); st != 0 {
 				t.Fatalf("claim after REJECTED_BUDGET: %v, want released", st)
@@ -346,8 +331,8 @@ func TestPaysOnlyFromItsJobsWallet(t *testing.T) {
 	if n := ag.calls.Load(); n != 0 {
 		t.Fatalf("agent called %d times for packages paying from another job's wallet", n)
 	}
-	if w := wallet(t, e, "run-y"); !proto.Equal(w, theirs) {
-		t.Fatalf("job-y's wallet = %v, want it untouched (%v)", w, theirs)
+	if !testkit.Equal(t, wallet(t, e, "run-y"), theirs, "job-y's wallet (untouched)") {
+		t.FailNow()
 	}
 	if _, err := e.st.Wallet(context.Background(), "run-unknown"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("a wallet was created for the unknown id: %v", err)

@@ -2,7 +2,7 @@
 //
 // Every package is answered with an Ack before any agent work: a package that is malformed,
 // misrouted, already done or over budget costs no agent call. Those decisions are made by
-// the server's interceptor chain (Server.Interceptors, installed by NewGRPCServer), not by
+// the server's interceptor chain (Server.Interceptors, installed by Server.Service and internal/server), not by
 // the handlers: schema, role, stage de-duplication and the job's wallet, in that order. The
 // Deliver handler only runs the agent of an accepted package; the idempotency interceptor
 // records its result under the completion key, so a re-delivered package gets the first
@@ -16,15 +16,11 @@ import (
 	"log/slog"
 	"regexp"
 	"runtime/debug"
-	"slices"
 	"strings"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/health"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
@@ -32,7 +28,7 @@ import (
 	"github.com/handoffhq/handoff/internal/artifact"
 	"github.com/handoffhq/handoff/internal/contract"
 	"github.com/handoffhq/handoff/internal/interceptor/budget"
-	"github.com/handoffhq/handoff/internal/rpc"
+	"github.com/handoffhq/handoff/internal/server"
 	"github.com/handoffhq/handoff/internal/store"
 )
 
@@ -83,7 +79,7 @@ type Options struct {
 }
 
 // Server implements handoffv1.AgentRunnerServiceServer. Its handlers rely on the interceptors
-// of Server.Interceptors; serve it with NewGRPCServer.
+// of Server.Interceptors; serve it with server.New(srv.Service(), ...).
 type Server struct {
 	handoffv1.UnimplementedAgentRunnerServiceServer
 
@@ -176,35 +172,17 @@ func (s *Server) Agents() map[string]RoleCard {
 }
 
 // Register registers srv's AgentRunnerService on s. The server must run srv.Interceptors()
-// (NewGRPCServer does): without them Deliver and Check fail with codes.Internal rather than
+// (server.New(srv.Service(), ...) does): without them Deliver and Check fail with codes.Internal rather than
 // answer a package nobody checked.
 func Register(s grpc.ServiceRegistrar, srv *Server) {
 	handoffv1.RegisterAgentRunnerServiceServer(s, srv)
 }
 
-// NewGRPCServer returns a gRPC server built by rpc.NewServer from cfg, with srv.Interceptors()
-// appended to cfg.Unary and cfg.Stream (chain step 6), serving srv, server reflection and the
-// standard health service. Health reports SERVING for "" and for
-// handoff.v1.AgentRunnerService; set it to NOT_SERVING (hs.Shutdown()) before a graceful stop.
-// cfg.Service defaults to "agentrunner".
-func NewGRPCServer(srv *Server, cfg rpc.ServerConfig) (gs *grpc.Server, hs *health.Server) {
-	unary, stream := srv.Interceptors()
-	cfg.Unary = append(slices.Clone(cfg.Unary), unary...)
-	cfg.Stream = append(slices.Clone(cfg.Stream), stream...)
-	if cfg.Service == "" {
-		cfg.Service = "agentrunner"
-	}
-	gs = rpc.NewServer(cfg)
-	Register(gs, srv)
-	hs = health.NewServer()
-	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	hs.SetServingStatus(handoffv1.AgentRunnerService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
-	healthpb.RegisterHealthServer(gs, hs)
-	reflection.Register(gs)
-	if cfg.Metrics != nil {
-		cfg.Metrics.RPC.InitializeMetrics(gs)
-	}
-	return gs, hs
+// Service is the runner as internal/server assembles it: the AgentRunnerService and its
+// enforcement (Interceptors) as step 6 of the chain.
+func (s *Server) Service() server.Service {
+	unary, stream := s.Interceptors()
+	return server.Service{Name: "agentrunner", Register: func(g *grpc.Server) { Register(g, s) }, Unary: unary, Stream: stream}
 }
 
 // CompletionKey is the idempotency key of one stage completion:
@@ -240,7 +218,7 @@ func duplicateAck(p *handoffv1.HandoffPackage, value []byte) (*handoffv1.Ack, er
 // otherwise run a package that nobody checked.
 func noChain(method string) error {
 	return status.Errorf(codes.Internal,
-		"agentrunner: %s reached its handler without the runner's interceptors; serve the runner with agentrunner.NewGRPCServer or install Server.Interceptors()", method)
+		"agentrunner: %s reached its handler without the runner's interceptors; serve the runner with server.New(runner.Service(), ...)", method)
 }
 
 // Deliver runs the agent of an accepted package. Everything that can refuse the package has

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"net"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -17,22 +16,21 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
-	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/proto"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/artifact"
 	"github.com/handoffhq/handoff/internal/contract"
-	"github.com/handoffhq/handoff/internal/rpc"
+	"github.com/handoffhq/handoff/internal/server"
 	"github.com/handoffhq/handoff/internal/store"
+	"github.com/handoffhq/handoff/internal/testkit"
 	"github.com/handoffhq/handoff/services/agentrunner"
 	"github.com/handoffhq/handoff/services/agentrunner/support"
 )
 
-const traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+const traceparent = testkit.Traceparent
 
 // fake is a counting agent whose behaviour a test sets.
 type fake struct {
@@ -100,16 +98,9 @@ func start(t *testing.T, opts agentrunner.Options, dbPath string) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lis := bufconn.Listen(1 << 20)
-	// The real chain (rpc.NewServer + the runner's interceptors), as the binary serves it.
-	gs, _ := agentrunner.NewGRPCServer(srv, rpc.ServerConfig{Service: "agentrunner", Logger: opts.Logger})
-	go gs.Serve(lis)
-	conn, err := grpc.NewClient("passthrough:///bufnet",
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
+	// The real chain (the runner's interceptors in internal/server's), as the binary serves it.
+	gs := assemble(t, srv, opts.Logger)
+	conn := testkit.Serve(t, gs)
 	var once sync.Once
 	e := &env{client: handoffv1.NewAgentRunnerServiceClient(conn), conn: conn, dbPath: dbPath, st: st, stop: func() {
 		once.Do(func() {
@@ -125,14 +116,23 @@ func start(t *testing.T, opts agentrunner.Options, dbPath string) *env {
 	return e
 }
 
-func pkg(stage string) *handoffv1.HandoffPackage {
-	return &handoffv1.HandoffPackage{
-		Schema: "handoff.v1", JobId: "job-1", Stage: stage,
-		Goal:        "Triage ticket T-1042",
-		Constraints: []string{"no refund promises"},
-		Budget:      &handoffv1.Budget{UsdRemainingMicros: 50000, RevisionsRemaining: 2, HopsRemaining: 8},
-		Trace:       &handoffv1.Trace{Traceparent: traceparent},
+// assemble is srv's server as the binary assembles it, without the identity check.
+func assemble(t testing.TB, srv *agentrunner.Server, log *slog.Logger) *server.Server {
+	t.Helper()
+	gs, err := server.New(srv.Service(), server.WithoutIdentity(), server.WithLogger(log))
+	if err != nil {
+		t.Fatal(err)
 	}
+	return gs
+}
+
+// pkg is a valid package of job-1 for stage.
+func pkg(stage string) *handoffv1.HandoffPackage {
+	return testkit.Package(testkit.AtStage(stage), testkit.WithBudget(&handoffv1.Budget{UsdRemainingMicros: 50000, RevisionsRemaining: 2, HopsRemaining: 8}),
+		func(p *handoffv1.HandoffPackage) {
+			p.Goal = "Triage ticket T-1042"
+			p.Constraints = []string{"no refund promises"}
+		})
 }
 
 // deliver runs Deliver to the end and returns every message and the final error (nil at EOF).
@@ -250,9 +250,7 @@ func TestGatesReject(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !proto.Equal(cr.Ack, ack) {
-				t.Errorf("Check ack %v != Deliver ack %v", cr.Ack, ack)
-			}
+			testkit.Equal(t, cr.Ack, ack, "Check's ack against Deliver's")
 		})
 	}
 	if n := draft.calls.Load() + retrieve.calls.Load(); n != 0 {
@@ -410,10 +408,7 @@ func TestConcurrentDuplicates(t *testing.T) {
 		}()
 	}
 	// Wait until the one winner is running, then let the losers see the pending claim.
-	deadline := time.Now().Add(5 * time.Second)
-	for ag.calls.Load() == 0 && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
+	testkit.Eventually(t, 5*time.Second, "the winner's agent to run", func() bool { return ag.calls.Load() > 0 })
 	// Check sees the stage in flight.
 	if _, err := e.client.Check(context.Background(), &handoffv1.CheckRequest{Package: req.Package}); status.Code(err) != codes.Aborted {
 		t.Errorf("Check while in flight: %v, want Aborted", err)
@@ -687,18 +682,7 @@ func BenchmarkDeliverNoop(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	lis := bufconn.Listen(1 << 20)
-	gs, _ := agentrunner.NewGRPCServer(srv, rpc.ServerConfig{Service: "agentrunner", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	go gs.Serve(lis)
-	defer gs.Stop()
-	conn, err := grpc.NewClient("passthrough:///bufnet",
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer conn.Close()
-	c := handoffv1.NewAgentRunnerServiceClient(conn)
+	c := handoffv1.NewAgentRunnerServiceClient(testkit.Serve(b, assemble(b, srv, slog.New(slog.DiscardHandler))))
 	p := pkg("bench")
 	for i := 0; b.Loop(); i++ {
 		p.JobId = "bench-" + strconv.Itoa(i)

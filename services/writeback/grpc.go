@@ -2,18 +2,14 @@ package writeback
 
 import (
 	"fmt"
-	"slices"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/health"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/grpc/reflection"
 	"google.golang.org/protobuf/proto"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/interceptor/idempotency"
 	"github.com/handoffhq/handoff/internal/interceptor/validate"
-	"github.com/handoffhq/handoff/internal/rpc"
+	"github.com/handoffhq/handoff/internal/server"
 )
 
 // Interceptors returns the writeback's enforcement (step 6 of the rpc chain, after identity
@@ -67,26 +63,8 @@ func writeKey(m proto.Message) (string, error) {
 	return Key(r.GetPackage().GetJobId(), r.GetPackage().GetStage(), r.GetArtifact().GetType()), nil
 }
 
-// NewGRPCServer returns the writeback's gRPC server: rpc.NewServer(cfg) with
-// srv.Interceptors() appended to cfg.Unary (step 6 of the chain), the WritebackService
-// registered, grpc.health.v1 (SERVING, for "" and the service) and server reflection.
-// cfg.Service defaults to "writeback". When cfg.Metrics is set its per-method series are
-// initialised. The health server is returned so the caller can follow its dependencies and
-// Shutdown it when stopping.
-func NewGRPCServer(srv *Server, cfg rpc.ServerConfig) (*grpc.Server, *health.Server) {
-	if cfg.Service == "" {
-		cfg.Service = "writeback"
-	}
-	cfg.Unary = append(slices.Clip(cfg.Unary), srv.Interceptors()...)
-	g := rpc.NewServer(cfg)
-	Register(g, srv)
-	hs := health.NewServer()
-	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	hs.SetServingStatus(handoffv1.WritebackService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
-	healthpb.RegisterHealthServer(g, hs)
-	reflection.Register(g)
-	if cfg.Metrics != nil {
-		cfg.Metrics.RPC.InitializeMetrics(g)
-	}
-	return g, hs
+// Service is the writeback as internal/server assembles it: the WritebackService and its
+// enforcement (Interceptors) as step 6 of the chain.
+func (s *Server) Service() server.Service {
+	return server.Service{Name: "writeback", Register: func(g *grpc.Server) { Register(g, s) }, Unary: s.Interceptors()}
 }

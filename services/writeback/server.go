@@ -4,8 +4,8 @@
 // one external write and all get its receipt.
 //
 // The refusals and the idempotency are the interceptor chain's, not the handler's: serve the
-// service with NewGRPCServer (or rpc.NewServer with Server.Interceptors appended to
-// ServerConfig.Unary). The Write handler itself only reads the artifact and calls the target.
+// service with server.New(srv.Service(), ...) (internal/server), which puts Server.Interceptors
+// in the chain. The Write handler itself only reads the artifact and calls the target.
 package writeback
 
 import (
@@ -156,7 +156,7 @@ func New(opts Options) (*Server, error) {
 	return s, nil
 }
 
-// Register registers srv on s. s must run srv.Interceptors() (NewGRPCServer does both);
+// Register registers srv on s. s must run srv.Interceptors() (Service does both);
 // without them Write refuses every call (Internal) rather than write ungated.
 func Register(s *grpc.Server, srv *Server) { handoffv1.RegisterWritebackServiceServer(s, srv) }
 

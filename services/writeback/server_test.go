@@ -4,8 +4,8 @@ import (
 	"context"
 	"crypto/ed25519"
 	"errors"
+	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -17,17 +17,16 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
-	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/proto"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/artifact"
 	"github.com/handoffhq/handoff/internal/interceptor/identity"
-	"github.com/handoffhq/handoff/internal/rpc"
+	"github.com/handoffhq/handoff/internal/server"
 	"github.com/handoffhq/handoff/internal/store"
+	"github.com/handoffhq/handoff/internal/testkit"
 	"github.com/handoffhq/handoff/services/writeback"
 )
 
@@ -35,12 +34,13 @@ const (
 	jobID       = "tkt-4821"
 	stage       = "writeback"
 	artType     = "reply_md"
-	traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	traceparent = testkit.Traceparent
 	wantKey     = jobID + ":" + stage + ":" + artType
 )
 
 // env is one writeback server on bufconn over a real bbolt store and a real file artifact
-// store, built with NewGRPCServer: every call runs the real interceptor chain.
+// store, assembled by internal/server as the binary does: every call runs the real
+// interceptor chain.
 type env struct {
 	st     *store.Bolt
 	files  *artifact.Files
@@ -52,8 +52,8 @@ type env struct {
 type envOpts struct {
 	targets func(st *store.Bolt) []writeback.Target // default: the ledger on the service's own store
 	mod     func(o *writeback.Options)
-	rpc     func(c *rpc.ServerConfig) // e.g. identity interceptors
-	dial    []grpc.DialOption         // e.g. per-RPC credentials
+	server  []server.Option   // e.g. the identity check (default: none)
+	dial    []grpc.DialOption // e.g. per-RPC credentials
 }
 
 func newEnv(t *testing.T, eo envOpts) *env {
@@ -83,31 +83,22 @@ func newEnv(t *testing.T, eo envOpts) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := rpc.ServerConfig{Logger: slog.New(slog.DiscardHandler)}
-	if eo.rpc != nil {
-		eo.rpc(&cfg)
-	}
-	gs, _ := writeback.NewGRPCServer(srv, cfg)
-	e.client = handoffv1.NewWritebackServiceClient(serve(t, gs, eo.dial...))
+	e.client = handoffv1.NewWritebackServiceClient(testkit.Serve(t, assemble(t, srv, eo.server...), eo.dial...))
 	return e
 }
 
-// serve runs gs on bufconn and returns a client connection to it.
-func serve(t *testing.T, gs *grpc.Server, opts ...grpc.DialOption) *grpc.ClientConn {
+// assemble is srv's server as the binary assembles it, without an identity check unless
+// opts give one.
+func assemble(t *testing.T, srv *writeback.Server, opts ...server.Option) *server.Server {
 	t.Helper()
-	lis := bufconn.Listen(1 << 20)
-	go gs.Serve(lis)
-	t.Cleanup(gs.Stop)
-	opts = append([]grpc.DialOption{
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-	}, opts...)
-	conn, err := grpc.NewClient("passthrough:///bufnet", opts...)
+	if len(opts) == 0 {
+		opts = []server.Option{server.WithoutIdentity()}
+	}
+	gs, err := server.New(srv.Service(), append(opts, server.WithLogger(slog.New(slog.DiscardHandler)))...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { conn.Close() })
-	return conn
+	return gs
 }
 
 func (e *env) putArtifact(t *testing.T, round uint32, data []byte) *handoffv1.Artifact {
@@ -124,17 +115,11 @@ func (e *env) putArtifact(t *testing.T, round uint32, data []byte) *handoffv1.Ar
 
 // pkg is a valid writeback package carrying the judge's PASS and e.art.
 func (e *env) pkg() *handoffv1.HandoffPackage {
-	return &handoffv1.HandoffPackage{
-		Schema:      "handoff.v1",
-		JobId:       jobID,
-		Stage:       stage,
-		Goal:        "Answer the customer's refund question",
-		Constraints: []string{"no refund promises"},
-		Artifacts:   []*handoffv1.Artifact{proto.Clone(e.art).(*handoffv1.Artifact)},
-		Evaluator:   &handoffv1.Evaluator{LastVerdict: handoffv1.Verdict_VERDICT_PASS, Rounds: 1},
-		Budget:      &handoffv1.Budget{UsdRemainingMicros: 400000, RevisionsRemaining: 1, HopsRemaining: 3},
-		Trace:       &handoffv1.Trace{Traceparent: traceparent},
-	}
+	return testkit.Package(testkit.OfJob(jobID), testkit.AtStage(stage), testkit.Passed(), func(p *handoffv1.HandoffPackage) {
+		p.Goal = "Answer the customer's refund question"
+		p.Constraints = []string{"no refund promises"}
+		p.Artifacts = []*handoffv1.Artifact{proto.Clone(e.art).(*handoffv1.Artifact)}
+	})
 }
 
 func (e *env) req() *handoffv1.WriteRequest {
@@ -366,9 +351,7 @@ func TestFirstWriteThenRepeat(t *testing.T) {
 	if !again.GetDuplicate() {
 		t.Error("repeat not reported as duplicate")
 	}
-	if !proto.Equal(again.GetReceipt(), rc) {
-		t.Errorf("repeat receipt %v, want %v", again.GetReceipt(), rc)
-	}
+	testkit.Equal(t, again.GetReceipt(), rc, "the repeat's receipt")
 	if n := len(e.ledger(t)); n != 1 {
 		t.Errorf("ledger has %d entries after repeat, want 1", n)
 	}
@@ -395,9 +378,10 @@ func TestOtherAttemptHitsSameKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !second.GetDuplicate() || !proto.Equal(second.GetReceipt(), first.GetReceipt()) {
-		t.Errorf("retry: duplicate=%v receipt %v, want the first receipt %v", second.GetDuplicate(), second.GetReceipt(), first.GetReceipt())
+	if !second.GetDuplicate() {
+		t.Errorf("retry: duplicate=false, want the first receipt, duplicate")
 	}
+	testkit.Equal(t, second.GetReceipt(), first.GetReceipt(), "the retry's receipt")
 	if second.GetReceipt().GetIdempotencyKey() != wantKey {
 		t.Errorf("key %q", second.GetReceipt().GetIdempotencyKey())
 	}
@@ -505,8 +489,8 @@ func TestConcurrentSameKeyWritesOnce(t *testing.T) {
 		t.Errorf("ledger has %d entries, want 1", got)
 	}
 	for i, rc := range receipts {
-		if !proto.Equal(rc, receipts[0]) {
-			t.Fatalf("answer %d receipt %v differs from %v", i, rc, receipts[0])
+		if !testkit.Equal(t, rc, receipts[0], fmt.Sprintf("answer %d's receipt", i)) {
+			t.FailNow()
 		}
 	}
 	t.Logf("200 callers: 1 write, %d Aborted answers retried", aborted.Load())
@@ -563,9 +547,10 @@ func TestFailingTargetReleasesClaim(t *testing.T) {
 				t.Errorf("ledger has %d entries, want 1", n)
 			}
 			again, err := e.client.Write(ctx, e.req())
-			if err != nil || !again.GetDuplicate() || !proto.Equal(again.GetReceipt(), resp.GetReceipt()) {
+			if err != nil || !again.GetDuplicate() {
 				t.Errorf("repeat: %v %v", again, err)
 			}
+			testkit.Equal(t, again.GetReceipt(), resp.GetReceipt(), "the repeat's receipt")
 			if got := flaky.calls.Load(); got != 3 {
 				t.Errorf("target called %d times, want 3", got)
 			}
@@ -623,13 +608,7 @@ func TestCallerCancelDoesNotAbandonClaimedWrite(t *testing.T) {
 	if _, err := e.client.Write(short, e.req()); status.Code(err) != codes.DeadlineExceeded {
 		t.Fatalf("%v, want DeadlineExceeded", err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for e.claimState(t, wantKey) != store.Done {
-		if time.Now().After(deadline) {
-			t.Fatal("receipt never stored")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testkit.Eventually(t, 5*time.Second, "the receipt stored", func() bool { return e.claimState(t, wantKey) == store.Done })
 	resp, err := e.client.Write(ctxT(t), e.req())
 	if err != nil || !resp.GetDuplicate() {
 		t.Fatalf("retry: %v %v, want the stored receipt", resp, err)
@@ -669,9 +648,10 @@ func TestLedgerRecoversWriteOfDeadWriter(t *testing.T) {
 		t.Errorf("ledger %+v; want the one entry, offered twice", entries)
 	}
 	again, err := e.client.Write(ctx, e.req())
-	if err != nil || !again.GetDuplicate() || !proto.Equal(again.GetReceipt(), resp.GetReceipt()) {
+	if err != nil || !again.GetDuplicate() {
 		t.Errorf("repeat: %v %v; want the retry's receipt, duplicate", again, err)
 	}
+	testkit.Equal(t, again.GetReceipt(), resp.GetReceipt(), "the repeat's receipt")
 }
 
 // countingStore is one bbolt store that counts the receipts stored apart from a write
@@ -729,12 +709,18 @@ func TestLedgerWritesEntryAndReceiptTogether(t *testing.T) {
 			}
 			st, v, err := e.st.Lookup(ctx, wantKey)
 			stored := &handoffv1.WriteResponse{}
-			if err != nil || st != store.Done || proto.Unmarshal(v, stored) != nil || !proto.Equal(stored, resp) {
+			if err != nil || st != store.Done || proto.Unmarshal(v, stored) != nil {
 				t.Fatalf("stored receipt %v %v (%v); want done with the response %v", st, stored, err, resp)
 			}
+			if !testkit.Equal(t, stored, resp, "the stored response") {
+				t.FailNow()
+			}
 			again, err := e.client.Write(ctx, e.req())
-			if err != nil || !again.GetDuplicate() || !proto.Equal(again.GetReceipt(), resp.GetReceipt()) {
+			if err != nil || !again.GetDuplicate() {
 				t.Fatalf("repeat: %v %v; want the first receipt, duplicate", again, err)
+			}
+			if !testkit.Equal(t, again.GetReceipt(), resp.GetReceipt(), "the repeat's receipt") {
+				t.FailNow()
 			}
 		})
 	}
@@ -827,8 +813,11 @@ func TestRefusedRepeatOfCompletedKeyIsNotReplayed(t *testing.T) {
 
 	// The receipt is untouched: a PASS repeat still gets it.
 	again, err := e.client.Write(ctx, e.req())
-	if err != nil || !again.GetDuplicate() || !proto.Equal(again.GetReceipt(), first.GetReceipt()) {
+	if err != nil || !again.GetDuplicate() {
 		t.Fatalf("PASS repeat: %v %v, want the first receipt, duplicate", again, err)
+	}
+	if !testkit.Equal(t, again.GetReceipt(), first.GetReceipt(), "the PASS repeat's receipt") {
+		t.FailNow()
 	}
 	if n := len(e.ledger(t)); n != 1 {
 		t.Errorf("ledger has %d entries, want 1", n)
@@ -853,10 +842,8 @@ func TestOnlyCoordinatorMayWrite(t *testing.T) {
 	}
 	as := func(t *testing.T, caller string) *env {
 		return newEnv(t, envOpts{
-			rpc: func(c *rpc.ServerConfig) {
-				c.IdentityUnary = identity.UnaryServerInterceptor(identity.WithVerifier(verifier), identity.WithPolicy(identity.DefaultPolicy()))
-			},
-			dial: []grpc.DialOption{grpc.WithPerRPCCredentials(signers[caller].PerRPCCredentials())},
+			server: []server.Option{server.WithSecurity(nil, identity.NewAuthorizer(identity.WithVerifier(verifier), identity.WithPolicy(identity.DefaultPolicy())))},
+			dial:   []grpc.DialOption{grpc.WithPerRPCCredentials(signers[caller].PerRPCCredentials())},
 		})
 	}
 
@@ -892,8 +879,8 @@ func TestOnlyCoordinatorMayWrite(t *testing.T) {
 	})
 
 	t.Run("no token is unauthenticated", func(t *testing.T) {
-		e := newEnv(t, envOpts{rpc: func(c *rpc.ServerConfig) {
-			c.IdentityUnary = identity.UnaryServerInterceptor(identity.WithVerifier(verifier), identity.WithPolicy(identity.DefaultPolicy()))
+		e := newEnv(t, envOpts{server: []server.Option{
+			server.WithSecurity(nil, identity.NewAuthorizer(identity.WithVerifier(verifier), identity.WithPolicy(identity.DefaultPolicy()))),
 		}})
 		if _, err := e.client.Write(ctxT(t), e.req()); status.Code(err) != codes.Unauthenticated {
 			t.Fatalf("%v, want Unauthenticated", err)
@@ -916,7 +903,7 @@ func TestWriteWithoutChainRefuses(t *testing.T) {
 	}
 	gs := grpc.NewServer()
 	writeback.Register(gs, srv)
-	bare := handoffv1.NewWritebackServiceClient(serve(t, gs))
+	bare := handoffv1.NewWritebackServiceClient(testkit.Serve(t, gs))
 
 	r := e.req()
 	r.Package.Evaluator.LastVerdict = handoffv1.Verdict_VERDICT_FAIL
@@ -932,26 +919,23 @@ func TestWriteWithoutChainRefuses(t *testing.T) {
 	}
 }
 
-// NewGRPCServer serves health (SERVING) and reflection next to the service.
-func TestNewGRPCServerServesHealthAndReflection(t *testing.T) {
+// The assembled server serves health (SERVING) and reflection next to the service.
+func TestServiceServesHealthAndReflection(t *testing.T) {
 	srv, err := writeback.New(writeback.Options{
 		Store: openStore(t), Artifacts: openFiles(t), Targets: []writeback.Target{writeback.NewLedger(nil)},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	gs, hs := writeback.NewGRPCServer(srv, rpc.ServerConfig{Logger: slog.New(slog.DiscardHandler)})
-	if hs == nil {
-		t.Fatal("no health server")
-	}
-	conn := serve(t, gs)
+	gs := assemble(t, srv)
+	conn := testkit.Serve(t, gs)
 	for _, svc := range []string{"", handoffv1.WritebackService_ServiceDesc.ServiceName} {
 		resp, err := healthpb.NewHealthClient(conn).Check(ctxT(t), &healthpb.HealthCheckRequest{Service: svc})
 		if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
 			t.Errorf("health %q: %v %v", svc, resp, err)
 		}
 	}
-	info := gs.GetServiceInfo()
+	info := gs.GRPC().GetServiceInfo()
 	for _, svc := range []string{handoffv1.WritebackService_ServiceDesc.ServiceName, "grpc.reflection.v1.ServerReflection"} {
 		if _, ok := info[svc]; !ok {
 			t.Errorf("service %s not registered (have %v)", svc, info)
