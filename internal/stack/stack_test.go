@@ -2,14 +2,19 @@ package stack_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http/httptest"
+	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
@@ -17,6 +22,7 @@ import (
 	"github.com/handoffhq/handoff/internal/stack"
 	"github.com/handoffhq/handoff/internal/store"
 	"github.com/handoffhq/handoff/internal/telemetry"
+	"github.com/handoffhq/handoff/internal/testkit"
 )
 
 // TestMetrics checks the Prometheus endpoint counts RPCs per method and acks per status.
@@ -145,4 +151,76 @@ func TestOnlyTheCoordinatorWrites(t *testing.T) {
 			t.Fatalf("after Write as %q: %d ledger entries, want %d", tt.caller, len(writes), want)
 		}
 	}
+}
+
+// flakyStore is the stack's store whose Ping fails while down is set: the store unreachable
+// for health checks, the rest of it working.
+type flakyStore struct {
+	store.Store
+	down atomic.Bool
+}
+
+func (f *flakyStore) Ping(ctx context.Context) error {
+	if f.down.Load() {
+		return errors.New("store unreachable (test)")
+	}
+	return f.Store.Ping(ctx)
+}
+
+// Under `handoff up` health follows the store as it does in the binaries: each service goes
+// NOT_SERVING (for "" and its own name) while the store's Ping fails, and SERVING again once
+// it answers.
+func TestHealthFollowsTheStore(t *testing.T) {
+	dir := t.TempDir()
+	bolt, err := store.Open(filepath.Join(dir, "handoff.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bolt.Close()
+	fs := &flakyStore{Store: bolt}
+	st, err := stack.Start(context.Background(), stack.Config{DataDir: dir, CoordinatorAddr: "127.0.0.1:0", RunnerAddr: "127.0.0.1:0", WritebackAddr: "127.0.0.1:0",
+		Store: fs, HealthInterval: 20 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	type probe struct {
+		hc   healthpb.HealthClient
+		name string
+	}
+	var probes []probe
+	for addr, svc := range map[string]string{
+		st.CoordinatorAddr: handoffv1.CoordinatorService_ServiceDesc.ServiceName,
+		st.RunnerAddr:      handoffv1.AgentRunnerService_ServiceDesc.ServiceName,
+		st.WritebackAddr:   handoffv1.WritebackService_ServiceDesc.ServiceName,
+	} {
+		cc, err := st.Dial(addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, name := range []string{"", svc} {
+			probes = append(probes, probe{healthpb.NewHealthClient(cc), name})
+		}
+	}
+	all := func(want healthpb.HealthCheckResponse_ServingStatus) func() bool {
+		return func() bool {
+			for _, p := range probes {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				resp, err := p.hc.Check(ctx, &healthpb.HealthCheckRequest{Service: p.name})
+				cancel()
+				if err != nil {
+					t.Fatalf("health %q: %v", p.name, err)
+				}
+				if resp.GetStatus() != want {
+					return false
+				}
+			}
+			return true
+		}
+	}
+	testkit.Eventually(t, 5*time.Second, "every service SERVING at the start", all(healthpb.HealthCheckResponse_SERVING))
+	fs.down.Store(true)
+	testkit.Eventually(t, 5*time.Second, "every service NOT_SERVING while the store's Ping fails", all(healthpb.HealthCheckResponse_NOT_SERVING))
+	fs.down.Store(false)
+	testkit.Eventually(t, 5*time.Second, "every service SERVING again once the store answers", all(healthpb.HealthCheckResponse_SERVING))
 }
