@@ -23,7 +23,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"os/signal"
 	"strings"
@@ -66,18 +65,18 @@ const (
 
 // settings are the runner's configuration, from flags with HANDOFF_* fallbacks.
 type settings struct {
-	listen, metricsListen, storeSpec, artifactsDir string
-	stageTimeout, resultTTL, storeWait             time.Duration
-	llmStages, llmBaseURL, llmModel, llmAPIKey     string
-	llmPrice                                       int
-	execAgents                                     []string
-	sec                                            rpc.Security
+	listen                                     server.Listen
+	storeSpec, artifactsDir                    string
+	stageTimeout, resultTTL, storeWait         time.Duration
+	llmStages, llmBaseURL, llmModel, llmAPIKey string
+	llmPrice                                   int
+	execAgents                                 []string
+	sec                                        rpc.Security
 }
 
 // Bind registers every setting with its variable and default.
 func (s *settings) Bind(b *config.Binder) {
-	b.String(&s.listen, "listen", "HANDOFF_AGENTRUNNER_LISTEN", server.RunnerAddr, "gRPC listen address")
-	b.String(&s.metricsListen, "metrics-listen", "HANDOFF_METRICS_LISTEN", "", "serve Prometheus metrics on this address at /metrics (empty: off)")
+	s.listen.Bind(b, "HANDOFF_AGENTRUNNER_LISTEN", server.RunnerAddr)
 	b.String(&s.storeSpec, "store", "HANDOFF_STORE", defaultStore,
 		"stage-completion records and the coordinator's wallets: a bbolt file, or redis://[:password@]host:port[/db][?prefix=P] shared with the coordinator (a package whose wallet is not in this store is REJECTED_BUDGET)")
 	b.String(&s.artifactsDir, "artifacts", "HANDOFF_ARTIFACTS", server.Artifacts, "artifact folder, shared with the other services")
@@ -95,13 +94,8 @@ func (s *settings) Bind(b *config.Binder) {
 
 // Validate checks the values, naming the flag of a bad one.
 func (s *settings) Validate() error {
-	if err := config.HostPort("listen", s.listen); err != nil {
+	if err := s.listen.Validate(); err != nil {
 		return err
-	}
-	if s.metricsListen != "" {
-		if err := config.HostPort("metrics-listen", s.metricsListen); err != nil {
-			return err
-		}
 	}
 	if _, err := store.ParseURL(s.storeSpec); err != nil {
 		return fmt.Errorf("--store: %v", err)
@@ -147,7 +141,7 @@ func run(args []string, log *slog.Logger) error {
 		return err
 	}
 	// Security first: a runner never serves without an identity check.
-	creds, authz, err := s.sec.Server(service, s.listen)
+	creds, authz, err := s.sec.Server(service, s.listen.Addr)
 	if err != nil {
 		return err
 	}
@@ -206,18 +200,11 @@ func run(args []string, log *slog.Logger) error {
 		return err
 	}
 
-	lis, err := net.Listen("tcp", s.listen)
+	lis, m, err := s.listen.Open(reg, log)
 	if err != nil {
-		return fmt.Errorf("--listen %s: %w", s.listen, err)
+		return err
 	}
-	if s.metricsListen != "" {
-		m, err := server.ServeMetrics("metrics-listen", s.metricsListen, reg, log)
-		if err != nil {
-			lis.Close()
-			return err
-		}
-		defer m.Close()
-	}
+	defer m.Close()
 	names := make([]string, 0, len(agents))
 	for _, a := range agents {
 		names = append(names, a.Card().Name)
@@ -228,7 +215,7 @@ func run(args []string, log *slog.Logger) error {
 	}
 	log.Info("agentrunner: serving", "addr", lis.Addr().String(), "agents", strings.Join(names, ","),
 		"store", store.Redact(s.storeSpec), "artifacts", arts.Root(), "stage_timeout", s.stageTimeout,
-		"transport", transport, "metrics", s.metricsListen)
+		"transport", transport, "metrics", s.listen.Metrics)
 	return gs.Run(ctx, lis)
 }
 

@@ -53,21 +53,21 @@ const (
 
 // settings are the coordinator's configuration, from flags with HANDOFF_* fallbacks.
 type settings struct {
-	listen, store, runner, writeback, pipelines, metrics string
-	hopTimeout, hopRetryFor, leaseTTL, drainTimeout      time.Duration
-	healthInterval, storeWait                            time.Duration
-	security                                             rpc.Security
-	operatorToken                                        string
+	listen                                          server.Listen
+	store, runner, writeback, pipelines             string
+	hopTimeout, hopRetryFor, leaseTTL, drainTimeout time.Duration
+	healthInterval, storeWait                       time.Duration
+	security                                        rpc.Security
+	operatorToken                                   string
 }
 
 // Bind registers every setting with its variable and default.
 func (s *settings) Bind(b *config.Binder) {
-	b.String(&s.listen, "listen", "HANDOFF_COORDINATOR_LISTEN", server.CoordinatorAddr, "gRPC listen address")
+	s.listen.Bind(b, "HANDOFF_COORDINATOR_LISTEN", server.CoordinatorAddr)
 	b.String(&s.store, "store", "HANDOFF_STORE", defaultStore, "bbolt file, or redis://host:port[/db] shared with the other services")
 	b.String(&s.runner, "agentrunner", "HANDOFF_AGENTRUNNER_ADDR", server.RunnerAddr, "default agent runner address")
 	b.String(&s.writeback, "writeback", "HANDOFF_WRITEBACK_ADDR", server.WritebackAddr, "writeback service address")
 	b.String(&s.pipelines, "pipelines", "HANDOFF_PIPELINES", "", "folder of pipeline YAML files (default: the shipped pipelines)")
-	b.String(&s.metrics, "metrics-listen", "HANDOFF_METRICS_LISTEN", "", "serve Prometheus metrics at http://ADDR/metrics (empty: off)")
 	b.Duration(&s.hopTimeout, "hop-timeout", "HANDOFF_HOP_TIMEOUT", defaultHopTimeout, "bound on one hop (ack and stage result)")
 	b.Duration(&s.hopRetryFor, "hop-retry-for", "HANDOFF_HOP_RETRY_FOR", defaultHopRetryFor, "keep retrying a hop whose peer is down or whose claim is held this long before the run fails or escalates; longer than the runner's claim TTL and the writeback's --pending-ttl")
 	b.Duration(&s.leaseTTL, "lease-ttl", "HANDOFF_LEASE_TTL", defaultLeaseTTL, "run lease: another replica takes a dead replica's runs over about this long after it died")
@@ -88,13 +88,8 @@ func (s *settings) Validate() error {
 	if len(s.operatorToken) < identity.MinOperatorTokenLen {
 		return fmt.Errorf("--operator-token is %d bytes, need at least %d", len(s.operatorToken), identity.MinOperatorTokenLen)
 	}
-	if err := config.HostPort("listen", s.listen); err != nil {
+	if err := s.listen.Validate(); err != nil {
 		return err
-	}
-	if s.metrics != "" {
-		if err := config.HostPort("metrics-listen", s.metrics); err != nil {
-			return err
-		}
 	}
 	if _, err := store.ParseURL(s.store); err != nil {
 		return fmt.Errorf("--store: %v", err)
@@ -162,7 +157,7 @@ func run(ctx context.Context, args []string, log *slog.Logger, ready func(net.Ad
 	if err != nil {
 		return fmt.Errorf("--operator-token: %w", err)
 	}
-	creds, authz, err := s.security.Server(service, s.listen, identity.WithOperators(ops))
+	creds, authz, err := s.security.Server(service, s.listen.Addr, identity.WithOperators(ops))
 	if err != nil {
 		return err
 	}
@@ -222,18 +217,11 @@ func run(ctx context.Context, args []string, log *slog.Logger, ready func(net.Ad
 		return err
 	}
 
-	lis, err := net.Listen("tcp", s.listen)
+	lis, m, err := s.listen.Open(reg, log)
 	if err != nil {
-		return fmt.Errorf("--listen %s: %w", s.listen, err)
+		return err
 	}
-	if s.metrics != "" {
-		m, err := server.ServeMetrics("metrics-listen", s.metrics, reg, log)
-		if err != nil {
-			lis.Close()
-			return err
-		}
-		defer m.Close()
-	}
+	defer m.Close()
 	// Resume takes the RUNNING runs whose lease is free (left by a replica that died or
 	// drained) and keeps scanning for such runs every --lease-ttl/2. A failed first scan is
 	// not fatal: the store may be down for a moment, and the next scan picks the runs up.

@@ -64,7 +64,7 @@ const (
 
 // settings are the writeback's configuration, from flags with HANDOFF_* fallbacks.
 type settings struct {
-	listen         string
+	listen         server.Listen
 	storePath      string // --store as given, checked by store.ParseURL
 	artifacts      string
 	webhookURL     string
@@ -73,13 +73,12 @@ type settings struct {
 	pendingTTL     time.Duration
 	receiptTTL     time.Duration
 	storeWait      time.Duration
-	metricsListen  string // "" = no metrics endpoint
 	security       rpc.Security
 }
 
 // Bind registers every setting with its variable and default.
 func (s *settings) Bind(b *config.Binder) {
-	b.String(&s.listen, "listen", "HANDOFF_WRITEBACK_LISTEN", server.WritebackAddr, "gRPC listen address host:port")
+	s.listen.Bind(b, "HANDOFF_WRITEBACK_LISTEN", server.WritebackAddr)
 	b.String(&s.storePath, "store", "HANDOFF_STORE", defaultStore, "receipts and the demo ledger: a bbolt file, or redis://[:password@]host:port[/db][?prefix=P] to share them between processes")
 	b.String(&s.artifacts, "artifacts", "HANDOFF_ARTIFACTS", server.Artifacts, "artifact folder")
 	b.String(&s.webhookURL, "webhook-url", "HANDOFF_WEBHOOK_URL", "", "when set, also serve a webhook target POSTing to this http(s) URL")
@@ -88,19 +87,13 @@ func (s *settings) Bind(b *config.Binder) {
 	b.Duration(&s.pendingTTL, "pending-ttl", "HANDOFF_WRITEBACK_PENDING_TTL", writeback.DefaultPendingTTL, "how long an in-flight write blocks other callers of its key")
 	b.Duration(&s.receiptTTL, "receipt-ttl", "HANDOFF_WRITEBACK_RECEIPT_TTL", 0, "how long receipts are kept, 0 = forever; a repeat after expiry writes again")
 	b.Duration(&s.storeWait, "store-wait", "HANDOFF_STORE_WAIT", server.DefaultStoreWait, "at start-up, how long to keep trying a Redis store that does not answer yet, 0 = fail at once")
-	b.String(&s.metricsListen, "metrics-listen", "HANDOFF_METRICS_LISTEN", "", "serve Prometheus metrics on http://host:port/metrics; empty = off")
 	s.security.Bind(b)
 }
 
 // Validate checks the values, naming the flag of a bad one.
 func (s *settings) Validate() error {
-	if err := config.HostPort("listen", s.listen); err != nil {
+	if err := s.listen.Validate(); err != nil {
 		return err
-	}
-	if s.metricsListen != "" {
-		if err := config.HostPort("metrics-listen", s.metricsListen); err != nil {
-			return err
-		}
 	}
 	if s.storePath == "" {
 		return errors.New("--store: must not be empty")
@@ -148,7 +141,7 @@ func run(args []string, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "writeback: %v\n", err)
 		return 2
 	}
-	creds, authz, err := cfg.security.Server(service, cfg.listen)
+	creds, authz, err := cfg.security.Server(service, cfg.listen.Addr)
 	if err != nil {
 		fmt.Fprintf(stderr, "writeback: %v\n", err)
 		return 2
@@ -236,18 +229,13 @@ func serve(ctx context.Context, cfg settings, tr transport, base *slog.Logger, r
 	if err != nil {
 		return err
 	}
-	lis, err := net.Listen("tcp", cfg.listen)
+	lis, m, err := cfg.listen.Open(reg, log)
 	if err != nil {
-		return fmt.Errorf("--listen: %w", err)
+		return err
 	}
+	defer m.Close()
 	var metricsAddr net.Addr
-	if cfg.metricsListen != "" {
-		m, err := server.ServeMetrics("metrics-listen", cfg.metricsListen, reg, log)
-		if err != nil {
-			lis.Close()
-			return err
-		}
-		defer m.Close()
+	if m != nil {
 		metricsAddr = m.Addr()
 	}
 	names := make([]string, len(targets))

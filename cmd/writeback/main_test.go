@@ -43,9 +43,9 @@ func TestParseConfigDefaultsAndEnv(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.listen != "127.0.0.1:50053" || cfg.storePath != "./handoff-data/writeback.db" ||
+	if cfg.listen.Addr != "127.0.0.1:50053" || cfg.storePath != "./handoff-data/writeback.db" ||
 		cfg.artifacts != "./handoff-data/artifacts" || cfg.webhookURL != "" ||
-		cfg.pendingTTL != 2*time.Minute || cfg.receiptTTL != 0 || cfg.metricsListen != "" {
+		cfg.pendingTTL != 2*time.Minute || cfg.receiptTTL != 0 || cfg.listen.Metrics != "" {
 		t.Errorf("defaults %+v", cfg)
 	}
 	setenv(t, map[string]string{
@@ -61,8 +61,8 @@ func TestParseConfigDefaultsAndEnv(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.listen != ":7000" || cfg.storePath != "/data/wb.db" || cfg.artifacts != "/data/art" ||
-		cfg.webhookURL != "https://hooks.example.com/x" || cfg.metricsListen != "127.0.0.1:9464" ||
+	if cfg.listen.Addr != ":7000" || cfg.storePath != "/data/wb.db" || cfg.artifacts != "/data/art" ||
+		cfg.webhookURL != "https://hooks.example.com/x" || cfg.listen.Metrics != "127.0.0.1:9464" ||
 		cfg.pendingTTL != 90*time.Second || cfg.receiptTTL != 720*time.Hour {
 		t.Errorf("flags over env %+v", cfg)
 	}
@@ -86,7 +86,7 @@ func TestParseConfigSecurityFlags(t *testing.T) {
 	}
 }
 
-// parseConfig checks a redis:// --store at start (store.ParseURL). The options each URL
+// parse checks a redis:// --store at start (store.ParseURL). The options each URL
 // becomes are asserted in internal/store's TestParseURL, which holds these cases.
 func TestParseConfigRedisStore(t *testing.T) {
 	cases := map[string]bool{ // accepted?
@@ -257,7 +257,7 @@ func TestServeEndToEnd(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			creds, authz, err := cfg.security.Server(service, cfg.listen)
+			creds, authz, err := cfg.security.Server(service, cfg.listen.Addr)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -2,7 +2,7 @@ package rpc
 
 import (
 	"context"
-	"net"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -10,12 +10,11 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
-	"google.golang.org/grpc/test/bufconn"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+	"github.com/handoffhq/handoff/internal/testkit"
 )
 
 // stubRunner answers every Deliver with an ACCEPTED ack and a result (or only a refusal for
@@ -67,17 +66,14 @@ func (e *endErrors) HandleRPC(_ context.Context, s stats.RPCStats) {
 // background, after Deliver returned).
 func (e *endErrors) wait(t *testing.T, n int) []error {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+	var errs []error
+	testkit.Eventually(t, 10*time.Second, fmt.Sprintf("%d calls to end", n), func() bool {
 		e.mu.Lock()
-		errs := slices.Clone(e.errs)
-		e.mu.Unlock()
-		if len(errs) >= n {
-			return errs[:n]
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d calls ended, want %d", len(errs), n)
-		}
-	}
+		defer e.mu.Unlock()
+		errs = slices.Clone(e.errs)
+		return len(errs) >= n
+	})
+	return errs[:n]
 }
 
 func (e *endErrors) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context { return ctx }
@@ -85,19 +81,9 @@ func (e *endErrors) HandleConn(context.Context, stats.ConnStats)                
 
 func stubClient(t *testing.T, r handoffv1.AgentRunnerServiceServer, ends *endErrors) handoffv1.AgentRunnerServiceClient {
 	t.Helper()
-	lis := bufconn.Listen(1 << 20)
 	g := grpc.NewServer()
 	handoffv1.RegisterAgentRunnerServiceServer(g, r)
-	go g.Serve(lis)
-	t.Cleanup(g.Stop)
-	cc, err := grpc.NewClient("passthrough:///stub",
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithStatsHandler(ends))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cc.Close() })
-	return handoffv1.NewAgentRunnerServiceClient(cc)
+	return handoffv1.NewAgentRunnerServiceClient(testkit.Serve(t, g, grpc.WithStatsHandler(ends)))
 }
 
 // TestDeliverEndsCleanly: Deliver reads the stream to its end instead of cancelling it, so

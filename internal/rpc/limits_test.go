@@ -15,14 +15,14 @@ import (
 	"golang.org/x/net/http2"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/health"
 	"google.golang.org/grpc/metadata"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/rpc"
+	"github.com/handoffhq/handoff/internal/server"
+	"github.com/handoffhq/handoff/internal/testkit"
 )
 
 // holdRunner's Deliver stays in its handler until release is closed, counting how many
@@ -49,30 +49,17 @@ func (r *holdRunner) Deliver(_ *handoffv1.DeliverRequest, s grpc.ServerStreaming
 	return nil
 }
 
-// serveTCP serves r (and health) through rpc.NewServer with limits on 127.0.0.1 and returns
-// the address.
+// serveTCP serves r (and health) with limits on 127.0.0.1, assembled as a service's
+// server is (internal/server, whose chain and options are rpc.NewServer's), and returns the
+// address.
 func serveTCP(t *testing.T, r handoffv1.AgentRunnerServiceServer, l rpc.Limits) string {
 	t.Helper()
-	g := rpc.NewServer(rpc.ServerConfig{Service: "limits", Logger: slog.New(slog.DiscardHandler), Limits: l})
-	handoffv1.RegisterAgentRunnerServiceServer(g, r)
-	healthpb.RegisterHealthServer(g, health.NewServer())
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	srv, err := server.New(server.Service{Name: "limits", Register: func(g *grpc.Server) { handoffv1.RegisterAgentRunnerServiceServer(g, r) }},
+		server.WithoutIdentity(), server.WithLogger(slog.New(slog.DiscardHandler)), server.WithLimits(l))
 	if err != nil {
 		t.Fatal(err)
 	}
-	go g.Serve(lis)
-	t.Cleanup(g.Stop)
-	return lis.Addr().String()
-}
-
-func dialTCP(t *testing.T, addr string) *grpc.ClientConn {
-	t.Helper()
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cc.Close() })
-	return cc
+	return testkit.ServeTCP(t, srv)
 }
 
 // hold starts a Deliver on cc that stays open until the runner releases it; the returned
@@ -92,13 +79,9 @@ func hold(ctx context.Context, cc *grpc.ClientConn) <-chan error {
 	return done
 }
 
+// waitFor waits up to 10 s for cond.
 func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
+	testkit.Eventually(t, 10*time.Second, what, cond)
 }
 
 // TestStreamsCappedPerConnection: a client opening more streams than MaxStreamsPerConn on
@@ -106,7 +89,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // all finish.
 func TestStreamsCappedPerConnection(t *testing.T) {
 	r := &holdRunner{release: make(chan struct{})}
-	cc := dialTCP(t, serveTCP(t, r, rpc.Limits{MaxStreamsPerConn: 2}))
+	cc := testkit.Dial(t, serveTCP(t, r, rpc.Limits{MaxStreamsPerConn: 2}))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	var calls []<-chan error
@@ -135,7 +118,7 @@ func TestStreamsCappedPerConnection(t *testing.T) {
 func TestStreamsCappedServerWide(t *testing.T) {
 	r := &holdRunner{release: make(chan struct{})}
 	addr := serveTCP(t, r, rpc.Limits{MaxStreams: 3})
-	a, b := dialTCP(t, addr), dialTCP(t, addr)
+	a, b := testkit.Dial(t, addr), testkit.Dial(t, addr)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 
@@ -352,13 +335,7 @@ func TestAnonymousCallsCannotFillTheServer(t *testing.T) {
 			return len(md.Get("x-test-service")) > 0
 		}})
 	handoffv1.RegisterAgentRunnerServiceServer(g, checkRunner{})
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go g.Serve(lis)
-	t.Cleanup(g.Stop)
-	cc := dialTCP(t, lis.Addr().String())
+	cc := testkit.Dial(t, testkit.ServeTCP(t, g))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	held := []<-chan error{silentCall(ctx, cc), silentCall(ctx, cc)}
@@ -395,7 +372,7 @@ func TestAnonymousCallsCannotFillTheServer(t *testing.T) {
 // then runs.
 func TestRequestTimeoutSparesCallsThatSent(t *testing.T) {
 	r := &holdRunner{release: make(chan struct{})}
-	cc := dialTCP(t, serveTCP(t, r, rpc.Limits{RequestTimeout: 200 * time.Millisecond}))
+	cc := testkit.Dial(t, serveTCP(t, r, rpc.Limits{RequestTimeout: 200 * time.Millisecond}))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	call := hold(ctx, cc)

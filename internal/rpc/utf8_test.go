@@ -5,7 +5,6 @@ import (
 	"context"
 	"io"
 	"log/slog"
-	"net"
 	"sync"
 	"testing"
 	"time"
@@ -13,15 +12,14 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
-	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
-	"github.com/handoffhq/handoff/internal/rpc"
+	"github.com/handoffhq/handoff/internal/server"
+	"github.com/handoffhq/handoff/internal/testkit"
 )
 
 // raw is a client codec that sends []byte as it is, so a test can put bytes on the wire
@@ -66,23 +64,16 @@ func (r *seenRunner) Deliver(req *handoffv1.DeliverRequest, s grpc.ServerStreami
 	return nil
 }
 
-// serveRunner serves r on bufconn through rpc.NewServer and returns a connection to it.
-func serveRunner(t *testing.T, r handoffv1.AgentRunnerServiceServer, cfg rpc.ServerConfig) *grpc.ClientConn {
+// serveRunner serves r as a service's server is assembled (internal/server, whose chain
+// is rpc.NewServer's) and returns a connection to it.
+func serveRunner(t *testing.T, r handoffv1.AgentRunnerServiceServer) *grpc.ClientConn {
 	t.Helper()
-	cfg.Logger = slog.New(slog.DiscardHandler)
-	g := rpc.NewServer(cfg)
-	handoffv1.RegisterAgentRunnerServiceServer(g, r)
-	lis := bufconn.Listen(1 << 20)
-	go g.Serve(lis)
-	t.Cleanup(g.Stop)
-	cc, err := grpc.NewClient("passthrough:///utf8",
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	srv, err := server.New(server.Service{Name: "utf8", Register: func(g *grpc.Server) { handoffv1.RegisterAgentRunnerServiceServer(g, r) }},
+		server.WithoutIdentity(), server.WithLogger(slog.New(slog.DiscardHandler)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { cc.Close() })
-	return cc
+	return testkit.Serve(t, srv)
 }
 
 // withBadByte marshals m and turns the first byte of the placeholder ZZZZ into 0xff, which
@@ -130,7 +121,7 @@ func call(ctx context.Context, cc *grpc.ClientConn, method string, stream bool, 
 // reach the handler. grpc-go alone answers Internal ("failed to unmarshal").
 func TestInvalidUTF8IsInvalidArgument(t *testing.T) {
 	r := &seenRunner{}
-	cc := serveRunner(t, r, rpc.ServerConfig{Service: "utf8"})
+	cc := serveRunner(t, r)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 

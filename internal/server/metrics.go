@@ -62,8 +62,12 @@ func (m *Metrics) Addr() net.Addr { return m.lis.Addr() }
 // URL is the endpoint's http://host:port/metrics.
 func (m *Metrics) URL() string { return "http://" + m.lis.Addr().String() + "/metrics" }
 
-// Close lets scrapes in progress finish (for a few seconds) and stops.
+// Close lets scrapes in progress finish (for a few seconds) and stops. A nil m (no
+// endpoint) does nothing.
 func (m *Metrics) Close() error {
+	if m == nil {
+		return nil
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), metricsShutdown)
 	defer cancel()
 	return m.srv.Shutdown(ctx)

@@ -21,10 +21,11 @@ import (
 	"github.com/handoffhq/handoff/internal/interceptor/budget"
 	"github.com/handoffhq/handoff/internal/interceptor/hop/hoptest"
 	"github.com/handoffhq/handoff/internal/store"
+	"github.com/handoffhq/handoff/internal/testkit"
 )
 
 const (
-	tp      = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	tp      = testkit.Traceparent
 	deliver = handoffv1.AgentRunnerService_Deliver_FullMethodName
 	check   = handoffv1.AgentRunnerService_Check_FullMethodName
 	usd     = 1_000_000
@@ -57,12 +58,10 @@ func walletOf(t *testing.T, w store.Wallets, id string) *handoffv1.Budget {
 	return b
 }
 
+// pkg is a valid package of job-1 for stage, whose budget names walletID.
 func pkg(stage, walletID string, usdLeft int64, hops uint32) *handoffv1.HandoffPackage {
-	return &handoffv1.HandoffPackage{
-		Schema: contract.V1, JobId: "job-1", Stage: stage, Goal: "answer the ticket",
-		Budget: &handoffv1.Budget{UsdRemainingMicros: usdLeft, HopsRemaining: hops, RevisionsRemaining: 2, WalletId: walletID},
-		Trace:  &handoffv1.Trace{Traceparent: tp},
-	}
+	return testkit.Package(testkit.AtStage(stage),
+		testkit.WithBudget(&handoffv1.Budget{UsdRemainingMicros: usdLeft, HopsRemaining: hops, RevisionsRemaining: 2, WalletId: walletID}))
 }
 
 // fakeWallets wraps a real store, counts calls and can fail them.
@@ -204,11 +203,8 @@ func TestUnaryDebitMethod(t *testing.T) {
 		t.Fatalf("err=%v calls=%d", err, h.calls)
 	}
 	want := &handoffv1.Budget{UsdRemainingMicros: usd, HopsRemaining: 2, RevisionsRemaining: 1, WalletId: "w1"}
-	if !proto.Equal(h.wallet, want) {
-		t.Fatalf("FromContext = %v, want %v", h.wallet, want)
-	}
-	if got := resp.(*handoffv1.CheckResponse).GetAck().GetWallet(); !proto.Equal(got, want) {
-		t.Fatalf("ack.wallet = %v, want %v", got, want)
+	if !testkit.Equal(t, h.wallet, want, "FromContext") || !testkit.Equal(t, resp.(*handoffv1.CheckResponse).GetAck().GetWallet(), want, "ack.wallet") {
+		t.FailNow()
 	}
 	if h.resp.GetAck().GetWallet() != nil {
 		t.Fatal("the handler's own response was modified")
@@ -217,8 +213,8 @@ func TestUnaryDebitMethod(t *testing.T) {
 	own := &handoffv1.Budget{HopsRemaining: 42}
 	h = &checkHandler{ack: &handoffv1.Ack{Status: handoffv1.AckStatus_ACK_STATUS_ACCEPTED, Wallet: own}}
 	resp, _ = runUnary(st, check, &handoffv1.CheckRequest{Package: pkg("draft", "w1", usd, 3)}, h.handle, budget.WithDebitMethods(check))
-	if got := resp.(*handoffv1.CheckResponse).GetAck().GetWallet(); !proto.Equal(got, own) {
-		t.Fatalf("ack.wallet = %v, want the handler's", got)
+	if !testkit.Equal(t, resp.(*handoffv1.CheckResponse).GetAck().GetWallet(), own, "ack.wallet (the handler's)") {
+		t.FailNow()
 	}
 	if got := walletOf(t, st, "w1").GetHopsRemaining(); got != 1 {
 		t.Fatalf("hops = %d, want 1", got)
@@ -313,8 +309,8 @@ func TestWalletNotTheJobs(t *testing.T) {
 			t.Fatalf("the reason %q shows %q of the other job's wallet", msgs["run-theirs"], leak)
 		}
 	}
-	if got := walletOf(t, st, "run-theirs"); !proto.Equal(got, theirs) {
-		t.Fatalf("the other job's wallet is %v, want it untouched (%v)", got, theirs)
+	if !testkit.Equal(t, walletOf(t, st, "run-theirs"), theirs, "the other job's wallet (untouched)") {
+		t.FailNow()
 	}
 	if _, err := st.Wallet(context.Background(), "run-nobody"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("the interceptor created a wallet: %v", err)
@@ -429,14 +425,14 @@ func TestStreamDebitStampsAck(t *testing.T) {
 		t.Fatalf("calls=%d got=%v next=%v recvs=%d", h.calls, h.got, h.nextErr, ss.Recvs)
 	}
 	want := &handoffv1.Budget{UsdRemainingMicros: usd, HopsRemaining: 1, WalletId: "w1"}
-	if !proto.Equal(h.wallet, want) {
-		t.Fatalf("FromContext = %v, want %v", h.wallet, want)
+	if !testkit.Equal(t, h.wallet, want, "FromContext") {
+		t.FailNow()
 	}
 	if len(ss.Sent) != 2 {
 		t.Fatalf("sent %d messages", len(ss.Sent))
 	}
-	if got := ss.Sent[0].(*handoffv1.DeliverResponse).GetAck().GetWallet(); !proto.Equal(got, want) {
-		t.Fatalf("ack.wallet = %v, want %v", got, want)
+	if !testkit.Equal(t, ss.Sent[0].(*handoffv1.DeliverResponse).GetAck().GetWallet(), want, "ack.wallet") {
+		t.FailNow()
 	}
 	if h.ackSent.GetWallet() != nil {
 		t.Fatal("the handler's own ack was modified")

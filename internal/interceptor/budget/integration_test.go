@@ -5,23 +5,22 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
+	"log/slog"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/test/bufconn"
-	"google.golang.org/protobuf/proto"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/contract"
 	"github.com/handoffhq/handoff/internal/interceptor/budget"
 	"github.com/handoffhq/handoff/internal/interceptor/validate"
+	"github.com/handoffhq/handoff/internal/server"
 	"github.com/handoffhq/handoff/internal/store"
 	"github.com/handoffhq/handoff/internal/store/storetest"
+	"github.com/handoffhq/handoff/internal/testkit"
 )
 
 // fakeRunner is an AgentRunnerService whose Deliver sends an ACCEPTED Ack, then a result.
@@ -55,8 +54,8 @@ func (f *fakeRunner) Check(_ context.Context, req *handoffv1.CheckRequest) (*han
 	return &handoffv1.CheckResponse{Ack: contract.AckFor(req.GetPackage(), handoffv1.AckStatus_ACK_STATUS_ACCEPTED)}, nil
 }
 
-// serve runs a fakeRunner on bufconn behind the chain validate -> budget, and returns a
-// client for it.
+// serve runs a fakeRunner behind the chain validate -> budget, assembled as a service's
+// server is (internal/server), and returns a client for it.
 func serve(t *testing.T, w store.Wallets) (handoffv1.AgentRunnerServiceClient, *fakeRunner) {
 	t.Helper()
 	v, err := contract.NewValidator()
@@ -64,23 +63,17 @@ func serve(t *testing.T, w store.Wallets) (handoffv1.AgentRunnerServiceClient, *
 		t.Fatal(err)
 	}
 	vopt := validate.WithRejecter(validate.PackageAckRejecter())
-	gs := grpc.NewServer(
-		grpc.ChainUnaryInterceptor(validate.UnaryServerInterceptor(v, vopt), budget.UnaryServerInterceptor(w)),
-		grpc.ChainStreamInterceptor(validate.StreamServerInterceptor(v, vopt), budget.StreamServerInterceptor(w)),
-	)
 	runner := &fakeRunner{}
-	handoffv1.RegisterAgentRunnerServiceServer(gs, runner)
-	lis := bufconn.Listen(1 << 20)
-	go gs.Serve(lis)
-	t.Cleanup(gs.Stop)
-	cc, err := grpc.NewClient("passthrough:///bufnet",
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	srv, err := server.New(server.Service{
+		Name:     "runner",
+		Register: func(g *grpc.Server) { handoffv1.RegisterAgentRunnerServiceServer(g, runner) },
+		Unary:    []grpc.UnaryServerInterceptor{validate.UnaryServerInterceptor(v, vopt), budget.UnaryServerInterceptor(w)},
+		Stream:   []grpc.StreamServerInterceptor{validate.StreamServerInterceptor(v, vopt), budget.StreamServerInterceptor(w)},
+	}, server.WithoutIdentity(), server.WithLogger(slog.New(slog.DiscardHandler)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { cc.Close() })
-	return handoffv1.NewAgentRunnerServiceClient(cc), runner
+	return handoffv1.NewAgentRunnerServiceClient(testkit.Serve(t, srv)), runner
 }
 
 // deliverCall is what one Deliver call got back.
@@ -287,8 +280,8 @@ func TestIntegrationOtherJobsWallet(t *testing.T) {
 	if runner.delivers.Load() != 0 {
 		t.Fatalf("handler called %d times, want 0", runner.delivers.Load())
 	}
-	if got := walletOf(t, st, "run-y"); !proto.Equal(got, theirs) {
-		t.Fatalf("job-y's wallet = %v, want it untouched", got)
+	if !testkit.Equal(t, walletOf(t, st, "run-y"), theirs, "job-y's wallet (untouched)") {
+		t.FailNow()
 	}
 	if _, err := st.Wallet(context.Background(), "elsewhere-1"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("the interceptor created a wallet: %v", err)

@@ -1,6 +1,7 @@
 package hop_test
 
 import (
+	"fmt"
 	"testing"
 
 	"google.golang.org/protobuf/proto"
@@ -12,13 +13,12 @@ import (
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/interceptor/hop"
+	"github.com/handoffhq/handoff/internal/testkit"
 )
 
-const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+const tp = testkit.Traceparent
 
-func pkg() *handoffv1.HandoffPackage {
-	return &handoffv1.HandoffPackage{JobId: "job-1", Stage: "draft", Trace: &handoffv1.Trace{Traceparent: tp}}
-}
+func pkg() *handoffv1.HandoffPackage { return testkit.Package() }
 
 // oddMessages builds messages that have fields named "package" and "ack" that are not a
 // singular HandoffPackage / Ack: Many (repeated), Other (other types).
@@ -167,9 +167,7 @@ func TestUnder(t *testing.T) {
 		r := &handoffv1.Reason{Field: c.field, Rule: "required", Message: "m"}
 		got := hop.Under("package", r)
 		want := &handoffv1.Reason{Field: c.want, Rule: "required", Message: "m"}
-		if !proto.Equal(got, want) {
-			t.Errorf("Under(package, %q) = %v; want %v", c.field, got, want)
-		}
+		testkit.Equal(t, got, want, fmt.Sprintf("Under(package, %q)", c.field))
 		if r.GetField() != c.field {
 			t.Errorf("Under modified its argument: field %q", r.GetField())
 		}

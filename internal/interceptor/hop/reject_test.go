@@ -9,6 +9,7 @@ import (
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/contract"
 	"github.com/handoffhq/handoff/internal/interceptor/hop"
+	"github.com/handoffhq/handoff/internal/testkit"
 )
 
 const check = handoffv1.AgentRunnerService_Check_FullMethodName
@@ -85,9 +86,7 @@ func TestAckRejecter(t *testing.T) {
 		t.Fatal("AckRejecter declined Check")
 	}
 	wantAck := contract.AckFor(req.GetPackage(), budget, want...)
-	if !proto.Equal(resp, &handoffv1.CheckResponse{Ack: wantAck}) {
-		t.Errorf("Check: %v; want CheckResponse{%v}", resp, wantAck)
-	}
+	testkit.Equal(t, resp, &handoffv1.CheckResponse{Ack: wantAck}, "Check's answer")
 	if got := resp.(*handoffv1.CheckResponse).GetAck(); got.GetJobId() != "job-1" || got.GetTraceparent() != tp {
 		t.Errorf("ack %v does not echo the package", got)
 	}

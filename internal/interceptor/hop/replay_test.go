@@ -13,6 +13,7 @@ import (
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/interceptor/hop"
+	"github.com/handoffhq/handoff/internal/testkit"
 )
 
 // stream is a grpc.ServerStream whose client sends in; the rest of its methods are unused.
@@ -110,9 +111,7 @@ func TestReplayStreamRefused(t *testing.T) {
 	if err := rs.RecvMsg(&got); err != io.EOF {
 		t.Errorf("RecvMsg after the request = %v; want io.EOF", err)
 	}
-	if !proto.Equal(first, &handoffv1.DeliverRequest{Package: pkg()}) {
-		t.Errorf("First was modified: %v", first)
-	}
+	testkit.Equal(t, first, &handoffv1.DeliverRequest{Package: pkg()}, "First (unmodified)")
 }
 
 // TestReceiveTakesTheHeldRequest: an interceptor behind a ReplayStream gets the very

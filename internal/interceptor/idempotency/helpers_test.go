@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -17,17 +16,17 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
-	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/contract"
 	"github.com/handoffhq/handoff/internal/interceptor/idempotency"
+	"github.com/handoffhq/handoff/internal/server"
 	"github.com/handoffhq/handoff/internal/store"
 	"github.com/handoffhq/handoff/internal/store/storetest"
+	"github.com/handoffhq/handoff/internal/testkit"
 )
 
 const (
@@ -97,30 +96,25 @@ func lookup(t testing.TB, st store.Idempotency, key string) (store.ClaimState, [
 	return state, value
 }
 
-// waitDone polls until key holds a result.
+// waitDone waits until key holds a result and returns it.
 func waitDone(t testing.TB, st store.Idempotency, key string) []byte {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		if state, value := lookup(t, st, key); state == store.Done {
-			return value
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	t.Fatalf("key %s never completed", key)
-	return nil
+	var value []byte
+	testkit.Eventually(t, 10*time.Second, "key "+key+" to complete", func() bool {
+		var state store.ClaimState
+		state, value = lookup(t, st, key)
+		return state == store.Done
+	})
+	return value
 }
 
 // ---- requests and keys ----
 
+// pkg is a valid package of jobID for stage that the judge passed, with one artifact.
 func pkg(jobID, stage string) *handoffv1.HandoffPackage {
-	return &handoffv1.HandoffPackage{
-		Schema: "handoff.v1", JobId: jobID, Stage: stage, Goal: "answer the ticket",
-		Budget:    &handoffv1.Budget{UsdRemainingMicros: 1_000_000, HopsRemaining: 5},
-		Evaluator: &handoffv1.Evaluator{LastVerdict: handoffv1.Verdict_VERDICT_PASS, Rounds: 1},
-		Artifacts: []*handoffv1.Artifact{{Type: "summary_md", SchemaVersion: "summary_md.v1", Uri: "file:///a/summary.md"}},
-		Trace:     &handoffv1.Trace{Traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
-	}
+	return testkit.Package(testkit.OfJob(jobID), testkit.AtStage(stage), testkit.Passed(), func(p *handoffv1.HandoffPackage) {
+		p.Artifacts = []*handoffv1.Artifact{{Type: "summary_md", SchemaVersion: "summary_md.v1", Uri: "file:///a/summary.md"}}
+	})
 }
 
 func writeReq(jobID string) *handoffv1.WriteRequest {
@@ -223,24 +217,18 @@ func wantCode(t testing.TB, err error, code codes.Code, msgPart string) {
 	}
 }
 
-// ---- bufconn ----
+// ---- servers ----
 
-// serve starts a gRPC server over bufconn and returns a client connection to it.
-func serve(t testing.TB, register func(*grpc.Server), opts ...grpc.ServerOption) *grpc.ClientConn {
+// serve assembles a server as a service's is (internal/server), with the interceptors
+// under test as its enforcement, and returns a client connection to it.
+func serve(t testing.TB, register func(*grpc.Server), unary []grpc.UnaryServerInterceptor, stream []grpc.StreamServerInterceptor) *grpc.ClientConn {
 	t.Helper()
-	lis := bufconn.Listen(1 << 20)
-	s := grpc.NewServer(opts...)
-	register(s)
-	go s.Serve(lis)
-	t.Cleanup(s.Stop)
-	conn, err := grpc.NewClient("passthrough:///bufnet",
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	srv, err := server.New(server.Service{Name: "idempotency-test", Register: register, Unary: unary, Stream: stream},
+		server.WithoutIdentity(), server.WithLogger(quiet))
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { conn.Close() })
-	return conn
+	return testkit.Serve(t, srv)
 }
 
 // retrying calls fn until it answers other than Aborted, sleeping the RetryInfo delay
@@ -354,7 +342,7 @@ func (f *fakeWriteback) Write(ctx context.Context, req *handoffv1.WriteRequest) 
 
 func writebackClient(t testing.TB, st store.Idempotency, f *fakeWriteback, opts ...idempotency.Option) handoffv1.WritebackServiceClient {
 	conn := serve(t, func(s *grpc.Server) { handoffv1.RegisterWritebackServiceServer(s, f) },
-		grpc.ChainUnaryInterceptor(idempotency.UnaryServerInterceptor(st, writeOpts(opts...)...)))
+		[]grpc.UnaryServerInterceptor{idempotency.UnaryServerInterceptor(st, writeOpts(opts...)...)}, nil)
 	return handoffv1.NewWritebackServiceClient(conn)
 }
 
@@ -416,7 +404,7 @@ func (f *fakeRunner) Deliver(req *handoffv1.DeliverRequest, stream grpc.ServerSt
 
 func runnerClient(t testing.TB, st store.Idempotency, f *fakeRunner, opts ...idempotency.StreamOption) handoffv1.AgentRunnerServiceClient {
 	conn := serve(t, func(s *grpc.Server) { handoffv1.RegisterAgentRunnerServiceServer(s, f) },
-		grpc.ChainStreamInterceptor(idempotency.StreamServerInterceptor(st, deliverOpts(opts...)...)))
+		nil, []grpc.StreamServerInterceptor{idempotency.StreamServerInterceptor(st, deliverOpts(opts...)...)})
 	return handoffv1.NewAgentRunnerServiceClient(conn)
 }
 

@@ -19,6 +19,7 @@ import (
 	"github.com/handoffhq/handoff/internal/interceptor/hop/hoptest"
 	"github.com/handoffhq/handoff/internal/interceptor/idempotency"
 	"github.com/handoffhq/handoff/internal/store"
+	"github.com/handoffhq/handoff/internal/testkit"
 )
 
 const (
@@ -52,10 +53,8 @@ func TestDeliverThenRedeliver(t *testing.T) {
 		t.Fatalf("re-delivery = %v; want one DUPLICATE ack", again)
 	}
 	prior := again[0].GetAck().GetPrior()
-	if !proto.Equal(&handoffv1.PriorResult{Artifacts: prior.GetArtifacts(), NextHint: prior.GetNextHint()},
-		&handoffv1.PriorResult{Artifacts: first[1].GetResult().GetArtifacts(), NextHint: first[1].GetResult().GetNextHint()}) {
-		t.Errorf("prior %v; want the first result %v", prior, first[1].GetResult())
-	}
+	testkit.Equal(t, &handoffv1.PriorResult{Artifacts: prior.GetArtifacts(), NextHint: prior.GetNextHint()},
+		&handoffv1.PriorResult{Artifacts: first[1].GetResult().GetArtifacts(), NextHint: first[1].GetResult().GetNextHint()}, "the prior result (the first run's)")
 	if again[0].GetAck().GetJobId() != "job-d" {
 		t.Errorf("DUPLICATE ack names job %q", again[0].GetAck().GetJobId())
 	}
@@ -409,12 +408,12 @@ func TestStreamClaimFunc(t *testing.T) {
 		return deliverRecord(ctx, req, sent)
 	}
 	conn := serve(t, func(s *grpc.Server) { handoffv1.RegisterAgentRunnerServiceServer(s, f) },
-		grpc.ChainStreamInterceptor(idempotency.StreamServerInterceptor(st,
+		nil, []grpc.StreamServerInterceptor{idempotency.StreamServerInterceptor(st,
 			idempotency.WithStreamKey(deliverMethod, nil, deliverKey),
 			idempotency.WithStreamReplay(deliverMethod, deliverReplay),
 			idempotency.WithStreamRecord(deliverMethod, record),
 			idempotency.WithStreamClaim(deliverMethod, claim),
-			idempotency.WithLogger(quiet))))
+			idempotency.WithLogger(quiet))})
 	c := handoffv1.NewAgentRunnerServiceClient(conn)
 	ctx := context.Background()
 

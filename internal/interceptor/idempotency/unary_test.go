@@ -15,6 +15,7 @@ import (
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/interceptor/idempotency"
 	"github.com/handoffhq/handoff/internal/store"
+	"github.com/handoffhq/handoff/internal/testkit"
 )
 
 // TestUnary calls the interceptor directly with a fake handler that counts its calls.
@@ -98,9 +99,7 @@ func TestUnary(t *testing.T) {
 			opts: []idempotency.Option{idempotency.WithKey(writeMethod, nil, writeKey)},
 			seed: func(t *testing.T, st store.Idempotency) { seedDone(t, st, key, stored) },
 			check: func(t *testing.T, resp any, _ error, _ *faultStore) {
-				if !proto.Equal(resp.(proto.Message), stored) {
-					t.Errorf("replay = %v; want %v", resp, stored)
-				}
+				testkit.Equal(t, resp, stored, "the replay")
 			},
 		},
 		{

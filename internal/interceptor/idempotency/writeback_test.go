@@ -3,6 +3,7 @@ package idempotency_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/interceptor/idempotency"
 	"github.com/handoffhq/handoff/internal/store"
+	"github.com/handoffhq/handoff/internal/testkit"
 )
 
 func TestConcurrentWritesBolt(t *testing.T) { testConcurrentWrites(t, openBolt(t)) }
@@ -65,8 +67,8 @@ func testConcurrentWrites(t *testing.T, st store.Idempotency) {
 		if first == nil {
 			first = rc
 		}
-		if !proto.Equal(rc, first) {
-			t.Fatalf("caller %d got receipt %v; want %v", i, rc, first)
+		if !testkit.Equal(t, rc, first, fmt.Sprintf("caller %d's receipt", i)) {
+			t.FailNow()
 		}
 		if answers[i].GetDuplicate() {
 			dups++

@@ -3,6 +3,7 @@ package validate_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"slices"
 	"strings"
@@ -19,10 +20,11 @@ import (
 	"github.com/handoffhq/handoff/internal/contract"
 	"github.com/handoffhq/handoff/internal/interceptor/hop/hoptest"
 	"github.com/handoffhq/handoff/internal/interceptor/validate"
+	"github.com/handoffhq/handoff/internal/testkit"
 )
 
 const (
-	tp      = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	tp      = testkit.Traceparent
 	deliver = handoffv1.AgentRunnerService_Deliver_FullMethodName
 	check   = handoffv1.AgentRunnerService_Check_FullMethodName
 )
@@ -36,13 +38,7 @@ func newValidator(t *testing.T) *contract.Validator {
 	return v
 }
 
-func validPackage() *handoffv1.HandoffPackage {
-	return &handoffv1.HandoffPackage{
-		Schema: contract.V1, JobId: "job-1", Stage: "draft", Goal: "answer the ticket",
-		Budget: &handoffv1.Budget{UsdRemainingMicros: 1_000_000, HopsRemaining: 5, RevisionsRemaining: 2},
-		Trace:  &handoffv1.Trace{Traceparent: tp},
-	}
-}
+func validPackage() *handoffv1.HandoffPackage { return testkit.Package() }
 
 // badPackage lacks job_id and has a malformed stage.
 func badPackage() *handoffv1.HandoffPackage {
@@ -245,9 +241,7 @@ func TestPackageAckRejecterUnary(t *testing.T) {
 		t.Fatalf("reasons %v, want %v", ack.GetReasons(), want)
 	}
 	for i := range want {
-		if !proto.Equal(ack.GetReasons()[i], want[i]) {
-			t.Errorf("reason %d = %v, want %v", i, ack.GetReasons()[i], want[i])
-		}
+		testkit.Equal(t, ack.GetReasons()[i], want[i], fmt.Sprintf("reason %d", i))
 	}
 	if ack.GetSchema() != contract.V1 || ack.GetTraceparent() != tp || ack.GetWallet() != nil {
 		t.Errorf("ack identity = %v", ack)
