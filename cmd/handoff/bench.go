@@ -13,7 +13,7 @@ import (
 	"github.com/handoffhq/handoff/internal/bench"
 )
 
-const benchHelp = `Usage: handoff bench [flags]
+var benchHelp = about("bench") + `Usage: handoff bench [flags]
 
 Measures, in this one process and interleaved in short round-robin bursts, what a hop costs
 on the platform against the same hop without it:

@@ -12,7 +12,7 @@ import (
 	"github.com/handoffhq/handoff/internal/certs"
 )
 
-const certsUsage = `Usage: handoff certs [--dir DIR] [--services NAMES] [--days N] [--force]
+var certsUsage = about("certs") + `Usage: handoff certs [--dir DIR] [--services NAMES] [--days N] [--force]
 
 Makes a development CA and one certificate per service for mutual TLS between the
 services. Each certificate names its service as spiffe://handoff.local/<service> (and

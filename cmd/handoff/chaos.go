@@ -17,7 +17,7 @@ import (
 	"github.com/handoffhq/handoff/internal/chaos"
 )
 
-const chaosUsage = `Usage: handoff chaos [--jobs 500] [--kills 10] [--redis-restarts 1] [--redeliver 0.05] [--target both] [--json] [flags]
+var chaosUsage = about("chaos") + `Usage: handoff chaos [--jobs 500] [--kills 10] [--redis-restarts 1] [--redeliver 0.05] [--target both] [--json] [flags]
 
 Runs the platform as deployed (coordinator x2, agent runner and writeback as separate
 processes built from this source tree, on a redis-server of its own) and breaks it while

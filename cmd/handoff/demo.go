@@ -19,7 +19,7 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("handoff demo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "Usage: handoff demo [flags]\n\nStarts the platform in-process on the embedded store, runs the sample support ticket\nthrough intake, retrieve, draft, judge (one FAIL, a revision, a PASS) and writeback,\nprints the hop timeline, then submits the same job again to show DUPLICATE and no\nsecond write. Exits 0 when the job completed and exactly one write happened.\n\nFlags:")
+		fmt.Fprintln(stderr, about("demo")+"Usage: handoff demo [flags]\n\nStarts the platform in-process on the embedded store, runs the sample support ticket\nthrough intake, retrieve, draft, judge (one FAIL, a revision, a PASS) and writeback,\nprints the hop timeline, then submits the same job again to show DUPLICATE and no\nsecond write. Exits 0 when the job completed and exactly one write happened.\n\nFlags:")
 		fs.PrintDefaults()
 	}
 	var f stackFlags

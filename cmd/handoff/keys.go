@@ -12,7 +12,7 @@ import (
 	"github.com/handoffhq/handoff/internal/interceptor/identity"
 )
 
-const keysUsage = `Usage: handoff keys [--dir DIR] [--services NAMES] [--force]
+var keysUsage = about("keys") + `Usage: handoff keys [--dir DIR] [--services NAMES] [--force]
 
 Makes one Ed25519 token key per service, for service tokens between services that run
 with --plaintext-loopback (mTLS, ` + "`handoff certs`" + `, is the way between hosts):

@@ -11,7 +11,7 @@ import (
 	"github.com/handoffhq/handoff/internal/pipeline"
 )
 
-const lintUsage = `Usage: handoff lint PIPELINE.yaml|DIR...
+var lintUsage = about("lint") + `Usage: handoff lint PIPELINE.yaml|DIR...
 
 Checks pipeline files against the structure and the design rules (one writer per external
 system, no write tools on a judge, versioned artifacts, a hop cap, ...). A directory stands

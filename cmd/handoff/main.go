@@ -6,25 +6,49 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 )
 
-const usage = `handoff: typed, enforced handoffs between agents
+// commands are the subcommands: each one's synopsis and what it does, said once here for
+// the overview and for the first line of the command's own --help.
+var commands = []struct{ name, synopsis, what string }{
+	{"validate", "[--accept handoff.v1,handoff.v2] FILE|-", "check a JSON package, print its Ack"},
+	{"schema", "handoff.v1|handoff.v2", "print a version's JSON Schema"},
+	{"lint", "PIPELINE.yaml...", "check pipelines against the workshop rules"},
+	{"up", "[flags]", "run coordinator, agent runner, writeback"},
+	{"demo", "[flags]", "run the sample support ticket end to end"},
+	{"certs", "[--dir DIR] [--services a,b] [--days N]", "make a development CA and service certificates (mTLS)"},
+	{"keys", "[--dir DIR] [--services a,b]", "make one service-token key per service (plaintext loopback)"},
+	{"chaos", "[--jobs N] [--kills N] [--json]", "break a multi-process deployment while jobs run; count lost jobs and double writes"},
+	{"replay", "[--n 1000] [--invalid 0.10] [--duplicate 0.05] [--runner ADDR] [--json]", "replay generated packages as hops; check every ack, write, trace"},
+	{"bench", "[--duration 3s] [--redis ADDR] [--json]", "measure a hop with and without the platform, and the targets"},
+}
 
-Usage:
-  handoff validate [--accept handoff.v1,handoff.v2] FILE|-   check a JSON package, print its Ack
-  handoff schema handoff.v1|handoff.v2                       print a version's JSON Schema
-  handoff lint PIPELINE.yaml...                              check pipelines against the workshop rules
-  handoff up [flags]                                         run coordinator, agent runner, writeback
-  handoff demo [flags]                                       run the sample support ticket end to end
-  handoff certs [--dir DIR] [--services a,b] [--days N]      make a development CA and service certificates (mTLS)
-  handoff keys [--dir DIR] [--services a,b]                  make one service-token key per service (plaintext loopback)
-  handoff chaos [--jobs N] [--kills N] [--json]              break a multi-process deployment while jobs run; count lost jobs and double writes
-  handoff replay [--n 1000] [--invalid 0.10] [--duplicate 0.05] [--runner ADDR] [--json]
-                                                             replay generated packages as hops; check every ack, write, trace
-  handoff bench [--duration 3s] [--redis ADDR] [--json]      measure a hop with and without the platform, and the targets
+// usage is the overview `handoff` and `handoff help` print.
+var usage = func() string {
+	var b strings.Builder
+	b.WriteString("handoff: typed, enforced handoffs between agents\n\nUsage:\n")
+	for _, c := range commands {
+		line := fmt.Sprintf("  handoff %s %s", c.name, c.synopsis)
+		if len(line) > 60 {
+			fmt.Fprintf(&b, "%s\n%61s%s\n", line, "", c.what)
+			continue
+		}
+		fmt.Fprintf(&b, "%-61s%s\n", line, c.what)
+	}
+	b.WriteString("\nRun 'handoff COMMAND --help' for a command's flags.\n")
+	return b.String()
+}()
 
-Run 'handoff COMMAND --help' for a command's flags.
-`
+// about is the first line of a command's --help: what the command is.
+func about(name string) string {
+	for _, c := range commands {
+		if c.name == name {
+			return "handoff " + name + ": " + c.what + "\n\n"
+		}
+	}
+	panic("handoff: no command " + name)
+}
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))

@@ -26,7 +26,7 @@ import (
 	"github.com/handoffhq/handoff/internal/store"
 )
 
-const replayHelp = `Usage: handoff replay [flags]
+var replayHelp = about("replay") + `Usage: handoff replay [flags]
 
 Generates --n handoff packages (valid ones for distinct jobs; --invalid of them broken in
 varied ways: missing job_id, goal, budget or an artifact uri, version handoff.v9, a bad or

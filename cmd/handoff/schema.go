@@ -13,7 +13,7 @@ import (
 	"github.com/handoffhq/handoff/internal/contract"
 )
 
-const schemaUsage = `Usage: handoff schema NAME
+var schemaUsage = about("schema") + `Usage: handoff schema NAME
 
 Prints a JSON Schema (Draft 2020-12, one self-contained bundle) generated from the contract,
 for validating packages outside Go.

@@ -50,7 +50,7 @@ func runUp(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("handoff up", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "Usage: handoff up [flags]\n\nRuns the coordinator, agent runner and writeback on loopback in one process, on the\nembedded store (no Redis), with gRPC reflection and health on each, until Ctrl-C.\n\nFlags:")
+		fmt.Fprintln(stderr, about("up")+"Usage: handoff up [flags]\n\nRuns the coordinator, agent runner and writeback on loopback in one process, on the\nembedded store (no Redis), with gRPC reflection and health on each, until Ctrl-C.\n\nFlags:")
 		fs.PrintDefaults()
 	}
 	var f stackFlags

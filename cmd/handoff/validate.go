@@ -14,7 +14,7 @@ import (
 	"github.com/handoffhq/handoff/internal/contract"
 )
 
-const validateUsage = `Usage: handoff validate [--accept VERSIONS] FILE|-
+var validateUsage = about("validate") + `Usage: handoff validate [--accept VERSIONS] FILE|-
 
 Checks one handoff package in its JSON form (protojson, snake_case or lowerCamelCase names)
 the way a receiving stage does before any work: the version gate, then every rule of the
