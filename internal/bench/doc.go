@@ -6,7 +6,7 @@
 //	      one Redis SET NX PX (the shape of an idempotency claim). No interceptors.
 //	B     platform hop on Redis: a valid ~2 KB HandoffPackage sent by a client holding the
 //	      coordinator's service token, through the full chain of the agent runner
-//	      (agentrunner.NewGRPCServer on rpc.NewServer: otelgrpc, metrics, ack counter,
+//	      (assembled by internal/server as the binary does: otelgrpc, metrics, ack counter,
 //	      logging, identity, trace, validate, role, idempotency, budget, recovery) to a Noop
 //	      agent, until the ACCEPTED Ack and the COMPLETED StageResult are received, and then
 //	      recorded the way the coordinator records a hop: one store.PutRun of the run.
