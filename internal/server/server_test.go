@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"io"
 	"log/slog"
@@ -18,6 +19,7 @@ import (
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/interceptor/identity"
+	"github.com/handoffhq/handoff/internal/rpc"
 	"github.com/handoffhq/handoff/internal/server"
 	"github.com/handoffhq/handoff/internal/telemetry"
 	"github.com/handoffhq/handoff/internal/testkit"
@@ -272,5 +274,46 @@ func TestRunStopsWithItsContext(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("Run did not return after its context ended")
+	}
+}
+
+// With an identity check, the assembly gives callers without a service identity their own
+// pool of calls (rpc.Limits.MaxAnonymousStreams) in every binary, not only under `handoff
+// up`: anonymous callers filling theirs leave the services room.
+func TestAnonymousCallersHaveTheirOwnPool(t *testing.T) {
+	coord, err := identity.GenerateSigner("coordinator")
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := identity.NewVerifier("agentrunner", map[string]ed25519.PublicKey{"coordinator": coord.PublicKey()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	authz := identity.NewAuthorizer(identity.WithVerifier(v), identity.WithPolicy(identity.DefaultPolicy()))
+	srv, err := server.New(server.Service{Name: "agentrunner", Register: func(g *grpc.Server) { handoffv1.RegisterAgentRunnerServiceServer(g, &runner{}) }},
+		server.WithSecurity(nil, authz), server.WithLogger(quiet),
+		server.WithLimits(rpc.Limits{MaxStreams: 8, MaxAnonymousStreams: 1, RequestTimeout: time.Minute}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	anon := testkit.Serve(t, srv)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	// An anonymous call that never sends its request holds the anonymous pool's one slot.
+	if _, err := anon.NewStream(ctx, &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}, handoffv1.AgentRunnerService_Check_FullMethodName); err != nil {
+		t.Fatal(err)
+	}
+	client := handoffv1.NewAgentRunnerServiceClient(anon)
+	var err2 error
+	testkit.Eventually(t, 5*time.Second, "the anonymous pool to be full", func() bool {
+		_, err2 = client.Check(ctx, &handoffv1.CheckRequest{})
+		return status.Code(err2) == codes.ResourceExhausted
+	})
+	if !strings.Contains(err2.Error(), "without a service identity") {
+		t.Fatalf("second anonymous call: %v; want the anonymous pool named", err2)
+	}
+	svc := handoffv1.NewAgentRunnerServiceClient(testkit.Serve(t, srv, grpc.WithPerRPCCredentials(coord.PerRPCCredentials())))
+	if _, err := svc.Check(ctx, &handoffv1.CheckRequest{}); err != nil {
+		t.Fatalf("the coordinator's call while the anonymous pool is full: %v", err)
 	}
 }
