@@ -123,13 +123,8 @@ func main() {
 
 // parse reads the settings from args and the environment; --help goes to out.
 func parse(args []string, out io.Writer) (*settings, error) {
-	fs := flag.NewFlagSet(service, flag.ContinueOnError)
-	fs.SetOutput(out)
 	var s settings
-	if err := config.Load(fs, about, details, &s, args); err != nil {
-		return nil, err
-	}
-	return &s, nil
+	return &s, config.Load(service, out, about, details, &s, args)
 }
 
 func run(args []string, log *slog.Logger) error {

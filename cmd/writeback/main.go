@@ -160,13 +160,9 @@ func run(args []string, stderr io.Writer) int {
 // parse reads the settings from args and the environment and checks every value; --help
 // and flag errors go to out.
 func parse(args []string, out io.Writer) (settings, error) {
-	fs := flag.NewFlagSet(service, flag.ContinueOnError)
-	fs.SetOutput(out)
 	var s settings
-	if err := config.Load(fs, about, details, &s, args); err != nil {
-		return settings{}, err
-	}
-	return s, nil
+	err := config.Load(service, out, about, details, &s, args)
+	return s, err
 }
 
 // serve runs the service until ctx ends. ready, when set, is called with the bound gRPC and

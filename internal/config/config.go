@@ -249,10 +249,12 @@ type Settings interface {
 	Validate() error
 }
 
-// Load binds s on fs, parses args and validates: the one way a binary reads its settings.
-// what and details are its --help (see Describe); with --help it returns flag.ErrHelp after
-// printing it to fs.Output().
-func Load(fs *flag.FlagSet, what, details string, s Settings, args []string) error {
+// Load binds s on a flag set named name, parses args and validates: the one way a binary
+// reads its settings. what and details are its --help (see Describe), printed with flag
+// errors to out; with --help it returns flag.ErrHelp.
+func Load(name string, out io.Writer, what, details string, s Settings, args []string) error {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(out)
 	b := New(fs)
 	b.Describe(what, details)
 	s.Bind(b)

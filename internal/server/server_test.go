@@ -48,6 +48,19 @@ func (r *runner) Check(context.Context, *handoffv1.CheckRequest) (*handoffv1.Che
 	return &handoffv1.CheckResponse{}, nil
 }
 
+// deliver starts a Deliver on cc; the channel gets how it ended (io.EOF: finished).
+func deliver(cc *grpc.ClientConn) <-chan error {
+	ended := make(chan error, 1)
+	go func() {
+		s, err := handoffv1.NewAgentRunnerServiceClient(cc).Deliver(context.Background(), &handoffv1.DeliverRequest{})
+		if err == nil {
+			_, err = s.Recv()
+		}
+		ended <- err
+	}()
+	return ended
+}
+
 func service(r *runner) server.Service {
 	return server.Service{Name: "runner", Register: func(g *grpc.Server) { handoffv1.RegisterAgentRunnerServiceServer(g, r) }}
 }
@@ -127,14 +140,7 @@ func TestGracefulStopIsBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	cc := testkit.Serve(t, srv)
-	ended := make(chan error, 1)
-	go func() {
-		s, err := handoffv1.NewAgentRunnerServiceClient(cc).Deliver(context.Background(), &handoffv1.DeliverRequest{})
-		if err == nil {
-			_, err = s.Recv()
-		}
-		ended <- err
-	}()
+	ended := deliver(cc)
 	testkit.Eventually(t, 5*time.Second, "the call to reach its handler", func() bool { return r.in.Load() == 1 })
 	start := time.Now()
 	srv.GracefulStop()
@@ -163,14 +169,7 @@ func TestGracefulStopLetsCallsFinish(t *testing.T) {
 		t.Fatal(err)
 	}
 	cc := testkit.Serve(t, srv)
-	ended := make(chan error, 1)
-	go func() {
-		s, err := handoffv1.NewAgentRunnerServiceClient(cc).Deliver(context.Background(), &handoffv1.DeliverRequest{})
-		if err == nil {
-			_, err = s.Recv()
-		}
-		ended <- err
-	}()
+	ended := deliver(cc)
 	testkit.Eventually(t, 5*time.Second, "the call to reach its handler", func() bool { return r.in.Load() == 1 })
 	time.AfterFunc(100*time.Millisecond, func() { close(r.release) })
 	start := time.Now()
