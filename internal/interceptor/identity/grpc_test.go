@@ -6,7 +6,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"io"
-	"net"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -16,10 +16,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/reflection"
 	reflectionv1 "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	reflectionv1alpha "google.golang.org/grpc/reflection/grpc_reflection_v1alpha"
 	"google.golang.org/grpc/status"
@@ -27,6 +25,8 @@ import (
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/certs"
 	"github.com/handoffhq/handoff/internal/interceptor/identity"
+	"github.com/handoffhq/handoff/internal/server"
+	"github.com/handoffhq/handoff/internal/testkit"
 )
 
 // recorder counts handler runs and keeps the identities handlers saw.
@@ -86,36 +86,21 @@ func (s coordinatorServer) GetJob(ctx context.Context, _ *handoffv1.GetJobReques
 	return &handoffv1.GetJobResponse{}, nil
 }
 
-// serve starts a server on 127.0.0.1:0 with the three (fake) services, health and
-// reflection behind the identity interceptors, and returns its address.
+// serve starts a server on 127.0.0.1:0 with the three (fake) services behind the identity
+// check, assembled as a service's server is (internal/server: health and reflection
+// included), and returns its address.
 func serve(t *testing.T, creds credentials.TransportCredentials, opts ...identity.Option) (string, *recorder) {
 	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := grpc.NewServer(grpc.Creds(creds),
-		grpc.ChainUnaryInterceptor(identity.UnaryServerInterceptor(opts...)),
-		grpc.ChainStreamInterceptor(identity.StreamServerInterceptor(opts...)))
 	rec := &recorder{}
-	handoffv1.RegisterWritebackServiceServer(g, writebackServer{rec: rec})
-	handoffv1.RegisterAgentRunnerServiceServer(g, runnerServer{rec: rec})
-	handoffv1.RegisterCoordinatorServiceServer(g, coordinatorServer{rec: rec})
-	healthpb.RegisterHealthServer(g, health.NewServer())
-	reflection.Register(g)
-	go g.Serve(lis)
-	t.Cleanup(g.Stop)
-	return lis.Addr().String(), rec
-}
-
-func dial(t *testing.T, addr string, opts ...grpc.DialOption) *grpc.ClientConn {
-	t.Helper()
-	cc, err := grpc.NewClient(addr, opts...)
+	srv, err := server.New(server.Service{Name: "identity-test", Register: func(g *grpc.Server) {
+		handoffv1.RegisterWritebackServiceServer(g, writebackServer{rec: rec})
+		handoffv1.RegisterAgentRunnerServiceServer(g, runnerServer{rec: rec})
+		handoffv1.RegisterCoordinatorServiceServer(g, coordinatorServer{rec: rec})
+	}}, server.WithSecurity(creds, identity.NewAuthorizer(opts...)), server.WithLogger(slog.New(slog.DiscardHandler)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { cc.Close() })
-	return cc
+	return testkit.ServeTCP(t, srv), rec
 }
 
 func testContext(t *testing.T) context.Context {
@@ -193,7 +178,7 @@ func TestMTLSOverLoopback(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			before, _ := rec.snapshot()
-			cc := dial(t, addr, grpc.WithTransportCredentials(credentials.NewTLS(tt.tls)))
+			cc := testkit.Dial(t, addr, grpc.WithTransportCredentials(credentials.NewTLS(tt.tls)))
 			err := tt.call(testContext(t), cc)
 			if status.Code(err) != tt.code {
 				t.Fatalf("code %v (%v), want %v", status.Code(err), err, tt.code)
@@ -220,7 +205,7 @@ func TestMTLSOverLoopback(t *testing.T) {
 	t.Run("server from another CA", func(t *testing.T) {
 		cfg := clientTLS(dir, "coordinator")
 		cfg.RootCAs = clientTLS(otherDir, "coordinator").RootCAs
-		cc := dial(t, addr, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
+		cc := testkit.Dial(t, addr, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
 		err := writeCall(testContext(t), cc)
 		if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "certificate") {
 			t.Fatalf("err %v, want Unavailable naming the certificate", err)
@@ -238,10 +223,10 @@ func TestTokensOverPlaintextLoopback(t *testing.T) {
 		addrs[svc], recs[svc] = serve(t, insecure.NewCredentials(), identity.WithPolicy(identity.DefaultPolicy()), identity.WithVerifier(r.verifier(t, svc)))
 	}
 	plain := func(svc string) *grpc.ClientConn {
-		return dial(t, addrs[svc], grpc.WithTransportCredentials(insecure.NewCredentials()))
+		return testkit.Dial(t, addrs[svc], grpc.WithTransportCredentials(insecure.NewCredentials()))
 	}
 	as := func(svc, caller string) *grpc.ClientConn {
-		return dial(t, addrs[svc], grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithPerRPCCredentials(r[caller].PerRPCCredentials()))
+		return testkit.Dial(t, addrs[svc], grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithPerRPCCredentials(r[caller].PerRPCCredentials()))
 	}
 	forged := func(key ed25519.PrivateKey) *identity.Signer { // someone's key, claiming to be the coordinator
 		s, err := identity.NewSigner("coordinator", key)
@@ -390,7 +375,7 @@ func TestAudiencesMatchTheProto(t *testing.T) {
 func TestHealthAndReflectionOpenWithoutIdentity(t *testing.T) {
 	// A policy that names nobody: health and reflection stay open all the same.
 	addr, _ := serve(t, insecure.NewCredentials(), identity.WithPolicy(identity.Policy{}))
-	cc := dial(t, addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	cc := testkit.Dial(t, addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	ctx := testContext(t)
 
 	resp, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{})
