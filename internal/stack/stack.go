@@ -186,7 +186,7 @@ func Start(ctx context.Context, cfg Config) (st *Stack, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, err := s.serve(lis["agent runner"], s.Runner.Service()); err != nil {
+	if _, err := s.serve(lis["agent runner"], s.Runner.Service(), nil); err != nil {
 		return nil, err
 	}
 
@@ -205,7 +205,7 @@ func Start(ctx context.Context, cfg Config) (st *Stack, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, err := s.serve(lis["writeback"], wb.Service()); err != nil {
+	if _, err := s.serve(lis["writeback"], wb.Service(), nil); err != nil {
 		return nil, err
 	}
 
@@ -237,7 +237,7 @@ func Start(ctx context.Context, cfg Config) (st *Stack, err error) {
 		}
 		coordOpts = append(coordOpts, identity.WithOperators(ops))
 	}
-	coordAuthz, err := s.serve(lis["coordinator"], s.Coordinator.Service(), coordOpts...)
+	coordAuthz, err := s.serve(lis["coordinator"], s.Coordinator.Service(), coordOpts, server.WithDrain(s.Coordinator.Close))
 	if err != nil {
 		return nil, err
 	}
@@ -274,10 +274,11 @@ func or(v, def string) string {
 // serve starts svc's server on l, assembled by internal/server as in the binaries: the
 // chain with svc's enforcement, health following the store, reflection (so grpcurl can list
 // and call it without proto files), metrics in s.Registry. extra are identity options
-// beyond the platform's (operator credentials). The server accepts tokens addressed to
-// svc.Name, verified with the public keys of Identities. It returns the server's identity
-// check, for in-process callers of its handlers.
-func (s *Stack) serve(l net.Listener, svc server.Service, extra ...identity.Option) (*identity.Authorizer, error) {
+// beyond the platform's (operator credentials), more are server options beyond the
+// stack's (the coordinator's drain). The server accepts tokens addressed to svc.Name,
+// verified with the public keys of Identities. It returns the server's identity check, for
+// in-process callers of its handlers.
+func (s *Stack) serve(l net.Listener, svc server.Service, extra []identity.Option, more ...server.Option) (*identity.Authorizer, error) {
 	pubs := map[string]ed25519.PublicKey{}
 	for name, sg := range s.signers {
 		pubs[name] = sg.PublicKey()
@@ -289,14 +290,11 @@ func (s *Stack) serve(l net.Listener, svc server.Service, extra ...identity.Opti
 	}
 	idOpts := append([]identity.Option{identity.WithVerifier(v), identity.WithPolicy(identity.DefaultPolicy()), identity.WithLogger(s.log)}, extra...)
 	authz := identity.NewAuthorizer(idOpts...)
-	opts := []server.Option{
+	opts := append([]server.Option{
 		server.WithSecurity(nil, authz), // plaintext: the listeners are on loopback
 		server.WithLogger(s.log), server.WithTracerProvider(s.tp), server.WithMetrics(s.Registry),
 		server.WithHealthFrom(s.Store, s.health), server.WithStopTimeout(stopTimeout),
-	}
-	if svc.Name == "coordinator" {
-		opts = append(opts, server.WithDrain(s.Coordinator.Close))
-	}
+	}, more...)
 	srv, err := server.New(svc, opts...)
 	if err != nil {
 		l.Close()
