@@ -51,7 +51,6 @@ type Service struct {
 
 // Server is one assembled gRPC server.
 type Server struct {
-	name  string
 	g     *grpc.Server
 	hs    *health.Server
 	names []string // the health service names: "" and every registered service
@@ -86,7 +85,7 @@ func New(svc Service, opts ...Option) (*Server, error) {
 	}
 	cfg := rpc.ServerConfig{
 		Service: svc.Name, Logger: log, TracerProvider: o.tp, Creds: o.creds,
-		Unary: svc.Unary, Stream: svc.Stream, Limits: o.limits, Options: o.grpcOpts,
+		Unary: svc.Unary, Stream: svc.Stream, Limits: o.limits,
 	}
 	if o.authz != nil {
 		cfg.IdentityUnary, cfg.IdentityStream = o.authz.UnaryServerInterceptor(), o.authz.StreamServerInterceptor()
@@ -98,7 +97,7 @@ func New(svc Service, opts ...Option) (*Server, error) {
 	}
 	g := rpc.NewServer(cfg)
 	svc.Register(g)
-	s := &Server{name: svc.Name, g: g, hs: health.NewServer(), names: []string{""}, o: o, log: log.With("service", svc.Name)}
+	s := &Server{g: g, hs: health.NewServer(), names: []string{""}, o: o, log: log.With("service", svc.Name)}
 	for name := range g.GetServiceInfo() {
 		s.names = append(s.names, name)
 		s.hs.SetServingStatus(name, healthpb.HealthCheckResponse_SERVING)
@@ -111,9 +110,6 @@ func New(svc Service, opts ...Option) (*Server, error) {
 	s.watch, s.endWatch = context.WithCancel(context.Background())
 	return s, nil
 }
-
-// Name is the service's name.
-func (s *Server) Name() string { return s.name }
 
 // GRPC is the assembled grpc.Server (for GetServiceInfo and the like; serve it with Serve).
 func (s *Server) GRPC() *grpc.Server { return s.g }
@@ -192,7 +188,6 @@ type options struct {
 	limits         rpc.Limits
 	stopTimeout    time.Duration
 	drain          []func()
-	grpcOpts       []grpc.ServerOption
 }
 
 // Option configures New.
@@ -243,8 +238,3 @@ func WithStopTimeout(d time.Duration) Option {
 // WithDrain adds f to what a stop does once health is NOT_SERVING and before the server
 // stops taking calls: the coordinator lets its drivers finish their hops there.
 func WithDrain(f func()) Option { return func(o *options) { o.drain = append(o.drain, f) } }
-
-// WithGRPCOptions appends server options (tests: a stats handler).
-func WithGRPCOptions(opts ...grpc.ServerOption) Option {
-	return func(o *options) { o.grpcOpts = append(o.grpcOpts, opts...) }
-}
