@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -37,44 +36,16 @@ that do not fit together, an unwritable directory), 2 on a usage error.
 func runCerts(args []string, stdout, stderr io.Writer) int {
 	fset := flag.NewFlagSet("certs", flag.ContinueOnError)
 	fset.SetOutput(stderr)
-	fset.Usage = func() {} // printed below, to stdout for -h and to stderr for a bad flag
-	dir := fset.String("dir", "handoff-certs", "where to write")
-	services := fset.String("services", strings.Join(certs.DefaultServices, ","), "comma-separated service names")
 	days := fset.Int("days", 30, "validity in days")
-	force := fset.Bool("force", false, "replace existing files")
-	if err := fset.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprint(stdout, certsUsage)
-			return 0
-		}
-		fmt.Fprint(stderr, "\n"+certsUsage)
-		return 2
+	out := bindOutDir(fset, "certs", "handoff-certs", "replace existing files", certsUsage)
+	names, code, ok := out.parse(fset, args, stdout, stderr)
+	if !ok {
+		return code
 	}
-	if fset.NArg() != 0 {
-		fmt.Fprintf(stderr, "handoff certs: unexpected argument %q\n\n%s", fset.Arg(0), certsUsage)
-		return 2
-	}
-	if *dir == "" {
-		fmt.Fprint(stderr, "handoff certs: --dir is empty\n\n"+certsUsage)
-		return 2
-	}
+	dir, force := out.dir, out.force
 	const maxDays = 3650
 	if *days < 1 || *days > maxDays {
 		fmt.Fprintf(stderr, "handoff certs: --days %d: want 1 to %d\n", *days, maxDays)
-		return 2
-	}
-	var names []string
-	for _, s := range strings.Split(*services, ",") {
-		if s = strings.TrimSpace(s); s != "" {
-			if err := certs.CheckServiceName(s); err != nil {
-				fmt.Fprintf(stderr, "handoff %v\n", err)
-				return 2
-			}
-			names = append(names, s)
-		}
-	}
-	if len(names) == 0 {
-		fmt.Fprint(stderr, "handoff certs: --services names no service\n")
 		return 2
 	}
 

@@ -1,14 +1,12 @@
 package main
 
 import (
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"path/filepath"
 	"strings"
 
-	"github.com/handoffhq/handoff/internal/certs"
 	"github.com/handoffhq/handoff/internal/interceptor/identity"
 )
 
@@ -44,40 +42,12 @@ error.
 func runKeys(args []string, stdout, stderr io.Writer) int {
 	fset := flag.NewFlagSet("keys", flag.ContinueOnError)
 	fset.SetOutput(stderr)
-	fset.Usage = func() {} // printed below, to stdout for -h and to stderr for a bad flag
-	dir := fset.String("dir", "handoff-keys", "where to write")
-	services := fset.String("services", strings.Join(certs.DefaultServices, ","), "comma-separated service names")
-	force := fset.Bool("force", false, "replace existing keys")
-	if err := fset.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprint(stdout, keysUsage)
-			return 0
-		}
-		fmt.Fprint(stderr, "\n"+keysUsage)
-		return 2
+	out := bindOutDir(fset, "keys", "handoff-keys", "replace existing keys", keysUsage)
+	names, code, ok := out.parse(fset, args, stdout, stderr)
+	if !ok {
+		return code
 	}
-	if fset.NArg() != 0 {
-		fmt.Fprintf(stderr, "handoff keys: unexpected argument %q\n\n%s", fset.Arg(0), keysUsage)
-		return 2
-	}
-	if *dir == "" {
-		fmt.Fprint(stderr, "handoff keys: --dir is empty\n\n"+keysUsage)
-		return 2
-	}
-	var names []string
-	for _, s := range strings.Split(*services, ",") {
-		if s = strings.TrimSpace(s); s != "" {
-			if err := certs.CheckServiceName(s); err != nil {
-				fmt.Fprintf(stderr, "handoff keys: --services: %v\n", strings.TrimPrefix(err.Error(), "certs: "))
-				return 2
-			}
-			names = append(names, s)
-		}
-	}
-	if len(names) == 0 {
-		fmt.Fprint(stderr, "handoff keys: --services names no service\n")
-		return 2
-	}
+	dir, force := out.dir, out.force
 
 	res, err := identity.GenerateKeys(*dir, names, *force)
 	if err != nil {
