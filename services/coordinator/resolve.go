@@ -245,7 +245,7 @@ func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEs
 		if res.Action == handoffv1.ResolutionAction_RESOLUTION_ACTION_REJECT_MALFORMED {
 			what = "rejected as malformed"
 		}
-		if err := s.finish(ctx, job, handoffv1.JobState_JOB_STATE_FAILED, nil, fmt.Sprintf("%s by %s: %s", what, res.GetOperator(), res.GetReason())); err != nil {
+		if err := s.finish(ctx, job, handoffv1.JobState_JOB_STATE_FAILED, nil, fmt.Sprintf("%s by %s: %s", what, res.GetOperator(), res.GetReason()), nil); err != nil {
 			return nil, status.Errorf(codes.Unavailable, "%v", err)
 		}
 	case handoffv1.ResolutionAction_RESOLUTION_ACTION_RETURN_TO_STAGE:
@@ -303,12 +303,18 @@ func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEs
 	return resp, nil
 }
 
-// writebackHop runs stage st (a writeback) for the run under a send span, as step does.
-// saved is as for step.
+// writebackHop runs stage st (a writeback) for the run under a send span, as step does,
+// but without the wallet checks a person overrides (next's gate still holds). saved is the
+// wallet as the run was saved before the decision (stepWallet).
 func (s *Server) writebackHop(ctx context.Context, job *handoffv1.Job, p *pipeline.Pipeline, st *pipeline.Stage, saved *handoffv1.Budget) error {
+	w := stepWallet{saved: saved}
+	t := next(p, job, w, outcome{Override: true})
+	if t.Action != actSend {
+		return s.apply(ctx, job, p, w, t, nil)
+	}
 	hctx, tp, end := s.hopSpan(ctx, job, st)
 	defer end()
-	return s.writeback(hctx, job, p, st, s.buildPackage(job, st, tp), saved)
+	return s.writeback(hctx, job, p, st, s.buildPackage(job, st, tp), w, t.Artifact)
 }
 
 func (s *Server) hopSpan(ctx context.Context, job *handoffv1.Job, st *pipeline.Stage) (context.Context, string, func()) {
