@@ -212,6 +212,14 @@ func (l *linter) stages() {
 		return
 	}
 	firstName := map[string]int{}
+	// A rejected_role fallback does the work of the stage that names it, so it may read
+	// what that stage reads (the job's input, for a fallback of the first stage).
+	fallbackInputs := map[string][]string{}
+	for _, s := range p.Stages {
+		if s.RejectedRole != "" {
+			fallbackInputs[s.RejectedRole] = append(fallbackInputs[s.RejectedRole], s.Input)
+		}
+	}
 	var outputs []string     // schema versions output by the stages so far
 	var unversioned []string // types of earlier outputs with no usable version
 	for i := range p.Stages {
@@ -250,7 +258,7 @@ func (l *linter) stages() {
 			l.errorAt("stage-input", fmt.Sprintf("%s has no input: name the schema version of the artifact it reads (e.g. input: chunks.v1)", lbl), path+".input", path)
 		case !schemaVersionRE.MatchString(s.Input):
 			l.errorAt("stage-input", fmt.Sprintf("%s reads %q, which is not a schema version: use type.vN (e.g. chunks.v1)", lbl, s.Input), path+".input", path)
-		case i > 0 && !slices.Contains(outputs, s.Input) && !slices.Contains(unversioned, versionType(s.Input)) && !slices.Contains(unversioned, ""):
+		case i > 0 && !slices.Contains(outputs, s.Input) && !slices.Contains(unversioned, versionType(s.Input)) && !slices.Contains(unversioned, "") && !slices.Contains(fallbackInputs[s.Name], s.Input):
 			l.errorAt("stage-input", fmt.Sprintf("%s reads %s, but no stage before it outputs %s (earlier outputs: %s)", lbl, s.Input, s.Input, orWord(strings.Join(outputs, ", "), "none")), path+".input", path)
 		}
 

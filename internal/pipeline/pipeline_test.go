@@ -130,6 +130,9 @@ func TestLintFixtures(t *testing.T) {
 		{file: "judge_feeder.yaml", errors: []want{
 			{"judge-revise", 22, `judge "judge" is reached from stage "technical-draft" by its next:, which it does not revise`},
 		}},
+		{file: "fallback_first.yaml", warnings: []want{
+			{"cycle", 9, "stages a -> b -> a form a cycle that passes through no judge"},
+		}},
 		{file: "routes.yaml", errors: []want{
 			{"max-bounces", 6, "max_bounces is -1"},
 			{"route-name", 18, `stage "intake" has route "Billing", which is not a valid route name`},

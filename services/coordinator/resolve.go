@@ -258,22 +258,22 @@ func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEs
 			job.NextHint = truncate("operator: "+c, 1000)
 		}
 		job.OperatorReturns = returns
-		job.Stage = target.Name
+		moved := s.operatorMove(job, p, target)
 		job.State = handoffv1.JobState_JOB_STATE_RUNNING
 		job.Escalation = nil
-		s.later(job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_RESOLVED, Stage: target.Name, Resolution: res, Evaluator: job.GetEvaluator()})
+		s.later(job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_RESOLVED, Stage: target.Name, Resolution: res, Evaluator: job.GetEvaluator(), Transfer: moved})
 		if err := s.save(ctx, job); err != nil {
 			return nil, status.Errorf(codes.Unavailable, "%v", err)
 		}
 	case handoffv1.ResolutionAction_RESOLUTION_ACTION_APPROVE:
 		job.Evaluator = &handoffv1.Evaluator{LastVerdict: handoffv1.Verdict_VERDICT_PASS, Rounds: round}
-		job.Stage = target.Name
+		moved := s.operatorMove(job, p, target)
 		job.State = handoffv1.JobState_JOB_STATE_RUNNING
 		job.Escalation = nil
 		// The decision takes effect when the run is saved RUNNING at the writeback stage with
 		// the human PASS, together with its RESOLVED event; a crash after this save leaves a
 		// run the takeover scan drives to the same write.
-		s.later(job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_RESOLVED, Stage: target.Name, Resolution: res, Evaluator: job.GetEvaluator()})
+		s.later(job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_RESOLVED, Stage: target.Name, Resolution: res, Evaluator: job.GetEvaluator(), Transfer: moved})
 		if err := s.save(ctx, job); err != nil {
 			return nil, status.Errorf(codes.Unavailable, "%v", err)
 		}
@@ -301,6 +301,15 @@ func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEs
 	}
 	s.log.Info("escalation resolved", "run_id", runID, "job_id", job.GetJobId(), "action", res.GetAction().String(), "operator", res.GetOperator(), "state", job.GetState().String())
 	return resp, nil
+}
+
+// operatorMove moves the run to stage target on a person's word and records the move: it
+// starts a new round (the decision counts as one), so the stage runs as a new completion.
+func (s *Server) operatorMove(job *handoffv1.Job, p *pipeline.Pipeline, target *pipeline.Stage) *handoffv1.Transfer {
+	t := transfer(p, job, job.GetStage(), target.Name, handoffv1.Move_MOVE_OPERATOR, nil)
+	job.Transfers = append(job.Transfers, t)
+	job.Stage = target.Name
+	return t
 }
 
 // writebackHop runs stage st (a writeback) for the run under a send span, as step does,

@@ -303,9 +303,20 @@ func transfersBetween(job *handoffv1.Job, a, b string) int {
 	return n
 }
 
-// transfer is the record of a move, with the visit of its arrival.
+// transfer is the record of a move, with the visit of its arrival. A move that starts a new
+// judge round (a verdict's) arrives for the first time in it.
 func transfer(p *pipeline.Pipeline, job *handoffv1.Job, from, to string, how handoffv1.Move, r *handoffv1.RouteChoice) *handoffv1.Transfer {
-	return &handoffv1.Transfer{FromStage: from, ToStage: to, Move: how, Route: r, Hop: job.GetHops(), Visit: visit(p, job, to)}
+	t := &handoffv1.Transfer{FromStage: from, ToStage: to, Move: how, Route: r, Hop: job.GetHops()}
+	if !newRound(how) {
+		t.Visit = visit(p, job, to)
+	}
+	return t
+}
+
+// newRound says whether a move starts a new judge round or operator return: a judge's verdict
+// (the package after it carries one more round) or a person's decision.
+func newRound(how handoffv1.Move) bool {
+	return how == handoffv1.Move_MOVE_PASS || how == handoffv1.Move_MOVE_REVISE || how == handoffv1.Move_MOVE_OPERATOR
 }
 
 // visit counts the earlier arrivals of the run at stage in the current judge round and
@@ -316,8 +327,7 @@ func visit(p *pipeline.Pipeline, job *handoffv1.Job, stage string) uint32 {
 	ts := job.GetTransfers()
 	start := -1 // the move that started the current round, if any
 	for i := len(ts) - 1; i >= 0 && start < 0; i-- {
-		switch ts[i].GetMove() {
-		case handoffv1.Move_MOVE_PASS, handoffv1.Move_MOVE_REVISE, handoffv1.Move_MOVE_OPERATOR:
+		if newRound(ts[i].GetMove()) {
 			start = i
 		}
 	}
