@@ -68,7 +68,7 @@ type Pipeline struct {
 	// it escalates (PING_PONG): A to B is a transfer, each further transfer between A and B
 	// a bounce. Parse sets DefaultMaxBounces when the file leaves it out.
 	MaxBounces int
-	Escalation   Escalation
+	Escalation Escalation
 	// Tools is the catalogue: every tool a stage may hold.
 	Tools []Tool
 	// Stages run in this order.

@@ -128,7 +128,9 @@ func TestTransitions(t *testing.T) {
 		esc      = actEscalate
 		failed   = actFail
 	)
-	E := func(c handoffv1.EscalationCause, detail string) want { return want{action: esc, cause: c, detail: detail} }
+	E := func(c handoffv1.EscalationCause, detail string) want {
+		return want{action: esc, cause: c, detail: detail}
+	}
 	tests := []struct {
 		name  string
 		p     *pipeline.Pipeline
@@ -153,7 +155,11 @@ func TestTransitions(t *testing.T) {
 		{name: "writeback gate: PASS sends the artifact", p: ticket, stage: "writeback", job: func(j *handoffv1.Job) { j.Evaluator = pass; j.Artifacts = []*handoffv1.Artifact{summary} },
 			want: want{action: send, artifact: true}},
 		{name: "a person's approve overrides the wallet, not the gate", p: ticket, stage: "writeback",
-			job: func(j *handoffv1.Job) { j.Wallet.HopsRemaining = 0; j.Evaluator = pass; j.Artifacts = []*handoffv1.Artifact{summary} },
+			job: func(j *handoffv1.Job) {
+				j.Wallet.HopsRemaining = 0
+				j.Evaluator = pass
+				j.Artifacts = []*handoffv1.Artifact{summary}
+			},
 			out: outcome{Override: true}, want: want{action: send, artifact: true}},
 		{name: "pipeline no longer loaded", p: nil, stage: "draft", want: want{action: failed, detail: `pipeline "support-ticket" is no longer loaded`}},
 		{name: "stage not in the pipeline", p: ticket, stage: "polish", want: want{action: failed, detail: `stage "polish" is not in pipeline support-ticket`}},
@@ -164,7 +170,7 @@ func TestTransitions(t *testing.T) {
 		{name: "next by route", p: triage, stage: "intake", out: done("technical"), want: want{action: mv, to: "technical-retrieve", move: handoffv1.Move_MOVE_ROUTE}},
 		{name: "no_hit routes to the note", p: triage, stage: "billing-retrieve", out: done("no_hit"), want: want{action: mv, to: "no-match-note", move: handoffv1.Move_MOVE_ROUTE}},
 		{name: "a DUPLICATE's result moves like the first", p: triage, stage: "intake",
-			out: outcome{Sent: true, Ack: &handoffv1.Ack{Status: handoffv1.AckStatus_ACK_STATUS_DUPLICATE}, Result: done("billing").Result},
+			out:  outcome{Sent: true, Ack: &handoffv1.Ack{Status: handoffv1.AckStatus_ACK_STATUS_DUPLICATE}, Result: done("billing").Result},
 			want: want{action: mv, to: "billing-retrieve", move: handoffv1.Move_MOVE_ROUTE}},
 		{name: "PASS moves on", p: ticket, stage: "judge", out: verdict(pass), want: want{action: mv, to: "writeback", move: handoffv1.Move_MOVE_PASS}},
 		{name: "revise on FAIL with revisions left", p: ticket, stage: "judge", out: verdict(fail),
@@ -189,7 +195,9 @@ func TestTransitions(t *testing.T) {
 		// After an agent hop: escalations, one per cause.
 		{name: "REJECTED_ROLE: no fallback", p: ticket, stage: "retrieve", out: acked(handoffv1.AckStatus_ACK_STATUS_REJECTED_ROLE),
 			want: E(handoffv1.EscalationCause_ESCALATION_CAUSE_REJECTED_ROLE, "declares no rejected_role fallback")},
-		{name: "REJECTED_ROLE: the fallback rejects too", p: loop, stage: "a-backup", job: func(j *handoffv1.Job) { j.Transfers = []*handoffv1.Transfer{tr("a", "a-backup", handoffv1.Move_MOVE_REROUTE)} },
+		{name: "REJECTED_ROLE: the fallback rejects too", p: loop, stage: "a-backup", job: func(j *handoffv1.Job) {
+			j.Transfers = []*handoffv1.Transfer{tr("a", "a-backup", handoffv1.Move_MOVE_REROUTE)}
+		},
 			out: acked(handoffv1.AckStatus_ACK_STATUS_REJECTED_ROLE), want: E(handoffv1.EscalationCause_ESCALATION_CAUSE_REJECTED_ROLE, "rerouted once already")},
 		{name: "REJECTED_SCHEMA", p: ticket, stage: "draft", out: acked(handoffv1.AckStatus_ACK_STATUS_REJECTED_SCHEMA),
 			want: E(handoffv1.EscalationCause_ESCALATION_CAUSE_REJECTED_SCHEMA, "answered ACK_STATUS_REJECTED_SCHEMA")},
