@@ -265,7 +265,7 @@ func TestRejectedRoleReroutesOnce(t *testing.T) {
 	if job.GetState() != handoffv1.JobState_JOB_STATE_COMPLETED {
 		t.Fatalf("state %s escalation %v; timeline %v", job.GetState(), job.GetEscalation(), kinds(evs))
 	}
-	want := []string{"sort->sort-backup:REROUTE", "sort-backup->draft:NEXT", "draft->judge:NEXT", "judge->writeback:PASS"}
+	want := []string{"sort->sort-backup:REROUTE", "sort-backup->draft:NEXT", "draft->judge:NEXT", "judge->writeback:PASS", "writeback->end:NEXT"}
 	if got := moveList(job); !slices.Equal(got, want) {
 		t.Fatalf("moves %v, want %v", got, want)
 	}

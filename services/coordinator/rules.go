@@ -260,11 +260,11 @@ func afterJudge(p *pipeline.Pipeline, st *pipeline.Stage, job *handoffv1.Job, w 
 }
 
 // onward moves the job on from st without a route choice: to its next: stage or the next in
-// file order, or completes the run after the last stage.
+// file order, or, after the last stage, to the end: the run completes.
 func onward(p *pipeline.Pipeline, st *pipeline.Stage, job *handoffv1.Job, how handoffv1.Move) transition {
 	ns, ok := p.Next(st.Name)
 	if !ok {
-		return transition{Action: actComplete}
+		return transition{Action: actComplete, Transfer: transfer(p, job, st.Name, pipeline.ToEnd, how, nil)}
 	}
 	return move(p, job, st.Name, ns.Name, how, nil)
 }

@@ -27,12 +27,12 @@ func TestSupportTriage(t *testing.T) {
 	}{
 		{"billing", "tkt_b", handoffv1.JobState_JOB_STATE_COMPLETED, []string{
 			"intake->billing-retrieve:ROUTE(billing)", "billing-retrieve->billing-draft:ROUTE(hit)", "billing-draft->judge:NEXT",
-			"judge->billing-draft:REVISE", "billing-draft->judge:NEXT", "judge->writeback:PASS"}},
+			"judge->billing-draft:REVISE", "billing-draft->judge:NEXT", "judge->writeback:PASS", "writeback->end:NEXT"}},
 		{"technical", "tkt_t", handoffv1.JobState_JOB_STATE_COMPLETED, []string{
 			"intake->technical-retrieve:ROUTE(technical)", "technical-retrieve->technical-draft:ROUTE(hit)", "technical-draft->judge:NEXT",
-			"judge->technical-draft:REVISE", "technical-draft->judge:NEXT", "judge->writeback:PASS"}},
+			"judge->technical-draft:REVISE", "technical-draft->judge:NEXT", "judge->writeback:PASS", "writeback->end:NEXT"}},
 		{"no-match", "tkt_n", handoffv1.JobState_JOB_STATE_COMPLETED, []string{
-			"intake->technical-retrieve:ROUTE(technical)", "technical-retrieve->no-match-note:ROUTE(no_hit)", "no-match-note->judge:NEXT", "judge->writeback:PASS"}},
+			"intake->technical-retrieve:ROUTE(technical)", "technical-retrieve->no-match-note:ROUTE(no_hit)", "no-match-note->judge:NEXT", "judge->writeback:PASS", "writeback->end:NEXT"}},
 		{"unclear", "tkt_u", handoffv1.JobState_JOB_STATE_ESCALATED, []string{"intake->escalate:ROUTE(unclear)"}},
 	} {
 		t.Run(tc.ticket, func(t *testing.T) {
@@ -52,11 +52,11 @@ func TestSupportTriage(t *testing.T) {
 			if got := moveList(job); !slices.Equal(got, tc.moves) {
 				t.Fatalf("moves\n got %v\nwant %v", got, tc.moves)
 			}
-			// Every move is also on the event of the hop that made it (and a route to escalate
-			// on the ESCALATED event too).
+			// Every move is also on the event of the hop that made it (and a move that ends the
+			// run on its last event too).
 			var seen []string
 			for _, ev := range evs {
-				if tr := ev.GetTransfer(); tr != nil && ev.GetKind() != handoffv1.EventKind_EVENT_KIND_ESCALATED {
+				if tr := ev.GetTransfer(); tr != nil && ev.GetKind() != handoffv1.EventKind_EVENT_KIND_ESCALATED && ev.GetKind() != handoffv1.EventKind_EVENT_KIND_COMPLETED {
 					seen = append(seen, tr.GetFromStage()+"->"+tr.GetToStage())
 				}
 			}

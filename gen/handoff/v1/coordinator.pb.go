@@ -1032,7 +1032,8 @@ type Transfer struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The stage the run left.
 	FromStage string `protobuf:"bytes,1,opt,name=from_stage,json=fromStage,proto3" json:"from_stage,omitempty"`
-	// The stage the run went to, or "escalate" or "end" for a route to those.
+	// The stage the run went to, or "escalate" (a route to a person) or "end" (the run
+	// completed: after its last stage, or by a route to the end).
 	ToStage string `protobuf:"bytes,2,opt,name=to_stage,json=toStage,proto3" json:"to_stage,omitempty"`
 	Move    Move   `protobuf:"varint,3,opt,name=move,proto3,enum=handoff.v1.Move" json:"move,omitempty"`
 	// The route the stage chose, for MOVE_ROUTE.
@@ -1238,7 +1239,8 @@ type JobEvent struct {
 	// The person's decision, on an EVENT_KIND_RESOLVED event.
 	Resolution *Resolution `protobuf:"bytes,15,opt,name=resolution,proto3" json:"resolution,omitempty"`
 	// The move the rail made after this hop: on the hop's last outcome event (stage result,
-	// verdict or receipt) and on the ESCALATED event of a route to escalate.
+	// verdict, receipt, or the ack of a rejected role it rerouted), and on the run's last
+	// event when the move ended the run (to escalate or to the end).
 	Transfer      *Transfer `protobuf:"bytes,16,opt,name=transfer,proto3" json:"transfer,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -431,7 +431,8 @@ export type Transfer = Message<"handoff.v1.Transfer"> & {
   fromStage: string;
 
   /**
-   * The stage the run went to, or "escalate" or "end" for a route to those.
+   * The stage the run went to, or "escalate" (a route to a person) or "end" (the run
+   * completed: after its last stage, or by a route to the end).
    *
    * @generated from field: string to_stage = 2;
    */
@@ -619,7 +620,8 @@ export type JobEvent = Message<"handoff.v1.JobEvent"> & {
 
   /**
    * The move the rail made after this hop: on the hop's last outcome event (stage result,
-   * verdict or receipt) and on the ESCALATED event of a route to escalate.
+   * verdict, receipt, or the ack of a rejected role it rerouted), and on the run's last
+   * event when the move ended the run (to escalate or to the end).
    *
    * @generated from field: handoff.v1.Transfer transfer = 16;
    */
