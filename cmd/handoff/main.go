@@ -15,7 +15,7 @@ Usage:
   handoff schema handoff.v1|handoff.v2                       print a version's JSON Schema
   handoff lint PIPELINE.yaml...                              check pipelines against the workshop rules
   handoff up [flags]                                         run coordinator, agent runner, writeback
-  handoff demo [flags]                                       run the sample support ticket end to end
+  handoff demo [--pipeline support-triage]                   run the sample support ticket (or three, with routes) end to end
   handoff certs [--dir DIR] [--services a,b] [--days N]      make a development CA and service certificates (mTLS)
   handoff keys [--dir DIR] [--services a,b]                  make one service-token key per service (plaintext loopback)
   handoff chaos [--jobs N] [--kills N] [--json]              break a multi-process deployment while jobs run; count lost jobs and double writes
