@@ -226,7 +226,7 @@ func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEs
 	// Whatever this resolution saves carries the store's wallet, not the run's copy: an
 	// earlier approve whose save failed may have paid its writeback hop since the run was
 	// saved, and a run saved with the older copy would make its next driver take that debit
-	// for its own repeated step's (aheadOf) and not pay a new hop. saved keeps the run's
+	// for its own repeated step's (stepWallet) and not pay a new hop. saved keeps the run's
 	// copy for the approve below.
 	saved := job.GetWallet()
 	switch w, err := s.opts.Store.Wallet(ctx, runID); {
@@ -281,7 +281,7 @@ func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEs
 		// the job_id:stage:artifact_type key), without the wallet checks a person overrides.
 		// An earlier approve whose save failed may have paid this hop already: the store's
 		// wallet below the run's saved copy says so.
-		if err := s.writebackHop(ctx, job, p, target, saved); err != nil {
+		if err := s.writebackHop(ctx, job, p, target, stepWallet{saved: saved}); err != nil {
 			return nil, status.Errorf(codes.Unavailable, "%v", err)
 		}
 		resp.Receipt = job.GetReceipt()
@@ -313,10 +313,8 @@ func (s *Server) operatorMove(job *handoffv1.Job, p *pipeline.Pipeline, target *
 }
 
 // writebackHop runs stage st (a writeback) for the run under a send span, as step does,
-// but without the wallet checks a person overrides (next's gate still holds). saved is the
-// wallet as the run was saved before the decision (stepWallet).
-func (s *Server) writebackHop(ctx context.Context, job *handoffv1.Job, p *pipeline.Pipeline, st *pipeline.Stage, saved *handoffv1.Budget) error {
-	w := stepWallet{saved: saved}
+// but without the wallet checks a person overrides (next's gate still holds).
+func (s *Server) writebackHop(ctx context.Context, job *handoffv1.Job, p *pipeline.Pipeline, st *pipeline.Stage, w stepWallet) error {
 	t := next(p, job, w, outcome{Override: true})
 	if t.Action != actSend {
 		return s.apply(ctx, job, p, w, t, nil)

@@ -33,7 +33,8 @@ const (
 	JobState_JOB_STATE_RUNNING     JobState = 1
 	JobState_JOB_STATE_COMPLETED   JobState = 2
 	// Handed to a person: a rejected ack, judge FAIL with no revisions left, an empty wallet,
-	// the hop cap, or a failed stage.
+	// the hop cap, a failed stage, a route the stage does not declare, a ping-pong, or a
+	// declared route to escalate.
 	JobState_JOB_STATE_ESCALATED JobState = 3
 	JobState_JOB_STATE_FAILED    JobState = 4
 )

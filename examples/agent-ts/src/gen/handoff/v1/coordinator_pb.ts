@@ -952,7 +952,8 @@ export enum JobState {
 
   /**
    * Handed to a person: a rejected ack, judge FAIL with no revisions left, an empty wallet,
-   * the hop cap, or a failed stage.
+   * the hop cap, a failed stage, a route the stage does not declare, a ping-pong, or a
+   * declared route to escalate.
    *
    * @generated from enum value: JOB_STATE_ESCALATED = 3;
    */
