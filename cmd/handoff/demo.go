@@ -13,17 +13,20 @@ import (
 	"github.com/handoffhq/handoff/internal/config"
 	"github.com/handoffhq/handoff/internal/demo"
 	"github.com/handoffhq/handoff/internal/stack"
+	"google.golang.org/grpc"
 )
 
 func runDemo(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("handoff demo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, about("demo")+"Usage: handoff demo [flags]\n\nStarts the platform in-process on the embedded store, runs the sample support ticket\nthrough intake, retrieve, draft, judge (one FAIL, a revision, a PASS) and writeback,\nprints the hop timeline, then submits the same job again to show DUPLICATE and no\nsecond write. Exits 0 when the job completed and exactly one write happened.\n\nFlags:")
+		fmt.Fprintln(stderr, about("demo")+"Usage: handoff demo [flags]\n\nStarts the platform in-process on the embedded store, runs the sample support ticket\nthrough intake, retrieve, draft, judge (one FAIL, a revision, a PASS) and writeback,\nprints the hop timeline, then submits the same job again to show DUPLICATE and no\nsecond write. Exits 0 when the job completed and exactly one write happened.\n\nWith --pipeline support-triage it runs a billing, a technical and an unclear ticket\nthrough the pipeline with routes instead, printing the route the rail took after each\nhop: the first two go to their desks and are written once each, the third is handed\nto a person by intake's route. Exits 0 when exactly that happened.\n\nFlags:")
 		fs.PrintDefaults()
 	}
 	var f stackFlags
+	var pipelineName string
 	b := config.New(fs)
+	b.String(&pipelineName, "pipeline", "HANDOFF_DEMO_PIPELINE", demo.Pipeline, "the shipped pipeline to run: "+demo.Pipeline+" or "+demo.TriagePipeline)
 	// Free ports and a fresh folder by default, so the demo runs beside `handoff up`.
 	bindStack(b, &f, "", "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0", "")
 	if err := b.Parse(args); err != nil {
@@ -31,6 +34,10 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 			return 0
 		}
 		fmt.Fprintln(stderr, "handoff demo:", err)
+		return 2
+	}
+	if pipelineName != demo.Pipeline && pipelineName != demo.TriagePipeline {
+		fmt.Fprintf(stderr, "handoff demo: --pipeline %q: the demo runs %s or %s\n", pipelineName, demo.Pipeline, demo.TriagePipeline)
 		return 2
 	}
 	if f.data == "" {
@@ -55,6 +62,9 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "handoff demo:", err)
 		return 1
 	}
+	if pipelineName == demo.TriagePipeline {
+		return triageDemo(ctx, stdout, stderr, st, cc)
+	}
 	res, err := demo.Run(ctx, stdout, cc, st.Artifacts)
 	if err != nil {
 		fmt.Fprintln(stderr, "handoff demo:", err)
@@ -68,6 +78,41 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintf(stdout, "\nexternal writes in the ledger: %d (two submits of one job)\n", len(writes))
 	if res.First.GetState() != handoffv1.JobState_JOB_STATE_COMPLETED || len(writes) != 1 {
 		fmt.Fprintf(stderr, "handoff demo: expected a completed job and exactly one write; got %s and %d writes\n", res.First.GetState(), len(writes))
+		return 1
+	}
+	return 0
+}
+
+// triageDemo runs the support-triage tickets and checks what the demo promises: the billing
+// and the technical ticket completed and are written once each, the unclear one escalated by
+// intake's route, and nothing else was written.
+func triageDemo(ctx context.Context, stdout, stderr io.Writer, st *stack.Stack, cc grpc.ClientConnInterface) int {
+	runs, err := demo.RunTriage(ctx, stdout, cc, st.Artifacts)
+	if err != nil {
+		fmt.Fprintln(stderr, "handoff demo:", err)
+		return 1
+	}
+	writes, err := st.Store.LedgerEntries(ctx)
+	if err != nil {
+		fmt.Fprintln(stderr, "handoff demo:", err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "\nexternal writes in the ledger: %d (the billing and the technical ticket; the unclear one went to a person)\n", len(writes))
+	ok := len(runs) == 3 && len(writes) == 2
+	for i, r := range runs {
+		want := handoffv1.JobState_JOB_STATE_COMPLETED
+		if i == 2 {
+			want = handoffv1.JobState_JOB_STATE_ESCALATED
+			ok = ok && r.Job.GetEscalation().GetCause() == handoffv1.EscalationCause_ESCALATION_CAUSE_ROUTED
+		}
+		ok = ok && r.Job.GetState() == want
+	}
+	if !ok {
+		var got []string
+		for _, r := range runs {
+			got = append(got, r.Ticket+" "+r.Job.GetState().String())
+		}
+		fmt.Fprintf(stderr, "handoff demo: expected billing and technical COMPLETED, unclear ESCALATED by its route, and two writes; got %v and %d writes\n", got, len(writes))
 		return 1
 	}
 	return 0

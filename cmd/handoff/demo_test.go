@@ -51,3 +51,55 @@ func TestDemo(t *testing.T) {
 		t.Fatalf("want exactly one external write:\n%s", text)
 	}
 }
+
+// TestDemoTriage runs `handoff demo --pipeline support-triage` in-process: a billing, a
+// technical and an unclear ticket; every hop line carries the route the rail took after it
+// and its run's one trace id; the billing and the technical ticket take their desks'
+// routes and are written once each; the unclear one is handed to a person by intake's route.
+func TestDemoTriage(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := runDemo([]string{"--data", t.TempDir(), "--pipeline", "support-triage"}, &out, &errb); code != 0 {
+		t.Fatalf("demo exit %d\nstdout:\n%s\nstderr:\n%s", code, out.String(), errb.String())
+	}
+	text := out.String()
+	runs := strings.Split(text, "\nticket ")
+	if len(runs) != 4 {
+		t.Fatalf("want three runs in the output, got:\n%s", text)
+	}
+	hopLine := regexp.MustCompile(`(?m)^\s+(\d+)\s+(\S+)\s+(ACCEPTED|DUPLICATE|REJECTED_\w+)\s+(\S+ -> \S+)\s+(.*?)\s+(\$\S+ r\d+ h\d+)\s+([0-9a-f]{32})$`)
+	want := []struct {
+		routes []string
+		end    string
+	}{
+		{[]string{"billing -> billing-retrieve", "hit -> billing-draft", "next -> judge", "revise -> billing-draft", "next -> judge", "pass -> writeback", "next -> end"},
+			"=> COMPLETED after 7 hops"},
+		{[]string{"technical -> technical-retrieve", "hit -> technical-draft", "next -> judge", "revise -> technical-draft", "next -> judge", "pass -> writeback", "next -> end"},
+			"=> COMPLETED after 7 hops"},
+		{[]string{"unclear -> escalate"}, "=> ESCALATED after 1 hops"},
+	}
+	for i, run := range runs[1:] {
+		trace := regexp.MustCompile(`trace ([0-9a-f]{32})`).FindStringSubmatch(run)
+		if trace == nil {
+			t.Fatalf("run %d has no trace id:\n%s", i+1, run)
+		}
+		var routes []string
+		for _, l := range hopLine.FindAllStringSubmatch(run, -1) {
+			routes = append(routes, l[4])
+			if l[7] != trace[1] {
+				t.Errorf("run %d hop %s on trace %s, want %s", i+1, l[1], l[7], trace[1])
+			}
+		}
+		if strings.Join(routes, "|") != strings.Join(want[i].routes, "|") || !strings.Contains(run, want[i].end) {
+			t.Errorf("run %d: routes %q, want %q ending %q:\n%s", i+1, routes, want[i].routes, want[i].end, run)
+		}
+	}
+	if !strings.Contains(runs[3], "ESCALATED ROUTED -> support-leads") {
+		t.Errorf("the unclear ticket's escalation is not shown:\n%s", runs[3])
+	}
+	if !strings.Contains(text, "external writes in the ledger: 2 ") {
+		t.Fatalf("want exactly two external writes:\n%s", text)
+	}
+	if code := runDemo([]string{"--data", t.TempDir(), "--pipeline", "nope"}, &out, &errb); code != 2 || !strings.Contains(errb.String(), `--pipeline "nope"`) {
+		t.Errorf("--pipeline nope: exit %d, stderr %q; want 2 naming the value", code, errb.String())
+	}
+}

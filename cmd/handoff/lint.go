@@ -14,8 +14,10 @@ import (
 var lintUsage = about("lint") + `Usage: handoff lint PIPELINE.yaml|DIR...
 
 Checks pipeline files against the structure and the design rules (one writer per external
-system, no write tools on a judge, versioned artifacts, a hop cap, ...). A directory stands
-for the *.yaml and *.yml files in it.
+system, no write tools on a judge, versioned artifacts, a hop cap, ...) and, for stages with
+routes, the graph (route targets exist, every stage reachable, writeback only after a
+judge's PASS, unique route names, cycles through no judge). A directory stands for the
+*.yaml and *.yml files in it.
 
 Prints each problem as file:line:col: rule: message, then the number of problems.
 Exit status: 0 when every file is clean (warnings allowed), 1 when a file has problems,

@@ -16,7 +16,7 @@ var commands = []struct{ name, synopsis, what string }{
 	{"schema", "handoff.v1|handoff.v2", "print a version's JSON Schema"},
 	{"lint", "PIPELINE.yaml...", "check pipelines against the workshop rules"},
 	{"up", "[flags]", "run coordinator, agent runner, writeback"},
-	{"demo", "[flags]", "run the sample support ticket end to end"},
+	{"demo", "[--pipeline support-triage]", "run the sample support ticket (or three, with routes) end to end"},
 	{"certs", "[--dir DIR] [--services a,b] [--days N]", "make a development CA and service certificates (mTLS)"},
 	{"keys", "[--dir DIR] [--services a,b]", "make one service-token key per service (plaintext loopback)"},
 	{"chaos", "[--jobs N] [--kills N] [--json]", "break a multi-process deployment while jobs run; count lost jobs and double writes"},

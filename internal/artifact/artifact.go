@@ -38,6 +38,9 @@ type Ref struct {
 	// (package.operator_returns), so a stage re-run on a person's word never overwrites the
 	// run it replaces, also within one judge round.
 	Returns uint32
+	// Visit is how many times the job came to the stage before in this round and return
+	// (package.visit): a stage a route sends the job back to never overwrites its earlier run.
+	Visit uint32
 	// Type and SchemaVersion become the Artifact's type and schema_version.
 	Type, SchemaVersion string
 	// MediaType of the bytes ("application/json", "text/markdown").
@@ -112,6 +115,9 @@ func (f *Files) Put(_ context.Context, ref Ref, data []byte) (*handoffv1.Artifac
 	name := fmt.Sprintf("%s-r%d", ref.Stage, ref.Round)
 	if ref.Returns > 0 {
 		name += fmt.Sprintf("-o%d", ref.Returns)
+	}
+	if ref.Visit > 0 {
+		name += fmt.Sprintf("-v%d", ref.Visit)
 	}
 	file := ref.Type + extFor(ref.MediaType)
 	rel := ref.JobID + "/" + name + "/" + file
@@ -330,16 +336,20 @@ func Verify(a *handoffv1.Artifact, data []byte) error {
 // WithReturns returns st, or, when returns > 0, st with every Put stored under
 // Ref.Returns = returns: the agent runner hands it to an agent re-running a stage after a
 // person sent the job back, so the agent's own Refs need not know about it.
-func WithReturns(st Store, returns uint32) Store {
-	if returns == 0 || st == nil {
+func WithReturns(st Store, returns uint32) Store { return WithCompletion(st, returns, 0) }
+
+// WithCompletion is WithReturns that also stores every Put under Ref.Visit = visit (a stage
+// a route sent the job back to): st itself when both are 0.
+func WithCompletion(st Store, returns, visit uint32) Store {
+	if (returns == 0 && visit == 0) || st == nil {
 		return st
 	}
-	return returnsStore{Store: st, returns: returns}
+	return returnsStore{Store: st, returns: returns, visit: visit}
 }
 
 type returnsStore struct {
 	Store
-	returns uint32
+	returns, visit uint32
 }
 
 // Root is the folder of the store it wraps, or "" when that is not a folder.
@@ -351,6 +361,6 @@ func (r returnsStore) Root() string {
 }
 
 func (r returnsStore) Put(ctx context.Context, ref Ref, data []byte) (*handoffv1.Artifact, error) {
-	ref.Returns = r.returns
+	ref.Returns, ref.Visit = r.returns, r.visit
 	return r.Store.Put(ctx, ref, data)
 }

@@ -2,6 +2,8 @@ package artifact_test
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/handoffhq/handoff/internal/artifact"
@@ -39,5 +41,37 @@ func TestWithReturnsKeepsTheReplacedRun(t *testing.T) {
 	}
 	if got, err := files.Get(ctx, uris[1]); err != nil || string(got) != "re-run" {
 		t.Fatalf("re-run's artifact = %q, %v", got, err)
+	}
+}
+
+// TestWithCompletionKeepsEachVisit: a stage a route sends the job back to stores its artifact
+// in a folder of its own per visit (and per return), so the earlier visit's artifact, whose
+// sha256 a package may still carry, is never overwritten.
+func TestWithCompletionKeepsEachVisit(t *testing.T) {
+	files, err := artifact.NewFiles(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	ref := artifact.Ref{JobID: "job-1", Stage: "intake", Type: "intake", SchemaVersion: "intake.v1", MediaType: "application/json"}
+	if same := artifact.WithCompletion(files, 0, 0); same != artifact.Store(files) {
+		t.Fatalf("WithCompletion(st, 0, 0) = %T, want st itself", same)
+	}
+	var uris []string
+	for _, c := range []struct{ returns, visit uint32 }{{0, 0}, {0, 1}, {2, 1}} {
+		a, err := artifact.WithCompletion(files, c.returns, c.visit).Put(ctx, ref, []byte(fmt.Sprint(c)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		uris = append(uris, a.GetUri())
+	}
+	for i, want := range []string{"/job-1/intake-r0/", "/job-1/intake-r0-v1/", "/job-1/intake-r0-o2-v1/"} {
+		if !strings.Contains(uris[i], want) {
+			t.Errorf("uri %d = %s, want it in %s", i, uris[i], want)
+		}
+	}
+	first, err := files.Get(ctx, uris[0])
+	if err != nil || string(first) != fmt.Sprint(struct{ returns, visit uint32 }{0, 0}) {
+		t.Fatalf("first visit's artifact = %q, %v; want it untouched", first, err)
 	}
 }

@@ -48,6 +48,7 @@ func V1ToV2(p *handoffv1.HandoffPackage, deadline time.Time) (*handoffv2.Handoff
 		OpenQuestions:   cloneStrings(p.GetOpenQuestions()),
 		NextHint:        p.GetNextHint(),
 		OperatorReturns: p.GetOperatorReturns(),
+		Visit:           p.GetVisit(),
 		Budget: &handoffv2.Budget{
 			UsdRemainingMicros: p.GetBudget().GetUsdRemainingMicros(),
 			Deadline:           dl,
@@ -93,6 +94,12 @@ func V1ToV2(p *handoffv1.HandoffPackage, deadline time.Time) (*handoffv2.Handoff
 	if t := p.GetTrace(); t != nil {
 		out.Trace = &handoffv2.Trace{Traceparent: t.GetTraceparent(), Tracestate: t.GetTracestate()}
 	}
+	if o := p.GetOrigin(); o != nil {
+		out.Origin = &handoffv2.Origin{Stage: o.GetStage(), Move: handoffv2.Move(o.GetMove())}
+		if r := o.GetRoute(); r != nil {
+			out.Origin.Route = &handoffv2.RouteChoice{Name: r.GetName(), Reason: r.GetReason(), Priority: handoffv2.RoutePriority(r.GetPriority())}
+		}
+	}
 	return out, nil
 }
 
@@ -117,6 +124,7 @@ func V2ToV1(p *handoffv2.HandoffPackage) (*handoffv1.HandoffPackage, error) {
 		OpenQuestions:   cloneStrings(p.GetOpenQuestions()),
 		NextHint:        p.GetNextHint(),
 		OperatorReturns: p.GetOperatorReturns(),
+		Visit:           p.GetVisit(),
 	}
 	if b := p.GetBudget(); b != nil {
 		out.Budget = &handoffv1.Budget{
@@ -164,6 +172,12 @@ func V2ToV1(p *handoffv2.HandoffPackage) (*handoffv1.HandoffPackage, error) {
 	}
 	if t := p.GetTrace(); t != nil {
 		out.Trace = &handoffv1.Trace{Traceparent: t.GetTraceparent(), Tracestate: t.GetTracestate()}
+	}
+	if o := p.GetOrigin(); o != nil {
+		out.Origin = &handoffv1.Origin{Stage: o.GetStage(), Move: handoffv1.Move(o.GetMove())}
+		if r := o.GetRoute(); r != nil {
+			out.Origin.Route = &handoffv1.RouteChoice{Name: r.GetName(), Reason: r.GetReason(), Priority: handoffv1.RoutePriority(r.GetPriority())}
+		}
 	}
 	return out, nil
 }

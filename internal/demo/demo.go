@@ -123,18 +123,51 @@ func wallet(b *handoffv1.Budget) string {
 type Timeline struct {
 	out     io.Writer
 	lastAck string
+	// routes adds a route column: the move the rail made after each hop.
+	routes bool
 }
 
 // NewTimeline prints to out.
 func NewTimeline(out io.Writer) *Timeline { return &Timeline{out: out} }
 
+// NewRouteTimeline prints to out with a route column (for pipelines with routes): on each
+// hop line the move the rail made after it, as "route -> stage" ("billing ->
+// billing-retrieve"), or the rail's own move ("next", "pass", "revise", "reroute",
+// "operator") for a stage that chose none; "-" when the hop moved the run nowhere.
+func NewRouteTimeline(out io.Writer) *Timeline { return &Timeline{out: out, routes: true} }
+
 // Header prints the column names.
 func (t *Timeline) Header() {
+	if t.routes {
+		fmt.Fprintf(t.out, "%4s  %-18s %-10s %-32s %-56s %-22s %s\n", "hop", "stage", "ack", "route", "outcome", "wallet left", "trace id")
+		return
+	}
 	fmt.Fprintf(t.out, "%4s  %-10s %-10s %-58s %-22s %s\n", "hop", "stage", "ack", "outcome", "wallet left", "trace id")
 }
 
 func (t *Timeline) line(ev *handoffv1.JobEvent, ack, outcome string) {
+	if t.routes {
+		route := ""
+		if ev.GetKind() != handoffv1.EventKind_EVENT_KIND_ESCALATED && ev.GetKind() != handoffv1.EventKind_EVENT_KIND_FAILED {
+			route = RouteText(ev.GetTransfer())
+		}
+		fmt.Fprintf(t.out, "%4d  %-18s %-10s %-32s %-56s %-22s %s\n", ev.GetHop(), ev.GetStage(), ack, clip(route, 32), clip(outcome, 56), wallet(ev.GetWallet()), traceparent.TraceID(ev.GetTraceparent()))
+		return
+	}
 	fmt.Fprintf(t.out, "%4d  %-10s %-10s %-58s %-22s %s\n", ev.GetHop(), ev.GetStage(), ack, clip(outcome, 58), wallet(ev.GetWallet()), traceparent.TraceID(ev.GetTraceparent()))
+}
+
+// RouteText renders a move: "billing -> billing-retrieve" for a route, "revise -> draft" for
+// a move of the rail's own (the move's name), "-" for none.
+func RouteText(tr *handoffv1.Transfer) string {
+	if tr == nil {
+		return "-"
+	}
+	how := strings.ToLower(strings.TrimPrefix(tr.GetMove().String(), "MOVE_"))
+	if r := tr.GetRoute(); r != nil {
+		how = r.GetName()
+	}
+	return how + " -> " + tr.GetToStage()
 }
 
 // Print prints one event (or nothing, for events folded into others).

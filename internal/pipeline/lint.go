@@ -37,6 +37,7 @@ func Lint(p *Pipeline) []Problem {
 	l.stages()
 	l.writers()
 	l.oneStage()
+	l.graph()
 	sortProblems(l.out)
 	return l.out
 }
@@ -129,6 +130,9 @@ func (l *linter) pipeline() {
 	case p.MaxRevisions > 0 && !hasJudge && len(p.Stages) > 0:
 		l.warnAt("max-revisions", fmt.Sprintf("max_revisions is %d but no stage is a judge: nothing ever sends work back for revision", p.MaxRevisions), "max_revisions")
 	}
+	if p.MaxBounces < 0 {
+		l.errorAt("max-bounces", fmt.Sprintf("max_bounces is %d: it must be 0 or more (how often a job may be handed back between the same two stages before it escalates; default %d)", p.MaxBounces, DefaultMaxBounces), "max_bounces")
+	}
 
 	if strings.TrimSpace(p.Escalation.Route) == "" {
 		l.errorAt("escalation", "escalation.route is required: it is where the rail hands a job it stops (hop cap, revisions used up, empty wallet, rejected package), e.g. escalation: {route: support-leads}", "escalation.route", "escalation", "")
@@ -208,6 +212,14 @@ func (l *linter) stages() {
 		return
 	}
 	firstName := map[string]int{}
+	// A rejected_role fallback does the work of the stage that names it, so it may read
+	// what that stage reads (the job's input, for a fallback of the first stage).
+	fallbackInputs := map[string][]string{}
+	for _, s := range p.Stages {
+		if s.RejectedRole != "" {
+			fallbackInputs[s.RejectedRole] = append(fallbackInputs[s.RejectedRole], s.Input)
+		}
+	}
 	var outputs []string     // schema versions output by the stages so far
 	var unversioned []string // types of earlier outputs with no usable version
 	for i := range p.Stages {
@@ -221,6 +233,8 @@ func (l *linter) stages() {
 			l.errorAt("stage-name", lbl+" has no name: add name: (e.g. draft)", path+".name", path)
 		case !stageNameRE.MatchString(s.Name) || len(s.Name) > maxNameLen:
 			l.errorAt("stage-name", fmt.Sprintf("stage name %q is not valid: use at most %d lowercase letters, digits, '_' and '-', starting with a letter", s.Name, maxNameLen), path+".name", path)
+		case s.Name == ToEscalate || s.Name == ToEnd:
+			l.errorAt("stage-name", fmt.Sprintf("stage name %q is reserved: routes use %s and %s as targets; name the stage after what it does", s.Name, ToEscalate, ToEnd), path+".name", path)
 		default:
 			if j, dup := firstName[s.Name]; dup {
 				l.errorAt("duplicate-stage", fmt.Sprintf("stage name %q is used twice (first%s): stage names must be unique", s.Name, l.onLine(j)), path+".name", path)
@@ -244,7 +258,7 @@ func (l *linter) stages() {
 			l.errorAt("stage-input", fmt.Sprintf("%s has no input: name the schema version of the artifact it reads (e.g. input: chunks.v1)", lbl), path+".input", path)
 		case !schemaVersionRE.MatchString(s.Input):
 			l.errorAt("stage-input", fmt.Sprintf("%s reads %q, which is not a schema version: use type.vN (e.g. chunks.v1)", lbl, s.Input), path+".input", path)
-		case i > 0 && !slices.Contains(outputs, s.Input) && !slices.Contains(unversioned, versionType(s.Input)) && !slices.Contains(unversioned, ""):
+		case i > 0 && !slices.Contains(outputs, s.Input) && !slices.Contains(unversioned, versionType(s.Input)) && !slices.Contains(unversioned, "") && !slices.Contains(fallbackInputs[s.Name], s.Input):
 			l.errorAt("stage-input", fmt.Sprintf("%s reads %s, but no stage before it outputs %s (earlier outputs: %s)", lbl, s.Input, s.Input, orWord(strings.Join(outputs, ", "), "none")), path+".input", path)
 		}
 
@@ -321,6 +335,7 @@ func (l *linter) stages() {
 
 		l.judge(i, s)
 		l.writer(i, s)
+		l.routes(i, s)
 	}
 }
 
@@ -332,20 +347,33 @@ func (l *linter) judge(i int, s *Stage) {
 		}
 		return
 	}
-	if s.Revise == "" {
+	revisers := s.ReviseStages()
+	if len(revisers) == 0 {
 		l.errorAt("judge-revise", fmt.Sprintf("judge %q has no revise: name the earlier stage that gets the failures back when the verdict is FAIL (e.g. revise: draft)", s.Name), path+".revise", path)
 		return
 	}
-	r, j, ok := p.Stage(s.Revise)
-	switch {
-	case !ok:
-		l.errorAt("judge-revise", fmt.Sprintf("judge %q revises %q, which is not a stage of this pipeline (stages: %s)", s.Name, s.Revise, strings.Join(stageNames(p), ", ")), path+".revise", path)
-	case j >= i:
-		l.errorAt("judge-revise", fmt.Sprintf("judge %q revises %q, which does not come before it: revise must name a stage that runs before the judge", s.Name, s.Revise), path+".revise", path)
-	case kindOf(r) != KindAgent:
-		l.errorAt("judge-revise", fmt.Sprintf("judge %q revises %q, a %s stage: only an agent stage can revise its work", s.Name, s.Revise, kindOf(r)), path+".revise", path)
-	case s.Input != "" && r.Output.SchemaVersion != "" && versionType(r.Output.SchemaVersion) == r.Output.Type && s.Input != r.Output.SchemaVersion:
-		l.errorAt("judge-revise", fmt.Sprintf("judge %q reads %s but sends FAILs back to %q, which outputs %s: a judge must read what the stage it revises produces", s.Name, s.Input, s.Revise, r.Output.SchemaVersion), path+".input", path)
+	seen := map[string]bool{}
+	for k, name := range revisers {
+		at := path + ".revise"
+		if len(s.Revisers) > 0 {
+			at = fmt.Sprintf("%s.revise[%d]", path, k)
+		}
+		if seen[name] {
+			l.errorAt("judge-revise", fmt.Sprintf("judge %q lists %q twice under revise", s.Name, name), at, path+".revise", path)
+			continue
+		}
+		seen[name] = true
+		r, j, ok := p.Stage(name)
+		switch {
+		case !ok:
+			l.errorAt("judge-revise", fmt.Sprintf("judge %q revises %q, which is not a stage of this pipeline (stages: %s)", s.Name, name, strings.Join(stageNames(p), ", ")), at, path+".revise", path)
+		case j >= i:
+			l.errorAt("judge-revise", fmt.Sprintf("judge %q revises %q, which does not come before it: revise must name a stage that runs before the judge", s.Name, name), at, path+".revise", path)
+		case kindOf(r) != KindAgent:
+			l.errorAt("judge-revise", fmt.Sprintf("judge %q revises %q, a %s stage: only an agent stage can revise its work", s.Name, name, kindOf(r)), at, path+".revise", path)
+		case s.Input != "" && r.Output.SchemaVersion != "" && versionType(r.Output.SchemaVersion) == r.Output.Type && s.Input != r.Output.SchemaVersion:
+			l.errorAt("judge-revise", fmt.Sprintf("judge %q reads %s but sends FAILs back to %q, which outputs %s: a judge must read what the stage it revises produces", s.Name, s.Input, name, r.Output.SchemaVersion), path+".input", path)
+		}
 	}
 }
 
@@ -456,6 +484,9 @@ func (l *linter) oneStage() {
 			a, b := &p.Stages[i], &p.Stages[j]
 			if !sameSet(a.Tools, b.Tools) || !sameSet(a.Criteria, b.Criteria) {
 				continue
+			}
+			if (a.RejectedRole != "" && a.RejectedRole == b.Name) || (b.RejectedRole != "" && b.RejectedRole == a.Name) {
+				continue // a fallback is the same stage served elsewhere, on purpose
 			}
 			l.errorAt("one-stage", fmt.Sprintf("stages %q%s and %q%s hold the same tools and criteria: they are one stage (merge them, or give each its own tools or criteria)", a.Name, l.lineOf(i), b.Name, l.lineOf(j)), stagePath(j))
 			break

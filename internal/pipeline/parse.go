@@ -19,10 +19,11 @@ type position struct{ line, col int }
 
 // The fields each mapping may have, in the order the messages list them.
 var (
-	pipelineFields   = []string{"name", "description", "max_hops", "max_revisions", "escalation", "tools", "stages"}
+	pipelineFields   = []string{"name", "description", "max_hops", "max_revisions", "max_bounces", "escalation", "tools", "stages"}
 	escalationFields = []string{"route"}
 	toolFields       = []string{"name", "access", "system"}
-	stageFields      = []string{"name", "agent", "kind", "input", "output", "tools", "criteria", "runner", "revise", "writer"}
+	stageFields      = []string{"name", "agent", "kind", "input", "output", "tools", "criteria", "runner", "revise", "writer", "routes", "next", "rejected_role"}
+	routeFields      = []string{"name", "description", "to"}
 	outputFields     = []string{"type", "schema_version"}
 	writerFields     = []string{"system", "target"}
 )
@@ -34,7 +35,7 @@ var (
 // problems, sorted by position, next to the pipeline as far as it could be read; use
 // HasErrors to decide whether it may run.
 func Parse(name string, data []byte) (*Pipeline, []Problem, error) {
-	p := &Pipeline{Source: name, pos: map[string]position{}, bad: map[string]bool{}}
+	p := &Pipeline{Source: name, MaxBounces: DefaultMaxBounces, pos: map[string]position{}, bad: map[string]bool{}}
 	d := &decoder{p: p, file: name}
 
 	dec := yaml.NewDecoder(bytes.NewReader(data))
@@ -119,6 +120,8 @@ func (d *decoder) pipeline(root *yaml.Node) {
 			p.MaxHops = d.int(v, "max_hops", "max_hops")
 		case "max_revisions":
 			p.MaxRevisions = d.int(v, "max_revisions", "max_revisions")
+		case "max_bounces":
+			p.MaxBounces = d.int(v, "max_bounces", "max_bounces")
 		case "escalation":
 			d.mapping(v, "escalation", "escalation", escalationFields, func(key string, v *yaml.Node) {
 				p.Escalation.Route = d.str(v, "escalation.route", "escalation.route")
@@ -167,7 +170,35 @@ func (d *decoder) stage(i int, n *yaml.Node) Stage {
 		case "input":
 			s.Input = d.str(v, f, what+": input")
 		case "revise":
+			// One stage, or a list when several stages feed the judge.
+			if rv := resolve(v); rv != nil && rv.Kind == yaml.SequenceNode {
+				s.Revisers = d.strings(v, f, what+": revise", "[billing-draft, technical-draft]")
+				if len(s.Revisers) > 0 {
+					s.Revise = s.Revisers[0]
+				}
+				return
+			}
 			s.Revise = d.str(v, f, what+": revise")
+		case "next":
+			s.Next = d.str(v, f, what+": next")
+		case "rejected_role":
+			s.RejectedRole = d.str(v, f, what+": rejected_role")
+		case "routes":
+			d.sequence(v, f, what+": routes", func(j int, item *yaml.Node) {
+				rp := fmt.Sprintf("%s[%d]", f, j)
+				var r Route
+				d.mapping(item, rp, fmt.Sprintf("%s: route %d", what, j+1), routeFields, func(key string, v *yaml.Node) {
+					switch key {
+					case "name":
+						r.Name = d.str(v, rp+".name", what+": route name")
+					case "description":
+						r.Description = d.str(v, rp+".description", what+": route description")
+					case "to":
+						r.To = d.str(v, rp+".to", what+": route to")
+					}
+				})
+				s.Routes = append(s.Routes, r)
+			})
 		case "runner":
 			s.Runner = d.str(v, f, what+": runner")
 		case "output":

@@ -14,6 +14,18 @@
 //   - writeback-gate: a writeback stage runs only after a judge's PASS;
 //   - max-hops: a job has a hop cap, after which it escalates.
 //
+// A stage may declare routes: named outcomes its agent chooses among, each going to another
+// stage, to escalate, or to the end of the job. The graph rules:
+//
+//   - route-target: every route (and next:, rejected_role:) names a stage, escalate or end;
+//   - reachable: every stage is reachable from the first;
+//   - writeback-gate: a writeback stage is reachable only through a judge's PASS;
+//   - duplicate-route: route names are unique within a stage;
+//   - cycle: a cycle that passes through no judge is reported (an error when nothing but
+//     fixed moves form it, so a job could never leave it; a warning when a route choice
+//     does, which max_bounces and the hop cap bound at run time);
+//   - route-end: a route ends the job only where no write is owed.
+//
 // Parse returns every problem at once with its file, line and column; Load and LoadFS
 // refuse a pipeline that has any error-severity problem.
 package pipeline
@@ -52,7 +64,11 @@ type Pipeline struct {
 	// MaxRevisions is how many judge FAILs are sent back for revision before the job
 	// escalates.
 	MaxRevisions int
-	Escalation   Escalation
+	// MaxBounces is how often a job may be handed back between the same two stages before
+	// it escalates (PING_PONG): A to B is a transfer, each further transfer between A and B
+	// a bounce. Parse sets DefaultMaxBounces when the file leaves it out.
+	MaxBounces int
+	Escalation Escalation
 	// Tools is the catalogue: every tool a stage may hold.
 	Tools []Tool
 	// Stages run in this order.
@@ -93,8 +109,21 @@ type Stage struct {
 	Kind string
 	// Input is the schema version of the artifact this stage reads ("chunks.v1").
 	Input string
-	// Revise is, for a judge, the earlier stage that gets a FAIL's failures back.
+	// Revise is, for a judge, the earlier stage that gets a FAIL's failures back (the first
+	// of Revisers when the file lists several).
 	Revise string
+	// Revisers are, for a judge fed by several stages, every stage it sends a FAIL back to:
+	// the one the judged work came from. Empty when revise names one stage.
+	Revisers []string
+	// Routes are the named outcomes the stage's agent chooses among; without routes the job
+	// moves on to Next, else to the next stage in file order.
+	Routes []Route
+	// Next is the stage after this one when it is not the next in file order (a stage with
+	// routes has none: its routes decide).
+	Next string
+	// RejectedRole is the stage the rail reroutes to, once, when this stage's runner answers
+	// REJECTED_ROLE (for another runner, a stage with the same agent and its own runner:).
+	RejectedRole string
 	// Runner is the optional host:port of a remote agent runner for this stage.
 	Runner string
 	// Output is the artifact the stage produces.
@@ -107,6 +136,28 @@ type Stage struct {
 	Writer *Writer
 	// Line is the stage's line in Source (0 when the stage was not parsed from a file).
 	Line int
+}
+
+// Route targets besides a stage name.
+const (
+	// ToEscalate hands the job to a person (the pipeline's escalation route).
+	ToEscalate = "escalate"
+	// ToEnd completes the job: only where no write is owed.
+	ToEnd = "end"
+)
+
+// DefaultMaxBounces is MaxBounces when a file does not set it.
+const DefaultMaxBounces = 2
+
+// Route is one outcome a stage's agent may choose.
+type Route struct {
+	// Name is what the agent answers ("billing", "no_hit").
+	Name string
+	// Description says when to choose it; for a model stage it becomes the text of its
+	// transfer tool.
+	Description string
+	// To is a stage name, ToEscalate or ToEnd.
+	To string
 }
 
 // Output is a stage's output artifact.
@@ -225,14 +276,33 @@ func (p *Pipeline) First() *Stage {
 	return &p.Stages[0]
 }
 
-// Next returns the stage after the named one, in declared order. It returns false when
-// name is the last stage or not a stage.
+// Next returns the stage after the named one when its agent chooses no route: the stage
+// its next: names, else the next in declared order. It returns false when name is the last
+// stage (and names no next:) or not a stage.
 func (p *Pipeline) Next(name string) (*Stage, bool) {
-	_, i, ok := p.Stage(name)
-	if !ok || i+1 >= len(p.Stages) {
+	st, i, ok := p.Stage(name)
+	if !ok {
+		return nil, false
+	}
+	if st.Next != "" {
+		n, _, ok := p.Stage(st.Next)
+		return n, ok
+	}
+	if i+1 >= len(p.Stages) {
 		return nil, false
 	}
 	return &p.Stages[i+1], true
+}
+
+// HasRoutes reports whether any stage declares routes.
+func (p *Pipeline) HasRoutes() bool {
+	return slices.ContainsFunc(p.Stages, func(s Stage) bool { return len(s.Routes) > 0 })
+}
+
+// Writes reports whether the pipeline has a writeback stage: a job of it owes a write
+// until it has a receipt.
+func (p *Pipeline) Writes() bool {
+	return slices.ContainsFunc(p.Stages, func(s Stage) bool { return s.IsWriteback() })
 }
 
 // Tool returns the catalogue entry for a tool name.
@@ -263,6 +333,36 @@ func (s *Stage) AgentName() string {
 		return s.Agent
 	}
 	return s.Name
+}
+
+// Route returns the declared route with the given name.
+func (s *Stage) Route(name string) (Route, bool) {
+	for _, r := range s.Routes {
+		if r.Name == name {
+			return r, true
+		}
+	}
+	return Route{}, false
+}
+
+// RouteNames lists the stage's route names in declared order.
+func (s *Stage) RouteNames() []string {
+	out := make([]string, len(s.Routes))
+	for i, r := range s.Routes {
+		out[i] = r.Name
+	}
+	return out
+}
+
+// ReviseStages lists the stages a judge sends a FAIL back to: Revisers, or Revise alone.
+func (s *Stage) ReviseStages() []string {
+	if len(s.Revisers) > 0 {
+		return s.Revisers
+	}
+	if s.Revise != "" {
+		return []string{s.Revise}
+	}
+	return nil
 }
 
 // IsJudge reports whether the stage is a judge.

@@ -105,6 +105,45 @@ func TestLintFixtures(t *testing.T) {
 		{file: "no_stages.yaml", errors: []want{
 			{"no-stages", 10, "the pipeline has no stages"},
 		}},
+		// The graph rules of a pipeline with routes.
+		{file: "routed_good.yaml"},
+		{file: "route_target.yaml", errors: []want{
+			{"route-target", 17, `route "refund" of stage "intake" goes to "drafts", which is not a stage of this pipeline`},
+		}},
+		{file: "unreachable.yaml", errors: []want{
+			{"reachable", 18, `stage "translate" is not reachable from the first stage "intake"`},
+		}},
+		{file: "route_to_writeback.yaml", errors: []want{
+			{"writeback-gate", 17, `writeback stage "writeback" is reachable from stage "intake" by route "urgent", without a judge's PASS`},
+		}},
+		{file: "duplicate_route.yaml", errors: []want{
+			{"duplicate-route", 17, `stage "intake" declares route "billing" twice`},
+		}},
+		{file: "cycle.yaml", errors: []want{
+			{"cycle", 18, "stages tidy -> sort -> tidy form a cycle that passes through no judge, and only fixed moves"},
+		}, warnings: []want{
+			{"cycle", 10, "stages intake -> draft -> intake form a cycle that passes through no judge: only max_bounces (2) and the hop cap"},
+		}},
+		{file: "route_end.yaml", errors: []want{
+			{"route-end", 17, `route "spam" of stage "intake" ends the job, but a job reaches "intake" before its write`},
+		}},
+		{file: "judge_feeder.yaml", errors: []want{
+			{"judge-revise", 22, `judge "judge" is reached from stage "technical-draft" by its next:, which it does not revise`},
+		}},
+		{file: "fallback_first.yaml", warnings: []want{
+			{"cycle", 9, "stages a -> b -> a form a cycle that passes through no judge"},
+		}},
+		{file: "routes.yaml", errors: []want{
+			{"max-bounces", 6, "max_bounces is -1"},
+			{"route-name", 18, `stage "intake" has route "Billing", which is not a valid route name`},
+			{"route-description", 19, `route "refund" of stage "intake" has no description`},
+			{"route-target", 20, `route "other" of stage "intake" has no to`},
+			{"routes", 21, `stage "intake" has both routes and next: draft`},
+			{"route-target", 22, `rejected_role: intake-backup, which is not a stage`},
+			{"stage-name", 23, `stage name "end" is reserved`},
+			{"reachable", 23, `stage "end" is not reachable`},
+			{"routes", 38, `judge "judge" has routes`},
+		}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.file, func(t *testing.T) {
@@ -240,6 +279,49 @@ func TestShippedPipelinesLintClean(t *testing.T) {
 	}
 	if _, _, ok := p.Stage("nope"); ok {
 		t.Error("Stage(nope) found a stage")
+	}
+}
+
+// The shipped pipeline with routes, as the coordinator reads it.
+func TestSupportTriage(t *testing.T) {
+	p, err := LoadFS(pipelines.FS, "support-triage.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.MaxBounces != 2 || !p.HasRoutes() || !p.Writes() {
+		t.Errorf("max_bounces %d, routes %v, writes %v", p.MaxBounces, p.HasRoutes(), p.Writes())
+	}
+	intake := p.First()
+	if got := intake.RouteNames(); !slices.Equal(got, []string{"billing", "technical", "unclear"}) {
+		t.Errorf("intake routes %v", got)
+	}
+	if r, ok := intake.Route("unclear"); !ok || r.To != ToEscalate || r.Description == "" {
+		t.Errorf("Route(unclear) = %+v, %v", r, ok)
+	}
+	if _, ok := intake.Route("shipping"); ok {
+		t.Error("Route(shipping) found a route intake does not declare")
+	}
+	for _, desk := range []string{"billing", "technical"} {
+		r, _, _ := p.Stage(desk + "-retrieve")
+		if hit, _ := r.Route("hit"); hit.To != desk+"-draft" {
+			t.Errorf("%s-retrieve hit -> %q", desk, hit.To)
+		}
+		if nh, _ := r.Route("no_hit"); nh.To != "no-match-note" {
+			t.Errorf("%s-retrieve no_hit -> %q", desk, nh.To)
+		}
+		// next: overrides file order.
+		if n, ok := p.Next(desk + "-draft"); !ok || n.Name != "judge" {
+			t.Errorf("Next(%s-draft) = %v, %v; want judge", desk, n, ok)
+		}
+	}
+	judge, _, _ := p.Stage("judge")
+	if got := judge.ReviseStages(); !slices.Equal(got, []string{"billing-draft", "technical-draft", "no-match-note"}) || judge.Revise != "billing-draft" {
+		t.Errorf("judge revises %v (Revise %q)", got, judge.Revise)
+	}
+	// Without max_bounces the default holds.
+	ticket, err := LoadFS(pipelines.FS, "support-ticket.yaml")
+	if err != nil || ticket.MaxBounces != DefaultMaxBounces || ticket.HasRoutes() {
+		t.Errorf("support-ticket: %v, max_bounces %d, routes %v", err, ticket.MaxBounces, ticket.HasRoutes())
 	}
 }
 

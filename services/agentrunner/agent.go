@@ -29,6 +29,11 @@ type Input struct {
 	Round uint32
 	// Artifacts reads the package's artifacts and stores the agent's own.
 	Artifacts artifact.Store
+	// Routes are the routes the pipeline declares for the stage (DeliverRequest.routes). An
+	// agent given routes answers with one of them in StageResult.route (with a short reason
+	// and a priority); the rail escalates any other answer, and no answer. Without routes it
+	// answers none. Package.origin says how the job came to this stage.
+	Routes []*handoffv1.RouteOption
 }
 
 // Agent is one stage implementation hosted by the runner.

@@ -38,8 +38,8 @@ import (
 //     "agent"/"stage", rule "role.agent"); a required_tools entry the agent's role card
 //     lacks -> REJECTED_ROLE, one reason per missing tool (field "required_tools[i]", rule
 //     "role.tools"). An accepted package carries its agent to the handler in the context.
-//  3. idempotency (Deliver only; key CompletionKey(job_id, stage, evaluator.rounds,
-//     operator_returns)):
+//  3. idempotency (Deliver only; key VisitKey(job_id, stage, evaluator.rounds,
+//     operator_returns, visit)):
 //     before budget on purpose. A re-delivery of a completed stage is answered DUPLICATE
 //     with the stored PriorResult, and one still in flight gets gRPC Aborted, without
 //     paying a second hop: when the same wallet paid the first completion, the replayed
@@ -300,6 +300,7 @@ func (s *Server) record(ctx context.Context, req proto.Message, sent proto.Messa
 			Artifacts:   res.GetArtifacts(),
 			Evaluator:   res.GetEvaluator(),
 			NextHint:    res.GetNextHint(),
+			Route:       res.GetRoute(), // a replayed job takes the route it took the first time
 			CompletedAt: timestamppb.Now(),
 		}
 		// Deliver debits the hop whenever the package's wallet is in this store (budget

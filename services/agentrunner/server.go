@@ -192,15 +192,26 @@ func (s *Server) Service() server.Service {
 // same key, while a revision after a judge FAIL (one more verdict) or a stage a person
 // sends the job back to is a new key.
 func CompletionKey(jobID, stage string, round, returns uint32) string {
+	return VisitKey(jobID, stage, round, returns, 0)
+}
+
+// VisitKey is CompletionKey for a stage's visit (package.visit): ":v<visit>" is appended
+// when a route sent the job back to a stage it was at in this round, so that arrival runs the
+// stage again instead of answering DUPLICATE. First visits keep CompletionKey's key.
+func VisitKey(jobID, stage string, round, returns, visit uint32) string {
+	key := fmt.Sprintf("stage:%s:%s:%d", jobID, stage, round)
 	if returns > 0 {
-		return fmt.Sprintf("stage:%s:%s:%d:o%d", jobID, stage, round, returns)
+		key += fmt.Sprintf(":o%d", returns)
 	}
-	return fmt.Sprintf("stage:%s:%s:%d", jobID, stage, round)
+	if visit > 0 {
+		key += fmt.Sprintf(":v%d", visit)
+	}
+	return key
 }
 
 // packageKey is the completion key of the stage run package p asks for.
 func packageKey(p *handoffv1.HandoffPackage) string {
-	return CompletionKey(p.GetJobId(), p.GetStage(), p.GetEvaluator().GetRounds(), p.GetOperatorReturns())
+	return VisitKey(p.GetJobId(), p.GetStage(), p.GetEvaluator().GetRounds(), p.GetOperatorReturns(), p.GetVisit())
 }
 
 // duplicateAck decodes a stored completion into a DUPLICATE Ack.
@@ -251,7 +262,8 @@ func (s *Server) Deliver(req *handoffv1.DeliverRequest, stream grpc.ServerStream
 	runCtx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	start := time.Now()
-	res, runErr := s.run(runCtx, ag, Input{Package: p, Round: round, Artifacts: artifact.WithReturns(s.artifacts, p.GetOperatorReturns())})
+	res, runErr := s.run(runCtx, ag, Input{Package: p, Round: round, Routes: req.GetRoutes(),
+		Artifacts: artifact.WithCompletion(s.artifacts, p.GetOperatorReturns(), p.GetVisit())})
 	if runErr == nil {
 		runErr = s.finish(p, res)
 	}

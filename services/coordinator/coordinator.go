@@ -1,7 +1,9 @@
 // Package coordinator is the rail: deterministic code (never a model) that owns each job
-// run's state transitions, its one wallet, its hop count, the critique loop, the writeback
-// gate and escalation. It builds every package from the run's durable state, sends it to an
-// agent runner or the writeback service, and records the outcome before the next hop.
+// run's state transitions, its one wallet, its hop count, the routes it allows, the critique
+// loop, the writeback gate and escalation. It builds every package from the run's durable
+// state, sends it to an agent runner or the writeback service, and records the outcome before
+// the next hop. The rules of a step are one pure function (next, rules.go); the driver
+// (driver.go) sends, debits and saves what it decides.
 package coordinator
 
 import (

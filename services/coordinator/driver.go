@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"go.opentelemetry.io/otel/attribute"
-	oteltrace "go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -15,7 +13,6 @@ import (
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/contract"
-	hoptrace "github.com/handoffhq/handoff/internal/interceptor/trace"
 	"github.com/handoffhq/handoff/internal/pipeline"
 	"github.com/handoffhq/handoff/internal/rpc"
 	"github.com/handoffhq/handoff/internal/store"
@@ -105,7 +102,7 @@ func (s *Server) advance(ctx context.Context, runID string, job *handoffv1.Job) 
 	if terminal(job.GetState()) {
 		return nil, errDone
 	}
-	if err := s.step(ctx, job, saved); err != nil {
+	if err := s.step(ctx, job, stepWallet{saved: saved}); err != nil {
 		return nil, err
 	}
 	return job, nil
@@ -128,78 +125,43 @@ func (s *Server) debit(ctx context.Context, job *handoffv1.Job, d store.Debit) e
 	return nil
 }
 
-// step makes one hop of a RUNNING run and saves the outcome. saved is the wallet as the run
-// last saved it when the run was just loaded (nil when job is the run the previous step
-// saved): every debit is mirrored into the run when it is saved, so a wallet now below
-// saved was debited by a step whose save failed (or whose coordinator stopped), and this
-// step repeats it. What that step paid is not charged again: the runner replays its hop
-// free of charge, and the rail skips its own debits already taken (aheadOf).
-func (s *Server) step(ctx context.Context, job *handoffv1.Job, saved *handoffv1.Budget) error {
-	p, ok := s.opts.Pipelines[job.GetPipeline()]
-	if !ok {
-		return s.finish(ctx, job, handoffv1.JobState_JOB_STATE_FAILED, nil, fmt.Sprintf("pipeline %q is no longer loaded", job.GetPipeline()))
+// step makes one hop of a RUNNING run and saves the outcome. w is the step's wallet
+// arithmetic (stepWallet): when the step repeats one whose save failed, what that step paid
+// is not charged again. The rules are next's (rules.go); step only sends, debits and saves.
+func (s *Server) step(ctx context.Context, job *handoffv1.Job, w stepWallet) error {
+	p := s.opts.Pipelines[job.GetPipeline()]
+	t := next(p, job, w, outcome{})
+	if t.Action != actSend {
+		return s.apply(ctx, job, p, w, t, nil)
 	}
-	st, _, ok := p.Stage(job.GetStage())
-	if !ok {
-		return s.finish(ctx, job, handoffv1.JobState_JOB_STATE_FAILED, nil, fmt.Sprintf("stage %q is not in pipeline %s", job.GetStage(), p.Name))
-	}
-	// The rail checks the wallet before it sends anything: an empty wallet or the hop cap
-	// ends the run here, gracefully, instead of in the middle of a stage. Not when the
-	// repeated step emptied it: its hop is a replay that costs nothing again (a hop the
-	// runner would charge, it refuses with REJECTED_BUDGET before any agent runs).
-	hopPaid, usdPaid, _ := aheadOf(saved, job.GetWallet())
-	switch {
-	case hopPaid || usdPaid:
-	case job.GetWallet().GetHopsRemaining() == 0:
-		return s.escalate(ctx, job, p, handoffv1.EscalationCause_ESCALATION_CAUSE_HOP_CAP, fmt.Sprintf("hop cap reached after %d hops", job.GetHops()), nil)
-	case job.GetWallet().GetUsdRemainingMicros() == 0:
-		return s.escalate(ctx, job, p, handoffv1.EscalationCause_ESCALATION_CAUSE_WALLET_EMPTY, "the job's wallet is empty", nil)
-	}
+	st, _, _ := p.Stage(job.GetStage())
 	// The hop's send span: a child of the job's trace, and the parent of the receiver's
-	// ack span through the package's traceparent (and of the gRPC client span).
-	parent, _ := hoptrace.Parse(ctx, job.GetTraceparent(), "")
-	hctx, span := s.tracer.Start(parent, "handoff.send "+st.Name, oteltrace.WithSpanKind(oteltrace.SpanKindProducer),
-		oteltrace.WithAttributes(attribute.String("handoff.job_id", job.GetJobId()), attribute.String("handoff.stage", st.Name), attribute.String("handoff.run_id", job.GetRunId())))
-	defer span.End()
-	tp := hoptrace.Format(hctx)
-	if tp == "" {
-		tp = traceparent.Child(job.GetTraceparent())
-	}
+	// ack span through the package's traceparent (and of the gRPC client span). Hop calls
+	// run under the span (so gRPC metadata carries it); saving state does not depend on it.
+	hctx, tp, end := s.hopSpan(ctx, job, st)
+	defer end()
 	pkg := s.buildPackage(job, st, tp)
-	// Hop calls run under the span (so gRPC metadata carries it); saving state does not
-	// depend on it.
 	if st.IsWriteback() {
-		return s.writeback(hctx, job, p, st, pkg, saved)
+		return s.writeback(hctx, job, p, st, pkg, w, t.Artifact)
 	}
-	return s.agentHop(hctx, job, p, st, pkg, saved)
+	return s.agentHop(hctx, job, p, st, pkg, w)
 }
 
-// payHop is the rail paying a hop itself (a receiver that does not share its store, the
-// writeback): one hop off the wallet, never below zero, and not again when this step is a
-// repeat whose hop was paid before its save failed (saved, see step).
-func (s *Server) payHop(ctx context.Context, job *handoffv1.Job, saved *handoffv1.Budget) error {
-	if hopPaid, _, _ := aheadOf(saved, job.GetWallet()); hopPaid {
-		return nil
+// pay takes d from the run's wallet, if it takes anything: a hop the wallet cannot cover is
+// not an error (the hop was made; the next step's checks stop the run).
+func (s *Server) pay(ctx context.Context, job *handoffv1.Job, d store.Debit) error {
+	if d == (store.Debit{}) {
+		return nil // a zero debit changes nothing: the wallet in the run is already current
 	}
-	if err := s.debit(ctx, job, store.Debit{Hops: 1}); err != nil && !errors.Is(err, store.ErrWalletEmpty) {
+	if err := s.debit(ctx, job, d); err != nil && !errors.Is(err, store.ErrWalletEmpty) {
 		return err
 	}
 	return nil
 }
 
-// aheadOf says which parts of wallet cur are below saved (see step): hops, money and
-// revisions already taken by a step being repeated. All false when saved is nil.
-func aheadOf(saved, cur *handoffv1.Budget) (hops, usd, revisions bool) {
-	if saved == nil {
-		return false, false, false
-	}
-	return cur.GetHopsRemaining() < saved.GetHopsRemaining(),
-		cur.GetUsdRemainingMicros() < saved.GetUsdRemainingMicros(),
-		cur.GetRevisionsRemaining() < saved.GetRevisionsRemaining()
-}
-
 // buildPackage makes the package for stage st from the run's durable state alone. Goal and
-// constraints come from intake and nothing else can change them.
+// constraints come from intake and nothing else can change them. The origin says how the
+// job came to st: where from, and by which move or route; never what the stage before said.
 func (s *Server) buildPackage(job *handoffv1.Job, st *pipeline.Stage, tp string) *handoffv1.HandoffPackage {
 	pkg := &handoffv1.HandoffPackage{
 		Schema:        contract.V1,
@@ -218,6 +180,11 @@ func (s *Server) buildPackage(job *handoffv1.Job, st *pipeline.Stage, tp string)
 		// A stage a person sent the run back to is a new completion for the runner.
 		OperatorReturns: job.GetOperatorReturns(),
 	}
+	if t := lastTransfer(job); t != nil && t.GetToStage() == st.Name {
+		pkg.Origin = &handoffv1.Origin{Stage: t.GetFromStage(), Move: t.GetMove(), Route: t.GetRoute()}
+		// A stage a route sent the run back to is a new completion too.
+		pkg.Visit = t.GetVisit()
+	}
 	pkg = proto.Clone(pkg).(*handoffv1.HandoffPackage)
 	if s.opts.Tamper != nil {
 		s.opts.Tamper(pkg)
@@ -232,10 +199,20 @@ func last[T any](xs []T) []T {
 	return xs
 }
 
-// agentHop sends the package to the stage's agent runner and applies the outcome.
-func (s *Server) agentHop(ctx context.Context, job *handoffv1.Job, p *pipeline.Pipeline, st *pipeline.Stage, pkg *handoffv1.HandoffPackage, saved *handoffv1.Budget) error {
+// routeOptions are the routes stage st offers its agent.
+func routeOptions(st *pipeline.Stage) []*handoffv1.RouteOption {
+	var out []*handoffv1.RouteOption
+	for _, r := range st.Routes {
+		out = append(out, &handoffv1.RouteOption{Name: r.Name, Description: r.Description})
+	}
+	return out
+}
+
+// agentHop sends the package to the stage's agent runner, debits and records what it
+// answered, and applies next's verdict on it.
+func (s *Server) agentHop(ctx context.Context, job *handoffv1.Job, p *pipeline.Pipeline, st *pipeline.Stage, pkg *handoffv1.HandoffPackage, w stepWallet) error {
 	runner := s.runners[st.Runner]
-	req := &handoffv1.DeliverRequest{Package: pkg, Agent: st.AgentName(), RequiredTools: st.Tools}
+	req := &handoffv1.DeliverRequest{Package: pkg, Agent: st.AgentName(), RequiredTools: st.Tools, Routes: routeOptions(st)}
 	hop := job.GetHops() + 1
 	sent := s.eventAsync(ctx, job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_PACKAGE_SENT, Stage: st.Name, Traceparent: pkg.GetTrace().GetTraceparent(), Hop: hop})
 
@@ -251,105 +228,68 @@ func (s *Server) agentHop(ctx context.Context, job *handoffv1.Job, p *pipeline.P
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		return s.finish(ctx, job, handoffv1.JobState_JOB_STATE_FAILED, nil, fmt.Sprintf("stage %s: agent runner unreachable: %v", st.Name, err))
+		return s.apply(ctx, job, p, w, next(p, job, w, outcome{Sent: true, Err: err}), nil)
 	}
 
 	// The hop happened: one hop off the wallet, whatever the ack says. A receiver that
 	// shares the store has already taken it (and says so in ack.wallet); otherwise the rail
 	// takes it here, so each hop is debited exactly once.
 	job.Hops = hop
-	if w := ack.GetWallet(); w != nil {
-		s.setWallet(job, w)
-	} else if err := s.payHop(ctx, job, saved); err != nil {
+	if wl := ack.GetWallet(); wl != nil {
+		s.setWallet(job, wl)
+	} else if err := s.pay(ctx, job, w.hop(job.GetWallet())); err != nil {
 		return err
 	}
-	s.later(job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_ACK, Stage: st.Name, Ack: ack, Traceparent: ack.GetTraceparent(), Hop: hop})
+	outcomeEv := &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_ACK, Stage: st.Name, Ack: ack, Traceparent: ack.GetTraceparent(), Hop: hop}
+	s.later(job, outcomeEv)
 
+	out := outcome{Sent: true, Ack: ack}
 	switch ack.GetStatus() {
 	case handoffv1.AckStatus_ACK_STATUS_ACCEPTED:
 	case handoffv1.AckStatus_ACK_STATUS_DUPLICATE:
-		// The stage already completed for this job: take its first result, do no new work.
+		// The stage already completed for this job: take its first result (and route), do no
+		// new work.
 		prior := ack.GetPrior()
 		result = &handoffv1.StageResult{
 			JobId: job.GetJobId(), Stage: st.Name, Status: handoffv1.StageStatus_STAGE_STATUS_COMPLETED,
 			Artifacts: prior.GetArtifacts(), Evaluator: prior.GetEvaluator(), NextHint: prior.GetNextHint(),
-			Traceparent: ack.GetTraceparent(),
+			Route: prior.GetRoute(), Traceparent: ack.GetTraceparent(),
 		}
 	default:
-		return s.escalate(ctx, job, p, causeFor(ack.GetStatus()), fmt.Sprintf("stage %s answered %s", st.Name, ack.GetStatus()), ack.GetReasons())
+		result = nil
 	}
-	if err := s.opts.Validator.Validate(result); err != nil {
-		// Fail closed on agent output: nothing of an invalid result enters the run.
-		return s.escalate(ctx, job, p, handoffv1.EscalationCause_ESCALATION_CAUSE_STAGE_FAILED, fmt.Sprintf("stage %s returned an invalid result", st.Name), contract.Reasons(err))
-	}
-
-	// One wallet: the stage's spend comes off it, never below zero.
-	spent := result.GetSpentUsdMicros()
-	job.SpentUsdMicros += spent
-	if spent > 0 { // a zero debit changes nothing: the wallet in the run is already current
-		if err := s.debit(ctx, job, store.Debit{USDMicros: spent}); err != nil {
-			return err
-		}
-	}
-	s.later(job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_STAGE_RESULT, Stage: st.Name, Result: result, Traceparent: ack.GetTraceparent(), Hop: hop})
-
-	if result.GetStatus() == handoffv1.StageStatus_STAGE_STATUS_FAILED {
-		return s.escalate(ctx, job, p, handoffv1.EscalationCause_ESCALATION_CAUSE_STAGE_FAILED, fmt.Sprintf("stage %s failed: %s", st.Name, result.GetError()), nil)
-	}
-	job.Artifacts = append(job.Artifacts, result.GetArtifacts()...)
-	job.ToolsTried = append(job.ToolsTried, result.GetToolsTried()...)
-	job.OpenQuestions = result.GetOpenQuestions()
-	job.NextHint = result.GetNextHint()
-
-	if st.IsJudge() {
-		ev := result.GetEvaluator()
-		if ev.GetLastVerdict() == handoffv1.Verdict_VERDICT_UNSPECIFIED {
-			return s.escalate(ctx, job, p, handoffv1.EscalationCause_ESCALATION_CAUSE_STAGE_FAILED, fmt.Sprintf("judge %s returned no verdict", st.Name), nil)
-		}
-		job.Evaluator = ev
-		s.later(job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_VERDICT, Stage: st.Name, Evaluator: ev, Traceparent: ack.GetTraceparent(), Hop: hop})
-		if ev.GetLastVerdict() == handoffv1.Verdict_VERDICT_FAIL {
-			// Critique loop: back to the reviser, with the failures in the package, for
-			// one revision off the wallet. A repeated step whose revision was taken
-			// before its save failed has it already.
-			if _, _, taken := aheadOf(saved, job.GetWallet()); !taken {
-				err := store.ErrWalletEmpty
-				if job.GetWallet().GetRevisionsRemaining() > 0 {
-					err = s.debit(ctx, job, store.Debit{Revisions: 1})
-				}
-				if err != nil && !errors.Is(err, store.ErrWalletEmpty) {
-					return err
-				}
-				if err != nil {
-					return s.escalate(ctx, job, p, handoffv1.EscalationCause_ESCALATION_CAUSE_REVISIONS_EXHAUSTED,
-						fmt.Sprintf("judge %s failed the work and no revisions are left", st.Name), failureReasons(ev))
+	if result != nil {
+		if err := s.opts.Validator.Validate(result); err != nil {
+			out.Invalid = contract.Reasons(err) // nothing of an invalid result enters the run
+		} else {
+			out.Result = result
+			// One wallet: the stage's spend comes off it, never below zero.
+			job.SpentUsdMicros += result.GetSpentUsdMicros()
+			if err := s.pay(ctx, job, w.spend(result.GetSpentUsdMicros())); err != nil {
+				return err
+			}
+			outcomeEv = &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_STAGE_RESULT, Stage: st.Name, Result: result, Traceparent: ack.GetTraceparent(), Hop: hop}
+			s.later(job, outcomeEv)
+			if result.GetStatus() != handoffv1.StageStatus_STAGE_STATUS_FAILED {
+				job.Artifacts = append(job.Artifacts, result.GetArtifacts()...)
+				job.ToolsTried = append(job.ToolsTried, result.GetToolsTried()...)
+				job.OpenQuestions = result.GetOpenQuestions()
+				job.NextHint = result.GetNextHint()
+				if ev := result.GetEvaluator(); st.IsJudge() && ev.GetLastVerdict() != handoffv1.Verdict_VERDICT_UNSPECIFIED {
+					// Evaluator state travels: every later package carries this verdict.
+					job.Evaluator = ev
+					outcomeEv = &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_VERDICT, Stage: st.Name, Evaluator: ev, Traceparent: ack.GetTraceparent(), Hop: hop}
+					s.later(job, outcomeEv)
 				}
 			}
-			job.Revisions++
-			job.Stage = st.Revise
-			return s.save(ctx, job)
 		}
 	}
-	ns, ok := p.Next(st.Name)
-	if !ok {
-		return s.finish(ctx, job, handoffv1.JobState_JOB_STATE_COMPLETED, nil, "")
-	}
-	job.Stage = ns.Name
-	return s.save(ctx, job)
+	return s.apply(ctx, job, p, w, next(p, job, w, out), outcomeEv)
 }
 
-// writeback calls the writeback service, only ever after a judge's PASS.
-// saved is as for step.
-func (s *Server) writeback(ctx context.Context, job *handoffv1.Job, p *pipeline.Pipeline, st *pipeline.Stage, pkg *handoffv1.HandoffPackage, saved *handoffv1.Budget) error {
-	if job.GetEvaluator().GetLastVerdict() != handoffv1.Verdict_VERDICT_PASS {
-		return s.escalate(ctx, job, p, handoffv1.EscalationCause_ESCALATION_CAUSE_WRITE_REFUSED,
-			fmt.Sprintf("writeback %s refused by the rail: last verdict is %s, not PASS", st.Name, job.GetEvaluator().GetLastVerdict()), nil)
-	}
-	art := latestArtifact(job.GetArtifacts(), st.Input)
-	if art == nil {
-		return s.escalate(ctx, job, p, handoffv1.EscalationCause_ESCALATION_CAUSE_WRITE_REFUSED,
-			fmt.Sprintf("writeback %s: no artifact with schema version %q to write", st.Name, st.Input), nil)
-	}
+// writeback calls the writeback service for the artifact next chose (after a judge's PASS
+// only), and applies next's verdict on the answer.
+func (s *Server) writeback(ctx context.Context, job *handoffv1.Job, p *pipeline.Pipeline, st *pipeline.Stage, pkg *handoffv1.HandoffPackage, w stepWallet, art *handoffv1.Artifact) error {
 	hop := job.GetHops() + 1
 	sent := s.eventAsync(ctx, job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_PACKAGE_SENT, Stage: st.Name, Traceparent: pkg.GetTrace().GetTraceparent(), Hop: hop})
 	req := &handoffv1.WriteRequest{Package: pkg, Artifact: art, Target: st.Writer.Target}
@@ -363,14 +303,14 @@ func (s *Server) writeback(ctx context.Context, job *handoffv1.Job, p *pipeline.
 	job.Hops = hop
 	// The rail pays the writeback hop itself (nothing else debits between the previous
 	// stage's save and this one).
-	if derr := s.payHop(ctx, job, saved); derr != nil {
+	if derr := s.pay(ctx, job, w.hop(job.GetWallet())); derr != nil {
 		return derr
 	}
 	if err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		return s.escalate(ctx, job, p, handoffv1.EscalationCause_ESCALATION_CAUSE_WRITE_REFUSED, fmt.Sprintf("writeback %s: %v", st.Name, status.Convert(err).Message()), nil)
+		return s.apply(ctx, job, p, w, next(p, job, w, outcome{Sent: true, Err: err}), nil)
 	}
 	job.Receipt = resp.GetReceipt()
 	// The hop belongs to this run's trace. A duplicate's receipt keeps the trace of the run
@@ -382,21 +322,43 @@ func (s *Server) writeback(ctx context.Context, job *handoffv1.Job, p *pipeline.
 		ack.Prior = &handoffv1.PriorResult{Receipt: resp.GetReceipt(), CompletedAt: resp.GetReceipt().GetWrittenAt()}
 	}
 	s.later(job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_ACK, Stage: st.Name, Ack: ack, Traceparent: ack.GetTraceparent(), Hop: hop})
-	s.later(job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_RECEIPT, Stage: st.Name, Receipt: resp.GetReceipt(), Traceparent: tp, Hop: hop})
-	if ns, ok := p.Next(st.Name); ok {
-		job.Stage = ns.Name
-		return s.save(ctx, job)
-	}
-	return s.finish(ctx, job, handoffv1.JobState_JOB_STATE_COMPLETED, nil, "")
+	receipt := &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_RECEIPT, Stage: st.Name, Receipt: resp.GetReceipt(), Traceparent: tp, Hop: hop}
+	s.later(job, receipt)
+	return s.apply(ctx, job, p, w, next(p, job, w, outcome{Sent: true, Receipt: resp.GetReceipt()}), receipt)
 }
 
-func latestArtifact(arts []*handoffv1.Artifact, schemaVersion string) *handoffv1.Artifact {
-	for i := len(arts) - 1; i >= 0; i-- {
-		if schemaVersion == "" || arts[i].GetSchemaVersion() == schemaVersion {
-			return arts[i]
+// apply carries out transition t: it records the move (in the run, and on ev, the hop's last
+// outcome event, when there is one), debits a revision, and saves the run where t leaves it.
+func (s *Server) apply(ctx context.Context, job *handoffv1.Job, p *pipeline.Pipeline, w stepWallet, t transition, ev *handoffv1.JobEvent) error {
+	if t.Revision {
+		// Critique loop: one revision off the wallet. The store may hold none after all.
+		if err := s.debit(ctx, job, store.Debit{Revisions: 1}); errors.Is(err, store.ErrWalletEmpty) && t.NoRevision != nil {
+			t = *t.NoRevision
+		} else if err != nil {
+			return err
 		}
 	}
-	return nil
+	if t.Transfer != nil {
+		job.Transfers = append(job.Transfers, t.Transfer)
+		if ev != nil {
+			ev.Transfer = t.Transfer
+		}
+	}
+	switch t.Action {
+	case actMove:
+		if t.Transfer.GetMove() == handoffv1.Move_MOVE_REVISE {
+			job.Revisions++
+		}
+		job.Stage = t.Transfer.GetToStage()
+		return s.save(ctx, job)
+	case actComplete:
+		return s.finish(ctx, job, handoffv1.JobState_JOB_STATE_COMPLETED, nil, "", t.Transfer)
+	case actEscalate:
+		return s.escalate(ctx, job, p, t.Cause, t.Detail, t.Reasons, t.Transfer)
+	case actFail:
+		return s.finish(ctx, job, handoffv1.JobState_JOB_STATE_FAILED, nil, t.Detail, nil)
+	}
+	return fmt.Errorf("coordinator: transition %s cannot be applied here", t.Action)
 }
 
 // retry runs call until it succeeds, fails for good, or gives up: after Retry attempts and
@@ -439,26 +401,6 @@ func (s *Server) retry(ctx context.Context, job *handoffv1.Job, stage string, ca
 	}
 }
 
-func causeFor(st handoffv1.AckStatus) handoffv1.EscalationCause {
-	switch st {
-	case handoffv1.AckStatus_ACK_STATUS_REJECTED_SCHEMA:
-		return handoffv1.EscalationCause_ESCALATION_CAUSE_REJECTED_SCHEMA
-	case handoffv1.AckStatus_ACK_STATUS_REJECTED_ROLE:
-		return handoffv1.EscalationCause_ESCALATION_CAUSE_REJECTED_ROLE
-	case handoffv1.AckStatus_ACK_STATUS_REJECTED_BUDGET:
-		return handoffv1.EscalationCause_ESCALATION_CAUSE_REJECTED_BUDGET
-	}
-	return handoffv1.EscalationCause_ESCALATION_CAUSE_STAGE_FAILED
-}
-
-func failureReasons(ev *handoffv1.Evaluator) []*handoffv1.Reason {
-	out := make([]*handoffv1.Reason, 0, len(ev.GetFailures()))
-	for _, f := range ev.GetFailures() {
-		out = append(out, &handoffv1.Reason{Field: "evaluator.failures", Rule: f.GetCode(), Message: f.GetDetail()})
-	}
-	return out
-}
-
 // save writes the run together with its waiting events (later). When the write fails, the
 // events are dropped with the state they belong to.
 func (s *Server) save(ctx context.Context, job *handoffv1.Job) error {
@@ -476,17 +418,20 @@ func (s *Server) save(ctx context.Context, job *handoffv1.Job) error {
 	return nil
 }
 
-func (s *Server) escalate(ctx context.Context, job *handoffv1.Job, p *pipeline.Pipeline, cause handoffv1.EscalationCause, detail string, reasons []*handoffv1.Reason) error {
+// escalate hands the run to a person: ESCALATED with cause, at the pipeline's escalation
+// route. tr is the move that escalated it (a route to escalate), or nil.
+func (s *Server) escalate(ctx context.Context, job *handoffv1.Job, p *pipeline.Pipeline, cause handoffv1.EscalationCause, detail string, reasons []*handoffv1.Reason, tr *handoffv1.Transfer) error {
 	job.Escalations = max(job.GetEscalations(), job.GetResolution().GetEscalation().GetNumber()) + 1
 	job.Escalation = &handoffv1.Escalation{
 		Cause: cause, Stage: job.GetStage(), Detail: detail, Reasons: reasons,
 		Route: p.Escalation.Route, At: timestamppb.New(s.opts.Now()), Number: job.Escalations,
 	}
-	return s.finish(ctx, job, handoffv1.JobState_JOB_STATE_ESCALATED, job.Escalation, detail)
+	return s.finish(ctx, job, handoffv1.JobState_JOB_STATE_ESCALATED, job.Escalation, detail, tr)
 }
 
-// finish saves the run in a terminal state and records the last event.
-func (s *Server) finish(ctx context.Context, job *handoffv1.Job, state handoffv1.JobState, esc *handoffv1.Escalation, detail string) error {
+// finish saves the run in a terminal state and records the last event, with tr, the move
+// that ended the run (a route to escalate or end), when there is one.
+func (s *Server) finish(ctx context.Context, job *handoffv1.Job, state handoffv1.JobState, esc *handoffv1.Escalation, detail string, tr *handoffv1.Transfer) error {
 	job.State = state
 	if state == handoffv1.JobState_JOB_STATE_FAILED {
 		// The rail itself could not go on (a peer unreachable past every retry, a pipeline
@@ -494,7 +439,7 @@ func (s *Server) finish(ctx context.Context, job *handoffv1.Job, state handoffv1
 		esc = &handoffv1.Escalation{Stage: job.GetStage(), Detail: detail, At: timestamppb.New(s.opts.Now())}
 		job.Escalation = esc
 	}
-	ev := &handoffv1.JobEvent{Stage: job.GetStage(), Escalation: esc}
+	ev := &handoffv1.JobEvent{Stage: job.GetStage(), Escalation: esc, Transfer: tr}
 	switch state {
 	case handoffv1.JobState_JOB_STATE_COMPLETED:
 		ev.Kind = handoffv1.EventKind_EVENT_KIND_COMPLETED

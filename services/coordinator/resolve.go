@@ -227,7 +227,7 @@ func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEs
 	// Whatever this resolution saves carries the store's wallet, not the run's copy: an
 	// earlier approve whose save failed may have paid its writeback hop since the run was
 	// saved, and a run saved with the older copy would make its next driver take that debit
-	// for its own repeated step's (aheadOf) and not pay a new hop. saved keeps the run's
+	// for its own repeated step's (stepWallet) and not pay a new hop. saved keeps the run's
 	// copy for the approve below.
 	saved := job.GetWallet()
 	switch w, err := s.opts.Store.Wallet(ctx, runID); {
@@ -246,7 +246,7 @@ func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEs
 		if res.Action == handoffv1.ResolutionAction_RESOLUTION_ACTION_REJECT_MALFORMED {
 			what = "rejected as malformed"
 		}
-		if err := s.finish(ctx, job, handoffv1.JobState_JOB_STATE_FAILED, nil, fmt.Sprintf("%s by %s: %s", what, res.GetOperator(), res.GetReason())); err != nil {
+		if err := s.finish(ctx, job, handoffv1.JobState_JOB_STATE_FAILED, nil, fmt.Sprintf("%s by %s: %s", what, res.GetOperator(), res.GetReason()), nil); err != nil {
 			return nil, status.Errorf(codes.Unavailable, "%v", err)
 		}
 	case handoffv1.ResolutionAction_RESOLUTION_ACTION_RETURN_TO_STAGE:
@@ -259,22 +259,22 @@ func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEs
 			job.NextHint = truncate("operator: "+c, 1000)
 		}
 		job.OperatorReturns = returns
-		job.Stage = target.Name
+		moved := s.operatorMove(job, p, target)
 		job.State = handoffv1.JobState_JOB_STATE_RUNNING
 		job.Escalation = nil
-		s.later(job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_RESOLVED, Stage: target.Name, Resolution: res, Evaluator: job.GetEvaluator()})
+		s.later(job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_RESOLVED, Stage: target.Name, Resolution: res, Evaluator: job.GetEvaluator(), Transfer: moved})
 		if err := s.save(ctx, job); err != nil {
 			return nil, status.Errorf(codes.Unavailable, "%v", err)
 		}
 	case handoffv1.ResolutionAction_RESOLUTION_ACTION_APPROVE:
 		job.Evaluator = &handoffv1.Evaluator{LastVerdict: handoffv1.Verdict_VERDICT_PASS, Rounds: round}
-		job.Stage = target.Name
+		moved := s.operatorMove(job, p, target)
 		job.State = handoffv1.JobState_JOB_STATE_RUNNING
 		job.Escalation = nil
 		// The decision takes effect when the run is saved RUNNING at the writeback stage with
 		// the human PASS, together with its RESOLVED event; a crash after this save leaves a
 		// run the takeover scan drives to the same write.
-		s.later(job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_RESOLVED, Stage: target.Name, Resolution: res, Evaluator: job.GetEvaluator()})
+		s.later(job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_RESOLVED, Stage: target.Name, Resolution: res, Evaluator: job.GetEvaluator(), Transfer: moved})
 		if err := s.save(ctx, job); err != nil {
 			return nil, status.Errorf(codes.Unavailable, "%v", err)
 		}
@@ -282,7 +282,7 @@ func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEs
 		// the job_id:stage:artifact_type key), without the wallet checks a person overrides.
 		// An earlier approve whose save failed may have paid this hop already: the store's
 		// wallet below the run's saved copy says so.
-		if err := s.writebackHop(ctx, job, p, target, saved); err != nil {
+		if err := s.writebackHop(ctx, job, p, target, stepWallet{saved: saved}); err != nil {
 			return nil, status.Errorf(codes.Unavailable, "%v", err)
 		}
 		resp.Receipt = job.GetReceipt()
@@ -304,12 +304,25 @@ func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEs
 	return resp, nil
 }
 
-// writebackHop runs stage st (a writeback) for the run under a send span, as step does.
-// saved is as for step.
-func (s *Server) writebackHop(ctx context.Context, job *handoffv1.Job, p *pipeline.Pipeline, st *pipeline.Stage, saved *handoffv1.Budget) error {
+// operatorMove moves the run to stage target on a person's word and records the move: it
+// starts a new round (the decision counts as one), so the stage runs as a new completion.
+func (s *Server) operatorMove(job *handoffv1.Job, p *pipeline.Pipeline, target *pipeline.Stage) *handoffv1.Transfer {
+	t := transfer(p, job, job.GetStage(), target.Name, handoffv1.Move_MOVE_OPERATOR, nil)
+	job.Transfers = append(job.Transfers, t)
+	job.Stage = target.Name
+	return t
+}
+
+// writebackHop runs stage st (a writeback) for the run under a send span, as step does,
+// but without the wallet checks a person overrides (next's gate still holds).
+func (s *Server) writebackHop(ctx context.Context, job *handoffv1.Job, p *pipeline.Pipeline, st *pipeline.Stage, w stepWallet) error {
+	t := next(p, job, w, outcome{Override: true})
+	if t.Action != actSend {
+		return s.apply(ctx, job, p, w, t, nil)
+	}
 	hctx, tp, end := s.hopSpan(ctx, job, st)
 	defer end()
-	return s.writeback(hctx, job, p, st, s.buildPackage(job, st, tp), saved)
+	return s.writeback(hctx, job, p, st, s.buildPackage(job, st, tp), w, t.Artifact)
 }
 
 func (s *Server) hopSpan(ctx context.Context, job *handoffv1.Job, st *pipeline.Stage) (context.Context, string, func()) {

@@ -220,9 +220,12 @@ export function budgetGate(p: HandoffPackage): Ack | undefined {
 /**
  * completionKey is the stage's idempotency key, the same as the Go runner's:
  * "stage:<job_id>:<stage>:<round>", with ":o<operator_returns>" once a person has sent the
- * job back to a stage (so that stage runs again instead of answering DUPLICATE).
+ * job back to a stage, and ":v<visit>" when a route sent the job back to a stage it was at
+ * (so that stage runs again instead of answering DUPLICATE).
  */
 export function completionKey(p: HandoffPackage): string {
-  const base = `stage:${p.jobId}:${p.stage}:${p.evaluator?.rounds ?? 0}`;
-  return p.operatorReturns > 0 ? `${base}:o${p.operatorReturns}` : base;
+  let key = `stage:${p.jobId}:${p.stage}:${p.evaluator?.rounds ?? 0}`;
+  if (p.operatorReturns > 0) key += `:o${p.operatorReturns}`;
+  if (p.visit > 0) key += `:v${p.visit}`;
+  return key;
 }

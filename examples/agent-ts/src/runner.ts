@@ -199,7 +199,7 @@ export function createRunner(store: FileStore) {
           const { result, revising } = await run(p!);
           if (result.status === StageStatus.COMPLETED) {
             // Recorded before it is sent, so a retry after a lost answer gets it as DUPLICATE.
-            done.set(key, create(PriorResultSchema, { artifacts: result.artifacts, completedAt: timestampNow(), nextHint: result.nextHint }));
+            done.set(key, create(PriorResultSchema, { artifacts: result.artifacts, completedAt: timestampNow(), nextHint: result.nextHint, route: result.route }));
           }
           log({
             rpc: "Deliver",

@@ -85,6 +85,10 @@ type DeliverRequest struct {
 	// Tools the pipeline lets this stage hold. The runner answers REJECTED_ROLE unless the
 	// agent's role card holds every one of them.
 	RequiredTools []string `protobuf:"bytes,3,rep,name=required_tools,json=requiredTools,proto3" json:"required_tools,omitempty"`
+	// The routes the pipeline declares for this stage: the moves its agent chooses among
+	// (StageResult.route). Empty: the stage chooses none, and the rail moves the job on by the
+	// pipeline's order.
+	Routes        []*RouteOption `protobuf:"bytes,4,rep,name=routes,proto3" json:"routes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -136,6 +140,13 @@ func (x *DeliverRequest) GetAgent() string {
 func (x *DeliverRequest) GetRequiredTools() []string {
 	if x != nil {
 		return x.RequiredTools
+	}
+	return nil
+}
+
+func (x *DeliverRequest) GetRoutes() []*RouteOption {
+	if x != nil {
+		return x.Routes
 	}
 	return nil
 }
@@ -230,6 +241,10 @@ type CheckRequest struct {
 	// Tools the pipeline lets this stage hold. The runner answers REJECTED_ROLE unless the
 	// agent's role card holds every one of them.
 	RequiredTools []string `protobuf:"bytes,3,rep,name=required_tools,json=requiredTools,proto3" json:"required_tools,omitempty"`
+	// The routes the pipeline declares for this stage: the moves its agent chooses among
+	// (StageResult.route). Empty: the stage chooses none, and the rail moves the job on by the
+	// pipeline's order.
+	Routes        []*RouteOption `protobuf:"bytes,4,rep,name=routes,proto3" json:"routes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -281,6 +296,13 @@ func (x *CheckRequest) GetAgent() string {
 func (x *CheckRequest) GetRequiredTools() []string {
 	if x != nil {
 		return x.RequiredTools
+	}
+	return nil
+}
+
+func (x *CheckRequest) GetRoutes() []*RouteOption {
+	if x != nil {
+		return x.Routes
 	}
 	return nil
 }
@@ -347,7 +369,11 @@ type StageResult struct {
 	// Why the stage failed, when status is FAILED.
 	Error string `protobuf:"bytes,10,opt,name=error,proto3" json:"error,omitempty"`
 	// The trace this result belongs to.
-	Traceparent   string `protobuf:"bytes,11,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
+	Traceparent string `protobuf:"bytes,11,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
+	// The route the stage chose among DeliverRequest.routes, and why. Required from a stage
+	// that was offered routes and absent otherwise: the rail escalates any other answer
+	// (ESCALATION_CAUSE_ROUTE_UNDECLARED) and never guesses a route.
+	Route         *RouteChoice `protobuf:"bytes,12,opt,name=route,proto3" json:"route,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -459,26 +485,89 @@ func (x *StageResult) GetTraceparent() string {
 	return ""
 }
 
+func (x *StageResult) GetRoute() *RouteChoice {
+	if x != nil {
+		return x.Route
+	}
+	return nil
+}
+
+// RouteOption is one route a stage may choose: its name and what it is for (for a model,
+// the description of its transfer tool).
+type RouteOption struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Description   string                 `protobuf:"bytes,2,opt,name=description,proto3" json:"description,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RouteOption) Reset() {
+	*x = RouteOption{}
+	mi := &file_handoff_v1_agentrunner_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RouteOption) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RouteOption) ProtoMessage() {}
+
+func (x *RouteOption) ProtoReflect() protoreflect.Message {
+	mi := &file_handoff_v1_agentrunner_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RouteOption.ProtoReflect.Descriptor instead.
+func (*RouteOption) Descriptor() ([]byte, []int) {
+	return file_handoff_v1_agentrunner_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *RouteOption) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *RouteOption) GetDescription() string {
+	if x != nil {
+		return x.Description
+	}
+	return ""
+}
+
 var File_handoff_v1_agentrunner_proto protoreflect.FileDescriptor
 
 const file_handoff_v1_agentrunner_proto_rawDesc = "" +
 	"\n" +
 	"\x1chandoff/v1/agentrunner.proto\x12\n" +
-	"handoff.v1\x1a\x1bbuf/validate/validate.proto\x1a\x18handoff/v1/handoff.proto\"\xbc\x01\n" +
+	"handoff.v1\x1a\x1bbuf/validate/validate.proto\x1a\x18handoff/v1/handoff.proto\"\xf7\x01\n" +
 	"\x0eDeliverRequest\x12<\n" +
 	"\apackage\x18\x01 \x01(\v2\x1a.handoff.v1.HandoffPackageB\x06\xbaH\x03\xc8\x01\x01R\apackage\x124\n" +
 	"\x05agent\x18\x02 \x01(\tB\x1e\xbaH\x1br\x19\x18@2\x15^([a-z][a-z0-9_-]*)?$R\x05agent\x126\n" +
-	"\x0erequired_tools\x18\x03 \x03(\tB\x0f\xbaH\f\x92\x01\t\x10@\"\x05r\x03\x18\x80\x01R\rrequiredTools\"y\n" +
+	"\x0erequired_tools\x18\x03 \x03(\tB\x0f\xbaH\f\x92\x01\t\x10@\"\x05r\x03\x18\x80\x01R\rrequiredTools\x129\n" +
+	"\x06routes\x18\x04 \x03(\v2\x17.handoff.v1.RouteOptionB\b\xbaH\x05\x92\x01\x02\x10 R\x06routes\"y\n" +
 	"\x0fDeliverResponse\x12#\n" +
 	"\x03ack\x18\x01 \x01(\v2\x0f.handoff.v1.AckH\x00R\x03ack\x121\n" +
 	"\x06result\x18\x02 \x01(\v2\x17.handoff.v1.StageResultH\x00R\x06resultB\x0e\n" +
-	"\x05event\x12\x05\xbaH\x02\b\x01\"\xba\x01\n" +
+	"\x05event\x12\x05\xbaH\x02\b\x01\"\xf5\x01\n" +
 	"\fCheckRequest\x12<\n" +
 	"\apackage\x18\x01 \x01(\v2\x1a.handoff.v1.HandoffPackageB\x06\xbaH\x03\xc8\x01\x01R\apackage\x124\n" +
 	"\x05agent\x18\x02 \x01(\tB\x1e\xbaH\x1br\x19\x18@2\x15^([a-z][a-z0-9_-]*)?$R\x05agent\x126\n" +
-	"\x0erequired_tools\x18\x03 \x03(\tB\x0f\xbaH\f\x92\x01\t\x10@\"\x05r\x03\x18\x80\x01R\rrequiredTools\"2\n" +
+	"\x0erequired_tools\x18\x03 \x03(\tB\x0f\xbaH\f\x92\x01\t\x10@\"\x05r\x03\x18\x80\x01R\rrequiredTools\x129\n" +
+	"\x06routes\x18\x04 \x03(\v2\x17.handoff.v1.RouteOptionB\b\xbaH\x05\x92\x01\x02\x10 R\x06routes\"2\n" +
 	"\rCheckResponse\x12!\n" +
-	"\x03ack\x18\x01 \x01(\v2\x0f.handoff.v1.AckR\x03ack\"\xf9\x03\n" +
+	"\x03ack\x18\x01 \x01(\v2\x0f.handoff.v1.AckR\x03ack\"\xa8\x04\n" +
 	"\vStageResult\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x14\n" +
 	"\x05stage\x18\x02 \x01(\tR\x05stage\x129\n" +
@@ -492,7 +581,11 @@ const file_handoff_v1_agentrunner_proto_rawDesc = "" +
 	"\tnext_hint\x18\t \x01(\tB\b\xbaH\x05r\x03\x18\xe8\aR\bnextHint\x12\x1e\n" +
 	"\x05error\x18\n" +
 	" \x01(\tB\b\xbaH\x05r\x03\x18\xd0\x0fR\x05error\x12 \n" +
-	"\vtraceparent\x18\v \x01(\tR\vtraceparent*`\n" +
+	"\vtraceparent\x18\v \x01(\tR\vtraceparent\x12-\n" +
+	"\x05route\x18\f \x01(\v2\x17.handoff.v1.RouteChoiceR\x05route\"m\n" +
+	"\vRouteOption\x122\n" +
+	"\x04name\x18\x01 \x01(\tB\x1e\xbaH\x1b\xc8\x01\x01r\x16\x18@2\x12^[a-z][a-z0-9_-]*$R\x04name\x12*\n" +
+	"\vdescription\x18\x02 \x01(\tB\b\xbaH\x05r\x03\x18\xf4\x03R\vdescription*`\n" +
 	"\vStageStatus\x12\x1c\n" +
 	"\x18STAGE_STATUS_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16STAGE_STATUS_COMPLETED\x10\x01\x12\x17\n" +
@@ -514,7 +607,7 @@ func file_handoff_v1_agentrunner_proto_rawDescGZIP() []byte {
 }
 
 var file_handoff_v1_agentrunner_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_handoff_v1_agentrunner_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_handoff_v1_agentrunner_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_handoff_v1_agentrunner_proto_goTypes = []any{
 	(StageStatus)(0),        // 0: handoff.v1.StageStatus
 	(*DeliverRequest)(nil),  // 1: handoff.v1.DeliverRequest
@@ -522,31 +615,36 @@ var file_handoff_v1_agentrunner_proto_goTypes = []any{
 	(*CheckRequest)(nil),    // 3: handoff.v1.CheckRequest
 	(*CheckResponse)(nil),   // 4: handoff.v1.CheckResponse
 	(*StageResult)(nil),     // 5: handoff.v1.StageResult
-	(*HandoffPackage)(nil),  // 6: handoff.v1.HandoffPackage
-	(*Ack)(nil),             // 7: handoff.v1.Ack
-	(*Artifact)(nil),        // 8: handoff.v1.Artifact
-	(*ToolAttempt)(nil),     // 9: handoff.v1.ToolAttempt
-	(*Evaluator)(nil),       // 10: handoff.v1.Evaluator
+	(*RouteOption)(nil),     // 6: handoff.v1.RouteOption
+	(*HandoffPackage)(nil),  // 7: handoff.v1.HandoffPackage
+	(*Ack)(nil),             // 8: handoff.v1.Ack
+	(*Artifact)(nil),        // 9: handoff.v1.Artifact
+	(*ToolAttempt)(nil),     // 10: handoff.v1.ToolAttempt
+	(*Evaluator)(nil),       // 11: handoff.v1.Evaluator
+	(*RouteChoice)(nil),     // 12: handoff.v1.RouteChoice
 }
 var file_handoff_v1_agentrunner_proto_depIdxs = []int32{
-	6,  // 0: handoff.v1.DeliverRequest.package:type_name -> handoff.v1.HandoffPackage
-	7,  // 1: handoff.v1.DeliverResponse.ack:type_name -> handoff.v1.Ack
-	5,  // 2: handoff.v1.DeliverResponse.result:type_name -> handoff.v1.StageResult
-	6,  // 3: handoff.v1.CheckRequest.package:type_name -> handoff.v1.HandoffPackage
-	7,  // 4: handoff.v1.CheckResponse.ack:type_name -> handoff.v1.Ack
-	0,  // 5: handoff.v1.StageResult.status:type_name -> handoff.v1.StageStatus
-	8,  // 6: handoff.v1.StageResult.artifacts:type_name -> handoff.v1.Artifact
-	9,  // 7: handoff.v1.StageResult.tools_tried:type_name -> handoff.v1.ToolAttempt
-	10, // 8: handoff.v1.StageResult.evaluator:type_name -> handoff.v1.Evaluator
-	1,  // 9: handoff.v1.AgentRunnerService.Deliver:input_type -> handoff.v1.DeliverRequest
-	3,  // 10: handoff.v1.AgentRunnerService.Check:input_type -> handoff.v1.CheckRequest
-	2,  // 11: handoff.v1.AgentRunnerService.Deliver:output_type -> handoff.v1.DeliverResponse
-	4,  // 12: handoff.v1.AgentRunnerService.Check:output_type -> handoff.v1.CheckResponse
-	11, // [11:13] is the sub-list for method output_type
-	9,  // [9:11] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	7,  // 0: handoff.v1.DeliverRequest.package:type_name -> handoff.v1.HandoffPackage
+	6,  // 1: handoff.v1.DeliverRequest.routes:type_name -> handoff.v1.RouteOption
+	8,  // 2: handoff.v1.DeliverResponse.ack:type_name -> handoff.v1.Ack
+	5,  // 3: handoff.v1.DeliverResponse.result:type_name -> handoff.v1.StageResult
+	7,  // 4: handoff.v1.CheckRequest.package:type_name -> handoff.v1.HandoffPackage
+	6,  // 5: handoff.v1.CheckRequest.routes:type_name -> handoff.v1.RouteOption
+	8,  // 6: handoff.v1.CheckResponse.ack:type_name -> handoff.v1.Ack
+	0,  // 7: handoff.v1.StageResult.status:type_name -> handoff.v1.StageStatus
+	9,  // 8: handoff.v1.StageResult.artifacts:type_name -> handoff.v1.Artifact
+	10, // 9: handoff.v1.StageResult.tools_tried:type_name -> handoff.v1.ToolAttempt
+	11, // 10: handoff.v1.StageResult.evaluator:type_name -> handoff.v1.Evaluator
+	12, // 11: handoff.v1.StageResult.route:type_name -> handoff.v1.RouteChoice
+	1,  // 12: handoff.v1.AgentRunnerService.Deliver:input_type -> handoff.v1.DeliverRequest
+	3,  // 13: handoff.v1.AgentRunnerService.Check:input_type -> handoff.v1.CheckRequest
+	2,  // 14: handoff.v1.AgentRunnerService.Deliver:output_type -> handoff.v1.DeliverResponse
+	4,  // 15: handoff.v1.AgentRunnerService.Check:output_type -> handoff.v1.CheckResponse
+	14, // [14:16] is the sub-list for method output_type
+	12, // [12:14] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_handoff_v1_agentrunner_proto_init() }
@@ -565,7 +663,7 @@ func file_handoff_v1_agentrunner_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_handoff_v1_agentrunner_proto_rawDesc), len(file_handoff_v1_agentrunner_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   5,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

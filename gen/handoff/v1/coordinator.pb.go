@@ -33,7 +33,8 @@ const (
 	JobState_JOB_STATE_RUNNING     JobState = 1
 	JobState_JOB_STATE_COMPLETED   JobState = 2
 	// Handed to a person: a rejected ack, judge FAIL with no revisions left, an empty wallet,
-	// the hop cap, or a failed stage.
+	// the hop cap, a failed stage, a route the stage does not declare, a ping-pong, or a
+	// declared route to escalate.
 	JobState_JOB_STATE_ESCALATED JobState = 3
 	JobState_JOB_STATE_FAILED    JobState = 4
 )
@@ -95,20 +96,31 @@ const (
 	EscalationCause_ESCALATION_CAUSE_WALLET_EMPTY        EscalationCause = 6
 	EscalationCause_ESCALATION_CAUSE_STAGE_FAILED        EscalationCause = 7
 	EscalationCause_ESCALATION_CAUSE_WRITE_REFUSED       EscalationCause = 8
+	// The stage chose a route it does not declare, or declares routes and chose none (or a
+	// route that would end the job before the write it owes). The rail never guesses a move.
+	EscalationCause_ESCALATION_CAUSE_ROUTE_UNDECLARED EscalationCause = 9
+	// Two stages handed the job back and forth more than the pipeline's max_bounces allows.
+	EscalationCause_ESCALATION_CAUSE_PING_PONG EscalationCause = 10
+	// The stage chose a declared route whose target is escalate (intake could not classify
+	// the ticket, say): the pipeline sends such work to a person.
+	EscalationCause_ESCALATION_CAUSE_ROUTED EscalationCause = 11
 )
 
 // Enum value maps for EscalationCause.
 var (
 	EscalationCause_name = map[int32]string{
-		0: "ESCALATION_CAUSE_UNSPECIFIED",
-		1: "ESCALATION_CAUSE_REJECTED_SCHEMA",
-		2: "ESCALATION_CAUSE_REJECTED_ROLE",
-		3: "ESCALATION_CAUSE_REJECTED_BUDGET",
-		4: "ESCALATION_CAUSE_REVISIONS_EXHAUSTED",
-		5: "ESCALATION_CAUSE_HOP_CAP",
-		6: "ESCALATION_CAUSE_WALLET_EMPTY",
-		7: "ESCALATION_CAUSE_STAGE_FAILED",
-		8: "ESCALATION_CAUSE_WRITE_REFUSED",
+		0:  "ESCALATION_CAUSE_UNSPECIFIED",
+		1:  "ESCALATION_CAUSE_REJECTED_SCHEMA",
+		2:  "ESCALATION_CAUSE_REJECTED_ROLE",
+		3:  "ESCALATION_CAUSE_REJECTED_BUDGET",
+		4:  "ESCALATION_CAUSE_REVISIONS_EXHAUSTED",
+		5:  "ESCALATION_CAUSE_HOP_CAP",
+		6:  "ESCALATION_CAUSE_WALLET_EMPTY",
+		7:  "ESCALATION_CAUSE_STAGE_FAILED",
+		8:  "ESCALATION_CAUSE_WRITE_REFUSED",
+		9:  "ESCALATION_CAUSE_ROUTE_UNDECLARED",
+		10: "ESCALATION_CAUSE_PING_PONG",
+		11: "ESCALATION_CAUSE_ROUTED",
 	}
 	EscalationCause_value = map[string]int32{
 		"ESCALATION_CAUSE_UNSPECIFIED":         0,
@@ -120,6 +132,9 @@ var (
 		"ESCALATION_CAUSE_WALLET_EMPTY":        6,
 		"ESCALATION_CAUSE_STAGE_FAILED":        7,
 		"ESCALATION_CAUSE_WRITE_REFUSED":       8,
+		"ESCALATION_CAUSE_ROUTE_UNDECLARED":    9,
+		"ESCALATION_CAUSE_PING_PONG":           10,
+		"ESCALATION_CAUSE_ROUTED":              11,
 	}
 )
 
@@ -786,7 +801,9 @@ type Job struct {
 	// every package as operator_returns.
 	OperatorReturns uint32 `protobuf:"varint,25,opt,name=operator_returns,json=operatorReturns,proto3" json:"operator_returns,omitempty"`
 	// How many times the run has escalated (the number of its latest escalation).
-	Escalations   uint32 `protobuf:"varint,26,opt,name=escalations,proto3" json:"escalations,omitempty"`
+	Escalations uint32 `protobuf:"varint,26,opt,name=escalations,proto3" json:"escalations,omitempty"`
+	// Every move the rail made between stages, in order: the route taken on each hop.
+	Transfers     []*Transfer `protobuf:"bytes,27,rep,name=transfers,proto3" json:"transfers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1003,6 +1020,105 @@ func (x *Job) GetEscalations() uint32 {
 	return 0
 }
 
+func (x *Job) GetTransfers() []*Transfer {
+	if x != nil {
+		return x.Transfers
+	}
+	return nil
+}
+
+// Transfer is one move of a run from one stage to another: a one-way hand-over of the
+// package (never of a transcript), which the rail chose by the pipeline's rules.
+type Transfer struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The stage the run left.
+	FromStage string `protobuf:"bytes,1,opt,name=from_stage,json=fromStage,proto3" json:"from_stage,omitempty"`
+	// The stage the run went to, or "escalate" (a route to a person) or "end" (the run
+	// completed: after its last stage, or by a route to the end).
+	ToStage string `protobuf:"bytes,2,opt,name=to_stage,json=toStage,proto3" json:"to_stage,omitempty"`
+	Move    Move   `protobuf:"varint,3,opt,name=move,proto3,enum=handoff.v1.Move" json:"move,omitempty"`
+	// The route the stage chose, for MOVE_ROUTE.
+	Route *RouteChoice `protobuf:"bytes,4,opt,name=route,proto3" json:"route,omitempty"`
+	// The run's hops when the move was made.
+	Hop uint32 `protobuf:"varint,5,opt,name=hop,proto3" json:"hop,omitempty"`
+	// The visit of the arrival (HandoffPackage.visit).
+	Visit         uint32 `protobuf:"varint,6,opt,name=visit,proto3" json:"visit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Transfer) Reset() {
+	*x = Transfer{}
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Transfer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Transfer) ProtoMessage() {}
+
+func (x *Transfer) ProtoReflect() protoreflect.Message {
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Transfer.ProtoReflect.Descriptor instead.
+func (*Transfer) Descriptor() ([]byte, []int) {
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *Transfer) GetFromStage() string {
+	if x != nil {
+		return x.FromStage
+	}
+	return ""
+}
+
+func (x *Transfer) GetToStage() string {
+	if x != nil {
+		return x.ToStage
+	}
+	return ""
+}
+
+func (x *Transfer) GetMove() Move {
+	if x != nil {
+		return x.Move
+	}
+	return Move_MOVE_UNSPECIFIED
+}
+
+func (x *Transfer) GetRoute() *RouteChoice {
+	if x != nil {
+		return x.Route
+	}
+	return nil
+}
+
+func (x *Transfer) GetHop() uint32 {
+	if x != nil {
+		return x.Hop
+	}
+	return 0
+}
+
+func (x *Transfer) GetVisit() uint32 {
+	if x != nil {
+		return x.Visit
+	}
+	return 0
+}
+
 // Escalation says why the rail stopped and handed the run to a person.
 type Escalation struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1025,7 +1141,7 @@ type Escalation struct {
 
 func (x *Escalation) Reset() {
 	*x = Escalation{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[9]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1037,7 +1153,7 @@ func (x *Escalation) String() string {
 func (*Escalation) ProtoMessage() {}
 
 func (x *Escalation) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[9]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1050,7 +1166,7 @@ func (x *Escalation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Escalation.ProtoReflect.Descriptor instead.
 func (*Escalation) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{9}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Escalation) GetCause() EscalationCause {
@@ -1122,14 +1238,18 @@ type JobEvent struct {
 	// Hop number this event belongs to (1-based).
 	Hop uint32 `protobuf:"varint,14,opt,name=hop,proto3" json:"hop,omitempty"`
 	// The person's decision, on an EVENT_KIND_RESOLVED event.
-	Resolution    *Resolution `protobuf:"bytes,15,opt,name=resolution,proto3" json:"resolution,omitempty"`
+	Resolution *Resolution `protobuf:"bytes,15,opt,name=resolution,proto3" json:"resolution,omitempty"`
+	// The move the rail made after this hop: on the hop's last outcome event (stage result,
+	// verdict, receipt, or the ack of a rejected role it rerouted), and on the run's last
+	// event when the move ended the run (to escalate or to the end).
+	Transfer      *Transfer `protobuf:"bytes,16,opt,name=transfer,proto3" json:"transfer,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *JobEvent) Reset() {
 	*x = JobEvent{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[10]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1141,7 +1261,7 @@ func (x *JobEvent) String() string {
 func (*JobEvent) ProtoMessage() {}
 
 func (x *JobEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[10]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1154,7 +1274,7 @@ func (x *JobEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobEvent.ProtoReflect.Descriptor instead.
 func (*JobEvent) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{10}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *JobEvent) GetSeq() uint64 {
@@ -1262,6 +1382,13 @@ func (x *JobEvent) GetResolution() *Resolution {
 	return nil
 }
 
+func (x *JobEvent) GetTransfer() *Transfer {
+	if x != nil {
+		return x.Transfer
+	}
+	return nil
+}
+
 type ListEscalationsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	PageSize      int32                  `protobuf:"varint,1,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
@@ -1272,7 +1399,7 @@ type ListEscalationsRequest struct {
 
 func (x *ListEscalationsRequest) Reset() {
 	*x = ListEscalationsRequest{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[11]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1284,7 +1411,7 @@ func (x *ListEscalationsRequest) String() string {
 func (*ListEscalationsRequest) ProtoMessage() {}
 
 func (x *ListEscalationsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[11]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1297,7 +1424,7 @@ func (x *ListEscalationsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEscalationsRequest.ProtoReflect.Descriptor instead.
 func (*ListEscalationsRequest) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{11}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ListEscalationsRequest) GetPageSize() int32 {
@@ -1324,7 +1451,7 @@ type ListEscalationsResponse struct {
 
 func (x *ListEscalationsResponse) Reset() {
 	*x = ListEscalationsResponse{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[12]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1336,7 +1463,7 @@ func (x *ListEscalationsResponse) String() string {
 func (*ListEscalationsResponse) ProtoMessage() {}
 
 func (x *ListEscalationsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[12]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1349,7 +1476,7 @@ func (x *ListEscalationsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEscalationsResponse.ProtoReflect.Descriptor instead.
 func (*ListEscalationsResponse) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{12}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListEscalationsResponse) GetJobs() []*Job {
@@ -1389,7 +1516,7 @@ type ResolveEscalationRequest struct {
 
 func (x *ResolveEscalationRequest) Reset() {
 	*x = ResolveEscalationRequest{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[13]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1401,7 +1528,7 @@ func (x *ResolveEscalationRequest) String() string {
 func (*ResolveEscalationRequest) ProtoMessage() {}
 
 func (x *ResolveEscalationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[13]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1414,7 +1541,7 @@ func (x *ResolveEscalationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveEscalationRequest.ProtoReflect.Descriptor instead.
 func (*ResolveEscalationRequest) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{13}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ResolveEscalationRequest) GetRunId() string {
@@ -1531,7 +1658,7 @@ type ApproveAction struct {
 
 func (x *ApproveAction) Reset() {
 	*x = ApproveAction{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[14]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1543,7 +1670,7 @@ func (x *ApproveAction) String() string {
 func (*ApproveAction) ProtoMessage() {}
 
 func (x *ApproveAction) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[14]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1556,7 +1683,7 @@ func (x *ApproveAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApproveAction.ProtoReflect.Descriptor instead.
 func (*ApproveAction) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{14}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ApproveAction) GetArtifactText() string {
@@ -1576,7 +1703,7 @@ type ReturnToStageAction struct {
 
 func (x *ReturnToStageAction) Reset() {
 	*x = ReturnToStageAction{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[15]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1588,7 +1715,7 @@ func (x *ReturnToStageAction) String() string {
 func (*ReturnToStageAction) ProtoMessage() {}
 
 func (x *ReturnToStageAction) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[15]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1601,7 +1728,7 @@ func (x *ReturnToStageAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReturnToStageAction.ProtoReflect.Descriptor instead.
 func (*ReturnToStageAction) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{15}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ReturnToStageAction) GetStage() string {
@@ -1627,7 +1754,7 @@ type FailAction struct {
 
 func (x *FailAction) Reset() {
 	*x = FailAction{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[16]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1639,7 +1766,7 @@ func (x *FailAction) String() string {
 func (*FailAction) ProtoMessage() {}
 
 func (x *FailAction) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[16]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1652,7 +1779,7 @@ func (x *FailAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FailAction.ProtoReflect.Descriptor instead.
 func (*FailAction) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{16}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *FailAction) GetReason() string {
@@ -1671,7 +1798,7 @@ type RejectMalformedAction struct {
 
 func (x *RejectMalformedAction) Reset() {
 	*x = RejectMalformedAction{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[17]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1683,7 +1810,7 @@ func (x *RejectMalformedAction) String() string {
 func (*RejectMalformedAction) ProtoMessage() {}
 
 func (x *RejectMalformedAction) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[17]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1696,7 +1823,7 @@ func (x *RejectMalformedAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RejectMalformedAction.ProtoReflect.Descriptor instead.
 func (*RejectMalformedAction) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{17}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RejectMalformedAction) GetReason() string {
@@ -1731,7 +1858,7 @@ type Resolution struct {
 
 func (x *Resolution) Reset() {
 	*x = Resolution{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[18]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1743,7 +1870,7 @@ func (x *Resolution) String() string {
 func (*Resolution) ProtoMessage() {}
 
 func (x *Resolution) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[18]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1756,7 +1883,7 @@ func (x *Resolution) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Resolution.ProtoReflect.Descriptor instead.
 func (*Resolution) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{18}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Resolution) GetAction() ResolutionAction {
@@ -1838,7 +1965,7 @@ type ResolveEscalationResponse struct {
 
 func (x *ResolveEscalationResponse) Reset() {
 	*x = ResolveEscalationResponse{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[19]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1850,7 +1977,7 @@ func (x *ResolveEscalationResponse) String() string {
 func (*ResolveEscalationResponse) ProtoMessage() {}
 
 func (x *ResolveEscalationResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[19]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1863,7 +1990,7 @@ func (x *ResolveEscalationResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveEscalationResponse.ProtoReflect.Descriptor instead.
 func (*ResolveEscalationResponse) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{19}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ResolveEscalationResponse) GetJob() *Job {
@@ -1933,7 +2060,7 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\x06run_id\x18\x01 \x01(\tB\x06\xbaH\x03\xc8\x01\x01R\x05runId\x12\x1b\n" +
 	"\tafter_seq\x18\x02 \x01(\x04R\bafterSeq\">\n" +
 	"\x10WatchJobResponse\x12*\n" +
-	"\x05event\x18\x01 \x01(\v2\x14.handoff.v1.JobEventR\x05event\"\xfa\a\n" +
+	"\x05event\x18\x01 \x01(\v2\x14.handoff.v1.JobEventR\x05event\"\xae\b\n" +
 	"\x03Job\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x15\n" +
 	"\x06job_id\x18\x02 \x01(\tR\x05jobId\x12\x1a\n" +
@@ -1970,7 +2097,16 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"resolution\x18\x18 \x01(\v2\x16.handoff.v1.ResolutionR\n" +
 	"resolution\x12)\n" +
 	"\x10operator_returns\x18\x19 \x01(\rR\x0foperatorReturns\x12 \n" +
-	"\vescalations\x18\x1a \x01(\rR\vescalations\"\xf5\x01\n" +
+	"\vescalations\x18\x1a \x01(\rR\vescalations\x122\n" +
+	"\ttransfers\x18\x1b \x03(\v2\x14.handoff.v1.TransferR\ttransfers\"\xc1\x01\n" +
+	"\bTransfer\x12\x1d\n" +
+	"\n" +
+	"from_stage\x18\x01 \x01(\tR\tfromStage\x12\x19\n" +
+	"\bto_stage\x18\x02 \x01(\tR\atoStage\x12$\n" +
+	"\x04move\x18\x03 \x01(\x0e2\x10.handoff.v1.MoveR\x04move\x12-\n" +
+	"\x05route\x18\x04 \x01(\v2\x17.handoff.v1.RouteChoiceR\x05route\x12\x10\n" +
+	"\x03hop\x18\x05 \x01(\rR\x03hop\x12\x14\n" +
+	"\x05visit\x18\x06 \x01(\rR\x05visit\"\xf5\x01\n" +
 	"\n" +
 	"Escalation\x121\n" +
 	"\x05cause\x18\x01 \x01(\x0e2\x1b.handoff.v1.EscalationCauseR\x05cause\x12\x14\n" +
@@ -1979,7 +2115,7 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\areasons\x18\x04 \x03(\v2\x12.handoff.v1.ReasonR\areasons\x12\x14\n" +
 	"\x05route\x18\x05 \x01(\tR\x05route\x12*\n" +
 	"\x02at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x16\n" +
-	"\x06number\x18\a \x01(\rR\x06number\"\xbf\x04\n" +
+	"\x06number\x18\a \x01(\rR\x06number\"\xf1\x04\n" +
 	"\bJobEvent\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x15\n" +
 	"\x06run_id\x18\x02 \x01(\tR\x05runId\x12\x15\n" +
@@ -2000,7 +2136,8 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\x03hop\x18\x0e \x01(\rR\x03hop\x126\n" +
 	"\n" +
 	"resolution\x18\x0f \x01(\v2\x16.handoff.v1.ResolutionR\n" +
-	"resolution\"`\n" +
+	"resolution\x120\n" +
+	"\btransfer\x18\x10 \x01(\v2\x14.handoff.v1.TransferR\btransfer\"`\n" +
 	"\x16ListEscalationsRequest\x12'\n" +
 	"\tpage_size\x18\x01 \x01(\x05B\n" +
 	"\xbaH\a\x1a\x05\x18\xe8\a(\x00R\bpageSize\x12\x1d\n" +
@@ -2058,7 +2195,7 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\x11JOB_STATE_RUNNING\x10\x01\x12\x17\n" +
 	"\x13JOB_STATE_COMPLETED\x10\x02\x12\x17\n" +
 	"\x13JOB_STATE_ESCALATED\x10\x03\x12\x14\n" +
-	"\x10JOB_STATE_FAILED\x10\x04*\xd5\x02\n" +
+	"\x10JOB_STATE_FAILED\x10\x04*\xb9\x03\n" +
 	"\x0fEscalationCause\x12 \n" +
 	"\x1cESCALATION_CAUSE_UNSPECIFIED\x10\x00\x12$\n" +
 	" ESCALATION_CAUSE_REJECTED_SCHEMA\x10\x01\x12\"\n" +
@@ -2068,7 +2205,11 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\x18ESCALATION_CAUSE_HOP_CAP\x10\x05\x12!\n" +
 	"\x1dESCALATION_CAUSE_WALLET_EMPTY\x10\x06\x12!\n" +
 	"\x1dESCALATION_CAUSE_STAGE_FAILED\x10\a\x12\"\n" +
-	"\x1eESCALATION_CAUSE_WRITE_REFUSED\x10\b*\xa3\x02\n" +
+	"\x1eESCALATION_CAUSE_WRITE_REFUSED\x10\b\x12%\n" +
+	"!ESCALATION_CAUSE_ROUTE_UNDECLARED\x10\t\x12\x1e\n" +
+	"\x1aESCALATION_CAUSE_PING_PONG\x10\n" +
+	"\x12\x1b\n" +
+	"\x17ESCALATION_CAUSE_ROUTED\x10\v*\xa3\x02\n" +
 	"\tEventKind\x12\x1a\n" +
 	"\x16EVENT_KIND_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14EVENT_KIND_SUBMITTED\x10\x01\x12\x1b\n" +
@@ -2109,7 +2250,7 @@ func file_handoff_v1_coordinator_proto_rawDescGZIP() []byte {
 }
 
 var file_handoff_v1_coordinator_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_handoff_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_handoff_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_handoff_v1_coordinator_proto_goTypes = []any{
 	(JobState)(0),                     // 0: handoff.v1.JobState
 	(EscalationCause)(0),              // 1: handoff.v1.EscalationCause
@@ -2124,88 +2265,95 @@ var file_handoff_v1_coordinator_proto_goTypes = []any{
 	(*WatchJobRequest)(nil),           // 10: handoff.v1.WatchJobRequest
 	(*WatchJobResponse)(nil),          // 11: handoff.v1.WatchJobResponse
 	(*Job)(nil),                       // 12: handoff.v1.Job
-	(*Escalation)(nil),                // 13: handoff.v1.Escalation
-	(*JobEvent)(nil),                  // 14: handoff.v1.JobEvent
-	(*ListEscalationsRequest)(nil),    // 15: handoff.v1.ListEscalationsRequest
-	(*ListEscalationsResponse)(nil),   // 16: handoff.v1.ListEscalationsResponse
-	(*ResolveEscalationRequest)(nil),  // 17: handoff.v1.ResolveEscalationRequest
-	(*ApproveAction)(nil),             // 18: handoff.v1.ApproveAction
-	(*ReturnToStageAction)(nil),       // 19: handoff.v1.ReturnToStageAction
-	(*FailAction)(nil),                // 20: handoff.v1.FailAction
-	(*RejectMalformedAction)(nil),     // 21: handoff.v1.RejectMalformedAction
-	(*Resolution)(nil),                // 22: handoff.v1.Resolution
-	(*ResolveEscalationResponse)(nil), // 23: handoff.v1.ResolveEscalationResponse
-	(*Budget)(nil),                    // 24: handoff.v1.Budget
-	(*Artifact)(nil),                  // 25: handoff.v1.Artifact
-	(*Trace)(nil),                     // 26: handoff.v1.Trace
-	(*Evaluator)(nil),                 // 27: handoff.v1.Evaluator
-	(*ToolAttempt)(nil),               // 28: handoff.v1.ToolAttempt
-	(*Receipt)(nil),                   // 29: handoff.v1.Receipt
-	(*timestamppb.Timestamp)(nil),     // 30: google.protobuf.Timestamp
-	(*Reason)(nil),                    // 31: handoff.v1.Reason
-	(*Ack)(nil),                       // 32: handoff.v1.Ack
-	(*StageResult)(nil),               // 33: handoff.v1.StageResult
+	(*Transfer)(nil),                  // 13: handoff.v1.Transfer
+	(*Escalation)(nil),                // 14: handoff.v1.Escalation
+	(*JobEvent)(nil),                  // 15: handoff.v1.JobEvent
+	(*ListEscalationsRequest)(nil),    // 16: handoff.v1.ListEscalationsRequest
+	(*ListEscalationsResponse)(nil),   // 17: handoff.v1.ListEscalationsResponse
+	(*ResolveEscalationRequest)(nil),  // 18: handoff.v1.ResolveEscalationRequest
+	(*ApproveAction)(nil),             // 19: handoff.v1.ApproveAction
+	(*ReturnToStageAction)(nil),       // 20: handoff.v1.ReturnToStageAction
+	(*FailAction)(nil),                // 21: handoff.v1.FailAction
+	(*RejectMalformedAction)(nil),     // 22: handoff.v1.RejectMalformedAction
+	(*Resolution)(nil),                // 23: handoff.v1.Resolution
+	(*ResolveEscalationResponse)(nil), // 24: handoff.v1.ResolveEscalationResponse
+	(*Budget)(nil),                    // 25: handoff.v1.Budget
+	(*Artifact)(nil),                  // 26: handoff.v1.Artifact
+	(*Trace)(nil),                     // 27: handoff.v1.Trace
+	(*Evaluator)(nil),                 // 28: handoff.v1.Evaluator
+	(*ToolAttempt)(nil),               // 29: handoff.v1.ToolAttempt
+	(*Receipt)(nil),                   // 30: handoff.v1.Receipt
+	(*timestamppb.Timestamp)(nil),     // 31: google.protobuf.Timestamp
+	(Move)(0),                         // 32: handoff.v1.Move
+	(*RouteChoice)(nil),               // 33: handoff.v1.RouteChoice
+	(*Reason)(nil),                    // 34: handoff.v1.Reason
+	(*Ack)(nil),                       // 35: handoff.v1.Ack
+	(*StageResult)(nil),               // 36: handoff.v1.StageResult
 }
 var file_handoff_v1_coordinator_proto_depIdxs = []int32{
-	24, // 0: handoff.v1.SubmitJobRequest.budget:type_name -> handoff.v1.Budget
-	25, // 1: handoff.v1.SubmitJobRequest.inputs:type_name -> handoff.v1.Artifact
-	26, // 2: handoff.v1.SubmitJobRequest.trace:type_name -> handoff.v1.Trace
+	25, // 0: handoff.v1.SubmitJobRequest.budget:type_name -> handoff.v1.Budget
+	26, // 1: handoff.v1.SubmitJobRequest.inputs:type_name -> handoff.v1.Artifact
+	27, // 2: handoff.v1.SubmitJobRequest.trace:type_name -> handoff.v1.Trace
 	12, // 3: handoff.v1.SubmitJobResponse.job:type_name -> handoff.v1.Job
 	12, // 4: handoff.v1.GetJobResponse.job:type_name -> handoff.v1.Job
 	0,  // 5: handoff.v1.ListJobsRequest.state:type_name -> handoff.v1.JobState
 	12, // 6: handoff.v1.ListJobsResponse.jobs:type_name -> handoff.v1.Job
-	14, // 7: handoff.v1.WatchJobResponse.event:type_name -> handoff.v1.JobEvent
+	15, // 7: handoff.v1.WatchJobResponse.event:type_name -> handoff.v1.JobEvent
 	0,  // 8: handoff.v1.Job.state:type_name -> handoff.v1.JobState
-	24, // 9: handoff.v1.Job.wallet:type_name -> handoff.v1.Budget
-	27, // 10: handoff.v1.Job.evaluator:type_name -> handoff.v1.Evaluator
-	25, // 11: handoff.v1.Job.artifacts:type_name -> handoff.v1.Artifact
-	28, // 12: handoff.v1.Job.tools_tried:type_name -> handoff.v1.ToolAttempt
-	29, // 13: handoff.v1.Job.receipt:type_name -> handoff.v1.Receipt
-	13, // 14: handoff.v1.Job.escalation:type_name -> handoff.v1.Escalation
-	30, // 15: handoff.v1.Job.created_at:type_name -> google.protobuf.Timestamp
-	30, // 16: handoff.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
-	22, // 17: handoff.v1.Job.resolution:type_name -> handoff.v1.Resolution
-	1,  // 18: handoff.v1.Escalation.cause:type_name -> handoff.v1.EscalationCause
-	31, // 19: handoff.v1.Escalation.reasons:type_name -> handoff.v1.Reason
-	30, // 20: handoff.v1.Escalation.at:type_name -> google.protobuf.Timestamp
-	2,  // 21: handoff.v1.JobEvent.kind:type_name -> handoff.v1.EventKind
-	30, // 22: handoff.v1.JobEvent.at:type_name -> google.protobuf.Timestamp
-	24, // 23: handoff.v1.JobEvent.wallet:type_name -> handoff.v1.Budget
-	32, // 24: handoff.v1.JobEvent.ack:type_name -> handoff.v1.Ack
-	33, // 25: handoff.v1.JobEvent.result:type_name -> handoff.v1.StageResult
-	27, // 26: handoff.v1.JobEvent.evaluator:type_name -> handoff.v1.Evaluator
-	29, // 27: handoff.v1.JobEvent.receipt:type_name -> handoff.v1.Receipt
-	13, // 28: handoff.v1.JobEvent.escalation:type_name -> handoff.v1.Escalation
-	22, // 29: handoff.v1.JobEvent.resolution:type_name -> handoff.v1.Resolution
-	12, // 30: handoff.v1.ListEscalationsResponse.jobs:type_name -> handoff.v1.Job
-	18, // 31: handoff.v1.ResolveEscalationRequest.approve:type_name -> handoff.v1.ApproveAction
-	19, // 32: handoff.v1.ResolveEscalationRequest.return_to_stage:type_name -> handoff.v1.ReturnToStageAction
-	20, // 33: handoff.v1.ResolveEscalationRequest.fail:type_name -> handoff.v1.FailAction
-	21, // 34: handoff.v1.ResolveEscalationRequest.reject_malformed:type_name -> handoff.v1.RejectMalformedAction
-	3,  // 35: handoff.v1.Resolution.action:type_name -> handoff.v1.ResolutionAction
-	25, // 36: handoff.v1.Resolution.edited_artifact:type_name -> handoff.v1.Artifact
-	13, // 37: handoff.v1.Resolution.escalation:type_name -> handoff.v1.Escalation
-	30, // 38: handoff.v1.Resolution.at:type_name -> google.protobuf.Timestamp
-	12, // 39: handoff.v1.ResolveEscalationResponse.job:type_name -> handoff.v1.Job
-	29, // 40: handoff.v1.ResolveEscalationResponse.receipt:type_name -> handoff.v1.Receipt
-	22, // 41: handoff.v1.ResolveEscalationResponse.resolution:type_name -> handoff.v1.Resolution
-	4,  // 42: handoff.v1.CoordinatorService.SubmitJob:input_type -> handoff.v1.SubmitJobRequest
-	6,  // 43: handoff.v1.CoordinatorService.GetJob:input_type -> handoff.v1.GetJobRequest
-	8,  // 44: handoff.v1.CoordinatorService.ListJobs:input_type -> handoff.v1.ListJobsRequest
-	10, // 45: handoff.v1.CoordinatorService.WatchJob:input_type -> handoff.v1.WatchJobRequest
-	15, // 46: handoff.v1.CoordinatorService.ListEscalations:input_type -> handoff.v1.ListEscalationsRequest
-	17, // 47: handoff.v1.CoordinatorService.ResolveEscalation:input_type -> handoff.v1.ResolveEscalationRequest
-	5,  // 48: handoff.v1.CoordinatorService.SubmitJob:output_type -> handoff.v1.SubmitJobResponse
-	7,  // 49: handoff.v1.CoordinatorService.GetJob:output_type -> handoff.v1.GetJobResponse
-	9,  // 50: handoff.v1.CoordinatorService.ListJobs:output_type -> handoff.v1.ListJobsResponse
-	11, // 51: handoff.v1.CoordinatorService.WatchJob:output_type -> handoff.v1.WatchJobResponse
-	16, // 52: handoff.v1.CoordinatorService.ListEscalations:output_type -> handoff.v1.ListEscalationsResponse
-	23, // 53: handoff.v1.CoordinatorService.ResolveEscalation:output_type -> handoff.v1.ResolveEscalationResponse
-	48, // [48:54] is the sub-list for method output_type
-	42, // [42:48] is the sub-list for method input_type
-	42, // [42:42] is the sub-list for extension type_name
-	42, // [42:42] is the sub-list for extension extendee
-	0,  // [0:42] is the sub-list for field type_name
+	25, // 9: handoff.v1.Job.wallet:type_name -> handoff.v1.Budget
+	28, // 10: handoff.v1.Job.evaluator:type_name -> handoff.v1.Evaluator
+	26, // 11: handoff.v1.Job.artifacts:type_name -> handoff.v1.Artifact
+	29, // 12: handoff.v1.Job.tools_tried:type_name -> handoff.v1.ToolAttempt
+	30, // 13: handoff.v1.Job.receipt:type_name -> handoff.v1.Receipt
+	14, // 14: handoff.v1.Job.escalation:type_name -> handoff.v1.Escalation
+	31, // 15: handoff.v1.Job.created_at:type_name -> google.protobuf.Timestamp
+	31, // 16: handoff.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
+	23, // 17: handoff.v1.Job.resolution:type_name -> handoff.v1.Resolution
+	13, // 18: handoff.v1.Job.transfers:type_name -> handoff.v1.Transfer
+	32, // 19: handoff.v1.Transfer.move:type_name -> handoff.v1.Move
+	33, // 20: handoff.v1.Transfer.route:type_name -> handoff.v1.RouteChoice
+	1,  // 21: handoff.v1.Escalation.cause:type_name -> handoff.v1.EscalationCause
+	34, // 22: handoff.v1.Escalation.reasons:type_name -> handoff.v1.Reason
+	31, // 23: handoff.v1.Escalation.at:type_name -> google.protobuf.Timestamp
+	2,  // 24: handoff.v1.JobEvent.kind:type_name -> handoff.v1.EventKind
+	31, // 25: handoff.v1.JobEvent.at:type_name -> google.protobuf.Timestamp
+	25, // 26: handoff.v1.JobEvent.wallet:type_name -> handoff.v1.Budget
+	35, // 27: handoff.v1.JobEvent.ack:type_name -> handoff.v1.Ack
+	36, // 28: handoff.v1.JobEvent.result:type_name -> handoff.v1.StageResult
+	28, // 29: handoff.v1.JobEvent.evaluator:type_name -> handoff.v1.Evaluator
+	30, // 30: handoff.v1.JobEvent.receipt:type_name -> handoff.v1.Receipt
+	14, // 31: handoff.v1.JobEvent.escalation:type_name -> handoff.v1.Escalation
+	23, // 32: handoff.v1.JobEvent.resolution:type_name -> handoff.v1.Resolution
+	13, // 33: handoff.v1.JobEvent.transfer:type_name -> handoff.v1.Transfer
+	12, // 34: handoff.v1.ListEscalationsResponse.jobs:type_name -> handoff.v1.Job
+	19, // 35: handoff.v1.ResolveEscalationRequest.approve:type_name -> handoff.v1.ApproveAction
+	20, // 36: handoff.v1.ResolveEscalationRequest.return_to_stage:type_name -> handoff.v1.ReturnToStageAction
+	21, // 37: handoff.v1.ResolveEscalationRequest.fail:type_name -> handoff.v1.FailAction
+	22, // 38: handoff.v1.ResolveEscalationRequest.reject_malformed:type_name -> handoff.v1.RejectMalformedAction
+	3,  // 39: handoff.v1.Resolution.action:type_name -> handoff.v1.ResolutionAction
+	26, // 40: handoff.v1.Resolution.edited_artifact:type_name -> handoff.v1.Artifact
+	14, // 41: handoff.v1.Resolution.escalation:type_name -> handoff.v1.Escalation
+	31, // 42: handoff.v1.Resolution.at:type_name -> google.protobuf.Timestamp
+	12, // 43: handoff.v1.ResolveEscalationResponse.job:type_name -> handoff.v1.Job
+	30, // 44: handoff.v1.ResolveEscalationResponse.receipt:type_name -> handoff.v1.Receipt
+	23, // 45: handoff.v1.ResolveEscalationResponse.resolution:type_name -> handoff.v1.Resolution
+	4,  // 46: handoff.v1.CoordinatorService.SubmitJob:input_type -> handoff.v1.SubmitJobRequest
+	6,  // 47: handoff.v1.CoordinatorService.GetJob:input_type -> handoff.v1.GetJobRequest
+	8,  // 48: handoff.v1.CoordinatorService.ListJobs:input_type -> handoff.v1.ListJobsRequest
+	10, // 49: handoff.v1.CoordinatorService.WatchJob:input_type -> handoff.v1.WatchJobRequest
+	16, // 50: handoff.v1.CoordinatorService.ListEscalations:input_type -> handoff.v1.ListEscalationsRequest
+	18, // 51: handoff.v1.CoordinatorService.ResolveEscalation:input_type -> handoff.v1.ResolveEscalationRequest
+	5,  // 52: handoff.v1.CoordinatorService.SubmitJob:output_type -> handoff.v1.SubmitJobResponse
+	7,  // 53: handoff.v1.CoordinatorService.GetJob:output_type -> handoff.v1.GetJobResponse
+	9,  // 54: handoff.v1.CoordinatorService.ListJobs:output_type -> handoff.v1.ListJobsResponse
+	11, // 55: handoff.v1.CoordinatorService.WatchJob:output_type -> handoff.v1.WatchJobResponse
+	17, // 56: handoff.v1.CoordinatorService.ListEscalations:output_type -> handoff.v1.ListEscalationsResponse
+	24, // 57: handoff.v1.CoordinatorService.ResolveEscalation:output_type -> handoff.v1.ResolveEscalationResponse
+	52, // [52:58] is the sub-list for method output_type
+	46, // [46:52] is the sub-list for method input_type
+	46, // [46:46] is the sub-list for extension type_name
+	46, // [46:46] is the sub-list for extension extendee
+	0,  // [0:46] is the sub-list for field type_name
 }
 
 func init() { file_handoff_v1_coordinator_proto_init() }
@@ -2215,21 +2363,21 @@ func file_handoff_v1_coordinator_proto_init() {
 	}
 	file_handoff_v1_agentrunner_proto_init()
 	file_handoff_v1_handoff_proto_init()
-	file_handoff_v1_coordinator_proto_msgTypes[13].OneofWrappers = []any{
+	file_handoff_v1_coordinator_proto_msgTypes[14].OneofWrappers = []any{
 		(*ResolveEscalationRequest_Approve)(nil),
 		(*ResolveEscalationRequest_ReturnToStage)(nil),
 		(*ResolveEscalationRequest_Fail)(nil),
 		(*ResolveEscalationRequest_RejectMalformed)(nil),
 	}
-	file_handoff_v1_coordinator_proto_msgTypes[14].OneofWrappers = []any{}
 	file_handoff_v1_coordinator_proto_msgTypes[15].OneofWrappers = []any{}
+	file_handoff_v1_coordinator_proto_msgTypes[16].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_handoff_v1_coordinator_proto_rawDesc), len(file_handoff_v1_coordinator_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   20,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -147,6 +147,132 @@ func (AckStatus) EnumDescriptor() ([]byte, []int) {
 	return file_handoff_v1_handoff_proto_rawDescGZIP(), []int{1}
 }
 
+// RoutePriority is how urgent a stage says the work it routes is. It travels with the move
+// for the receiver and for people; the rail neither reorders nor skips work by it.
+type RoutePriority int32
+
+const (
+	RoutePriority_ROUTE_PRIORITY_UNSPECIFIED RoutePriority = 0
+	RoutePriority_ROUTE_PRIORITY_LOW         RoutePriority = 1
+	RoutePriority_ROUTE_PRIORITY_NORMAL      RoutePriority = 2
+	RoutePriority_ROUTE_PRIORITY_HIGH        RoutePriority = 3
+	RoutePriority_ROUTE_PRIORITY_URGENT      RoutePriority = 4
+)
+
+// Enum value maps for RoutePriority.
+var (
+	RoutePriority_name = map[int32]string{
+		0: "ROUTE_PRIORITY_UNSPECIFIED",
+		1: "ROUTE_PRIORITY_LOW",
+		2: "ROUTE_PRIORITY_NORMAL",
+		3: "ROUTE_PRIORITY_HIGH",
+		4: "ROUTE_PRIORITY_URGENT",
+	}
+	RoutePriority_value = map[string]int32{
+		"ROUTE_PRIORITY_UNSPECIFIED": 0,
+		"ROUTE_PRIORITY_LOW":         1,
+		"ROUTE_PRIORITY_NORMAL":      2,
+		"ROUTE_PRIORITY_HIGH":        3,
+		"ROUTE_PRIORITY_URGENT":      4,
+	}
+)
+
+func (x RoutePriority) Enum() *RoutePriority {
+	p := new(RoutePriority)
+	*p = x
+	return p
+}
+
+func (x RoutePriority) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (RoutePriority) Descriptor() protoreflect.EnumDescriptor {
+	return file_handoff_v1_handoff_proto_enumTypes[2].Descriptor()
+}
+
+func (RoutePriority) Type() protoreflect.EnumType {
+	return &file_handoff_v1_handoff_proto_enumTypes[2]
+}
+
+func (x RoutePriority) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use RoutePriority.Descriptor instead.
+func (RoutePriority) EnumDescriptor() ([]byte, []int) {
+	return file_handoff_v1_handoff_proto_rawDescGZIP(), []int{2}
+}
+
+// Move is how the rail moved a job to a stage.
+type Move int32
+
+const (
+	Move_MOVE_UNSPECIFIED Move = 0
+	// The stage before chose one of its declared routes (Origin.route).
+	Move_MOVE_ROUTE Move = 1
+	// The stage before declares no routes: the pipeline's order (file order, or its next:).
+	Move_MOVE_NEXT Move = 2
+	// A judge failed the work: back to the stage that revises it, with the failures.
+	Move_MOVE_REVISE Move = 3
+	// A judge passed the work.
+	Move_MOVE_PASS Move = 4
+	// The stage's runner answered REJECTED_ROLE: the rail rerouted once to the stage's
+	// fallback.
+	Move_MOVE_REROUTE Move = 5
+	// A person resolving an escalation sent the job here.
+	Move_MOVE_OPERATOR Move = 6
+)
+
+// Enum value maps for Move.
+var (
+	Move_name = map[int32]string{
+		0: "MOVE_UNSPECIFIED",
+		1: "MOVE_ROUTE",
+		2: "MOVE_NEXT",
+		3: "MOVE_REVISE",
+		4: "MOVE_PASS",
+		5: "MOVE_REROUTE",
+		6: "MOVE_OPERATOR",
+	}
+	Move_value = map[string]int32{
+		"MOVE_UNSPECIFIED": 0,
+		"MOVE_ROUTE":       1,
+		"MOVE_NEXT":        2,
+		"MOVE_REVISE":      3,
+		"MOVE_PASS":        4,
+		"MOVE_REROUTE":     5,
+		"MOVE_OPERATOR":    6,
+	}
+)
+
+func (x Move) Enum() *Move {
+	p := new(Move)
+	*p = x
+	return p
+}
+
+func (x Move) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Move) Descriptor() protoreflect.EnumDescriptor {
+	return file_handoff_v1_handoff_proto_enumTypes[3].Descriptor()
+}
+
+func (Move) Type() protoreflect.EnumType {
+	return &file_handoff_v1_handoff_proto_enumTypes[3]
+}
+
+func (x Move) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Move.Descriptor instead.
+func (Move) EnumDescriptor() ([]byte, []int) {
+	return file_handoff_v1_handoff_proto_rawDescGZIP(), []int{3}
+}
+
 // HandoffPackage is the form the next stage reads. It carries references and state, never a
 // transcript: artifacts by URI, memory by ref, failures as codes. It is built by the rail from
 // the job's durable state, so no stage can widen its own goal or refill its own wallet.
@@ -185,8 +311,18 @@ type HandoffPackage struct {
 	// that a person sends the job back to runs again rather than answering DUPLICATE, also
 	// before any judge verdict. Zero on every hop until then.
 	OperatorReturns uint32 `protobuf:"varint,14,opt,name=operator_returns,json=operatorReturns,proto3" json:"operator_returns,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Where the work came from: the stage before this one and how the rail moved the job here
+	// (the route that stage chose, a judge's verdict, the pipeline's order, a reroute, a
+	// person). It says why the receiver has the work; it is a pointer, not a transcript: the
+	// receiving stage starts clean from this package. Absent on a job's first stage.
+	Origin *Origin `protobuf:"bytes,15,opt,name=origin,proto3" json:"origin,omitempty"`
+	// How many times the job came to this stage before within the current judge round and
+	// operator return: non-zero only when a route sends the job back to a stage it was at.
+	// With the evaluator's rounds and operator_returns it names a stage's completion, so a
+	// stage a route sends the job back to runs again rather than answering DUPLICATE.
+	Visit         uint32 `protobuf:"varint,16,opt,name=visit,proto3" json:"visit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *HandoffPackage) Reset() {
@@ -313,6 +449,20 @@ func (x *HandoffPackage) GetNextHint() string {
 func (x *HandoffPackage) GetOperatorReturns() uint32 {
 	if x != nil {
 		return x.OperatorReturns
+	}
+	return 0
+}
+
+func (x *HandoffPackage) GetOrigin() *Origin {
+	if x != nil {
+		return x.Origin
+	}
+	return nil
+}
+
+func (x *HandoffPackage) GetVisit() uint32 {
+	if x != nil {
+		return x.Visit
 	}
 	return 0
 }
@@ -938,7 +1088,10 @@ type PriorResult struct {
 	// The wallet the first completion's hop was debited from, when the receiver debited it.
 	// A re-delivery from the same wallet is not charged again: its DUPLICATE ack carries
 	// that wallet, so the sender knows the hop is paid.
-	WalletId      string `protobuf:"bytes,6,opt,name=wallet_id,json=walletId,proto3" json:"wallet_id,omitempty"`
+	WalletId string `protobuf:"bytes,6,opt,name=wallet_id,json=walletId,proto3" json:"wallet_id,omitempty"`
+	// The route the first completion chose, so a replayed job takes the route it took the
+	// first time.
+	Route         *RouteChoice `protobuf:"bytes,7,opt,name=route,proto3" json:"route,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1013,6 +1166,13 @@ func (x *PriorResult) GetWalletId() string {
 		return x.WalletId
 	}
 	return ""
+}
+
+func (x *PriorResult) GetRoute() *RouteChoice {
+	if x != nil {
+		return x.Route
+	}
+	return nil
 }
 
 // Receipt is proof of one external write. A repeated write returns the first receipt.
@@ -1104,12 +1264,141 @@ func (x *Receipt) GetJobId() string {
 	return ""
 }
 
+// RouteChoice is the route a stage chose among those its pipeline stage declares, with a
+// small typed reason (what an SDK handoff's input_type carries). It is metadata about the
+// move, validated before the rail acts on it, and never the receiver's job contract: that is
+// the package.
+type RouteChoice struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The declared route's name ("billing", "no_hit").
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Why the stage chose it, in a sentence.
+	Reason        string        `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	Priority      RoutePriority `protobuf:"varint,3,opt,name=priority,proto3,enum=handoff.v1.RoutePriority" json:"priority,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RouteChoice) Reset() {
+	*x = RouteChoice{}
+	mi := &file_handoff_v1_handoff_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RouteChoice) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RouteChoice) ProtoMessage() {}
+
+func (x *RouteChoice) ProtoReflect() protoreflect.Message {
+	mi := &file_handoff_v1_handoff_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RouteChoice.ProtoReflect.Descriptor instead.
+func (*RouteChoice) Descriptor() ([]byte, []int) {
+	return file_handoff_v1_handoff_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *RouteChoice) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *RouteChoice) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *RouteChoice) GetPriority() RoutePriority {
+	if x != nil {
+		return x.Priority
+	}
+	return RoutePriority_ROUTE_PRIORITY_UNSPECIFIED
+}
+
+// Origin says where a package's work came from.
+type Origin struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The stage the job was at before ("" when a person moved it from no stage).
+	Stage string `protobuf:"bytes,1,opt,name=stage,proto3" json:"stage,omitempty"`
+	Move  Move   `protobuf:"varint,2,opt,name=move,proto3,enum=handoff.v1.Move" json:"move,omitempty"`
+	// The route that stage chose, for MOVE_ROUTE.
+	Route         *RouteChoice `protobuf:"bytes,3,opt,name=route,proto3" json:"route,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Origin) Reset() {
+	*x = Origin{}
+	mi := &file_handoff_v1_handoff_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Origin) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Origin) ProtoMessage() {}
+
+func (x *Origin) ProtoReflect() protoreflect.Message {
+	mi := &file_handoff_v1_handoff_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Origin.ProtoReflect.Descriptor instead.
+func (*Origin) Descriptor() ([]byte, []int) {
+	return file_handoff_v1_handoff_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *Origin) GetStage() string {
+	if x != nil {
+		return x.Stage
+	}
+	return ""
+}
+
+func (x *Origin) GetMove() Move {
+	if x != nil {
+		return x.Move
+	}
+	return Move_MOVE_UNSPECIFIED
+}
+
+func (x *Origin) GetRoute() *RouteChoice {
+	if x != nil {
+		return x.Route
+	}
+	return nil
+}
+
 var File_handoff_v1_handoff_proto protoreflect.FileDescriptor
 
 const file_handoff_v1_handoff_proto_rawDesc = "" +
 	"\n" +
 	"\x18handoff/v1/handoff.proto\x12\n" +
-	"handoff.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x83\x06\n" +
+	"handoff.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xcf\x06\n" +
 	"\x0eHandoffPackage\x12,\n" +
 	"\x06schema\x18\x01 \x01(\tB\x14\xbaH\x11\xc8\x01\x01r\f\n" +
 	"\n" +
@@ -1129,7 +1418,9 @@ const file_handoff_v1_handoff_proto_rawDesc = "" +
 	"memoryRefs\x12'\n" +
 	"\x05trace\x18\f \x01(\v2\x11.handoff.v1.TraceR\x05trace\x12%\n" +
 	"\tnext_hint\x18\r \x01(\tB\b\xbaH\x05r\x03\x18\xe8\aR\bnextHint\x123\n" +
-	"\x10operator_returns\x18\x0e \x01(\rB\b\xbaH\x05*\x03\x18\xe8\aR\x0foperatorReturns\"\xca\x02\n" +
+	"\x10operator_returns\x18\x0e \x01(\rB\b\xbaH\x05*\x03\x18\xe8\aR\x0foperatorReturns\x12*\n" +
+	"\x06origin\x18\x0f \x01(\v2\x12.handoff.v1.OriginR\x06origin\x12\x1e\n" +
+	"\x05visit\x18\x10 \x01(\rB\b\xbaH\x05*\x03\x18\xe8\aR\x05visit\"\xca\x02\n" +
 	"\bArtifact\x121\n" +
 	"\x04type\x18\x01 \x01(\tB\x1d\xbaH\x1a\xc8\x01\x01r\x15\x18@2\x11^[a-z][a-z0-9_]*$R\x04type\x12M\n" +
 	"\x0eschema_version\x18\x02 \x01(\tB&\xbaH#\xc8\x01\x01r\x1e\x18@2\x1a^[a-z][a-z0-9_]*\\.v[0-9]+$R\rschemaVersion\x12 \n" +
@@ -1180,14 +1471,15 @@ const file_handoff_v1_handoff_proto_rawDesc = "" +
 	"\x06Reason\x12\x14\n" +
 	"\x05field\x18\x01 \x01(\tR\x05field\x12\x12\n" +
 	"\x04rule\x18\x02 \x01(\tR\x04rule\x12\x18\n" +
-	"\amessage\x18\x03 \x01(\tR\amessage\"\xa8\x02\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\"\xd7\x02\n" +
 	"\vPriorResult\x122\n" +
 	"\tartifacts\x18\x01 \x03(\v2\x14.handoff.v1.ArtifactR\tartifacts\x12-\n" +
 	"\areceipt\x18\x02 \x01(\v2\x13.handoff.v1.ReceiptR\areceipt\x12=\n" +
 	"\fcompleted_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\vcompletedAt\x123\n" +
 	"\tevaluator\x18\x04 \x01(\v2\x15.handoff.v1.EvaluatorR\tevaluator\x12\x1b\n" +
 	"\tnext_hint\x18\x05 \x01(\tR\bnextHint\x12%\n" +
-	"\twallet_id\x18\x06 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x01R\bwalletId\"\xdf\x01\n" +
+	"\twallet_id\x18\x06 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x01R\bwalletId\x12-\n" +
+	"\x05route\x18\a \x01(\v2\x17.handoff.v1.RouteChoiceR\x05route\"\xdf\x01\n" +
 	"\aReceipt\x12'\n" +
 	"\x0fidempotency_key\x18\x01 \x01(\tR\x0eidempotencyKey\x12\x16\n" +
 	"\x06target\x18\x02 \x01(\tR\x06target\x12\x1f\n" +
@@ -1196,7 +1488,15 @@ const file_handoff_v1_handoff_proto_rawDesc = "" +
 	"\n" +
 	"written_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\twrittenAt\x12 \n" +
 	"\vtraceparent\x18\x05 \x01(\tR\vtraceparent\x12\x15\n" +
-	"\x06job_id\x18\x06 \x01(\tR\x05jobId*F\n" +
+	"\x06job_id\x18\x06 \x01(\tR\x05jobId\"\xa4\x01\n" +
+	"\vRouteChoice\x122\n" +
+	"\x04name\x18\x01 \x01(\tB\x1e\xbaH\x1b\xc8\x01\x01r\x16\x18@2\x12^[a-z][a-z0-9_-]*$R\x04name\x12 \n" +
+	"\x06reason\x18\x02 \x01(\tB\b\xbaH\x05r\x03\x18\xf4\x03R\x06reason\x12?\n" +
+	"\bpriority\x18\x03 \x01(\x0e2\x19.handoff.v1.RoutePriorityB\b\xbaH\x05\x82\x01\x02\x10\x01R\bpriority\"\x9d\x01\n" +
+	"\x06Origin\x124\n" +
+	"\x05stage\x18\x01 \x01(\tB\x1e\xbaH\x1br\x19\x18@2\x15^([a-z][a-z0-9_-]*)?$R\x05stage\x12.\n" +
+	"\x04move\x18\x02 \x01(\x0e2\x10.handoff.v1.MoveB\b\xbaH\x05\x82\x01\x02\x10\x01R\x04move\x12-\n" +
+	"\x05route\x18\x03 \x01(\v2\x17.handoff.v1.RouteChoiceR\x05route*F\n" +
 	"\aVerdict\x12\x17\n" +
 	"\x13VERDICT_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fVERDICT_PASS\x10\x01\x12\x10\n" +
@@ -1207,7 +1507,22 @@ const file_handoff_v1_handoff_proto_rawDesc = "" +
 	"\x1aACK_STATUS_REJECTED_SCHEMA\x10\x02\x12\x1c\n" +
 	"\x18ACK_STATUS_REJECTED_ROLE\x10\x03\x12\x1e\n" +
 	"\x1aACK_STATUS_REJECTED_BUDGET\x10\x04\x12\x18\n" +
-	"\x14ACK_STATUS_DUPLICATE\x10\x05B7Z5github.com/handoffhq/handoff/gen/handoff/v1;handoffv1b\x06proto3"
+	"\x14ACK_STATUS_DUPLICATE\x10\x05*\x96\x01\n" +
+	"\rRoutePriority\x12\x1e\n" +
+	"\x1aROUTE_PRIORITY_UNSPECIFIED\x10\x00\x12\x16\n" +
+	"\x12ROUTE_PRIORITY_LOW\x10\x01\x12\x19\n" +
+	"\x15ROUTE_PRIORITY_NORMAL\x10\x02\x12\x17\n" +
+	"\x13ROUTE_PRIORITY_HIGH\x10\x03\x12\x19\n" +
+	"\x15ROUTE_PRIORITY_URGENT\x10\x04*\x80\x01\n" +
+	"\x04Move\x12\x14\n" +
+	"\x10MOVE_UNSPECIFIED\x10\x00\x12\x0e\n" +
+	"\n" +
+	"MOVE_ROUTE\x10\x01\x12\r\n" +
+	"\tMOVE_NEXT\x10\x02\x12\x0f\n" +
+	"\vMOVE_REVISE\x10\x03\x12\r\n" +
+	"\tMOVE_PASS\x10\x04\x12\x10\n" +
+	"\fMOVE_REROUTE\x10\x05\x12\x11\n" +
+	"\rMOVE_OPERATOR\x10\x06B7Z5github.com/handoffhq/handoff/gen/handoff/v1;handoffv1b\x06proto3"
 
 var (
 	file_handoff_v1_handoff_proto_rawDescOnce sync.Once
@@ -1221,46 +1536,55 @@ func file_handoff_v1_handoff_proto_rawDescGZIP() []byte {
 	return file_handoff_v1_handoff_proto_rawDescData
 }
 
-var file_handoff_v1_handoff_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_handoff_v1_handoff_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_handoff_v1_handoff_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_handoff_v1_handoff_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_handoff_v1_handoff_proto_goTypes = []any{
 	(Verdict)(0),                  // 0: handoff.v1.Verdict
 	(AckStatus)(0),                // 1: handoff.v1.AckStatus
-	(*HandoffPackage)(nil),        // 2: handoff.v1.HandoffPackage
-	(*Artifact)(nil),              // 3: handoff.v1.Artifact
-	(*ToolAttempt)(nil),           // 4: handoff.v1.ToolAttempt
-	(*Evaluator)(nil),             // 5: handoff.v1.Evaluator
-	(*Failure)(nil),               // 6: handoff.v1.Failure
-	(*Budget)(nil),                // 7: handoff.v1.Budget
-	(*Trace)(nil),                 // 8: handoff.v1.Trace
-	(*Ack)(nil),                   // 9: handoff.v1.Ack
-	(*Reason)(nil),                // 10: handoff.v1.Reason
-	(*PriorResult)(nil),           // 11: handoff.v1.PriorResult
-	(*Receipt)(nil),               // 12: handoff.v1.Receipt
-	(*timestamppb.Timestamp)(nil), // 13: google.protobuf.Timestamp
+	(RoutePriority)(0),            // 2: handoff.v1.RoutePriority
+	(Move)(0),                     // 3: handoff.v1.Move
+	(*HandoffPackage)(nil),        // 4: handoff.v1.HandoffPackage
+	(*Artifact)(nil),              // 5: handoff.v1.Artifact
+	(*ToolAttempt)(nil),           // 6: handoff.v1.ToolAttempt
+	(*Evaluator)(nil),             // 7: handoff.v1.Evaluator
+	(*Failure)(nil),               // 8: handoff.v1.Failure
+	(*Budget)(nil),                // 9: handoff.v1.Budget
+	(*Trace)(nil),                 // 10: handoff.v1.Trace
+	(*Ack)(nil),                   // 11: handoff.v1.Ack
+	(*Reason)(nil),                // 12: handoff.v1.Reason
+	(*PriorResult)(nil),           // 13: handoff.v1.PriorResult
+	(*Receipt)(nil),               // 14: handoff.v1.Receipt
+	(*RouteChoice)(nil),           // 15: handoff.v1.RouteChoice
+	(*Origin)(nil),                // 16: handoff.v1.Origin
+	(*timestamppb.Timestamp)(nil), // 17: google.protobuf.Timestamp
 }
 var file_handoff_v1_handoff_proto_depIdxs = []int32{
-	3,  // 0: handoff.v1.HandoffPackage.artifacts:type_name -> handoff.v1.Artifact
-	4,  // 1: handoff.v1.HandoffPackage.tools_tried:type_name -> handoff.v1.ToolAttempt
-	5,  // 2: handoff.v1.HandoffPackage.evaluator:type_name -> handoff.v1.Evaluator
-	7,  // 3: handoff.v1.HandoffPackage.budget:type_name -> handoff.v1.Budget
-	8,  // 4: handoff.v1.HandoffPackage.trace:type_name -> handoff.v1.Trace
-	0,  // 5: handoff.v1.Evaluator.last_verdict:type_name -> handoff.v1.Verdict
-	6,  // 6: handoff.v1.Evaluator.failures:type_name -> handoff.v1.Failure
-	1,  // 7: handoff.v1.Ack.status:type_name -> handoff.v1.AckStatus
-	10, // 8: handoff.v1.Ack.reasons:type_name -> handoff.v1.Reason
-	11, // 9: handoff.v1.Ack.prior:type_name -> handoff.v1.PriorResult
-	7,  // 10: handoff.v1.Ack.wallet:type_name -> handoff.v1.Budget
-	3,  // 11: handoff.v1.PriorResult.artifacts:type_name -> handoff.v1.Artifact
-	12, // 12: handoff.v1.PriorResult.receipt:type_name -> handoff.v1.Receipt
-	13, // 13: handoff.v1.PriorResult.completed_at:type_name -> google.protobuf.Timestamp
-	5,  // 14: handoff.v1.PriorResult.evaluator:type_name -> handoff.v1.Evaluator
-	13, // 15: handoff.v1.Receipt.written_at:type_name -> google.protobuf.Timestamp
-	16, // [16:16] is the sub-list for method output_type
-	16, // [16:16] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	5,  // 0: handoff.v1.HandoffPackage.artifacts:type_name -> handoff.v1.Artifact
+	6,  // 1: handoff.v1.HandoffPackage.tools_tried:type_name -> handoff.v1.ToolAttempt
+	7,  // 2: handoff.v1.HandoffPackage.evaluator:type_name -> handoff.v1.Evaluator
+	9,  // 3: handoff.v1.HandoffPackage.budget:type_name -> handoff.v1.Budget
+	10, // 4: handoff.v1.HandoffPackage.trace:type_name -> handoff.v1.Trace
+	16, // 5: handoff.v1.HandoffPackage.origin:type_name -> handoff.v1.Origin
+	0,  // 6: handoff.v1.Evaluator.last_verdict:type_name -> handoff.v1.Verdict
+	8,  // 7: handoff.v1.Evaluator.failures:type_name -> handoff.v1.Failure
+	1,  // 8: handoff.v1.Ack.status:type_name -> handoff.v1.AckStatus
+	12, // 9: handoff.v1.Ack.reasons:type_name -> handoff.v1.Reason
+	13, // 10: handoff.v1.Ack.prior:type_name -> handoff.v1.PriorResult
+	9,  // 11: handoff.v1.Ack.wallet:type_name -> handoff.v1.Budget
+	5,  // 12: handoff.v1.PriorResult.artifacts:type_name -> handoff.v1.Artifact
+	14, // 13: handoff.v1.PriorResult.receipt:type_name -> handoff.v1.Receipt
+	17, // 14: handoff.v1.PriorResult.completed_at:type_name -> google.protobuf.Timestamp
+	7,  // 15: handoff.v1.PriorResult.evaluator:type_name -> handoff.v1.Evaluator
+	15, // 16: handoff.v1.PriorResult.route:type_name -> handoff.v1.RouteChoice
+	17, // 17: handoff.v1.Receipt.written_at:type_name -> google.protobuf.Timestamp
+	2,  // 18: handoff.v1.RouteChoice.priority:type_name -> handoff.v1.RoutePriority
+	3,  // 19: handoff.v1.Origin.move:type_name -> handoff.v1.Move
+	15, // 20: handoff.v1.Origin.route:type_name -> handoff.v1.RouteChoice
+	21, // [21:21] is the sub-list for method output_type
+	21, // [21:21] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_handoff_v1_handoff_proto_init() }
@@ -1273,8 +1597,8 @@ func file_handoff_v1_handoff_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_handoff_v1_handoff_proto_rawDesc), len(file_handoff_v1_handoff_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   11,
+			NumEnums:      4,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -154,6 +154,132 @@ func (AckStatus) EnumDescriptor() ([]byte, []int) {
 	return file_handoff_v2_handoff_proto_rawDescGZIP(), []int{1}
 }
 
+// RoutePriority is how urgent a stage says the work it routes is. It travels with the move
+// for the receiver and for people; the rail neither reorders nor skips work by it.
+type RoutePriority int32
+
+const (
+	RoutePriority_ROUTE_PRIORITY_UNSPECIFIED RoutePriority = 0
+	RoutePriority_ROUTE_PRIORITY_LOW         RoutePriority = 1
+	RoutePriority_ROUTE_PRIORITY_NORMAL      RoutePriority = 2
+	RoutePriority_ROUTE_PRIORITY_HIGH        RoutePriority = 3
+	RoutePriority_ROUTE_PRIORITY_URGENT      RoutePriority = 4
+)
+
+// Enum value maps for RoutePriority.
+var (
+	RoutePriority_name = map[int32]string{
+		0: "ROUTE_PRIORITY_UNSPECIFIED",
+		1: "ROUTE_PRIORITY_LOW",
+		2: "ROUTE_PRIORITY_NORMAL",
+		3: "ROUTE_PRIORITY_HIGH",
+		4: "ROUTE_PRIORITY_URGENT",
+	}
+	RoutePriority_value = map[string]int32{
+		"ROUTE_PRIORITY_UNSPECIFIED": 0,
+		"ROUTE_PRIORITY_LOW":         1,
+		"ROUTE_PRIORITY_NORMAL":      2,
+		"ROUTE_PRIORITY_HIGH":        3,
+		"ROUTE_PRIORITY_URGENT":      4,
+	}
+)
+
+func (x RoutePriority) Enum() *RoutePriority {
+	p := new(RoutePriority)
+	*p = x
+	return p
+}
+
+func (x RoutePriority) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (RoutePriority) Descriptor() protoreflect.EnumDescriptor {
+	return file_handoff_v2_handoff_proto_enumTypes[2].Descriptor()
+}
+
+func (RoutePriority) Type() protoreflect.EnumType {
+	return &file_handoff_v2_handoff_proto_enumTypes[2]
+}
+
+func (x RoutePriority) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use RoutePriority.Descriptor instead.
+func (RoutePriority) EnumDescriptor() ([]byte, []int) {
+	return file_handoff_v2_handoff_proto_rawDescGZIP(), []int{2}
+}
+
+// Move is how the rail moved a job to a stage.
+type Move int32
+
+const (
+	Move_MOVE_UNSPECIFIED Move = 0
+	// The stage before chose one of its declared routes (Origin.route).
+	Move_MOVE_ROUTE Move = 1
+	// The stage before declares no routes: the pipeline's order (file order, or its next:).
+	Move_MOVE_NEXT Move = 2
+	// A judge failed the work: back to the stage that revises it, with the failures.
+	Move_MOVE_REVISE Move = 3
+	// A judge passed the work.
+	Move_MOVE_PASS Move = 4
+	// The stage's runner answered REJECTED_ROLE: the rail rerouted once to the stage's
+	// fallback.
+	Move_MOVE_REROUTE Move = 5
+	// A person resolving an escalation sent the job here.
+	Move_MOVE_OPERATOR Move = 6
+)
+
+// Enum value maps for Move.
+var (
+	Move_name = map[int32]string{
+		0: "MOVE_UNSPECIFIED",
+		1: "MOVE_ROUTE",
+		2: "MOVE_NEXT",
+		3: "MOVE_REVISE",
+		4: "MOVE_PASS",
+		5: "MOVE_REROUTE",
+		6: "MOVE_OPERATOR",
+	}
+	Move_value = map[string]int32{
+		"MOVE_UNSPECIFIED": 0,
+		"MOVE_ROUTE":       1,
+		"MOVE_NEXT":        2,
+		"MOVE_REVISE":      3,
+		"MOVE_PASS":        4,
+		"MOVE_REROUTE":     5,
+		"MOVE_OPERATOR":    6,
+	}
+)
+
+func (x Move) Enum() *Move {
+	p := new(Move)
+	*p = x
+	return p
+}
+
+func (x Move) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Move) Descriptor() protoreflect.EnumDescriptor {
+	return file_handoff_v2_handoff_proto_enumTypes[3].Descriptor()
+}
+
+func (Move) Type() protoreflect.EnumType {
+	return &file_handoff_v2_handoff_proto_enumTypes[3]
+}
+
+func (x Move) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Move.Descriptor instead.
+func (Move) EnumDescriptor() ([]byte, []int) {
+	return file_handoff_v2_handoff_proto_rawDescGZIP(), []int{3}
+}
+
 // HandoffPackage is the form the next stage reads. It carries references and state, never a
 // transcript: artifacts by URI, memory by ref, failures as codes. It is built by the rail from
 // the job's durable state, so no stage can widen its own goal or refill its own wallet.
@@ -194,8 +320,18 @@ type HandoffPackage struct {
 	// that a person sends the job back to runs again rather than answering DUPLICATE, also
 	// before any judge verdict. Zero on every hop until then.
 	OperatorReturns uint32 `protobuf:"varint,14,opt,name=operator_returns,json=operatorReturns,proto3" json:"operator_returns,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Where the work came from: the stage before this one and how the rail moved the job here
+	// (the route that stage chose, a judge's verdict, the pipeline's order, a reroute, a
+	// person). It says why the receiver has the work; it is a pointer, not a transcript: the
+	// receiving stage starts clean from this package. Absent on a job's first stage.
+	Origin *Origin `protobuf:"bytes,15,opt,name=origin,proto3" json:"origin,omitempty"`
+	// How many times the job came to this stage before within the current judge round and
+	// operator return: non-zero only when a route sends the job back to a stage it was at.
+	// With the evaluator's rounds and operator_returns it names a stage's completion, so a
+	// stage a route sends the job back to runs again rather than answering DUPLICATE.
+	Visit         uint32 `protobuf:"varint,16,opt,name=visit,proto3" json:"visit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *HandoffPackage) Reset() {
@@ -322,6 +458,20 @@ func (x *HandoffPackage) GetNextHint() string {
 func (x *HandoffPackage) GetOperatorReturns() uint32 {
 	if x != nil {
 		return x.OperatorReturns
+	}
+	return 0
+}
+
+func (x *HandoffPackage) GetOrigin() *Origin {
+	if x != nil {
+		return x.Origin
+	}
+	return nil
+}
+
+func (x *HandoffPackage) GetVisit() uint32 {
+	if x != nil {
+		return x.Visit
 	}
 	return 0
 }
@@ -1006,7 +1156,10 @@ type PriorResult struct {
 	// The wallet the first completion's hop was debited from, when the receiver debited it.
 	// A re-delivery from the same wallet is not charged again: its DUPLICATE ack carries
 	// that wallet, so the sender knows the hop is paid.
-	WalletId      string `protobuf:"bytes,6,opt,name=wallet_id,json=walletId,proto3" json:"wallet_id,omitempty"`
+	WalletId string `protobuf:"bytes,6,opt,name=wallet_id,json=walletId,proto3" json:"wallet_id,omitempty"`
+	// The route the first completion chose, so a replayed job takes the route it took the
+	// first time.
+	Route         *RouteChoice `protobuf:"bytes,7,opt,name=route,proto3" json:"route,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1081,6 +1234,13 @@ func (x *PriorResult) GetWalletId() string {
 		return x.WalletId
 	}
 	return ""
+}
+
+func (x *PriorResult) GetRoute() *RouteChoice {
+	if x != nil {
+		return x.Route
+	}
+	return nil
 }
 
 // Receipt is proof of one external write. A repeated write returns the first receipt.
@@ -1172,12 +1332,141 @@ func (x *Receipt) GetJobId() string {
 	return ""
 }
 
+// RouteChoice is the route a stage chose among those its pipeline stage declares, with a
+// small typed reason (what an SDK handoff's input_type carries). It is metadata about the
+// move, validated before the rail acts on it, and never the receiver's job contract: that is
+// the package.
+type RouteChoice struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The declared route's name ("billing", "no_hit").
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Why the stage chose it, in a sentence.
+	Reason        string        `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	Priority      RoutePriority `protobuf:"varint,3,opt,name=priority,proto3,enum=handoff.v2.RoutePriority" json:"priority,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RouteChoice) Reset() {
+	*x = RouteChoice{}
+	mi := &file_handoff_v2_handoff_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RouteChoice) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RouteChoice) ProtoMessage() {}
+
+func (x *RouteChoice) ProtoReflect() protoreflect.Message {
+	mi := &file_handoff_v2_handoff_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RouteChoice.ProtoReflect.Descriptor instead.
+func (*RouteChoice) Descriptor() ([]byte, []int) {
+	return file_handoff_v2_handoff_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *RouteChoice) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *RouteChoice) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *RouteChoice) GetPriority() RoutePriority {
+	if x != nil {
+		return x.Priority
+	}
+	return RoutePriority_ROUTE_PRIORITY_UNSPECIFIED
+}
+
+// Origin says where a package's work came from.
+type Origin struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The stage the job was at before ("" when a person moved it from no stage).
+	Stage string `protobuf:"bytes,1,opt,name=stage,proto3" json:"stage,omitempty"`
+	Move  Move   `protobuf:"varint,2,opt,name=move,proto3,enum=handoff.v2.Move" json:"move,omitempty"`
+	// The route that stage chose, for MOVE_ROUTE.
+	Route         *RouteChoice `protobuf:"bytes,3,opt,name=route,proto3" json:"route,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Origin) Reset() {
+	*x = Origin{}
+	mi := &file_handoff_v2_handoff_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Origin) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Origin) ProtoMessage() {}
+
+func (x *Origin) ProtoReflect() protoreflect.Message {
+	mi := &file_handoff_v2_handoff_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Origin.ProtoReflect.Descriptor instead.
+func (*Origin) Descriptor() ([]byte, []int) {
+	return file_handoff_v2_handoff_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *Origin) GetStage() string {
+	if x != nil {
+		return x.Stage
+	}
+	return ""
+}
+
+func (x *Origin) GetMove() Move {
+	if x != nil {
+		return x.Move
+	}
+	return Move_MOVE_UNSPECIFIED
+}
+
+func (x *Origin) GetRoute() *RouteChoice {
+	if x != nil {
+		return x.Route
+	}
+	return nil
+}
+
 var File_handoff_v2_handoff_proto protoreflect.FileDescriptor
 
 const file_handoff_v2_handoff_proto_rawDesc = "" +
 	"\n" +
 	"\x18handoff/v2/handoff.proto\x12\n" +
-	"handoff.v2\x1a\x1bbuf/validate/validate.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xfd\x05\n" +
+	"handoff.v2\x1a\x1bbuf/validate/validate.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc9\x06\n" +
 	"\x0eHandoffPackage\x12,\n" +
 	"\x06schema\x18\x01 \x01(\tB\x14\xbaH\x11\xc8\x01\x01r\f\n" +
 	"\n" +
@@ -1196,7 +1485,9 @@ const file_handoff_v2_handoff_proto_rawDesc = "" +
 	"memoryRefs\x12'\n" +
 	"\x05trace\x18\f \x01(\v2\x11.handoff.v2.TraceR\x05trace\x12%\n" +
 	"\tnext_hint\x18\r \x01(\tB\b\xbaH\x05r\x03\x18\xe8\aR\bnextHint\x123\n" +
-	"\x10operator_returns\x18\x0e \x01(\rB\b\xbaH\x05*\x03\x18\xe8\aR\x0foperatorReturns\"e\n" +
+	"\x10operator_returns\x18\x0e \x01(\rB\b\xbaH\x05*\x03\x18\xe8\aR\x0foperatorReturns\x12*\n" +
+	"\x06origin\x18\x0f \x01(\v2\x12.handoff.v2.OriginR\x06origin\x12\x1e\n" +
+	"\x05visit\x18\x10 \x01(\rB\b\xbaH\x05*\x03\x18\xe8\aR\x05visit\"e\n" +
 	"\tMemoryRef\x121\n" +
 	"\x04kind\x18\x01 \x01(\tB\x1d\xbaH\x1a\xc8\x01\x01r\x15\x18@2\x11^[a-z][a-z0-9_]*$R\x04kind\x12%\n" +
 	"\x02id\x18\x02 \x01(\tB\x15\xbaH\x12\xc8\x01\x01r\r\x18\xbf\x012\b^[^\\s]+$R\x02id\"\xca\x02\n" +
@@ -1251,14 +1542,15 @@ const file_handoff_v2_handoff_proto_rawDesc = "" +
 	"\x06Reason\x12\x14\n" +
 	"\x05field\x18\x01 \x01(\tR\x05field\x12\x12\n" +
 	"\x04rule\x18\x02 \x01(\tR\x04rule\x12\x18\n" +
-	"\amessage\x18\x03 \x01(\tR\amessage\"\xa8\x02\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\"\xd7\x02\n" +
 	"\vPriorResult\x122\n" +
 	"\tartifacts\x18\x01 \x03(\v2\x14.handoff.v2.ArtifactR\tartifacts\x12-\n" +
 	"\areceipt\x18\x02 \x01(\v2\x13.handoff.v2.ReceiptR\areceipt\x12=\n" +
 	"\fcompleted_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\vcompletedAt\x123\n" +
 	"\tevaluator\x18\x04 \x01(\v2\x15.handoff.v2.EvaluatorR\tevaluator\x12\x1b\n" +
 	"\tnext_hint\x18\x05 \x01(\tR\bnextHint\x12%\n" +
-	"\twallet_id\x18\x06 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x01R\bwalletId\"\xdf\x01\n" +
+	"\twallet_id\x18\x06 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x01R\bwalletId\x12-\n" +
+	"\x05route\x18\a \x01(\v2\x17.handoff.v2.RouteChoiceR\x05route\"\xdf\x01\n" +
 	"\aReceipt\x12'\n" +
 	"\x0fidempotency_key\x18\x01 \x01(\tR\x0eidempotencyKey\x12\x16\n" +
 	"\x06target\x18\x02 \x01(\tR\x06target\x12\x1f\n" +
@@ -1267,7 +1559,15 @@ const file_handoff_v2_handoff_proto_rawDesc = "" +
 	"\n" +
 	"written_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\twrittenAt\x12 \n" +
 	"\vtraceparent\x18\x05 \x01(\tR\vtraceparent\x12\x15\n" +
-	"\x06job_id\x18\x06 \x01(\tR\x05jobId*F\n" +
+	"\x06job_id\x18\x06 \x01(\tR\x05jobId\"\xa4\x01\n" +
+	"\vRouteChoice\x122\n" +
+	"\x04name\x18\x01 \x01(\tB\x1e\xbaH\x1b\xc8\x01\x01r\x16\x18@2\x12^[a-z][a-z0-9_-]*$R\x04name\x12 \n" +
+	"\x06reason\x18\x02 \x01(\tB\b\xbaH\x05r\x03\x18\xf4\x03R\x06reason\x12?\n" +
+	"\bpriority\x18\x03 \x01(\x0e2\x19.handoff.v2.RoutePriorityB\b\xbaH\x05\x82\x01\x02\x10\x01R\bpriority\"\x9d\x01\n" +
+	"\x06Origin\x124\n" +
+	"\x05stage\x18\x01 \x01(\tB\x1e\xbaH\x1br\x19\x18@2\x15^([a-z][a-z0-9_-]*)?$R\x05stage\x12.\n" +
+	"\x04move\x18\x02 \x01(\x0e2\x10.handoff.v2.MoveB\b\xbaH\x05\x82\x01\x02\x10\x01R\x04move\x12-\n" +
+	"\x05route\x18\x03 \x01(\v2\x17.handoff.v2.RouteChoiceR\x05route*F\n" +
 	"\aVerdict\x12\x17\n" +
 	"\x13VERDICT_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fVERDICT_PASS\x10\x01\x12\x10\n" +
@@ -1278,7 +1578,22 @@ const file_handoff_v2_handoff_proto_rawDesc = "" +
 	"\x1aACK_STATUS_REJECTED_SCHEMA\x10\x02\x12\x1c\n" +
 	"\x18ACK_STATUS_REJECTED_ROLE\x10\x03\x12\x1e\n" +
 	"\x1aACK_STATUS_REJECTED_BUDGET\x10\x04\x12\x18\n" +
-	"\x14ACK_STATUS_DUPLICATE\x10\x05B7Z5github.com/handoffhq/handoff/gen/handoff/v2;handoffv2b\x06proto3"
+	"\x14ACK_STATUS_DUPLICATE\x10\x05*\x96\x01\n" +
+	"\rRoutePriority\x12\x1e\n" +
+	"\x1aROUTE_PRIORITY_UNSPECIFIED\x10\x00\x12\x16\n" +
+	"\x12ROUTE_PRIORITY_LOW\x10\x01\x12\x19\n" +
+	"\x15ROUTE_PRIORITY_NORMAL\x10\x02\x12\x17\n" +
+	"\x13ROUTE_PRIORITY_HIGH\x10\x03\x12\x19\n" +
+	"\x15ROUTE_PRIORITY_URGENT\x10\x04*\x80\x01\n" +
+	"\x04Move\x12\x14\n" +
+	"\x10MOVE_UNSPECIFIED\x10\x00\x12\x0e\n" +
+	"\n" +
+	"MOVE_ROUTE\x10\x01\x12\r\n" +
+	"\tMOVE_NEXT\x10\x02\x12\x0f\n" +
+	"\vMOVE_REVISE\x10\x03\x12\r\n" +
+	"\tMOVE_PASS\x10\x04\x12\x10\n" +
+	"\fMOVE_REROUTE\x10\x05\x12\x11\n" +
+	"\rMOVE_OPERATOR\x10\x06B7Z5github.com/handoffhq/handoff/gen/handoff/v2;handoffv2b\x06proto3"
 
 var (
 	file_handoff_v2_handoff_proto_rawDescOnce sync.Once
@@ -1292,49 +1607,58 @@ func file_handoff_v2_handoff_proto_rawDescGZIP() []byte {
 	return file_handoff_v2_handoff_proto_rawDescData
 }
 
-var file_handoff_v2_handoff_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_handoff_v2_handoff_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_handoff_v2_handoff_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_handoff_v2_handoff_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_handoff_v2_handoff_proto_goTypes = []any{
 	(Verdict)(0),                  // 0: handoff.v2.Verdict
 	(AckStatus)(0),                // 1: handoff.v2.AckStatus
-	(*HandoffPackage)(nil),        // 2: handoff.v2.HandoffPackage
-	(*MemoryRef)(nil),             // 3: handoff.v2.MemoryRef
-	(*Artifact)(nil),              // 4: handoff.v2.Artifact
-	(*ToolAttempt)(nil),           // 5: handoff.v2.ToolAttempt
-	(*Evaluator)(nil),             // 6: handoff.v2.Evaluator
-	(*Failure)(nil),               // 7: handoff.v2.Failure
-	(*Budget)(nil),                // 8: handoff.v2.Budget
-	(*Trace)(nil),                 // 9: handoff.v2.Trace
-	(*Ack)(nil),                   // 10: handoff.v2.Ack
-	(*Reason)(nil),                // 11: handoff.v2.Reason
-	(*PriorResult)(nil),           // 12: handoff.v2.PriorResult
-	(*Receipt)(nil),               // 13: handoff.v2.Receipt
-	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
+	(RoutePriority)(0),            // 2: handoff.v2.RoutePriority
+	(Move)(0),                     // 3: handoff.v2.Move
+	(*HandoffPackage)(nil),        // 4: handoff.v2.HandoffPackage
+	(*MemoryRef)(nil),             // 5: handoff.v2.MemoryRef
+	(*Artifact)(nil),              // 6: handoff.v2.Artifact
+	(*ToolAttempt)(nil),           // 7: handoff.v2.ToolAttempt
+	(*Evaluator)(nil),             // 8: handoff.v2.Evaluator
+	(*Failure)(nil),               // 9: handoff.v2.Failure
+	(*Budget)(nil),                // 10: handoff.v2.Budget
+	(*Trace)(nil),                 // 11: handoff.v2.Trace
+	(*Ack)(nil),                   // 12: handoff.v2.Ack
+	(*Reason)(nil),                // 13: handoff.v2.Reason
+	(*PriorResult)(nil),           // 14: handoff.v2.PriorResult
+	(*Receipt)(nil),               // 15: handoff.v2.Receipt
+	(*RouteChoice)(nil),           // 16: handoff.v2.RouteChoice
+	(*Origin)(nil),                // 17: handoff.v2.Origin
+	(*timestamppb.Timestamp)(nil), // 18: google.protobuf.Timestamp
 }
 var file_handoff_v2_handoff_proto_depIdxs = []int32{
-	4,  // 0: handoff.v2.HandoffPackage.artifacts:type_name -> handoff.v2.Artifact
-	5,  // 1: handoff.v2.HandoffPackage.tool_attempts:type_name -> handoff.v2.ToolAttempt
-	6,  // 2: handoff.v2.HandoffPackage.evaluator:type_name -> handoff.v2.Evaluator
-	8,  // 3: handoff.v2.HandoffPackage.budget:type_name -> handoff.v2.Budget
-	3,  // 4: handoff.v2.HandoffPackage.memory_refs:type_name -> handoff.v2.MemoryRef
-	9,  // 5: handoff.v2.HandoffPackage.trace:type_name -> handoff.v2.Trace
-	0,  // 6: handoff.v2.Evaluator.last_verdict:type_name -> handoff.v2.Verdict
-	7,  // 7: handoff.v2.Evaluator.failures:type_name -> handoff.v2.Failure
-	14, // 8: handoff.v2.Budget.deadline:type_name -> google.protobuf.Timestamp
-	1,  // 9: handoff.v2.Ack.status:type_name -> handoff.v2.AckStatus
-	11, // 10: handoff.v2.Ack.reasons:type_name -> handoff.v2.Reason
-	12, // 11: handoff.v2.Ack.prior:type_name -> handoff.v2.PriorResult
-	8,  // 12: handoff.v2.Ack.wallet:type_name -> handoff.v2.Budget
-	4,  // 13: handoff.v2.PriorResult.artifacts:type_name -> handoff.v2.Artifact
-	13, // 14: handoff.v2.PriorResult.receipt:type_name -> handoff.v2.Receipt
-	14, // 15: handoff.v2.PriorResult.completed_at:type_name -> google.protobuf.Timestamp
-	6,  // 16: handoff.v2.PriorResult.evaluator:type_name -> handoff.v2.Evaluator
-	14, // 17: handoff.v2.Receipt.written_at:type_name -> google.protobuf.Timestamp
-	18, // [18:18] is the sub-list for method output_type
-	18, // [18:18] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	6,  // 0: handoff.v2.HandoffPackage.artifacts:type_name -> handoff.v2.Artifact
+	7,  // 1: handoff.v2.HandoffPackage.tool_attempts:type_name -> handoff.v2.ToolAttempt
+	8,  // 2: handoff.v2.HandoffPackage.evaluator:type_name -> handoff.v2.Evaluator
+	10, // 3: handoff.v2.HandoffPackage.budget:type_name -> handoff.v2.Budget
+	5,  // 4: handoff.v2.HandoffPackage.memory_refs:type_name -> handoff.v2.MemoryRef
+	11, // 5: handoff.v2.HandoffPackage.trace:type_name -> handoff.v2.Trace
+	17, // 6: handoff.v2.HandoffPackage.origin:type_name -> handoff.v2.Origin
+	0,  // 7: handoff.v2.Evaluator.last_verdict:type_name -> handoff.v2.Verdict
+	9,  // 8: handoff.v2.Evaluator.failures:type_name -> handoff.v2.Failure
+	18, // 9: handoff.v2.Budget.deadline:type_name -> google.protobuf.Timestamp
+	1,  // 10: handoff.v2.Ack.status:type_name -> handoff.v2.AckStatus
+	13, // 11: handoff.v2.Ack.reasons:type_name -> handoff.v2.Reason
+	14, // 12: handoff.v2.Ack.prior:type_name -> handoff.v2.PriorResult
+	10, // 13: handoff.v2.Ack.wallet:type_name -> handoff.v2.Budget
+	6,  // 14: handoff.v2.PriorResult.artifacts:type_name -> handoff.v2.Artifact
+	15, // 15: handoff.v2.PriorResult.receipt:type_name -> handoff.v2.Receipt
+	18, // 16: handoff.v2.PriorResult.completed_at:type_name -> google.protobuf.Timestamp
+	8,  // 17: handoff.v2.PriorResult.evaluator:type_name -> handoff.v2.Evaluator
+	16, // 18: handoff.v2.PriorResult.route:type_name -> handoff.v2.RouteChoice
+	18, // 19: handoff.v2.Receipt.written_at:type_name -> google.protobuf.Timestamp
+	2,  // 20: handoff.v2.RouteChoice.priority:type_name -> handoff.v2.RoutePriority
+	3,  // 21: handoff.v2.Origin.move:type_name -> handoff.v2.Move
+	16, // 22: handoff.v2.Origin.route:type_name -> handoff.v2.RouteChoice
+	23, // [23:23] is the sub-list for method output_type
+	23, // [23:23] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_handoff_v2_handoff_proto_init() }
@@ -1347,8 +1671,8 @@ func file_handoff_v2_handoff_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_handoff_v2_handoff_proto_rawDesc), len(file_handoff_v2_handoff_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   12,
+			NumEnums:      4,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

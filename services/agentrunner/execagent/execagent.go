@@ -7,8 +7,11 @@
 //   - environment: exactly the env given to New, plus PATH (when env does not set it) and
 //     HANDOFF_JOB_ID, HANDOFF_STAGE, HANDOFF_ROUND, HANDOFF_OPERATOR_RETURNS (how many times
 //     a person sent the job back to a stage: a program that names its own files should
-//     use it with the round, so a re-run does not overwrite the run it replaces) and, when
-//     the runner's artifact store is a folder, HANDOFF_ARTIFACTS_DIR. The runner's own
+//     use it with the round, so a re-run does not overwrite the run it replaces),
+//     HANDOFF_VISIT (likewise, for a stage a route sent the job back to), HANDOFF_ROUTES
+//     (the names of the routes the stage declares, comma-separated, empty for none: a
+//     program given routes answers one of them in the result's route) and, when the
+//     runner's artifact store is a folder, HANDOFF_ARTIFACTS_DIR. The runner's own
 //     environment (API keys and the like) is not passed on;
 //   - stdout: exactly one StageResult in protojson (unknown fields are an error), at most
 //     1 MiB. Its artifacts are references the program stored itself; job_id and stage may be
@@ -167,8 +170,10 @@ func (a *Agent) environ(in agentrunner.Input) []string {
 		"HANDOFF_STAGE="+in.Package.GetStage(),
 		"HANDOFF_ROUND="+strconv.FormatUint(uint64(in.Round), 10),
 		"HANDOFF_OPERATOR_RETURNS="+strconv.FormatUint(uint64(in.Package.GetOperatorReturns()), 10),
+		"HANDOFF_VISIT="+strconv.FormatUint(uint64(in.Package.GetVisit()), 10),
+		"HANDOFF_ROUTES="+routeNames(in.Routes),
 	)
-	// A folder store, also behind artifact.WithReturns.
+	// A folder store, also behind artifact.WithCompletion.
 	if f, ok := in.Artifacts.(interface{ Root() string }); ok && f.Root() != "" {
 		env = append(env, "HANDOFF_ARTIFACTS_DIR="+f.Root())
 	}
@@ -223,4 +228,13 @@ func head(b []byte, n int) string {
 		b = b[:n]
 	}
 	return strings.ToValidUTF8(string(b), "?")
+}
+
+// routeNames lists the stage's route names for HANDOFF_ROUTES.
+func routeNames(rs []*handoffv1.RouteOption) string {
+	names := make([]string, len(rs))
+	for i, r := range rs {
+		names[i] = r.GetName()
+	}
+	return strings.Join(names, ",")
 }

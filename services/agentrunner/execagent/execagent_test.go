@@ -192,3 +192,23 @@ echo "{\"next_hint\": \"$HANDOFF_OPERATOR_RETURNS|$HANDOFF_ARTIFACTS_DIR\"}"`)},
 		t.Fatalf("environment: %q; want %q", res.GetNextHint(), want)
 	}
 }
+
+// TestEnvironmentOfARoutedStage: a program serving a stage with routes finds their names in
+// HANDOFF_ROUTES and a repeated visit in HANDOFF_VISIT, and may answer with a route.
+func TestEnvironmentOfARoutedStage(t *testing.T) {
+	a, err := execagent.New(agentrunner.RoleCard{Name: "intake"}, []string{"/bin/sh", script(t, `cat >/dev/null
+echo "{\"next_hint\": \"$HANDOFF_VISIT|$HANDOFF_ROUTES\", \"route\": {\"name\": \"billing\", \"priority\": \"ROUTE_PRIORITY_HIGH\"}}"`)}, time.Second, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := input(t)
+	in.Package.Visit = 1
+	in.Routes = []*handoffv1.RouteOption{{Name: "billing"}, {Name: "unclear"}}
+	res, err := a.Run(context.Background(), in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.GetNextHint() != "1|billing,unclear" || res.GetRoute().GetName() != "billing" || res.GetRoute().GetPriority() != handoffv1.RoutePriority_ROUTE_PRIORITY_HIGH {
+		t.Fatalf("result %v; want hint 1|billing,unclear and route billing (HIGH)", res)
+	}
+}

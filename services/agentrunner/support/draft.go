@@ -56,6 +56,7 @@ var nextStep = map[string]string{
 	"account_access":        "Point the customer to the self-service reset; hand lost two-factor devices to the account-security team.",
 	"shipping":              "Check the tracking status; past 5 business days without an update, ask logistics to open a courier trace.",
 	"subscription":          "Confirm how to cancel from the billing settings and what happens to the current period.",
+	"technical":             "Walk the customer through the documented steps; hand an error that persists to the product team with what the customer did and when.",
 }
 
 // Run implements agentrunner.Agent.
@@ -69,6 +70,10 @@ func (a *draftAgent) Run(ctx context.Context, in agentrunner.Input) (*handoffv1.
 		return nil, err
 	}
 	if ch.NoHit || len(ch.Chunks) == 0 {
+		// Sent here by a retriever's no_hit route: the pipeline wants a note saying so.
+		if o := in.Package.GetOrigin(); o.GetMove() == handoffv1.Move_MOVE_ROUTE && o.GetRoute().GetName() == RouteNoHit {
+			return a.noMatch(ctx, in, it, ch)
+		}
 		return nil, fmt.Errorf("retrieve found no help-center article (no_hit): draft has nothing to cite and does not write from memory; escalate to a human")
 	}
 
@@ -181,6 +186,40 @@ func (a *draftAgent) Run(ctx context.Context, in agentrunner.Input) (*handoffv1.
 		SpentUsdMicros: SpendDraft,
 		OpenQuestions:  questions(unknown...),
 		NextHint:       clip(hint, 1000),
+	}, nil
+}
+
+// noMatch writes the "no matching article" note: what the ticket asks and that nothing in the
+// help center answers it, with no claim and no citation, so nothing is made up.
+func (a *draftAgent) noMatch(ctx context.Context, in agentrunner.Input, it Intake, ch Chunks) (*handoffv1.StageResult, error) {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# No matching article: ticket %s\n\n", it.TicketID)
+	b.WriteString("> Internal triage note for the support team; not for sending to the customer.\n")
+	header := fmt.Sprintf("> Customer %s, category %s", orUnknown(it.CustomerID), it.Category)
+	if q := strings.TrimSpace(it.Question); q != "" && !refundPromise.MatchString(q) {
+		header += fmt.Sprintf(`, asks: "%s"`, q)
+	}
+	if !strings.HasSuffix(header, `?"`) {
+		header += "."
+	}
+	b.WriteString(header + "\n")
+	fmt.Fprintf(&b, "> No matching help-center article: retrieve searched for %q and found nothing to cite, so this note makes no claims.\n", clip(ch.Query, 200))
+	if len(it.Facts) > 0 {
+		fmt.Fprintf(&b, "> Ticket facts: %s.\n", strings.Join(it.Facts, "; "))
+	}
+	open := questions(append(append([]string(nil), in.Package.GetOpenQuestions()...), "no help-center article matches this ticket: a human must answer it")...)
+	b.WriteString("\n## Open questions\n\n")
+	for _, q := range open {
+		b.WriteString("- " + q + "\n")
+	}
+	art, err := put(ctx, in, TypeSummary, SchemaSummary, MediaMarkdown, []byte(b.String()))
+	if err != nil {
+		return nil, err
+	}
+	return &handoffv1.StageResult{
+		Artifacts:      []*handoffv1.Artifact{art},
+		SpentUsdMicros: SpendDraft,
+		NextHint:       "judge the no-match note: it cites nothing and promises nothing",
 	}, nil
 }
 

@@ -12,8 +12,9 @@ import (
 )
 
 // intakeAgent reads the raw ticket (raw_ticket.v1) and writes intake.v1: the ticket's ids, a
-// category, the customer's question and the facts it states, plus open questions for what
-// the ticket leaves unknown. It never fills a missing id: a ticket without ticket_id or body
+// category and its topic (billing, technical, unclear), the customer's question and the
+// facts it states, plus open questions for what the ticket leaves unknown. Offered routes,
+// it answers the topic's. It never fills a missing id: a ticket without ticket_id or body
 // fails the stage.
 type intakeAgent struct{ card }
 
@@ -31,7 +32,19 @@ var categories = []struct {
 	{"account_access", regexp.MustCompile(`\b(password|log ?in|sign ?in|locked out|2fa|two-factor)\b`)},
 	{"shipping", regexp.MustCompile(`\b(shipping|shipment|delivery|parcel|tracking|courier)\b`)},
 	{"subscription", regexp.MustCompile(`\b(cancel|unsubscribe|subscription)\w*`)},
+	{"technical", regexp.MustCompile(`\b(error|crash(es|ed|ing)?|bug|not working|broken|fails?|failing|app)\b`)},
 }
+
+// topics maps a category to the desk that handles it; any other is unclear.
+var topics = map[string]string{
+	"billing_double_charge": TopicBilling,
+	"refund_request":        TopicBilling,
+	"subscription":          TopicBilling,
+	"account_access":        TopicTechnical,
+	"technical":             TopicTechnical,
+}
+
+var reUrgent = regexp.MustCompile(`(?i)\b(urgent|asap|immediately|right away)\b`)
 
 var (
 	reInvoice  = regexp.MustCompile(`\b(?:INV|ORD|ORDER|INVOICE)-?\d+\b`)
@@ -69,6 +82,10 @@ func (a *intakeAgent) Run(ctx context.Context, in agentrunner.Input) (*handoffv1
 			out.Category = c.name
 			break
 		}
+	}
+	out.Topic = topics[out.Category]
+	if out.Topic == "" {
+		out.Topic = TopicUnclear
 	}
 	out.Question = strings.TrimSpace(t.Subject)
 	if q := reQuestion.FindString(t.Body); q != "" {
@@ -115,6 +132,15 @@ func (a *intakeAgent) Run(ctx context.Context, in agentrunner.Input) (*handoffv1
 	if err != nil {
 		return nil, err
 	}
+	// Money taken twice, or a customer who says it is urgent, goes first.
+	prio := handoffv1.RoutePriority_ROUTE_PRIORITY_NORMAL
+	if out.Category == "billing_double_charge" || reUrgent.MatchString(text) {
+		prio = handoffv1.RoutePriority_ROUTE_PRIORITY_HIGH
+	}
+	reason := fmt.Sprintf("category %s: a %s ticket", out.Category, out.Topic)
+	if out.Topic == TopicUnclear {
+		reason = fmt.Sprintf("category %s: neither a billing nor a technical ticket", out.Category)
+	}
 	return &handoffv1.StageResult{
 		Artifacts: []*handoffv1.Artifact{art},
 		ToolsTried: []*handoffv1.ToolAttempt{{
@@ -124,5 +150,6 @@ func (a *intakeAgent) Run(ctx context.Context, in agentrunner.Input) (*handoffv1
 		SpentUsdMicros: SpendIntake,
 		OpenQuestions:  questions(open...),
 		NextHint:       clip("retrieve help-center articles for a "+out.Category+" ticket", 1000),
+		Route:          choose(in, out.Topic, reason, prio),
 	}, nil
 }

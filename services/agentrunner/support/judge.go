@@ -19,7 +19,9 @@ import (
 //
 // Rubric (one Failure per broken criterion, its detail naming the offending lines):
 //
-//   - citation_missing: every claim line cites at least one key ("[hc-refund-policy]").
+//   - citation_missing: every claim line cites at least one key ("[hc-refund-policy]"), and
+//     a summary makes at least one claim, unless retrieve found nothing (no_hit): a
+//     "no matching article" note then makes none.
 //     Claim lines are the non-empty lines except headings ("#"), blockquotes (">", the
 //     note's header) and the items under an "Open questions" heading (questions, not claims).
 //   - citation_invalid: every cited key is a chunk key of the newest chunks artifact.
@@ -124,6 +126,8 @@ func (a *judgeAgent) Run(ctx context.Context, in agentrunner.Input) (*handoffv1.
 		}
 	}
 	switch {
+	case len(claims) == 0 && ch.NoHit:
+		// A no-match note: nothing was found, so nothing may be claimed or cited.
 	case len(claims) == 0:
 		fail(CodeCitationMissing, "the summary makes no claim to check")
 	case len(missing) > 0:

@@ -239,7 +239,7 @@ func Search(query string, limit int) ([]Chunk, error) {
 }
 
 // retrieveAgent searches the help-center corpus for the intake's question and category and
-// writes chunks.v1 (no_hit when nothing scores).
+// writes chunks.v1 (no_hit when nothing scores). Offered routes, it answers hit or no_hit.
 type retrieveAgent struct{ card }
 
 // NewRetrieve returns the retrieve agent (card "retrieve", tools kb.search).
@@ -278,10 +278,15 @@ func (a *retrieveAgent) Run(ctx context.Context, in agentrunner.Input) (*handoff
 	}
 	var open []string
 	hint := "draft an internal summary citing " + strings.Join(keys, ", ")
+	route := choose(in, RouteHit, fmt.Sprintf("%d article(s) match: %s", len(hits), strings.Join(keys, ", ")), handoffv1.RoutePriority_ROUTE_PRIORITY_NORMAL)
 	if out.NoHit {
 		attempt.Detail = "no article matched"
 		open = append(open, "no help-center article matches this ticket: a human must answer it")
 		hint = "no_hit: nothing to cite; escalate to a human rather than drafting from memory"
+		route = choose(in, RouteNoHit, fmt.Sprintf("no article matches %q", clip(query, 200)), handoffv1.RoutePriority_ROUTE_PRIORITY_NORMAL)
+		if route != nil {
+			hint = "no_hit: nothing to cite; say so in a note rather than drafting from memory"
+		}
 	} else {
 		attempt.Detail = clip(fmt.Sprintf("%d article(s): %s", len(hits), strings.Join(keys, ", ")), 500)
 	}
@@ -295,5 +300,6 @@ func (a *retrieveAgent) Run(ctx context.Context, in agentrunner.Input) (*handoff
 		SpentUsdMicros: SpendRetrieve,
 		OpenQuestions:  questions(open...),
 		NextHint:       clip(hint, 1000),
+		Route:          route,
 	}, nil
 }

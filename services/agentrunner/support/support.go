@@ -1,9 +1,16 @@
-// Package support holds the built-in deterministic agents of the support-ticket pipeline:
+// Package support holds the built-in deterministic agents of the support-ticket and
+// support-triage pipelines:
 //
-//	intake   raw_ticket.v1  -> intake.v1   (holds tickets.get)
+//	intake   raw_ticket.v1  -> intake.v1   (holds tickets.get; classifies the topic)
 //	retrieve intake.v1      -> chunks.v1   (holds kb.search; help-center corpus embedded)
 //	draft    chunks.v1      -> summary_md.v1 (no tools; revises on judge failures)
 //	judge    summary_md.v1  -> verdict.v1 + Evaluator (no tools; never writes externally)
+//
+// Offered routes (support-triage), they choose by the ticket's content: intake routes by
+// topic (billing, technical or unclear), retrieve by whether an article matched (hit or
+// no_hit). A route they answer that the stage does not declare is the rail's to refuse. The
+// drafter that a retriever's no_hit sent work to (the package's origin says so) writes a
+// "no matching article" note that cites nothing, instead of failing.
 //
 // They need no model and no network, so a demo job runs the same way every time, including
 // one honest critique loop: the first draft leaves one claim without its citation, the judge
@@ -17,7 +24,7 @@ package support
 import (
 	"bytes"
 	"context"
-	_ "embed"
+	"embed"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -85,13 +92,29 @@ type RawTicket struct {
 	Channel    string `json:"channel"`
 }
 
+// Topics intake classifies a ticket into; in support-triage they are intake's routes.
+const (
+	TopicBilling   = "billing"
+	TopicTechnical = "technical"
+	TopicUnclear   = "unclear"
+)
+
+// Route names retrieve answers when the stage offers them.
+const (
+	RouteHit   = "hit"
+	RouteNoHit = "no_hit"
+)
+
 // Intake is intake's output (intake.v1).
 type Intake struct {
-	TicketID   string   `json:"ticket_id"`
-	CustomerID string   `json:"customer_id"`
-	Category   string   `json:"category"`
-	Question   string   `json:"question"`
-	Facts      []string `json:"facts"`
+	TicketID   string `json:"ticket_id"`
+	CustomerID string `json:"customer_id"`
+	Category   string `json:"category"`
+	// Topic is the desk the category belongs to: TopicBilling, TopicTechnical or
+	// TopicUnclear (empty in artifacts written before topics).
+	Topic    string   `json:"topic,omitempty"`
+	Question string   `json:"question"`
+	Facts    []string `json:"facts"`
 }
 
 // Chunk is one retrieved help-center passage.
@@ -138,6 +161,24 @@ var sampleTicket []byte
 // SampleTicket returns the demo's input (raw_ticket.v1 JSON): a customer charged twice for
 // one invoice who asks for a refund. The caller gets its own copy.
 func SampleTicket() []byte { return bytes.Clone(sampleTicket) }
+
+//go:embed testdata/tickets/*.json
+var ticketFS embed.FS
+
+// Ticket returns a sample ticket (raw_ticket.v1 JSON) by name: "billing" (SampleTicket),
+// "technical" (locked out after a password reset), "unclear" (too vague for either desk)
+// and "no-match" (a technical error no help-center article covers). The caller gets its
+// own copy.
+func Ticket(name string) ([]byte, error) {
+	if name == TopicBilling {
+		return SampleTicket(), nil
+	}
+	data, err := ticketFS.ReadFile("testdata/tickets/" + name + ".json")
+	if err != nil {
+		return nil, fmt.Errorf("no sample ticket %q (billing, technical, unclear, no-match)", name)
+	}
+	return data, nil
+}
 
 // Agents returns the four support agents: intake, retrieve, draft, judge.
 func Agents() []agentrunner.Agent {
@@ -231,6 +272,16 @@ func questions(qs ...string) []string {
 		}
 	}
 	return out
+}
+
+// choose picks the route named name when the stage offers routes: nil when it offers none.
+// An offered set without that name still gets the answer, which the rail refuses
+// (ROUTE_UNDECLARED): an agent does not pick another route instead.
+func choose(in agentrunner.Input, name, reason string, prio handoffv1.RoutePriority) *handoffv1.RouteChoice {
+	if len(in.Routes) == 0 {
+		return nil
+	}
+	return &handoffv1.RouteChoice{Name: name, Reason: clip(reason, 500), Priority: prio}
 }
 
 // card is the shared Card implementation.

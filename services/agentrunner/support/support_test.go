@@ -389,3 +389,100 @@ func TestIntakeTamperedArtifact(t *testing.T) {
 		t.Fatalf("err %v", err)
 	}
 }
+
+// offer are the routes of support-triage's intake and retrievers.
+var (
+	intakeRoutes   = []*handoffv1.RouteOption{{Name: "billing"}, {Name: "technical"}, {Name: "unclear"}}
+	retrieveRoutes = []*handoffv1.RouteOption{{Name: "hit"}, {Name: "no_hit"}}
+)
+
+// runOffered runs ag like run, offering routes.
+func (r *rail) runOffered(ag agentrunner.Agent, stage string, routes []*handoffv1.RouteOption, origin *handoffv1.Origin) *handoffv1.StageResult {
+	r.t.Helper()
+	p := r.pkg(stage)
+	p.Origin = origin
+	res, err := ag.Run(context.Background(), agentrunner.Input{Package: p, Round: p.GetEvaluator().GetRounds(), Artifacts: r.store, Routes: routes})
+	if err != nil {
+		r.t.Fatalf("%s: %v", stage, err)
+	}
+	if err := r.v.Validate(res); err != nil {
+		r.t.Fatalf("%s: invalid result: %v", stage, err)
+	}
+	r.artifacts = append(r.artifacts, res.Artifacts...)
+	r.open = append(r.open, res.OpenQuestions...)
+	if res.Evaluator != nil {
+		r.ev = res.Evaluator
+	}
+	return res
+}
+
+// TestTriageRoutes: offered routes, intake answers the ticket's topic and retrieve whether an
+// article matched; without routes they answer none (support-ticket is unchanged).
+func TestTriageRoutes(t *testing.T) {
+	for _, tc := range []struct {
+		ticket, topic, retrieved string
+		prio                     handoffv1.RoutePriority
+	}{
+		{"billing", "billing", "hit", handoffv1.RoutePriority_ROUTE_PRIORITY_HIGH},
+		{"technical", "technical", "hit", handoffv1.RoutePriority_ROUTE_PRIORITY_NORMAL},
+		{"no-match", "technical", "no_hit", handoffv1.RoutePriority_ROUTE_PRIORITY_NORMAL},
+		{"unclear", "unclear", "", handoffv1.RoutePriority_ROUTE_PRIORITY_NORMAL},
+	} {
+		t.Run(tc.ticket, func(t *testing.T) {
+			data, err := support.Ticket(tc.ticket)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := newRail(t, data)
+			res := r.runOffered(support.NewIntake(), "intake", intakeRoutes, nil)
+			var it support.Intake
+			if err := json.Unmarshal(r.read(res.Artifacts[0]), &it); err != nil {
+				t.Fatal(err)
+			}
+			if it.Topic != tc.topic || res.GetRoute().GetName() != tc.topic || res.GetRoute().GetPriority() != tc.prio || !strings.Contains(res.GetRoute().GetReason(), it.Category) {
+				t.Fatalf("intake topic %q (category %s), route %v; want %s at %s", it.Topic, it.Category, res.GetRoute(), tc.topic, tc.prio)
+			}
+			if tc.retrieved == "" {
+				return
+			}
+			res = r.runOffered(support.NewRetrieve(), tc.topic+"-retrieve", retrieveRoutes, nil)
+			if res.GetRoute().GetName() != tc.retrieved {
+				t.Fatalf("retrieve route %v, want %s", res.GetRoute(), tc.retrieved)
+			}
+		})
+	}
+	r := newRail(t, support.SampleTicket())
+	if res := r.run(support.NewIntake(), "intake"); res.GetRoute() != nil {
+		t.Fatalf("intake without routes answered route %v", res.GetRoute())
+	}
+	if _, err := support.Ticket("shipping"); err == nil {
+		t.Fatal("Ticket(shipping) found a ticket")
+	}
+}
+
+// TestNoMatchNote: the drafter a retriever's no_hit route sent the job to writes a note that
+// says nothing matched and cites nothing, and the judge passes it; sent there any other way,
+// it still refuses to draft from memory.
+func TestNoMatchNote(t *testing.T) {
+	data, err := support.Ticket("no-match")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := newRail(t, data)
+	r.runOffered(support.NewIntake(), "intake", intakeRoutes, nil)
+	r.runOffered(support.NewRetrieve(), "technical-retrieve", retrieveRoutes, nil)
+	noHit := &handoffv1.Origin{Stage: "technical-retrieve", Move: handoffv1.Move_MOVE_ROUTE, Route: &handoffv1.RouteChoice{Name: "no_hit"}}
+	p := r.pkg("no-match-note")
+	if _, err := support.NewDraft().Run(context.Background(), agentrunner.Input{Package: p, Artifacts: r.store}); err == nil || !strings.Contains(err.Error(), "no_hit") {
+		t.Fatalf("draft on no_hit without the route: err %v; want a refusal", err)
+	}
+	res := r.runOffered(support.NewDraft(), "no-match-note", nil, noHit)
+	note := string(r.read(res.Artifacts[0]))
+	if !strings.Contains(note, "No matching help-center article") || strings.Contains(note, "[hc-") || !strings.Contains(note, "T-2090") {
+		t.Fatalf("note:\n%s", note)
+	}
+	if ev := r.runOffered(support.NewJudge(), "judge", nil, nil).Evaluator; ev.GetLastVerdict() != handoffv1.Verdict_VERDICT_PASS {
+		t.Fatalf("verdict on the note %v\n%s", ev, note)
+	}
+	t.Logf("note:\n%s", note)
+}

@@ -52,6 +52,14 @@ var tmpl = template.Must(template.New("").Funcs(template.FuncMap{
 		return time.Since(t.AsTime()).Round(time.Second).String()
 	},
 	"ts": func(t interface{ AsTime() time.Time }) string { return t.AsTime().UTC().Format(time.RFC3339) },
+	// move names how the rail moved a run: the route its stage chose, else the rail's own
+	// move (next, pass, revise, reroute, operator).
+	"move": func(t *handoffv1.Transfer) string {
+		if r := t.GetRoute(); r != nil {
+			return r.GetName()
+		}
+		return strings.ToLower(strings.TrimPrefix(t.GetMove().String(), "MOVE_"))
+	},
 }).ParseFS(files, "templates/*.html"))
 
 // Options configures the page.

@@ -11,7 +11,10 @@ import (
 	"testing"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+	"github.com/handoffhq/handoff/internal/artifact"
+	"github.com/handoffhq/handoff/internal/demo"
 	"github.com/handoffhq/handoff/internal/stack"
+	"github.com/handoffhq/handoff/services/agentrunner/support"
 	"github.com/handoffhq/handoff/services/coordinator/web"
 )
 
@@ -177,5 +180,45 @@ func TestResolveRefusesInvalidUTF8(t *testing.T) {
 	got, err := st.Coordinator.GetJob(context.Background(), &handoffv1.GetJobRequest{RunId: job.GetRunId()})
 	if err != nil || got.GetJob().GetState() != handoffv1.JobState_JOB_STATE_ESCALATED || got.GetJob().GetResolution() != nil {
 		t.Fatalf("after the refused form: %v %v", got.GetJob(), err)
+	}
+}
+
+// TestJobPageShowsTheRoute: the operator page of a run shows the route it took, hop by hop,
+// with the stage's reason and priority: here support-triage's intake handing an unclear
+// ticket to a person.
+func TestJobPageShowsTheRoute(t *testing.T) {
+	st, base := page(t)
+	ctx := context.Background()
+	cc, err := st.DialAs(st.CoordinatorAddr, "operator")
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := handoffv1.NewCoordinatorServiceClient(cc)
+	data, err := support.Ticket("unclear")
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, err := st.Artifacts.Put(ctx, artifact.Ref{JobID: "tkt_3015", Stage: "submit", Type: "raw_ticket", SchemaVersion: "raw_ticket.v1", MediaType: "application/json"}, data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := client.SubmitJob(ctx, &handoffv1.SubmitJobRequest{JobId: "tkt_3015", Pipeline: "support-triage", Goal: "Draft internal triage summary",
+		Budget: &handoffv1.Budget{UsdRemainingMicros: 1_000_000}, Inputs: []*handoffv1.Artifact{in}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := demo.Watch(ctx, client, resp.GetJob().GetRunId(), nil); err != nil {
+		t.Fatal(err)
+	}
+	c := browser(t)
+	post(t, c, base+"/login", url.Values{"token": {token}})
+	r, body := get(t, c, base+"/jobs/"+resp.GetJob().GetRunId())
+	if r.StatusCode != http.StatusOK {
+		t.Fatalf("job page: %d %s", r.StatusCode, body)
+	}
+	for _, want := range []string{`<table id="route">`, "<td>intake</td><td><code>unclear</code></td><td>escalate</td>", "neither a billing nor a technical ticket", "<td>NORMAL</td>", "ROUTED"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("job page lacks %q:\n%s", want, body)
+		}
 	}
 }

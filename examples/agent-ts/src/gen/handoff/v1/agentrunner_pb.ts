@@ -8,7 +8,7 @@
 import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import { enumDesc, fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
 import { file_buf_validate_validate } from "@bufbuild/protovalidate/gen/buf/validate/validate_pb.js";
-import type { Ack, Artifact, Evaluator, HandoffPackage, ToolAttempt } from "./handoff_pb.js";
+import type { Ack, Artifact, Evaluator, HandoffPackage, RouteChoice, ToolAttempt } from "./handoff_pb.js";
 import { file_handoff_v1_handoff } from "./handoff_pb.js";
 import type { Message } from "@bufbuild/protobuf";
 
@@ -16,7 +16,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file handoff/v1/agentrunner.proto.
  */
 export const file_handoff_v1_agentrunner: GenFile = /*@__PURE__*/
-  fileDesc("ChxoYW5kb2ZmL3YxL2FnZW50cnVubmVyLnByb3RvEgpoYW5kb2ZmLnYxIp0BCg5EZWxpdmVyUmVxdWVzdBIzCgdwYWNrYWdlGAEgASgLMhouaGFuZG9mZi52MS5IYW5kb2ZmUGFja2FnZUIGukgDyAEBEi0KBWFnZW50GAIgASgJQh66SBtyGRhAMhVeKFthLXpdW2EtejAtOV8tXSopPyQSJwoOcmVxdWlyZWRfdG9vbHMYAyADKAlCD7pIDJIBCRBAIgVyAxiAASJsCg9EZWxpdmVyUmVzcG9uc2USHgoDYWNrGAEgASgLMg8uaGFuZG9mZi52MS5BY2tIABIpCgZyZXN1bHQYAiABKAsyFy5oYW5kb2ZmLnYxLlN0YWdlUmVzdWx0SABCDgoFZXZlbnQSBbpIAggBIpsBCgxDaGVja1JlcXVlc3QSMwoHcGFja2FnZRgBIAEoCzIaLmhhbmRvZmYudjEuSGFuZG9mZlBhY2thZ2VCBrpIA8gBARItCgVhZ2VudBgCIAEoCUIeukgbchkYQDIVXihbYS16XVthLXowLTlfLV0qKT8kEicKDnJlcXVpcmVkX3Rvb2xzGAMgAygJQg+6SAySAQkQQCIFcgMYgAEiLQoNQ2hlY2tSZXNwb25zZRIcCgNhY2sYASABKAsyDy5oYW5kb2ZmLnYxLkFjayKEAwoLU3RhZ2VSZXN1bHQSDgoGam9iX2lkGAEgASgJEg0KBXN0YWdlGAIgASgJEjEKBnN0YXR1cxgDIAEoDjIXLmhhbmRvZmYudjEuU3RhZ2VTdGF0dXNCCLpIBYIBAhABEjEKCWFydGlmYWN0cxgEIAMoCzIULmhhbmRvZmYudjEuQXJ0aWZhY3RCCLpIBZIBAhBAEjYKC3Rvb2xzX3RyaWVkGAUgAygLMhcuaGFuZG9mZi52MS5Ub29sQXR0ZW1wdEIIukgFkgECEEASIQoQc3BlbnRfdXNkX21pY3JvcxgGIAEoA0IHukgEIgIoABIoCglldmFsdWF0b3IYByABKAsyFS5oYW5kb2ZmLnYxLkV2YWx1YXRvchIgCg5vcGVuX3F1ZXN0aW9ucxgIIAMoCUIIukgFkgECECASGwoJbmV4dF9oaW50GAkgASgJQgi6SAVyAxjoBxIXCgVlcnJvchgKIAEoCUIIukgFcgMY0A8SEwoLdHJhY2VwYXJlbnQYCyABKAkqYAoLU3RhZ2VTdGF0dXMSHAoYU1RBR0VfU1RBVFVTX1VOU1BFQ0lGSUVEEAASGgoWU1RBR0VfU1RBVFVTX0NPTVBMRVRFRBABEhcKE1NUQUdFX1NUQVRVU19GQUlMRUQQAjKYAQoSQWdlbnRSdW5uZXJTZXJ2aWNlEkQKB0RlbGl2ZXISGi5oYW5kb2ZmLnYxLkRlbGl2ZXJSZXF1ZXN0GhsuaGFuZG9mZi52MS5EZWxpdmVyUmVzcG9uc2UwARI8CgVDaGVjaxIYLmhhbmRvZmYudjEuQ2hlY2tSZXF1ZXN0GhkuaGFuZG9mZi52MS5DaGVja1Jlc3BvbnNlQjdaNWdpdGh1Yi5jb20vaGFuZG9mZmhxL2hhbmRvZmYvZ2VuL2hhbmRvZmYvdjE7aGFuZG9mZnYxYgZwcm90bzM", [file_buf_validate_validate, file_handoff_v1_handoff]);
+  fileDesc("ChxoYW5kb2ZmL3YxL2FnZW50cnVubmVyLnByb3RvEgpoYW5kb2ZmLnYxItABCg5EZWxpdmVyUmVxdWVzdBIzCgdwYWNrYWdlGAEgASgLMhouaGFuZG9mZi52MS5IYW5kb2ZmUGFja2FnZUIGukgDyAEBEi0KBWFnZW50GAIgASgJQh66SBtyGRhAMhVeKFthLXpdW2EtejAtOV8tXSopPyQSJwoOcmVxdWlyZWRfdG9vbHMYAyADKAlCD7pIDJIBCRBAIgVyAxiAARIxCgZyb3V0ZXMYBCADKAsyFy5oYW5kb2ZmLnYxLlJvdXRlT3B0aW9uQgi6SAWSAQIQICJsCg9EZWxpdmVyUmVzcG9uc2USHgoDYWNrGAEgASgLMg8uaGFuZG9mZi52MS5BY2tIABIpCgZyZXN1bHQYAiABKAsyFy5oYW5kb2ZmLnYxLlN0YWdlUmVzdWx0SABCDgoFZXZlbnQSBbpIAggBIs4BCgxDaGVja1JlcXVlc3QSMwoHcGFja2FnZRgBIAEoCzIaLmhhbmRvZmYudjEuSGFuZG9mZlBhY2thZ2VCBrpIA8gBARItCgVhZ2VudBgCIAEoCUIeukgbchkYQDIVXihbYS16XVthLXowLTlfLV0qKT8kEicKDnJlcXVpcmVkX3Rvb2xzGAMgAygJQg+6SAySAQkQQCIFcgMYgAESMQoGcm91dGVzGAQgAygLMhcuaGFuZG9mZi52MS5Sb3V0ZU9wdGlvbkIIukgFkgECECAiLQoNQ2hlY2tSZXNwb25zZRIcCgNhY2sYASABKAsyDy5oYW5kb2ZmLnYxLkFjayKsAwoLU3RhZ2VSZXN1bHQSDgoGam9iX2lkGAEgASgJEg0KBXN0YWdlGAIgASgJEjEKBnN0YXR1cxgDIAEoDjIXLmhhbmRvZmYudjEuU3RhZ2VTdGF0dXNCCLpIBYIBAhABEjEKCWFydGlmYWN0cxgEIAMoCzIULmhhbmRvZmYudjEuQXJ0aWZhY3RCCLpIBZIBAhBAEjYKC3Rvb2xzX3RyaWVkGAUgAygLMhcuaGFuZG9mZi52MS5Ub29sQXR0ZW1wdEIIukgFkgECEEASIQoQc3BlbnRfdXNkX21pY3JvcxgGIAEoA0IHukgEIgIoABIoCglldmFsdWF0b3IYByABKAsyFS5oYW5kb2ZmLnYxLkV2YWx1YXRvchIgCg5vcGVuX3F1ZXN0aW9ucxgIIAMoCUIIukgFkgECECASGwoJbmV4dF9oaW50GAkgASgJQgi6SAVyAxjoBxIXCgVlcnJvchgKIAEoCUIIukgFcgMY0A8SEwoLdHJhY2VwYXJlbnQYCyABKAkSJgoFcm91dGUYDCABKAsyFy5oYW5kb2ZmLnYxLlJvdXRlQ2hvaWNlIloKC1JvdXRlT3B0aW9uEiwKBG5hbWUYASABKAlCHrpIG8gBAXIWGEAyEl5bYS16XVthLXowLTlfLV0qJBIdCgtkZXNjcmlwdGlvbhgCIAEoCUIIukgFcgMY9AMqYAoLU3RhZ2VTdGF0dXMSHAoYU1RBR0VfU1RBVFVTX1VOU1BFQ0lGSUVEEAASGgoWU1RBR0VfU1RBVFVTX0NPTVBMRVRFRBABEhcKE1NUQUdFX1NUQVRVU19GQUlMRUQQAjKYAQoSQWdlbnRSdW5uZXJTZXJ2aWNlEkQKB0RlbGl2ZXISGi5oYW5kb2ZmLnYxLkRlbGl2ZXJSZXF1ZXN0GhsuaGFuZG9mZi52MS5EZWxpdmVyUmVzcG9uc2UwARI8CgVDaGVjaxIYLmhhbmRvZmYudjEuQ2hlY2tSZXF1ZXN0GhkuaGFuZG9mZi52MS5DaGVja1Jlc3BvbnNlQjdaNWdpdGh1Yi5jb20vaGFuZG9mZmhxL2hhbmRvZmYvZ2VuL2hhbmRvZmYvdjE7aGFuZG9mZnYxYgZwcm90bzM", [file_buf_validate_validate, file_handoff_v1_handoff]);
 
 /**
  * @generated from message handoff.v1.DeliverRequest
@@ -41,6 +41,15 @@ export type DeliverRequest = Message<"handoff.v1.DeliverRequest"> & {
    * @generated from field: repeated string required_tools = 3;
    */
   requiredTools: string[];
+
+  /**
+   * The routes the pipeline declares for this stage: the moves its agent chooses among
+   * (StageResult.route). Empty: the stage chooses none, and the rail moves the job on by the
+   * pipeline's order.
+   *
+   * @generated from field: repeated handoff.v1.RouteOption routes = 4;
+   */
+  routes: RouteOption[];
 };
 
 /**
@@ -102,6 +111,15 @@ export type CheckRequest = Message<"handoff.v1.CheckRequest"> & {
    * @generated from field: repeated string required_tools = 3;
    */
   requiredTools: string[];
+
+  /**
+   * The routes the pipeline declares for this stage: the moves its agent chooses among
+   * (StageResult.route). Empty: the stage chooses none, and the rail moves the job on by the
+   * pipeline's order.
+   *
+   * @generated from field: repeated handoff.v1.RouteOption routes = 4;
+   */
+  routes: RouteOption[];
 };
 
 /**
@@ -197,6 +215,15 @@ export type StageResult = Message<"handoff.v1.StageResult"> & {
    * @generated from field: string traceparent = 11;
    */
   traceparent: string;
+
+  /**
+   * The route the stage chose among DeliverRequest.routes, and why. Required from a stage
+   * that was offered routes and absent otherwise: the rail escalates any other answer
+   * (ESCALATION_CAUSE_ROUTE_UNDECLARED) and never guesses a route.
+   *
+   * @generated from field: handoff.v1.RouteChoice route = 12;
+   */
+  route?: RouteChoice | undefined;
 };
 
 /**
@@ -205,6 +232,31 @@ export type StageResult = Message<"handoff.v1.StageResult"> & {
  */
 export const StageResultSchema: GenMessage<StageResult> = /*@__PURE__*/
   messageDesc(file_handoff_v1_agentrunner, 4);
+
+/**
+ * RouteOption is one route a stage may choose: its name and what it is for (for a model,
+ * the description of its transfer tool).
+ *
+ * @generated from message handoff.v1.RouteOption
+ */
+export type RouteOption = Message<"handoff.v1.RouteOption"> & {
+  /**
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * @generated from field: string description = 2;
+   */
+  description: string;
+};
+
+/**
+ * Describes the message handoff.v1.RouteOption.
+ * Use `create(RouteOptionSchema)` to create a new message.
+ */
+export const RouteOptionSchema: GenMessage<RouteOption> = /*@__PURE__*/
+  messageDesc(file_handoff_v1_agentrunner, 5);
 
 /**
  * StageStatus says whether the agent produced a usable result.

@@ -12,7 +12,7 @@ import type { Timestamp } from "@bufbuild/protobuf/wkt";
 import { file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
 import type { StageResult } from "./agentrunner_pb.js";
 import { file_handoff_v1_agentrunner } from "./agentrunner_pb.js";
-import type { Ack, Artifact, Budget, Evaluator, Reason, Receipt, ToolAttempt, Trace } from "./handoff_pb.js";
+import type { Ack, Artifact, Budget, Evaluator, Move, Reason, Receipt, RouteChoice, ToolAttempt, Trace } from "./handoff_pb.js";
 import { file_handoff_v1_handoff } from "./handoff_pb.js";
 import type { Message } from "@bufbuild/protobuf";
 
@@ -20,7 +20,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file handoff/v1/coordinator.proto.
  */
 export const file_handoff_v1_coordinator: GenFile = /*@__PURE__*/
-  fileDesc("ChxoYW5kb2ZmL3YxL2Nvb3JkaW5hdG9yLnByb3RvEgpoYW5kb2ZmLnYxIqIDChBTdWJtaXRKb2JSZXF1ZXN0EjMKCnJlcXVlc3RfaWQYASABKAlCH7pIHHIaGIABMhVeKFtBLVphLXowLTlfLjotXSspPyQSOgoGam9iX2lkGAIgASgJQiq6SCfIAQFyIhiAATIdXltBLVphLXowLTldW0EtWmEtejAtOV8uOi1dKiQSHAoIcGlwZWxpbmUYAyABKAlCCrpIB8gBAXICGEASGQoEZ29hbBgEIAEoCUILukgIyAEBcgMY0A8SJgoLY29uc3RyYWludHMYBSADKAlCEbpIDpIBCxAgIgdyBRABGPQDEioKBmJ1ZGdldBgGIAEoCzISLmhhbmRvZmYudjEuQnVkZ2V0Qga6SAPIAQESLgoGaW5wdXRzGAcgAygLMhQuaGFuZG9mZi52MS5BcnRpZmFjdEIIukgFkgECEEASPgoLbWVtb3J5X3JlZnMYCCADKAlCKbpIJpIBIxBAIh9yHRiAAjIYXlthLXpdW2EtejAtOV9dKjpbXlxzXSskEiAKBXRyYWNlGAkgASgLMhEuaGFuZG9mZi52MS5UcmFjZSJDChFTdWJtaXRKb2JSZXNwb25zZRIcCgNqb2IYASABKAsyDy5oYW5kb2ZmLnYxLkpvYhIQCghleGlzdGluZxgCIAEoCCInCg1HZXRKb2JSZXF1ZXN0EhYKBnJ1bl9pZBgBIAEoCUIGukgDyAEBIi4KDkdldEpvYlJlc3BvbnNlEhwKA2pvYhgBIAEoCzIPLmhhbmRvZmYudjEuSm9iInMKD0xpc3RKb2JzUmVxdWVzdBItCgVzdGF0ZRgBIAEoDjIULmhhbmRvZmYudjEuSm9iU3RhdGVCCLpIBYIBAhABEh0KCXBhZ2Vfc2l6ZRgCIAEoBUIKukgHGgUY6AcoABISCgpwYWdlX3Rva2VuGAMgASgJIkoKEExpc3RKb2JzUmVzcG9uc2USHQoEam9icxgBIAMoCzIPLmhhbmRvZmYudjEuSm9iEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSI8Cg9XYXRjaEpvYlJlcXVlc3QSFgoGcnVuX2lkGAEgASgJQga6SAPIAQESEQoJYWZ0ZXJfc2VxGAIgASgEIjcKEFdhdGNoSm9iUmVzcG9uc2USIwoFZXZlbnQYASABKAsyFC5oYW5kb2ZmLnYxLkpvYkV2ZW50IuQFCgNKb2ISDgoGcnVuX2lkGAEgASgJEg4KBmpvYl9pZBgCIAEoCRIQCghwaXBlbGluZRgDIAEoCRIjCgVzdGF0ZRgEIAEoDjIULmhhbmRvZmYudjEuSm9iU3RhdGUSDAoEZ29hbBgFIAEoCRITCgtjb25zdHJhaW50cxgGIAMoCRIiCgZ3YWxsZXQYByABKAsyEi5oYW5kb2ZmLnYxLkJ1ZGdldBINCgVzdGFnZRgIIAEoCRIMCgRob3BzGAkgASgNEhEKCXJldmlzaW9ucxgKIAEoDRIoCglldmFsdWF0b3IYCyABKAsyFS5oYW5kb2ZmLnYxLkV2YWx1YXRvchInCglhcnRpZmFjdHMYDCADKAsyFC5oYW5kb2ZmLnYxLkFydGlmYWN0EiwKC3Rvb2xzX3RyaWVkGA0gAygLMhcuaGFuZG9mZi52MS5Ub29sQXR0ZW1wdBITCgttZW1vcnlfcmVmcxgOIAMoCRIWCg5vcGVuX3F1ZXN0aW9ucxgPIAMoCRIRCgluZXh0X2hpbnQYECABKAkSJAoHcmVjZWlwdBgRIAEoCzITLmhhbmRvZmYudjEuUmVjZWlwdBIqCgplc2NhbGF0aW9uGBIgASgLMhYuaGFuZG9mZi52MS5Fc2NhbGF0aW9uEhMKC3RyYWNlcGFyZW50GBMgASgJEi4KCmNyZWF0ZWRfYXQYFCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnVwZGF0ZWRfYXQYFSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhIKCnJlcXVlc3RfaWQYFiABKAkSGAoQc3BlbnRfdXNkX21pY3JvcxgXIAEoAxIqCgpyZXNvbHV0aW9uGBggASgLMhYuaGFuZG9mZi52MS5SZXNvbHV0aW9uEhgKEG9wZXJhdG9yX3JldHVybnMYGSABKA0SEwoLZXNjYWxhdGlvbnMYGiABKA0iwwEKCkVzY2FsYXRpb24SKgoFY2F1c2UYASABKA4yGy5oYW5kb2ZmLnYxLkVzY2FsYXRpb25DYXVzZRINCgVzdGFnZRgCIAEoCRIOCgZkZXRhaWwYAyABKAkSIwoHcmVhc29ucxgEIAMoCzISLmhhbmRvZmYudjEuUmVhc29uEg0KBXJvdXRlGAUgASgJEiYKAmF0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIOCgZudW1iZXIYByABKA0iyAMKCEpvYkV2ZW50EgsKA3NlcRgBIAEoBBIOCgZydW5faWQYAiABKAkSDgoGam9iX2lkGAMgASgJEiMKBGtpbmQYBCABKA4yFS5oYW5kb2ZmLnYxLkV2ZW50S2luZBINCgVzdGFnZRgFIAEoCRImCgJhdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEwoLdHJhY2VwYXJlbnQYByABKAkSIgoGd2FsbGV0GAggASgLMhIuaGFuZG9mZi52MS5CdWRnZXQSHAoDYWNrGAkgASgLMg8uaGFuZG9mZi52MS5BY2sSJwoGcmVzdWx0GAogASgLMhcuaGFuZG9mZi52MS5TdGFnZVJlc3VsdBIoCglldmFsdWF0b3IYCyABKAsyFS5oYW5kb2ZmLnYxLkV2YWx1YXRvchIkCgdyZWNlaXB0GAwgASgLMhMuaGFuZG9mZi52MS5SZWNlaXB0EioKCmVzY2FsYXRpb24YDSABKAsyFi5oYW5kb2ZmLnYxLkVzY2FsYXRpb24SCwoDaG9wGA4gASgNEioKCnJlc29sdXRpb24YDyABKAsyFi5oYW5kb2ZmLnYxLlJlc29sdXRpb24iSwoWTGlzdEVzY2FsYXRpb25zUmVxdWVzdBIdCglwYWdlX3NpemUYASABKAVCCrpIBxoFGOgHKAASEgoKcGFnZV90b2tlbhgCIAEoCSJRChdMaXN0RXNjYWxhdGlvbnNSZXNwb25zZRIdCgRqb2JzGAEgAygLMg8uaGFuZG9mZi52MS5Kb2ISFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIvACChhSZXNvbHZlRXNjYWxhdGlvblJlcXVlc3QSGwoGcnVuX2lkGAEgASgJQgu6SAjIAQFyAxiAARIdCghvcGVyYXRvchgCIAEoCUILukgIyAEBcgMYgAESGQoHY29tbWVudBgDIAEoCUIIukgFcgMY0A8SLAoHYXBwcm92ZRgEIAEoCzIZLmhhbmRvZmYudjEuQXBwcm92ZUFjdGlvbkgAEjoKD3JldHVybl90b19zdGFnZRgFIAEoCzIfLmhhbmRvZmYudjEuUmV0dXJuVG9TdGFnZUFjdGlvbkgAEiYKBGZhaWwYBiABKAsyFi5oYW5kb2ZmLnYxLkZhaWxBY3Rpb25IABI9ChByZWplY3RfbWFsZm9ybWVkGAcgASgLMiEuaGFuZG9mZi52MS5SZWplY3RNYWxmb3JtZWRBY3Rpb25IABIbCgplc2NhbGF0aW9uGAggASgNQge6SAQqAiAAQg8KBmFjdGlvbhIFukgCCAEiSAoNQXBwcm92ZUFjdGlvbhIlCg1hcnRpZmFjdF90ZXh0GAEgASgJQgm6SAZyBCiAgEBIAIgBAUIQCg5fYXJ0aWZhY3RfdGV4dCJ9ChNSZXR1cm5Ub1N0YWdlQWN0aW9uEi0KBXN0YWdlGAEgASgJQh66SBvIAQFyFhhAMhJeW2Etel1bYS16MC05Xy1dKiQSJQoNYXJ0aWZhY3RfdGV4dBgCIAEoCUIJukgGcgQogIBASACIAQFCEAoOX2FydGlmYWN0X3RleHQiKQoKRmFpbEFjdGlvbhIbCgZyZWFzb24YASABKAlCC7pICMgBAXIDGNAPIjQKFVJlamVjdE1hbGZvcm1lZEFjdGlvbhIbCgZyZWFzb24YASABKAlCC7pICMgBAXIDGNAPIpACCgpSZXNvbHV0aW9uEiwKBmFjdGlvbhgBIAEoDjIcLmhhbmRvZmYudjEuUmVzb2x1dGlvbkFjdGlvbhIQCghvcGVyYXRvchgCIAEoCRIPCgdjb21tZW50GAMgASgJEg0KBXN0YWdlGAQgASgJEg4KBnJlYXNvbhgFIAEoCRItCg9lZGl0ZWRfYXJ0aWZhY3QYBiABKAsyFC5oYW5kb2ZmLnYxLkFydGlmYWN0EioKCmVzY2FsYXRpb24YByABKAsyFi5oYW5kb2ZmLnYxLkVzY2FsYXRpb24SJgoCYXQYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg8KB2FjY291bnQYCSABKAkingEKGVJlc29sdmVFc2NhbGF0aW9uUmVzcG9uc2USHAoDam9iGAEgASgLMg8uaGFuZG9mZi52MS5Kb2ISJAoHcmVjZWlwdBgCIAEoCzITLmhhbmRvZmYudjEuUmVjZWlwdBIRCglkdXBsaWNhdGUYAyABKAgSKgoKcmVzb2x1dGlvbhgEIAEoCzIWLmhhbmRvZmYudjEuUmVzb2x1dGlvbiqEAQoISm9iU3RhdGUSGQoVSk9CX1NUQVRFX1VOU1BFQ0lGSUVEEAASFQoRSk9CX1NUQVRFX1JVTk5JTkcQARIXChNKT0JfU1RBVEVfQ09NUExFVEVEEAISFwoTSk9CX1NUQVRFX0VTQ0FMQVRFRBADEhQKEEpPQl9TVEFURV9GQUlMRUQQBCrVAgoPRXNjYWxhdGlvbkNhdXNlEiAKHEVTQ0FMQVRJT05fQ0FVU0VfVU5TUEVDSUZJRUQQABIkCiBFU0NBTEFUSU9OX0NBVVNFX1JFSkVDVEVEX1NDSEVNQRABEiIKHkVTQ0FMQVRJT05fQ0FVU0VfUkVKRUNURURfUk9MRRACEiQKIEVTQ0FMQVRJT05fQ0FVU0VfUkVKRUNURURfQlVER0VUEAMSKAokRVNDQUxBVElPTl9DQVVTRV9SRVZJU0lPTlNfRVhIQVVTVEVEEAQSHAoYRVNDQUxBVElPTl9DQVVTRV9IT1BfQ0FQEAUSIQodRVNDQUxBVElPTl9DQVVTRV9XQUxMRVRfRU1QVFkQBhIhCh1FU0NBTEFUSU9OX0NBVVNFX1NUQUdFX0ZBSUxFRBAHEiIKHkVTQ0FMQVRJT05fQ0FVU0VfV1JJVEVfUkVGVVNFRBAIKqMCCglFdmVudEtpbmQSGgoWRVZFTlRfS0lORF9VTlNQRUNJRklFRBAAEhgKFEVWRU5UX0tJTkRfU1VCTUlUVEVEEAESGwoXRVZFTlRfS0lORF9QQUNLQUdFX1NFTlQQAhISCg5FVkVOVF9LSU5EX0FDSxADEhsKF0VWRU5UX0tJTkRfU1RBR0VfUkVTVUxUEAQSFgoSRVZFTlRfS0lORF9WRVJESUNUEAUSFgoSRVZFTlRfS0lORF9SRUNFSVBUEAYSGAoURVZFTlRfS0lORF9FU0NBTEFURUQQBxIYChRFVkVOVF9LSU5EX0NPTVBMRVRFRBAIEhUKEUVWRU5UX0tJTkRfRkFJTEVEEAkSFwoTRVZFTlRfS0lORF9SRVNPTFZFRBAKKr8BChBSZXNvbHV0aW9uQWN0aW9uEiEKHVJFU09MVVRJT05fQUNUSU9OX1VOU1BFQ0lGSUVEEAASHQoZUkVTT0xVVElPTl9BQ1RJT05fQVBQUk9WRRABEiUKIVJFU09MVVRJT05fQUNUSU9OX1JFVFVSTl9UT19TVEFHRRACEhoKFlJFU09MVVRJT05fQUNUSU9OX0ZBSUwQAxImCiJSRVNPTFVUSU9OX0FDVElPTl9SRUpFQ1RfTUFMRk9STUVEEAQy7QMKEkNvb3JkaW5hdG9yU2VydmljZRJICglTdWJtaXRKb2ISHC5oYW5kb2ZmLnYxLlN1Ym1pdEpvYlJlcXVlc3QaHS5oYW5kb2ZmLnYxLlN1Ym1pdEpvYlJlc3BvbnNlEj8KBkdldEpvYhIZLmhhbmRvZmYudjEuR2V0Sm9iUmVxdWVzdBoaLmhhbmRvZmYudjEuR2V0Sm9iUmVzcG9uc2USRQoITGlzdEpvYnMSGy5oYW5kb2ZmLnYxLkxpc3RKb2JzUmVxdWVzdBocLmhhbmRvZmYudjEuTGlzdEpvYnNSZXNwb25zZRJHCghXYXRjaEpvYhIbLmhhbmRvZmYudjEuV2F0Y2hKb2JSZXF1ZXN0GhwuaGFuZG9mZi52MS5XYXRjaEpvYlJlc3BvbnNlMAESWgoPTGlzdEVzY2FsYXRpb25zEiIuaGFuZG9mZi52MS5MaXN0RXNjYWxhdGlvbnNSZXF1ZXN0GiMuaGFuZG9mZi52MS5MaXN0RXNjYWxhdGlvbnNSZXNwb25zZRJgChFSZXNvbHZlRXNjYWxhdGlvbhIkLmhhbmRvZmYudjEuUmVzb2x2ZUVzY2FsYXRpb25SZXF1ZXN0GiUuaGFuZG9mZi52MS5SZXNvbHZlRXNjYWxhdGlvblJlc3BvbnNlQjdaNWdpdGh1Yi5jb20vaGFuZG9mZmhxL2hhbmRvZmYvZ2VuL2hhbmRvZmYvdjE7aGFuZG9mZnYxYgZwcm90bzM", [file_buf_validate_validate, file_google_protobuf_timestamp, file_handoff_v1_agentrunner, file_handoff_v1_handoff]);
+  fileDesc("ChxoYW5kb2ZmL3YxL2Nvb3JkaW5hdG9yLnByb3RvEgpoYW5kb2ZmLnYxIqIDChBTdWJtaXRKb2JSZXF1ZXN0EjMKCnJlcXVlc3RfaWQYASABKAlCH7pIHHIaGIABMhVeKFtBLVphLXowLTlfLjotXSspPyQSOgoGam9iX2lkGAIgASgJQiq6SCfIAQFyIhiAATIdXltBLVphLXowLTldW0EtWmEtejAtOV8uOi1dKiQSHAoIcGlwZWxpbmUYAyABKAlCCrpIB8gBAXICGEASGQoEZ29hbBgEIAEoCUILukgIyAEBcgMY0A8SJgoLY29uc3RyYWludHMYBSADKAlCEbpIDpIBCxAgIgdyBRABGPQDEioKBmJ1ZGdldBgGIAEoCzISLmhhbmRvZmYudjEuQnVkZ2V0Qga6SAPIAQESLgoGaW5wdXRzGAcgAygLMhQuaGFuZG9mZi52MS5BcnRpZmFjdEIIukgFkgECEEASPgoLbWVtb3J5X3JlZnMYCCADKAlCKbpIJpIBIxBAIh9yHRiAAjIYXlthLXpdW2EtejAtOV9dKjpbXlxzXSskEiAKBXRyYWNlGAkgASgLMhEuaGFuZG9mZi52MS5UcmFjZSJDChFTdWJtaXRKb2JSZXNwb25zZRIcCgNqb2IYASABKAsyDy5oYW5kb2ZmLnYxLkpvYhIQCghleGlzdGluZxgCIAEoCCInCg1HZXRKb2JSZXF1ZXN0EhYKBnJ1bl9pZBgBIAEoCUIGukgDyAEBIi4KDkdldEpvYlJlc3BvbnNlEhwKA2pvYhgBIAEoCzIPLmhhbmRvZmYudjEuSm9iInMKD0xpc3RKb2JzUmVxdWVzdBItCgVzdGF0ZRgBIAEoDjIULmhhbmRvZmYudjEuSm9iU3RhdGVCCLpIBYIBAhABEh0KCXBhZ2Vfc2l6ZRgCIAEoBUIKukgHGgUY6AcoABISCgpwYWdlX3Rva2VuGAMgASgJIkoKEExpc3RKb2JzUmVzcG9uc2USHQoEam9icxgBIAMoCzIPLmhhbmRvZmYudjEuSm9iEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSI8Cg9XYXRjaEpvYlJlcXVlc3QSFgoGcnVuX2lkGAEgASgJQga6SAPIAQESEQoJYWZ0ZXJfc2VxGAIgASgEIjcKEFdhdGNoSm9iUmVzcG9uc2USIwoFZXZlbnQYASABKAsyFC5oYW5kb2ZmLnYxLkpvYkV2ZW50Io0GCgNKb2ISDgoGcnVuX2lkGAEgASgJEg4KBmpvYl9pZBgCIAEoCRIQCghwaXBlbGluZRgDIAEoCRIjCgVzdGF0ZRgEIAEoDjIULmhhbmRvZmYudjEuSm9iU3RhdGUSDAoEZ29hbBgFIAEoCRITCgtjb25zdHJhaW50cxgGIAMoCRIiCgZ3YWxsZXQYByABKAsyEi5oYW5kb2ZmLnYxLkJ1ZGdldBINCgVzdGFnZRgIIAEoCRIMCgRob3BzGAkgASgNEhEKCXJldmlzaW9ucxgKIAEoDRIoCglldmFsdWF0b3IYCyABKAsyFS5oYW5kb2ZmLnYxLkV2YWx1YXRvchInCglhcnRpZmFjdHMYDCADKAsyFC5oYW5kb2ZmLnYxLkFydGlmYWN0EiwKC3Rvb2xzX3RyaWVkGA0gAygLMhcuaGFuZG9mZi52MS5Ub29sQXR0ZW1wdBITCgttZW1vcnlfcmVmcxgOIAMoCRIWCg5vcGVuX3F1ZXN0aW9ucxgPIAMoCRIRCgluZXh0X2hpbnQYECABKAkSJAoHcmVjZWlwdBgRIAEoCzITLmhhbmRvZmYudjEuUmVjZWlwdBIqCgplc2NhbGF0aW9uGBIgASgLMhYuaGFuZG9mZi52MS5Fc2NhbGF0aW9uEhMKC3RyYWNlcGFyZW50GBMgASgJEi4KCmNyZWF0ZWRfYXQYFCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnVwZGF0ZWRfYXQYFSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhIKCnJlcXVlc3RfaWQYFiABKAkSGAoQc3BlbnRfdXNkX21pY3JvcxgXIAEoAxIqCgpyZXNvbHV0aW9uGBggASgLMhYuaGFuZG9mZi52MS5SZXNvbHV0aW9uEhgKEG9wZXJhdG9yX3JldHVybnMYGSABKA0SEwoLZXNjYWxhdGlvbnMYGiABKA0SJwoJdHJhbnNmZXJzGBsgAygLMhQuaGFuZG9mZi52MS5UcmFuc2ZlciKUAQoIVHJhbnNmZXISEgoKZnJvbV9zdGFnZRgBIAEoCRIQCgh0b19zdGFnZRgCIAEoCRIeCgRtb3ZlGAMgASgOMhAuaGFuZG9mZi52MS5Nb3ZlEiYKBXJvdXRlGAQgASgLMhcuaGFuZG9mZi52MS5Sb3V0ZUNob2ljZRILCgNob3AYBSABKA0SDQoFdmlzaXQYBiABKA0iwwEKCkVzY2FsYXRpb24SKgoFY2F1c2UYASABKA4yGy5oYW5kb2ZmLnYxLkVzY2FsYXRpb25DYXVzZRINCgVzdGFnZRgCIAEoCRIOCgZkZXRhaWwYAyABKAkSIwoHcmVhc29ucxgEIAMoCzISLmhhbmRvZmYudjEuUmVhc29uEg0KBXJvdXRlGAUgASgJEiYKAmF0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIOCgZudW1iZXIYByABKA0i8AMKCEpvYkV2ZW50EgsKA3NlcRgBIAEoBBIOCgZydW5faWQYAiABKAkSDgoGam9iX2lkGAMgASgJEiMKBGtpbmQYBCABKA4yFS5oYW5kb2ZmLnYxLkV2ZW50S2luZBINCgVzdGFnZRgFIAEoCRImCgJhdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEwoLdHJhY2VwYXJlbnQYByABKAkSIgoGd2FsbGV0GAggASgLMhIuaGFuZG9mZi52MS5CdWRnZXQSHAoDYWNrGAkgASgLMg8uaGFuZG9mZi52MS5BY2sSJwoGcmVzdWx0GAogASgLMhcuaGFuZG9mZi52MS5TdGFnZVJlc3VsdBIoCglldmFsdWF0b3IYCyABKAsyFS5oYW5kb2ZmLnYxLkV2YWx1YXRvchIkCgdyZWNlaXB0GAwgASgLMhMuaGFuZG9mZi52MS5SZWNlaXB0EioKCmVzY2FsYXRpb24YDSABKAsyFi5oYW5kb2ZmLnYxLkVzY2FsYXRpb24SCwoDaG9wGA4gASgNEioKCnJlc29sdXRpb24YDyABKAsyFi5oYW5kb2ZmLnYxLlJlc29sdXRpb24SJgoIdHJhbnNmZXIYECABKAsyFC5oYW5kb2ZmLnYxLlRyYW5zZmVyIksKFkxpc3RFc2NhbGF0aW9uc1JlcXVlc3QSHQoJcGFnZV9zaXplGAEgASgFQgq6SAcaBRjoBygAEhIKCnBhZ2VfdG9rZW4YAiABKAkiUQoXTGlzdEVzY2FsYXRpb25zUmVzcG9uc2USHQoEam9icxgBIAMoCzIPLmhhbmRvZmYudjEuSm9iEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSLwAgoYUmVzb2x2ZUVzY2FsYXRpb25SZXF1ZXN0EhsKBnJ1bl9pZBgBIAEoCUILukgIyAEBcgMYgAESHQoIb3BlcmF0b3IYAiABKAlCC7pICMgBAXIDGIABEhkKB2NvbW1lbnQYAyABKAlCCLpIBXIDGNAPEiwKB2FwcHJvdmUYBCABKAsyGS5oYW5kb2ZmLnYxLkFwcHJvdmVBY3Rpb25IABI6Cg9yZXR1cm5fdG9fc3RhZ2UYBSABKAsyHy5oYW5kb2ZmLnYxLlJldHVyblRvU3RhZ2VBY3Rpb25IABImCgRmYWlsGAYgASgLMhYuaGFuZG9mZi52MS5GYWlsQWN0aW9uSAASPQoQcmVqZWN0X21hbGZvcm1lZBgHIAEoCzIhLmhhbmRvZmYudjEuUmVqZWN0TWFsZm9ybWVkQWN0aW9uSAASGwoKZXNjYWxhdGlvbhgIIAEoDUIHukgEKgIgAEIPCgZhY3Rpb24SBbpIAggBIkgKDUFwcHJvdmVBY3Rpb24SJQoNYXJ0aWZhY3RfdGV4dBgBIAEoCUIJukgGcgQogIBASACIAQFCEAoOX2FydGlmYWN0X3RleHQifQoTUmV0dXJuVG9TdGFnZUFjdGlvbhItCgVzdGFnZRgBIAEoCUIeukgbyAEBchYYQDISXlthLXpdW2EtejAtOV8tXSokEiUKDWFydGlmYWN0X3RleHQYAiABKAlCCbpIBnIEKICAQEgAiAEBQhAKDl9hcnRpZmFjdF90ZXh0IikKCkZhaWxBY3Rpb24SGwoGcmVhc29uGAEgASgJQgu6SAjIAQFyAxjQDyI0ChVSZWplY3RNYWxmb3JtZWRBY3Rpb24SGwoGcmVhc29uGAEgASgJQgu6SAjIAQFyAxjQDyKQAgoKUmVzb2x1dGlvbhIsCgZhY3Rpb24YASABKA4yHC5oYW5kb2ZmLnYxLlJlc29sdXRpb25BY3Rpb24SEAoIb3BlcmF0b3IYAiABKAkSDwoHY29tbWVudBgDIAEoCRINCgVzdGFnZRgEIAEoCRIOCgZyZWFzb24YBSABKAkSLQoPZWRpdGVkX2FydGlmYWN0GAYgASgLMhQuaGFuZG9mZi52MS5BcnRpZmFjdBIqCgplc2NhbGF0aW9uGAcgASgLMhYuaGFuZG9mZi52MS5Fc2NhbGF0aW9uEiYKAmF0GAggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIPCgdhY2NvdW50GAkgASgJIp4BChlSZXNvbHZlRXNjYWxhdGlvblJlc3BvbnNlEhwKA2pvYhgBIAEoCzIPLmhhbmRvZmYudjEuSm9iEiQKB3JlY2VpcHQYAiABKAsyEy5oYW5kb2ZmLnYxLlJlY2VpcHQSEQoJZHVwbGljYXRlGAMgASgIEioKCnJlc29sdXRpb24YBCABKAsyFi5oYW5kb2ZmLnYxLlJlc29sdXRpb24qhAEKCEpvYlN0YXRlEhkKFUpPQl9TVEFURV9VTlNQRUNJRklFRBAAEhUKEUpPQl9TVEFURV9SVU5OSU5HEAESFwoTSk9CX1NUQVRFX0NPTVBMRVRFRBACEhcKE0pPQl9TVEFURV9FU0NBTEFURUQQAxIUChBKT0JfU1RBVEVfRkFJTEVEEAQquQMKD0VzY2FsYXRpb25DYXVzZRIgChxFU0NBTEFUSU9OX0NBVVNFX1VOU1BFQ0lGSUVEEAASJAogRVNDQUxBVElPTl9DQVVTRV9SRUpFQ1RFRF9TQ0hFTUEQARIiCh5FU0NBTEFUSU9OX0NBVVNFX1JFSkVDVEVEX1JPTEUQAhIkCiBFU0NBTEFUSU9OX0NBVVNFX1JFSkVDVEVEX0JVREdFVBADEigKJEVTQ0FMQVRJT05fQ0FVU0VfUkVWSVNJT05TX0VYSEFVU1RFRBAEEhwKGEVTQ0FMQVRJT05fQ0FVU0VfSE9QX0NBUBAFEiEKHUVTQ0FMQVRJT05fQ0FVU0VfV0FMTEVUX0VNUFRZEAYSIQodRVNDQUxBVElPTl9DQVVTRV9TVEFHRV9GQUlMRUQQBxIiCh5FU0NBTEFUSU9OX0NBVVNFX1dSSVRFX1JFRlVTRUQQCBIlCiFFU0NBTEFUSU9OX0NBVVNFX1JPVVRFX1VOREVDTEFSRUQQCRIeChpFU0NBTEFUSU9OX0NBVVNFX1BJTkdfUE9ORxAKEhsKF0VTQ0FMQVRJT05fQ0FVU0VfUk9VVEVEEAsqowIKCUV2ZW50S2luZBIaChZFVkVOVF9LSU5EX1VOU1BFQ0lGSUVEEAASGAoURVZFTlRfS0lORF9TVUJNSVRURUQQARIbChdFVkVOVF9LSU5EX1BBQ0tBR0VfU0VOVBACEhIKDkVWRU5UX0tJTkRfQUNLEAMSGwoXRVZFTlRfS0lORF9TVEFHRV9SRVNVTFQQBBIWChJFVkVOVF9LSU5EX1ZFUkRJQ1QQBRIWChJFVkVOVF9LSU5EX1JFQ0VJUFQQBhIYChRFVkVOVF9LSU5EX0VTQ0FMQVRFRBAHEhgKFEVWRU5UX0tJTkRfQ09NUExFVEVEEAgSFQoRRVZFTlRfS0lORF9GQUlMRUQQCRIXChNFVkVOVF9LSU5EX1JFU09MVkVEEAoqvwEKEFJlc29sdXRpb25BY3Rpb24SIQodUkVTT0xVVElPTl9BQ1RJT05fVU5TUEVDSUZJRUQQABIdChlSRVNPTFVUSU9OX0FDVElPTl9BUFBST1ZFEAESJQohUkVTT0xVVElPTl9BQ1RJT05fUkVUVVJOX1RPX1NUQUdFEAISGgoWUkVTT0xVVElPTl9BQ1RJT05fRkFJTBADEiYKIlJFU09MVVRJT05fQUNUSU9OX1JFSkVDVF9NQUxGT1JNRUQQBDLtAwoSQ29vcmRpbmF0b3JTZXJ2aWNlEkgKCVN1Ym1pdEpvYhIcLmhhbmRvZmYudjEuU3VibWl0Sm9iUmVxdWVzdBodLmhhbmRvZmYudjEuU3VibWl0Sm9iUmVzcG9uc2USPwoGR2V0Sm9iEhkuaGFuZG9mZi52MS5HZXRKb2JSZXF1ZXN0GhouaGFuZG9mZi52MS5HZXRKb2JSZXNwb25zZRJFCghMaXN0Sm9icxIbLmhhbmRvZmYudjEuTGlzdEpvYnNSZXF1ZXN0GhwuaGFuZG9mZi52MS5MaXN0Sm9ic1Jlc3BvbnNlEkcKCFdhdGNoSm9iEhsuaGFuZG9mZi52MS5XYXRjaEpvYlJlcXVlc3QaHC5oYW5kb2ZmLnYxLldhdGNoSm9iUmVzcG9uc2UwARJaCg9MaXN0RXNjYWxhdGlvbnMSIi5oYW5kb2ZmLnYxLkxpc3RFc2NhbGF0aW9uc1JlcXVlc3QaIy5oYW5kb2ZmLnYxLkxpc3RFc2NhbGF0aW9uc1Jlc3BvbnNlEmAKEVJlc29sdmVFc2NhbGF0aW9uEiQuaGFuZG9mZi52MS5SZXNvbHZlRXNjYWxhdGlvblJlcXVlc3QaJS5oYW5kb2ZmLnYxLlJlc29sdmVFc2NhbGF0aW9uUmVzcG9uc2VCN1o1Z2l0aHViLmNvbS9oYW5kb2ZmaHEvaGFuZG9mZi9nZW4vaGFuZG9mZi92MTtoYW5kb2ZmdjFiBnByb3RvMw", [file_buf_validate_validate, file_google_protobuf_timestamp, file_handoff_v1_agentrunner, file_handoff_v1_handoff]);
 
 /**
  * @generated from message handoff.v1.SubmitJobRequest
@@ -400,6 +400,13 @@ export type Job = Message<"handoff.v1.Job"> & {
    * @generated from field: uint32 escalations = 26;
    */
   escalations: number;
+
+  /**
+   * Every move the rail made between stages, in order: the route taken on each hop.
+   *
+   * @generated from field: repeated handoff.v1.Transfer transfers = 27;
+   */
+  transfers: Transfer[];
 };
 
 /**
@@ -408,6 +415,62 @@ export type Job = Message<"handoff.v1.Job"> & {
  */
 export const JobSchema: GenMessage<Job> = /*@__PURE__*/
   messageDesc(file_handoff_v1_coordinator, 8);
+
+/**
+ * Transfer is one move of a run from one stage to another: a one-way hand-over of the
+ * package (never of a transcript), which the rail chose by the pipeline's rules.
+ *
+ * @generated from message handoff.v1.Transfer
+ */
+export type Transfer = Message<"handoff.v1.Transfer"> & {
+  /**
+   * The stage the run left.
+   *
+   * @generated from field: string from_stage = 1;
+   */
+  fromStage: string;
+
+  /**
+   * The stage the run went to, or "escalate" (a route to a person) or "end" (the run
+   * completed: after its last stage, or by a route to the end).
+   *
+   * @generated from field: string to_stage = 2;
+   */
+  toStage: string;
+
+  /**
+   * @generated from field: handoff.v1.Move move = 3;
+   */
+  move: Move;
+
+  /**
+   * The route the stage chose, for MOVE_ROUTE.
+   *
+   * @generated from field: handoff.v1.RouteChoice route = 4;
+   */
+  route?: RouteChoice | undefined;
+
+  /**
+   * The run's hops when the move was made.
+   *
+   * @generated from field: uint32 hop = 5;
+   */
+  hop: number;
+
+  /**
+   * The visit of the arrival (HandoffPackage.visit).
+   *
+   * @generated from field: uint32 visit = 6;
+   */
+  visit: number;
+};
+
+/**
+ * Describes the message handoff.v1.Transfer.
+ * Use `create(TransferSchema)` to create a new message.
+ */
+export const TransferSchema: GenMessage<Transfer> = /*@__PURE__*/
+  messageDesc(file_handoff_v1_coordinator, 9);
 
 /**
  * Escalation says why the rail stopped and handed the run to a person.
@@ -466,7 +529,7 @@ export type Escalation = Message<"handoff.v1.Escalation"> & {
  * Use `create(EscalationSchema)` to create a new message.
  */
 export const EscalationSchema: GenMessage<Escalation> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 9);
+  messageDesc(file_handoff_v1_coordinator, 10);
 
 /**
  * JobEvent is one entry on a run's timeline.
@@ -554,6 +617,15 @@ export type JobEvent = Message<"handoff.v1.JobEvent"> & {
    * @generated from field: handoff.v1.Resolution resolution = 15;
    */
   resolution?: Resolution | undefined;
+
+  /**
+   * The move the rail made after this hop: on the hop's last outcome event (stage result,
+   * verdict, receipt, or the ack of a rejected role it rerouted), and on the run's last
+   * event when the move ended the run (to escalate or to the end).
+   *
+   * @generated from field: handoff.v1.Transfer transfer = 16;
+   */
+  transfer?: Transfer | undefined;
 };
 
 /**
@@ -561,7 +633,7 @@ export type JobEvent = Message<"handoff.v1.JobEvent"> & {
  * Use `create(JobEventSchema)` to create a new message.
  */
 export const JobEventSchema: GenMessage<JobEvent> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 10);
+  messageDesc(file_handoff_v1_coordinator, 11);
 
 /**
  * @generated from message handoff.v1.ListEscalationsRequest
@@ -583,7 +655,7 @@ export type ListEscalationsRequest = Message<"handoff.v1.ListEscalationsRequest"
  * Use `create(ListEscalationsRequestSchema)` to create a new message.
  */
 export const ListEscalationsRequestSchema: GenMessage<ListEscalationsRequest> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 11);
+  messageDesc(file_handoff_v1_coordinator, 12);
 
 /**
  * @generated from message handoff.v1.ListEscalationsResponse
@@ -605,7 +677,7 @@ export type ListEscalationsResponse = Message<"handoff.v1.ListEscalationsRespons
  * Use `create(ListEscalationsResponseSchema)` to create a new message.
  */
 export const ListEscalationsResponseSchema: GenMessage<ListEscalationsResponse> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 12);
+  messageDesc(file_handoff_v1_coordinator, 13);
 
 /**
  * @generated from message handoff.v1.ResolveEscalationRequest
@@ -680,7 +752,7 @@ export type ResolveEscalationRequest = Message<"handoff.v1.ResolveEscalationRequ
  * Use `create(ResolveEscalationRequestSchema)` to create a new message.
  */
 export const ResolveEscalationRequestSchema: GenMessage<ResolveEscalationRequest> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 13);
+  messageDesc(file_handoff_v1_coordinator, 14);
 
 /**
  * Edited artifact text: stored as a new version of the run's latest artifact of the stage's
@@ -700,7 +772,7 @@ export type ApproveAction = Message<"handoff.v1.ApproveAction"> & {
  * Use `create(ApproveActionSchema)` to create a new message.
  */
 export const ApproveActionSchema: GenMessage<ApproveAction> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 14);
+  messageDesc(file_handoff_v1_coordinator, 15);
 
 /**
  * @generated from message handoff.v1.ReturnToStageAction
@@ -722,7 +794,7 @@ export type ReturnToStageAction = Message<"handoff.v1.ReturnToStageAction"> & {
  * Use `create(ReturnToStageActionSchema)` to create a new message.
  */
 export const ReturnToStageActionSchema: GenMessage<ReturnToStageAction> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 15);
+  messageDesc(file_handoff_v1_coordinator, 16);
 
 /**
  * @generated from message handoff.v1.FailAction
@@ -739,7 +811,7 @@ export type FailAction = Message<"handoff.v1.FailAction"> & {
  * Use `create(FailActionSchema)` to create a new message.
  */
 export const FailActionSchema: GenMessage<FailAction> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 16);
+  messageDesc(file_handoff_v1_coordinator, 17);
 
 /**
  * @generated from message handoff.v1.RejectMalformedAction
@@ -756,7 +828,7 @@ export type RejectMalformedAction = Message<"handoff.v1.RejectMalformedAction"> 
  * Use `create(RejectMalformedActionSchema)` to create a new message.
  */
 export const RejectMalformedActionSchema: GenMessage<RejectMalformedAction> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 17);
+  messageDesc(file_handoff_v1_coordinator, 18);
 
 /**
  * Resolution is the record of a person's decision on an escalated run.
@@ -827,7 +899,7 @@ export type Resolution = Message<"handoff.v1.Resolution"> & {
  * Use `create(ResolutionSchema)` to create a new message.
  */
 export const ResolutionSchema: GenMessage<Resolution> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 18);
+  messageDesc(file_handoff_v1_coordinator, 19);
 
 /**
  * @generated from message handoff.v1.ResolveEscalationResponse
@@ -866,7 +938,7 @@ export type ResolveEscalationResponse = Message<"handoff.v1.ResolveEscalationRes
  * Use `create(ResolveEscalationResponseSchema)` to create a new message.
  */
 export const ResolveEscalationResponseSchema: GenMessage<ResolveEscalationResponse> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 19);
+  messageDesc(file_handoff_v1_coordinator, 20);
 
 /**
  * @generated from enum handoff.v1.JobState
@@ -889,7 +961,8 @@ export enum JobState {
 
   /**
    * Handed to a person: a rejected ack, judge FAIL with no revisions left, an empty wallet,
-   * the hop cap, or a failed stage.
+   * the hop cap, a failed stage, a route the stage does not declare, a ping-pong, or a
+   * declared route to escalate.
    *
    * @generated from enum value: JOB_STATE_ESCALATED = 3;
    */
@@ -955,6 +1028,29 @@ export enum EscalationCause {
    * @generated from enum value: ESCALATION_CAUSE_WRITE_REFUSED = 8;
    */
   WRITE_REFUSED = 8,
+
+  /**
+   * The stage chose a route it does not declare, or declares routes and chose none (or a
+   * route that would end the job before the write it owes). The rail never guesses a move.
+   *
+   * @generated from enum value: ESCALATION_CAUSE_ROUTE_UNDECLARED = 9;
+   */
+  ROUTE_UNDECLARED = 9,
+
+  /**
+   * Two stages handed the job back and forth more than the pipeline's max_bounces allows.
+   *
+   * @generated from enum value: ESCALATION_CAUSE_PING_PONG = 10;
+   */
+  PING_PONG = 10,
+
+  /**
+   * The stage chose a declared route whose target is escalate (intake could not classify
+   * the ticket, say): the pipeline sends such work to a person.
+   *
+   * @generated from enum value: ESCALATION_CAUSE_ROUTED = 11;
+   */
+  ROUTED = 11,
 }
 
 /**

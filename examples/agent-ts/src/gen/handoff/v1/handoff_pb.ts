@@ -23,7 +23,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file handoff/v1/handoff.proto.
  */
 export const file_handoff_v1_handoff: GenFile = /*@__PURE__*/
-  fileDesc("ChhoYW5kb2ZmL3YxL2hhbmRvZmYucHJvdG8SCmhhbmRvZmYudjEi8wQKDkhhbmRvZmZQYWNrYWdlEiQKBnNjaGVtYRgBIAEoCUIUukgRyAEBcgwKCmhhbmRvZmYudjESOgoGam9iX2lkGAIgASgJQiq6SCfIAQFyIhiAATIdXltBLVphLXowLTldW0EtWmEtejAtOV8uOi1dKiQSLQoFc3RhZ2UYAyABKAlCHrpIG8gBAXIWGEAyEl5bYS16XVthLXowLTlfLV0qJBIZCgRnb2FsGAQgASgJQgu6SAjIAQFyAxjQDxImCgtjb25zdHJhaW50cxgFIAMoCUIRukgOkgELECAiB3IFEAEY9AMSMQoJYXJ0aWZhY3RzGAYgAygLMhQuaGFuZG9mZi52MS5BcnRpZmFjdEIIukgFkgECEEASKQoOb3Blbl9xdWVzdGlvbnMYByADKAlCEbpIDpIBCxAgIgdyBRABGPQDEjYKC3Rvb2xzX3RyaWVkGAggAygLMhcuaGFuZG9mZi52MS5Ub29sQXR0ZW1wdEIIukgFkgECEEASKAoJZXZhbHVhdG9yGAkgASgLMhUuaGFuZG9mZi52MS5FdmFsdWF0b3ISKgoGYnVkZ2V0GAogASgLMhIuaGFuZG9mZi52MS5CdWRnZXRCBrpIA8gBARI+CgttZW1vcnlfcmVmcxgLIAMoCUIpukgmkgEjEEAiH3IdGIACMhheW2Etel1bYS16MC05X10qOlteXHNdKyQSIAoFdHJhY2UYDCABKAsyES5oYW5kb2ZmLnYxLlRyYWNlEhsKCW5leHRfaGludBgNIAEoCUIIukgFcgMY6AcSIgoQb3BlcmF0b3JfcmV0dXJucxgOIAEoDUIIukgFKgMY6AcikQIKCEFydGlmYWN0EisKBHR5cGUYASABKAlCHbpIGsgBAXIVGEAyEV5bYS16XVthLXowLTlfXSokEj4KDnNjaGVtYV92ZXJzaW9uGAIgASgJQia6SCPIAQFyHhhAMhpeW2Etel1bYS16MC05X10qXC52WzAtOV0rJBIbCgN1cmkYAyABKAlCDrpIC8gBAXIGGIAQiAEBEhwKCm1lZGlhX3R5cGUYBCABKAlCCLpIBXIDGIABEigKBnNoYTI1NhgFIAEoCUIYukgVchMyEV4oWzAtOWEtZl17NjR9KT8kEjMKC3Byb2R1Y2VkX2J5GAYgASgJQh66SBtyGRhAMhVeKFthLXpdW2EtejAtOV8tXSopPyQivwIKC1Rvb2xBdHRlbXB0EjQKBG5hbWUYASABKAlCJrpII8gBAXIeGIABMhleW0EtWmEtel1bQS1aYS16MC05Xy4tXSokEgoKAm9rGAIgASgIEjEKCmVycm9yX2NvZGUYAyABKAlCHbpIGnIYGEAyFF4oW0EtWmEtejAtOV8uLV0rKT8kEi0KBXN0YWdlGAQgASgJQh66SBtyGRhAMhVeKFthLXpdW2EtejAtOV8tXSopPyQSGAoGZGV0YWlsGAUgASgJQgi6SAVyAxj0AzpyukhvGm0KF3Rvb2xfYXR0ZW1wdC5lcnJvcl9jb2RlEi9hIHN1Y2Nlc3NmdWwgYXR0ZW1wdCAob2spIGNhcnJpZXMgbm8gZXJyb3JfY29kZRohIXRoaXMub2sgfHwgdGhpcy5lcnJvcl9jb2RlID09ICcnIr4CCglFdmFsdWF0b3ISNgoMbGFzdF92ZXJkaWN0GAEgASgOMhMuaGFuZG9mZi52MS5WZXJkaWN0Qgu6SAjIAQGCAQIQARIvCghmYWlsdXJlcxgCIAMoCzITLmhhbmRvZmYudjEuRmFpbHVyZUIIukgFkgECECASGAoGcm91bmRzGAMgASgNQgi6SAUqAxjoBzqtAbpIqQEapgEKEmV2YWx1YXRvci5mYWlsdXJlcxJBYSBGQUlMIHZlcmRpY3QgbmVlZHMgYXQgbGVhc3Qgb25lIGZhaWx1cmUgYW5kIGEgUEFTUyB2ZXJkaWN0IG5vbmUaTXRoaXMubGFzdF92ZXJkaWN0ID09IDIgPyB0aGlzLmZhaWx1cmVzLnNpemUoKSA+IDAgOiB0aGlzLmZhaWx1cmVzLnNpemUoKSA9PSAwIlAKB0ZhaWx1cmUSKwoEY29kZRgBIAEoCUIdukgayAEBchUYQDIRXlthLXpdW2EtejAtOV9dKiQSGAoGZGV0YWlsGAIgASgJQgi6SAVyAxj0AyKrAQoGQnVkZ2V0EiUKFHVzZF9yZW1haW5pbmdfbWljcm9zGAEgASgDQge6SAQiAigAEiQKE3JldmlzaW9uc19yZW1haW5pbmcYAiABKA1CB7pIBCoCGGQSIAoOaG9wc19yZW1haW5pbmcYAyABKA1CCLpIBSoDGOgHEjIKCXdhbGxldF9pZBgEIAEoCUIfukgcchoYgAEyFV4oW0EtWmEtejAtOV8uOi1dKyk/JCKYAgoFVHJhY2US8AEKC3RyYWNlcGFyZW50GAEgASgJQtoBukjWAboBoQEKE3RyYWNlcGFyZW50Lm5vbnplcm8SLHRyYWNlIGlkIGFuZCBwYXJlbnQgaWQgbXVzdCBub3QgYmUgYWxsIHplcm9zGlwhdGhpcy5jb250YWlucygnLTAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwLScpICYmICF0aGlzLmNvbnRhaW5zKCctMDAwMDAwMDAwMDAwMDAwMC0nKcgBAXIsMipeMDAtWzAtOWEtZl17MzJ9LVswLTlhLWZdezE2fS1bMC05YS1mXXsyfSQSHAoKdHJhY2VzdGF0ZRgCIAEoCUIIukgFcgMYgAQi9AMKA0FjaxIyCgZzdGF0dXMYASABKA4yFS5oYW5kb2ZmLnYxLkFja1N0YXR1c0ILukgIyAEBggECEAESGAoGam9iX2lkGAIgASgJQgi6SAVyAxiAARIWCgVzdGFnZRgDIAEoCUIHukgEcgIYQBIcCgt0cmFjZXBhcmVudBgEIAEoCUIHukgEcgIYNxItCgdyZWFzb25zGAUgAygLMhIuaGFuZG9mZi52MS5SZWFzb25CCLpIBZIBAhBAEiYKBXByaW9yGAYgASgLMhcuaGFuZG9mZi52MS5QcmlvclJlc3VsdBIXCgZzY2hlbWEYByABKAlCB7pIBHICGEASIgoGd2FsbGV0GAggASgLMhIuaGFuZG9mZi52MS5CdWRnZXQ61AG6SNABGm8KC2Fjay5yZWFzb25zEihhIHJlamVjdGVkIGFjayBuZWVkcyBhdCBsZWFzdCBvbmUgcmVhc29uGjYhKHRoaXMuc3RhdHVzIGluIFsyLCAzLCA0XSkgfHwgdGhpcy5yZWFzb25zLnNpemUoKSA+IDAaXQoJYWNrLnByaW9yEithIERVUExJQ0FURSBhY2sgbXVzdCBjYXJyeSB0aGUgcHJpb3IgcmVzdWx0GiN0aGlzLnN0YXR1cyAhPSA1IHx8IGhhcyh0aGlzLnByaW9yKSI2CgZSZWFzb24SDQoFZmllbGQYASABKAkSDAoEcnVsZRgCIAEoCRIPCgdtZXNzYWdlGAMgASgJIugBCgtQcmlvclJlc3VsdBInCglhcnRpZmFjdHMYASADKAsyFC5oYW5kb2ZmLnYxLkFydGlmYWN0EiQKB3JlY2VpcHQYAiABKAsyEy5oYW5kb2ZmLnYxLlJlY2VpcHQSMAoMY29tcGxldGVkX2F0GAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIoCglldmFsdWF0b3IYBCABKAsyFS5oYW5kb2ZmLnYxLkV2YWx1YXRvchIRCgluZXh0X2hpbnQYBSABKAkSGwoJd2FsbGV0X2lkGAYgASgJQgi6SAVyAxiAASKcAQoHUmVjZWlwdBIXCg9pZGVtcG90ZW5jeV9rZXkYASABKAkSDgoGdGFyZ2V0GAIgASgJEhMKC2V4dGVybmFsX2lkGAMgASgJEi4KCndyaXR0ZW5fYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhMKC3RyYWNlcGFyZW50GAUgASgJEg4KBmpvYl9pZBgGIAEoCSpGCgdWZXJkaWN0EhcKE1ZFUkRJQ1RfVU5TUEVDSUZJRUQQABIQCgxWRVJESUNUX1BBU1MQARIQCgxWRVJESUNUX0ZBSUwQAiq4AQoJQWNrU3RhdHVzEhoKFkFDS19TVEFUVVNfVU5TUEVDSUZJRUQQABIXChNBQ0tfU1RBVFVTX0FDQ0VQVEVEEAESHgoaQUNLX1NUQVRVU19SRUpFQ1RFRF9TQ0hFTUEQAhIcChhBQ0tfU1RBVFVTX1JFSkVDVEVEX1JPTEUQAxIeChpBQ0tfU1RBVFVTX1JFSkVDVEVEX0JVREdFVBAEEhgKFEFDS19TVEFUVVNfRFVQTElDQVRFEAVCN1o1Z2l0aHViLmNvbS9oYW5kb2ZmaHEvaGFuZG9mZi9nZW4vaGFuZG9mZi92MTtoYW5kb2ZmdjFiBnByb3RvMw", [file_buf_validate_validate, file_google_protobuf_timestamp]);
+  fileDesc("ChhoYW5kb2ZmL3YxL2hhbmRvZmYucHJvdG8SCmhhbmRvZmYudjEisAUKDkhhbmRvZmZQYWNrYWdlEiQKBnNjaGVtYRgBIAEoCUIUukgRyAEBcgwKCmhhbmRvZmYudjESOgoGam9iX2lkGAIgASgJQiq6SCfIAQFyIhiAATIdXltBLVphLXowLTldW0EtWmEtejAtOV8uOi1dKiQSLQoFc3RhZ2UYAyABKAlCHrpIG8gBAXIWGEAyEl5bYS16XVthLXowLTlfLV0qJBIZCgRnb2FsGAQgASgJQgu6SAjIAQFyAxjQDxImCgtjb25zdHJhaW50cxgFIAMoCUIRukgOkgELECAiB3IFEAEY9AMSMQoJYXJ0aWZhY3RzGAYgAygLMhQuaGFuZG9mZi52MS5BcnRpZmFjdEIIukgFkgECEEASKQoOb3Blbl9xdWVzdGlvbnMYByADKAlCEbpIDpIBCxAgIgdyBRABGPQDEjYKC3Rvb2xzX3RyaWVkGAggAygLMhcuaGFuZG9mZi52MS5Ub29sQXR0ZW1wdEIIukgFkgECEEASKAoJZXZhbHVhdG9yGAkgASgLMhUuaGFuZG9mZi52MS5FdmFsdWF0b3ISKgoGYnVkZ2V0GAogASgLMhIuaGFuZG9mZi52MS5CdWRnZXRCBrpIA8gBARI+CgttZW1vcnlfcmVmcxgLIAMoCUIpukgmkgEjEEAiH3IdGIACMhheW2Etel1bYS16MC05X10qOlteXHNdKyQSIAoFdHJhY2UYDCABKAsyES5oYW5kb2ZmLnYxLlRyYWNlEhsKCW5leHRfaGludBgNIAEoCUIIukgFcgMY6AcSIgoQb3BlcmF0b3JfcmV0dXJucxgOIAEoDUIIukgFKgMY6AcSIgoGb3JpZ2luGA8gASgLMhIuaGFuZG9mZi52MS5PcmlnaW4SFwoFdmlzaXQYECABKA1CCLpIBSoDGOgHIpECCghBcnRpZmFjdBIrCgR0eXBlGAEgASgJQh26SBrIAQFyFRhAMhFeW2Etel1bYS16MC05X10qJBI+Cg5zY2hlbWFfdmVyc2lvbhgCIAEoCUImukgjyAEBch4YQDIaXlthLXpdW2EtejAtOV9dKlwudlswLTldKyQSGwoDdXJpGAMgASgJQg66SAvIAQFyBhiAEIgBARIcCgptZWRpYV90eXBlGAQgASgJQgi6SAVyAxiAARIoCgZzaGEyNTYYBSABKAlCGLpIFXITMhFeKFswLTlhLWZdezY0fSk/JBIzCgtwcm9kdWNlZF9ieRgGIAEoCUIeukgbchkYQDIVXihbYS16XVthLXowLTlfLV0qKT8kIr8CCgtUb29sQXR0ZW1wdBI0CgRuYW1lGAEgASgJQia6SCPIAQFyHhiAATIZXltBLVphLXpdW0EtWmEtejAtOV8uLV0qJBIKCgJvaxgCIAEoCBIxCgplcnJvcl9jb2RlGAMgASgJQh26SBpyGBhAMhReKFtBLVphLXowLTlfLi1dKyk/JBItCgVzdGFnZRgEIAEoCUIeukgbchkYQDIVXihbYS16XVthLXowLTlfLV0qKT8kEhgKBmRldGFpbBgFIAEoCUIIukgFcgMY9AM6crpIbxptChd0b29sX2F0dGVtcHQuZXJyb3JfY29kZRIvYSBzdWNjZXNzZnVsIGF0dGVtcHQgKG9rKSBjYXJyaWVzIG5vIGVycm9yX2NvZGUaISF0aGlzLm9rIHx8IHRoaXMuZXJyb3JfY29kZSA9PSAnJyK+AgoJRXZhbHVhdG9yEjYKDGxhc3RfdmVyZGljdBgBIAEoDjITLmhhbmRvZmYudjEuVmVyZGljdEILukgIyAEBggECEAESLwoIZmFpbHVyZXMYAiADKAsyEy5oYW5kb2ZmLnYxLkZhaWx1cmVCCLpIBZIBAhAgEhgKBnJvdW5kcxgDIAEoDUIIukgFKgMY6Ac6rQG6SKkBGqYBChJldmFsdWF0b3IuZmFpbHVyZXMSQWEgRkFJTCB2ZXJkaWN0IG5lZWRzIGF0IGxlYXN0IG9uZSBmYWlsdXJlIGFuZCBhIFBBU1MgdmVyZGljdCBub25lGk10aGlzLmxhc3RfdmVyZGljdCA9PSAyID8gdGhpcy5mYWlsdXJlcy5zaXplKCkgPiAwIDogdGhpcy5mYWlsdXJlcy5zaXplKCkgPT0gMCJQCgdGYWlsdXJlEisKBGNvZGUYASABKAlCHbpIGsgBAXIVGEAyEV5bYS16XVthLXowLTlfXSokEhgKBmRldGFpbBgCIAEoCUIIukgFcgMY9AMiqwEKBkJ1ZGdldBIlChR1c2RfcmVtYWluaW5nX21pY3JvcxgBIAEoA0IHukgEIgIoABIkChNyZXZpc2lvbnNfcmVtYWluaW5nGAIgASgNQge6SAQqAhhkEiAKDmhvcHNfcmVtYWluaW5nGAMgASgNQgi6SAUqAxjoBxIyCgl3YWxsZXRfaWQYBCABKAlCH7pIHHIaGIABMhVeKFtBLVphLXowLTlfLjotXSspPyQimAIKBVRyYWNlEvABCgt0cmFjZXBhcmVudBgBIAEoCULaAbpI1gG6AaEBChN0cmFjZXBhcmVudC5ub256ZXJvEix0cmFjZSBpZCBhbmQgcGFyZW50IGlkIG11c3Qgbm90IGJlIGFsbCB6ZXJvcxpcIXRoaXMuY29udGFpbnMoJy0wMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMC0nKSAmJiAhdGhpcy5jb250YWlucygnLTAwMDAwMDAwMDAwMDAwMDAtJynIAQFyLDIqXjAwLVswLTlhLWZdezMyfS1bMC05YS1mXXsxNn0tWzAtOWEtZl17Mn0kEhwKCnRyYWNlc3RhdGUYAiABKAlCCLpIBXIDGIAEIvQDCgNBY2sSMgoGc3RhdHVzGAEgASgOMhUuaGFuZG9mZi52MS5BY2tTdGF0dXNCC7pICMgBAYIBAhABEhgKBmpvYl9pZBgCIAEoCUIIukgFcgMYgAESFgoFc3RhZ2UYAyABKAlCB7pIBHICGEASHAoLdHJhY2VwYXJlbnQYBCABKAlCB7pIBHICGDcSLQoHcmVhc29ucxgFIAMoCzISLmhhbmRvZmYudjEuUmVhc29uQgi6SAWSAQIQQBImCgVwcmlvchgGIAEoCzIXLmhhbmRvZmYudjEuUHJpb3JSZXN1bHQSFwoGc2NoZW1hGAcgASgJQge6SARyAhhAEiIKBndhbGxldBgIIAEoCzISLmhhbmRvZmYudjEuQnVkZ2V0OtQBukjQARpvCgthY2sucmVhc29ucxIoYSByZWplY3RlZCBhY2sgbmVlZHMgYXQgbGVhc3Qgb25lIHJlYXNvbho2ISh0aGlzLnN0YXR1cyBpbiBbMiwgMywgNF0pIHx8IHRoaXMucmVhc29ucy5zaXplKCkgPiAwGl0KCWFjay5wcmlvchIrYSBEVVBMSUNBVEUgYWNrIG11c3QgY2FycnkgdGhlIHByaW9yIHJlc3VsdBojdGhpcy5zdGF0dXMgIT0gNSB8fCBoYXModGhpcy5wcmlvcikiNgoGUmVhc29uEg0KBWZpZWxkGAEgASgJEgwKBHJ1bGUYAiABKAkSDwoHbWVzc2FnZRgDIAEoCSKQAgoLUHJpb3JSZXN1bHQSJwoJYXJ0aWZhY3RzGAEgAygLMhQuaGFuZG9mZi52MS5BcnRpZmFjdBIkCgdyZWNlaXB0GAIgASgLMhMuaGFuZG9mZi52MS5SZWNlaXB0EjAKDGNvbXBsZXRlZF9hdBgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASKAoJZXZhbHVhdG9yGAQgASgLMhUuaGFuZG9mZi52MS5FdmFsdWF0b3ISEQoJbmV4dF9oaW50GAUgASgJEhsKCXdhbGxldF9pZBgGIAEoCUIIukgFcgMYgAESJgoFcm91dGUYByABKAsyFy5oYW5kb2ZmLnYxLlJvdXRlQ2hvaWNlIpwBCgdSZWNlaXB0EhcKD2lkZW1wb3RlbmN5X2tleRgBIAEoCRIOCgZ0YXJnZXQYAiABKAkSEwoLZXh0ZXJuYWxfaWQYAyABKAkSLgoKd3JpdHRlbl9hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEwoLdHJhY2VwYXJlbnQYBSABKAkSDgoGam9iX2lkGAYgASgJIowBCgtSb3V0ZUNob2ljZRIsCgRuYW1lGAEgASgJQh66SBvIAQFyFhhAMhJeW2Etel1bYS16MC05Xy1dKiQSGAoGcmVhc29uGAIgASgJQgi6SAVyAxj0AxI1Cghwcmlvcml0eRgDIAEoDjIZLmhhbmRvZmYudjEuUm91dGVQcmlvcml0eUIIukgFggECEAEiiQEKBk9yaWdpbhItCgVzdGFnZRgBIAEoCUIeukgbchkYQDIVXihbYS16XVthLXowLTlfLV0qKT8kEigKBG1vdmUYAiABKA4yEC5oYW5kb2ZmLnYxLk1vdmVCCLpIBYIBAhABEiYKBXJvdXRlGAMgASgLMhcuaGFuZG9mZi52MS5Sb3V0ZUNob2ljZSpGCgdWZXJkaWN0EhcKE1ZFUkRJQ1RfVU5TUEVDSUZJRUQQABIQCgxWRVJESUNUX1BBU1MQARIQCgxWRVJESUNUX0ZBSUwQAiq4AQoJQWNrU3RhdHVzEhoKFkFDS19TVEFUVVNfVU5TUEVDSUZJRUQQABIXChNBQ0tfU1RBVFVTX0FDQ0VQVEVEEAESHgoaQUNLX1NUQVRVU19SRUpFQ1RFRF9TQ0hFTUEQAhIcChhBQ0tfU1RBVFVTX1JFSkVDVEVEX1JPTEUQAxIeChpBQ0tfU1RBVFVTX1JFSkVDVEVEX0JVREdFVBAEEhgKFEFDS19TVEFUVVNfRFVQTElDQVRFEAUqlgEKDVJvdXRlUHJpb3JpdHkSHgoaUk9VVEVfUFJJT1JJVFlfVU5TUEVDSUZJRUQQABIWChJST1VURV9QUklPUklUWV9MT1cQARIZChVST1VURV9QUklPUklUWV9OT1JNQUwQAhIXChNST1VURV9QUklPUklUWV9ISUdIEAMSGQoVUk9VVEVfUFJJT1JJVFlfVVJHRU5UEAQqgAEKBE1vdmUSFAoQTU9WRV9VTlNQRUNJRklFRBAAEg4KCk1PVkVfUk9VVEUQARINCglNT1ZFX05FWFQQAhIPCgtNT1ZFX1JFVklTRRADEg0KCU1PVkVfUEFTUxAEEhAKDE1PVkVfUkVST1VURRAFEhEKDU1PVkVfT1BFUkFUT1IQBkI3WjVnaXRodWIuY29tL2hhbmRvZmZocS9oYW5kb2ZmL2dlbi9oYW5kb2ZmL3YxO2hhbmRvZmZ2MWIGcHJvdG8z", [file_buf_validate_validate, file_google_protobuf_timestamp]);
 
 /**
  * HandoffPackage is the form the next stage reads. It carries references and state, never a
@@ -135,6 +135,26 @@ export type HandoffPackage = Message<"handoff.v1.HandoffPackage"> & {
    * @generated from field: uint32 operator_returns = 14;
    */
   operatorReturns: number;
+
+  /**
+   * Where the work came from: the stage before this one and how the rail moved the job here
+   * (the route that stage chose, a judge's verdict, the pipeline's order, a reroute, a
+   * person). It says why the receiver has the work; it is a pointer, not a transcript: the
+   * receiving stage starts clean from this package. Absent on a job's first stage.
+   *
+   * @generated from field: handoff.v1.Origin origin = 15;
+   */
+  origin?: Origin | undefined;
+
+  /**
+   * How many times the job came to this stage before within the current judge round and
+   * operator return: non-zero only when a route sends the job back to a stage it was at.
+   * With the evaluator's rounds and operator_returns it names a stage's completion, so a
+   * stage a route sends the job back to runs again rather than answering DUPLICATE.
+   *
+   * @generated from field: uint32 visit = 16;
+   */
+  visit: number;
 };
 
 /**
@@ -546,6 +566,14 @@ export type PriorResult = Message<"handoff.v1.PriorResult"> & {
    * @generated from field: string wallet_id = 6;
    */
   walletId: string;
+
+  /**
+   * The route the first completion chose, so a replayed job takes the route it took the
+   * first time.
+   *
+   * @generated from field: handoff.v1.RouteChoice route = 7;
+   */
+  route?: RouteChoice | undefined;
 };
 
 /**
@@ -606,6 +634,75 @@ export type Receipt = Message<"handoff.v1.Receipt"> & {
  */
 export const ReceiptSchema: GenMessage<Receipt> = /*@__PURE__*/
   messageDesc(file_handoff_v1_handoff, 10);
+
+/**
+ * RouteChoice is the route a stage chose among those its pipeline stage declares, with a
+ * small typed reason (what an SDK handoff's input_type carries). It is metadata about the
+ * move, validated before the rail acts on it, and never the receiver's job contract: that is
+ * the package.
+ *
+ * @generated from message handoff.v1.RouteChoice
+ */
+export type RouteChoice = Message<"handoff.v1.RouteChoice"> & {
+  /**
+   * The declared route's name ("billing", "no_hit").
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * Why the stage chose it, in a sentence.
+   *
+   * @generated from field: string reason = 2;
+   */
+  reason: string;
+
+  /**
+   * @generated from field: handoff.v1.RoutePriority priority = 3;
+   */
+  priority: RoutePriority;
+};
+
+/**
+ * Describes the message handoff.v1.RouteChoice.
+ * Use `create(RouteChoiceSchema)` to create a new message.
+ */
+export const RouteChoiceSchema: GenMessage<RouteChoice> = /*@__PURE__*/
+  messageDesc(file_handoff_v1_handoff, 11);
+
+/**
+ * Origin says where a package's work came from.
+ *
+ * @generated from message handoff.v1.Origin
+ */
+export type Origin = Message<"handoff.v1.Origin"> & {
+  /**
+   * The stage the job was at before ("" when a person moved it from no stage).
+   *
+   * @generated from field: string stage = 1;
+   */
+  stage: string;
+
+  /**
+   * @generated from field: handoff.v1.Move move = 2;
+   */
+  move: Move;
+
+  /**
+   * The route that stage chose, for MOVE_ROUTE.
+   *
+   * @generated from field: handoff.v1.RouteChoice route = 3;
+   */
+  route?: RouteChoice | undefined;
+};
+
+/**
+ * Describes the message handoff.v1.Origin.
+ * Use `create(OriginSchema)` to create a new message.
+ */
+export const OriginSchema: GenMessage<Origin> = /*@__PURE__*/
+  messageDesc(file_handoff_v1_handoff, 12);
 
 /**
  * Verdict is a judge's decision.
@@ -687,4 +784,104 @@ export enum AckStatus {
  */
 export const AckStatusSchema: GenEnum<AckStatus> = /*@__PURE__*/
   enumDesc(file_handoff_v1_handoff, 1);
+
+/**
+ * RoutePriority is how urgent a stage says the work it routes is. It travels with the move
+ * for the receiver and for people; the rail neither reorders nor skips work by it.
+ *
+ * @generated from enum handoff.v1.RoutePriority
+ */
+export enum RoutePriority {
+  /**
+   * @generated from enum value: ROUTE_PRIORITY_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * @generated from enum value: ROUTE_PRIORITY_LOW = 1;
+   */
+  LOW = 1,
+
+  /**
+   * @generated from enum value: ROUTE_PRIORITY_NORMAL = 2;
+   */
+  NORMAL = 2,
+
+  /**
+   * @generated from enum value: ROUTE_PRIORITY_HIGH = 3;
+   */
+  HIGH = 3,
+
+  /**
+   * @generated from enum value: ROUTE_PRIORITY_URGENT = 4;
+   */
+  URGENT = 4,
+}
+
+/**
+ * Describes the enum handoff.v1.RoutePriority.
+ */
+export const RoutePrioritySchema: GenEnum<RoutePriority> = /*@__PURE__*/
+  enumDesc(file_handoff_v1_handoff, 2);
+
+/**
+ * Move is how the rail moved a job to a stage.
+ *
+ * @generated from enum handoff.v1.Move
+ */
+export enum Move {
+  /**
+   * @generated from enum value: MOVE_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * The stage before chose one of its declared routes (Origin.route).
+   *
+   * @generated from enum value: MOVE_ROUTE = 1;
+   */
+  ROUTE = 1,
+
+  /**
+   * The stage before declares no routes: the pipeline's order (file order, or its next:).
+   *
+   * @generated from enum value: MOVE_NEXT = 2;
+   */
+  NEXT = 2,
+
+  /**
+   * A judge failed the work: back to the stage that revises it, with the failures.
+   *
+   * @generated from enum value: MOVE_REVISE = 3;
+   */
+  REVISE = 3,
+
+  /**
+   * A judge passed the work.
+   *
+   * @generated from enum value: MOVE_PASS = 4;
+   */
+  PASS = 4,
+
+  /**
+   * The stage's runner answered REJECTED_ROLE: the rail rerouted once to the stage's
+   * fallback.
+   *
+   * @generated from enum value: MOVE_REROUTE = 5;
+   */
+  REROUTE = 5,
+
+  /**
+   * A person resolving an escalation sent the job here.
+   *
+   * @generated from enum value: MOVE_OPERATOR = 6;
+   */
+  OPERATOR = 6,
+}
+
+/**
+ * Describes the enum handoff.v1.Move.
+ */
+export const MoveSchema: GenEnum<Move> = /*@__PURE__*/
+  enumDesc(file_handoff_v1_handoff, 3);
 

@@ -30,7 +30,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file handoff/v2/handoff.proto.
  */
 export const file_handoff_v2_handoff: GenFile = /*@__PURE__*/
-  fileDesc("ChhoYW5kb2ZmL3YyL2hhbmRvZmYucHJvdG8SCmhhbmRvZmYudjIi6wQKDkhhbmRvZmZQYWNrYWdlEiQKBnNjaGVtYRgBIAEoCUIUukgRyAEBcgwKCmhhbmRvZmYudjISOgoGam9iX2lkGAIgASgJQiq6SCfIAQFyIhiAATIdXltBLVphLXowLTldW0EtWmEtejAtOV8uOi1dKiQSLQoFc3RhZ2UYAyABKAlCHrpIG8gBAXIWGEAyEl5bYS16XVthLXowLTlfLV0qJBIZCgRnb2FsGAQgASgJQgu6SAjIAQFyAxjQDxImCgtjb25zdHJhaW50cxgFIAMoCUIRukgOkgELECAiB3IFEAEY9AMSMQoJYXJ0aWZhY3RzGAYgAygLMhQuaGFuZG9mZi52Mi5BcnRpZmFjdEIIukgFkgECEEASKQoOb3Blbl9xdWVzdGlvbnMYByADKAlCEbpIDpIBCxAgIgdyBRABGPQDEjgKDXRvb2xfYXR0ZW1wdHMYCCADKAsyFy5oYW5kb2ZmLnYyLlRvb2xBdHRlbXB0Qgi6SAWSAQIQQBIoCglldmFsdWF0b3IYCSABKAsyFS5oYW5kb2ZmLnYyLkV2YWx1YXRvchIqCgZidWRnZXQYCiABKAsyEi5oYW5kb2ZmLnYyLkJ1ZGdldEIGukgDyAEBEjQKC21lbW9yeV9yZWZzGAsgAygLMhUuaGFuZG9mZi52Mi5NZW1vcnlSZWZCCLpIBZIBAhBAEiAKBXRyYWNlGAwgASgLMhEuaGFuZG9mZi52Mi5UcmFjZRIbCgluZXh0X2hpbnQYDSABKAlCCLpIBXIDGOgHEiIKEG9wZXJhdG9yX3JldHVybnMYDiABKA1CCLpIBSoDGOgHIlsKCU1lbW9yeVJlZhIrCgRraW5kGAEgASgJQh26SBrIAQFyFRhAMhFeW2Etel1bYS16MC05X10qJBIhCgJpZBgCIAEoCUIVukgSyAEBcg0YvwEyCF5bXlxzXSskIpECCghBcnRpZmFjdBIrCgR0eXBlGAEgASgJQh26SBrIAQFyFRhAMhFeW2Etel1bYS16MC05X10qJBI+Cg5zY2hlbWFfdmVyc2lvbhgCIAEoCUImukgjyAEBch4YQDIaXlthLXpdW2EtejAtOV9dKlwudlswLTldKyQSGwoDdXJpGAMgASgJQg66SAvIAQFyBhiAEIgBARIcCgptZWRpYV90eXBlGAQgASgJQgi6SAVyAxiAARIoCgZzaGEyNTYYBSABKAlCGLpIFXITMhFeKFswLTlhLWZdezY0fSk/JBIzCgtwcm9kdWNlZF9ieRgGIAEoCUIeukgbchkYQDIVXihbYS16XVthLXowLTlfLV0qKT8kIr8CCgtUb29sQXR0ZW1wdBI0CgRuYW1lGAEgASgJQia6SCPIAQFyHhiAATIZXltBLVphLXpdW0EtWmEtejAtOV8uLV0qJBIKCgJvaxgCIAEoCBIxCgplcnJvcl9jb2RlGAMgASgJQh26SBpyGBhAMhReKFtBLVphLXowLTlfLi1dKyk/JBItCgVzdGFnZRgEIAEoCUIeukgbchkYQDIVXihbYS16XVthLXowLTlfLV0qKT8kEhgKBmRldGFpbBgFIAEoCUIIukgFcgMY9AM6crpIbxptChd0b29sX2F0dGVtcHQuZXJyb3JfY29kZRIvYSBzdWNjZXNzZnVsIGF0dGVtcHQgKG9rKSBjYXJyaWVzIG5vIGVycm9yX2NvZGUaISF0aGlzLm9rIHx8IHRoaXMuZXJyb3JfY29kZSA9PSAnJyK+AgoJRXZhbHVhdG9yEjYKDGxhc3RfdmVyZGljdBgBIAEoDjITLmhhbmRvZmYudjIuVmVyZGljdEILukgIyAEBggECEAESLwoIZmFpbHVyZXMYAiADKAsyEy5oYW5kb2ZmLnYyLkZhaWx1cmVCCLpIBZIBAhAgEhgKBnJvdW5kcxgDIAEoDUIIukgFKgMY6Ac6rQG6SKkBGqYBChJldmFsdWF0b3IuZmFpbHVyZXMSQWEgRkFJTCB2ZXJkaWN0IG5lZWRzIGF0IGxlYXN0IG9uZSBmYWlsdXJlIGFuZCBhIFBBU1MgdmVyZGljdCBub25lGk10aGlzLmxhc3RfdmVyZGljdCA9PSAyID8gdGhpcy5mYWlsdXJlcy5zaXplKCkgPiAwIDogdGhpcy5mYWlsdXJlcy5zaXplKCkgPT0gMCJQCgdGYWlsdXJlEisKBGNvZGUYASABKAlCHbpIGsgBAXIVGEAyEV5bYS16XVthLXowLTlfXSokEhgKBmRldGFpbBgCIAEoCUIIukgFcgMY9AMi4QEKBkJ1ZGdldBIlChR1c2RfcmVtYWluaW5nX21pY3JvcxgBIAEoA0IHukgEIgIoABI0CghkZWFkbGluZRgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXBCBrpIA8gBARIkChNyZXZpc2lvbnNfcmVtYWluaW5nGAIgASgNQge6SAQqAhhkEiAKDmhvcHNfcmVtYWluaW5nGAMgASgNQgi6SAUqAxjoBxIyCgl3YWxsZXRfaWQYBSABKAlCH7pIHHIaGIABMhVeKFtBLVphLXowLTlfLjotXSspPyQimAIKBVRyYWNlEvABCgt0cmFjZXBhcmVudBgBIAEoCULaAbpI1gG6AaEBChN0cmFjZXBhcmVudC5ub256ZXJvEix0cmFjZSBpZCBhbmQgcGFyZW50IGlkIG11c3Qgbm90IGJlIGFsbCB6ZXJvcxpcIXRoaXMuY29udGFpbnMoJy0wMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMC0nKSAmJiAhdGhpcy5jb250YWlucygnLTAwMDAwMDAwMDAwMDAwMDAtJynIAQFyLDIqXjAwLVswLTlhLWZdezMyfS1bMC05YS1mXXsxNn0tWzAtOWEtZl17Mn0kEhwKCnRyYWNlc3RhdGUYAiABKAlCCLpIBXIDGIAEIvQDCgNBY2sSMgoGc3RhdHVzGAEgASgOMhUuaGFuZG9mZi52Mi5BY2tTdGF0dXNCC7pICMgBAYIBAhABEhgKBmpvYl9pZBgCIAEoCUIIukgFcgMYgAESFgoFc3RhZ2UYAyABKAlCB7pIBHICGEASHAoLdHJhY2VwYXJlbnQYBCABKAlCB7pIBHICGDcSLQoHcmVhc29ucxgFIAMoCzISLmhhbmRvZmYudjIuUmVhc29uQgi6SAWSAQIQQBImCgVwcmlvchgGIAEoCzIXLmhhbmRvZmYudjIuUHJpb3JSZXN1bHQSFwoGc2NoZW1hGAcgASgJQge6SARyAhhAEiIKBndhbGxldBgIIAEoCzISLmhhbmRvZmYudjIuQnVkZ2V0OtQBukjQARpvCgthY2sucmVhc29ucxIoYSByZWplY3RlZCBhY2sgbmVlZHMgYXQgbGVhc3Qgb25lIHJlYXNvbho2ISh0aGlzLnN0YXR1cyBpbiBbMiwgMywgNF0pIHx8IHRoaXMucmVhc29ucy5zaXplKCkgPiAwGl0KCWFjay5wcmlvchIrYSBEVVBMSUNBVEUgYWNrIG11c3QgY2FycnkgdGhlIHByaW9yIHJlc3VsdBojdGhpcy5zdGF0dXMgIT0gNSB8fCBoYXModGhpcy5wcmlvcikiNgoGUmVhc29uEg0KBWZpZWxkGAEgASgJEgwKBHJ1bGUYAiABKAkSDwoHbWVzc2FnZRgDIAEoCSLoAQoLUHJpb3JSZXN1bHQSJwoJYXJ0aWZhY3RzGAEgAygLMhQuaGFuZG9mZi52Mi5BcnRpZmFjdBIkCgdyZWNlaXB0GAIgASgLMhMuaGFuZG9mZi52Mi5SZWNlaXB0EjAKDGNvbXBsZXRlZF9hdBgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASKAoJZXZhbHVhdG9yGAQgASgLMhUuaGFuZG9mZi52Mi5FdmFsdWF0b3ISEQoJbmV4dF9oaW50GAUgASgJEhsKCXdhbGxldF9pZBgGIAEoCUIIukgFcgMYgAEinAEKB1JlY2VpcHQSFwoPaWRlbXBvdGVuY3lfa2V5GAEgASgJEg4KBnRhcmdldBgCIAEoCRITCgtleHRlcm5hbF9pZBgDIAEoCRIuCgp3cml0dGVuX2F0GAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBITCgt0cmFjZXBhcmVudBgFIAEoCRIOCgZqb2JfaWQYBiABKAkqRgoHVmVyZGljdBIXChNWRVJESUNUX1VOU1BFQ0lGSUVEEAASEAoMVkVSRElDVF9QQVNTEAESEAoMVkVSRElDVF9GQUlMEAIquAEKCUFja1N0YXR1cxIaChZBQ0tfU1RBVFVTX1VOU1BFQ0lGSUVEEAASFwoTQUNLX1NUQVRVU19BQ0NFUFRFRBABEh4KGkFDS19TVEFUVVNfUkVKRUNURURfU0NIRU1BEAISHAoYQUNLX1NUQVRVU19SRUpFQ1RFRF9ST0xFEAMSHgoaQUNLX1NUQVRVU19SRUpFQ1RFRF9CVURHRVQQBBIYChRBQ0tfU1RBVFVTX0RVUExJQ0FURRAFQjdaNWdpdGh1Yi5jb20vaGFuZG9mZmhxL2hhbmRvZmYvZ2VuL2hhbmRvZmYvdjI7aGFuZG9mZnYyYgZwcm90bzM", [file_buf_validate_validate, file_google_protobuf_timestamp]);
+  fileDesc("ChhoYW5kb2ZmL3YyL2hhbmRvZmYucHJvdG8SCmhhbmRvZmYudjIiqAUKDkhhbmRvZmZQYWNrYWdlEiQKBnNjaGVtYRgBIAEoCUIUukgRyAEBcgwKCmhhbmRvZmYudjISOgoGam9iX2lkGAIgASgJQiq6SCfIAQFyIhiAATIdXltBLVphLXowLTldW0EtWmEtejAtOV8uOi1dKiQSLQoFc3RhZ2UYAyABKAlCHrpIG8gBAXIWGEAyEl5bYS16XVthLXowLTlfLV0qJBIZCgRnb2FsGAQgASgJQgu6SAjIAQFyAxjQDxImCgtjb25zdHJhaW50cxgFIAMoCUIRukgOkgELECAiB3IFEAEY9AMSMQoJYXJ0aWZhY3RzGAYgAygLMhQuaGFuZG9mZi52Mi5BcnRpZmFjdEIIukgFkgECEEASKQoOb3Blbl9xdWVzdGlvbnMYByADKAlCEbpIDpIBCxAgIgdyBRABGPQDEjgKDXRvb2xfYXR0ZW1wdHMYCCADKAsyFy5oYW5kb2ZmLnYyLlRvb2xBdHRlbXB0Qgi6SAWSAQIQQBIoCglldmFsdWF0b3IYCSABKAsyFS5oYW5kb2ZmLnYyLkV2YWx1YXRvchIqCgZidWRnZXQYCiABKAsyEi5oYW5kb2ZmLnYyLkJ1ZGdldEIGukgDyAEBEjQKC21lbW9yeV9yZWZzGAsgAygLMhUuaGFuZG9mZi52Mi5NZW1vcnlSZWZCCLpIBZIBAhBAEiAKBXRyYWNlGAwgASgLMhEuaGFuZG9mZi52Mi5UcmFjZRIbCgluZXh0X2hpbnQYDSABKAlCCLpIBXIDGOgHEiIKEG9wZXJhdG9yX3JldHVybnMYDiABKA1CCLpIBSoDGOgHEiIKBm9yaWdpbhgPIAEoCzISLmhhbmRvZmYudjIuT3JpZ2luEhcKBXZpc2l0GBAgASgNQgi6SAUqAxjoByJbCglNZW1vcnlSZWYSKwoEa2luZBgBIAEoCUIdukgayAEBchUYQDIRXlthLXpdW2EtejAtOV9dKiQSIQoCaWQYAiABKAlCFbpIEsgBAXINGL8BMgheW15cc10rJCKRAgoIQXJ0aWZhY3QSKwoEdHlwZRgBIAEoCUIdukgayAEBchUYQDIRXlthLXpdW2EtejAtOV9dKiQSPgoOc2NoZW1hX3ZlcnNpb24YAiABKAlCJrpII8gBAXIeGEAyGl5bYS16XVthLXowLTlfXSpcLnZbMC05XSskEhsKA3VyaRgDIAEoCUIOukgLyAEBcgYYgBCIAQESHAoKbWVkaWFfdHlwZRgEIAEoCUIIukgFcgMYgAESKAoGc2hhMjU2GAUgASgJQhi6SBVyEzIRXihbMC05YS1mXXs2NH0pPyQSMwoLcHJvZHVjZWRfYnkYBiABKAlCHrpIG3IZGEAyFV4oW2Etel1bYS16MC05Xy1dKik/JCK/AgoLVG9vbEF0dGVtcHQSNAoEbmFtZRgBIAEoCUImukgjyAEBch4YgAEyGV5bQS1aYS16XVtBLVphLXowLTlfLi1dKiQSCgoCb2sYAiABKAgSMQoKZXJyb3JfY29kZRgDIAEoCUIdukgachgYQDIUXihbQS1aYS16MC05Xy4tXSspPyQSLQoFc3RhZ2UYBCABKAlCHrpIG3IZGEAyFV4oW2Etel1bYS16MC05Xy1dKik/JBIYCgZkZXRhaWwYBSABKAlCCLpIBXIDGPQDOnK6SG8abQoXdG9vbF9hdHRlbXB0LmVycm9yX2NvZGUSL2Egc3VjY2Vzc2Z1bCBhdHRlbXB0IChvaykgY2FycmllcyBubyBlcnJvcl9jb2RlGiEhdGhpcy5vayB8fCB0aGlzLmVycm9yX2NvZGUgPT0gJycivgIKCUV2YWx1YXRvchI2CgxsYXN0X3ZlcmRpY3QYASABKA4yEy5oYW5kb2ZmLnYyLlZlcmRpY3RCC7pICMgBAYIBAhABEi8KCGZhaWx1cmVzGAIgAygLMhMuaGFuZG9mZi52Mi5GYWlsdXJlQgi6SAWSAQIQIBIYCgZyb3VuZHMYAyABKA1CCLpIBSoDGOgHOq0BukipARqmAQoSZXZhbHVhdG9yLmZhaWx1cmVzEkFhIEZBSUwgdmVyZGljdCBuZWVkcyBhdCBsZWFzdCBvbmUgZmFpbHVyZSBhbmQgYSBQQVNTIHZlcmRpY3Qgbm9uZRpNdGhpcy5sYXN0X3ZlcmRpY3QgPT0gMiA/IHRoaXMuZmFpbHVyZXMuc2l6ZSgpID4gMCA6IHRoaXMuZmFpbHVyZXMuc2l6ZSgpID09IDAiUAoHRmFpbHVyZRIrCgRjb2RlGAEgASgJQh26SBrIAQFyFRhAMhFeW2Etel1bYS16MC05X10qJBIYCgZkZXRhaWwYAiABKAlCCLpIBXIDGPQDIuEBCgZCdWRnZXQSJQoUdXNkX3JlbWFpbmluZ19taWNyb3MYASABKANCB7pIBCICKAASNAoIZGVhZGxpbmUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wQga6SAPIAQESJAoTcmV2aXNpb25zX3JlbWFpbmluZxgCIAEoDUIHukgEKgIYZBIgCg5ob3BzX3JlbWFpbmluZxgDIAEoDUIIukgFKgMY6AcSMgoJd2FsbGV0X2lkGAUgASgJQh+6SBxyGhiAATIVXihbQS1aYS16MC05Xy46LV0rKT8kIpgCCgVUcmFjZRLwAQoLdHJhY2VwYXJlbnQYASABKAlC2gG6SNYBugGhAQoTdHJhY2VwYXJlbnQubm9uemVybxIsdHJhY2UgaWQgYW5kIHBhcmVudCBpZCBtdXN0IG5vdCBiZSBhbGwgemVyb3MaXCF0aGlzLmNvbnRhaW5zKCctMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAtJykgJiYgIXRoaXMuY29udGFpbnMoJy0wMDAwMDAwMDAwMDAwMDAwLScpyAEBciwyKl4wMC1bMC05YS1mXXszMn0tWzAtOWEtZl17MTZ9LVswLTlhLWZdezJ9JBIcCgp0cmFjZXN0YXRlGAIgASgJQgi6SAVyAxiABCL0AwoDQWNrEjIKBnN0YXR1cxgBIAEoDjIVLmhhbmRvZmYudjIuQWNrU3RhdHVzQgu6SAjIAQGCAQIQARIYCgZqb2JfaWQYAiABKAlCCLpIBXIDGIABEhYKBXN0YWdlGAMgASgJQge6SARyAhhAEhwKC3RyYWNlcGFyZW50GAQgASgJQge6SARyAhg3Ei0KB3JlYXNvbnMYBSADKAsyEi5oYW5kb2ZmLnYyLlJlYXNvbkIIukgFkgECEEASJgoFcHJpb3IYBiABKAsyFy5oYW5kb2ZmLnYyLlByaW9yUmVzdWx0EhcKBnNjaGVtYRgHIAEoCUIHukgEcgIYQBIiCgZ3YWxsZXQYCCABKAsyEi5oYW5kb2ZmLnYyLkJ1ZGdldDrUAbpI0AEabwoLYWNrLnJlYXNvbnMSKGEgcmVqZWN0ZWQgYWNrIG5lZWRzIGF0IGxlYXN0IG9uZSByZWFzb24aNiEodGhpcy5zdGF0dXMgaW4gWzIsIDMsIDRdKSB8fCB0aGlzLnJlYXNvbnMuc2l6ZSgpID4gMBpdCglhY2sucHJpb3ISK2EgRFVQTElDQVRFIGFjayBtdXN0IGNhcnJ5IHRoZSBwcmlvciByZXN1bHQaI3RoaXMuc3RhdHVzICE9IDUgfHwgaGFzKHRoaXMucHJpb3IpIjYKBlJlYXNvbhINCgVmaWVsZBgBIAEoCRIMCgRydWxlGAIgASgJEg8KB21lc3NhZ2UYAyABKAkikAIKC1ByaW9yUmVzdWx0EicKCWFydGlmYWN0cxgBIAMoCzIULmhhbmRvZmYudjIuQXJ0aWZhY3QSJAoHcmVjZWlwdBgCIAEoCzITLmhhbmRvZmYudjIuUmVjZWlwdBIwCgxjb21wbGV0ZWRfYXQYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEigKCWV2YWx1YXRvchgEIAEoCzIVLmhhbmRvZmYudjIuRXZhbHVhdG9yEhEKCW5leHRfaGludBgFIAEoCRIbCgl3YWxsZXRfaWQYBiABKAlCCLpIBXIDGIABEiYKBXJvdXRlGAcgASgLMhcuaGFuZG9mZi52Mi5Sb3V0ZUNob2ljZSKcAQoHUmVjZWlwdBIXCg9pZGVtcG90ZW5jeV9rZXkYASABKAkSDgoGdGFyZ2V0GAIgASgJEhMKC2V4dGVybmFsX2lkGAMgASgJEi4KCndyaXR0ZW5fYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhMKC3RyYWNlcGFyZW50GAUgASgJEg4KBmpvYl9pZBgGIAEoCSKMAQoLUm91dGVDaG9pY2USLAoEbmFtZRgBIAEoCUIeukgbyAEBchYYQDISXlthLXpdW2EtejAtOV8tXSokEhgKBnJlYXNvbhgCIAEoCUIIukgFcgMY9AMSNQoIcHJpb3JpdHkYAyABKA4yGS5oYW5kb2ZmLnYyLlJvdXRlUHJpb3JpdHlCCLpIBYIBAhABIokBCgZPcmlnaW4SLQoFc3RhZ2UYASABKAlCHrpIG3IZGEAyFV4oW2Etel1bYS16MC05Xy1dKik/JBIoCgRtb3ZlGAIgASgOMhAuaGFuZG9mZi52Mi5Nb3ZlQgi6SAWCAQIQARImCgVyb3V0ZRgDIAEoCzIXLmhhbmRvZmYudjIuUm91dGVDaG9pY2UqRgoHVmVyZGljdBIXChNWRVJESUNUX1VOU1BFQ0lGSUVEEAASEAoMVkVSRElDVF9QQVNTEAESEAoMVkVSRElDVF9GQUlMEAIquAEKCUFja1N0YXR1cxIaChZBQ0tfU1RBVFVTX1VOU1BFQ0lGSUVEEAASFwoTQUNLX1NUQVRVU19BQ0NFUFRFRBABEh4KGkFDS19TVEFUVVNfUkVKRUNURURfU0NIRU1BEAISHAoYQUNLX1NUQVRVU19SRUpFQ1RFRF9ST0xFEAMSHgoaQUNLX1NUQVRVU19SRUpFQ1RFRF9CVURHRVQQBBIYChRBQ0tfU1RBVFVTX0RVUExJQ0FURRAFKpYBCg1Sb3V0ZVByaW9yaXR5Eh4KGlJPVVRFX1BSSU9SSVRZX1VOU1BFQ0lGSUVEEAASFgoSUk9VVEVfUFJJT1JJVFlfTE9XEAESGQoVUk9VVEVfUFJJT1JJVFlfTk9STUFMEAISFwoTUk9VVEVfUFJJT1JJVFlfSElHSBADEhkKFVJPVVRFX1BSSU9SSVRZX1VSR0VOVBAEKoABCgRNb3ZlEhQKEE1PVkVfVU5TUEVDSUZJRUQQABIOCgpNT1ZFX1JPVVRFEAESDQoJTU9WRV9ORVhUEAISDwoLTU9WRV9SRVZJU0UQAxINCglNT1ZFX1BBU1MQBBIQCgxNT1ZFX1JFUk9VVEUQBRIRCg1NT1ZFX09QRVJBVE9SEAZCN1o1Z2l0aHViLmNvbS9oYW5kb2ZmaHEvaGFuZG9mZi9nZW4vaGFuZG9mZi92MjtoYW5kb2ZmdjJiBnByb3RvMw", [file_buf_validate_validate, file_google_protobuf_timestamp]);
 
 /**
  * HandoffPackage is the form the next stage reads. It carries references and state, never a
@@ -144,6 +144,26 @@ export type HandoffPackage = Message<"handoff.v2.HandoffPackage"> & {
    * @generated from field: uint32 operator_returns = 14;
    */
   operatorReturns: number;
+
+  /**
+   * Where the work came from: the stage before this one and how the rail moved the job here
+   * (the route that stage chose, a judge's verdict, the pipeline's order, a reroute, a
+   * person). It says why the receiver has the work; it is a pointer, not a transcript: the
+   * receiving stage starts clean from this package. Absent on a job's first stage.
+   *
+   * @generated from field: handoff.v2.Origin origin = 15;
+   */
+  origin?: Origin | undefined;
+
+  /**
+   * How many times the job came to this stage before within the current judge round and
+   * operator return: non-zero only when a route sends the job back to a stage it was at.
+   * With the evaluator's rounds and operator_returns it names a stage's completion, so a
+   * stage a route sends the job back to runs again rather than answering DUPLICATE.
+   *
+   * @generated from field: uint32 visit = 16;
+   */
+  visit: number;
 };
 
 /**
@@ -585,6 +605,14 @@ export type PriorResult = Message<"handoff.v2.PriorResult"> & {
    * @generated from field: string wallet_id = 6;
    */
   walletId: string;
+
+  /**
+   * The route the first completion chose, so a replayed job takes the route it took the
+   * first time.
+   *
+   * @generated from field: handoff.v2.RouteChoice route = 7;
+   */
+  route?: RouteChoice | undefined;
 };
 
 /**
@@ -645,6 +673,75 @@ export type Receipt = Message<"handoff.v2.Receipt"> & {
  */
 export const ReceiptSchema: GenMessage<Receipt> = /*@__PURE__*/
   messageDesc(file_handoff_v2_handoff, 11);
+
+/**
+ * RouteChoice is the route a stage chose among those its pipeline stage declares, with a
+ * small typed reason (what an SDK handoff's input_type carries). It is metadata about the
+ * move, validated before the rail acts on it, and never the receiver's job contract: that is
+ * the package.
+ *
+ * @generated from message handoff.v2.RouteChoice
+ */
+export type RouteChoice = Message<"handoff.v2.RouteChoice"> & {
+  /**
+   * The declared route's name ("billing", "no_hit").
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * Why the stage chose it, in a sentence.
+   *
+   * @generated from field: string reason = 2;
+   */
+  reason: string;
+
+  /**
+   * @generated from field: handoff.v2.RoutePriority priority = 3;
+   */
+  priority: RoutePriority;
+};
+
+/**
+ * Describes the message handoff.v2.RouteChoice.
+ * Use `create(RouteChoiceSchema)` to create a new message.
+ */
+export const RouteChoiceSchema: GenMessage<RouteChoice> = /*@__PURE__*/
+  messageDesc(file_handoff_v2_handoff, 12);
+
+/**
+ * Origin says where a package's work came from.
+ *
+ * @generated from message handoff.v2.Origin
+ */
+export type Origin = Message<"handoff.v2.Origin"> & {
+  /**
+   * The stage the job was at before ("" when a person moved it from no stage).
+   *
+   * @generated from field: string stage = 1;
+   */
+  stage: string;
+
+  /**
+   * @generated from field: handoff.v2.Move move = 2;
+   */
+  move: Move;
+
+  /**
+   * The route that stage chose, for MOVE_ROUTE.
+   *
+   * @generated from field: handoff.v2.RouteChoice route = 3;
+   */
+  route?: RouteChoice | undefined;
+};
+
+/**
+ * Describes the message handoff.v2.Origin.
+ * Use `create(OriginSchema)` to create a new message.
+ */
+export const OriginSchema: GenMessage<Origin> = /*@__PURE__*/
+  messageDesc(file_handoff_v2_handoff, 13);
 
 /**
  * Verdict is a judge's decision.
@@ -726,4 +823,104 @@ export enum AckStatus {
  */
 export const AckStatusSchema: GenEnum<AckStatus> = /*@__PURE__*/
   enumDesc(file_handoff_v2_handoff, 1);
+
+/**
+ * RoutePriority is how urgent a stage says the work it routes is. It travels with the move
+ * for the receiver and for people; the rail neither reorders nor skips work by it.
+ *
+ * @generated from enum handoff.v2.RoutePriority
+ */
+export enum RoutePriority {
+  /**
+   * @generated from enum value: ROUTE_PRIORITY_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * @generated from enum value: ROUTE_PRIORITY_LOW = 1;
+   */
+  LOW = 1,
+
+  /**
+   * @generated from enum value: ROUTE_PRIORITY_NORMAL = 2;
+   */
+  NORMAL = 2,
+
+  /**
+   * @generated from enum value: ROUTE_PRIORITY_HIGH = 3;
+   */
+  HIGH = 3,
+
+  /**
+   * @generated from enum value: ROUTE_PRIORITY_URGENT = 4;
+   */
+  URGENT = 4,
+}
+
+/**
+ * Describes the enum handoff.v2.RoutePriority.
+ */
+export const RoutePrioritySchema: GenEnum<RoutePriority> = /*@__PURE__*/
+  enumDesc(file_handoff_v2_handoff, 2);
+
+/**
+ * Move is how the rail moved a job to a stage.
+ *
+ * @generated from enum handoff.v2.Move
+ */
+export enum Move {
+  /**
+   * @generated from enum value: MOVE_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * The stage before chose one of its declared routes (Origin.route).
+   *
+   * @generated from enum value: MOVE_ROUTE = 1;
+   */
+  ROUTE = 1,
+
+  /**
+   * The stage before declares no routes: the pipeline's order (file order, or its next:).
+   *
+   * @generated from enum value: MOVE_NEXT = 2;
+   */
+  NEXT = 2,
+
+  /**
+   * A judge failed the work: back to the stage that revises it, with the failures.
+   *
+   * @generated from enum value: MOVE_REVISE = 3;
+   */
+  REVISE = 3,
+
+  /**
+   * A judge passed the work.
+   *
+   * @generated from enum value: MOVE_PASS = 4;
+   */
+  PASS = 4,
+
+  /**
+   * The stage's runner answered REJECTED_ROLE: the rail rerouted once to the stage's
+   * fallback.
+   *
+   * @generated from enum value: MOVE_REROUTE = 5;
+   */
+  REROUTE = 5,
+
+  /**
+   * A person resolving an escalation sent the job here.
+   *
+   * @generated from enum value: MOVE_OPERATOR = 6;
+   */
+  OPERATOR = 6,
+}
+
+/**
+ * Describes the enum handoff.v2.Move.
+ */
+export const MoveSchema: GenEnum<Move> = /*@__PURE__*/
+  enumDesc(file_handoff_v2_handoff, 3);
 
