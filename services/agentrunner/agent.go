@@ -101,3 +101,19 @@ type RunError struct {
 
 func (e *RunError) Error() string { return e.Err.Error() }
 func (e *RunError) Unwrap() error { return e.Err }
+
+// Accepting returns a with its card declaring versions (RoleCard.Accepts) instead of its own.
+func Accepting(a Agent, versions ...string) Agent {
+	return accepting{Agent: a, versions: slices.Clone(versions)}
+}
+
+type accepting struct {
+	Agent
+	versions []string
+}
+
+func (a accepting) Card() RoleCard {
+	c := a.Agent.Card()
+	c.Accepts = slices.Clone(a.versions)
+	return c
+}

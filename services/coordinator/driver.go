@@ -212,15 +212,32 @@ func routeOptions(st *pipeline.Stage) []*handoffv1.RouteOption {
 // answered, and applies next's verdict on it.
 func (s *Server) agentHop(ctx context.Context, job *handoffv1.Job, p *pipeline.Pipeline, st *pipeline.Stage, pkg *handoffv1.HandoffPackage, w stepWallet) error {
 	runner := s.runners[st.Runner]
-	req := &handoffv1.DeliverRequest{Package: pkg, Agent: st.AgentName(), RequiredTools: st.Tools, Routes: routeOptions(st)}
+	// The newest version the stage's agent declares, converted from the run's state.
+	request := func() (*handoffv1.DeliverRequest, string) {
+		ver := chooseVersion(s.decl.accepts(ctx, st.Runner, st.AgentName(), runner, s.opts.HopTimeout), job.GetDeadline() != nil)
+		req, ver := deliverRequest(pkg, ver, job)
+		req.Agent, req.RequiredTools, req.Routes = st.AgentName(), st.Tools, routeOptions(st)
+		return req, ver
+	}
+	req, ver := request()
 	hop := job.GetHops() + 1
-	sent := s.eventAsync(ctx, job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_PACKAGE_SENT, Stage: st.Name, Traceparent: pkg.GetTrace().GetTraceparent(), Hop: hop})
+	sent := s.eventAsync(ctx, job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_PACKAGE_SENT, Stage: st.Name, Traceparent: pkg.GetTrace().GetTraceparent(), Hop: hop, Schema: ver})
 
 	var ack *handoffv1.Ack
 	var result *handoffv1.StageResult
 	err := s.retry(ctx, job, st.Name, func(ctx context.Context) error {
 		var err error
 		ack, result, err = rpc.Deliver(ctx, runner, req)
+		if err == nil && refusedVersion(ack) {
+			// The runner no longer takes what it declared (downgraded in place): ask it
+			// again, and resend once in what it declares now, if that is another version.
+			s.decl.forget(st.Runner)
+			if again, v := request(); v != ver {
+				s.log.Info("runner refused the version it declared; resending", "run_id", job.GetRunId(), "stage", st.Name, "sent", ver, "now", v)
+				req, ver = again, v
+				ack, result, err = rpc.Deliver(ctx, runner, req)
+			}
+		}
 		return err
 	})
 	sent()

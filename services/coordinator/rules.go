@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+	"github.com/handoffhq/handoff/internal/contract"
 	"github.com/handoffhq/handoff/internal/pipeline"
 	"github.com/handoffhq/handoff/internal/store"
 )
@@ -376,6 +377,19 @@ func arrivedBy(job *handoffv1.Job, stage string, how handoffv1.Move) bool {
 func isJudge(p *pipeline.Pipeline, name string) bool {
 	st, _, ok := p.Stage(name)
 	return ok && st.IsJudge()
+}
+
+// chooseVersion is the contract version a hop is sent in: the newest the stage's agent
+// declares (accepts) that the run can be written in. handoff.v2 needs the run's deadline
+// (budget.deadline is required there), so a run without one (submitted before deadlines)
+// goes as v1; an agent that declares neither gets v1, and its REJECTED_SCHEMA naming the
+// version escalates the run: the rail never sends a version nobody declared as if it were
+// another.
+func chooseVersion(accepts []string, hasDeadline bool) string {
+	if hasDeadline && slices.Contains(accepts, contract.V2) {
+		return contract.V2
+	}
+	return contract.V1
 }
 
 func escalation(cause handoffv1.EscalationCause, detail string, reasons []*handoffv1.Reason) transition {

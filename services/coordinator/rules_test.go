@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+	"github.com/handoffhq/handoff/internal/contract"
 	"github.com/handoffhq/handoff/internal/pipeline"
 	"github.com/handoffhq/handoff/internal/store"
 	"github.com/handoffhq/handoff/pipelines"
@@ -357,5 +358,24 @@ func TestStepWallet(t *testing.T) {
 	none := &handoffv1.Budget{UsdRemainingMicros: 90, HopsRemaining: 4}
 	if ok, _ := fresh.revision(none); ok {
 		t.Error("a revision with none left")
+	}
+}
+
+// chooseVersion: the newest declared version the run can be written in.
+func TestChooseVersion(t *testing.T) {
+	for _, c := range []struct {
+		accepts  []string
+		deadline bool
+		want     string
+	}{
+		{[]string{contract.V1, contract.V2}, true, contract.V2},
+		{[]string{contract.V2}, true, contract.V2},
+		{[]string{contract.V1, contract.V2}, false, contract.V1}, // v2 requires budget.deadline
+		{[]string{contract.V1}, true, contract.V1},
+		{nil, true, contract.V1}, // declares nothing: v1, and the runner's refusal escalates
+	} {
+		if got := chooseVersion(c.accepts, c.deadline); got != c.want {
+			t.Errorf("chooseVersion(%v, deadline %v) = %s, want %s", c.accepts, c.deadline, got, c.want)
+		}
 	}
 }
