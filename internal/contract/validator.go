@@ -39,6 +39,7 @@ const (
 	RuleJSONSyntax      = "json.syntax"        // not JSON, not an object, or a value of the wrong JSON type
 	RuleJSONUnknown     = "json.unknown_field" // a member the contract version does not define
 	RuleValidateError   = "validate.error"     // protovalidate failed to run (not a verdict on the package)
+	RuleBudgetDeadline  = "budget.deadline"    // a v2 package past its budget.deadline (REJECTED_BUDGET)
 )
 
 // known lists every contract version this build can decode, in order.

@@ -23,9 +23,9 @@ import (
 
 // Rule ids of the version gate.
 const (
-	RulePackageOne     = validate.RulePackageOne // both package and package_v2 set
-	RuleBudgetDeadline = "budget.deadline"       // the package's budget.deadline has passed
-	RuleConvert        = "version.convert"       // a v2 package the runner cannot read as v1
+	RulePackageOne     = validate.RulePackageOne     // both package and package_v2 set
+	RuleBudgetDeadline = contract.RuleBudgetDeadline // the package's budget.deadline has passed
+	RuleConvert        = "version.convert"           // a v2 package the runner cannot read as v1
 )
 
 // The version gate is the chain's first step (before validate): a consumer declares the

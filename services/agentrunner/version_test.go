@@ -144,3 +144,25 @@ func TestDescribe(t *testing.T) {
 		t.Fatalf("v2 after the upgrade: %v", ack)
 	}
 }
+
+// A v2 package past its budget.deadline is REJECTED_BUDGET naming budget.deadline, before
+// the agent runs or the wallet pays; one before it is accepted.
+func TestV2DeadlineEnforced(t *testing.T) {
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	draft := &fake{card: agentrunner.RoleCard{Name: "draft", Accepts: both}}
+	e := start(t, agentrunner.Options{Agents: []agentrunner.Agent{draft}, Now: func() time.Time { return now }}, "")
+	for _, dl := range []time.Time{now, now.Add(-time.Hour)} {
+		ack := deliverAck(t, e.client, &handoffv1.DeliverRequest{PackageV2: v2pkg(t, "draft", dl)})
+		r := ack.GetReasons()
+		if ack.GetStatus() != handoffv1.AckStatus_ACK_STATUS_REJECTED_BUDGET || ack.GetSchema() != contract.V2 || len(r) != 1 ||
+			r[0].GetField() != "budget.deadline" || r[0].GetRule() != contract.RuleBudgetDeadline {
+			t.Fatalf("deadline %s at %s: %v, want REJECTED_BUDGET budget.deadline", dl, now, ack)
+		}
+	}
+	if n := draft.calls.Load(); n != 0 {
+		t.Fatalf("agent ran %d times past the deadline", n)
+	}
+	if ack := deliverAck(t, e.client, &handoffv1.DeliverRequest{PackageV2: v2pkg(t, "draft", now.Add(time.Second))}); ack.GetStatus() != handoffv1.AckStatus_ACK_STATUS_ACCEPTED {
+		t.Fatalf("before the deadline: %v", ack)
+	}
+}

@@ -130,7 +130,7 @@ func (s *Server) debit(ctx context.Context, job *handoffv1.Job, d store.Debit) e
 // is not charged again. The rules are next's (rules.go); step only sends, debits and saves.
 func (s *Server) step(ctx context.Context, job *handoffv1.Job, w stepWallet) error {
 	p := s.opts.Pipelines[job.GetPipeline()]
-	t := next(p, job, w, outcome{})
+	t := next(p, job, w, outcome{Now: s.opts.Now()})
 	if t.Action != actSend {
 		return s.apply(ctx, job, p, w, t, nil)
 	}

@@ -17,6 +17,7 @@ import (
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	handoffv2 "github.com/handoffhq/handoff/gen/handoff/v2"
 	"github.com/handoffhq/handoff/internal/contract"
+	"github.com/handoffhq/handoff/internal/demo"
 	"github.com/handoffhq/handoff/internal/stack"
 	"github.com/handoffhq/handoff/internal/store"
 	"github.com/handoffhq/handoff/internal/store/storetest"
@@ -168,4 +169,54 @@ func TestSubmitDeadline(t *testing.T) {
 	if err != nil || !resp.GetJob().GetDeadline().AsTime().Equal(want) {
 		t.Fatalf("submit with a deadline: %v, %v", resp.GetJob().GetDeadline(), err)
 	}
+}
+
+// slow holds a stage until a time has passed.
+type slow struct {
+	agentrunner.Agent
+	until time.Time
+}
+
+func (s slow) Run(ctx context.Context, in agentrunner.Input) (*handoffv1.StageResult, error) {
+	select {
+	case <-time.After(time.Until(s.until) + 20*time.Millisecond):
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return s.Agent.Run(ctx, in)
+}
+
+// A job's deadline is set at submit and travels on its hops (draft, on v2, is sent it); a
+// stage that runs past it leaves the rail no hop to send: the run escalates DEADLINE before
+// the judge, and nothing is written.
+func TestDeadlineEscalates(t *testing.T) {
+	eachStore(t, func(t *testing.T, s store.Store) {
+		dl := time.Now().Add(time.Second).Truncate(time.Millisecond)
+		draft := newSpy(slow{Agent: &recorder{name: "draft", spend: 1000}, until: dl}, contract.V1, contract.V2)
+		judge := newSpy(&recorder{name: "judge", spend: 1000, verdicts: []handoffv1.Verdict{handoffv1.Verdict_VERDICT_PASS}}, contract.V1)
+		e := startVersions(t, s, draft, judge)
+		req := e.request("relay", "tkt_late", "", e.defaultBudget)
+		req.Deadline = timestamppb.New(dl)
+		resp, err := e.client.SubmitJob(context.Background(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := demo.Watch(context.Background(), e.client, resp.GetJob().GetRunId(), nil); err != nil {
+			t.Fatal(err)
+		}
+		got, err := e.client.GetJob(context.Background(), &handoffv1.GetJobRequest{RunId: resp.GetJob().GetRunId()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		job := got.GetJob()
+		if job.GetState() != handoffv1.JobState_JOB_STATE_ESCALATED || job.GetEscalation().GetCause() != handoffv1.EscalationCause_ESCALATION_CAUSE_DEADLINE || job.GetStage() != "judge" {
+			t.Fatalf("job %s at %s: %v, want ESCALATED DEADLINE before judge", job.GetState(), job.GetStage(), job.GetEscalation())
+		}
+		if _, v2 := draft.sent(); len(v2) != 1 || v2[0] == nil || !v2[0].GetBudget().GetDeadline().AsTime().Equal(dl) {
+			t.Errorf("draft was sent %v, want v2 carrying the deadline %s", v2, dl)
+		}
+		if n := judge.Agent.(*recorder).calls(); n != 0 || e.writes(t) != 0 {
+			t.Errorf("judge ran %d times and %d writes after the deadline", n, e.writes(t))
+		}
+	})
 }
