@@ -51,6 +51,9 @@ type Config struct {
 	// stage at a time); the others declare handoff.v1 only. The coordinator sends each
 	// stage the newest version its agent declares (Describe).
 	V2Agents []string
+	// DescribeTTL is how long the coordinator trusts a runner's declared versions
+	// (coordinator.Options.DescribeTTL; default 5s).
+	DescribeTTL time.Duration
 	// WebhookURL, when set, adds the "webhook" writeback target.
 	WebhookURL string
 	Logger     *slog.Logger
@@ -231,7 +234,7 @@ func Start(ctx context.Context, cfg Config) (st *Stack, err error) {
 		return nil, err
 	}
 	s.Coordinator, err = coordinator.New(coordinator.Options{
-		Store: s.Store, Pipelines: cfg.Pipelines, Validator: val, Logger: log.With("service", "coordinator"),
+		Store: s.Store, Pipelines: cfg.Pipelines, Validator: val, Logger: log.With("service", "coordinator"), DescribeTTL: cfg.DescribeTTL,
 		Runner:         handoffv1.NewAgentRunnerServiceClient(runnerConn),
 		Writeback:      handoffv1.NewWritebackServiceClient(wbConn),
 		Dial:           func(addr string) (grpc.ClientConnInterface, error) { return s.DialAs(addr, "coordinator") },
