@@ -163,10 +163,21 @@ func (s *Server) pay(ctx context.Context, job *handoffv1.Job, d store.Debit) err
 // constraints come from intake and nothing else can change them. The origin says how the
 // job came to st: where from, and by which move or route; never what the stage before said.
 func (s *Server) buildPackage(job *handoffv1.Job, st *pipeline.Stage, tp string) *handoffv1.HandoffPackage {
+	pkg := PackageOf(job, st.Name, tp)
+	if s.opts.Tamper != nil {
+		s.opts.Tamper(pkg)
+	}
+	return pkg
+}
+
+// PackageOf is the handoff.v1 package the rail sends stage from run job's durable state as
+// it stands, with traceparent tp (a copy: nothing is shared with job). `handoff contract
+// check-data` reads stored runs through it, so what it checks is what the rail sends.
+func PackageOf(job *handoffv1.Job, stage, tp string) *handoffv1.HandoffPackage {
 	pkg := &handoffv1.HandoffPackage{
 		Schema:        contract.V1,
 		JobId:         job.GetJobId(),
-		Stage:         st.Name,
+		Stage:         stage,
 		Goal:          job.GetGoal(),
 		Constraints:   job.GetConstraints(),
 		Artifacts:     last(job.GetArtifacts()),
@@ -180,16 +191,12 @@ func (s *Server) buildPackage(job *handoffv1.Job, st *pipeline.Stage, tp string)
 		// A stage a person sent the run back to is a new completion for the runner.
 		OperatorReturns: job.GetOperatorReturns(),
 	}
-	if t := lastTransfer(job); t != nil && t.GetToStage() == st.Name {
+	if t := lastTransfer(job); t != nil && t.GetToStage() == stage {
 		pkg.Origin = &handoffv1.Origin{Stage: t.GetFromStage(), Move: t.GetMove(), Route: t.GetRoute()}
 		// A stage a route sent the run back to is a new completion too.
 		pkg.Visit = t.GetVisit()
 	}
-	pkg = proto.Clone(pkg).(*handoffv1.HandoffPackage)
-	if s.opts.Tamper != nil {
-		s.opts.Tamper(pkg)
-	}
-	return pkg
+	return proto.Clone(pkg).(*handoffv1.HandoffPackage)
 }
 
 func last[T any](xs []T) []T {
