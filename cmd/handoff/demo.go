@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
@@ -20,13 +21,14 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("handoff demo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, about("demo")+"Usage: handoff demo [flags]\n\nStarts the platform in-process on the embedded store, runs the sample support ticket\nthrough intake, retrieve, draft, judge (one FAIL, a revision, a PASS) and writeback,\nprints the hop timeline, then submits the same job again to show DUPLICATE and no\nsecond write. Exits 0 when the job completed and exactly one write happened.\n\nWith --pipeline support-triage it runs a billing, a technical and an unclear ticket\nthrough the pipeline with routes instead, printing the route the rail took after each\nhop: the first two go to their desks and are written once each, the third is handed\nto a person by intake's route. Exits 0 when exactly that happened.\n\nFlags:")
+		fmt.Fprintln(stderr, about("demo")+"Usage: handoff demo [flags]\n\nStarts the platform in-process on the embedded store, runs the sample support ticket\nthrough intake, retrieve, draft, judge (one FAIL, a revision, a PASS) and writeback,\nprints the hop timeline, then submits the same job again to show DUPLICATE and no\nsecond write. Exits 0 when the job completed and exactly one write happened.\n\nWith --pipeline support-triage it runs a billing, a technical and an unclear ticket\nthrough the pipeline with routes instead, printing the route the rail took after each\nhop: the first two go to their desks and are written once each, the third is handed\nto a person by intake's route. Exits 0 when exactly that happened.\n\nThe runner's agents declare handoff.v1 only; --v2-stage names agents that also read\nhandoff.v2 (a rolling upgrade, one stage at a time): the rail sends them v2, converted\nfrom the run, and their hop lines show [handoff.v2].\n\nFlags:")
 		fs.PrintDefaults()
 	}
 	var f stackFlags
-	var pipelineName string
+	var pipelineName, v2Stages string
 	b := config.New(fs)
 	b.String(&pipelineName, "pipeline", "HANDOFF_DEMO_PIPELINE", demo.Pipeline, "the shipped pipeline to run: "+demo.Pipeline+" or "+demo.TriagePipeline)
+	b.String(&v2Stages, "v2-stage", "HANDOFF_DEMO_V2_STAGE", "", "comma-separated agents (stages) of the runner that also read handoff.v2, e.g. draft")
 	// Free ports and a fresh folder by default, so the demo runs beside `handoff up`.
 	bindStack(b, &f, "", "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0", "")
 	if err := b.Parse(args); err != nil {
@@ -51,7 +53,13 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	st, err := stack.Start(ctx, f.config(stderr))
+	cfg := f.config(stderr)
+	for _, n := range strings.Split(v2Stages, ",") {
+		if n = strings.TrimSpace(n); n != "" {
+			cfg.V2Agents = append(cfg.V2Agents, n)
+		}
+	}
+	st, err := stack.Start(ctx, cfg)
 	if err != nil {
 		fmt.Fprintln(stderr, "handoff demo:", err)
 		return 1

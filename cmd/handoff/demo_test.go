@@ -50,6 +50,38 @@ func TestDemo(t *testing.T) {
 	if !strings.Contains(text, "external writes in the ledger: 1 ") {
 		t.Fatalf("want exactly one external write:\n%s", text)
 	}
+	if strings.Contains(text, "[handoff.") {
+		t.Errorf("without --v2-stage every stage reads handoff.v1 and no hop line names a version:\n%s", text)
+	}
+}
+
+// TestDemoV2Stage runs `handoff demo --v2-stage draft`: the draft agent declares handoff.v2
+// as well, so its hops are sent v2 (their lines say so) and the others v1, and the job
+// completes as without the flag.
+func TestDemoV2Stage(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := runDemo([]string{"--data", t.TempDir(), "--v2-stage", "draft"}, &out, &errb); code != 0 {
+		t.Fatalf("demo exit %d\nstdout:\n%s\nstderr:\n%s", code, out.String(), errb.String())
+	}
+	first := strings.Split(out.String(), "\nsubmitting")[0]
+	hopLine := regexp.MustCompile(`(?m)^\s+(\d+)\s+(\w+)\s+(\w+)\s+(.*?)\s+(\$\S+ r\d+ h\d+)\s+([0-9a-f]{32})$`)
+	lines := hopLine.FindAllStringSubmatch(first, -1)
+	if len(lines) != 7 {
+		t.Fatalf("%d hop lines, want 7:\n%s", len(lines), first)
+	}
+	for _, l := range lines {
+		v2 := strings.HasPrefix(l[4], "[handoff.v2] ")
+		if v2 != (l[2] == "draft") || l[3] != "ACCEPTED" {
+			t.Errorf("hop %s %s %s %q: want ACCEPTED, and [handoff.v2] exactly on draft", l[1], l[2], l[3], l[4])
+		}
+	}
+	if !strings.Contains(first, "=> COMPLETED after 7 hops") {
+		t.Errorf("job did not complete:\n%s", first)
+	}
+	errb.Reset()
+	if code := runDemo([]string{"--data", t.TempDir(), "--v2-stage", "nosuch"}, &out, &errb); code == 0 || !strings.Contains(errb.String(), `"nosuch"`) {
+		t.Errorf("--v2-stage nosuch: exit %d, stderr %q; want a failure naming the value", code, errb.String())
+	}
 }
 
 // TestDemoTriage runs `handoff demo --pipeline support-triage` in-process: a billing, a

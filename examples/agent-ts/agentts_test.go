@@ -35,6 +35,7 @@ import (
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/artifact"
+	"github.com/handoffhq/handoff/internal/contract"
 	"github.com/handoffhq/handoff/internal/demo"
 	"github.com/handoffhq/handoff/internal/pipeline"
 	"github.com/handoffhq/handoff/internal/stack"
@@ -534,6 +535,24 @@ func TestTypeScriptDrafter(t *testing.T) {
 			if err != nil || resp.GetAck().GetStatus() != want {
 				t.Errorf("Check of the first draft with operator_returns %d = %v, %v; want %s", returns, resp.GetAck().GetStatus(), err, want)
 			}
+		}
+	})
+
+	t.Run("a handoff.v2 package is refused naming its version", func(t *testing.T) {
+		tsCC, err := grpc.NewClient(ts.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tsCC.Close()
+		p2, err := contract.V1ToV2(packageFrom(t, func(map[string]any) {}), time.Now().Add(time.Hour))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := handoffv1.NewAgentRunnerServiceClient(tsCC).Check(ctx, &handoffv1.CheckRequest{PackageV2: p2})
+		r := resp.GetAck().GetReasons()
+		if err != nil || resp.GetAck().GetStatus() != handoffv1.AckStatus_ACK_STATUS_REJECTED_SCHEMA || len(r) != 1 ||
+			r[0].GetRule() != contract.RuleVersionAccepted || !strings.Contains(r[0].GetMessage(), `"handoff.v2"`) {
+			t.Fatalf("Check of a v2 package = %v, %v; want REJECTED_SCHEMA naming handoff.v2", resp.GetAck(), err)
 		}
 	})
 

@@ -45,12 +45,17 @@ func TestBufBreakingBites(t *testing.T) {
 		}
 	})
 
+	// The versioning table's incompatible rows, inside one version (README "Versions on the wire"): a
+	// rename, a changed type, and removing a field so its number could carry a new meaning.
 	for _, tc := range []struct {
 		name     string
 		old, new string
+		field    string // what buf's complaint must name
 	}{
-		{"rename job_id", "string job_id = 2 [", "string ticket_id = 2 ["},
-		{"renumber job_id", "string job_id = 2 [", "string job_id = 99 ["},
+		{"rename job_id", "string job_id = 2 [", "string ticket_id = 2 [", "job_id"},
+		{"renumber job_id", "string job_id = 2 [", "string job_id = 99 [", "job_id"},
+		{"change the type of goal", "string goal = 4 [", "bytes goal = 4 [", "goal"},
+		{"delete next_hint to reuse 13", "string next_hint = 13 [(buf.validate.field).string.max_len = 1000];", "", "next_hint"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			changed := copyTree(t, root)
@@ -67,8 +72,8 @@ func TestBufBreakingBites(t *testing.T) {
 			if _, ok := err.(*exec.ExitError); !ok {
 				t.Fatalf("buf did not run: %v", err)
 			}
-			if !strings.Contains(out, "job_id") || !strings.Contains(out, "HandoffPackage") {
-				t.Fatalf("buf breaking failed but does not name HandoffPackage.job_id:\n%s", out)
+			if !strings.Contains(out, tc.field) || !strings.Contains(out, "HandoffPackage") {
+				t.Fatalf("buf breaking failed but does not name HandoffPackage.%s:\n%s", tc.field, out)
 			}
 			t.Logf("buf breaking says:\n%s", out)
 		})

@@ -39,6 +39,7 @@ const (
 	RuleJSONSyntax      = "json.syntax"        // not JSON, not an object, or a value of the wrong JSON type
 	RuleJSONUnknown     = "json.unknown_field" // a member the contract version does not define
 	RuleValidateError   = "validate.error"     // protovalidate failed to run (not a verdict on the package)
+	RuleBudgetDeadline  = "budget.deadline"    // a v2 package past its budget.deadline (REJECTED_BUDGET)
 )
 
 // known lists every contract version this build can decode, in order.
@@ -105,10 +106,7 @@ func (v *Validator) gate(schema, want string) []*handoffv1.Reason {
 			Message: fmt.Sprintf("schema is required: name the contract version (accepted: %s)", strings.Join(v.accept, ", ")),
 		}}
 	case !v.AcceptsVersion(schema):
-		return []*handoffv1.Reason{{
-			Field: "schema", Rule: RuleVersionAccepted,
-			Message: fmt.Sprintf("schema %q is not an accepted version; this consumer accepts %s", clip(schema, 64), strings.Join(v.accept, ", ")),
-		}}
+		return []*handoffv1.Reason{VersionReason(schema, v.accept)}
 	case want != "" && schema != want:
 		return []*handoffv1.Reason{{
 			Field: "schema", Rule: RuleVersionMismatch,
@@ -117,6 +115,28 @@ func (v *Validator) gate(schema, want string) []*handoffv1.Reason {
 	}
 	return nil
 }
+
+// VersionReason is the reason a consumer accepting the versions accept gives a package of
+// version schema it does not accept: field "schema", rule "version.accepted", naming both.
+func VersionReason(schema string, accept []string) *handoffv1.Reason {
+	return &handoffv1.Reason{
+		Field: "schema", Rule: RuleVersionAccepted,
+		Message: fmt.Sprintf("schema %q is not an accepted version; this consumer accepts %s", clip(schema, 64), strings.Join(accept, ", ")),
+	}
+}
+
+// Newest returns the newest version in accept this build knows ("" when none).
+func Newest(accept []string) string {
+	for i := len(known) - 1; i >= 0; i-- {
+		if slices.Contains(accept, known[i]) {
+			return known[i]
+		}
+	}
+	return ""
+}
+
+// Known reports whether version is one this build can decode.
+func Known(version string) bool { return slices.Contains(known, version) }
 
 // CheckV1 checks a decoded handoff.v1 package: version gate, size cap, then protovalidate.
 // nil means valid.

@@ -14,6 +14,7 @@ import (
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/artifact"
+	"github.com/handoffhq/handoff/internal/contract"
 	"github.com/handoffhq/handoff/internal/traceparent"
 	"github.com/handoffhq/handoff/services/agentrunner/support"
 )
@@ -123,6 +124,9 @@ func wallet(b *handoffv1.Budget) string {
 type Timeline struct {
 	out     io.Writer
 	lastAck string
+	// sent is the contract version of the hop's package when it was not handoff.v1 (the
+	// stage's runner declares a newer one): shown on the hop's line.
+	sent string
 	// routes adds a route column: the move the rail made after each hop.
 	routes bool
 }
@@ -146,6 +150,9 @@ func (t *Timeline) Header() {
 }
 
 func (t *Timeline) line(ev *handoffv1.JobEvent, ack, outcome string) {
+	if t.sent != "" && ack != "" {
+		outcome = "[" + t.sent + "] " + outcome
+	}
 	if t.routes {
 		route := ""
 		if ev.GetKind() != handoffv1.EventKind_EVENT_KIND_ESCALATED && ev.GetKind() != handoffv1.EventKind_EVENT_KIND_FAILED {
@@ -173,6 +180,11 @@ func RouteText(tr *handoffv1.Transfer) string {
 // Print prints one event (or nothing, for events folded into others).
 func (t *Timeline) Print(ev *handoffv1.JobEvent) {
 	switch ev.GetKind() {
+	case handoffv1.EventKind_EVENT_KIND_PACKAGE_SENT:
+		t.sent = ""
+		if v := ev.GetSchema(); v != "" && v != contract.V1 {
+			t.sent = v
+		}
 	case handoffv1.EventKind_EVENT_KIND_ACK:
 		t.lastAck = strings.TrimPrefix(ev.GetAck().GetStatus().String(), "ACK_STATUS_")
 		if strings.HasPrefix(t.lastAck, "REJECTED") {

@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -46,6 +47,13 @@ type Config struct {
 	CoordinatorAddr, RunnerAddr, WritebackAddr string
 	Pipelines                                  map[string]*pipeline.Pipeline
 	Agents                                     []agentrunner.Agent
+	// V2Agents names the runner's agents that also read handoff.v2 (a rolling upgrade, one
+	// stage at a time); the others declare handoff.v1 only. The coordinator sends each
+	// stage the newest version its agent declares (Describe).
+	V2Agents []string
+	// DescribeTTL is how long the coordinator trusts a runner's declared versions
+	// (coordinator.Options.DescribeTTL; default 5s).
+	DescribeTTL time.Duration
 	// WebhookURL, when set, adds the "webhook" writeback target.
 	WebhookURL string
 	Logger     *slog.Logger
@@ -182,7 +190,15 @@ func Start(ctx context.Context, cfg Config) (st *Stack, err error) {
 	}
 	s.CoordinatorAddr, s.RunnerAddr, s.WritebackAddr = lis["coordinator"].Addr().String(), lis["agent runner"].Addr().String(), lis["writeback"].Addr().String()
 
-	s.Runner, err = agentrunner.New(agentrunner.Options{Validator: val, Store: s.Store, Artifacts: s.Artifacts, Agents: cfg.Agents, Logger: log.With("service", "agentrunner")})
+	agents, err := upgraded(cfg.Agents, cfg.V2Agents)
+	if err != nil {
+		return nil, err
+	}
+	v1, err := contract.NewValidator(contract.V1)
+	if err != nil {
+		return nil, err
+	}
+	s.Runner, err = agentrunner.New(agentrunner.Options{Validator: v1, Store: s.Store, Artifacts: s.Artifacts, Agents: agents, Logger: log.With("service", "agentrunner")})
 	if err != nil {
 		return nil, err
 	}
@@ -218,7 +234,7 @@ func Start(ctx context.Context, cfg Config) (st *Stack, err error) {
 		return nil, err
 	}
 	s.Coordinator, err = coordinator.New(coordinator.Options{
-		Store: s.Store, Pipelines: cfg.Pipelines, Validator: val, Logger: log.With("service", "coordinator"),
+		Store: s.Store, Pipelines: cfg.Pipelines, Validator: val, Logger: log.With("service", "coordinator"), DescribeTTL: cfg.DescribeTTL,
 		Runner:         handoffv1.NewAgentRunnerServiceClient(runnerConn),
 		Writeback:      handoffv1.NewWritebackServiceClient(wbConn),
 		Dial:           func(addr string) (grpc.ClientConnInterface, error) { return s.DialAs(addr, "coordinator") },
@@ -363,4 +379,18 @@ func (s *Stack) Close() {
 		defer cancel()
 		s.shutdown(ctx) // flush spans to the OTLP exporter, when one is configured
 	}
+}
+
+// upgraded returns agents with those named in v2 declaring handoff.v1 and handoff.v2; a
+// name no agent has is an error.
+func upgraded(agents []agentrunner.Agent, v2 []string) ([]agentrunner.Agent, error) {
+	out := slices.Clone(agents)
+	for _, n := range v2 {
+		i := slices.IndexFunc(out, func(a agentrunner.Agent) bool { return a != nil && a.Card().Name == n })
+		if i < 0 {
+			return nil, fmt.Errorf("stack: V2Agents: no agent %q on the runner", n)
+		}
+		out[i] = agentrunner.Accepting(out[i], contract.V1, contract.V2)
+	}
+	return out, nil
 }

@@ -5,6 +5,7 @@ import (
 	"slices"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+	handoffv2 "github.com/handoffhq/handoff/gen/handoff/v2"
 	"github.com/handoffhq/handoff/internal/artifact"
 )
 
@@ -14,6 +15,10 @@ import (
 type RoleCard struct {
 	Name  string
 	Tools []string
+	// Accepts are the contract versions the agent reads ("handoff.v1", "handoff.v2"); empty:
+	// those of the runner's validator. Read on every package, so a card may change them
+	// while the runner serves (a rolling upgrade). Describe reports them.
+	Accepts []string
 }
 
 // Holds reports whether the card lists tool.
@@ -23,6 +28,9 @@ func (c RoleCard) Holds(tool string) bool { return slices.Contains(c.Tools, tool
 type Input struct {
 	// Package is the validated package. Agents must not modify it.
 	Package *handoffv1.HandoffPackage
+	// V2 is the package as it came when the rail sent handoff.v2 (nil for a v1 package):
+	// Package is then its v1 view (contract.V2ToV1). Agents must not modify it.
+	V2 *handoffv2.HandoffPackage
 	// Round is the number of judge verdicts the job has had (package.evaluator.rounds). An
 	// agent stores its artifacts under this round, so a revision never overwrites the draft
 	// a judge failed.
@@ -93,3 +101,19 @@ type RunError struct {
 
 func (e *RunError) Error() string { return e.Err.Error() }
 func (e *RunError) Unwrap() error { return e.Err }
+
+// Accepting returns a with its card declaring versions (RoleCard.Accepts) instead of its own.
+func Accepting(a Agent, versions ...string) Agent {
+	return accepting{Agent: a, versions: slices.Clone(versions)}
+}
+
+type accepting struct {
+	Agent
+	versions []string
+}
+
+func (a accepting) Card() RoleCard {
+	c := a.Agent.Card()
+	c.Accepts = slices.Clone(a.versions)
+	return c
+}

@@ -28,6 +28,10 @@ import (
 // Interceptors returns the runner's enforcement (step 6 of the rpc chain), outermost first.
 // The first interceptor that refuses a package answers it, and nothing after it runs:
 //
+//  0. version (version.go): a package of a version the agent does not declare ->
+//     REJECTED_SCHEMA naming it; a handoff.v2 package is checked, its budget.deadline
+//     enforced (REJECTED_BUDGET), and its v1 view handed on, so the steps below are the
+//     same for both versions.
 //  1. validate (schema; validate.PackageAckRejecter): first, because every later step reads
 //     the package (the stage, the completion key, the wallet id) and may only read a valid
 //     one. A broken package -> REJECTED_SCHEMA Ack, one reason per broken rule; a malformed
@@ -67,13 +71,17 @@ func (s *Server) Interceptors() ([]grpc.UnaryServerInterceptor, []grpc.StreamSer
 func (s *Server) buildInterceptors() ([]grpc.UnaryServerInterceptor, []grpc.StreamServerInterceptor) {
 	vopts := []validate.Option{validate.WithRejecter(s.logged(validate.PackageAckRejecter()))}
 	bopts := []budget.Option{budget.WithRejecter(s.logged(budget.PackageAckRejecter()))}
+	// The version gate (version.go) decides which versions are read; validate then checks
+	// the rules of whatever it let in, so it accepts every version.
 	unary := []grpc.UnaryServerInterceptor{
-		validate.UnaryServerInterceptor(s.v, vopts...),
+		s.versionUnary,
+		validate.UnaryServerInterceptor(s.all, vopts...),
 		s.roleUnary,
 		budget.UnaryServerInterceptor(s.st, bopts...),
 	}
 	stream := []grpc.StreamServerInterceptor{
-		validate.StreamServerInterceptor(s.v, vopts...),
+		s.versionStream,
+		validate.StreamServerInterceptor(s.all, vopts...),
 		s.roleStream,
 		idempotency.StreamServerInterceptor(s.st,
 			idempotency.WithStreamKey(handoffv1.AgentRunnerService_Deliver_FullMethodName,

@@ -55,9 +55,12 @@ type Store interface {
 
 // Options configure a Server.
 type Options struct {
-	// Validator checks packages (CheckV1) and results (Validate). nil builds the default
+	// Validator's accepted versions are what the runner's agents declare unless their
+	// RoleCard says otherwise (Describe, and the version gate). nil builds the default
 	// (accepting handoff.v1 and handoff.v2).
 	Validator *contract.Validator
+	// Now is the clock budget.deadline is checked against (default time.Now).
+	Now func() time.Time
 	// Store records stage completions and holds the wallets hops are debited from (required).
 	Store Store
 	// Artifacts is handed to agents to read and write artifacts (required).
@@ -83,7 +86,9 @@ type Options struct {
 type Server struct {
 	handoffv1.UnimplementedAgentRunnerServiceServer
 
-	v         *contract.Validator
+	v         *contract.Validator // the declared versions
+	all       *contract.Validator // every version: the rules of a package the gate let in
+	now       func() time.Time
 	st        Store
 	artifacts artifact.Store
 	agents    map[string]Agent
@@ -119,8 +124,14 @@ func New(opts Options) (*Server, error) {
 			return nil, fmt.Errorf("agentrunner: %w", err)
 		}
 	}
+	all, err := contract.NewValidator()
+	if err != nil {
+		return nil, fmt.Errorf("agentrunner: %w", err)
+	}
 	s := &Server{
 		v:         v,
+		all:       all,
+		now:       opts.Now,
 		st:        opts.Store,
 		artifacts: opts.Artifacts,
 		agents:    make(map[string]Agent, len(opts.Agents)),
@@ -128,6 +139,9 @@ func New(opts Options) (*Server, error) {
 		claimTTL:  opts.ClaimTTL,
 		resultTTL: opts.ResultTTL,
 		log:       opts.Logger,
+	}
+	if s.now == nil {
+		s.now = time.Now
 	}
 	if s.timeout <= 0 {
 		s.timeout = DefaultStageTimeout
@@ -152,6 +166,11 @@ func New(opts Options) (*Server, error) {
 		name := a.Card().Name
 		if len(name) > 64 || !roleName.MatchString(name) {
 			return nil, fmt.Errorf("agentrunner: Agents[%d]: card name %q must match %s (at most 64 bytes)", i, name, roleName)
+		}
+		for _, a := range a.Card().Accepts {
+			if !contract.Known(a) {
+				return nil, fmt.Errorf("agentrunner: Agents[%d]: card accepts unknown version %q", i, a)
+			}
 		}
 		if _, dup := s.agents[name]; dup {
 			return nil, fmt.Errorf("agentrunner: two agents named %q", name)
@@ -262,7 +281,7 @@ func (s *Server) Deliver(req *handoffv1.DeliverRequest, stream grpc.ServerStream
 	runCtx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	start := time.Now()
-	res, runErr := s.run(runCtx, ag, Input{Package: p, Round: round, Routes: req.GetRoutes(),
+	res, runErr := s.run(runCtx, ag, Input{Package: p, V2: v2From(ctx), Round: round, Routes: req.GetRoutes(),
 		Artifacts: artifact.WithCompletion(s.artifacts, p.GetOperatorReturns(), p.GetVisit())})
 	if runErr == nil {
 		runErr = s.finish(p, res)

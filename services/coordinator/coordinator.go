@@ -89,6 +89,12 @@ type Options struct {
 	// operator web page) as `authorization: Bearer <token>`. Empty: those are open to
 	// anyone who can call the coordinator.
 	OperatorToken string
+	// DescribeTTL is how long a runner's declared versions (Describe) are trusted before
+	// the rail asks again. Default 5s.
+	DescribeTTL time.Duration
+	// DefaultDeadline is the deadline of a job submitted without one, from its submit.
+	// Default 24h.
+	DefaultDeadline time.Duration
 }
 
 // Server implements handoffv1.CoordinatorServiceServer.
@@ -99,6 +105,7 @@ type Server struct {
 	log     *slog.Logger
 	tracer  oteltrace.Tracer
 	runners map[string]handoffv1.AgentRunnerServiceClient // by address; "" = default
+	decl    *declarations                                 // what each runner accepts
 
 	mu      sync.Mutex
 	driving map[string]bool                  // run ids with a live driver in this process
@@ -150,11 +157,18 @@ func New(opts Options) (*Server, error) {
 	if opts.TracerProvider == nil {
 		opts.TracerProvider = noop.NewTracerProvider()
 	}
+	if opts.DescribeTTL <= 0 {
+		opts.DescribeTTL = defaultDescribeTTL
+	}
+	if opts.DefaultDeadline <= 0 {
+		opts.DefaultDeadline = 24 * time.Hour
+	}
 	s := &Server{
 		opts:    opts,
 		log:     opts.Logger,
 		tracer:  opts.TracerProvider.Tracer("github.com/handoffhq/handoff/services/coordinator"),
 		runners: map[string]handoffv1.AgentRunnerServiceClient{"": opts.Runner},
+		decl:    &declarations{ttl: opts.DescribeTTL, now: opts.Now, byRn: map[string]declaration{}},
 		driving: map[string]bool{},
 		notify:  map[string]chan struct{}{},
 		feeds:   map[string]*feed{},
@@ -260,6 +274,12 @@ func (s *Server) SubmitJob(ctx context.Context, req *handoffv1.SubmitJobRequest)
 	if field, why := inputsProblem(s.artifactRoot(), req.GetJobId(), req.GetInputs()); field != "" {
 		return nil, fieldError(codes.InvalidArgument, field, why)
 	}
+	deadline := req.GetDeadline()
+	if deadline == nil {
+		deadline = timestamppb.New(s.opts.Now().Add(s.opts.DefaultDeadline))
+	} else if !deadline.AsTime().After(s.opts.Now()) {
+		return nil, fieldError(codes.InvalidArgument, "deadline", fmt.Sprintf("%s is not in the future: a job must be submitted before its deadline", deadline.AsTime().UTC().Format(time.RFC3339)))
+	}
 	runID := newRunID()
 	wallet := proto.Clone(req.GetBudget()).(*handoffv1.Budget)
 	wallet.WalletId = runID // the rail's: a caller does not choose the wallet its job pays from
@@ -294,6 +314,7 @@ func (s *Server) SubmitJob(ctx context.Context, req *handoffv1.SubmitJobRequest)
 		CreatedAt:   now,
 		UpdatedAt:   now,
 		RequestId:   req.GetRequestId(),
+		Deadline:    deadline,
 	}
 	if s.stopped() {
 		return nil, status.Error(codes.Unavailable, "coordinator is shutting down; submit to another replica or retry")

@@ -130,7 +130,7 @@ func (s *Server) debit(ctx context.Context, job *handoffv1.Job, d store.Debit) e
 // is not charged again. The rules are next's (rules.go); step only sends, debits and saves.
 func (s *Server) step(ctx context.Context, job *handoffv1.Job, w stepWallet) error {
 	p := s.opts.Pipelines[job.GetPipeline()]
-	t := next(p, job, w, outcome{})
+	t := next(p, job, w, outcome{Now: s.opts.Now()})
 	if t.Action != actSend {
 		return s.apply(ctx, job, p, w, t, nil)
 	}
@@ -163,10 +163,21 @@ func (s *Server) pay(ctx context.Context, job *handoffv1.Job, d store.Debit) err
 // constraints come from intake and nothing else can change them. The origin says how the
 // job came to st: where from, and by which move or route; never what the stage before said.
 func (s *Server) buildPackage(job *handoffv1.Job, st *pipeline.Stage, tp string) *handoffv1.HandoffPackage {
+	pkg := PackageOf(job, st.Name, tp)
+	if s.opts.Tamper != nil {
+		s.opts.Tamper(pkg)
+	}
+	return pkg
+}
+
+// PackageOf is the handoff.v1 package the rail sends stage from run job's durable state as
+// it stands, with traceparent tp (a copy: nothing is shared with job). `handoff contract
+// check-data` reads stored runs through it, so what it checks is what the rail sends.
+func PackageOf(job *handoffv1.Job, stage, tp string) *handoffv1.HandoffPackage {
 	pkg := &handoffv1.HandoffPackage{
 		Schema:        contract.V1,
 		JobId:         job.GetJobId(),
-		Stage:         st.Name,
+		Stage:         stage,
 		Goal:          job.GetGoal(),
 		Constraints:   job.GetConstraints(),
 		Artifacts:     last(job.GetArtifacts()),
@@ -180,16 +191,12 @@ func (s *Server) buildPackage(job *handoffv1.Job, st *pipeline.Stage, tp string)
 		// A stage a person sent the run back to is a new completion for the runner.
 		OperatorReturns: job.GetOperatorReturns(),
 	}
-	if t := lastTransfer(job); t != nil && t.GetToStage() == st.Name {
+	if t := lastTransfer(job); t != nil && t.GetToStage() == stage {
 		pkg.Origin = &handoffv1.Origin{Stage: t.GetFromStage(), Move: t.GetMove(), Route: t.GetRoute()}
 		// A stage a route sent the run back to is a new completion too.
 		pkg.Visit = t.GetVisit()
 	}
-	pkg = proto.Clone(pkg).(*handoffv1.HandoffPackage)
-	if s.opts.Tamper != nil {
-		s.opts.Tamper(pkg)
-	}
-	return pkg
+	return proto.Clone(pkg).(*handoffv1.HandoffPackage)
 }
 
 func last[T any](xs []T) []T {
@@ -212,15 +219,32 @@ func routeOptions(st *pipeline.Stage) []*handoffv1.RouteOption {
 // answered, and applies next's verdict on it.
 func (s *Server) agentHop(ctx context.Context, job *handoffv1.Job, p *pipeline.Pipeline, st *pipeline.Stage, pkg *handoffv1.HandoffPackage, w stepWallet) error {
 	runner := s.runners[st.Runner]
-	req := &handoffv1.DeliverRequest{Package: pkg, Agent: st.AgentName(), RequiredTools: st.Tools, Routes: routeOptions(st)}
+	// The newest version the stage's agent declares, converted from the run's state.
+	request := func() (*handoffv1.DeliverRequest, string) {
+		ver := chooseVersion(s.decl.accepts(ctx, st.Runner, st.AgentName(), runner, s.opts.HopTimeout), job.GetDeadline() != nil)
+		req, ver := deliverRequest(pkg, ver, job)
+		req.Agent, req.RequiredTools, req.Routes = st.AgentName(), st.Tools, routeOptions(st)
+		return req, ver
+	}
+	req, ver := request()
 	hop := job.GetHops() + 1
-	sent := s.eventAsync(ctx, job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_PACKAGE_SENT, Stage: st.Name, Traceparent: pkg.GetTrace().GetTraceparent(), Hop: hop})
+	sent := s.eventAsync(ctx, job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_PACKAGE_SENT, Stage: st.Name, Traceparent: pkg.GetTrace().GetTraceparent(), Hop: hop, Schema: ver})
 
 	var ack *handoffv1.Ack
 	var result *handoffv1.StageResult
 	err := s.retry(ctx, job, st.Name, func(ctx context.Context) error {
 		var err error
 		ack, result, err = rpc.Deliver(ctx, runner, req)
+		if err == nil && refusedVersion(ack) {
+			// The runner no longer takes what it declared (downgraded in place): ask it
+			// again, and resend once in what it declares now, if that is another version.
+			s.decl.forget(st.Runner)
+			if again, v := request(); v != ver {
+				s.log.Info("runner refused the version it declared; resending", "run_id", job.GetRunId(), "stage", st.Name, "sent", ver, "now", v)
+				req, ver = again, v
+				ack, result, err = rpc.Deliver(ctx, runner, req)
+			}
+		}
 		return err
 	})
 	sent()

@@ -4,10 +4,12 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"google.golang.org/grpc/status"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+	"github.com/handoffhq/handoff/internal/contract"
 	"github.com/handoffhq/handoff/internal/pipeline"
 	"github.com/handoffhq/handoff/internal/store"
 )
@@ -36,6 +38,9 @@ type outcome struct {
 	Invalid []*handoffv1.Reason
 	// Receipt is the writeback's proof of the write.
 	Receipt *handoffv1.Receipt
+	// Now is the time the hop would be sent, for the run's deadline (before the hop). Zero:
+	// the deadline is not checked (a person's approve overrides it, as it does the wallet).
+	Now time.Time
 }
 
 // action is what the driver does with a transition.
@@ -147,6 +152,12 @@ func next(p *pipeline.Pipeline, job *handoffv1.Job, w stepWallet, out outcome) t
 // agent runs). A person's approve overrides the wallet; nothing overrides the writeback gate.
 func before(p *pipeline.Pipeline, st *pipeline.Stage, job *handoffv1.Job, w stepWallet, out outcome) transition {
 	hopPaid, usdPaid, _ := w.paid(job.GetWallet())
+	if dl := job.GetDeadline(); dl != nil && !out.Override && !out.Now.IsZero() && !out.Now.Before(dl.AsTime()) {
+		// Past the deadline no hop is sent, v1 or v2: a v1 package cannot carry the
+		// deadline, so the rail checks it itself before every hop.
+		return escalation(handoffv1.EscalationCause_ESCALATION_CAUSE_DEADLINE,
+			fmt.Sprintf("the job's deadline %s passed before stage %s", dl.AsTime().UTC().Format(time.RFC3339), st.Name), nil)
+	}
 	switch {
 	case out.Override || hopPaid || usdPaid:
 	case job.GetWallet().GetHopsRemaining() == 0:
@@ -191,7 +202,7 @@ func afterAgent(p *pipeline.Pipeline, st *pipeline.Stage, job *handoffv1.Job, w 
 		}
 		return escalation(causeFor(s), detail, out.Ack.GetReasons())
 	default:
-		return escalation(causeFor(s), fmt.Sprintf("stage %s answered %s", st.Name, s), out.Ack.GetReasons())
+		return escalation(ackCause(out.Ack), fmt.Sprintf("stage %s answered %s", st.Name, s), out.Ack.GetReasons())
 	}
 	if out.Invalid != nil || out.Result == nil {
 		// Fail closed on agent output: nothing of an invalid result enters the run.
@@ -378,6 +389,19 @@ func isJudge(p *pipeline.Pipeline, name string) bool {
 	return ok && st.IsJudge()
 }
 
+// chooseVersion is the contract version a hop is sent in: the newest the stage's agent
+// declares (accepts) that the run can be written in. handoff.v2 needs the run's deadline
+// (budget.deadline is required there), so a run without one (submitted before deadlines)
+// goes as v1; an agent that declares neither gets v1, and its REJECTED_SCHEMA naming the
+// version escalates the run: the rail never sends a version nobody declared as if it were
+// another.
+func chooseVersion(accepts []string, hasDeadline bool) string {
+	if hasDeadline && slices.Contains(accepts, contract.V2) {
+		return contract.V2
+	}
+	return contract.V1
+}
+
 func escalation(cause handoffv1.EscalationCause, detail string, reasons []*handoffv1.Reason) transition {
 	return transition{Action: actEscalate, Cause: cause, Detail: detail, Reasons: reasons}
 }
@@ -398,6 +422,19 @@ func reasonText(r *handoffv1.RouteChoice) string {
 		return ""
 	}
 	return ": " + r.GetReason()
+}
+
+// ackCause is the escalation cause of a refusal: causeFor its status, except that a
+// REJECTED_BUDGET for the job's deadline (reason budget.deadline) is DEADLINE.
+func ackCause(ack *handoffv1.Ack) handoffv1.EscalationCause {
+	if ack.GetStatus() == handoffv1.AckStatus_ACK_STATUS_REJECTED_BUDGET {
+		for _, r := range ack.GetReasons() {
+			if r.GetRule() == contract.RuleBudgetDeadline {
+				return handoffv1.EscalationCause_ESCALATION_CAUSE_DEADLINE
+			}
+		}
+	}
+	return causeFor(ack.GetStatus())
 }
 
 func causeFor(st handoffv1.AckStatus) handoffv1.EscalationCause {

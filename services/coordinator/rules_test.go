@@ -6,11 +6,15 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+	"github.com/handoffhq/handoff/internal/contract"
 	"github.com/handoffhq/handoff/internal/pipeline"
 	"github.com/handoffhq/handoff/internal/store"
 	"github.com/handoffhq/handoff/pipelines"
@@ -357,5 +361,58 @@ func TestStepWallet(t *testing.T) {
 	none := &handoffv1.Budget{UsdRemainingMicros: 90, HopsRemaining: 4}
 	if ok, _ := fresh.revision(none); ok {
 		t.Error("a revision with none left")
+	}
+}
+
+// chooseVersion: the newest declared version the run can be written in.
+func TestChooseVersion(t *testing.T) {
+	for _, c := range []struct {
+		accepts  []string
+		deadline bool
+		want     string
+	}{
+		{[]string{contract.V1, contract.V2}, true, contract.V2},
+		{[]string{contract.V2}, true, contract.V2},
+		{[]string{contract.V1, contract.V2}, false, contract.V1}, // v2 requires budget.deadline
+		{[]string{contract.V1}, true, contract.V1},
+		{nil, true, contract.V1}, // declares nothing: v1, and the runner's refusal escalates
+	} {
+		if got := chooseVersion(c.accepts, c.deadline); got != c.want {
+			t.Errorf("chooseVersion(%v, deadline %v) = %s, want %s", c.accepts, c.deadline, got, c.want)
+		}
+	}
+}
+
+// The deadline: past it next sends no hop and escalates DEADLINE (a person's approve
+// overrides it); a runner's REJECTED_BUDGET for the deadline escalates DEADLINE too, one for
+// an empty wallet stays REJECTED_BUDGET.
+func TestNextDeadline(t *testing.T) {
+	p := mustPipeline(t, "loop.yaml", []byte(loopYAML))
+	dl := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	job := &handoffv1.Job{Pipeline: "loop", Stage: "a", Deadline: timestamppb.New(dl),
+		Wallet: &handoffv1.Budget{UsdRemainingMicros: 1000, HopsRemaining: 5, RevisionsRemaining: 1}}
+	if tr := next(p, job, stepWallet{}, outcome{Now: dl.Add(-time.Second)}); tr.Action != actSend {
+		t.Errorf("before the deadline: %s, want send", tr.Action)
+	}
+	tr := next(p, job, stepWallet{}, outcome{Now: dl})
+	if tr.Action != actEscalate || tr.Cause != handoffv1.EscalationCause_ESCALATION_CAUSE_DEADLINE || !strings.Contains(tr.Detail, "2026-12-01T12:00:00Z") {
+		t.Errorf("at the deadline: %+v, want escalate DEADLINE naming it", tr)
+	}
+	if tr := next(p, job, stepWallet{}, outcome{Now: dl.Add(time.Hour), Override: true}); tr.Action != actSend {
+		t.Errorf("an approve past the deadline: %s, want send", tr.Action)
+	}
+	old := proto.CloneOf(job)
+	old.Deadline = nil // a run from before deadlines
+	if tr := next(p, old, stepWallet{}, outcome{Now: dl.Add(time.Hour)}); tr.Action != actSend {
+		t.Errorf("a run without a deadline: %s, want send", tr.Action)
+	}
+	for rule, want := range map[string]handoffv1.EscalationCause{
+		"budget.deadline": handoffv1.EscalationCause_ESCALATION_CAUSE_DEADLINE,
+		"budget.empty":    handoffv1.EscalationCause_ESCALATION_CAUSE_REJECTED_BUDGET,
+	} {
+		ack := &handoffv1.Ack{Status: handoffv1.AckStatus_ACK_STATUS_REJECTED_BUDGET, Reasons: []*handoffv1.Reason{{Field: "budget", Rule: rule}}}
+		if tr := next(p, job, stepWallet{}, outcome{Sent: true, Ack: ack}); tr.Action != actEscalate || tr.Cause != want {
+			t.Errorf("REJECTED_BUDGET %s: %+v, want escalate %s", rule, tr, want)
+		}
 	}
 }

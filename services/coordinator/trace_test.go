@@ -18,12 +18,21 @@ import (
 // the coordinator's send span, the receiver's ack span and the writeback receipt of every
 // hop are on the job's one trace, and that each ack span is the child of its send span (the
 // package's traceparent, not only gRPC metadata, carried it).
+//
+// With draft on handoff.v2 too: the receiver's trace interceptor reads a v2 package's
+// traceparent as it does a v1 one's.
 func TestOneTracePerJob(t *testing.T) {
+	for name, v2 := range map[string][]string{"v1": nil, "draft on v2": {"draft"}} {
+		t.Run(name, func(t *testing.T) { oneTracePerJob(t, v2) })
+	}
+}
+
+func oneTracePerJob(t *testing.T, v2 []string) {
 	exp := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
 	t.Cleanup(func() { tp.Shutdown(context.Background()) })
 	e := &env{defaultBudget: &handoffv1.Budget{UsdRemainingMicros: 1_000_000}}
-	e.st, e.client = startStack(t, stack.Config{TracerProvider: tp})
+	e.st, e.client = startStack(t, stack.Config{TracerProvider: tp, V2Agents: v2})
 	e.input = mustInput(t, e.st)
 	job, _ := e.submit(t, "support-ticket", "tkt_1", "", e.defaultBudget)
 	if job.GetState() != handoffv1.JobState_JOB_STATE_COMPLETED {

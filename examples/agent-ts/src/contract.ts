@@ -169,6 +169,16 @@ export type SchemaGate =
  */
 export function schemaGate(req: DeliverRequest | CheckRequest, schema: typeof DeliverRequestSchema | typeof CheckRequestSchema): SchemaGate {
   const p = req.package;
+  if (req.packageV2 !== undefined) {
+    // This runner reads handoff.v1 only (it has no Describe, which a sender takes as "v1
+    // only"): a handoff.v2 package is refused naming its version, as the Go runner's version
+    // gate does, before anything in it is read.
+    const ack = ackFor(undefined, AckStatus.REJECTED_SCHEMA, [
+      reason("schema", RULE_VERSION_ACCEPTED, `schema "handoff.v2" is not an accepted version; this consumer accepts ${V1}`),
+    ]);
+    ack.schema = "handoff.v2";
+    return { kind: "ack", ack };
+  }
   if (p === undefined) {
     return { kind: "ack", ack: ackFor(undefined, AckStatus.REJECTED_SCHEMA, [reason("", RULE_REQUIRED, "no package: the request carries no handoff package")]) };
   }

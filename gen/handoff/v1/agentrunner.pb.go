@@ -11,6 +11,7 @@ package handoffv1
 
 import (
 	_ "buf.build/gen/go/bufbuild/protovalidate/protocolbuffers/go/buf/validate"
+	v2 "github.com/handoffhq/handoff/gen/handoff/v2"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	reflect "reflect"
@@ -78,8 +79,9 @@ func (StageStatus) EnumDescriptor() ([]byte, []int) {
 }
 
 type DeliverRequest struct {
-	state   protoimpl.MessageState `protogen:"open.v1"`
-	Package *HandoffPackage        `protobuf:"bytes,1,opt,name=package,proto3" json:"package,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A handoff.v1 package. Required unless package_v2 is set.
+	Package *HandoffPackage `protobuf:"bytes,1,opt,name=package,proto3" json:"package,omitempty"`
 	// The agent (role) the pipeline assigns to the stage; the stage name when empty.
 	Agent string `protobuf:"bytes,2,opt,name=agent,proto3" json:"agent,omitempty"`
 	// Tools the pipeline lets this stage hold. The runner answers REJECTED_ROLE unless the
@@ -88,7 +90,9 @@ type DeliverRequest struct {
 	// The routes the pipeline declares for this stage: the moves its agent chooses among
 	// (StageResult.route). Empty: the stage chooses none, and the rail moves the job on by the
 	// pipeline's order.
-	Routes        []*RouteOption `protobuf:"bytes,4,rep,name=routes,proto3" json:"routes,omitempty"`
+	Routes []*RouteOption `protobuf:"bytes,4,rep,name=routes,proto3" json:"routes,omitempty"`
+	// A handoff.v2 package, for a runner whose agent declares handoff.v2 (Describe).
+	PackageV2     *v2.HandoffPackage `protobuf:"bytes,5,opt,name=package_v2,json=packageV2,proto3" json:"package_v2,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -147,6 +151,13 @@ func (x *DeliverRequest) GetRequiredTools() []string {
 func (x *DeliverRequest) GetRoutes() []*RouteOption {
 	if x != nil {
 		return x.Routes
+	}
+	return nil
+}
+
+func (x *DeliverRequest) GetPackageV2() *v2.HandoffPackage {
+	if x != nil {
+		return x.PackageV2
 	}
 	return nil
 }
@@ -234,8 +245,9 @@ func (*DeliverResponse_Ack) isDeliverResponse_Event() {}
 func (*DeliverResponse_Result) isDeliverResponse_Event() {}
 
 type CheckRequest struct {
-	state   protoimpl.MessageState `protogen:"open.v1"`
-	Package *HandoffPackage        `protobuf:"bytes,1,opt,name=package,proto3" json:"package,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A handoff.v1 package. Required unless package_v2 is set.
+	Package *HandoffPackage `protobuf:"bytes,1,opt,name=package,proto3" json:"package,omitempty"`
 	// The agent (role) the pipeline assigns to the stage; the stage name when empty.
 	Agent string `protobuf:"bytes,2,opt,name=agent,proto3" json:"agent,omitempty"`
 	// Tools the pipeline lets this stage hold. The runner answers REJECTED_ROLE unless the
@@ -244,7 +256,9 @@ type CheckRequest struct {
 	// The routes the pipeline declares for this stage: the moves its agent chooses among
 	// (StageResult.route). Empty: the stage chooses none, and the rail moves the job on by the
 	// pipeline's order.
-	Routes        []*RouteOption `protobuf:"bytes,4,rep,name=routes,proto3" json:"routes,omitempty"`
+	Routes []*RouteOption `protobuf:"bytes,4,rep,name=routes,proto3" json:"routes,omitempty"`
+	// A handoff.v2 package, for a runner whose agent declares handoff.v2 (Describe).
+	PackageV2     *v2.HandoffPackage `protobuf:"bytes,5,opt,name=package_v2,json=packageV2,proto3" json:"package_v2,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -307,6 +321,13 @@ func (x *CheckRequest) GetRoutes() []*RouteOption {
 	return nil
 }
 
+func (x *CheckRequest) GetPackageV2() *v2.HandoffPackage {
+	if x != nil {
+		return x.PackageV2
+	}
+	return nil
+}
+
 type CheckResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Ack           *Ack                   `protobuf:"bytes,1,opt,name=ack,proto3" json:"ack,omitempty"`
@@ -351,6 +372,152 @@ func (x *CheckResponse) GetAck() *Ack {
 	return nil
 }
 
+type DescribeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DescribeRequest) Reset() {
+	*x = DescribeRequest{}
+	mi := &file_handoff_v1_agentrunner_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DescribeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DescribeRequest) ProtoMessage() {}
+
+func (x *DescribeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_handoff_v1_agentrunner_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DescribeRequest.ProtoReflect.Descriptor instead.
+func (*DescribeRequest) Descriptor() ([]byte, []int) {
+	return file_handoff_v1_agentrunner_proto_rawDescGZIP(), []int{4}
+}
+
+type DescribeResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One entry per agent (role) the runner hosts.
+	Agents        []*AgentDescription `protobuf:"bytes,1,rep,name=agents,proto3" json:"agents,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DescribeResponse) Reset() {
+	*x = DescribeResponse{}
+	mi := &file_handoff_v1_agentrunner_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DescribeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DescribeResponse) ProtoMessage() {}
+
+func (x *DescribeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_handoff_v1_agentrunner_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DescribeResponse.ProtoReflect.Descriptor instead.
+func (*DescribeResponse) Descriptor() ([]byte, []int) {
+	return file_handoff_v1_agentrunner_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *DescribeResponse) GetAgents() []*AgentDescription {
+	if x != nil {
+		return x.Agents
+	}
+	return nil
+}
+
+// AgentDescription is what one agent declares: its role card and the versions it reads.
+type AgentDescription struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The role name a pipeline addresses it by.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The contract versions it accepts ("handoff.v1", "handoff.v2"). A package of any other
+	// version is answered REJECTED_SCHEMA naming the version, before anything else is read.
+	Accepts []string `protobuf:"bytes,2,rep,name=accepts,proto3" json:"accepts,omitempty"`
+	// The tools its role card holds.
+	Tools         []string `protobuf:"bytes,3,rep,name=tools,proto3" json:"tools,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AgentDescription) Reset() {
+	*x = AgentDescription{}
+	mi := &file_handoff_v1_agentrunner_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AgentDescription) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AgentDescription) ProtoMessage() {}
+
+func (x *AgentDescription) ProtoReflect() protoreflect.Message {
+	mi := &file_handoff_v1_agentrunner_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AgentDescription.ProtoReflect.Descriptor instead.
+func (*AgentDescription) Descriptor() ([]byte, []int) {
+	return file_handoff_v1_agentrunner_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *AgentDescription) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *AgentDescription) GetAccepts() []string {
+	if x != nil {
+		return x.Accepts
+	}
+	return nil
+}
+
+func (x *AgentDescription) GetTools() []string {
+	if x != nil {
+		return x.Tools
+	}
+	return nil
+}
+
 // StageResult is what a stage hands back to the rail: typed artifacts by reference, the
 // tools it tried, what it spent, and for a judge its verdict.
 type StageResult struct {
@@ -380,7 +547,7 @@ type StageResult struct {
 
 func (x *StageResult) Reset() {
 	*x = StageResult{}
-	mi := &file_handoff_v1_agentrunner_proto_msgTypes[4]
+	mi := &file_handoff_v1_agentrunner_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -392,7 +559,7 @@ func (x *StageResult) String() string {
 func (*StageResult) ProtoMessage() {}
 
 func (x *StageResult) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_agentrunner_proto_msgTypes[4]
+	mi := &file_handoff_v1_agentrunner_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -405,7 +572,7 @@ func (x *StageResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StageResult.ProtoReflect.Descriptor instead.
 func (*StageResult) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_agentrunner_proto_rawDescGZIP(), []int{4}
+	return file_handoff_v1_agentrunner_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *StageResult) GetJobId() string {
@@ -504,7 +671,7 @@ type RouteOption struct {
 
 func (x *RouteOption) Reset() {
 	*x = RouteOption{}
-	mi := &file_handoff_v1_agentrunner_proto_msgTypes[5]
+	mi := &file_handoff_v1_agentrunner_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -516,7 +683,7 @@ func (x *RouteOption) String() string {
 func (*RouteOption) ProtoMessage() {}
 
 func (x *RouteOption) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_agentrunner_proto_msgTypes[5]
+	mi := &file_handoff_v1_agentrunner_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -529,7 +696,7 @@ func (x *RouteOption) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RouteOption.ProtoReflect.Descriptor instead.
 func (*RouteOption) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_agentrunner_proto_rawDescGZIP(), []int{5}
+	return file_handoff_v1_agentrunner_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *RouteOption) GetName() string {
@@ -551,23 +718,36 @@ var File_handoff_v1_agentrunner_proto protoreflect.FileDescriptor
 const file_handoff_v1_agentrunner_proto_rawDesc = "" +
 	"\n" +
 	"\x1chandoff/v1/agentrunner.proto\x12\n" +
-	"handoff.v1\x1a\x1bbuf/validate/validate.proto\x1a\x18handoff/v1/handoff.proto\"\xf7\x01\n" +
-	"\x0eDeliverRequest\x12<\n" +
-	"\apackage\x18\x01 \x01(\v2\x1a.handoff.v1.HandoffPackageB\x06\xbaH\x03\xc8\x01\x01R\apackage\x124\n" +
+	"handoff.v1\x1a\x1bbuf/validate/validate.proto\x1a\x18handoff/v1/handoff.proto\x1a\x18handoff/v2/handoff.proto\"\xb9\x03\n" +
+	"\x0eDeliverRequest\x124\n" +
+	"\apackage\x18\x01 \x01(\v2\x1a.handoff.v1.HandoffPackageR\apackage\x124\n" +
 	"\x05agent\x18\x02 \x01(\tB\x1e\xbaH\x1br\x19\x18@2\x15^([a-z][a-z0-9_-]*)?$R\x05agent\x126\n" +
 	"\x0erequired_tools\x18\x03 \x03(\tB\x0f\xbaH\f\x92\x01\t\x10@\"\x05r\x03\x18\x80\x01R\rrequiredTools\x129\n" +
-	"\x06routes\x18\x04 \x03(\v2\x17.handoff.v1.RouteOptionB\b\xbaH\x05\x92\x01\x02\x10 R\x06routes\"y\n" +
+	"\x06routes\x18\x04 \x03(\v2\x17.handoff.v1.RouteOptionB\b\xbaH\x05\x92\x01\x02\x10 R\x06routes\x129\n" +
+	"\n" +
+	"package_v2\x18\x05 \x01(\v2\x1a.handoff.v2.HandoffPackageR\tpackageV2:\x8c\x01\xbaH\x88\x01\x1a\x85\x01\n" +
+	"\vpackage.one\x12Kexactly one of package (handoff.v1) and package_v2 (handoff.v2) is required\x1a)has(this.package) != has(this.package_v2)\"y\n" +
 	"\x0fDeliverResponse\x12#\n" +
 	"\x03ack\x18\x01 \x01(\v2\x0f.handoff.v1.AckH\x00R\x03ack\x121\n" +
 	"\x06result\x18\x02 \x01(\v2\x17.handoff.v1.StageResultH\x00R\x06resultB\x0e\n" +
-	"\x05event\x12\x05\xbaH\x02\b\x01\"\xf5\x01\n" +
-	"\fCheckRequest\x12<\n" +
-	"\apackage\x18\x01 \x01(\v2\x1a.handoff.v1.HandoffPackageB\x06\xbaH\x03\xc8\x01\x01R\apackage\x124\n" +
+	"\x05event\x12\x05\xbaH\x02\b\x01\"\xb7\x03\n" +
+	"\fCheckRequest\x124\n" +
+	"\apackage\x18\x01 \x01(\v2\x1a.handoff.v1.HandoffPackageR\apackage\x124\n" +
 	"\x05agent\x18\x02 \x01(\tB\x1e\xbaH\x1br\x19\x18@2\x15^([a-z][a-z0-9_-]*)?$R\x05agent\x126\n" +
 	"\x0erequired_tools\x18\x03 \x03(\tB\x0f\xbaH\f\x92\x01\t\x10@\"\x05r\x03\x18\x80\x01R\rrequiredTools\x129\n" +
-	"\x06routes\x18\x04 \x03(\v2\x17.handoff.v1.RouteOptionB\b\xbaH\x05\x92\x01\x02\x10 R\x06routes\"2\n" +
+	"\x06routes\x18\x04 \x03(\v2\x17.handoff.v1.RouteOptionB\b\xbaH\x05\x92\x01\x02\x10 R\x06routes\x129\n" +
+	"\n" +
+	"package_v2\x18\x05 \x01(\v2\x1a.handoff.v2.HandoffPackageR\tpackageV2:\x8c\x01\xbaH\x88\x01\x1a\x85\x01\n" +
+	"\vpackage.one\x12Kexactly one of package (handoff.v1) and package_v2 (handoff.v2) is required\x1a)has(this.package) != has(this.package_v2)\"2\n" +
 	"\rCheckResponse\x12!\n" +
-	"\x03ack\x18\x01 \x01(\v2\x0f.handoff.v1.AckR\x03ack\"\xa8\x04\n" +
+	"\x03ack\x18\x01 \x01(\v2\x0f.handoff.v1.AckR\x03ack\"\x11\n" +
+	"\x0fDescribeRequest\"H\n" +
+	"\x10DescribeResponse\x124\n" +
+	"\x06agents\x18\x01 \x03(\v2\x1c.handoff.v1.AgentDescriptionR\x06agents\"V\n" +
+	"\x10AgentDescription\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
+	"\aaccepts\x18\x02 \x03(\tR\aaccepts\x12\x14\n" +
+	"\x05tools\x18\x03 \x03(\tR\x05tools\"\xa8\x04\n" +
 	"\vStageResult\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x14\n" +
 	"\x05stage\x18\x02 \x01(\tR\x05stage\x129\n" +
@@ -589,10 +769,11 @@ const file_handoff_v1_agentrunner_proto_rawDesc = "" +
 	"\vStageStatus\x12\x1c\n" +
 	"\x18STAGE_STATUS_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16STAGE_STATUS_COMPLETED\x10\x01\x12\x17\n" +
-	"\x13STAGE_STATUS_FAILED\x10\x022\x98\x01\n" +
+	"\x13STAGE_STATUS_FAILED\x10\x022\xdf\x01\n" +
 	"\x12AgentRunnerService\x12D\n" +
 	"\aDeliver\x12\x1a.handoff.v1.DeliverRequest\x1a\x1b.handoff.v1.DeliverResponse0\x01\x12<\n" +
-	"\x05Check\x12\x18.handoff.v1.CheckRequest\x1a\x19.handoff.v1.CheckResponseB7Z5github.com/handoffhq/handoff/gen/handoff/v1;handoffv1b\x06proto3"
+	"\x05Check\x12\x18.handoff.v1.CheckRequest\x1a\x19.handoff.v1.CheckResponse\x12E\n" +
+	"\bDescribe\x12\x1b.handoff.v1.DescribeRequest\x1a\x1c.handoff.v1.DescribeResponseB7Z5github.com/handoffhq/handoff/gen/handoff/v1;handoffv1b\x06proto3"
 
 var (
 	file_handoff_v1_agentrunner_proto_rawDescOnce sync.Once
@@ -607,44 +788,53 @@ func file_handoff_v1_agentrunner_proto_rawDescGZIP() []byte {
 }
 
 var file_handoff_v1_agentrunner_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_handoff_v1_agentrunner_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_handoff_v1_agentrunner_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_handoff_v1_agentrunner_proto_goTypes = []any{
-	(StageStatus)(0),        // 0: handoff.v1.StageStatus
-	(*DeliverRequest)(nil),  // 1: handoff.v1.DeliverRequest
-	(*DeliverResponse)(nil), // 2: handoff.v1.DeliverResponse
-	(*CheckRequest)(nil),    // 3: handoff.v1.CheckRequest
-	(*CheckResponse)(nil),   // 4: handoff.v1.CheckResponse
-	(*StageResult)(nil),     // 5: handoff.v1.StageResult
-	(*RouteOption)(nil),     // 6: handoff.v1.RouteOption
-	(*HandoffPackage)(nil),  // 7: handoff.v1.HandoffPackage
-	(*Ack)(nil),             // 8: handoff.v1.Ack
-	(*Artifact)(nil),        // 9: handoff.v1.Artifact
-	(*ToolAttempt)(nil),     // 10: handoff.v1.ToolAttempt
-	(*Evaluator)(nil),       // 11: handoff.v1.Evaluator
-	(*RouteChoice)(nil),     // 12: handoff.v1.RouteChoice
+	(StageStatus)(0),          // 0: handoff.v1.StageStatus
+	(*DeliverRequest)(nil),    // 1: handoff.v1.DeliverRequest
+	(*DeliverResponse)(nil),   // 2: handoff.v1.DeliverResponse
+	(*CheckRequest)(nil),      // 3: handoff.v1.CheckRequest
+	(*CheckResponse)(nil),     // 4: handoff.v1.CheckResponse
+	(*DescribeRequest)(nil),   // 5: handoff.v1.DescribeRequest
+	(*DescribeResponse)(nil),  // 6: handoff.v1.DescribeResponse
+	(*AgentDescription)(nil),  // 7: handoff.v1.AgentDescription
+	(*StageResult)(nil),       // 8: handoff.v1.StageResult
+	(*RouteOption)(nil),       // 9: handoff.v1.RouteOption
+	(*HandoffPackage)(nil),    // 10: handoff.v1.HandoffPackage
+	(*v2.HandoffPackage)(nil), // 11: handoff.v2.HandoffPackage
+	(*Ack)(nil),               // 12: handoff.v1.Ack
+	(*Artifact)(nil),          // 13: handoff.v1.Artifact
+	(*ToolAttempt)(nil),       // 14: handoff.v1.ToolAttempt
+	(*Evaluator)(nil),         // 15: handoff.v1.Evaluator
+	(*RouteChoice)(nil),       // 16: handoff.v1.RouteChoice
 }
 var file_handoff_v1_agentrunner_proto_depIdxs = []int32{
-	7,  // 0: handoff.v1.DeliverRequest.package:type_name -> handoff.v1.HandoffPackage
-	6,  // 1: handoff.v1.DeliverRequest.routes:type_name -> handoff.v1.RouteOption
-	8,  // 2: handoff.v1.DeliverResponse.ack:type_name -> handoff.v1.Ack
-	5,  // 3: handoff.v1.DeliverResponse.result:type_name -> handoff.v1.StageResult
-	7,  // 4: handoff.v1.CheckRequest.package:type_name -> handoff.v1.HandoffPackage
-	6,  // 5: handoff.v1.CheckRequest.routes:type_name -> handoff.v1.RouteOption
-	8,  // 6: handoff.v1.CheckResponse.ack:type_name -> handoff.v1.Ack
-	0,  // 7: handoff.v1.StageResult.status:type_name -> handoff.v1.StageStatus
-	9,  // 8: handoff.v1.StageResult.artifacts:type_name -> handoff.v1.Artifact
-	10, // 9: handoff.v1.StageResult.tools_tried:type_name -> handoff.v1.ToolAttempt
-	11, // 10: handoff.v1.StageResult.evaluator:type_name -> handoff.v1.Evaluator
-	12, // 11: handoff.v1.StageResult.route:type_name -> handoff.v1.RouteChoice
-	1,  // 12: handoff.v1.AgentRunnerService.Deliver:input_type -> handoff.v1.DeliverRequest
-	3,  // 13: handoff.v1.AgentRunnerService.Check:input_type -> handoff.v1.CheckRequest
-	2,  // 14: handoff.v1.AgentRunnerService.Deliver:output_type -> handoff.v1.DeliverResponse
-	4,  // 15: handoff.v1.AgentRunnerService.Check:output_type -> handoff.v1.CheckResponse
-	14, // [14:16] is the sub-list for method output_type
-	12, // [12:14] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	10, // 0: handoff.v1.DeliverRequest.package:type_name -> handoff.v1.HandoffPackage
+	9,  // 1: handoff.v1.DeliverRequest.routes:type_name -> handoff.v1.RouteOption
+	11, // 2: handoff.v1.DeliverRequest.package_v2:type_name -> handoff.v2.HandoffPackage
+	12, // 3: handoff.v1.DeliverResponse.ack:type_name -> handoff.v1.Ack
+	8,  // 4: handoff.v1.DeliverResponse.result:type_name -> handoff.v1.StageResult
+	10, // 5: handoff.v1.CheckRequest.package:type_name -> handoff.v1.HandoffPackage
+	9,  // 6: handoff.v1.CheckRequest.routes:type_name -> handoff.v1.RouteOption
+	11, // 7: handoff.v1.CheckRequest.package_v2:type_name -> handoff.v2.HandoffPackage
+	12, // 8: handoff.v1.CheckResponse.ack:type_name -> handoff.v1.Ack
+	7,  // 9: handoff.v1.DescribeResponse.agents:type_name -> handoff.v1.AgentDescription
+	0,  // 10: handoff.v1.StageResult.status:type_name -> handoff.v1.StageStatus
+	13, // 11: handoff.v1.StageResult.artifacts:type_name -> handoff.v1.Artifact
+	14, // 12: handoff.v1.StageResult.tools_tried:type_name -> handoff.v1.ToolAttempt
+	15, // 13: handoff.v1.StageResult.evaluator:type_name -> handoff.v1.Evaluator
+	16, // 14: handoff.v1.StageResult.route:type_name -> handoff.v1.RouteChoice
+	1,  // 15: handoff.v1.AgentRunnerService.Deliver:input_type -> handoff.v1.DeliverRequest
+	3,  // 16: handoff.v1.AgentRunnerService.Check:input_type -> handoff.v1.CheckRequest
+	5,  // 17: handoff.v1.AgentRunnerService.Describe:input_type -> handoff.v1.DescribeRequest
+	2,  // 18: handoff.v1.AgentRunnerService.Deliver:output_type -> handoff.v1.DeliverResponse
+	4,  // 19: handoff.v1.AgentRunnerService.Check:output_type -> handoff.v1.CheckResponse
+	6,  // 20: handoff.v1.AgentRunnerService.Describe:output_type -> handoff.v1.DescribeResponse
+	18, // [18:21] is the sub-list for method output_type
+	15, // [15:18] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_handoff_v1_agentrunner_proto_init() }
@@ -663,7 +853,7 @@ func file_handoff_v1_agentrunner_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_handoff_v1_agentrunner_proto_rawDesc), len(file_handoff_v1_agentrunner_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   6,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -22,8 +22,9 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	AgentRunnerService_Deliver_FullMethodName = "/handoff.v1.AgentRunnerService/Deliver"
-	AgentRunnerService_Check_FullMethodName   = "/handoff.v1.AgentRunnerService/Check"
+	AgentRunnerService_Deliver_FullMethodName  = "/handoff.v1.AgentRunnerService/Deliver"
+	AgentRunnerService_Check_FullMethodName    = "/handoff.v1.AgentRunnerService/Check"
+	AgentRunnerService_Describe_FullMethodName = "/handoff.v1.AgentRunnerService/Describe"
 )
 
 // AgentRunnerServiceClient is the client API for AgentRunnerService service.
@@ -39,6 +40,11 @@ type AgentRunnerServiceClient interface {
 	// Check answers with the Ack that Deliver would send first, and does no work. Use it to
 	// test a package by hand (grpcurl) or from CI.
 	Check(ctx context.Context, in *CheckRequest, opts ...grpc.CallOption) (*CheckResponse, error)
+	// Describe says which contract versions each of the runner's agents accepts, so the
+	// sender can choose before it sends: the coordinator sends a stage the newest version its
+	// agent declares. A runner without Describe (UNIMPLEMENTED) is taken to accept handoff.v1
+	// only, the version every runner has read from the start.
+	Describe(ctx context.Context, in *DescribeRequest, opts ...grpc.CallOption) (*DescribeResponse, error)
 }
 
 type agentRunnerServiceClient struct {
@@ -78,6 +84,16 @@ func (c *agentRunnerServiceClient) Check(ctx context.Context, in *CheckRequest, 
 	return out, nil
 }
 
+func (c *agentRunnerServiceClient) Describe(ctx context.Context, in *DescribeRequest, opts ...grpc.CallOption) (*DescribeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DescribeResponse)
+	err := c.cc.Invoke(ctx, AgentRunnerService_Describe_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AgentRunnerServiceServer is the server API for AgentRunnerService service.
 // All implementations must embed UnimplementedAgentRunnerServiceServer
 // for forward compatibility.
@@ -91,6 +107,11 @@ type AgentRunnerServiceServer interface {
 	// Check answers with the Ack that Deliver would send first, and does no work. Use it to
 	// test a package by hand (grpcurl) or from CI.
 	Check(context.Context, *CheckRequest) (*CheckResponse, error)
+	// Describe says which contract versions each of the runner's agents accepts, so the
+	// sender can choose before it sends: the coordinator sends a stage the newest version its
+	// agent declares. A runner without Describe (UNIMPLEMENTED) is taken to accept handoff.v1
+	// only, the version every runner has read from the start.
+	Describe(context.Context, *DescribeRequest) (*DescribeResponse, error)
 	mustEmbedUnimplementedAgentRunnerServiceServer()
 }
 
@@ -106,6 +127,9 @@ func (UnimplementedAgentRunnerServiceServer) Deliver(*DeliverRequest, grpc.Serve
 }
 func (UnimplementedAgentRunnerServiceServer) Check(context.Context, *CheckRequest) (*CheckResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Check not implemented")
+}
+func (UnimplementedAgentRunnerServiceServer) Describe(context.Context, *DescribeRequest) (*DescribeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Describe not implemented")
 }
 func (UnimplementedAgentRunnerServiceServer) mustEmbedUnimplementedAgentRunnerServiceServer() {}
 func (UnimplementedAgentRunnerServiceServer) testEmbeddedByValue()                            {}
@@ -157,6 +181,24 @@ func _AgentRunnerService_Check_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AgentRunnerService_Describe_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DescribeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentRunnerServiceServer).Describe(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AgentRunnerService_Describe_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentRunnerServiceServer).Describe(ctx, req.(*DescribeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AgentRunnerService_ServiceDesc is the grpc.ServiceDesc for AgentRunnerService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -167,6 +209,10 @@ var AgentRunnerService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Check",
 			Handler:    _AgentRunnerService_Check_Handler,
+		},
+		{
+			MethodName: "Describe",
+			Handler:    _AgentRunnerService_Describe_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -104,6 +104,9 @@ const (
 	// The stage chose a declared route whose target is escalate (intake could not classify
 	// the ticket, say): the pipeline sends such work to a person.
 	EscalationCause_ESCALATION_CAUSE_ROUTED EscalationCause = 11
+	// The job's deadline passed: the rail stopped before the next hop, or a runner answered
+	// REJECTED_BUDGET with reason budget.deadline.
+	EscalationCause_ESCALATION_CAUSE_DEADLINE EscalationCause = 12
 )
 
 // Enum value maps for EscalationCause.
@@ -121,6 +124,7 @@ var (
 		9:  "ESCALATION_CAUSE_ROUTE_UNDECLARED",
 		10: "ESCALATION_CAUSE_PING_PONG",
 		11: "ESCALATION_CAUSE_ROUTED",
+		12: "ESCALATION_CAUSE_DEADLINE",
 	}
 	EscalationCause_value = map[string]int32{
 		"ESCALATION_CAUSE_UNSPECIFIED":         0,
@@ -135,6 +139,7 @@ var (
 		"ESCALATION_CAUSE_ROUTE_UNDECLARED":    9,
 		"ESCALATION_CAUSE_PING_PONG":           10,
 		"ESCALATION_CAUSE_ROUTED":              11,
+		"ESCALATION_CAUSE_DEADLINE":            12,
 	}
 )
 
@@ -312,7 +317,12 @@ type SubmitJobRequest struct {
 	Inputs     []*Artifact `protobuf:"bytes,7,rep,name=inputs,proto3" json:"inputs,omitempty"`
 	MemoryRefs []string    `protobuf:"bytes,8,rep,name=memory_refs,json=memoryRefs,proto3" json:"memory_refs,omitempty"`
 	// Continue the caller's trace; a new trace starts when absent.
-	Trace         *Trace `protobuf:"bytes,9,opt,name=trace,proto3" json:"trace,omitempty"`
+	Trace *Trace `protobuf:"bytes,9,opt,name=trace,proto3" json:"trace,omitempty"`
+	// When the job must be done by. It travels on every hop (handoff.v2 budget.deadline), a
+	// runner answers a package past it REJECTED_BUDGET, and the rail escalates a run past it
+	// (ESCALATION_CAUSE_DEADLINE) before sending another hop. Absent: the coordinator's
+	// default deadline from now. It must be in the future.
+	Deadline      *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=deadline,proto3" json:"deadline,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -406,6 +416,13 @@ func (x *SubmitJobRequest) GetMemoryRefs() []string {
 func (x *SubmitJobRequest) GetTrace() *Trace {
 	if x != nil {
 		return x.Trace
+	}
+	return nil
+}
+
+func (x *SubmitJobRequest) GetDeadline() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Deadline
 	}
 	return nil
 }
@@ -803,7 +820,10 @@ type Job struct {
 	// How many times the run has escalated (the number of its latest escalation).
 	Escalations uint32 `protobuf:"varint,26,opt,name=escalations,proto3" json:"escalations,omitempty"`
 	// Every move the rail made between stages, in order: the route taken on each hop.
-	Transfers     []*Transfer `protobuf:"bytes,27,rep,name=transfers,proto3" json:"transfers,omitempty"`
+	Transfers []*Transfer `protobuf:"bytes,27,rep,name=transfers,proto3" json:"transfers,omitempty"`
+	// When the job must be done by: fixed at submit (SubmitJobRequest.deadline). Absent on
+	// runs submitted before deadlines existed: those are sent handoff.v1 only.
+	Deadline      *timestamppb.Timestamp `protobuf:"bytes,28,opt,name=deadline,proto3" json:"deadline,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1027,6 +1047,13 @@ func (x *Job) GetTransfers() []*Transfer {
 	return nil
 }
 
+func (x *Job) GetDeadline() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Deadline
+	}
+	return nil
+}
+
 // Transfer is one move of a run from one stage to another: a one-way hand-over of the
 // package (never of a transcript), which the rail chose by the pipeline's rules.
 type Transfer struct {
@@ -1242,7 +1269,10 @@ type JobEvent struct {
 	// The move the rail made after this hop: on the hop's last outcome event (stage result,
 	// verdict, receipt, or the ack of a rejected role it rerouted), and on the run's last
 	// event when the move ended the run (to escalate or to the end).
-	Transfer      *Transfer `protobuf:"bytes,16,opt,name=transfer,proto3" json:"transfer,omitempty"`
+	Transfer *Transfer `protobuf:"bytes,16,opt,name=transfer,proto3" json:"transfer,omitempty"`
+	// On EVENT_KIND_PACKAGE_SENT to an agent: the contract version of the package sent
+	// ("handoff.v1", "handoff.v2"), the newest the stage's runner declares.
+	Schema        string `protobuf:"bytes,17,opt,name=schema,proto3" json:"schema,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1387,6 +1417,13 @@ func (x *JobEvent) GetTransfer() *Transfer {
 		return x.Transfer
 	}
 	return nil
+}
+
+func (x *JobEvent) GetSchema() string {
+	if x != nil {
+		return x.Schema
+	}
+	return ""
 }
 
 type ListEscalationsRequest struct {
@@ -2026,7 +2063,7 @@ var File_handoff_v1_coordinator_proto protoreflect.FileDescriptor
 const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\n" +
 	"\x1chandoff/v1/coordinator.proto\x12\n" +
-	"handoff.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1chandoff/v1/agentrunner.proto\x1a\x18handoff/v1/handoff.proto\"\xf4\x03\n" +
+	"handoff.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1chandoff/v1/agentrunner.proto\x1a\x18handoff/v1/handoff.proto\"\xac\x04\n" +
 	"\x10SubmitJobRequest\x12>\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tB\x1f\xbaH\x1cr\x1a\x18\x80\x012\x15^([A-Za-z0-9_.:-]+)?$R\trequestId\x12A\n" +
@@ -2039,7 +2076,9 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\x06inputs\x18\a \x03(\v2\x14.handoff.v1.ArtifactB\b\xbaH\x05\x92\x01\x02\x10@R\x06inputs\x12J\n" +
 	"\vmemory_refs\x18\b \x03(\tB)\xbaH&\x92\x01#\x10@\"\x1fr\x1d\x18\x80\x022\x18^[a-z][a-z0-9_]*:[^\\s]+$R\n" +
 	"memoryRefs\x12'\n" +
-	"\x05trace\x18\t \x01(\v2\x11.handoff.v1.TraceR\x05trace\"R\n" +
+	"\x05trace\x18\t \x01(\v2\x11.handoff.v1.TraceR\x05trace\x126\n" +
+	"\bdeadline\x18\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline\"R\n" +
 	"\x11SubmitJobResponse\x12!\n" +
 	"\x03job\x18\x01 \x01(\v2\x0f.handoff.v1.JobR\x03job\x12\x1a\n" +
 	"\bexisting\x18\x02 \x01(\bR\bexisting\".\n" +
@@ -2060,7 +2099,7 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\x06run_id\x18\x01 \x01(\tB\x06\xbaH\x03\xc8\x01\x01R\x05runId\x12\x1b\n" +
 	"\tafter_seq\x18\x02 \x01(\x04R\bafterSeq\">\n" +
 	"\x10WatchJobResponse\x12*\n" +
-	"\x05event\x18\x01 \x01(\v2\x14.handoff.v1.JobEventR\x05event\"\xae\b\n" +
+	"\x05event\x18\x01 \x01(\v2\x14.handoff.v1.JobEventR\x05event\"\xe6\b\n" +
 	"\x03Job\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x15\n" +
 	"\x06job_id\x18\x02 \x01(\tR\x05jobId\x12\x1a\n" +
@@ -2098,7 +2137,8 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"resolution\x12)\n" +
 	"\x10operator_returns\x18\x19 \x01(\rR\x0foperatorReturns\x12 \n" +
 	"\vescalations\x18\x1a \x01(\rR\vescalations\x122\n" +
-	"\ttransfers\x18\x1b \x03(\v2\x14.handoff.v1.TransferR\ttransfers\"\xc1\x01\n" +
+	"\ttransfers\x18\x1b \x03(\v2\x14.handoff.v1.TransferR\ttransfers\x126\n" +
+	"\bdeadline\x18\x1c \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline\"\xc1\x01\n" +
 	"\bTransfer\x12\x1d\n" +
 	"\n" +
 	"from_stage\x18\x01 \x01(\tR\tfromStage\x12\x19\n" +
@@ -2115,7 +2155,7 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\areasons\x18\x04 \x03(\v2\x12.handoff.v1.ReasonR\areasons\x12\x14\n" +
 	"\x05route\x18\x05 \x01(\tR\x05route\x12*\n" +
 	"\x02at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x16\n" +
-	"\x06number\x18\a \x01(\rR\x06number\"\xf1\x04\n" +
+	"\x06number\x18\a \x01(\rR\x06number\"\x89\x05\n" +
 	"\bJobEvent\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x15\n" +
 	"\x06run_id\x18\x02 \x01(\tR\x05runId\x12\x15\n" +
@@ -2137,7 +2177,8 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\n" +
 	"resolution\x18\x0f \x01(\v2\x16.handoff.v1.ResolutionR\n" +
 	"resolution\x120\n" +
-	"\btransfer\x18\x10 \x01(\v2\x14.handoff.v1.TransferR\btransfer\"`\n" +
+	"\btransfer\x18\x10 \x01(\v2\x14.handoff.v1.TransferR\btransfer\x12\x16\n" +
+	"\x06schema\x18\x11 \x01(\tR\x06schema\"`\n" +
 	"\x16ListEscalationsRequest\x12'\n" +
 	"\tpage_size\x18\x01 \x01(\x05B\n" +
 	"\xbaH\a\x1a\x05\x18\xe8\a(\x00R\bpageSize\x12\x1d\n" +
@@ -2195,7 +2236,7 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\x11JOB_STATE_RUNNING\x10\x01\x12\x17\n" +
 	"\x13JOB_STATE_COMPLETED\x10\x02\x12\x17\n" +
 	"\x13JOB_STATE_ESCALATED\x10\x03\x12\x14\n" +
-	"\x10JOB_STATE_FAILED\x10\x04*\xb9\x03\n" +
+	"\x10JOB_STATE_FAILED\x10\x04*\xd8\x03\n" +
 	"\x0fEscalationCause\x12 \n" +
 	"\x1cESCALATION_CAUSE_UNSPECIFIED\x10\x00\x12$\n" +
 	" ESCALATION_CAUSE_REJECTED_SCHEMA\x10\x01\x12\"\n" +
@@ -2209,7 +2250,8 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"!ESCALATION_CAUSE_ROUTE_UNDECLARED\x10\t\x12\x1e\n" +
 	"\x1aESCALATION_CAUSE_PING_PONG\x10\n" +
 	"\x12\x1b\n" +
-	"\x17ESCALATION_CAUSE_ROUTED\x10\v*\xa3\x02\n" +
+	"\x17ESCALATION_CAUSE_ROUTED\x10\v\x12\x1d\n" +
+	"\x19ESCALATION_CAUSE_DEADLINE\x10\f*\xa3\x02\n" +
 	"\tEventKind\x12\x1a\n" +
 	"\x16EVENT_KIND_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14EVENT_KIND_SUBMITTED\x10\x01\x12\x1b\n" +
@@ -2280,10 +2322,10 @@ var file_handoff_v1_coordinator_proto_goTypes = []any{
 	(*Budget)(nil),                    // 25: handoff.v1.Budget
 	(*Artifact)(nil),                  // 26: handoff.v1.Artifact
 	(*Trace)(nil),                     // 27: handoff.v1.Trace
-	(*Evaluator)(nil),                 // 28: handoff.v1.Evaluator
-	(*ToolAttempt)(nil),               // 29: handoff.v1.ToolAttempt
-	(*Receipt)(nil),                   // 30: handoff.v1.Receipt
-	(*timestamppb.Timestamp)(nil),     // 31: google.protobuf.Timestamp
+	(*timestamppb.Timestamp)(nil),     // 28: google.protobuf.Timestamp
+	(*Evaluator)(nil),                 // 29: handoff.v1.Evaluator
+	(*ToolAttempt)(nil),               // 30: handoff.v1.ToolAttempt
+	(*Receipt)(nil),                   // 31: handoff.v1.Receipt
 	(Move)(0),                         // 32: handoff.v1.Move
 	(*RouteChoice)(nil),               // 33: handoff.v1.RouteChoice
 	(*Reason)(nil),                    // 34: handoff.v1.Reason
@@ -2294,66 +2336,68 @@ var file_handoff_v1_coordinator_proto_depIdxs = []int32{
 	25, // 0: handoff.v1.SubmitJobRequest.budget:type_name -> handoff.v1.Budget
 	26, // 1: handoff.v1.SubmitJobRequest.inputs:type_name -> handoff.v1.Artifact
 	27, // 2: handoff.v1.SubmitJobRequest.trace:type_name -> handoff.v1.Trace
-	12, // 3: handoff.v1.SubmitJobResponse.job:type_name -> handoff.v1.Job
-	12, // 4: handoff.v1.GetJobResponse.job:type_name -> handoff.v1.Job
-	0,  // 5: handoff.v1.ListJobsRequest.state:type_name -> handoff.v1.JobState
-	12, // 6: handoff.v1.ListJobsResponse.jobs:type_name -> handoff.v1.Job
-	15, // 7: handoff.v1.WatchJobResponse.event:type_name -> handoff.v1.JobEvent
-	0,  // 8: handoff.v1.Job.state:type_name -> handoff.v1.JobState
-	25, // 9: handoff.v1.Job.wallet:type_name -> handoff.v1.Budget
-	28, // 10: handoff.v1.Job.evaluator:type_name -> handoff.v1.Evaluator
-	26, // 11: handoff.v1.Job.artifacts:type_name -> handoff.v1.Artifact
-	29, // 12: handoff.v1.Job.tools_tried:type_name -> handoff.v1.ToolAttempt
-	30, // 13: handoff.v1.Job.receipt:type_name -> handoff.v1.Receipt
-	14, // 14: handoff.v1.Job.escalation:type_name -> handoff.v1.Escalation
-	31, // 15: handoff.v1.Job.created_at:type_name -> google.protobuf.Timestamp
-	31, // 16: handoff.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
-	23, // 17: handoff.v1.Job.resolution:type_name -> handoff.v1.Resolution
-	13, // 18: handoff.v1.Job.transfers:type_name -> handoff.v1.Transfer
-	32, // 19: handoff.v1.Transfer.move:type_name -> handoff.v1.Move
-	33, // 20: handoff.v1.Transfer.route:type_name -> handoff.v1.RouteChoice
-	1,  // 21: handoff.v1.Escalation.cause:type_name -> handoff.v1.EscalationCause
-	34, // 22: handoff.v1.Escalation.reasons:type_name -> handoff.v1.Reason
-	31, // 23: handoff.v1.Escalation.at:type_name -> google.protobuf.Timestamp
-	2,  // 24: handoff.v1.JobEvent.kind:type_name -> handoff.v1.EventKind
-	31, // 25: handoff.v1.JobEvent.at:type_name -> google.protobuf.Timestamp
-	25, // 26: handoff.v1.JobEvent.wallet:type_name -> handoff.v1.Budget
-	35, // 27: handoff.v1.JobEvent.ack:type_name -> handoff.v1.Ack
-	36, // 28: handoff.v1.JobEvent.result:type_name -> handoff.v1.StageResult
-	28, // 29: handoff.v1.JobEvent.evaluator:type_name -> handoff.v1.Evaluator
-	30, // 30: handoff.v1.JobEvent.receipt:type_name -> handoff.v1.Receipt
-	14, // 31: handoff.v1.JobEvent.escalation:type_name -> handoff.v1.Escalation
-	23, // 32: handoff.v1.JobEvent.resolution:type_name -> handoff.v1.Resolution
-	13, // 33: handoff.v1.JobEvent.transfer:type_name -> handoff.v1.Transfer
-	12, // 34: handoff.v1.ListEscalationsResponse.jobs:type_name -> handoff.v1.Job
-	19, // 35: handoff.v1.ResolveEscalationRequest.approve:type_name -> handoff.v1.ApproveAction
-	20, // 36: handoff.v1.ResolveEscalationRequest.return_to_stage:type_name -> handoff.v1.ReturnToStageAction
-	21, // 37: handoff.v1.ResolveEscalationRequest.fail:type_name -> handoff.v1.FailAction
-	22, // 38: handoff.v1.ResolveEscalationRequest.reject_malformed:type_name -> handoff.v1.RejectMalformedAction
-	3,  // 39: handoff.v1.Resolution.action:type_name -> handoff.v1.ResolutionAction
-	26, // 40: handoff.v1.Resolution.edited_artifact:type_name -> handoff.v1.Artifact
-	14, // 41: handoff.v1.Resolution.escalation:type_name -> handoff.v1.Escalation
-	31, // 42: handoff.v1.Resolution.at:type_name -> google.protobuf.Timestamp
-	12, // 43: handoff.v1.ResolveEscalationResponse.job:type_name -> handoff.v1.Job
-	30, // 44: handoff.v1.ResolveEscalationResponse.receipt:type_name -> handoff.v1.Receipt
-	23, // 45: handoff.v1.ResolveEscalationResponse.resolution:type_name -> handoff.v1.Resolution
-	4,  // 46: handoff.v1.CoordinatorService.SubmitJob:input_type -> handoff.v1.SubmitJobRequest
-	6,  // 47: handoff.v1.CoordinatorService.GetJob:input_type -> handoff.v1.GetJobRequest
-	8,  // 48: handoff.v1.CoordinatorService.ListJobs:input_type -> handoff.v1.ListJobsRequest
-	10, // 49: handoff.v1.CoordinatorService.WatchJob:input_type -> handoff.v1.WatchJobRequest
-	16, // 50: handoff.v1.CoordinatorService.ListEscalations:input_type -> handoff.v1.ListEscalationsRequest
-	18, // 51: handoff.v1.CoordinatorService.ResolveEscalation:input_type -> handoff.v1.ResolveEscalationRequest
-	5,  // 52: handoff.v1.CoordinatorService.SubmitJob:output_type -> handoff.v1.SubmitJobResponse
-	7,  // 53: handoff.v1.CoordinatorService.GetJob:output_type -> handoff.v1.GetJobResponse
-	9,  // 54: handoff.v1.CoordinatorService.ListJobs:output_type -> handoff.v1.ListJobsResponse
-	11, // 55: handoff.v1.CoordinatorService.WatchJob:output_type -> handoff.v1.WatchJobResponse
-	17, // 56: handoff.v1.CoordinatorService.ListEscalations:output_type -> handoff.v1.ListEscalationsResponse
-	24, // 57: handoff.v1.CoordinatorService.ResolveEscalation:output_type -> handoff.v1.ResolveEscalationResponse
-	52, // [52:58] is the sub-list for method output_type
-	46, // [46:52] is the sub-list for method input_type
-	46, // [46:46] is the sub-list for extension type_name
-	46, // [46:46] is the sub-list for extension extendee
-	0,  // [0:46] is the sub-list for field type_name
+	28, // 3: handoff.v1.SubmitJobRequest.deadline:type_name -> google.protobuf.Timestamp
+	12, // 4: handoff.v1.SubmitJobResponse.job:type_name -> handoff.v1.Job
+	12, // 5: handoff.v1.GetJobResponse.job:type_name -> handoff.v1.Job
+	0,  // 6: handoff.v1.ListJobsRequest.state:type_name -> handoff.v1.JobState
+	12, // 7: handoff.v1.ListJobsResponse.jobs:type_name -> handoff.v1.Job
+	15, // 8: handoff.v1.WatchJobResponse.event:type_name -> handoff.v1.JobEvent
+	0,  // 9: handoff.v1.Job.state:type_name -> handoff.v1.JobState
+	25, // 10: handoff.v1.Job.wallet:type_name -> handoff.v1.Budget
+	29, // 11: handoff.v1.Job.evaluator:type_name -> handoff.v1.Evaluator
+	26, // 12: handoff.v1.Job.artifacts:type_name -> handoff.v1.Artifact
+	30, // 13: handoff.v1.Job.tools_tried:type_name -> handoff.v1.ToolAttempt
+	31, // 14: handoff.v1.Job.receipt:type_name -> handoff.v1.Receipt
+	14, // 15: handoff.v1.Job.escalation:type_name -> handoff.v1.Escalation
+	28, // 16: handoff.v1.Job.created_at:type_name -> google.protobuf.Timestamp
+	28, // 17: handoff.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
+	23, // 18: handoff.v1.Job.resolution:type_name -> handoff.v1.Resolution
+	13, // 19: handoff.v1.Job.transfers:type_name -> handoff.v1.Transfer
+	28, // 20: handoff.v1.Job.deadline:type_name -> google.protobuf.Timestamp
+	32, // 21: handoff.v1.Transfer.move:type_name -> handoff.v1.Move
+	33, // 22: handoff.v1.Transfer.route:type_name -> handoff.v1.RouteChoice
+	1,  // 23: handoff.v1.Escalation.cause:type_name -> handoff.v1.EscalationCause
+	34, // 24: handoff.v1.Escalation.reasons:type_name -> handoff.v1.Reason
+	28, // 25: handoff.v1.Escalation.at:type_name -> google.protobuf.Timestamp
+	2,  // 26: handoff.v1.JobEvent.kind:type_name -> handoff.v1.EventKind
+	28, // 27: handoff.v1.JobEvent.at:type_name -> google.protobuf.Timestamp
+	25, // 28: handoff.v1.JobEvent.wallet:type_name -> handoff.v1.Budget
+	35, // 29: handoff.v1.JobEvent.ack:type_name -> handoff.v1.Ack
+	36, // 30: handoff.v1.JobEvent.result:type_name -> handoff.v1.StageResult
+	29, // 31: handoff.v1.JobEvent.evaluator:type_name -> handoff.v1.Evaluator
+	31, // 32: handoff.v1.JobEvent.receipt:type_name -> handoff.v1.Receipt
+	14, // 33: handoff.v1.JobEvent.escalation:type_name -> handoff.v1.Escalation
+	23, // 34: handoff.v1.JobEvent.resolution:type_name -> handoff.v1.Resolution
+	13, // 35: handoff.v1.JobEvent.transfer:type_name -> handoff.v1.Transfer
+	12, // 36: handoff.v1.ListEscalationsResponse.jobs:type_name -> handoff.v1.Job
+	19, // 37: handoff.v1.ResolveEscalationRequest.approve:type_name -> handoff.v1.ApproveAction
+	20, // 38: handoff.v1.ResolveEscalationRequest.return_to_stage:type_name -> handoff.v1.ReturnToStageAction
+	21, // 39: handoff.v1.ResolveEscalationRequest.fail:type_name -> handoff.v1.FailAction
+	22, // 40: handoff.v1.ResolveEscalationRequest.reject_malformed:type_name -> handoff.v1.RejectMalformedAction
+	3,  // 41: handoff.v1.Resolution.action:type_name -> handoff.v1.ResolutionAction
+	26, // 42: handoff.v1.Resolution.edited_artifact:type_name -> handoff.v1.Artifact
+	14, // 43: handoff.v1.Resolution.escalation:type_name -> handoff.v1.Escalation
+	28, // 44: handoff.v1.Resolution.at:type_name -> google.protobuf.Timestamp
+	12, // 45: handoff.v1.ResolveEscalationResponse.job:type_name -> handoff.v1.Job
+	31, // 46: handoff.v1.ResolveEscalationResponse.receipt:type_name -> handoff.v1.Receipt
+	23, // 47: handoff.v1.ResolveEscalationResponse.resolution:type_name -> handoff.v1.Resolution
+	4,  // 48: handoff.v1.CoordinatorService.SubmitJob:input_type -> handoff.v1.SubmitJobRequest
+	6,  // 49: handoff.v1.CoordinatorService.GetJob:input_type -> handoff.v1.GetJobRequest
+	8,  // 50: handoff.v1.CoordinatorService.ListJobs:input_type -> handoff.v1.ListJobsRequest
+	10, // 51: handoff.v1.CoordinatorService.WatchJob:input_type -> handoff.v1.WatchJobRequest
+	16, // 52: handoff.v1.CoordinatorService.ListEscalations:input_type -> handoff.v1.ListEscalationsRequest
+	18, // 53: handoff.v1.CoordinatorService.ResolveEscalation:input_type -> handoff.v1.ResolveEscalationRequest
+	5,  // 54: handoff.v1.CoordinatorService.SubmitJob:output_type -> handoff.v1.SubmitJobResponse
+	7,  // 55: handoff.v1.CoordinatorService.GetJob:output_type -> handoff.v1.GetJobResponse
+	9,  // 56: handoff.v1.CoordinatorService.ListJobs:output_type -> handoff.v1.ListJobsResponse
+	11, // 57: handoff.v1.CoordinatorService.WatchJob:output_type -> handoff.v1.WatchJobResponse
+	17, // 58: handoff.v1.CoordinatorService.ListEscalations:output_type -> handoff.v1.ListEscalationsResponse
+	24, // 59: handoff.v1.CoordinatorService.ResolveEscalation:output_type -> handoff.v1.ResolveEscalationResponse
+	54, // [54:60] is the sub-list for method output_type
+	48, // [48:54] is the sub-list for method input_type
+	48, // [48:48] is the sub-list for extension type_name
+	48, // [48:48] is the sub-list for extension extendee
+	0,  // [0:48] is the sub-list for field type_name
 }
 
 func init() { file_handoff_v1_coordinator_proto_init() }

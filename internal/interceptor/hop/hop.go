@@ -9,17 +9,30 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+	handoffv2 "github.com/handoffhq/handoff/gen/handoff/v2"
 )
 
 var (
-	packageName = (&handoffv1.HandoffPackage{}).ProtoReflect().Descriptor().FullName()
-	ackName     = (&handoffv1.Ack{}).ProtoReflect().Descriptor().FullName()
+	packageName   = (&handoffv1.HandoffPackage{}).ProtoReflect().Descriptor().FullName()
+	packageV2Name = (&handoffv2.HandoffPackage{}).ProtoReflect().Descriptor().FullName()
+	ackName       = (&handoffv1.Ack{}).ProtoReflect().Descriptor().FullName()
 )
 
 // PackageField returns md's "package" field when it is a singular handoff.v1.HandoffPackage;
 // otherwise nil.
 func PackageField(md protoreflect.MessageDescriptor) protoreflect.FieldDescriptor {
 	return messageField(md, "package", packageName)
+}
+
+// PackageV2Field returns md's "package_v2" field when it is a singular
+// handoff.v2.HandoffPackage; otherwise nil.
+func PackageV2Field(md protoreflect.MessageDescriptor) protoreflect.FieldDescriptor {
+	return messageField(md, "package_v2", packageV2Name)
+}
+
+// FindPackageV2 is FindPackage for the handoff.v2 package a request carries (package_v2).
+func FindPackageV2(m any) *handoffv2.HandoffPackage {
+	return find[*handoffv2.HandoffPackage](m, PackageV2Field)
 }
 
 // AckField returns md's "ack" field when it is a singular handoff.v1.Ack; otherwise nil.

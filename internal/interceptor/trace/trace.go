@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+	handoffv2 "github.com/handoffhq/handoff/gen/handoff/v2"
 	"github.com/handoffhq/handoff/internal/interceptor/hop"
 )
 
@@ -77,6 +78,21 @@ func build(opts []Option) *options {
 func (o *options) join(ctx context.Context, fullMethod string, req any) (context.Context, oteltrace.Span) {
 	name := "handoff " + strings.TrimPrefix(fullMethod, "/")
 	p := hop.FindPackage(req) // the request's own package: stamping it below stamps the request
+	if p == nil {
+		// A handoff.v2 package: the same fields, read through its v1 view (a copy); the
+		// stamp is then written back to the v2 package itself.
+		if p2 := hop.FindPackageV2(req); p2 != nil {
+			p = &handoffv1.HandoffPackage{JobId: p2.GetJobId(), Stage: p2.GetStage()}
+			if t := p2.GetTrace(); t != nil {
+				p.Trace = &handoffv1.Trace{Traceparent: t.GetTraceparent(), Tracestate: t.GetTracestate()}
+			}
+			defer func() {
+				if p2.GetTrace().GetTraceparent() == "" && p.GetTrace().GetTraceparent() != "" {
+					p2.Trace = &handoffv2.Trace{Traceparent: p.GetTrace().GetTraceparent()}
+				}
+			}()
+		}
+	}
 	parent := ctx
 	var attrs []attribute.KeyValue
 	if p != nil {

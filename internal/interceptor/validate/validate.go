@@ -44,6 +44,10 @@ import (
 	"github.com/handoffhq/handoff/internal/interceptor/hop"
 )
 
+// RulePackageOne is the id of the request rule "exactly one of package and package_v2"
+// (DeliverRequest, CheckRequest).
+const RulePackageOne = "package.one"
+
 // maxListed caps the "field: message" pairs in an InvalidArgument message; the BadRequest
 // detail carries all of them.
 const maxListed = 16
@@ -196,6 +200,14 @@ func check(v *contract.Validator, m proto.Message) ([]*handoffv1.Reason, error) 
 		}
 		if pkgChecked && inField(x.GetField(), string(fd.Name())) {
 			continue // the package is there (set aside above) and CheckV1 reported its own violations
+		}
+		if x.GetRule() == RulePackageOne && x.GetField() == "" {
+			if pkgChecked {
+				continue // the same: "exactly one package" holds, the v1 one was set aside
+			}
+			// No package of either version (a v2 one reaches this gate as its v1 view): the
+			// package is missing, as the field-level rule said before package_v2 existed.
+			x = &handoffv1.Reason{Field: "package", Rule: contract.RuleRequired, Message: "package is required"}
 		}
 		out = append(out, x)
 	}

@@ -10,19 +10,23 @@ import { enumDesc, fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf
 import { file_buf_validate_validate } from "@bufbuild/protovalidate/gen/buf/validate/validate_pb.js";
 import type { Ack, Artifact, Evaluator, HandoffPackage, RouteChoice, ToolAttempt } from "./handoff_pb.js";
 import { file_handoff_v1_handoff } from "./handoff_pb.js";
+import type { HandoffPackage as HandoffPackage$1 } from "../v2/handoff_pb.js";
+import { file_handoff_v2_handoff } from "../v2/handoff_pb.js";
 import type { Message } from "@bufbuild/protobuf";
 
 /**
  * Describes the file handoff/v1/agentrunner.proto.
  */
 export const file_handoff_v1_agentrunner: GenFile = /*@__PURE__*/
-  fileDesc("ChxoYW5kb2ZmL3YxL2FnZW50cnVubmVyLnByb3RvEgpoYW5kb2ZmLnYxItABCg5EZWxpdmVyUmVxdWVzdBIzCgdwYWNrYWdlGAEgASgLMhouaGFuZG9mZi52MS5IYW5kb2ZmUGFja2FnZUIGukgDyAEBEi0KBWFnZW50GAIgASgJQh66SBtyGRhAMhVeKFthLXpdW2EtejAtOV8tXSopPyQSJwoOcmVxdWlyZWRfdG9vbHMYAyADKAlCD7pIDJIBCRBAIgVyAxiAARIxCgZyb3V0ZXMYBCADKAsyFy5oYW5kb2ZmLnYxLlJvdXRlT3B0aW9uQgi6SAWSAQIQICJsCg9EZWxpdmVyUmVzcG9uc2USHgoDYWNrGAEgASgLMg8uaGFuZG9mZi52MS5BY2tIABIpCgZyZXN1bHQYAiABKAsyFy5oYW5kb2ZmLnYxLlN0YWdlUmVzdWx0SABCDgoFZXZlbnQSBbpIAggBIs4BCgxDaGVja1JlcXVlc3QSMwoHcGFja2FnZRgBIAEoCzIaLmhhbmRvZmYudjEuSGFuZG9mZlBhY2thZ2VCBrpIA8gBARItCgVhZ2VudBgCIAEoCUIeukgbchkYQDIVXihbYS16XVthLXowLTlfLV0qKT8kEicKDnJlcXVpcmVkX3Rvb2xzGAMgAygJQg+6SAySAQkQQCIFcgMYgAESMQoGcm91dGVzGAQgAygLMhcuaGFuZG9mZi52MS5Sb3V0ZU9wdGlvbkIIukgFkgECECAiLQoNQ2hlY2tSZXNwb25zZRIcCgNhY2sYASABKAsyDy5oYW5kb2ZmLnYxLkFjayKsAwoLU3RhZ2VSZXN1bHQSDgoGam9iX2lkGAEgASgJEg0KBXN0YWdlGAIgASgJEjEKBnN0YXR1cxgDIAEoDjIXLmhhbmRvZmYudjEuU3RhZ2VTdGF0dXNCCLpIBYIBAhABEjEKCWFydGlmYWN0cxgEIAMoCzIULmhhbmRvZmYudjEuQXJ0aWZhY3RCCLpIBZIBAhBAEjYKC3Rvb2xzX3RyaWVkGAUgAygLMhcuaGFuZG9mZi52MS5Ub29sQXR0ZW1wdEIIukgFkgECEEASIQoQc3BlbnRfdXNkX21pY3JvcxgGIAEoA0IHukgEIgIoABIoCglldmFsdWF0b3IYByABKAsyFS5oYW5kb2ZmLnYxLkV2YWx1YXRvchIgCg5vcGVuX3F1ZXN0aW9ucxgIIAMoCUIIukgFkgECECASGwoJbmV4dF9oaW50GAkgASgJQgi6SAVyAxjoBxIXCgVlcnJvchgKIAEoCUIIukgFcgMY0A8SEwoLdHJhY2VwYXJlbnQYCyABKAkSJgoFcm91dGUYDCABKAsyFy5oYW5kb2ZmLnYxLlJvdXRlQ2hvaWNlIloKC1JvdXRlT3B0aW9uEiwKBG5hbWUYASABKAlCHrpIG8gBAXIWGEAyEl5bYS16XVthLXowLTlfLV0qJBIdCgtkZXNjcmlwdGlvbhgCIAEoCUIIukgFcgMY9AMqYAoLU3RhZ2VTdGF0dXMSHAoYU1RBR0VfU1RBVFVTX1VOU1BFQ0lGSUVEEAASGgoWU1RBR0VfU1RBVFVTX0NPTVBMRVRFRBABEhcKE1NUQUdFX1NUQVRVU19GQUlMRUQQAjKYAQoSQWdlbnRSdW5uZXJTZXJ2aWNlEkQKB0RlbGl2ZXISGi5oYW5kb2ZmLnYxLkRlbGl2ZXJSZXF1ZXN0GhsuaGFuZG9mZi52MS5EZWxpdmVyUmVzcG9uc2UwARI8CgVDaGVjaxIYLmhhbmRvZmYudjEuQ2hlY2tSZXF1ZXN0GhkuaGFuZG9mZi52MS5DaGVja1Jlc3BvbnNlQjdaNWdpdGh1Yi5jb20vaGFuZG9mZmhxL2hhbmRvZmYvZ2VuL2hhbmRvZmYvdjE7aGFuZG9mZnYxYgZwcm90bzM", [file_buf_validate_validate, file_handoff_v1_handoff]);
+  fileDesc("ChxoYW5kb2ZmL3YxL2FnZW50cnVubmVyLnByb3RvEgpoYW5kb2ZmLnYxIocDCg5EZWxpdmVyUmVxdWVzdBIrCgdwYWNrYWdlGAEgASgLMhouaGFuZG9mZi52MS5IYW5kb2ZmUGFja2FnZRItCgVhZ2VudBgCIAEoCUIeukgbchkYQDIVXihbYS16XVthLXowLTlfLV0qKT8kEicKDnJlcXVpcmVkX3Rvb2xzGAMgAygJQg+6SAySAQkQQCIFcgMYgAESMQoGcm91dGVzGAQgAygLMhcuaGFuZG9mZi52MS5Sb3V0ZU9wdGlvbkIIukgFkgECECASLgoKcGFja2FnZV92MhgFIAEoCzIaLmhhbmRvZmYudjIuSGFuZG9mZlBhY2thZ2U6jAG6SIgBGoUBCgtwYWNrYWdlLm9uZRJLZXhhY3RseSBvbmUgb2YgcGFja2FnZSAoaGFuZG9mZi52MSkgYW5kIHBhY2thZ2VfdjIgKGhhbmRvZmYudjIpIGlzIHJlcXVpcmVkGiloYXModGhpcy5wYWNrYWdlKSAhPSBoYXModGhpcy5wYWNrYWdlX3YyKSJsCg9EZWxpdmVyUmVzcG9uc2USHgoDYWNrGAEgASgLMg8uaGFuZG9mZi52MS5BY2tIABIpCgZyZXN1bHQYAiABKAsyFy5oYW5kb2ZmLnYxLlN0YWdlUmVzdWx0SABCDgoFZXZlbnQSBbpIAggBIoUDCgxDaGVja1JlcXVlc3QSKwoHcGFja2FnZRgBIAEoCzIaLmhhbmRvZmYudjEuSGFuZG9mZlBhY2thZ2USLQoFYWdlbnQYAiABKAlCHrpIG3IZGEAyFV4oW2Etel1bYS16MC05Xy1dKik/JBInCg5yZXF1aXJlZF90b29scxgDIAMoCUIPukgMkgEJEEAiBXIDGIABEjEKBnJvdXRlcxgEIAMoCzIXLmhhbmRvZmYudjEuUm91dGVPcHRpb25CCLpIBZIBAhAgEi4KCnBhY2thZ2VfdjIYBSABKAsyGi5oYW5kb2ZmLnYyLkhhbmRvZmZQYWNrYWdlOowBukiIARqFAQoLcGFja2FnZS5vbmUSS2V4YWN0bHkgb25lIG9mIHBhY2thZ2UgKGhhbmRvZmYudjEpIGFuZCBwYWNrYWdlX3YyIChoYW5kb2ZmLnYyKSBpcyByZXF1aXJlZBopaGFzKHRoaXMucGFja2FnZSkgIT0gaGFzKHRoaXMucGFja2FnZV92MikiLQoNQ2hlY2tSZXNwb25zZRIcCgNhY2sYASABKAsyDy5oYW5kb2ZmLnYxLkFjayIRCg9EZXNjcmliZVJlcXVlc3QiQAoQRGVzY3JpYmVSZXNwb25zZRIsCgZhZ2VudHMYASADKAsyHC5oYW5kb2ZmLnYxLkFnZW50RGVzY3JpcHRpb24iQAoQQWdlbnREZXNjcmlwdGlvbhIMCgRuYW1lGAEgASgJEg8KB2FjY2VwdHMYAiADKAkSDQoFdG9vbHMYAyADKAkirAMKC1N0YWdlUmVzdWx0Eg4KBmpvYl9pZBgBIAEoCRINCgVzdGFnZRgCIAEoCRIxCgZzdGF0dXMYAyABKA4yFy5oYW5kb2ZmLnYxLlN0YWdlU3RhdHVzQgi6SAWCAQIQARIxCglhcnRpZmFjdHMYBCADKAsyFC5oYW5kb2ZmLnYxLkFydGlmYWN0Qgi6SAWSAQIQQBI2Cgt0b29sc190cmllZBgFIAMoCzIXLmhhbmRvZmYudjEuVG9vbEF0dGVtcHRCCLpIBZIBAhBAEiEKEHNwZW50X3VzZF9taWNyb3MYBiABKANCB7pIBCICKAASKAoJZXZhbHVhdG9yGAcgASgLMhUuaGFuZG9mZi52MS5FdmFsdWF0b3ISIAoOb3Blbl9xdWVzdGlvbnMYCCADKAlCCLpIBZIBAhAgEhsKCW5leHRfaGludBgJIAEoCUIIukgFcgMY6AcSFwoFZXJyb3IYCiABKAlCCLpIBXIDGNAPEhMKC3RyYWNlcGFyZW50GAsgASgJEiYKBXJvdXRlGAwgASgLMhcuaGFuZG9mZi52MS5Sb3V0ZUNob2ljZSJaCgtSb3V0ZU9wdGlvbhIsCgRuYW1lGAEgASgJQh66SBvIAQFyFhhAMhJeW2Etel1bYS16MC05Xy1dKiQSHQoLZGVzY3JpcHRpb24YAiABKAlCCLpIBXIDGPQDKmAKC1N0YWdlU3RhdHVzEhwKGFNUQUdFX1NUQVRVU19VTlNQRUNJRklFRBAAEhoKFlNUQUdFX1NUQVRVU19DT01QTEVURUQQARIXChNTVEFHRV9TVEFUVVNfRkFJTEVEEAIy3wEKEkFnZW50UnVubmVyU2VydmljZRJECgdEZWxpdmVyEhouaGFuZG9mZi52MS5EZWxpdmVyUmVxdWVzdBobLmhhbmRvZmYudjEuRGVsaXZlclJlc3BvbnNlMAESPAoFQ2hlY2sSGC5oYW5kb2ZmLnYxLkNoZWNrUmVxdWVzdBoZLmhhbmRvZmYudjEuQ2hlY2tSZXNwb25zZRJFCghEZXNjcmliZRIbLmhhbmRvZmYudjEuRGVzY3JpYmVSZXF1ZXN0GhwuaGFuZG9mZi52MS5EZXNjcmliZVJlc3BvbnNlQjdaNWdpdGh1Yi5jb20vaGFuZG9mZmhxL2hhbmRvZmYvZ2VuL2hhbmRvZmYvdjE7aGFuZG9mZnYxYgZwcm90bzM", [file_buf_validate_validate, file_handoff_v1_handoff, file_handoff_v2_handoff]);
 
 /**
  * @generated from message handoff.v1.DeliverRequest
  */
 export type DeliverRequest = Message<"handoff.v1.DeliverRequest"> & {
   /**
+   * A handoff.v1 package. Required unless package_v2 is set.
+   *
    * @generated from field: handoff.v1.HandoffPackage package = 1;
    */
   package?: HandoffPackage | undefined;
@@ -50,6 +54,13 @@ export type DeliverRequest = Message<"handoff.v1.DeliverRequest"> & {
    * @generated from field: repeated handoff.v1.RouteOption routes = 4;
    */
   routes: RouteOption[];
+
+  /**
+   * A handoff.v2 package, for a runner whose agent declares handoff.v2 (Describe).
+   *
+   * @generated from field: handoff.v2.HandoffPackage package_v2 = 5;
+   */
+  packageV2?: HandoffPackage$1 | undefined;
 };
 
 /**
@@ -93,6 +104,8 @@ export const DeliverResponseSchema: GenMessage<DeliverResponse> = /*@__PURE__*/
  */
 export type CheckRequest = Message<"handoff.v1.CheckRequest"> & {
   /**
+   * A handoff.v1 package. Required unless package_v2 is set.
+   *
    * @generated from field: handoff.v1.HandoffPackage package = 1;
    */
   package?: HandoffPackage | undefined;
@@ -120,6 +133,13 @@ export type CheckRequest = Message<"handoff.v1.CheckRequest"> & {
    * @generated from field: repeated handoff.v1.RouteOption routes = 4;
    */
   routes: RouteOption[];
+
+  /**
+   * A handoff.v2 package, for a runner whose agent declares handoff.v2 (Describe).
+   *
+   * @generated from field: handoff.v2.HandoffPackage package_v2 = 5;
+   */
+  packageV2?: HandoffPackage$1 | undefined;
 };
 
 /**
@@ -145,6 +165,74 @@ export type CheckResponse = Message<"handoff.v1.CheckResponse"> & {
  */
 export const CheckResponseSchema: GenMessage<CheckResponse> = /*@__PURE__*/
   messageDesc(file_handoff_v1_agentrunner, 3);
+
+/**
+ * @generated from message handoff.v1.DescribeRequest
+ */
+export type DescribeRequest = Message<"handoff.v1.DescribeRequest"> & {
+};
+
+/**
+ * Describes the message handoff.v1.DescribeRequest.
+ * Use `create(DescribeRequestSchema)` to create a new message.
+ */
+export const DescribeRequestSchema: GenMessage<DescribeRequest> = /*@__PURE__*/
+  messageDesc(file_handoff_v1_agentrunner, 4);
+
+/**
+ * @generated from message handoff.v1.DescribeResponse
+ */
+export type DescribeResponse = Message<"handoff.v1.DescribeResponse"> & {
+  /**
+   * One entry per agent (role) the runner hosts.
+   *
+   * @generated from field: repeated handoff.v1.AgentDescription agents = 1;
+   */
+  agents: AgentDescription[];
+};
+
+/**
+ * Describes the message handoff.v1.DescribeResponse.
+ * Use `create(DescribeResponseSchema)` to create a new message.
+ */
+export const DescribeResponseSchema: GenMessage<DescribeResponse> = /*@__PURE__*/
+  messageDesc(file_handoff_v1_agentrunner, 5);
+
+/**
+ * AgentDescription is what one agent declares: its role card and the versions it reads.
+ *
+ * @generated from message handoff.v1.AgentDescription
+ */
+export type AgentDescription = Message<"handoff.v1.AgentDescription"> & {
+  /**
+   * The role name a pipeline addresses it by.
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * The contract versions it accepts ("handoff.v1", "handoff.v2"). A package of any other
+   * version is answered REJECTED_SCHEMA naming the version, before anything else is read.
+   *
+   * @generated from field: repeated string accepts = 2;
+   */
+  accepts: string[];
+
+  /**
+   * The tools its role card holds.
+   *
+   * @generated from field: repeated string tools = 3;
+   */
+  tools: string[];
+};
+
+/**
+ * Describes the message handoff.v1.AgentDescription.
+ * Use `create(AgentDescriptionSchema)` to create a new message.
+ */
+export const AgentDescriptionSchema: GenMessage<AgentDescription> = /*@__PURE__*/
+  messageDesc(file_handoff_v1_agentrunner, 6);
 
 /**
  * StageResult is what a stage hands back to the rail: typed artifacts by reference, the
@@ -231,7 +319,7 @@ export type StageResult = Message<"handoff.v1.StageResult"> & {
  * Use `create(StageResultSchema)` to create a new message.
  */
 export const StageResultSchema: GenMessage<StageResult> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_agentrunner, 4);
+  messageDesc(file_handoff_v1_agentrunner, 7);
 
 /**
  * RouteOption is one route a stage may choose: its name and what it is for (for a model,
@@ -256,7 +344,7 @@ export type RouteOption = Message<"handoff.v1.RouteOption"> & {
  * Use `create(RouteOptionSchema)` to create a new message.
  */
 export const RouteOptionSchema: GenMessage<RouteOption> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_agentrunner, 5);
+  messageDesc(file_handoff_v1_agentrunner, 8);
 
 /**
  * StageStatus says whether the agent produced a usable result.
@@ -317,6 +405,19 @@ export const AgentRunnerService: GenService<{
     methodKind: "unary";
     input: typeof CheckRequestSchema;
     output: typeof CheckResponseSchema;
+  },
+  /**
+   * Describe says which contract versions each of the runner's agents accepts, so the
+   * sender can choose before it sends: the coordinator sends a stage the newest version its
+   * agent declares. A runner without Describe (UNIMPLEMENTED) is taken to accept handoff.v1
+   * only, the version every runner has read from the start.
+   *
+   * @generated from rpc handoff.v1.AgentRunnerService.Describe
+   */
+  describe: {
+    methodKind: "unary";
+    input: typeof DescribeRequestSchema;
+    output: typeof DescribeResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_handoff_v1_agentrunner, 0);
