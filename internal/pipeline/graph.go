@@ -212,6 +212,11 @@ func (l *linter) graph() {
 			if kindOf(to) == KindWriteback && e.kind != edgeOrder && e.kind != edgePass && e.kind != edgeFail && kindOf(from) != KindWriteback {
 				l.errorAt("writeback-gate", fmt.Sprintf("writeback stage %q is reachable from %s %s, without a judge's PASS: only a judge's PASS may lead to a writeback stage", to.Name, label(from, e.from), e.how()), e.path, stagePath(e.from))
 			}
+			// writeback-input: what a judge's PASS lets through is what it judged, so the
+			// writeback it leads to writes that same artifact version.
+			if kindOf(to) == KindWriteback && kindOf(from) == KindJudge && (e.kind == edgePass || e.kind == edgeOrder) && from.Input != to.Input {
+				l.errorAt("writeback-input", fmt.Sprintf("writeback stage %q writes %s, but judge %q, whose PASS leads to it, judges %s: a PASS would let through an artifact no judge read; make the writeback's input %s", to.Name, to.Input, from.Name, from.Input, from.Input), stagePath(e.to)+".input", stagePath(e.to))
+			}
 			// judge-revise: a FAIL goes back to the stage whose work the judge judged, so every
 			// stage that feeds a judge is one it revises (by file order too, once it lists several).
 			if kindOf(to) == KindJudge && e.kind != edgeFail && e.kind != edgePass && kindOf(from) == KindAgent &&
@@ -233,6 +238,11 @@ func (l *linter) graph() {
 		s := &p.Stages[i]
 		if !owed[i] || kindOf(s) == KindWriteback {
 			continue
+		}
+		// Ending by file order is the same move: a stage that is last in the file, with no
+		// next: and no routes, ends a job that reached it unwritten.
+		if _, ok := p.Next(s.Name); !ok && len(s.Routes) == 0 {
+			l.errorAt("route-end", fmt.Sprintf("%s is the last stage and moves nowhere, but a job reaches it before its write: it would end the job unwritten; give it a next: (or routes) towards the judge, or move it before the writeback", label(s, i)), stagePath(i)+".name", stagePath(i))
 		}
 		for j, r := range s.Routes {
 			if r.To == ToEnd {

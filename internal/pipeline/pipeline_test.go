@@ -124,6 +124,12 @@ func TestLintFixtures(t *testing.T) {
 		}, warnings: []want{
 			{"cycle", 10, "stages intake -> draft -> intake form a cycle that passes through no judge: only max_bounces (2) and the hop cap"},
 		}},
+		{file: "writeback_input.yaml", errors: []want{
+			{"writeback-input", 28, `writeback stage "writeback" writes chunks.v1, but judge "judge", whose PASS leads to it, judges summary_md.v1`},
+		}},
+		{file: "end_by_order.yaml", errors: []want{
+			{"route-end", 34, `stage "retrieve-b" is the last stage and moves nowhere, but a job reaches it before its write`},
+		}},
 		{file: "route_end.yaml", errors: []want{
 			{"route-end", 17, `route "spam" of stage "intake" ends the job, but a job reaches "intake" before its write`},
 		}},

@@ -140,7 +140,8 @@ func next(p *pipeline.Pipeline, job *handoffv1.Job, w stepWallet, out outcome) t
 		if out.Err != nil {
 			return escalation(handoffv1.EscalationCause_ESCALATION_CAUSE_WRITE_REFUSED, fmt.Sprintf("writeback %s: %v", st.Name, status.Convert(out.Err).Message()), nil)
 		}
-		return onward(p, st, job, handoffv1.Move_MOVE_NEXT)
+		// The write is made: its receipt is the outcome's, saved with the move.
+		return onward(p, st, job, handoffv1.Move_MOVE_NEXT, false)
 	}
 	return afterAgent(p, st, job, w, out)
 }
@@ -220,7 +221,7 @@ func afterAgent(p *pipeline.Pipeline, st *pipeline.Stage, job *handoffv1.Job, w 
 		if r != nil {
 			return undeclared(st, fmt.Sprintf("stage %s chose route %q but declares no routes", st.Name, r.GetName()), r.GetName())
 		}
-		return onward(p, st, job, handoffv1.Move_MOVE_NEXT)
+		return onward(p, st, job, handoffv1.Move_MOVE_NEXT, owes(p, job))
 	}
 	// The choice is the stage's; the check is the rail's: only a declared move is made.
 	if r == nil {
@@ -236,7 +237,7 @@ func afterAgent(p *pipeline.Pipeline, st *pipeline.Stage, job *handoffv1.Job, w 
 		t.Transfer = transfer(p, job, st.Name, decl.To, handoffv1.Move_MOVE_ROUTE, r)
 		return t
 	case pipeline.ToEnd:
-		if p.Writes() && job.GetReceipt() == nil {
+		if owes(p, job) {
 			return undeclared(st, fmt.Sprintf("stage %s chose route %s, which ends the job, but the job still owes its write: ending is a move only where no write is owed", st.Name, r.GetName()), r.GetName())
 		}
 		return transition{Action: actComplete, Transfer: transfer(p, job, st.Name, decl.To, handoffv1.Move_MOVE_ROUTE, r)}
@@ -254,7 +255,7 @@ func afterJudge(p *pipeline.Pipeline, st *pipeline.Stage, job *handoffv1.Job, w 
 	}
 	switch ev.GetLastVerdict() {
 	case handoffv1.Verdict_VERDICT_PASS:
-		return onward(p, st, job, handoffv1.Move_MOVE_PASS)
+		return onward(p, st, job, handoffv1.Move_MOVE_PASS, owes(p, job))
 	case handoffv1.Verdict_VERDICT_FAIL:
 	default:
 		return escalation(handoffv1.EscalationCause_ESCALATION_CAUSE_STAGE_FAILED, fmt.Sprintf("judge %s returned no verdict", st.Name), nil)
@@ -272,44 +273,75 @@ func afterJudge(p *pipeline.Pipeline, st *pipeline.Stage, job *handoffv1.Job, w 
 
 // onward moves the job on from st without a route choice: to its next: stage or the next in
 // file order, or, after the last stage, to the end: the run completes.
-func onward(p *pipeline.Pipeline, st *pipeline.Stage, job *handoffv1.Job, how handoffv1.Move) transition {
+// owed says whether the job still owes its write.
+func onward(p *pipeline.Pipeline, st *pipeline.Stage, job *handoffv1.Job, how handoffv1.Move, owed bool) transition {
 	ns, ok := p.Next(st.Name)
 	if !ok {
+		// Ending by file order is a move to the end like a route's: not while the job owes
+		// its write (a last stage reached by a route or a fallback that forgot its next:).
+		if owed {
+			return escalation(handoffv1.EscalationCause_ESCALATION_CAUSE_ROUTE_UNDECLARED,
+				fmt.Sprintf("stage %s is the last in the pipeline and moves nowhere, but the job still owes its write: ending is a move only where no write is owed", st.Name),
+				[]*handoffv1.Reason{{Field: "stage", Rule: "route.end", Message: fmt.Sprintf("stage %s ends the job before its write", st.Name)}})
+		}
 		return transition{Action: actComplete, Transfer: transfer(p, job, st.Name, pipeline.ToEnd, how, nil)}
 	}
 	return move(p, job, st.Name, ns.Name, how, nil)
 }
 
 // move is the transfer of the job from stage from to stage to, unless the two have handed
-// the job back and forth more than max_bounces allows (ping-pong). Only moves the stages'
-// own choices or fixed order make between two stages count; a judge's PASS and FAIL are the
-// critique loop, bounded by revisions, a reroute happens once, and pairs with a judge are
-// that loop too.
+// the job straight back to each other more than max_bounces times (ping-pong). A bounce is a
+// move back to the stage the job just came from (A to B, then B to A), by the stages' own
+// choices or fixed order; a one-way repeat (draft, format, judge, draft, format) is none.
+// A judge's PASS and FAIL are the critique loop, bounded by revisions, and pairs with a judge
+// are that loop too. A person's decision starts the count again.
 func move(p *pipeline.Pipeline, job *handoffv1.Job, from, to string, how handoffv1.Move, r *handoffv1.RouteChoice) transition {
-	if counts(how) && !isJudge(p, from) && !isJudge(p, to) {
-		if n := transfersBetween(job, from, to); n > p.MaxBounces {
+	if counts(how) && !isJudge(p, from) && !isJudge(p, to) && cameFrom(job, from, to) {
+		if n := bounces(job, from, to) + 1; n > p.MaxBounces {
 			a, b := min(from, to), max(from, to)
 			return escalation(handoffv1.EscalationCause_ESCALATION_CAUSE_PING_PONG,
-				fmt.Sprintf("ping-pong between stages %s and %s: they handed the job back and forth %d times, and max_bounces is %d", a, b, n, p.MaxBounces),
-				[]*handoffv1.Reason{{Field: "stages", Rule: "max_bounces", Message: fmt.Sprintf("%s and %s: %d transfers between them", a, b, n)}})
+				fmt.Sprintf("ping-pong between stages %s and %s: they handed the job straight back to each other %d times, and max_bounces is %d", a, b, n, p.MaxBounces),
+				[]*handoffv1.Reason{{Field: "stages", Rule: "max_bounces", Message: fmt.Sprintf("%s and %s: %d bounces between them", a, b, n)}})
 		}
 	}
 	return transition{Action: actMove, Transfer: transfer(p, job, from, to, how, r)}
 }
+
+// owes says whether the job still owes the pipeline's write.
+func owes(p *pipeline.Pipeline, job *handoffv1.Job) bool { return p.Writes() && job.GetReceipt() == nil }
 
 // counts says whether a move counts towards its pair's bounces.
 func counts(how handoffv1.Move) bool {
 	return how == handoffv1.Move_MOVE_ROUTE || how == handoffv1.Move_MOVE_NEXT
 }
 
-// transfersBetween counts the earlier transfers between stages a and b, either way, that
-// count towards bounces: the first is a transfer, each one after it a bounce.
-func transfersBetween(job *handoffv1.Job, a, b string) int {
+// cameFrom reports whether the job's last move brought it to stage at from stage from, by a
+// move that counts: a move from at to from is then a bounce.
+func cameFrom(job *handoffv1.Job, at, from string) bool {
+	ts := job.GetTransfers()
+	if len(ts) == 0 {
+		return false
+	}
+	last := ts[len(ts)-1]
+	return counts(last.GetMove()) && last.GetFromStage() == from && last.GetToStage() == at
+}
+
+// bounces counts the earlier bounces between stages a and b since the last person's
+// decision: moves between them, either way, that went straight back along the move before.
+func bounces(job *handoffv1.Job, a, b string) int {
 	n := 0
+	var prev *handoffv1.Transfer
 	for _, t := range job.GetTransfers() {
-		if counts(t.GetMove()) && ((t.GetFromStage() == a && t.GetToStage() == b) || (t.GetFromStage() == b && t.GetToStage() == a)) {
+		if t.GetMove() == handoffv1.Move_MOVE_OPERATOR {
+			n, prev = 0, t
+			continue
+		}
+		between := (t.GetFromStage() == a && t.GetToStage() == b) || (t.GetFromStage() == b && t.GetToStage() == a)
+		if between && counts(t.GetMove()) && prev != nil && counts(prev.GetMove()) &&
+			prev.GetFromStage() == t.GetToStage() && prev.GetToStage() == t.GetFromStage() {
 			n++
 		}
+		prev = t
 	}
 	return n
 }

@@ -121,6 +121,12 @@ func TestTransitions(t *testing.T) {
 	owing.Stages = append(slices.Clone(loop.Stages), pipeline.Stage{Name: "writeback", Kind: pipeline.KindWriteback, Input: "note.v1",
 		Writer: &pipeline.Writer{System: "crm", Target: "ledger"}, Output: pipeline.Output{Type: "crm_receipt", SchemaVersion: "crm_receipt.v1"}})
 
+	// The ticket pipeline with a stage after its writeback: a job that ends there by file
+	// order without having been written (reached by a route or a fallback) still owes it.
+	ending := *ticket
+	ending.Stages = append(slices.Clone(ticket.Stages), pipeline.Stage{Name: "note", Kind: pipeline.KindAgent, Agent: "note", Input: "raw_ticket.v1",
+		Output: pipeline.Output{Type: "note", SchemaVersion: "note.v1"}})
+
 	type want struct {
 		action   action
 		cause    handoffv1.EscalationCause
@@ -237,9 +243,23 @@ func TestTransitions(t *testing.T) {
 		{name: "ROUTED: a declared route to escalate", p: triage, stage: "intake", out: done("unclear"),
 			want: want{action: esc, cause: handoffv1.EscalationCause_ESCALATION_CAUSE_ROUTED, to: "escalate", move: handoffv1.Move_MOVE_ROUTE, detail: "chose route unclear, which hands the job to a person: because"}},
 		{name: "PING_PONG past max_bounces", p: loop, stage: "b", job: func(j *handoffv1.Job) { j.Transfers = bounced(3) }, out: done("to_a"),
-			want: E(handoffv1.EscalationCause_ESCALATION_CAUSE_PING_PONG, "ping-pong between stages a and b: they handed the job back and forth 3 times, and max_bounces is 2")},
+			want: E(handoffv1.EscalationCause_ESCALATION_CAUSE_PING_PONG, "ping-pong between stages a and b: they handed the job straight back to each other 3 times, and max_bounces is 2")},
 		{name: "ping-pong: max_bounces bounces still move", p: loop, stage: "a", job: func(j *handoffv1.Job) { j.Transfers = bounced(2) }, out: done("to_b"),
 			want: want{action: mv, to: "b", move: handoffv1.Move_MOVE_ROUTE, visit: 1}},
+		{name: "ping-pong: a one-way repeat is no bounce", p: loop, stage: "b",
+			job: func(j *handoffv1.Job) {
+				for range 3 {
+					j.Transfers = append(j.Transfers, tr("a", "b", handoffv1.Move_MOVE_ROUTE), tr("b", "a-backup", handoffv1.Move_MOVE_NEXT), tr("a-backup", "b", handoffv1.Move_MOVE_NEXT))
+				}
+			},
+			out: done("to_a"), want: want{action: mv, to: "a", move: handoffv1.Move_MOVE_ROUTE, visit: 1}},
+		{name: "ping-pong: a person's return starts the count again", p: loop, stage: "b",
+			job: func(j *handoffv1.Job) {
+				j.Transfers = append(bounced(3), tr("b", "a", handoffv1.Move_MOVE_OPERATOR), tr("a", "b", handoffv1.Move_MOVE_ROUTE))
+			},
+			out: done("to_a"), want: want{action: mv, to: "a", move: handoffv1.Move_MOVE_ROUTE, visit: 1}},
+		{name: "ROUTE_UNDECLARED: the last stage by file order while the write is owed", p: &ending, stage: "note", out: done(""),
+			want: E(handoffv1.EscalationCause_ESCALATION_CAUSE_ROUTE_UNDECLARED, "stage note is the last in the pipeline and moves nowhere, but the job still owes its write")},
 		{name: "ping-pong: the critique loop does not count", p: ticket, stage: "judge",
 			job: func(j *handoffv1.Job) {
 				for range 5 {
