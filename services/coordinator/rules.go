@@ -308,7 +308,9 @@ func move(p *pipeline.Pipeline, job *handoffv1.Job, from, to string, how handoff
 }
 
 // owes says whether the job still owes the pipeline's write.
-func owes(p *pipeline.Pipeline, job *handoffv1.Job) bool { return p.Writes() && job.GetReceipt() == nil }
+func owes(p *pipeline.Pipeline, job *handoffv1.Job) bool {
+	return p.Writes() && job.GetReceipt() == nil
+}
 
 // counts says whether a move counts towards its pair's bounces.
 func counts(how handoffv1.Move) bool {
