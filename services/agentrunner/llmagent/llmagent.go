@@ -22,7 +22,6 @@ package llmagent
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -34,7 +33,7 @@ import (
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
-	"google.golang.org/protobuf/encoding/protojson"
+	"github.com/santhosh-tekuri/jsonschema/v6"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/artifact"
@@ -100,6 +99,9 @@ type Role struct {
 	MaxToolRounds int
 	// MaxTokens is each completion's max_tokens (default 2048): what the spend cap reserves.
 	MaxTokens int64
+	// OutputSchema, when set, is the JSON Schema a JSON output must satisfy before it
+	// leaves the runner (the pipeline's output.json_schema; see LoadSchema).
+	OutputSchema *jsonschema.Schema
 }
 
 // Price is what 1000 tokens of a model cost, in micro-USD.
@@ -256,96 +258,6 @@ type answer struct {
 
 var failureCode = regexp.MustCompile(`^[a-z][a-z0-9_]*$`)
 
-func (a *Agent) systemPrompt(routes []*handoffv1.RouteOption) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "You are the %q stage of a job driven by a deterministic coordinator. ", a.role.Card.Name)
-	b.WriteString("You receive a handoff package (JSON) and the text of its input artifacts. The goal and the constraints in the package are fixed: honour every constraint and never change them. Never invent ids or facts that are not in the input.\n\n")
-	b.WriteString("Your task:\n")
-	b.WriteString(strings.TrimSpace(a.role.Instructions))
-	fmt.Fprintf(&b, "\n\nAnswer with exactly one JSON object and nothing else:\n"+
-		`{"artifact": <the complete %s artifact (%s, %s) as a string>, "open_questions": [<things still unknown>], "next_hint": <one sentence for the next stage>`,
-		a.role.Output.Type, a.role.Output.SchemaVersion, a.role.Output.MediaType)
-	if a.role.Judge {
-		b.WriteString(`, "verdict": "pass" or "fail", "failures": [{"code": <criterion code>, "detail": <evidence>}]`)
-		if len(a.role.FailureCodes) > 0 {
-			fmt.Fprintf(&b, "}\nAllowed failure codes: %s. A pass has no failures; a fail has at least one.", strings.Join(a.role.FailureCodes, ", "))
-		} else {
-			b.WriteString("}\nA pass has no failures; a fail has at least one.")
-		}
-	} else {
-		b.WriteString("}")
-	}
-	if len(a.role.Tools) > 0 {
-		b.WriteString("\n\nYou may call the tools offered to you, and no others; the platform records every call.")
-	}
-	if len(routes) > 0 {
-		b.WriteString("\n\nThis stage ends with a handoff: call exactly one transfer_to_<route> tool, choosing by its description, and give your JSON answer in the same message.")
-	}
-	return b.String()
-}
-
-// userMessage is the package JSON plus the text of the input artifacts, within
-// Config.MaxInputBytes: every artifact gets its header line, and the bodies are filled in
-// newest first until the cap; what does not fit is truncated or omitted with a note. Each
-// artifact's bytes are checked against its sha256.
-func (a *Agent) userMessage(ctx context.Context, in agentrunner.Input, burned map[string]bool) (string, error) {
-	pj, err := protojson.MarshalOptions{UseProtoNames: true, Multiline: true}.Marshal(in.Package)
-	if err != nil {
-		return "", fmt.Errorf("llm: encoding the package: %w", err)
-	}
-	const (
-		pre       = "Handoff package:\n```json\n"
-		mid       = "\n```\n\nInput artifacts:\n"
-		none      = "(none)\n"
-		omitted   = "(omitted: input size cap reached)\n"
-		truncated = "\n(truncated: input size cap)\n"
-	)
-	arts := in.Package.GetArtifacts()
-	headers := make([]string, len(arts))
-	budget := a.cfg.MaxInputBytes - len(pre) - len(pj) - len(mid) - len(none)
-	for i, art := range arts {
-		headers[i] = fmt.Sprintf("\n### %s (%s, %s, from %s)\n", art.GetType(), art.GetSchemaVersion(), art.GetMediaType(), art.GetProducedBy())
-		budget -= len(headers[i]) + max(len(omitted), len(truncated))
-	}
-	if budget < 0 {
-		return "", fmt.Errorf("llm: the package and its %d artifact headers are over the %d byte input cap", len(arts), a.cfg.MaxInputBytes)
-	}
-	bodies := make([]string, len(arts))
-	for i := len(arts) - 1; i >= 0; i-- {
-		if budget <= 0 {
-			bodies[i] = omitted
-			continue
-		}
-		art := arts[i]
-		data, err := in.Artifacts.Get(ctx, art.GetUri())
-		if err != nil {
-			return "", fmt.Errorf("llm: reading %s artifact: %w", art.GetType(), err)
-		}
-		if err := artifact.Verify(art, data); err != nil {
-			return "", fmt.Errorf("llm: %w", err)
-		}
-		body := strings.ToValidUTF8(string(data), "\uFFFD")
-		if len(body)+1 > budget {
-			body = clip(body, budget) + truncated
-		} else {
-			body += "\n"
-		}
-		budget -= len(body) - len(truncated) // the note's share was reserved above
-		bodies[i] = body
-	}
-	var b strings.Builder
-	b.WriteString(pre)
-	b.Write(pj)
-	b.WriteString(mid)
-	if len(arts) == 0 {
-		b.WriteString(none)
-	}
-	for i := range arts {
-		b.WriteString(headers[i] + bodies[i])
-	}
-	return b.String(), nil
-}
-
 // artifactText turns the model's "artifact" member into the bytes to store.
 func (a *Agent) artifactText(raw json.RawMessage) ([]byte, error) {
 	raw = bytes.TrimSpace(raw)
@@ -374,8 +286,10 @@ func (a *Agent) artifactText(raw json.RawMessage) ([]byte, error) {
 	if strings.TrimSpace(text) == "" {
 		return nil, errors.New(`"artifact" is empty`)
 	}
-	if isJSON && !json.Valid([]byte(text)) {
-		return nil, fmt.Errorf("the %s artifact is not valid JSON", a.role.Output.SchemaVersion)
+	if isJSON {
+		if err := a.checkJSON(text); err != nil {
+			return nil, err
+		}
 	}
 	if len(text) > artifact.MaxBytes {
 		return nil, fmt.Errorf("the artifact is larger than %d bytes", artifact.MaxBytes)

@@ -137,7 +137,7 @@ func TestDraftRequestAndResult(t *testing.T) {
 		t.Errorf("system message %v", sys)
 	}
 	uc := user["content"].(string)
-	for _, want := range []string{`"job_id"`, "job-1", "Refunds are decided by billing.", "T-1042", "### chunks (chunks.v1"} {
+	for _, want := range []string{"Job job-1, stage draft", "- no refund promises", "Refunds are decided by billing.", "T-1042", "### chunks (chunks.v1"} {
 		if user["role"] != "user" || !strings.Contains(uc, want) {
 			t.Errorf("user message lacks %q:\n%s", want, uc)
 		}

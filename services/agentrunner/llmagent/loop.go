@@ -51,7 +51,7 @@ func (a *Agent) Run(ctx context.Context, in agentrunner.Input) (*handoffv1.Stage
 		return nil, err
 	}
 	msgs := []openai.ChatCompletionMessageParamUnion{
-		openai.SystemMessage(a.systemPrompt(in.Routes)),
+		openai.SystemMessage(a.systemPrompt(in.Package, in.Routes)),
 		openai.UserMessage(user),
 	}
 	tools := a.tools(in.Routes)

@@ -295,3 +295,7 @@ func TestRoleRefusesWriteTools(t *testing.T) {
 		t.Error("a card listing a tool with no implementation was accepted")
 	}
 }
+
+func testkitInput(p *handoffv1.HandoffPackage, st artifact.Store) agentrunner.Input {
+	return agentrunner.Input{Package: p, Artifacts: st, Round: p.GetEvaluator().GetRounds()}
+}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -170,5 +171,15 @@ func RoleFor(p *pipeline.Pipeline, stage string, base Role, m *MCP) (Role, error
 		r.MaxToolRounds = st.MaxToolRounds
 	}
 	r.Output.Type, r.Output.SchemaVersion = st.Output.Type, st.Output.SchemaVersion
+	if js := st.Output.JSONSchema; js != "" {
+		if !filepath.IsAbs(js) && p.Source != "" {
+			js = filepath.Join(filepath.Dir(p.Source), js)
+		}
+		s, err := LoadSchema(js)
+		if err != nil {
+			return Role{}, fmt.Errorf("stage %s: %w", stage, err)
+		}
+		r.OutputSchema = s
+	}
 	return r, nil
 }
