@@ -50,7 +50,7 @@ func retrieveAgent(t *testing.T, llm *testkit.LLM, mod func(*llmagent.Role, *llm
 	return a
 }
 
-func retrieveInput(t *testing.T, usd int64, routes ...*handoffv1.RouteOption) agentrunner.Input {
+func retrieveInput(t testing.TB, usd int64, routes ...*handoffv1.RouteOption) agentrunner.Input {
 	t.Helper()
 	st, err := artifact.NewFiles(t.TempDir())
 	if err != nil {
