@@ -162,6 +162,7 @@ func run(args []string, log *slog.Logger) error {
 	agents, err := buildAgents(s.llmStages, llmagent.Config{
 		BaseURL: s.llmBaseURL, Model: s.llmModel, APIKey: s.llmAPIKey,
 		PriceMicrosPer1KTokens: int64(s.llmPrice), Timeout: s.stageTimeout,
+		MaxRetries: 2, // 429 and 5xx, with backoff; past that the stage fails
 	}, lp, tools, s.execAgents, s.stageTimeout)
 	if err != nil {
 		return err

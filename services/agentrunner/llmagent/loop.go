@@ -139,7 +139,13 @@ func (r *run) complete(ctx context.Context, msgs []openai.ChatCompletionMessageP
 		}
 		return nil, r.fail("chat completion failed: %v", err)
 	}
-	r.spent += a.spend(resp.Usage)
+	cost := a.spend(resp.Usage)
+	r.spent += cost
+	if cost > r.reserve {
+		// A server reporting more tokens than one per byte sent plus max_tokens: the cap's
+		// bound no longer holds, so the loop stops rather than trust the next reservation.
+		return nil, r.fail("%s: the call's reported usage cost %d micro-USD, over the %d reserved for it", StopSpendCap, cost, r.reserve)
+	}
 	if len(resp.Choices) == 0 {
 		return nil, r.fail("response has no choices")
 	}

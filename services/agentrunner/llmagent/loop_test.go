@@ -219,11 +219,11 @@ func TestNeverStops(t *testing.T) {
 // wallet held. A package that cannot pay for one call makes none.
 func TestSpendCap(t *testing.T) {
 	llm := testkit.ServeLLM(t, func(int, testkit.LLMRequest) testkit.Step {
-		return testkit.Step{Calls: []testkit.Call{{Name: "kb_search", Args: `{}`}}, PromptTokens: 3000, CompletionTokens: 100}
+		return testkit.Step{Calls: []testkit.Call{{Name: "kb_search", Args: `{}`}}, PromptTokens: 300, CompletionTokens: 100}
 	})
 	var kb atomic.Int32
 	// 1 micro-USD per 1k tokens prompt, 1000 per 1k completion; max_tokens 100: a call
-	// reserves about 100 + a few for the prompt bytes, and really costs 3 + 100.
+	// reserves 100 + one per 1k prompt bytes, and really costs 0.3 + 100, rounded up.
 	a := retrieveAgent(t, llm, func(r *llmagent.Role, c *llmagent.Config) {
 		r.MaxToolRounds, r.MaxTokens = 50, 100
 		c.Prices = map[string]llmagent.Price{"m": {PromptMicrosPer1K: 1, CompletionMicrosPer1K: 1000}}
@@ -232,8 +232,17 @@ func TestSpendCap(t *testing.T) {
 	_, err := a.Run(context.Background(), retrieveInput(t, wallet))
 	re := runErr(t, err)
 	n := len(llm.Requests())
-	if !strings.Contains(err.Error(), llmagent.StopSpendCap) || n != 4 || re.SpentUsdMicros != int64(n)*103 || re.SpentUsdMicros > wallet {
-		t.Fatalf("err %v, %d calls, spent %d of %d; want spend_cap after 4 calls of 103", err, n, re.SpentUsdMicros, wallet)
+	if !strings.Contains(err.Error(), llmagent.StopSpendCap) || n != 4 || re.SpentUsdMicros != int64(n)*101 || re.SpentUsdMicros > wallet {
+		t.Fatalf("err %v, %d calls, spent %d of %d; want spend_cap after 4 calls of 101", err, n, re.SpentUsdMicros, wallet)
+	}
+
+	// A server reporting more usage than the reservation's bound stops the loop at once.
+	llm.SetScript(func(int, testkit.LLMRequest) testkit.Step {
+		return testkit.Step{Calls: []testkit.Call{{Name: "kb_search", Args: `{}`}}, PromptTokens: 1, CompletionTokens: 1000}
+	})
+	n = len(llm.Requests())
+	if _, err := a.Run(context.Background(), retrieveInput(t, 100_000)); err == nil || !strings.Contains(err.Error(), "over the") || len(llm.Requests()) != n+1 {
+		t.Fatalf("err %v after %d calls; want spend_cap after one", err, len(llm.Requests())-n)
 	}
 
 	before := len(llm.Requests())
