@@ -186,6 +186,14 @@ func (r *run) call(ctx context.Context, name, args string, route **handoffv1.Rou
 		r.record(name, "", 0, "")
 		return "Transferred to " + opt.GetName() + ".", nil // a sentinel for the loop; the model's turn is over
 	}
+	if *route != nil {
+		n := attemptName(name)
+		if t, ok := r.a.offer[name]; ok {
+			n = t.Name
+		}
+		r.record(n, CodeAfterTransfer, 0, "the stage ended at its transfer to "+(*route).GetName())
+		return "Not run: the stage already transferred to " + (*route).GetName() + ".", nil
+	}
 	t, ok := r.a.offer[name]
 	if !ok {
 		r.record(attemptName(name), CodeNotGranted, 0, "not on the stage's card")

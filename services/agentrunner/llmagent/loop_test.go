@@ -152,9 +152,11 @@ func TestTransferEndsStage(t *testing.T) {
 		testkit.Step{Content: answer, Calls: []testkit.Call{
 			{Name: "transfer_to_billing", Args: `{"reason":"a double charge","priority":"high"}`},
 			{Name: "transfer_to_technical", Args: `{"reason":"maybe"}`},
+			{Name: "kb_search", Args: `{}`},
 		}},
 	))
-	a := retrieveAgent(t, llm, nil)
+	var kb atomic.Int32
+	a := retrieveAgent(t, llm, nil, kbTool(&kb))
 	routes := []*handoffv1.RouteOption{{Name: "billing", Description: "Money: charges, refunds."}, {Name: "technical", Description: "Using the product."}}
 	res, err := a.Run(context.Background(), retrieveInput(t, 1_000_000, routes...))
 	if err != nil {
@@ -164,14 +166,14 @@ func TestTransferEndsStage(t *testing.T) {
 	if r.GetName() != "billing" || r.GetReason() != "a double charge" || r.GetPriority() != handoffv1.RoutePriority_ROUTE_PRIORITY_HIGH {
 		t.Fatalf("route %v, want billing (high, a double charge)", r)
 	}
-	if got, want := attempts(res), []string{"transfer_to_billing:ok", "transfer_to_technical:transfer_ignored"}; !slices.Equal(got, want) {
-		t.Fatalf("tools_tried %v, want %v", got, want)
+	if got, want := attempts(res), []string{"transfer_to_billing:ok", "transfer_to_technical:transfer_ignored", "kb.search:after_transfer"}; !slices.Equal(got, want) || kb.Load() != 0 {
+		t.Fatalf("tools_tried %v (kb.search ran %d times), want %v", got, kb.Load(), want)
 	}
 	req := llm.Requests()
-	if len(req) != 1 || !slices.Equal(req[0].Tools, []string{"transfer_to_billing", "transfer_to_technical"}) {
+	if len(req) != 1 || !slices.Equal(req[0].Tools, []string{"kb_search", "transfer_to_billing", "transfer_to_technical"}) {
 		t.Fatalf("%d requests, offered %v", len(req), req[0].Tools)
 	}
-	if d, _ := req[0].ToolSpecs[0]["description"].(string); d != "Money: charges, refunds." {
+	if d, _ := req[0].ToolSpecs[1]["description"].(string); d != "Money: charges, refunds." {
 		t.Errorf("transfer description %q", d)
 	}
 	if len(res.Artifacts) != 1 {

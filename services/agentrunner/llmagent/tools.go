@@ -32,6 +32,9 @@ const (
 	CodeTimeout = "tool_timeout"
 	// CodeTransferIgnored: a second transfer in the turn that already made one.
 	CodeTransferIgnored = "transfer_ignored"
+	// CodeAfterTransfer: a tool call after the turn's transfer, which ended the stage: not
+	// run.
+	CodeAfterTransfer = "after_transfer"
 )
 
 // Stop reasons of a stage that failed in the loop (in the error text, so the rail and a
