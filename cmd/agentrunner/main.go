@@ -90,7 +90,7 @@ func (s *settings) Bind(b *config.Binder) {
 	b.String(&s.llmPipeline, "llm-pipeline", "HANDOFF_LLM_PIPELINE", "", "pipeline file the --llm-stages are stages of: their tools (from its MCP servers), instructions, max_tool_rounds and output schema; without it they are the built-in support roles with no tools")
 	b.String(&s.llmBaseURL, "llm-base-url", "HANDOFF_LLM_BASE_URL", defaultLLMBaseURL, "OpenAI-compatible API base URL; the key is read from HANDOFF_LLM_API_KEY only")
 	b.String(&s.llmModel, "llm-model", "HANDOFF_LLM_MODEL", "", "model name")
-	b.Int(&s.llmPrice, "llm-price", "HANDOFF_LLM_PRICE_MICROS_PER_1K", 0, "micro-USD per 1000 tokens")
+	b.Int(&s.llmPrice, "llm-price", "HANDOFF_LLM_PRICE_MICROS_PER_1K", 0, "micro-USD per 1000 tokens, for a model the --llm-pipeline's prices: table does not list")
 	b.Secret(&s.llmAPIKey, "HANDOFF_LLM_API_KEY", "the model API's key, for --llm-stages (never a flag: it would show in the process list)")
 	b.List(&s.execAgents, "exec", "HANDOFF_EXEC_AGENTS", ";", `serve a role by a program: "name[:tool,tool]=/path/to/program arg..."`)
 	s.sec.Bind(b)
@@ -159,11 +159,15 @@ func run(args []string, log *slog.Logger) error {
 		}
 		defer tools.Close()
 	}
-	agents, err := buildAgents(s.llmStages, llmagent.Config{
+	cfg := llmagent.Config{
 		BaseURL: s.llmBaseURL, Model: s.llmModel, APIKey: s.llmAPIKey,
 		PriceMicrosPer1KTokens: int64(s.llmPrice), Timeout: s.stageTimeout,
 		MaxRetries: 2, // 429 and 5xx, with backoff; past that the stage fails
-	}, lp, tools, s.execAgents, s.stageTimeout)
+	}
+	if lp != nil {
+		cfg.Prices = llmagent.PricesOf(lp) // the pipeline's table wins over --llm-price
+	}
+	agents, err := buildAgents(s.llmStages, cfg, lp, tools, s.execAgents, s.stageTimeout)
 	if err != nil {
 		return err
 	}

@@ -62,7 +62,7 @@ func run(args []string, out io.Writer) error {
 	fake := fs.Bool("fake-model", false, "use the scripted OpenAI-compatible server (offline, deterministic)")
 	baseURL := fs.String("base-url", "", "OpenAI-compatible API base URL, e.g. http://127.0.0.1:11434/v1 (Ollama), http://127.0.0.1:8000/v1 (vLLM), https://api.openai.com/v1")
 	model := fs.String("model", "", "model name as the server knows it")
-	price := fs.Int64("price", 150, "micro-USD per 1000 tokens (prompt and completion)")
+	price := fs.Int64("price", 150, "micro-USD per 1000 tokens (prompt and completion) for a model the pipeline's prices: table does not list")
 	budget := fs.Int64("budget", 200_000, "the job's wallet in micro-USD")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -100,7 +100,7 @@ func run(args []string, out io.Writer) error {
 
 	rec := &recorder{}
 	cfg := llmagent.Config{BaseURL: *baseURL, Model: *model, APIKey: os.Getenv("HANDOFF_LLM_API_KEY"), Temperature: 0,
-		PriceMicrosPer1KTokens: *price, MaxRetries: 2, Timeout: 2 * time.Minute}
+		PriceMicrosPer1KTokens: *price, Prices: llmagent.PricesOf(p), MaxRetries: 2, Timeout: 2 * time.Minute}
 	var agents []agentrunner.Agent
 	for _, st := range p.Stages {
 		if st.Kind == pipeline.KindWriteback {

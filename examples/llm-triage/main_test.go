@@ -5,6 +5,7 @@ import (
 	"context"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -43,8 +44,16 @@ func TestFakeModel(t *testing.T) {
 			t.Errorf("output lacks %q:\n%s", want, s)
 		}
 	}
-	if n := len(regexp.MustCompile(`(?m)^stage \S+ +spent +[1-9][0-9]* micro-USD$`).FindAllString(s, -1)); n != 4 {
-		t.Errorf("%d stages with a spend line, want 4:\n%s", n, s)
+	// Money is exact: the stages' spend adds up to what the rail debited.
+	stages := regexp.MustCompile(`(?m)^stage \S+ +spent +([1-9][0-9]*) micro-USD$`).FindAllStringSubmatch(s, -1)
+	var sum int
+	for _, m := range stages {
+		n, _ := strconv.Atoi(m[1])
+		sum += n
+	}
+	total := regexp.MustCompile(`spent (\d+) micro-USD in all`).FindStringSubmatch(s)
+	if len(stages) != 4 || total == nil || strconv.Itoa(sum) != total[1] {
+		t.Errorf("%d stages with a spend line summing to %d, total %v; want 4 adding up to the total:\n%s", len(stages), sum, total, s)
 	}
 	if strings.Contains(s, "crm.patch") {
 		t.Errorf("a model stage was offered or called crm.patch:\n%s", s)

@@ -218,6 +218,20 @@ func (l *linter) mcpServers() {
 			l.errorAt("tool-mcp", fmt.Sprintf("tool %q is served by MCP server %q, which mcp_servers does not declare", t.Name, t.MCP.Server), path+".server", path)
 		}
 	}
+	models := map[string]bool{}
+	for i, pr := range p.Prices {
+		path := fmt.Sprintf("prices[%d]", i)
+		switch {
+		case pr.Model == "":
+			l.errorAt("price", fmt.Sprintf("price %d has no model: name the model as its server knows it", i+1), path+".model", path)
+		case models[pr.Model]:
+			l.errorAt("price", fmt.Sprintf("model %q is priced twice", pr.Model), path+".model", path)
+		}
+		models[pr.Model] = true
+		if pr.PromptMicrosPer1K < 0 || pr.CompletionMicrosPer1K < 0 {
+			l.errorAt("price", fmt.Sprintf("model %q has a negative price: micro-USD per 1000 tokens are 0 or more", pr.Model), path)
+		}
+	}
 	for i, s := range p.Stages {
 		if s.MaxToolRounds < 0 {
 			l.errorAt("max-tool-rounds", fmt.Sprintf("%s has max_tool_rounds %d: it must be 0 (the agent's default) or more", label(&p.Stages[i], i), s.MaxToolRounds), stagePath(i)+".max_tool_rounds", stagePath(i))

@@ -19,11 +19,12 @@ type position struct{ line, col int }
 
 // The fields each mapping may have, in the order the messages list them.
 var (
-	pipelineFields   = []string{"name", "description", "max_hops", "max_revisions", "max_bounces", "escalation", "mcp_servers", "tools", "stages"}
+	pipelineFields   = []string{"name", "description", "max_hops", "max_revisions", "max_bounces", "escalation", "mcp_servers", "prices", "tools", "stages"}
 	escalationFields = []string{"route"}
 	toolFields       = []string{"name", "access", "system", "mcp"}
 	mcpFields        = []string{"server", "tool"}
 	mcpServerFields  = []string{"name", "command", "url"}
+	priceFields      = []string{"model", "prompt_micros_per_1k", "completion_micros_per_1k"}
 	stageFields      = []string{"name", "agent", "kind", "input", "output", "tools", "criteria", "runner", "revise", "writer", "routes", "next", "rejected_role", "instructions", "max_tool_rounds"}
 	routeFields      = []string{"name", "description", "to"}
 	outputFields     = []string{"type", "schema_version", "json_schema"}
@@ -158,6 +159,23 @@ func (d *decoder) pipeline(root *yaml.Node) {
 					}
 				})
 				p.Tools = append(p.Tools, t)
+			})
+		case "prices":
+			d.sequence(v, "prices", "prices (the model price table)", func(i int, item *yaml.Node) {
+				path := fmt.Sprintf("prices[%d]", i)
+				var pr Price
+				d.mapping(item, path, fmt.Sprintf("price %d", i+1), priceFields, func(key string, v *yaml.Node) {
+					f := path + "." + key
+					switch key {
+					case "model":
+						pr.Model = d.str(v, f, "price model")
+					case "prompt_micros_per_1k":
+						pr.PromptMicrosPer1K = d.int(v, f, "prompt_micros_per_1k")
+					case "completion_micros_per_1k":
+						pr.CompletionMicrosPer1K = d.int(v, f, "completion_micros_per_1k")
+					}
+				})
+				p.Prices = append(p.Prices, pr)
 			})
 		case "mcp_servers":
 			d.sequence(v, "mcp_servers", "mcp_servers (the tool servers)", func(i int, item *yaml.Node) {

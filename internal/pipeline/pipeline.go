@@ -71,6 +71,8 @@ type Pipeline struct {
 	Escalation Escalation
 	// MCPServers are the tool servers the catalogue's tools are served by.
 	MCPServers []MCPServer
+	// Prices is the model price table of its model stages, in integer micro-USD.
+	Prices []Price
 	// Tools is the catalogue: every tool a stage may hold.
 	Tools []Tool
 	// Stages run in this order.
@@ -101,6 +103,12 @@ type Tool struct {
 	// MCP says which MCP server and tool serve it, for model stages (llmagent); nil when
 	// the tool is implemented by the agent itself.
 	MCP *MCPTool
+}
+
+// Price is what 1000 tokens of one model cost, in micro-USD.
+type Price struct {
+	Model                                    string
+	PromptMicrosPer1K, CompletionMicrosPer1K int
 }
 
 // MCPTool is a catalogue tool's place on an MCP server.

@@ -35,8 +35,10 @@ func TestLintFixtures(t *testing.T) {
 			{"mcp-server", 8, `MCP server "crm" has both command: and url:`},
 			{"mcp-server", 9, `MCP server "desk" has neither command: (stdio) nor url:`},
 			{"mcp-server", 9, `MCP server "desk" is declared twice`},
-			{"tool-mcp", 12, `tool "kb.search" is served by MCP server "nowhere", which mcp_servers does not declare`},
-			{"max-tool-rounds", 21, `stage "intake" has max_tool_rounds -1`},
+			{"price", 11, `model "m" has a negative price`},
+			{"price", 12, `model "m" is priced twice`},
+			{"tool-mcp", 15, `tool "kb.search" is served by MCP server "nowhere", which mcp_servers does not declare`},
+			{"max-tool-rounds", 24, `stage "intake" has max_tool_rounds -1`},
 		}},
 		{file: "judge_write_tool.yaml", errors: []want{
 			{"judge-no-write", 31, `judge "judge" holds write tool crm.patch`},
@@ -534,6 +536,9 @@ func TestMCPCatalogue(t *testing.T) {
 	}
 	if len(p.MCPServers) != 2 || !slices.Equal(p.MCPServers[0].Command, []string{"ticket-tools", "--stdio"}) || p.MCPServers[1].URL != "http://127.0.0.1:7070/mcp" {
 		t.Fatalf("servers %+v", p.MCPServers)
+	}
+	if len(p.Prices) != 2 || p.Prices[1] != (Price{"gpt-4o-mini", 150, 600}) {
+		t.Fatalf("prices %+v", p.Prices)
 	}
 	in := p.Stages[0]
 	if in.MaxToolRounds != 3 || in.Instructions == "" || in.Output.JSONSchema != "schemas/intake.json" {

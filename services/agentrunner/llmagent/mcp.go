@@ -183,3 +183,12 @@ func RoleFor(p *pipeline.Pipeline, stage string, base Role, m *MCP) (Role, error
 	}
 	return r, nil
 }
+
+// PricesOf is pipeline p's model price table as Config.Prices.
+func PricesOf(p *pipeline.Pipeline) map[string]Price {
+	out := map[string]Price{}
+	for _, pr := range p.Prices {
+		out[pr.Model] = Price{int64(pr.PromptMicrosPer1K), int64(pr.CompletionMicrosPer1K)}
+	}
+	return out
+}
