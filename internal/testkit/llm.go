@@ -51,7 +51,9 @@ type LLMRequest struct {
 	Tools     []string // the function names offered
 	ToolSpecs []map[string]any
 	MaxTokens int64
-	Raw       map[string]any
+	// Auth is the Authorization header.
+	Auth string
+	Raw  map[string]any
 }
 
 // Script answers request n (0-based) of the server's life.
@@ -112,7 +114,7 @@ func (l *LLM) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "bad json", http.StatusBadRequest)
 		return
 	}
-	req := LLMRequest{Raw: raw}
+	req := LLMRequest{Raw: raw, Auth: r.Header.Get("Authorization")}
 	req.Model, _ = raw["model"].(string)
 	if mt, ok := raw["max_completion_tokens"].(float64); ok {
 		req.MaxTokens = int64(mt)
