@@ -32,6 +32,7 @@ import (
 	"github.com/handoffhq/handoff/internal/artifact"
 	"github.com/handoffhq/handoff/internal/config"
 	"github.com/handoffhq/handoff/internal/contract"
+	"github.com/handoffhq/handoff/internal/pipeline"
 	"github.com/handoffhq/handoff/internal/rpc"
 	"github.com/handoffhq/handoff/internal/server"
 	"github.com/handoffhq/handoff/internal/store"
@@ -49,7 +50,8 @@ const service = "agentrunner"
 const (
 	about   = "hosts stage agents behind the AgentRunnerService: every package is checked (schema, role, duplicate, the job's wallet) and acked before its agent runs"
 	details = `Serves the built-in support agents (intake, retrieve, draft, judge); --llm-stages puts
-an OpenAI-compatible model on some of them, --exec a program. Needs transport security
+an OpenAI-compatible model on some of them (with --llm-pipeline: stages of that pipeline,
+their tools from its MCP servers), --exec a program. Needs transport security
 (--certs DIR, or --plaintext-loopback on a loopback --listen address) and the coordinator's
 --store: a package whose wallet is not in it is REJECTED_BUDGET naming budget.wallet_id.`
 )
@@ -69,6 +71,7 @@ type settings struct {
 	storeSpec, artifactsDir                    string
 	stageTimeout, resultTTL, storeWait         time.Duration
 	llmStages, llmBaseURL, llmModel, llmAPIKey string
+	llmPipeline                                string
 	llmPrice                                   int
 	execAgents                                 []string
 	sec                                        rpc.Security
@@ -84,9 +87,10 @@ func (s *settings) Bind(b *config.Binder) {
 	b.Duration(&s.stageTimeout, "stage-timeout", "HANDOFF_STAGE_TIMEOUT", agentrunner.DefaultStageTimeout, "bound on one agent run")
 	b.Duration(&s.resultTTL, "result-ttl", "HANDOFF_RESULT_TTL", 0, "how long stage-completion records are kept, 0 = forever")
 	b.String(&s.llmStages, "llm-stages", "HANDOFF_LLM_STAGES", "", "comma-separated support stages served by an OpenAI-compatible model instead of the built-in agents")
+	b.String(&s.llmPipeline, "llm-pipeline", "HANDOFF_LLM_PIPELINE", "", "pipeline file the --llm-stages are stages of: their tools (from its MCP servers), instructions, max_tool_rounds and output schema; without it they are the built-in support roles with no tools")
 	b.String(&s.llmBaseURL, "llm-base-url", "HANDOFF_LLM_BASE_URL", defaultLLMBaseURL, "OpenAI-compatible API base URL; the key is read from HANDOFF_LLM_API_KEY only")
 	b.String(&s.llmModel, "llm-model", "HANDOFF_LLM_MODEL", "", "model name")
-	b.Int(&s.llmPrice, "llm-price", "HANDOFF_LLM_PRICE_MICROS_PER_1K", 0, "micro-USD per 1000 tokens")
+	b.Int(&s.llmPrice, "llm-price", "HANDOFF_LLM_PRICE_MICROS_PER_1K", 0, "micro-USD per 1000 tokens, for a model the --llm-pipeline's prices: table does not list")
 	b.Secret(&s.llmAPIKey, "HANDOFF_LLM_API_KEY", "the model API's key, for --llm-stages (never a flag: it would show in the process list)")
 	b.List(&s.execAgents, "exec", "HANDOFF_EXEC_AGENTS", ";", `serve a role by a program: "name[:tool,tool]=/path/to/program arg..."`)
 	s.sec.Bind(b)
@@ -141,16 +145,32 @@ func run(args []string, log *slog.Logger) error {
 		return err
 	}
 
-	agents, err := buildAgents(s.llmStages, llmagent.Config{
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	var lp *pipeline.Pipeline
+	var tools *llmagent.MCP
+	if s.llmPipeline != "" && strings.TrimSpace(s.llmStages) != "" {
+		if lp, err = pipeline.Load(s.llmPipeline); err != nil {
+			return fmt.Errorf("--llm-pipeline: %w", err)
+		}
+		if tools, err = llmagent.ConnectMCP(ctx, lp.MCPServers, nil); err != nil {
+			return fmt.Errorf("--llm-pipeline %s: %w", s.llmPipeline, err)
+		}
+		defer tools.Close()
+	}
+	cfg := llmagent.Config{
 		BaseURL: s.llmBaseURL, Model: s.llmModel, APIKey: s.llmAPIKey,
 		PriceMicrosPer1KTokens: int64(s.llmPrice), Timeout: s.stageTimeout,
-	}, s.execAgents, s.stageTimeout)
+		MaxRetries: 2, // 429 and 5xx, with backoff; past that the stage fails
+	}
+	if lp != nil {
+		cfg.Prices = llmagent.PricesOf(lp) // the pipeline's table wins over --llm-price
+	}
+	agents, err := buildAgents(s.llmStages, cfg, lp, tools, s.execAgents, s.stageTimeout)
 	if err != nil {
 		return err
 	}
-
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 
 	st, err := store.OpenURLWait(ctx, s.storeSpec, s.storeWait, store.LogRetries(log, s.storeSpec))
 	if err != nil {
@@ -215,8 +235,10 @@ func run(args []string, log *slog.Logger) error {
 }
 
 // buildAgents returns the built-in support agents, with the --llm-stages replaced by model
-// agents, plus the --exec programs (which replace a built-in agent of the same name).
-func buildAgents(llmStages string, cfg llmagent.Config, execs []string, timeout time.Duration) ([]agentrunner.Agent, error) {
+// agents, plus the --exec programs (which replace a built-in agent of the same name). With
+// a pipeline p, each --llm-stages entry is one of its stages, its card the stage's agent
+// name and exactly its catalogue tools, served by the MCP servers in tools.
+func buildAgents(llmStages string, cfg llmagent.Config, p *pipeline.Pipeline, tools *llmagent.MCP, execs []string, timeout time.Duration) ([]agentrunner.Agent, error) {
 	byName := map[string]agentrunner.Agent{}
 	var order []string
 	set := func(a agentrunner.Agent) {
@@ -233,9 +255,9 @@ func buildAgents(llmStages string, cfg llmagent.Config, execs []string, timeout 
 		if stage = strings.TrimSpace(stage); stage == "" {
 			continue
 		}
-		role, err := llmagent.StageRole(stage)
+		role, err := llmRole(stage, p, tools)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("--llm-stages %s: %w", stage, err)
 		}
 		a, err := llmagent.New(cfg, role)
 		if err != nil {
@@ -267,4 +289,28 @@ func buildAgents(llmStages string, cfg llmagent.Config, execs []string, timeout 
 		out = append(out, byName[n])
 	}
 	return out, nil
+}
+
+// llmRole is a --llm-stages entry's role: the built-in support role of that name, or with
+// a pipeline the stage's own (the built-in role of its agent, if any, under what the
+// pipeline declares; a stage with no built-in role needs instructions:).
+func llmRole(stage string, p *pipeline.Pipeline, tools *llmagent.MCP) (llmagent.Role, error) {
+	if p == nil {
+		return llmagent.StageRole(stage)
+	}
+	st, _, ok := p.Stage(stage)
+	if !ok {
+		return llmagent.Role{}, fmt.Errorf("pipeline %s has no stage %q", p.Name, stage)
+	}
+	base, err := llmagent.StageRole(st.AgentName())
+	if err != nil {
+		if st.Instructions == "" {
+			return llmagent.Role{}, fmt.Errorf("stage %s has no built-in role (agent %s) and no instructions: in the pipeline", stage, st.AgentName())
+		}
+		base = llmagent.Role{Output: llmagent.Output{MediaType: "text/plain"}}
+		if st.Output.JSONSchema != "" {
+			base.Output.MediaType = "application/json"
+		}
+	}
+	return llmagent.RoleFor(p, stage, base, tools)
 }

@@ -33,6 +33,7 @@ func Lint(p *Pipeline) []Problem {
 	}
 	l := &linter{p: p}
 	l.pipeline()
+	l.mcpServers()
 	l.catalogue()
 	l.stages()
 	l.writers()
@@ -179,6 +180,61 @@ func (l *linter) catalogue() {
 		}
 		if t.Name != "" && len(p.Stages) > 0 && !unreadTools && !slices.ContainsFunc(p.Stages, func(s Stage) bool { return slices.Contains(s.Tools, t.Name) }) {
 			l.warnAt("unused-tool", fmt.Sprintf("tool %q is in the catalogue but no stage holds it", t.Name), path+".name", path)
+		}
+	}
+}
+
+// mcpServers checks the tool servers and the catalogue's references to them.
+func (l *linter) mcpServers() {
+	p := l.p
+	names := map[string]bool{}
+	for i, m := range p.MCPServers {
+		path := fmt.Sprintf("mcp_servers[%d]", i)
+		switch {
+		case m.Name == "" || !systemNameRE.MatchString(m.Name) || len(m.Name) > maxNameLen:
+			l.errorAt("mcp-server", fmt.Sprintf("MCP server %d has name %q: use lowercase letters, digits, '_' and '-', starting with a letter", i+1, m.Name), path+".name", path)
+		case names[m.Name]:
+			l.errorAt("mcp-server", fmt.Sprintf("MCP server %q is declared twice", m.Name), path+".name", path)
+		}
+		names[m.Name] = true
+		switch {
+		case len(m.Command) == 0 && m.URL == "":
+			l.errorAt("mcp-server", fmt.Sprintf("MCP server %q has neither command: (stdio) nor url: (streamable HTTP)", m.Name), path)
+		case len(m.Command) > 0 && m.URL != "":
+			l.errorAt("mcp-server", fmt.Sprintf("MCP server %q has both command: and url:; give one", m.Name), path+".url", path)
+		case m.URL != "" && !strings.HasPrefix(m.URL, "http://") && !strings.HasPrefix(m.URL, "https://"):
+			l.errorAt("mcp-server", fmt.Sprintf("MCP server %q has url %q: want an http:// or https:// URL", m.Name, m.URL), path+".url", path)
+		}
+	}
+	for i, t := range p.Tools {
+		if t.MCP == nil {
+			continue
+		}
+		path := fmt.Sprintf("tools[%d].mcp", i)
+		switch {
+		case t.MCP.Server == "" || t.MCP.Tool == "":
+			l.errorAt("tool-mcp", fmt.Sprintf("tool %q: mcp needs both server: and tool:", t.Name), path)
+		case !names[t.MCP.Server]:
+			l.errorAt("tool-mcp", fmt.Sprintf("tool %q is served by MCP server %q, which mcp_servers does not declare", t.Name, t.MCP.Server), path+".server", path)
+		}
+	}
+	models := map[string]bool{}
+	for i, pr := range p.Prices {
+		path := fmt.Sprintf("prices[%d]", i)
+		switch {
+		case pr.Model == "":
+			l.errorAt("price", fmt.Sprintf("price %d has no model: name the model as its server knows it", i+1), path+".model", path)
+		case models[pr.Model]:
+			l.errorAt("price", fmt.Sprintf("model %q is priced twice", pr.Model), path+".model", path)
+		}
+		models[pr.Model] = true
+		if pr.PromptMicrosPer1K < 0 || pr.CompletionMicrosPer1K < 0 {
+			l.errorAt("price", fmt.Sprintf("model %q has a negative price: micro-USD per 1000 tokens are 0 or more", pr.Model), path)
+		}
+	}
+	for i, s := range p.Stages {
+		if s.MaxToolRounds < 0 {
+			l.errorAt("max-tool-rounds", fmt.Sprintf("%s has max_tool_rounds %d: it must be 0 (the agent's default) or more", label(&p.Stages[i], i), s.MaxToolRounds), stagePath(i)+".max_tool_rounds", stagePath(i))
 		}
 	}
 }

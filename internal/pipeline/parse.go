@@ -19,12 +19,15 @@ type position struct{ line, col int }
 
 // The fields each mapping may have, in the order the messages list them.
 var (
-	pipelineFields   = []string{"name", "description", "max_hops", "max_revisions", "max_bounces", "escalation", "tools", "stages"}
+	pipelineFields   = []string{"name", "description", "max_hops", "max_revisions", "max_bounces", "escalation", "mcp_servers", "prices", "tools", "stages"}
 	escalationFields = []string{"route"}
-	toolFields       = []string{"name", "access", "system"}
-	stageFields      = []string{"name", "agent", "kind", "input", "output", "tools", "criteria", "runner", "revise", "writer", "routes", "next", "rejected_role"}
+	toolFields       = []string{"name", "access", "system", "mcp"}
+	mcpFields        = []string{"server", "tool"}
+	mcpServerFields  = []string{"name", "command", "url"}
+	priceFields      = []string{"model", "prompt_micros_per_1k", "completion_micros_per_1k"}
+	stageFields      = []string{"name", "agent", "kind", "input", "output", "tools", "criteria", "runner", "revise", "writer", "routes", "next", "rejected_role", "instructions", "max_tool_rounds"}
 	routeFields      = []string{"name", "description", "to"}
-	outputFields     = []string{"type", "schema_version"}
+	outputFields     = []string{"type", "schema_version", "json_schema"}
 	writerFields     = []string{"system", "target"}
 )
 
@@ -139,9 +142,57 @@ func (d *decoder) pipeline(root *yaml.Node) {
 						t.Access = d.str(v, f, "tool access")
 					case "system":
 						t.System = d.str(v, f, "tool system")
+					case "mcp":
+						if isNull(v) {
+							return
+						}
+						m := &MCPTool{}
+						d.mapping(v, f, fmt.Sprintf("tool %d: mcp", i+1), mcpFields, func(key string, v *yaml.Node) {
+							switch key {
+							case "server":
+								m.Server = d.str(v, f+".server", "mcp.server")
+							case "tool":
+								m.Tool = d.str(v, f+".tool", "mcp.tool")
+							}
+						})
+						t.MCP = m
 					}
 				})
 				p.Tools = append(p.Tools, t)
+			})
+		case "prices":
+			d.sequence(v, "prices", "prices (the model price table)", func(i int, item *yaml.Node) {
+				path := fmt.Sprintf("prices[%d]", i)
+				var pr Price
+				d.mapping(item, path, fmt.Sprintf("price %d", i+1), priceFields, func(key string, v *yaml.Node) {
+					f := path + "." + key
+					switch key {
+					case "model":
+						pr.Model = d.str(v, f, "price model")
+					case "prompt_micros_per_1k":
+						pr.PromptMicrosPer1K = d.int(v, f, "prompt_micros_per_1k")
+					case "completion_micros_per_1k":
+						pr.CompletionMicrosPer1K = d.int(v, f, "completion_micros_per_1k")
+					}
+				})
+				p.Prices = append(p.Prices, pr)
+			})
+		case "mcp_servers":
+			d.sequence(v, "mcp_servers", "mcp_servers (the tool servers)", func(i int, item *yaml.Node) {
+				path := fmt.Sprintf("mcp_servers[%d]", i)
+				var m MCPServer
+				d.mapping(item, path, fmt.Sprintf("MCP server %d", i+1), mcpServerFields, func(key string, v *yaml.Node) {
+					f := path + "." + key
+					switch key {
+					case "name":
+						m.Name = d.str(v, f, "MCP server name")
+					case "command":
+						m.Command = d.strings(v, f, "MCP server command", "[ticket-tools, --stdio]")
+					case "url":
+						m.URL = d.str(v, f, "MCP server url")
+					}
+				})
+				p.MCPServers = append(p.MCPServers, m)
 			})
 		case "stages":
 			d.sequence(v, "stages", "stages", func(i int, item *yaml.Node) {
@@ -201,6 +252,10 @@ func (d *decoder) stage(i int, n *yaml.Node) Stage {
 			})
 		case "runner":
 			s.Runner = d.str(v, f, what+": runner")
+		case "instructions":
+			s.Instructions = d.str(v, f, what+": instructions")
+		case "max_tool_rounds":
+			s.MaxToolRounds = d.int(v, f, what+": max_tool_rounds")
 		case "output":
 			d.mapping(v, f, what+": output", outputFields, func(key string, v *yaml.Node) {
 				switch key {
@@ -208,6 +263,8 @@ func (d *decoder) stage(i int, n *yaml.Node) Stage {
 					s.Output.Type = d.str(v, f+".type", what+": output.type")
 				case "schema_version":
 					s.Output.SchemaVersion = d.str(v, f+".schema_version", what+": output.schema_version")
+				case "json_schema":
+					s.Output.JSONSchema = d.str(v, f+".json_schema", what+": output.json_schema")
 				}
 			})
 		case "tools":

@@ -69,6 +69,10 @@ type Pipeline struct {
 	// a bounce. Parse sets DefaultMaxBounces when the file leaves it out.
 	MaxBounces int
 	Escalation Escalation
+	// MCPServers are the tool servers the catalogue's tools are served by.
+	MCPServers []MCPServer
+	// Prices is the model price table of its model stages, in integer micro-USD.
+	Prices []Price
 	// Tools is the catalogue: every tool a stage may hold.
 	Tools []Tool
 	// Stages run in this order.
@@ -96,6 +100,29 @@ type Tool struct {
 	Access string
 	// System is the external system the tool reads or writes ("crm").
 	System string
+	// MCP says which MCP server and tool serve it, for model stages (llmagent); nil when
+	// the tool is implemented by the agent itself.
+	MCP *MCPTool
+}
+
+// Price is what 1000 tokens of one model cost, in micro-USD.
+type Price struct {
+	Model                                    string
+	PromptMicrosPer1K, CompletionMicrosPer1K int
+}
+
+// MCPTool is a catalogue tool's place on an MCP server.
+type MCPTool struct {
+	// Server is the name of one of the pipeline's MCPServers; Tool the tool's name there.
+	Server, Tool string
+}
+
+// MCPServer is a Model Context Protocol tool server: a command run over stdio, or a
+// streamable-HTTP URL. Exactly one of Command and URL is set.
+type MCPServer struct {
+	Name    string
+	Command []string
+	URL     string
 }
 
 // Stage is one declared stage.
@@ -134,6 +161,11 @@ type Stage struct {
 	Criteria []string
 	// Writer is set on writeback stages only.
 	Writer *Writer
+	// Instructions are what a model stage is told to do (the heart of its system
+	// prompt); empty: the agent's own.
+	Instructions string
+	// MaxToolRounds bounds a model stage's rounds of tool calls; 0: the agent's default.
+	MaxToolRounds int
 	// Line is the stage's line in Source (0 when the stage was not parsed from a file).
 	Line int
 }
@@ -166,6 +198,10 @@ type Output struct {
 	Type string
 	// SchemaVersion is the version of the artifact's schema ("summary_md.v1").
 	SchemaVersion string
+	// JSONSchema, when set, is the path (relative to the pipeline file) of a JSON Schema
+	// the artifact must satisfy; a model stage's output is checked against it before it
+	// leaves the runner.
+	JSONSchema string
 }
 
 // Writer names the external system a writeback stage writes and the writeback service

@@ -30,6 +30,16 @@ func TestLintFixtures(t *testing.T) {
 		{file: "two_writers.yaml", errors: []want{
 			{"one-writer", 41, `stages "writeback" (line 31) and "audit" both write to system crm`},
 		}},
+		{file: "mcp.yaml"},
+		{file: "mcp_bad.yaml", errors: []want{
+			{"mcp-server", 8, `MCP server "crm" has both command: and url:`},
+			{"mcp-server", 9, `MCP server "desk" has neither command: (stdio) nor url:`},
+			{"mcp-server", 9, `MCP server "desk" is declared twice`},
+			{"price", 11, `model "m" has a negative price`},
+			{"price", 12, `model "m" is priced twice`},
+			{"tool-mcp", 15, `tool "kb.search" is served by MCP server "nowhere", which mcp_servers does not declare`},
+			{"max-tool-rounds", 24, `stage "intake" has max_tool_rounds -1`},
+		}},
 		{file: "judge_write_tool.yaml", errors: []want{
 			{"judge-no-write", 31, `judge "judge" holds write tool crm.patch`},
 		}},
@@ -517,4 +527,27 @@ func FuzzParse(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestMCPCatalogue: the catalogue maps each tool to its MCP server and tool; the stage's
+// model settings are read.
+func TestMCPCatalogue(t *testing.T) {
+	p, err := Load("testdata/mcp.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kb, ok := p.Tool("kb.search")
+	if !ok || kb.MCP == nil || kb.MCP.Server != "desk" || kb.MCP.Tool != "kb_search" || kb.Access != AccessRead {
+		t.Fatalf("kb.search %+v", kb)
+	}
+	if len(p.MCPServers) != 2 || !slices.Equal(p.MCPServers[0].Command, []string{"ticket-tools", "--stdio"}) || p.MCPServers[1].URL != "http://127.0.0.1:7070/mcp" {
+		t.Fatalf("servers %+v", p.MCPServers)
+	}
+	if len(p.Prices) != 2 || p.Prices[1] != (Price{"gpt-4o-mini", 150, 600}) {
+		t.Fatalf("prices %+v", p.Prices)
+	}
+	in := p.Stages[0]
+	if in.MaxToolRounds != 3 || in.Instructions == "" || in.Output.JSONSchema != "schemas/intake.json" {
+		t.Fatalf("intake %+v", in)
+	}
 }

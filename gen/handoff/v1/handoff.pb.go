@@ -572,7 +572,11 @@ type ToolAttempt struct {
 	// The stage that made the call.
 	Stage string `protobuf:"bytes,4,opt,name=stage,proto3" json:"stage,omitempty"`
 	// Short human-readable note; not a dump of the response.
-	Detail        string `protobuf:"bytes,5,opt,name=detail,proto3" json:"detail,omitempty"`
+	Detail string `protobuf:"bytes,5,opt,name=detail,proto3" json:"detail,omitempty"`
+	// How long the call took, measured by the runtime that made it (not reported by a model).
+	DurationMs int64 `protobuf:"varint,6,opt,name=duration_ms,json=durationMs,proto3" json:"duration_ms,omitempty"`
+	// The package already showed this tool as failed, and the stage called it again.
+	Retry         bool `protobuf:"varint,7,opt,name=retry,proto3" json:"retry,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -640,6 +644,20 @@ func (x *ToolAttempt) GetDetail() string {
 		return x.Detail
 	}
 	return ""
+}
+
+func (x *ToolAttempt) GetDurationMs() int64 {
+	if x != nil {
+		return x.DurationMs
+	}
+	return 0
+}
+
+func (x *ToolAttempt) GetRetry() bool {
+	if x != nil {
+		return x.Retry
+	}
+	return false
 }
 
 // Evaluator is the judge state that travels with the job.
@@ -1429,14 +1447,17 @@ const file_handoff_v1_handoff_proto_rawDesc = "" +
 	"media_type\x18\x04 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x01R\tmediaType\x120\n" +
 	"\x06sha256\x18\x05 \x01(\tB\x18\xbaH\x15r\x132\x11^([0-9a-f]{64})?$R\x06sha256\x12?\n" +
 	"\vproduced_by\x18\x06 \x01(\tB\x1e\xbaH\x1br\x19\x18@2\x15^([a-z][a-z0-9_-]*)?$R\n" +
-	"producedBy\"\xe3\x02\n" +
+	"producedBy\"\xa3\x03\n" +
 	"\vToolAttempt\x12:\n" +
 	"\x04name\x18\x01 \x01(\tB&\xbaH#\xc8\x01\x01r\x1e\x18\x80\x012\x19^[A-Za-z][A-Za-z0-9_.-]*$R\x04name\x12\x0e\n" +
 	"\x02ok\x18\x02 \x01(\bR\x02ok\x12<\n" +
 	"\n" +
 	"error_code\x18\x03 \x01(\tB\x1d\xbaH\x1ar\x18\x18@2\x14^([A-Za-z0-9_.-]+)?$R\terrorCode\x124\n" +
 	"\x05stage\x18\x04 \x01(\tB\x1e\xbaH\x1br\x19\x18@2\x15^([a-z][a-z0-9_-]*)?$R\x05stage\x12 \n" +
-	"\x06detail\x18\x05 \x01(\tB\b\xbaH\x05r\x03\x18\xf4\x03R\x06detail:r\xbaHo\x1am\n" +
+	"\x06detail\x18\x05 \x01(\tB\b\xbaH\x05r\x03\x18\xf4\x03R\x06detail\x12(\n" +
+	"\vduration_ms\x18\x06 \x01(\x03B\a\xbaH\x04\"\x02(\x00R\n" +
+	"durationMs\x12\x14\n" +
+	"\x05retry\x18\a \x01(\bR\x05retry:r\xbaHo\x1am\n" +
 	"\x17tool_attempt.error_code\x12/a successful attempt (ok) carries no error_code\x1a!!this.ok || this.error_code == ''\"\xdd\x02\n" +
 	"\tEvaluator\x12C\n" +
 	"\flast_verdict\x18\x01 \x01(\x0e2\x13.handoff.v1.VerdictB\v\xbaH\b\xc8\x01\x01\x82\x01\x02\x10\x01R\vlastVerdict\x129\n" +

@@ -1,25 +1,27 @@
 // Package llmagent is a stage agent backed by any OpenAI-compatible chat-completions server
 // (OpenAI, vLLM, llama.cpp, Ollama, LM Studio, ...).
 //
-// Per package it sends one chat completion: a system prompt saying what the stage must
-// produce and how to answer, and a user message holding the package (protojson) plus the
-// text of its input artifacts (size-capped). It asks for a JSON object
-// (response_format json_object) of this shape:
+// Per package it runs a tool-calling loop (loop.go). The model is offered exactly the tools
+// on the stage's card (Role.Tools, served by MCP servers: mcp.go) and, for a stage with
+// declared routes, one transfer_to_<route> tool per route. The loop ends at the first of:
 //
-//	{"artifact": "...", "open_questions": ["..."], "next_hint": "...",
-//	 "verdict": "pass|fail", "failures": [{"code": "...", "detail": "..."}]}
+//   - a final answer: an assistant message with no tool calls, holding a JSON object
+//     {"artifact": "...", "open_questions": ["..."], "next_hint": "...",
+//     "verdict": "pass|fail", "failures": [{"code": "...", "detail": "..."}]};
+//   - a transfer: the stage ends on that route (the rail then checks it);
+//   - Role.MaxToolRounds rounds of tool calls (the stage FAILS);
+//   - the spend cap: the next call could cost more than the package has left (FAILS
+//     before making it).
 //
-// verdict and failures are read only for a judge role. The artifact text is stored with
-// artifact.Store.Put as the role's output type; spend is computed from the usage tokens.
-// Anything malformed (not JSON, no artifact, a bad verdict or failure code, truncated
-// output, a refusal, an HTTP error) is an error with the reason, which the runner turns
-// into a STAGE_STATUS_FAILED result. Retries are the rail's business: the client does none
-// unless Config.MaxRetries says so.
+// The runtime, not the model, records every tool call in tools_tried (name, ok or error
+// code, duration, stage, retry). verdict and failures are read only for a judge role. The
+// artifact text is stored with artifact.Store.Put as the role's output type; spend is
+// priced from the usage tokens. Anything malformed is an error with the reason, which the
+// runner turns into a STAGE_STATUS_FAILED result.
 package llmagent
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -31,8 +33,7 @@ import (
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
-	"github.com/openai/openai-go/v3/shared"
-	"google.golang.org/protobuf/encoding/protojson"
+	"github.com/santhosh-tekuri/jsonschema/v6"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/artifact"
@@ -51,17 +52,22 @@ type Config struct {
 	// Temperature is sent as is (0 = as deterministic as the model gets); a negative value
 	// leaves it out, for models that accept only their default.
 	Temperature float64
-	// PriceMicrosPer1KTokens is what 1000 tokens (prompt + completion) cost in micro-USD;
-	// the stage's spend is usage.total_tokens * price / 1000, rounded up.
+	// PriceMicrosPer1KTokens is what 1000 tokens (prompt or completion) cost in micro-USD
+	// when Prices has no entry for Model.
 	PriceMicrosPer1KTokens int64
+	// Prices is the per-model price table, integer micro-USD per 1000 tokens.
+	Prices map[string]Price
 	// Timeout bounds one completion request (default 60s); the runner's stage timeout
 	// still applies from outside.
 	Timeout time.Duration
 
 	// MaxInputBytes caps the user message (package + artifact text), default 48 KiB.
 	MaxInputBytes int
-	// MaxRetries is how often the client retries a failed request (default 0).
+	// MaxRetries is how often a request answered 429, 408, 409 or 5xx (or not answered) is
+	// retried, with exponential backoff that honours Retry-After (default 0: none).
 	MaxRetries int
+	// ToolTimeout bounds one tool call (default 20s).
+	ToolTimeout time.Duration
 	// HTTPClient replaces the default HTTP client.
 	HTTPClient *http.Client
 }
@@ -82,6 +88,25 @@ type Role struct {
 	Judge bool
 	// FailureCodes a judge may use; empty allows any code of the form [a-z][a-z0-9_]*.
 	FailureCodes []string
+	// Tools are the tools the stage is granted, each with its implementation; the card
+	// lists exactly these (New fills Card.Tools when it is empty, and refuses a card that
+	// lists a tool with no implementation). The model is offered these and nothing else.
+	Tools []Tool
+	// Writer says the stage is the writer of its system: only then may it hold write tools.
+	Writer bool
+	// MaxToolRounds bounds the rounds of tool calls (default 4); a model that still calls
+	// tools after that many fails the stage.
+	MaxToolRounds int
+	// MaxTokens is each completion's max_tokens (default 2048): what the spend cap reserves.
+	MaxTokens int64
+	// OutputSchema, when set, is the JSON Schema a JSON output must satisfy before it
+	// leaves the runner (the pipeline's output.json_schema; see LoadSchema).
+	OutputSchema *jsonschema.Schema
+}
+
+// Price is what 1000 tokens of a model cost, in micro-USD.
+type Price struct {
+	PromptMicrosPer1K, CompletionMicrosPer1K int64
 }
 
 // JudgeCodes are the failure codes of the support judge's rubric.
@@ -93,7 +118,7 @@ func StageRole(stage string) (Role, error) {
 	switch stage {
 	case "intake":
 		return Role{
-			Card:   agentrunner.RoleCard{Name: "intake", Tools: []string{"tickets.get"}},
+			Card:   agentrunner.RoleCard{Name: "intake"},
 			Output: Output{"intake", "intake.v1", "application/json"},
 			Instructions: `Read the raw_ticket artifact and produce the intake.v1 artifact: a JSON object
 {"ticket_id", "customer_id", "category", "question", "facts": [strings]}. Copy ids exactly as the ticket
@@ -104,7 +129,7 @@ ticket leaves unknown that a later stage would need (for example the customer's 
 		}, nil
 	case "retrieve":
 		return Role{
-			Card:   agentrunner.RoleCard{Name: "retrieve", Tools: []string{"kb.search"}},
+			Card:   agentrunner.RoleCard{Name: "retrieve"},
 			Output: Output{"chunks", "chunks.v1", "application/json"},
 			Instructions: `Read the intake artifact and produce the chunks.v1 artifact: a JSON object
 {"chunks": [{"key", "title", "text"}], "no_hit": bool}, using only help-center passages given to you in
@@ -145,6 +170,8 @@ nothing anywhere else.`,
 type Agent struct {
 	role   Role
 	cfg    Config
+	price  Price
+	offer  map[string]*Tool // by the name the model sees
 	client openai.ChatCompletionService
 }
 
@@ -162,8 +189,29 @@ func New(cfg Config, role Role) (*Agent, error) {
 	case cfg.PriceMicrosPer1KTokens < 0:
 		return nil, errors.New("llmagent: negative price")
 	}
+	for m, p := range cfg.Prices {
+		if p.PromptMicrosPer1K < 0 || p.CompletionMicrosPer1K < 0 {
+			return nil, fmt.Errorf("llmagent: negative price for model %q", m)
+		}
+	}
 	if role.Output.MediaType == "" {
 		role.Output.MediaType = "text/plain"
+	}
+	if role.MaxToolRounds < 0 || role.MaxTokens < 0 {
+		return nil, errors.New("llmagent: negative max_tool_rounds or max_tokens")
+	}
+	if role.MaxToolRounds == 0 {
+		role.MaxToolRounds = 4
+	}
+	if role.MaxTokens == 0 {
+		role.MaxTokens = 2048
+	}
+	if cfg.ToolTimeout <= 0 {
+		cfg.ToolTimeout = 20 * time.Second
+	}
+	offer, err := grant(&role)
+	if err != nil {
+		return nil, err
 	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 60 * time.Second
@@ -186,7 +234,11 @@ func New(cfg Config, role Role) (*Agent, error) {
 	if cfg.APIKey != "" {
 		opts = append(opts, option.WithAPIKey(cfg.APIKey))
 	}
-	return &Agent{role: role, cfg: cfg, client: openai.NewChatCompletionService(opts...)}, nil
+	price, ok := cfg.Prices[cfg.Model]
+	if !ok {
+		price = Price{cfg.PriceMicrosPer1KTokens, cfg.PriceMicrosPer1KTokens}
+	}
+	return &Agent{role: role, cfg: cfg, price: price, offer: offer, client: openai.NewChatCompletionService(opts...)}, nil
 }
 
 // Card implements agentrunner.Agent.
@@ -205,175 +257,6 @@ type answer struct {
 }
 
 var failureCode = regexp.MustCompile(`^[a-z][a-z0-9_]*$`)
-
-// Run implements agentrunner.Agent.
-func (a *Agent) Run(ctx context.Context, in agentrunner.Input) (*handoffv1.StageResult, error) {
-	user, err := a.userMessage(ctx, in)
-	if err != nil {
-		return nil, err
-	}
-	params := openai.ChatCompletionNewParams{
-		Model: a.cfg.Model,
-		Messages: []openai.ChatCompletionMessageParamUnion{
-			openai.SystemMessage(a.systemPrompt()),
-			openai.UserMessage(user),
-		},
-		ResponseFormat: openai.ChatCompletionNewParamsResponseFormatUnion{
-			OfJSONObject: &shared.ResponseFormatJSONObjectParam{},
-		},
-	}
-	if a.cfg.Temperature >= 0 {
-		params.Temperature = openai.Float(a.cfg.Temperature)
-	}
-	resp, err := a.client.New(ctx, params)
-	if err != nil {
-		var apiErr *openai.Error
-		if errors.As(err, &apiErr) {
-			msg := fmt.Sprintf("llm %s: chat completion failed: %s", a.cfg.Model, apiErr.Error())
-			if apiErr.Message != "" {
-				msg += ": " + clip(apiErr.Message, 300)
-			}
-			return nil, errors.New(msg)
-		}
-		return nil, fmt.Errorf("llm %s: chat completion failed: %w", a.cfg.Model, err)
-	}
-	spent := a.spend(resp.Usage)
-	// After the call the tokens are spent: failures carry the spend (agentrunner.RunError).
-	fail := func(format string, args ...any) error {
-		return &agentrunner.RunError{
-			Err:            fmt.Errorf("llm %s: %s", a.cfg.Model, fmt.Sprintf(format, args...)),
-			SpentUsdMicros: spent,
-		}
-	}
-	if len(resp.Choices) == 0 {
-		return nil, fail("response has no choices")
-	}
-	choice := resp.Choices[0]
-	if r := strings.TrimSpace(choice.Message.Refusal); r != "" {
-		return nil, fail("model refused: %s", clip(r, 300))
-	}
-	if choice.FinishReason == "length" {
-		return nil, fail("model output was cut at the token limit")
-	}
-	content := stripFence(choice.Message.Content)
-	var ans answer
-	dec := json.NewDecoder(strings.NewReader(content))
-	if err := dec.Decode(&ans); err != nil {
-		return nil, fail("model output is not a JSON object: %v (output starts %q)", err, clip(content, 120))
-	}
-	if dec.More() {
-		return nil, fail("model output has data after the JSON object")
-	}
-	text, err := a.artifactText(ans.Artifact)
-	if err != nil {
-		return nil, fail("%v", err)
-	}
-	res := &handoffv1.StageResult{
-		SpentUsdMicros: spent,
-		OpenQuestions:  cleanQuestions(ans.OpenQuestions),
-		NextHint:       clip(strings.TrimSpace(ans.NextHint), 1000),
-	}
-	if a.role.Judge {
-		ev, err := a.evaluator(ans, in.Round)
-		if err != nil {
-			return nil, fail("%v", err)
-		}
-		res.Evaluator = ev
-	}
-	art, err := in.Artifacts.Put(ctx, artifact.Ref{
-		JobID: in.Package.GetJobId(), Stage: in.Package.GetStage(), Round: in.Round,
-		Type: a.role.Output.Type, SchemaVersion: a.role.Output.SchemaVersion, MediaType: a.role.Output.MediaType,
-	}, text)
-	if err != nil {
-		return nil, fail("storing the artifact: %v", err)
-	}
-	res.Artifacts = []*handoffv1.Artifact{art}
-	return res, nil
-}
-
-func (a *Agent) systemPrompt() string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "You are the %q stage of a job driven by a deterministic coordinator. ", a.role.Card.Name)
-	b.WriteString("You receive a handoff package (JSON) and the text of its input artifacts. The goal and the constraints in the package are fixed: honour every constraint and never change them. Never invent ids or facts that are not in the input.\n\n")
-	b.WriteString("Your task:\n")
-	b.WriteString(strings.TrimSpace(a.role.Instructions))
-	fmt.Fprintf(&b, "\n\nAnswer with exactly one JSON object and nothing else:\n"+
-		`{"artifact": <the complete %s artifact (%s, %s) as a string>, "open_questions": [<things still unknown>], "next_hint": <one sentence for the next stage>`,
-		a.role.Output.Type, a.role.Output.SchemaVersion, a.role.Output.MediaType)
-	if a.role.Judge {
-		b.WriteString(`, "verdict": "pass" or "fail", "failures": [{"code": <criterion code>, "detail": <evidence>}]`)
-		if len(a.role.FailureCodes) > 0 {
-			fmt.Fprintf(&b, "}\nAllowed failure codes: %s. A pass has no failures; a fail has at least one.", strings.Join(a.role.FailureCodes, ", "))
-		} else {
-			b.WriteString("}\nA pass has no failures; a fail has at least one.")
-		}
-	} else {
-		b.WriteString("}")
-	}
-	return b.String()
-}
-
-// userMessage is the package JSON plus the text of the input artifacts, within
-// Config.MaxInputBytes: every artifact gets its header line, and the bodies are filled in
-// newest first until the cap; what does not fit is truncated or omitted with a note. Each
-// artifact's bytes are checked against its sha256.
-func (a *Agent) userMessage(ctx context.Context, in agentrunner.Input) (string, error) {
-	pj, err := protojson.MarshalOptions{UseProtoNames: true, Multiline: true}.Marshal(in.Package)
-	if err != nil {
-		return "", fmt.Errorf("llm: encoding the package: %w", err)
-	}
-	const (
-		pre       = "Handoff package:\n```json\n"
-		mid       = "\n```\n\nInput artifacts:\n"
-		none      = "(none)\n"
-		omitted   = "(omitted: input size cap reached)\n"
-		truncated = "\n(truncated: input size cap)\n"
-	)
-	arts := in.Package.GetArtifacts()
-	headers := make([]string, len(arts))
-	budget := a.cfg.MaxInputBytes - len(pre) - len(pj) - len(mid) - len(none)
-	for i, art := range arts {
-		headers[i] = fmt.Sprintf("\n### %s (%s, %s, from %s)\n", art.GetType(), art.GetSchemaVersion(), art.GetMediaType(), art.GetProducedBy())
-		budget -= len(headers[i]) + max(len(omitted), len(truncated))
-	}
-	if budget < 0 {
-		return "", fmt.Errorf("llm: the package and its %d artifact headers are over the %d byte input cap", len(arts), a.cfg.MaxInputBytes)
-	}
-	bodies := make([]string, len(arts))
-	for i := len(arts) - 1; i >= 0; i-- {
-		if budget <= 0 {
-			bodies[i] = omitted
-			continue
-		}
-		art := arts[i]
-		data, err := in.Artifacts.Get(ctx, art.GetUri())
-		if err != nil {
-			return "", fmt.Errorf("llm: reading %s artifact: %w", art.GetType(), err)
-		}
-		if err := artifact.Verify(art, data); err != nil {
-			return "", fmt.Errorf("llm: %w", err)
-		}
-		body := strings.ToValidUTF8(string(data), "\uFFFD")
-		if len(body)+1 > budget {
-			body = clip(body, budget) + truncated
-		} else {
-			body += "\n"
-		}
-		budget -= len(body) - len(truncated) // the note's share was reserved above
-		bodies[i] = body
-	}
-	var b strings.Builder
-	b.WriteString(pre)
-	b.Write(pj)
-	b.WriteString(mid)
-	if len(arts) == 0 {
-		b.WriteString(none)
-	}
-	for i := range arts {
-		b.WriteString(headers[i] + bodies[i])
-	}
-	return b.String(), nil
-}
 
 // artifactText turns the model's "artifact" member into the bytes to store.
 func (a *Agent) artifactText(raw json.RawMessage) ([]byte, error) {
@@ -403,8 +286,10 @@ func (a *Agent) artifactText(raw json.RawMessage) ([]byte, error) {
 	if strings.TrimSpace(text) == "" {
 		return nil, errors.New(`"artifact" is empty`)
 	}
-	if isJSON && !json.Valid([]byte(text)) {
-		return nil, fmt.Errorf("the %s artifact is not valid JSON", a.role.Output.SchemaVersion)
+	if isJSON {
+		if err := a.checkJSON(text); err != nil {
+			return nil, err
+		}
 	}
 	if len(text) > artifact.MaxBytes {
 		return nil, fmt.Errorf("the artifact is larger than %d bytes", artifact.MaxBytes)
@@ -445,18 +330,6 @@ func (a *Agent) evaluator(ans answer, round uint32) (*handoffv1.Evaluator, error
 		return nil, errors.New("verdict pass with failures")
 	}
 	return ev, nil
-}
-
-// spend is total tokens times the price per 1000, rounded up.
-func (a *Agent) spend(u openai.CompletionUsage) int64 {
-	tokens := u.TotalTokens
-	if tokens <= 0 {
-		tokens = u.PromptTokens + u.CompletionTokens
-	}
-	if tokens <= 0 || a.cfg.PriceMicrosPer1KTokens <= 0 {
-		return 0
-	}
-	return (tokens*a.cfg.PriceMicrosPer1KTokens + 999) / 1000
 }
 
 // stripFence removes one surrounding Markdown code fence, which some servers add even in

@@ -2,11 +2,8 @@ package llmagent_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -14,67 +11,50 @@ import (
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/artifact"
+	"github.com/handoffhq/handoff/internal/testkit"
 	"github.com/handoffhq/handoff/services/agentrunner"
 	"github.com/handoffhq/handoff/services/agentrunner/llmagent"
 )
 
-// fakeLLM is a minimal OpenAI-compatible /chat/completions server.
+// fakeLLM answers every request the same way, as its fields say when the request comes,
+// from a testkit.LLM.
 type fakeLLM struct {
-	mu       sync.Mutex
-	requests []map[string]any
-	auth     []string
-	status   int    // HTTP status to answer with (0 = 200)
-	content  string // the assistant message content
-	finish   string
-	usage    [2]int // prompt, completion tokens
+	mu      sync.Mutex
+	status  int    // HTTP status to answer with (0 = 200)
+	content string // the assistant message content
+	finish  string
+	usage   [2]int64 // prompt, completion tokens
+	llm     *testkit.LLM
 }
 
-func (f *fakeLLM) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodPost || r.URL.Path != "/v1/chat/completions" {
-		http.Error(w, "not found: "+r.URL.Path, http.StatusNotFound)
-		return
-	}
-	body, _ := io.ReadAll(r.Body)
-	var req map[string]any
-	if err := json.Unmarshal(body, &req); err != nil {
-		http.Error(w, "bad json", http.StatusBadRequest)
-		return
-	}
+func (f *fakeLLM) step(int, testkit.LLMRequest) testkit.Step {
 	f.mu.Lock()
-	f.requests = append(f.requests, req)
-	f.auth = append(f.auth, r.Header.Get("Authorization"))
-	status, content, finish, usage := f.status, f.content, f.finish, f.usage
-	f.mu.Unlock()
-	w.Header().Set("Content-Type", "application/json")
-	if status != 0 && status != http.StatusOK {
-		w.WriteHeader(status)
-		json.NewEncoder(w).Encode(map[string]any{"error": map[string]any{"message": "upstream model crashed", "type": "server_error", "code": "boom"}})
-		return
+	defer f.mu.Unlock()
+	st := testkit.Step{Status: f.status, Content: f.content, Finish: f.finish, PromptTokens: f.usage[0], CompletionTokens: f.usage[1]}
+	if f.status != 0 {
+		st.Content = "upstream model crashed"
 	}
-	if finish == "" {
-		finish = "stop"
+	return st
+}
+
+func (f *fakeLLM) requests() []map[string]any {
+	var out []map[string]any
+	for _, r := range f.llm.Requests() {
+		out = append(out, r.Raw)
 	}
-	json.NewEncoder(w).Encode(map[string]any{
-		"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": req["model"],
-		"choices": []any{map[string]any{
-			"index": 0, "finish_reason": finish,
-			"message": map[string]any{"role": "assistant", "content": content},
-		}},
-		"usage": map[string]any{"prompt_tokens": usage[0], "completion_tokens": usage[1], "total_tokens": usage[0] + usage[1]},
-	})
+	return out
 }
 
 func setup(t *testing.T, stage string) (*fakeLLM, *llmagent.Agent, agentrunner.Input) {
 	t.Helper()
-	f := &fakeLLM{usage: [2]int{1200, 300}}
-	srv := httptest.NewServer(f)
-	t.Cleanup(srv.Close)
+	f := &fakeLLM{usage: [2]int64{1200, 300}}
+	f.llm = testkit.ServeLLM(t, f.step)
 	role, err := llmagent.StageRole(stage)
 	if err != nil {
 		t.Fatal(err)
 	}
 	a, err := llmagent.New(llmagent.Config{
-		BaseURL: srv.URL + "/v1", Model: "tiny-model", APIKey: "sk-test",
+		BaseURL: f.llm.URL, Model: "tiny-model", APIKey: "sk-test",
 		Temperature: 0.2, PriceMicrosPer1KTokens: 1000, Timeout: 5 * time.Second,
 	}, role)
 	if err != nil {
@@ -115,18 +95,18 @@ func TestDraftRequestAndResult(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The request.
-	if len(f.requests) != 1 {
-		t.Fatalf("%d requests", len(f.requests))
+	if len(f.requests()) != 1 {
+		t.Fatalf("%d requests", len(f.requests()))
 	}
-	req := f.requests[0]
+	req := f.requests()[0]
 	if req["model"] != "tiny-model" || req["temperature"] != 0.2 {
 		t.Errorf("model/temperature %v %v", req["model"], req["temperature"])
 	}
 	if rf, _ := req["response_format"].(map[string]any); rf["type"] != "json_object" {
 		t.Errorf("response_format %v", req["response_format"])
 	}
-	if f.auth[0] != "Bearer sk-test" {
-		t.Errorf("auth header %q", f.auth[0])
+	if auth := f.llm.Requests()[0].Auth; auth != "Bearer sk-test" {
+		t.Errorf("auth header %q", auth)
 	}
 	msgs, _ := req["messages"].([]any)
 	if len(msgs) != 2 {
@@ -137,7 +117,7 @@ func TestDraftRequestAndResult(t *testing.T) {
 		t.Errorf("system message %v", sys)
 	}
 	uc := user["content"].(string)
-	for _, want := range []string{`"job_id"`, "job-1", "Refunds are decided by billing.", "T-1042", "### chunks (chunks.v1"} {
+	for _, want := range []string{"Job job-1, stage draft", "- no refund promises", "Refunds are decided by billing.", "T-1042", "### chunks (chunks.v1"} {
 		if user["role"] != "user" || !strings.Contains(uc, want) {
 			t.Errorf("user message lacks %q:\n%s", want, uc)
 		}
@@ -217,8 +197,8 @@ func TestHTTP500(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "500") || !strings.Contains(err.Error(), "upstream model crashed") {
 		t.Fatalf("err %v", err)
 	}
-	if len(f.requests) != 1 {
-		t.Fatalf("%d requests: the client must not retry on its own", len(f.requests))
+	if len(f.requests()) != 1 {
+		t.Fatalf("%d requests: the client must not retry unless MaxRetries says so", len(f.requests()))
 	}
 	if strings.Contains(err.Error(), "sk-test") {
 		t.Fatal("error leaks the API key")
@@ -228,9 +208,7 @@ func TestHTTP500(t *testing.T) {
 func TestInputCap(t *testing.T) {
 	f, _, in := setup(t, "draft")
 	role, _ := llmagent.StageRole("draft")
-	srv := httptest.NewServer(f)
-	defer srv.Close()
-	a, err := llmagent.New(llmagent.Config{BaseURL: srv.URL + "/v1", Model: "m", MaxInputBytes: 4096}, role)
+	a, err := llmagent.New(llmagent.Config{BaseURL: f.llm.URL, Model: "m", MaxInputBytes: 4096}, role)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -244,12 +222,12 @@ func TestInputCap(t *testing.T) {
 	if _, err := a.Run(context.Background(), in); err != nil {
 		t.Fatal(err)
 	}
-	msgs := f.requests[0]["messages"].([]any)
+	msgs := f.requests()[0]["messages"].([]any)
 	uc := msgs[1].(map[string]any)["content"].(string)
 	if len(uc) > 4096 || !strings.Contains(uc, "truncated") {
 		t.Fatalf("user message is %d bytes (cap 4096), truncated note: %v", len(uc), strings.Contains(uc, "truncated"))
 	}
-	if _, ok := f.requests[0]["temperature"]; !ok {
+	if _, ok := f.requests()[0]["temperature"]; !ok {
 		t.Error("temperature 0 must still be sent")
 	}
 }
