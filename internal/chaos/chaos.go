@@ -234,6 +234,11 @@ type harness struct {
 	killsAt   map[string]int    // writeback kills by where (under planMu)
 
 	hops  atomic.Int64 // distinct hops seen: the fault plan's clock
+	// writes counts write attempts the writeback made (sink deliveries applied, ledger
+	// writes claimed): the clock of its kills, which can only happen during a write. A
+	// clock of hops could run out of writes (they come at each job's end, often in a burst
+	// after a stall) before the planned kills came due.
+	writes atomic.Int64
 	calls atomic.Int64 // calls forwarded, retries included
 	seen  sync.Map     // hop keys already counted
 
@@ -480,7 +485,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	h.say("services up: coordinators %s %s, agentrunner %s, writeback %s (target %s; webhook -> %s), hop proxy %s; logs in %s",
 		h.coords[0].addr, h.coords[1].addr, runnerAddr, wbAddr, cfg.Target, h.sink.url, h.proxy.addr, logDir)
-	h.sink.setOnApply(func() { h.killWriteback(killAtSink, "after the sink applied a write, before it answered") })
+	h.sink.setOnApply(func() {
+		h.writes.Add(1)
+		h.killWriteback(killAtSink, "after the sink applied a write, before it answered")
+	})
 	h.plan()
 
 	// The jobs.
@@ -564,7 +572,11 @@ func (h *harness) plan() {
 	}
 	place(faultRunner, h.cfg.Kills)
 	place(faultCoordinator, h.cfg.Kills)
-	place(faultWriteback, h.cfg.Kills)
+	// The writeback's kills over the first two thirds of the expected writes (one per job),
+	// so the last one still finds writes after it.
+	for i := range h.cfg.Kills {
+		h.at[faultWriteback] = append(h.at[faultWriteback], int64((float64(i)+planOffsets[faultWriteback])*float64(2*h.cfg.Jobs)/float64(3*h.cfg.Kills)))
+	}
 	place(faultRedis, h.cfg.RedisRestarts)
 }
 
@@ -577,7 +589,11 @@ func (h *harness) due(kind int) bool {
 }
 
 func (h *harness) dueLocked(kind int) bool {
-	if h.next[kind] >= len(h.at[kind]) || h.busy[kind] || h.hops.Load() < h.at[kind][h.next[kind]] {
+	clock := h.hops.Load()
+	if kind == faultWriteback {
+		clock = h.writes.Load()
+	}
+	if h.next[kind] >= len(h.at[kind]) || h.busy[kind] || clock < h.at[kind][h.next[kind]] {
 		return false
 	}
 	switch kind {

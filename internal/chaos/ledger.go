@@ -103,6 +103,9 @@ func (h *harness) visit(v crashpoint.Visit) {
 	if h.jobTarget[job] != TargetLedger {
 		return
 	}
+	if v.Point == crashpoint.AfterClaim { // the first point of every ledger write attempt
+		h.writes.Add(1)
+	}
 	h.killWriteback(v.Point, "at its crash point "+v.Point)
 }
 
