@@ -233,14 +233,14 @@ type harness struct {
 	jobTarget map[string]string // job id -> TargetLedger or TargetSink (read-only in the run)
 	killsAt   map[string]int    // writeback kills by where (under planMu)
 
-	hops  atomic.Int64 // distinct hops seen: the fault plan's clock
+	hops atomic.Int64 // distinct hops seen: the fault plan's clock
 	// writes counts write attempts the writeback made (sink deliveries applied, ledger
 	// writes claimed): the clock of its kills, which can only happen during a write. A
 	// clock of hops could run out of writes (they come at each job's end, often in a burst
 	// after a stall) before the planned kills came due.
 	writes atomic.Int64
-	calls atomic.Int64 // calls forwarded, retries included
-	seen  sync.Map     // hop keys already counted
+	calls  atomic.Int64 // calls forwarded, retries included
+	seen   sync.Map     // hop keys already counted
 
 	planMu sync.Mutex
 	at     [numFaults][]int64
