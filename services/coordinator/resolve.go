@@ -79,6 +79,29 @@ func (s *Server) Proposed(ctx context.Context, job *handoffv1.Job) (*handoffv1.A
 	return art, data, err
 }
 
+// Approvable says whether an approve of job could write anything: the pipeline has a
+// writeback stage and the run holds an artifact of the version that stage reads. When not,
+// the error (FailedPrecondition) names what is missing, and the page offers no Approve.
+func (s *Server) Approvable(job *handoffv1.Job) error {
+	p, ok := s.opts.Pipelines[job.GetPipeline()]
+	if !ok {
+		return status.Errorf(codes.FailedPrecondition, "pipeline %q of run %s is not loaded", job.GetPipeline(), job.GetRunId())
+	}
+	return approvable(p, job)
+}
+
+func approvable(p *pipeline.Pipeline, job *handoffv1.Job) error {
+	wb := writebackStage(p)
+	if wb == nil {
+		return status.Errorf(codes.FailedPrecondition, "pipeline %s has no writeback stage to approve into", p.Name)
+	}
+	if latestArtifact(job.GetArtifacts(), wb.Input) == nil {
+		return status.Errorf(codes.FailedPrecondition, "run %s has no %s artifact (the input of writeback stage %s): there is nothing to approve; return it to a stage, or fail it",
+			job.GetRunId(), wb.Input, wb.Name)
+	}
+	return nil
+}
+
 // ResolveEscalation applies a person's decision to an ESCALATED run. Approving a run that an
 // earlier approve completed sends the same write again (same idempotency key): the writeback
 // answers with the first receipt and writes nothing (duplicate=true).
@@ -165,9 +188,12 @@ func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEs
 	case *handoffv1.ResolveEscalationRequest_Approve:
 		res.Action = handoffv1.ResolutionAction_RESOLUTION_ACTION_APPROVE
 		edit = a.Approve.ArtifactText
-		if target = writebackStage(p); target == nil {
-			return nil, status.Errorf(codes.FailedPrecondition, "pipeline %s has no writeback stage to approve into", p.Name)
+		// Approve writes the writeback stage's input; without one it could only re-escalate
+		// (WRITE_REFUSED) after recording a decision that did not happen: refuse it first.
+		if err := approvable(p, job); err != nil {
+			return nil, err
 		}
+		target = writebackStage(p)
 	case *handoffv1.ResolveEscalationRequest_ReturnToStage:
 		res.Action = handoffv1.ResolutionAction_RESOLUTION_ACTION_RETURN_TO_STAGE
 		edit = a.ReturnToStage.ArtifactText

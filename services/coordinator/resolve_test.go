@@ -347,3 +347,31 @@ func TestResolveReturnCommentCutOnARune(t *testing.T) {
 		t.Fatalf("next hint: %d bytes, valid UTF-8 %v; want the comment cut to at most 1000 bytes on a rune", len(hint), utf8.ValidString(hint))
 	}
 }
+
+// An approve with nothing to write is refused before anything is recorded: a run escalated
+// at draft holds no note.v1 (the writeback stage's input), so approving it could only
+// re-escalate WRITE_REFUSED after claiming a human PASS.
+func TestApproveWithoutWritebackInputRefused(t *testing.T) {
+	e := startOp(t, 1, []handoffv1.Verdict{handoffv1.Verdict_VERDICT_PASS})
+	e.draft.failFirst = 1
+	job, _ := e.submit(t, "relay", "tkt_1", "", e.defaultBudget)
+	if job.GetState() != handoffv1.JobState_JOB_STATE_ESCALATED || job.GetStage() != "draft" {
+		t.Fatalf("run %s at %s (%v); want ESCALATED at draft", job.GetState(), job.GetStage(), job.GetEscalation())
+	}
+	before := events(t, e, job.GetRunId())
+	_, err := e.client.ResolveEscalation(op(), &handoffv1.ResolveEscalationRequest{RunId: job.GetRunId(), Operator: "ana", Escalation: 1,
+		Action: &handoffv1.ResolveEscalationRequest_Approve{Approve: &handoffv1.ApproveAction{}}})
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(status.Convert(err).Message(), "no note.v1 artifact") {
+		t.Fatalf("approve without a note = %v; want FailedPrecondition naming note.v1", err)
+	}
+	got := waitState(t, e, job.GetRunId(), handoffv1.JobState_JOB_STATE_ESCALATED)
+	if got.GetResolution() != nil || got.GetEvaluator() != nil || got.GetEscalation().GetCause() != handoffv1.EscalationCause_ESCALATION_CAUSE_STAGE_FAILED {
+		t.Fatalf("after the refused approve: resolution %v evaluator %v escalation %v; want none recorded, cause unchanged", got.GetResolution(), got.GetEvaluator(), got.GetEscalation())
+	}
+	if after := events(t, e, job.GetRunId()); !slices.Equal(before, after) {
+		t.Fatalf("timeline changed by a refused approve:\n%v\n%v", before, after)
+	}
+	if e.writes(t) != 0 {
+		t.Fatalf("writes %d, want 0", e.writes(t))
+	}
+}

@@ -276,6 +276,9 @@ func (h *Handler) job(w http.ResponseWriter, r *http.Request) {
 	if aerr != nil {
 		d["ArtifactError"] = aerr.Error()
 	}
+	if err := h.srv.Approvable(job); err != nil {
+		d["NoApprove"] = status.Convert(err).Message()
+	}
 	h.render(w, "job.html", d)
 }
 

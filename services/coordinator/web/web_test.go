@@ -222,3 +222,63 @@ func TestJobPageShowsTheRoute(t *testing.T) {
 		}
 	}
 }
+
+// submitBare sends the README's submit recipe: a support-ticket job without its input
+// ticket, which intake escalates.
+func submitBare(t *testing.T, st *stack.Stack, jobID string) *handoffv1.Job {
+	t.Helper()
+	ctx := context.Background()
+	cc, err := st.DialAs(st.CoordinatorAddr, "operator")
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := handoffv1.NewCoordinatorServiceClient(cc)
+	resp, err := client.SubmitJob(ctx, &handoffv1.SubmitJobRequest{RequestId: "readme-" + jobID, JobId: jobID, Pipeline: "support-ticket", Goal: "Draft internal triage summary",
+		Budget: &handoffv1.Budget{UsdRemainingMicros: 1_000_000}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := demo.Watch(ctx, client, resp.GetJob().GetRunId(), nil); err != nil {
+		t.Fatal(err)
+	}
+	got, err := client.GetJob(ctx, &handoffv1.GetJobRequest{RunId: resp.GetJob().GetRunId()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j := got.GetJob(); j.GetState() != handoffv1.JobState_JOB_STATE_ESCALATED || j.GetStage() != "intake" {
+		t.Fatalf("run %s at %s, want ESCALATED at intake", j.GetState(), j.GetStage())
+	}
+	return got.GetJob()
+}
+
+// TestApproveNotOfferedWithoutArtifact: a run escalated at intake has no artifact for the
+// writeback to write, so the page offers no Approve and says why; a forged approve is
+// refused naming the missing artifact and records nothing; and after a decision the page
+// says what the run is now, not "Done".
+func TestApproveNotOfferedWithoutArtifact(t *testing.T) {
+	st, base := page(t)
+	job := submitBare(t, st, "tkt_42")
+	c := browser(t)
+	post(t, c, base+"/login", url.Values{"token": {token}})
+	u := base + "/jobs/" + job.GetRunId()
+	_, body := get(t, c, u)
+	if strings.Contains(body, `id="approve"`) || !strings.Contains(body, `id="no-approve"`) || !strings.Contains(body, "no summary_md.v1 artifact") {
+		t.Fatalf("job page of an intake escalation offers approve or does not say why:\n%s", body)
+	}
+	resp, body := post(t, c, u+"/resolve", url.Values{"action": {"approve"}, "operator": {"ana"}, "escalation": {"1"}})
+	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(body, "no summary_md.v1 artifact") {
+		t.Fatalf("forged approve: %d %s", resp.StatusCode, body)
+	}
+	got, err := st.Coordinator.GetJob(context.Background(), &handoffv1.GetJobRequest{RunId: job.GetRunId()})
+	if err != nil || got.GetJob().GetState() != handoffv1.JobState_JOB_STATE_ESCALATED || got.GetJob().GetResolution() != nil {
+		t.Fatalf("after the refused approve: %v %v", got.GetJob(), err)
+	}
+	resp, _ = post(t, c, u+"/resolve", url.Values{"action": {"fail"}, "operator": {"ana"}, "reason": {"no ticket"}, "escalation": {"1"}})
+	if resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("fail: %d", resp.StatusCode)
+	}
+	_, body = get(t, c, base+resp.Header.Get("Location"))
+	if strings.Contains(body, "Done:") || !strings.Contains(body, `<span id="outcome">FAILED</span>`) {
+		t.Fatalf("page after fail does not show the resulting state:\n%s", body)
+	}
+}
