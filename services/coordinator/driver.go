@@ -434,9 +434,13 @@ func (s *Server) escalate(ctx context.Context, job *handoffv1.Job, p *pipeline.P
 func (s *Server) finish(ctx context.Context, job *handoffv1.Job, state handoffv1.JobState, esc *handoffv1.Escalation, detail string, tr *handoffv1.Transfer) error {
 	job.State = state
 	if state == handoffv1.JobState_JOB_STATE_FAILED {
-		// The rail itself could not go on (a peer unreachable past every retry, a pipeline
-		// gone): no escalation cause, but the run still says why it stopped.
-		esc = &handoffv1.Escalation{Stage: job.GetStage(), Detail: detail, At: timestamppb.New(s.opts.Now())}
+		if esc == nil {
+			// The rail itself could not go on (a peer unreachable past every retry, a pipeline
+			// gone): no escalation cause, but the run still says why it stopped.
+			esc = &handoffv1.Escalation{Stage: job.GetStage(), Detail: detail, At: timestamppb.New(s.opts.Now())}
+		}
+		// A person's fail passes the escalation it decided: its cause and route stay on the
+		// run beside the decision, never erased.
 		job.Escalation = esc
 	}
 	ev := &handoffv1.JobEvent{Stage: job.GetStage(), Escalation: esc, Transfer: tr}

@@ -12,7 +12,6 @@ import (
 	oteltrace "go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
@@ -210,11 +209,10 @@ func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEs
 		return nil, status.Error(codes.InvalidArgument, "invalid request: action is required")
 	}
 
-	// The next judge round: a person's decision counts as one, so a stage re-run after it
-	// is a new completion (the agent runner keys completions by round), never a DUPLICATE.
-	// Before any judge verdict there is no round to count (the evaluator block only exists
-	// with a verdict), so a return to a stage is counted in operator_returns, which the
-	// runner keys completions (and artifacts) by as well.
+	// Rounds count judge verdicts only. A stage re-run after a return is a new completion
+	// (never a DUPLICATE) because the return is counted in operator_returns, which the agent
+	// runner keys completions (and artifacts) by. round only names an edited artifact's
+	// version, one past the judge's last round.
 	round := job.GetEvaluator().GetRounds() + 1
 	returns := job.GetOperatorReturns()
 	if res.Action == handoffv1.ResolutionAction_RESOLUTION_ACTION_RETURN_TO_STAGE {
@@ -240,7 +238,7 @@ func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEs
 		if mt == "" {
 			mt = "text/plain"
 		}
-		a, err := s.opts.Artifacts.Put(ctx, artifact.Ref{JobID: job.GetJobId(), Stage: "operator", Round: round, Returns: returns, Type: prop.GetType(), SchemaVersion: prop.GetSchemaVersion(), MediaType: mt}, []byte(*edit))
+		a, err := s.opts.Artifacts.Put(ctx, artifact.Ref{JobID: job.GetJobId(), Stage: "operator", Round: round, Returns: returns, Visit: escalationNumber(job.GetEscalation()), Type: prop.GetType(), SchemaVersion: prop.GetSchemaVersion(), MediaType: mt}, []byte(*edit))
 		if err != nil {
 			return nil, status.Errorf(codes.InvalidArgument, "store the edited artifact: %v", err)
 		}
@@ -272,15 +270,10 @@ func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEs
 		if res.Action == handoffv1.ResolutionAction_RESOLUTION_ACTION_REJECT_MALFORMED {
 			what = "rejected as malformed"
 		}
-		if err := s.finish(ctx, job, handoffv1.JobState_JOB_STATE_FAILED, nil, fmt.Sprintf("%s by %s: %s", what, res.GetOperator(), res.GetReason()), nil); err != nil {
+		if err := s.finish(ctx, job, handoffv1.JobState_JOB_STATE_FAILED, job.GetEscalation(), fmt.Sprintf("%s by %s: %s", what, res.GetOperator(), res.GetReason()), nil); err != nil {
 			return nil, status.Errorf(codes.Unavailable, "%v", err)
 		}
 	case handoffv1.ResolutionAction_RESOLUTION_ACTION_RETURN_TO_STAGE:
-		if ev := job.GetEvaluator(); ev != nil {
-			ev = proto.Clone(ev).(*handoffv1.Evaluator)
-			ev.Rounds = round
-			job.Evaluator = ev
-		}
 		if c := req.GetComment(); c != "" {
 			job.NextHint = truncate("operator: "+c, 1000)
 		}
@@ -293,7 +286,10 @@ func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEs
 			return nil, status.Errorf(codes.Unavailable, "%v", err)
 		}
 	case handoffv1.ResolutionAction_RESOLUTION_ACTION_APPROVE:
-		job.Evaluator = &handoffv1.Evaluator{LastVerdict: handoffv1.Verdict_VERDICT_PASS, Rounds: round}
+		// A human PASS: rounds still count the judge's verdicts (none is added for the
+		// person), and the judge's "revise" hint no longer stands.
+		job.Evaluator = &handoffv1.Evaluator{LastVerdict: handoffv1.Verdict_VERDICT_PASS, Rounds: job.GetEvaluator().GetRounds()}
+		job.NextHint = ""
 		moved := s.operatorMove(job, p, target)
 		job.State = handoffv1.JobState_JOB_STATE_RUNNING
 		job.Escalation = nil

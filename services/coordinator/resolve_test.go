@@ -107,7 +107,7 @@ func TestResolveApproveWritesOnce(t *testing.T) {
 	if k := resp.GetReceipt().GetIdempotencyKey(); k != "tkt_1:writeback:note" {
 		t.Fatalf("idempotency key %q", k)
 	}
-	if ev := resp.GetJob().GetEvaluator(); ev.GetLastVerdict() != handoffv1.Verdict_VERDICT_PASS || ev.GetRounds() != 2 || len(ev.GetFailures()) != 0 {
+	if ev := resp.GetJob().GetEvaluator(); ev.GetLastVerdict() != handoffv1.Verdict_VERDICT_PASS || ev.GetRounds() != 1 || len(ev.GetFailures()) != 0 {
 		t.Fatalf("evaluator %v", ev)
 	}
 	if acc := resp.GetResolution().GetAccount(); acc != "operator (token)" {
@@ -373,5 +373,56 @@ func TestApproveWithoutWritebackInputRefused(t *testing.T) {
 	}
 	if e.writes(t) != 0 {
 		t.Fatalf("writes %d, want 0", e.writes(t))
+	}
+}
+
+// Nothing a decision did not change is erased: a fail keeps the cause and route of the
+// escalation it decided; an approve's human PASS does not count as a judge round and the
+// judge's "revise" hint no longer stands; a return counts no round either.
+func TestDecisionsEraseNothing(t *testing.T) {
+	e := startOp(t, 0, []handoffv1.Verdict{handoffv1.Verdict_VERDICT_FAIL})
+	e.judge.hint = "revise: cite claim 2"
+	ctx := context.Background()
+
+	job, _ := e.submit(t, "relay", "tkt_1", "", e.defaultBudget)
+	esc := job.GetEscalation()
+	if esc.GetCause() != handoffv1.EscalationCause_ESCALATION_CAUSE_REVISIONS_EXHAUSTED || esc.GetRoute() == "" || job.GetNextHint() != e.judge.hint {
+		t.Fatalf("escalation %v hint %q; want REVISIONS_EXHAUSTED with a route and the judge's hint", esc, job.GetNextHint())
+	}
+	resp, err := e.client.ResolveEscalation(ctx, &handoffv1.ResolveEscalationRequest{RunId: job.GetRunId(), Operator: "ana", Escalation: 1,
+		Action: &handoffv1.ResolveEscalationRequest_Fail{Fail: &handoffv1.FailAction{Reason: "customer withdrew"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := resp.GetJob()
+	if got.GetState() != handoffv1.JobState_JOB_STATE_FAILED || got.GetEscalation().GetCause() != esc.GetCause() || got.GetEscalation().GetRoute() != esc.GetRoute() ||
+		got.GetResolution().GetReason() != "customer withdrew" {
+		t.Fatalf("after fail: %s escalation %v resolution %v; want FAILED keeping cause %s and route %q beside the reason", got.GetState(), got.GetEscalation(), got.GetResolution(), esc.GetCause(), esc.GetRoute())
+	}
+
+	job, _ = e.submit(t, "relay", "tkt_2", "", e.defaultBudget)
+	resp, err = e.client.ResolveEscalation(ctx, &handoffv1.ResolveEscalationRequest{RunId: job.GetRunId(), Operator: "ana", Escalation: 1,
+		Action: &handoffv1.ResolveEscalationRequest_Approve{Approve: &handoffv1.ApproveAction{}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got = resp.GetJob()
+	if got.GetState() != handoffv1.JobState_JOB_STATE_COMPLETED || got.GetEvaluator().GetRounds() != 1 || got.GetNextHint() != "" {
+		t.Fatalf("after approve: %s rounds %d hint %q; want COMPLETED, 1 judge round, no revise hint", got.GetState(), got.GetEvaluator().GetRounds(), got.GetNextHint())
+	}
+
+	job, _ = e.submit(t, "relay", "tkt_3", "", e.defaultBudget)
+	if _, err := e.client.ResolveEscalation(ctx, &handoffv1.ResolveEscalationRequest{RunId: job.GetRunId(), Operator: "ana", Escalation: 1,
+		Action: &handoffv1.ResolveEscalationRequest_ReturnToStage{ReturnToStage: &handoffv1.ReturnToStageAction{Stage: "judge"}}}); err != nil {
+		t.Fatal(err)
+	}
+	// The judge runs once more (FAIL again) and the run escalates again: two verdicts.
+	again := waitState(t, e, job.GetRunId(), handoffv1.JobState_JOB_STATE_ESCALATED)
+	for again.GetEscalation().GetNumber() < 2 {
+		time.Sleep(50 * time.Millisecond)
+		again = waitState(t, e, job.GetRunId(), handoffv1.JobState_JOB_STATE_ESCALATED)
+	}
+	if again.GetEvaluator().GetRounds() != 2 {
+		t.Fatalf("after a return and one more judge verdict: rounds %d, want 2 (judge verdicts)", again.GetEvaluator().GetRounds())
 	}
 }

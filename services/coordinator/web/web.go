@@ -42,7 +42,7 @@ var files embed.FS
 
 var tmpl = template.Must(template.New("").Funcs(template.FuncMap{
 	"trim":   strings.TrimPrefix,
-	"usd":    func(m int64) string { return fmt.Sprintf("$%.2f", float64(m)/1e6) },
+	"usd":    usd,
 	"escnum": func(e *handoffv1.Escalation) uint32 { return max(e.GetNumber(), 1) },
 	"age": func(j *handoffv1.Job) string {
 		t := j.GetEscalation().GetAt()
@@ -61,6 +61,21 @@ var tmpl = template.Must(template.New("").Funcs(template.FuncMap{
 		return strings.ToLower(strings.TrimPrefix(t.GetMove().String(), "MOVE_"))
 	},
 }).ParseFS(files, "templates/*.html"))
+
+// usd shows micro-dollars exactly: at least cents, more digits only where the amount has
+// them ($0.011, $1.50, $0.000001), never rounded.
+func usd(m int64) string {
+	sign := ""
+	u := uint64(m)
+	if m < 0 {
+		sign, u = "-", uint64(-(m+1))+1
+	}
+	frac := strings.TrimRight(fmt.Sprintf("%06d", u%1_000_000), "0")
+	for len(frac) < 2 {
+		frac += "0"
+	}
+	return fmt.Sprintf("%s$%d.%s", sign, u/1_000_000, frac)
+}
 
 // Options configures the page.
 type Options struct {
