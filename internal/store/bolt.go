@@ -24,6 +24,7 @@ var (
 	bucketLedger   = []byte("ledger")   // seq -> LedgerEntry (JSON)
 	bucketWallets  = []byte("wallets")  // wallet id -> Budget
 	bucketPaid     = []byte("paid")     // wallet id NUL idempotency key -> 1: Admit debited that hop
+	bucketGrants   = []byte("grants")   // wallet id NUL grant key -> 1: GrantWallet added that grant
 )
 
 // Bolt is the embedded Store on one bbolt file. bbolt serialises write transactions, which
@@ -41,7 +42,7 @@ func Open(path string) (*Bolt, error) {
 		return nil, fmt.Errorf("open store %s: %w", path, err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketRuns, bucketRunIndex, bucketRequests, bucketEvents, bucketIdem, bucketLedger, bucketWallets, bucketPaid} {
+		for _, b := range [][]byte{bucketRuns, bucketRunIndex, bucketRequests, bucketEvents, bucketIdem, bucketLedger, bucketWallets, bucketPaid, bucketGrants} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
@@ -408,6 +409,38 @@ func (s *Bolt) Debit(_ context.Context, id string, d Debit) (*handoffv1.Budget, 
 			return err
 		}
 		return w.Put([]byte(id), data)
+	})
+	return out, err
+}
+
+func (s *Bolt) GrantWallet(_ context.Context, id, key string, g Grant) (*handoffv1.Budget, error) {
+	if key == "" {
+		return nil, fmt.Errorf("store: grant to wallet %s: empty key", id)
+	}
+	var out *handoffv1.Budget
+	err := s.update(func(tx *bolt.Tx) error {
+		out = nil
+		w := tx.Bucket(bucketWallets)
+		cur, err := decodeBudget(w.Get([]byte(id)))
+		if err != nil {
+			return err
+		}
+		gk := []byte(id + "\x00" + key)
+		if tx.Bucket(bucketGrants).Get(gk) != nil {
+			out = cur
+			return nil
+		}
+		if out, err = ApplyGrant(cur, g); err != nil {
+			return err
+		}
+		data, err := proto.Marshal(out)
+		if err != nil {
+			return err
+		}
+		if err := w.Put([]byte(id), data); err != nil {
+			return err
+		}
+		return tx.Bucket(bucketGrants).Put(gk, []byte{1})
 	})
 	return out, err
 }
