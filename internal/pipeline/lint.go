@@ -134,6 +134,15 @@ func (l *linter) pipeline() {
 		l.errorAt("max-bounces", fmt.Sprintf("max_bounces is %d: it must be 0 or more (how often a job may be handed back between the same two stages before it escalates; default %d)", p.MaxBounces, DefaultMaxBounces), "max_bounces")
 	}
 
+	g := p.Escalation.MaxGrant
+	for _, c := range []struct {
+		key      string
+		v, limit int64
+	}{{"hops", int64(g.Hops), 1000}, {"revisions", int64(g.Revisions), 100}, {"usd_micros", g.USDMicros, 1 << 62}} {
+		if c.v < 0 || c.v > c.limit {
+			l.errorAt("max-grant", fmt.Sprintf("escalation.max_grant.%s is %d: it must be between 0 and %d (the most a person may give a run in one return)", c.key, c.v, c.limit), "escalation.max_grant."+c.key, "escalation.max_grant")
+		}
+	}
 	if strings.TrimSpace(p.Escalation.Route) == "" {
 		l.errorAt("escalation", "escalation.route is required: it is where the rail hands a job it stops (hop cap, revisions used up, empty wallet, rejected package), e.g. escalation: {route: support-leads}", "escalation.route", "escalation", "")
 	}

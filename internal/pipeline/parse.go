@@ -20,7 +20,8 @@ type position struct{ line, col int }
 // The fields each mapping may have, in the order the messages list them.
 var (
 	pipelineFields   = []string{"name", "description", "max_hops", "max_revisions", "max_bounces", "escalation", "tools", "stages"}
-	escalationFields = []string{"route"}
+	escalationFields = []string{"route", "max_grant"}
+	grantFields      = []string{"hops", "revisions", "usd_micros"}
 	toolFields       = []string{"name", "access", "system"}
 	stageFields      = []string{"name", "agent", "kind", "input", "output", "tools", "criteria", "runner", "revise", "writer", "routes", "next", "rejected_role"}
 	routeFields      = []string{"name", "description", "to"}
@@ -124,7 +125,23 @@ func (d *decoder) pipeline(root *yaml.Node) {
 			p.MaxBounces = d.int(v, "max_bounces", "max_bounces")
 		case "escalation":
 			d.mapping(v, "escalation", "escalation", escalationFields, func(key string, v *yaml.Node) {
-				p.Escalation.Route = d.str(v, "escalation.route", "escalation.route")
+				switch key {
+				case "route":
+					p.Escalation.Route = d.str(v, "escalation.route", "escalation.route")
+				case "max_grant":
+					g := &p.Escalation.MaxGrant
+					d.mapping(v, "escalation.max_grant", "escalation.max_grant", grantFields, func(key string, v *yaml.Node) {
+						f := "escalation.max_grant." + key
+						switch key {
+						case "hops":
+							g.Hops = d.int(v, f, f)
+						case "revisions":
+							g.Revisions = d.int(v, f, f)
+						case "usd_micros":
+							g.USDMicros = int64(d.int(v, f, f))
+						}
+					})
+				}
 			})
 		case "tools":
 			d.sequence(v, "tools", "tools (the tool catalogue)", func(i int, item *yaml.Node) {

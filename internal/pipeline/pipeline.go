@@ -87,6 +87,15 @@ type Pipeline struct {
 type Escalation struct {
 	// Route is where escalations go ("support-leads").
 	Route string
+	// MaxGrant is the most a person may give a run's wallet in one return to a stage
+	// (escalation.max_grant). Zero, the default, lets no grant of that kind.
+	MaxGrant Grant
+}
+
+// Grant is an amount of hops, revisions and money (micro-dollars).
+type Grant struct {
+	Hops, Revisions int
+	USDMicros       int64
 }
 
 // Tool is one entry of the tool catalogue.

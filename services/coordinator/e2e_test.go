@@ -31,7 +31,7 @@ const relay = `
 name: relay
 max_hops: %d
 max_revisions: %d
-escalation: {route: humans}
+escalation: {route: humans, max_grant: {hops: 8, revisions: 2, usd_micros: 1000000}}
 tools:
   - {name: crm.patch, access: write, system: crm}
 stages:

@@ -49,6 +49,14 @@ func (s *Server) Stages(pipelineName string) []string {
 	return out
 }
 
+// MaxGrant is the most a person may give a run of pipelineName in one return.
+func (s *Server) MaxGrant(pipelineName string) pipeline.Grant {
+	if p, ok := s.opts.Pipelines[pipelineName]; ok {
+		return p.Escalation.MaxGrant
+	}
+	return pipeline.Grant{}
+}
+
 // writebackStage is the pipeline's first writeback stage.
 func writebackStage(p *pipeline.Pipeline) *pipeline.Stage {
 	for i := range p.Stages {
@@ -99,6 +107,48 @@ func approvable(p *pipeline.Pipeline, job *handoffv1.Job) error {
 			job.GetRunId(), wb.Input, wb.Name)
 	}
 	return nil
+}
+
+// grantAllowed checks a return's grant g against the pipeline's escalation.max_grant, and
+// that a return from an escalation caused by what ran out (hops, revisions, money) gives
+// some of it: without, the run would escalate again at once.
+func grantAllowed(p *pipeline.Pipeline, job *handoffv1.Job, g *handoffv1.Grant) error {
+	m := p.Escalation.MaxGrant
+	for _, c := range []struct {
+		name      string
+		got, most int64
+	}{{"hops", int64(g.GetHops()), int64(m.Hops)}, {"revisions", int64(g.GetRevisions()), int64(m.Revisions)}, {"usd_micros", g.GetUsdMicros(), m.USDMicros}} {
+		if c.got > c.most {
+			return status.Errorf(codes.InvalidArgument, "grant.%s is %d: pipeline %s lets a person give at most %d (escalation.max_grant.%s)", c.name, c.got, p.Name, c.most, c.name)
+		}
+	}
+	var lack, field string
+	var most int64
+	switch job.GetEscalation().GetCause() {
+	case handoffv1.EscalationCause_ESCALATION_CAUSE_HOP_CAP:
+		lack, field, most = "no hops left", "hops", int64(m.Hops)
+		if g.GetHops() > 0 {
+			return nil
+		}
+	case handoffv1.EscalationCause_ESCALATION_CAUSE_REVISIONS_EXHAUSTED:
+		lack, field, most = "no revisions left", "revisions", int64(m.Revisions)
+		if g.GetRevisions() > 0 {
+			return nil
+		}
+	case handoffv1.EscalationCause_ESCALATION_CAUSE_WALLET_EMPTY:
+		lack, field, most = "no money left", "usd_micros", m.USDMicros
+		if g.GetUsdMicros() > 0 {
+			return nil
+		}
+	default:
+		return nil
+	}
+	if most == 0 {
+		return status.Errorf(codes.FailedPrecondition, "run %s escalated %s with %s, so a return would escalate again at once, and pipeline %s lets no grant of %s (escalation.max_grant.%s): approve, fail or reject it",
+			job.GetRunId(), strings.TrimPrefix(job.GetEscalation().GetCause().String(), "ESCALATION_CAUSE_"), lack, p.Name, field, field)
+	}
+	return status.Errorf(codes.FailedPrecondition, "run %s escalated %s with %s, so a return would escalate again at once: grant %s with it (grant.%s, up to %d)",
+		job.GetRunId(), strings.TrimPrefix(job.GetEscalation().GetCause().String(), "ESCALATION_CAUSE_"), lack, field, field, most)
 }
 
 // ResolveEscalation applies a person's decision to an ESCALATED run. Approving a run that an
@@ -201,6 +251,12 @@ func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEs
 			return nil, status.Errorf(codes.InvalidArgument, "stage %q is not in pipeline %s (stages: %s)", a.ReturnToStage.GetStage(), p.Name, strings.Join(s.Stages(p.Name), ", "))
 		}
 		target, res.Stage = st, st.Name
+		if err := grantAllowed(p, job, a.ReturnToStage.GetGrant()); err != nil {
+			return nil, err
+		}
+		if g := a.ReturnToStage.GetGrant(); g.GetHops() > 0 || g.GetRevisions() > 0 || g.GetUsdMicros() > 0 {
+			res.Grant = g
+		}
 	case *handoffv1.ResolveEscalationRequest_Fail:
 		res.Action, res.Reason = handoffv1.ResolutionAction_RESOLUTION_ACTION_FAIL, a.Fail.GetReason()
 	case *handoffv1.ResolveEscalationRequest_RejectMalformed:
@@ -254,9 +310,21 @@ func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEs
 	// for its own repeated step's (stepWallet) and not pay a new hop. saved keeps the run's
 	// copy for the approve below.
 	saved := job.GetWallet()
-	switch w, err := s.opts.Store.Wallet(ctx, runID); {
+	w, err := s.opts.Store.Wallet(ctx, runID)
+	if g := res.GetGrant(); g != nil && err == nil {
+		// The grant, keyed by the escalation it answers: a decision retried after a save
+		// that failed finds it given already and adds nothing again.
+		w, err = s.opts.Store.GrantWallet(ctx, runID, fmt.Sprintf("%s/escalation/%d", runID, escalationNumber(job.GetEscalation())),
+			store.Grant{Hops: g.GetHops(), Revisions: g.GetRevisions(), USDMicros: g.GetUsdMicros()})
+		if errors.Is(err, store.ErrGrantTooLarge) {
+			return nil, status.Errorf(codes.InvalidArgument, "grant: %v (a wallet holds at most %d hops and %d revisions)", err, store.MaxHops, store.MaxRevisions)
+		}
+	}
+	switch {
 	case err == nil:
 		s.setWallet(job, w)
+	case errors.Is(err, store.ErrNotFound) && res.GetGrant() != nil:
+		return nil, status.Errorf(codes.FailedPrecondition, "run %s has no wallet to grant to", runID)
 	case !errors.Is(err, store.ErrNotFound):
 		return nil, status.Errorf(codes.Unavailable, "store: %v", err)
 	}

@@ -165,7 +165,7 @@ func TestResolveReturnToStage(t *testing.T) {
 	}
 	ret := func(stage string) error {
 		_, err := e.client.ResolveEscalation(op(), &handoffv1.ResolveEscalationRequest{RunId: job.GetRunId(), Operator: "ana", Escalation: 1, Comment: "cite the policy",
-			Action: &handoffv1.ResolveEscalationRequest_ReturnToStage{ReturnToStage: &handoffv1.ReturnToStageAction{Stage: stage}}})
+			Action: &handoffv1.ResolveEscalationRequest_ReturnToStage{ReturnToStage: &handoffv1.ReturnToStageAction{Stage: stage, Grant: oneRevision}}})
 		return err
 	}
 	if err := ret("nope"); status.Code(err) != codes.InvalidArgument {
@@ -267,6 +267,9 @@ func TestResolveFailAndReject(t *testing.T) {
 
 func ptr[T any](v T) *T { return &v }
 
+// oneRevision is the grant a return from REVISIONS_EXHAUSTED needs.
+var oneRevision = &handoffv1.Grant{Revisions: 1}
+
 // TestResolveReturnCap: a run already sent back as often as the contract's operator_returns
 // allows is refused another return (its packages would all be rejected), not broken.
 func TestResolveReturnCap(t *testing.T) {
@@ -285,7 +288,7 @@ func TestResolveReturnCap(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = e.client.ResolveEscalation(op(), &handoffv1.ResolveEscalationRequest{RunId: job.GetRunId(), Operator: "ana", Escalation: 1,
-		Action: &handoffv1.ResolveEscalationRequest_ReturnToStage{ReturnToStage: &handoffv1.ReturnToStageAction{Stage: "draft"}}})
+		Action: &handoffv1.ResolveEscalationRequest_ReturnToStage{ReturnToStage: &handoffv1.ReturnToStageAction{Stage: "draft", Grant: oneRevision}}})
 	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(status.Convert(err).Message(), "1000 times") {
 		t.Fatalf("return past the cap = %v; want FailedPrecondition naming the count", err)
 	}
@@ -307,7 +310,7 @@ func TestResolveStaleEscalationRefused(t *testing.T) {
 		_, err := e.client.ResolveEscalation(op(), a)
 		return err
 	}
-	if err := decide(1, &handoffv1.ResolveEscalationRequest{Action: &handoffv1.ResolveEscalationRequest_ReturnToStage{ReturnToStage: &handoffv1.ReturnToStageAction{Stage: "draft"}}}); err != nil {
+	if err := decide(1, &handoffv1.ResolveEscalationRequest{Action: &handoffv1.ResolveEscalationRequest_ReturnToStage{ReturnToStage: &handoffv1.ReturnToStageAction{Stage: "draft", Grant: oneRevision}}}); err != nil {
 		t.Fatal(err)
 	}
 	again := waitState(t, e, job.GetRunId(), handoffv1.JobState_JOB_STATE_ESCALATED)
@@ -337,7 +340,7 @@ func TestResolveReturnCommentCutOnARune(t *testing.T) {
 	job, _ := e.submit(t, "relay", "tkt_1", "", e.defaultBudget)
 	comment := "x" + strings.Repeat("é", 600) // "operator: x" + 2-byte runes: byte 1000 falls inside one
 	_, err := e.client.ResolveEscalation(op(), &handoffv1.ResolveEscalationRequest{RunId: job.GetRunId(), Operator: "ana", Escalation: 1, Comment: comment,
-		Action: &handoffv1.ResolveEscalationRequest_ReturnToStage{ReturnToStage: &handoffv1.ReturnToStageAction{Stage: "draft"}}})
+		Action: &handoffv1.ResolveEscalationRequest_ReturnToStage{ReturnToStage: &handoffv1.ReturnToStageAction{Stage: "draft", Grant: oneRevision}}})
 	if err != nil {
 		t.Fatalf("return with a long non-ASCII comment: %v", err)
 	}
@@ -413,16 +416,99 @@ func TestDecisionsEraseNothing(t *testing.T) {
 
 	job, _ = e.submit(t, "relay", "tkt_3", "", e.defaultBudget)
 	if _, err := e.client.ResolveEscalation(ctx, &handoffv1.ResolveEscalationRequest{RunId: job.GetRunId(), Operator: "ana", Escalation: 1,
-		Action: &handoffv1.ResolveEscalationRequest_ReturnToStage{ReturnToStage: &handoffv1.ReturnToStageAction{Stage: "judge"}}}); err != nil {
+		Action: &handoffv1.ResolveEscalationRequest_ReturnToStage{ReturnToStage: &handoffv1.ReturnToStageAction{Stage: "judge", Grant: oneRevision}}}); err != nil {
 		t.Fatal(err)
 	}
-	// The judge runs once more (FAIL again) and the run escalates again: two verdicts.
+	// With the revision granted the judge fails it again, the draft revises, the judge fails
+	// it a third time and the run escalates again: three verdicts, three rounds.
 	again := waitState(t, e, job.GetRunId(), handoffv1.JobState_JOB_STATE_ESCALATED)
 	for again.GetEscalation().GetNumber() < 2 {
 		time.Sleep(50 * time.Millisecond)
 		again = waitState(t, e, job.GetRunId(), handoffv1.JobState_JOB_STATE_ESCALATED)
 	}
-	if again.GetEvaluator().GetRounds() != 2 {
-		t.Fatalf("after a return and one more judge verdict: rounds %d, want 2 (judge verdicts)", again.GetEvaluator().GetRounds())
+	verdicts := 0
+	for _, k := range events(t, e, job.GetRunId()) {
+		if strings.HasPrefix(k, "judge:VERDICT") {
+			verdicts++
+		}
+	}
+	if verdicts != 3 || again.GetEvaluator().GetRounds() != 3 {
+		t.Fatalf("after a return: rounds %d, judge verdicts on the timeline %d; want both 3", again.GetEvaluator().GetRounds(), verdicts)
+	}
+}
+
+// A return from HOP_CAP gives the run what it lacked: without a grant of hops it is refused
+// with the reason, past the pipeline's escalation.max_grant it is refused naming the limit,
+// and with 4 hops it completes, the grant recorded in the RESOLVED event with the account.
+func TestReturnWithGrant(t *testing.T) {
+	e := startOp(t, 1, []handoffv1.Verdict{handoffv1.Verdict_VERDICT_PASS})
+	ctx := context.Background()
+	job, _ := e.submit(t, "relay", "tkt_1", "", &handoffv1.Budget{UsdRemainingMicros: 1_000_000, HopsRemaining: 2})
+	if job.GetState() != handoffv1.JobState_JOB_STATE_ESCALATED || job.GetEscalation().GetCause() != handoffv1.EscalationCause_ESCALATION_CAUSE_HOP_CAP {
+		t.Fatalf("run %s (%v); want ESCALATED HOP_CAP", job.GetState(), job.GetEscalation())
+	}
+	ret := func(g *handoffv1.Grant) (*handoffv1.ResolveEscalationResponse, error) {
+		return e.client.ResolveEscalation(ctx, &handoffv1.ResolveEscalationRequest{RunId: job.GetRunId(), Operator: "ana", Escalation: 1,
+			Action: &handoffv1.ResolveEscalationRequest_ReturnToStage{ReturnToStage: &handoffv1.ReturnToStageAction{Stage: "writeback", Grant: g}}})
+	}
+	before := events(t, e, job.GetRunId())
+	if _, err := ret(nil); status.Code(err) != codes.FailedPrecondition || !strings.Contains(status.Convert(err).Message(), "no hops left") || !strings.Contains(status.Convert(err).Message(), "grant hops") {
+		t.Fatalf("return from HOP_CAP without a grant = %v; want FailedPrecondition saying no hops are left and to grant hops", err)
+	}
+	if _, err := ret(&handoffv1.Grant{Hops: 9}); status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), "at most 8 (escalation.max_grant.hops)") {
+		t.Fatalf("grant past max_grant = %v; want InvalidArgument naming the limit", err)
+	}
+	if w, err := e.st.Store.Wallet(ctx, job.GetRunId()); err != nil || w.GetHopsRemaining() != 0 {
+		t.Fatalf("wallet after refused returns: %v %v; want still 0 hops", w, err)
+	}
+	if after := events(t, e, job.GetRunId()); !slices.Equal(before, after) {
+		t.Fatalf("refused returns changed the timeline:\n%v\n%v", before, after)
+	}
+	resp, err := ret(&handoffv1.Grant{Hops: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g := resp.GetResolution().GetGrant(); g.GetHops() != 4 {
+		t.Fatalf("resolution grant %v, want 4 hops", g)
+	}
+	done := waitState(t, e, job.GetRunId(), handoffv1.JobState_JOB_STATE_COMPLETED)
+	if done.GetWallet().GetHopsRemaining() != 3 || e.writes(t) != 1 {
+		t.Fatalf("after the grant: %d hops left, %d writes; want 3 (4 granted, 1 used by the writeback), 1", done.GetWallet().GetHopsRemaining(), e.writes(t))
+	}
+	evs, err := e.st.Store.Events(ctx, job.GetRunId(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got *handoffv1.Resolution
+	for _, ev := range evs {
+		if ev.GetKind() == handoffv1.EventKind_EVENT_KIND_RESOLVED {
+			got = ev.GetResolution()
+		}
+	}
+	if got.GetGrant().GetHops() != 4 || got.GetAccount() != "operator (token)" {
+		t.Fatalf("RESOLVED event resolution %v; want the 4-hop grant and who gave it", got)
+	}
+}
+
+// A return from an empty wallet needs money; a return from a cause nothing ran out for
+// needs no grant.
+func TestReturnFromEmptyWalletNeedsMoney(t *testing.T) {
+	e := startOp(t, 1, []handoffv1.Verdict{handoffv1.Verdict_VERDICT_PASS})
+	job, _ := e.submit(t, "relay", "tkt_1", "", &handoffv1.Budget{UsdRemainingMicros: 60_000})
+	if job.GetEscalation().GetCause() != handoffv1.EscalationCause_ESCALATION_CAUSE_WALLET_EMPTY {
+		t.Fatalf("escalation %v; want WALLET_EMPTY", job.GetEscalation())
+	}
+	req := &handoffv1.ResolveEscalationRequest{RunId: job.GetRunId(), Operator: "ana", Escalation: 1,
+		Action: &handoffv1.ResolveEscalationRequest_ReturnToStage{ReturnToStage: &handoffv1.ReturnToStageAction{Stage: "judge", Grant: &handoffv1.Grant{Hops: 1}}}}
+	if _, err := e.client.ResolveEscalation(context.Background(), req); status.Code(err) != codes.FailedPrecondition || !strings.Contains(status.Convert(err).Message(), "grant usd_micros") {
+		t.Fatalf("return from WALLET_EMPTY granting only hops = %v; want FailedPrecondition asking for money", err)
+	}
+	req.GetReturnToStage().Grant = &handoffv1.Grant{UsdMicros: 500_000}
+	if _, err := e.client.ResolveEscalation(context.Background(), req); err != nil {
+		t.Fatal(err)
+	}
+	done := waitState(t, e, job.GetRunId(), handoffv1.JobState_JOB_STATE_COMPLETED)
+	if done.GetWallet().GetUsdRemainingMicros() != 450_000 {
+		t.Fatalf("wallet after a $0.50 grant and the judge's $0.05: %d micros, want 450000", done.GetWallet().GetUsdRemainingMicros())
 	}
 }

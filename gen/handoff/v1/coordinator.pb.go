@@ -1694,9 +1694,13 @@ func (x *ApproveAction) GetArtifactText() string {
 }
 
 type ReturnToStageAction struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Stage         string                 `protobuf:"bytes,1,opt,name=stage,proto3" json:"stage,omitempty"`
-	ArtifactText  *string                `protobuf:"bytes,2,opt,name=artifact_text,json=artifactText,proto3,oneof" json:"artifact_text,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Stage        string                 `protobuf:"bytes,1,opt,name=stage,proto3" json:"stage,omitempty"`
+	ArtifactText *string                `protobuf:"bytes,2,opt,name=artifact_text,json=artifactText,proto3,oneof" json:"artifact_text,omitempty"`
+	// What the person gives the run's wallet with the return, up to the pipeline's
+	// escalation.max_grant. A return from HOP_CAP, REVISIONS_EXHAUSTED or WALLET_EMPTY needs
+	// a grant of what ran out (hops, revisions, money); without one it is refused.
+	Grant         *Grant `protobuf:"bytes,3,opt,name=grant,proto3" json:"grant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1745,6 +1749,75 @@ func (x *ReturnToStageAction) GetArtifactText() string {
 	return ""
 }
 
+func (x *ReturnToStageAction) GetGrant() *Grant {
+	if x != nil {
+		return x.Grant
+	}
+	return nil
+}
+
+// Grant is what a person adds to a run's wallet: the only way a wallet grows.
+type Grant struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Hops      uint32                 `protobuf:"varint,1,opt,name=hops,proto3" json:"hops,omitempty"`
+	Revisions uint32                 `protobuf:"varint,2,opt,name=revisions,proto3" json:"revisions,omitempty"`
+	// Money, in millionths of a US dollar.
+	UsdMicros     int64 `protobuf:"varint,3,opt,name=usd_micros,json=usdMicros,proto3" json:"usd_micros,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Grant) Reset() {
+	*x = Grant{}
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Grant) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Grant) ProtoMessage() {}
+
+func (x *Grant) ProtoReflect() protoreflect.Message {
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Grant.ProtoReflect.Descriptor instead.
+func (*Grant) Descriptor() ([]byte, []int) {
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *Grant) GetHops() uint32 {
+	if x != nil {
+		return x.Hops
+	}
+	return 0
+}
+
+func (x *Grant) GetRevisions() uint32 {
+	if x != nil {
+		return x.Revisions
+	}
+	return 0
+}
+
+func (x *Grant) GetUsdMicros() int64 {
+	if x != nil {
+		return x.UsdMicros
+	}
+	return 0
+}
+
 type FailAction struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Reason        string                 `protobuf:"bytes,1,opt,name=reason,proto3" json:"reason,omitempty"`
@@ -1754,7 +1827,7 @@ type FailAction struct {
 
 func (x *FailAction) Reset() {
 	*x = FailAction{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[17]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1766,7 +1839,7 @@ func (x *FailAction) String() string {
 func (*FailAction) ProtoMessage() {}
 
 func (x *FailAction) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[17]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1779,7 +1852,7 @@ func (x *FailAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FailAction.ProtoReflect.Descriptor instead.
 func (*FailAction) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{17}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *FailAction) GetReason() string {
@@ -1798,7 +1871,7 @@ type RejectMalformedAction struct {
 
 func (x *RejectMalformedAction) Reset() {
 	*x = RejectMalformedAction{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[18]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1810,7 +1883,7 @@ func (x *RejectMalformedAction) String() string {
 func (*RejectMalformedAction) ProtoMessage() {}
 
 func (x *RejectMalformedAction) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[18]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1823,7 +1896,7 @@ func (x *RejectMalformedAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RejectMalformedAction.ProtoReflect.Descriptor instead.
 func (*RejectMalformedAction) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{18}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RejectMalformedAction) GetReason() string {
@@ -1851,14 +1924,16 @@ type Resolution struct {
 	// Who decided, as verified by the coordinator, not as typed: the operator account's name
 	// for an operator token or page session ("operator"), else the identity's service and
 	// how it was proved ("operator (mtls)"). `operator` above is the name the person gave.
-	Account       string `protobuf:"bytes,9,opt,name=account,proto3" json:"account,omitempty"`
+	Account string `protobuf:"bytes,9,opt,name=account,proto3" json:"account,omitempty"`
+	// What the decision added to the run's wallet (return_to_stage), given by account.
+	Grant         *Grant `protobuf:"bytes,10,opt,name=grant,proto3" json:"grant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Resolution) Reset() {
 	*x = Resolution{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[19]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1870,7 +1945,7 @@ func (x *Resolution) String() string {
 func (*Resolution) ProtoMessage() {}
 
 func (x *Resolution) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[19]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1883,7 +1958,7 @@ func (x *Resolution) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Resolution.ProtoReflect.Descriptor instead.
 func (*Resolution) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{19}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Resolution) GetAction() ResolutionAction {
@@ -1949,6 +2024,13 @@ func (x *Resolution) GetAccount() string {
 	return ""
 }
 
+func (x *Resolution) GetGrant() *Grant {
+	if x != nil {
+		return x.Grant
+	}
+	return nil
+}
+
 type ResolveEscalationResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The run after the decision.
@@ -1965,7 +2047,7 @@ type ResolveEscalationResponse struct {
 
 func (x *ResolveEscalationResponse) Reset() {
 	*x = ResolveEscalationResponse{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[20]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1977,7 +2059,7 @@ func (x *ResolveEscalationResponse) String() string {
 func (*ResolveEscalationResponse) ProtoMessage() {}
 
 func (x *ResolveEscalationResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[20]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1990,7 +2072,7 @@ func (x *ResolveEscalationResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveEscalationResponse.ProtoReflect.Descriptor instead.
 func (*ResolveEscalationResponse) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{20}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ResolveEscalationResponse) GetJob() *Job {
@@ -2160,16 +2242,22 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\x06action\x12\x05\xbaH\x02\b\x01\"V\n" +
 	"\rApproveAction\x123\n" +
 	"\rartifact_text\x18\x01 \x01(\tB\t\xbaH\x06r\x04(\x80\x80@H\x00R\fartifactText\x88\x01\x01B\x10\n" +
-	"\x0e_artifact_text\"\x92\x01\n" +
+	"\x0e_artifact_text\"\xbb\x01\n" +
 	"\x13ReturnToStageAction\x124\n" +
 	"\x05stage\x18\x01 \x01(\tB\x1e\xbaH\x1b\xc8\x01\x01r\x16\x18@2\x12^[a-z][a-z0-9_-]*$R\x05stage\x123\n" +
-	"\rartifact_text\x18\x02 \x01(\tB\t\xbaH\x06r\x04(\x80\x80@H\x00R\fartifactText\x88\x01\x01B\x10\n" +
-	"\x0e_artifact_text\"1\n" +
+	"\rartifact_text\x18\x02 \x01(\tB\t\xbaH\x06r\x04(\x80\x80@H\x00R\fartifactText\x88\x01\x01\x12'\n" +
+	"\x05grant\x18\x03 \x01(\v2\x11.handoff.v1.GrantR\x05grantB\x10\n" +
+	"\x0e_artifact_text\"t\n" +
+	"\x05Grant\x12\x1c\n" +
+	"\x04hops\x18\x01 \x01(\rB\b\xbaH\x05*\x03\x18\xe8\aR\x04hops\x12%\n" +
+	"\trevisions\x18\x02 \x01(\rB\a\xbaH\x04*\x02\x18dR\trevisions\x12&\n" +
+	"\n" +
+	"usd_micros\x18\x03 \x01(\x03B\a\xbaH\x04\"\x02(\x00R\tusdMicros\"1\n" +
 	"\n" +
 	"FailAction\x12#\n" +
 	"\x06reason\x18\x01 \x01(\tB\v\xbaH\b\xc8\x01\x01r\x03\x18\xd0\x0fR\x06reason\"<\n" +
 	"\x15RejectMalformedAction\x12#\n" +
-	"\x06reason\x18\x01 \x01(\tB\v\xbaH\b\xc8\x01\x01r\x03\x18\xd0\x0fR\x06reason\"\xe3\x02\n" +
+	"\x06reason\x18\x01 \x01(\tB\v\xbaH\b\xc8\x01\x01r\x03\x18\xd0\x0fR\x06reason\"\x8c\x03\n" +
 	"\n" +
 	"Resolution\x124\n" +
 	"\x06action\x18\x01 \x01(\x0e2\x1c.handoff.v1.ResolutionActionR\x06action\x12\x1a\n" +
@@ -2182,7 +2270,9 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"escalation\x18\a \x01(\v2\x16.handoff.v1.EscalationR\n" +
 	"escalation\x12*\n" +
 	"\x02at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x18\n" +
-	"\aaccount\x18\t \x01(\tR\aaccount\"\xc3\x01\n" +
+	"\aaccount\x18\t \x01(\tR\aaccount\x12'\n" +
+	"\x05grant\x18\n" +
+	" \x01(\v2\x11.handoff.v1.GrantR\x05grant\"\xc3\x01\n" +
 	"\x19ResolveEscalationResponse\x12!\n" +
 	"\x03job\x18\x01 \x01(\v2\x0f.handoff.v1.JobR\x03job\x12-\n" +
 	"\areceipt\x18\x02 \x01(\v2\x13.handoff.v1.ReceiptR\areceipt\x12\x1c\n" +
@@ -2250,7 +2340,7 @@ func file_handoff_v1_coordinator_proto_rawDescGZIP() []byte {
 }
 
 var file_handoff_v1_coordinator_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_handoff_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_handoff_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_handoff_v1_coordinator_proto_goTypes = []any{
 	(JobState)(0),                     // 0: handoff.v1.JobState
 	(EscalationCause)(0),              // 1: handoff.v1.EscalationCause
@@ -2273,87 +2363,90 @@ var file_handoff_v1_coordinator_proto_goTypes = []any{
 	(*ResolveEscalationRequest)(nil),  // 18: handoff.v1.ResolveEscalationRequest
 	(*ApproveAction)(nil),             // 19: handoff.v1.ApproveAction
 	(*ReturnToStageAction)(nil),       // 20: handoff.v1.ReturnToStageAction
-	(*FailAction)(nil),                // 21: handoff.v1.FailAction
-	(*RejectMalformedAction)(nil),     // 22: handoff.v1.RejectMalformedAction
-	(*Resolution)(nil),                // 23: handoff.v1.Resolution
-	(*ResolveEscalationResponse)(nil), // 24: handoff.v1.ResolveEscalationResponse
-	(*Budget)(nil),                    // 25: handoff.v1.Budget
-	(*Artifact)(nil),                  // 26: handoff.v1.Artifact
-	(*Trace)(nil),                     // 27: handoff.v1.Trace
-	(*Evaluator)(nil),                 // 28: handoff.v1.Evaluator
-	(*ToolAttempt)(nil),               // 29: handoff.v1.ToolAttempt
-	(*Receipt)(nil),                   // 30: handoff.v1.Receipt
-	(*timestamppb.Timestamp)(nil),     // 31: google.protobuf.Timestamp
-	(Move)(0),                         // 32: handoff.v1.Move
-	(*RouteChoice)(nil),               // 33: handoff.v1.RouteChoice
-	(*Reason)(nil),                    // 34: handoff.v1.Reason
-	(*Ack)(nil),                       // 35: handoff.v1.Ack
-	(*StageResult)(nil),               // 36: handoff.v1.StageResult
+	(*Grant)(nil),                     // 21: handoff.v1.Grant
+	(*FailAction)(nil),                // 22: handoff.v1.FailAction
+	(*RejectMalformedAction)(nil),     // 23: handoff.v1.RejectMalformedAction
+	(*Resolution)(nil),                // 24: handoff.v1.Resolution
+	(*ResolveEscalationResponse)(nil), // 25: handoff.v1.ResolveEscalationResponse
+	(*Budget)(nil),                    // 26: handoff.v1.Budget
+	(*Artifact)(nil),                  // 27: handoff.v1.Artifact
+	(*Trace)(nil),                     // 28: handoff.v1.Trace
+	(*Evaluator)(nil),                 // 29: handoff.v1.Evaluator
+	(*ToolAttempt)(nil),               // 30: handoff.v1.ToolAttempt
+	(*Receipt)(nil),                   // 31: handoff.v1.Receipt
+	(*timestamppb.Timestamp)(nil),     // 32: google.protobuf.Timestamp
+	(Move)(0),                         // 33: handoff.v1.Move
+	(*RouteChoice)(nil),               // 34: handoff.v1.RouteChoice
+	(*Reason)(nil),                    // 35: handoff.v1.Reason
+	(*Ack)(nil),                       // 36: handoff.v1.Ack
+	(*StageResult)(nil),               // 37: handoff.v1.StageResult
 }
 var file_handoff_v1_coordinator_proto_depIdxs = []int32{
-	25, // 0: handoff.v1.SubmitJobRequest.budget:type_name -> handoff.v1.Budget
-	26, // 1: handoff.v1.SubmitJobRequest.inputs:type_name -> handoff.v1.Artifact
-	27, // 2: handoff.v1.SubmitJobRequest.trace:type_name -> handoff.v1.Trace
+	26, // 0: handoff.v1.SubmitJobRequest.budget:type_name -> handoff.v1.Budget
+	27, // 1: handoff.v1.SubmitJobRequest.inputs:type_name -> handoff.v1.Artifact
+	28, // 2: handoff.v1.SubmitJobRequest.trace:type_name -> handoff.v1.Trace
 	12, // 3: handoff.v1.SubmitJobResponse.job:type_name -> handoff.v1.Job
 	12, // 4: handoff.v1.GetJobResponse.job:type_name -> handoff.v1.Job
 	0,  // 5: handoff.v1.ListJobsRequest.state:type_name -> handoff.v1.JobState
 	12, // 6: handoff.v1.ListJobsResponse.jobs:type_name -> handoff.v1.Job
 	15, // 7: handoff.v1.WatchJobResponse.event:type_name -> handoff.v1.JobEvent
 	0,  // 8: handoff.v1.Job.state:type_name -> handoff.v1.JobState
-	25, // 9: handoff.v1.Job.wallet:type_name -> handoff.v1.Budget
-	28, // 10: handoff.v1.Job.evaluator:type_name -> handoff.v1.Evaluator
-	26, // 11: handoff.v1.Job.artifacts:type_name -> handoff.v1.Artifact
-	29, // 12: handoff.v1.Job.tools_tried:type_name -> handoff.v1.ToolAttempt
-	30, // 13: handoff.v1.Job.receipt:type_name -> handoff.v1.Receipt
+	26, // 9: handoff.v1.Job.wallet:type_name -> handoff.v1.Budget
+	29, // 10: handoff.v1.Job.evaluator:type_name -> handoff.v1.Evaluator
+	27, // 11: handoff.v1.Job.artifacts:type_name -> handoff.v1.Artifact
+	30, // 12: handoff.v1.Job.tools_tried:type_name -> handoff.v1.ToolAttempt
+	31, // 13: handoff.v1.Job.receipt:type_name -> handoff.v1.Receipt
 	14, // 14: handoff.v1.Job.escalation:type_name -> handoff.v1.Escalation
-	31, // 15: handoff.v1.Job.created_at:type_name -> google.protobuf.Timestamp
-	31, // 16: handoff.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
-	23, // 17: handoff.v1.Job.resolution:type_name -> handoff.v1.Resolution
+	32, // 15: handoff.v1.Job.created_at:type_name -> google.protobuf.Timestamp
+	32, // 16: handoff.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
+	24, // 17: handoff.v1.Job.resolution:type_name -> handoff.v1.Resolution
 	13, // 18: handoff.v1.Job.transfers:type_name -> handoff.v1.Transfer
-	32, // 19: handoff.v1.Transfer.move:type_name -> handoff.v1.Move
-	33, // 20: handoff.v1.Transfer.route:type_name -> handoff.v1.RouteChoice
+	33, // 19: handoff.v1.Transfer.move:type_name -> handoff.v1.Move
+	34, // 20: handoff.v1.Transfer.route:type_name -> handoff.v1.RouteChoice
 	1,  // 21: handoff.v1.Escalation.cause:type_name -> handoff.v1.EscalationCause
-	34, // 22: handoff.v1.Escalation.reasons:type_name -> handoff.v1.Reason
-	31, // 23: handoff.v1.Escalation.at:type_name -> google.protobuf.Timestamp
+	35, // 22: handoff.v1.Escalation.reasons:type_name -> handoff.v1.Reason
+	32, // 23: handoff.v1.Escalation.at:type_name -> google.protobuf.Timestamp
 	2,  // 24: handoff.v1.JobEvent.kind:type_name -> handoff.v1.EventKind
-	31, // 25: handoff.v1.JobEvent.at:type_name -> google.protobuf.Timestamp
-	25, // 26: handoff.v1.JobEvent.wallet:type_name -> handoff.v1.Budget
-	35, // 27: handoff.v1.JobEvent.ack:type_name -> handoff.v1.Ack
-	36, // 28: handoff.v1.JobEvent.result:type_name -> handoff.v1.StageResult
-	28, // 29: handoff.v1.JobEvent.evaluator:type_name -> handoff.v1.Evaluator
-	30, // 30: handoff.v1.JobEvent.receipt:type_name -> handoff.v1.Receipt
+	32, // 25: handoff.v1.JobEvent.at:type_name -> google.protobuf.Timestamp
+	26, // 26: handoff.v1.JobEvent.wallet:type_name -> handoff.v1.Budget
+	36, // 27: handoff.v1.JobEvent.ack:type_name -> handoff.v1.Ack
+	37, // 28: handoff.v1.JobEvent.result:type_name -> handoff.v1.StageResult
+	29, // 29: handoff.v1.JobEvent.evaluator:type_name -> handoff.v1.Evaluator
+	31, // 30: handoff.v1.JobEvent.receipt:type_name -> handoff.v1.Receipt
 	14, // 31: handoff.v1.JobEvent.escalation:type_name -> handoff.v1.Escalation
-	23, // 32: handoff.v1.JobEvent.resolution:type_name -> handoff.v1.Resolution
+	24, // 32: handoff.v1.JobEvent.resolution:type_name -> handoff.v1.Resolution
 	13, // 33: handoff.v1.JobEvent.transfer:type_name -> handoff.v1.Transfer
 	12, // 34: handoff.v1.ListEscalationsResponse.jobs:type_name -> handoff.v1.Job
 	19, // 35: handoff.v1.ResolveEscalationRequest.approve:type_name -> handoff.v1.ApproveAction
 	20, // 36: handoff.v1.ResolveEscalationRequest.return_to_stage:type_name -> handoff.v1.ReturnToStageAction
-	21, // 37: handoff.v1.ResolveEscalationRequest.fail:type_name -> handoff.v1.FailAction
-	22, // 38: handoff.v1.ResolveEscalationRequest.reject_malformed:type_name -> handoff.v1.RejectMalformedAction
-	3,  // 39: handoff.v1.Resolution.action:type_name -> handoff.v1.ResolutionAction
-	26, // 40: handoff.v1.Resolution.edited_artifact:type_name -> handoff.v1.Artifact
-	14, // 41: handoff.v1.Resolution.escalation:type_name -> handoff.v1.Escalation
-	31, // 42: handoff.v1.Resolution.at:type_name -> google.protobuf.Timestamp
-	12, // 43: handoff.v1.ResolveEscalationResponse.job:type_name -> handoff.v1.Job
-	30, // 44: handoff.v1.ResolveEscalationResponse.receipt:type_name -> handoff.v1.Receipt
-	23, // 45: handoff.v1.ResolveEscalationResponse.resolution:type_name -> handoff.v1.Resolution
-	4,  // 46: handoff.v1.CoordinatorService.SubmitJob:input_type -> handoff.v1.SubmitJobRequest
-	6,  // 47: handoff.v1.CoordinatorService.GetJob:input_type -> handoff.v1.GetJobRequest
-	8,  // 48: handoff.v1.CoordinatorService.ListJobs:input_type -> handoff.v1.ListJobsRequest
-	10, // 49: handoff.v1.CoordinatorService.WatchJob:input_type -> handoff.v1.WatchJobRequest
-	16, // 50: handoff.v1.CoordinatorService.ListEscalations:input_type -> handoff.v1.ListEscalationsRequest
-	18, // 51: handoff.v1.CoordinatorService.ResolveEscalation:input_type -> handoff.v1.ResolveEscalationRequest
-	5,  // 52: handoff.v1.CoordinatorService.SubmitJob:output_type -> handoff.v1.SubmitJobResponse
-	7,  // 53: handoff.v1.CoordinatorService.GetJob:output_type -> handoff.v1.GetJobResponse
-	9,  // 54: handoff.v1.CoordinatorService.ListJobs:output_type -> handoff.v1.ListJobsResponse
-	11, // 55: handoff.v1.CoordinatorService.WatchJob:output_type -> handoff.v1.WatchJobResponse
-	17, // 56: handoff.v1.CoordinatorService.ListEscalations:output_type -> handoff.v1.ListEscalationsResponse
-	24, // 57: handoff.v1.CoordinatorService.ResolveEscalation:output_type -> handoff.v1.ResolveEscalationResponse
-	52, // [52:58] is the sub-list for method output_type
-	46, // [46:52] is the sub-list for method input_type
-	46, // [46:46] is the sub-list for extension type_name
-	46, // [46:46] is the sub-list for extension extendee
-	0,  // [0:46] is the sub-list for field type_name
+	22, // 37: handoff.v1.ResolveEscalationRequest.fail:type_name -> handoff.v1.FailAction
+	23, // 38: handoff.v1.ResolveEscalationRequest.reject_malformed:type_name -> handoff.v1.RejectMalformedAction
+	21, // 39: handoff.v1.ReturnToStageAction.grant:type_name -> handoff.v1.Grant
+	3,  // 40: handoff.v1.Resolution.action:type_name -> handoff.v1.ResolutionAction
+	27, // 41: handoff.v1.Resolution.edited_artifact:type_name -> handoff.v1.Artifact
+	14, // 42: handoff.v1.Resolution.escalation:type_name -> handoff.v1.Escalation
+	32, // 43: handoff.v1.Resolution.at:type_name -> google.protobuf.Timestamp
+	21, // 44: handoff.v1.Resolution.grant:type_name -> handoff.v1.Grant
+	12, // 45: handoff.v1.ResolveEscalationResponse.job:type_name -> handoff.v1.Job
+	31, // 46: handoff.v1.ResolveEscalationResponse.receipt:type_name -> handoff.v1.Receipt
+	24, // 47: handoff.v1.ResolveEscalationResponse.resolution:type_name -> handoff.v1.Resolution
+	4,  // 48: handoff.v1.CoordinatorService.SubmitJob:input_type -> handoff.v1.SubmitJobRequest
+	6,  // 49: handoff.v1.CoordinatorService.GetJob:input_type -> handoff.v1.GetJobRequest
+	8,  // 50: handoff.v1.CoordinatorService.ListJobs:input_type -> handoff.v1.ListJobsRequest
+	10, // 51: handoff.v1.CoordinatorService.WatchJob:input_type -> handoff.v1.WatchJobRequest
+	16, // 52: handoff.v1.CoordinatorService.ListEscalations:input_type -> handoff.v1.ListEscalationsRequest
+	18, // 53: handoff.v1.CoordinatorService.ResolveEscalation:input_type -> handoff.v1.ResolveEscalationRequest
+	5,  // 54: handoff.v1.CoordinatorService.SubmitJob:output_type -> handoff.v1.SubmitJobResponse
+	7,  // 55: handoff.v1.CoordinatorService.GetJob:output_type -> handoff.v1.GetJobResponse
+	9,  // 56: handoff.v1.CoordinatorService.ListJobs:output_type -> handoff.v1.ListJobsResponse
+	11, // 57: handoff.v1.CoordinatorService.WatchJob:output_type -> handoff.v1.WatchJobResponse
+	17, // 58: handoff.v1.CoordinatorService.ListEscalations:output_type -> handoff.v1.ListEscalationsResponse
+	25, // 59: handoff.v1.CoordinatorService.ResolveEscalation:output_type -> handoff.v1.ResolveEscalationResponse
+	54, // [54:60] is the sub-list for method output_type
+	48, // [48:54] is the sub-list for method input_type
+	48, // [48:48] is the sub-list for extension type_name
+	48, // [48:48] is the sub-list for extension extendee
+	0,  // [0:48] is the sub-list for field type_name
 }
 
 func init() { file_handoff_v1_coordinator_proto_init() }
@@ -2377,7 +2470,7 @@ func file_handoff_v1_coordinator_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_handoff_v1_coordinator_proto_rawDesc), len(file_handoff_v1_coordinator_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   21,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

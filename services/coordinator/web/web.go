@@ -286,6 +286,7 @@ func (h *Handler) job(w http.ResponseWriter, r *http.Request) {
 	d := map[string]any{
 		"Job": job, "Artifact": art, "Text": string(data), "Stages": h.srv.Stages(job.GetPipeline()),
 		"Escalated": job.GetState() == handoffv1.JobState_JOB_STATE_ESCALATED,
+		"MaxGrant":  h.srv.MaxGrant(job.GetPipeline()),
 		"Done":      r.URL.Query().Get("done"), "Duplicate": r.URL.Query().Get("dup") == "1",
 	}
 	if aerr != nil {
@@ -304,7 +305,7 @@ func (h *Handler) resolve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	runID := r.PathValue("run")
-	for _, f := range []string{"operator", "comment", "reason", "stage", "artifact_text", "escalation"} {
+	for _, f := range []string{"operator", "comment", "reason", "stage", "artifact_text", "escalation", "grant_hops", "grant_revisions", "grant_usd_micros"} {
 		if !utf8.ValidString(r.PostFormValue(f)) {
 			w.WriteHeader(http.StatusBadRequest)
 			h.render(w, "error.html", map[string]any{"Error": fmt.Sprintf("%s: invalid UTF-8", f)})
@@ -330,7 +331,13 @@ func (h *Handler) resolve(w http.ResponseWriter, r *http.Request) {
 	case "approve":
 		req.Action = &handoffv1.ResolveEscalationRequest_Approve{Approve: &handoffv1.ApproveAction{ArtifactText: edit}}
 	case "return_to_stage":
-		req.Action = &handoffv1.ResolveEscalationRequest_ReturnToStage{ReturnToStage: &handoffv1.ReturnToStageAction{Stage: r.PostFormValue("stage"), ArtifactText: edit}}
+		g, err := grantOf(r)
+		if err != nil {
+			w.WriteHeader(http.StatusBadRequest)
+			h.render(w, "error.html", map[string]any{"Error": err.Error()})
+			return
+		}
+		req.Action = &handoffv1.ResolveEscalationRequest_ReturnToStage{ReturnToStage: &handoffv1.ReturnToStageAction{Stage: r.PostFormValue("stage"), ArtifactText: edit, Grant: g}}
 	case "fail":
 		req.Action = &handoffv1.ResolveEscalationRequest_Fail{Fail: &handoffv1.FailAction{Reason: r.PostFormValue("reason")}}
 	case "reject_malformed":
@@ -350,4 +357,26 @@ func (h *Handler) resolve(w http.ResponseWriter, r *http.Request) {
 		q.Set("dup", "1")
 	}
 	http.Redirect(w, r, "/jobs/"+url.PathEscape(runID)+"?"+q.Encode(), http.StatusSeeOther)
+}
+
+// grantOf reads the return form's grant: empty fields are 0; nil when nothing is given.
+func grantOf(r *http.Request) (*handoffv1.Grant, error) {
+	var n [3]uint64
+	for i, f := range []string{"grant_hops", "grant_revisions", "grant_usd_micros"} {
+		v := strings.TrimSpace(r.PostFormValue(f))
+		if v == "" {
+			continue
+		}
+		var err error
+		if n[i], err = strconv.ParseUint(v, 10, 63); err != nil {
+			return nil, fmt.Errorf("%s %q: want a whole number, 0 or more", f, v)
+		}
+	}
+	if n[0] > 1000 || n[1] > 100 {
+		return nil, fmt.Errorf("grant of %d hops, %d revisions: a wallet holds at most 1000 hops and 100 revisions", n[0], n[1])
+	}
+	if n == [3]uint64{} {
+		return nil, nil
+	}
+	return &handoffv1.Grant{Hops: uint32(n[0]), Revisions: uint32(n[1]), UsdMicros: int64(n[2])}, nil
 }

@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/artifact"
@@ -280,5 +281,49 @@ func TestApproveNotOfferedWithoutArtifact(t *testing.T) {
 	_, body = get(t, c, base+resp.Header.Get("Location"))
 	if strings.Contains(body, "Done:") || !strings.Contains(body, `<span id="outcome">FAILED</span>`) {
 		t.Fatalf("page after fail does not show the resulting state:\n%s", body)
+	}
+}
+
+// TestReturnWithGrantFromThePage: a HOP_CAP escalation returned without hops is refused
+// with the reason; returned with a grant of 4 hops it completes, and the page shows the
+// grant with the account that gave it.
+func TestReturnWithGrantFromThePage(t *testing.T) {
+	st, base := page(t)
+	job := escalated(t, st)
+	c := browser(t)
+	post(t, c, base+"/login", url.Values{"token": {token}})
+	u := base + "/jobs/" + job.GetRunId()
+	if _, body := get(t, c, u); !strings.Contains(body, `id="grant_hops"`) || !strings.Contains(body, "at most 12 hops") {
+		t.Fatalf("job page offers no grant with the return:\n%s", body)
+	}
+	form := url.Values{"action": {"return_to_stage"}, "stage": {"draft"}, "operator": {"ana"}, "escalation": {"1"}}
+	if resp, body := post(t, c, u+"/resolve", form); resp.StatusCode != http.StatusBadRequest || !strings.Contains(body, "no hops left") {
+		t.Fatalf("return without a grant: %d %s", resp.StatusCode, body)
+	}
+	form.Set("grant_hops", "x")
+	if resp, body := post(t, c, u+"/resolve", form); resp.StatusCode != http.StatusBadRequest || !strings.Contains(body, "grant_hops") {
+		t.Fatalf("grant_hops=x: %d %s", resp.StatusCode, body)
+	}
+	form.Set("grant_hops", "4")
+	if resp, body := post(t, c, u+"/resolve", form); resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("return with 4 hops: %d %s", resp.StatusCode, body)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		got, err := st.Coordinator.GetJob(context.Background(), &handoffv1.GetJobRequest{RunId: job.GetRunId()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.GetJob().GetState() == handoffv1.JobState_JOB_STATE_COMPLETED {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("run %s after the granted return, want COMPLETED (%v)", got.GetJob().GetState(), got.GetJob().GetEscalation())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	_, body := get(t, c, u)
+	if !strings.Contains(body, `<dd id="grant">4 hops, 0 revisions, $0.00 by operator</dd>`) || !strings.Contains(body, `<span id="state">COMPLETED</span>`) {
+		t.Fatalf("page after the granted return lacks the grant or the state:\n%s", body)
 	}
 }
