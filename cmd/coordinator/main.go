@@ -58,7 +58,7 @@ type settings struct {
 	hopTimeout, hopRetryFor, leaseTTL, drainTimeout time.Duration
 	healthInterval, storeWait                       time.Duration
 	security                                        rpc.Security
-	operatorToken                                   string
+	operatorToken, operators, operatorsFile         string
 }
 
 // Bind registers every setting with its variable and default.
@@ -75,17 +75,19 @@ func (s *settings) Bind(b *config.Binder) {
 	b.Duration(&s.storeWait, "store-wait", "HANDOFF_STORE_WAIT", server.DefaultStoreWait, "at start-up, how long to keep trying a Redis store that does not answer yet (0: fail at once)")
 	b.Duration(&s.healthInterval, "health-interval", "HANDOFF_HEALTH_INTERVAL", server.DefaultHealthInterval, "how often the store is pinged; health is NOT_SERVING while the ping fails")
 	s.security.Bind(b)
-	b.String(&s.operatorToken, "operator-token", "HANDOFF_OPERATOR_TOKEN", "", fmt.Sprintf("token an operator presents (authorization: Bearer <token>) to ListEscalations and ResolveEscalation; required, at least %d bytes", identity.MinOperatorTokenLen))
+	b.String(&s.operatorToken, "operator-token", "HANDOFF_OPERATOR_TOKEN", "", fmt.Sprintf("token of the operator account \"operator\" (a resolver), presented as authorization: Bearer <token> to ListEscalations and ResolveEscalation; at least %d bytes; this or --operators/--operators-file is required", identity.MinOperatorTokenLen))
+	b.String(&s.operators, "operators", "HANDOFF_OPERATORS", "", identity.AccountsHelp)
+	b.String(&s.operatorsFile, "operators-file", "HANDOFF_OPERATORS_FILE", "", "file of operator accounts, in the format of --operators")
 }
 
 // Validate checks the values, naming the flag of a bad one.
 func (s *settings) Validate() error {
 	// Fail closed before anything else: this binary serves the calls that approve writes,
 	// and without operator credentials nobody could be told apart from an operator.
-	if s.operatorToken == "" {
-		return errors.New("no operator credentials: set --operator-token (or HANDOFF_OPERATOR_TOKEN); ListEscalations and ResolveEscalation need an operator")
+	if s.operatorToken == "" && s.operators == "" && s.operatorsFile == "" {
+		return errors.New("no operator credentials: set --operator-token (or HANDOFF_OPERATOR_TOKEN), or operator accounts with --operators or --operators-file; ListEscalations and ResolveEscalation need an operator")
 	}
-	if len(s.operatorToken) < identity.MinOperatorTokenLen {
+	if s.operatorToken != "" && len(s.operatorToken) < identity.MinOperatorTokenLen {
 		return fmt.Errorf("--operator-token is %d bytes, need at least %d", len(s.operatorToken), identity.MinOperatorTokenLen)
 	}
 	if err := s.listen.Validate(); err != nil {
@@ -148,9 +150,16 @@ func run(ctx context.Context, args []string, log *slog.Logger, ready func(net.Ad
 	if err != nil {
 		return fmt.Errorf("--pipelines: %w", err)
 	}
-	ops, err := identity.NewOperators(log, identity.Account{Name: identity.OperatorService, Token: s.operatorToken})
+	accs, err := identity.LoadAccounts(s.operatorsFile, s.operators)
 	if err != nil {
-		return fmt.Errorf("--operator-token: %w", err)
+		return fmt.Errorf("--operators: %w", err)
+	}
+	if s.operatorToken != "" {
+		accs = append(accs, identity.Account{Name: identity.OperatorService, Role: identity.RoleResolver, Token: s.operatorToken})
+	}
+	ops, err := identity.NewOperators(log, accs...)
+	if err != nil {
+		return fmt.Errorf("operator credentials: %w", err)
 	}
 	creds, authz, err := s.security.Server(service, s.listen.Addr, identity.WithOperators(ops))
 	if err != nil {

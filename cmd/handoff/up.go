@@ -54,16 +54,23 @@ func runUp(args []string, stdout, stderr io.Writer) int {
 		fs.PrintDefaults()
 	}
 	var f stackFlags
-	var webAddr, opToken string
+	var webAddr, opToken, operators, operatorsFile string
 	b := config.New(fs)
 	bindStack(b, &f, "handoff-data", stack.DefaultCoordinatorAddr, stack.DefaultRunnerAddr, stack.DefaultWritebackAddr, "127.0.0.1:9464")
 	b.String(&webAddr, "web-listen", "HANDOFF_WEB_LISTEN", "127.0.0.1:8080", "serve the operator page (escalations) at http://ADDR/ (empty: off)")
 	b.String(&opToken, "operator-token", "HANDOFF_OPERATOR_TOKEN", "", fmt.Sprintf("operator token (%d bytes or more) for ListEscalations, ResolveEscalation, reading jobs with grpcurl and the operator page's sign-in (empty: one is made for this run and printed)", identity.MinOperatorTokenLen))
+	b.String(&operators, "operators", "HANDOFF_OPERATORS", "", identity.AccountsHelp+"; beside the operator token's account \"operator\"")
+	b.String(&operatorsFile, "operators-file", "HANDOFF_OPERATORS_FILE", "", "file of operator accounts, in the format of --operators")
 	if err := b.Parse(args); err != nil {
 		if err == flag.ErrHelp {
 			return 0
 		}
 		fmt.Fprintln(stderr, "handoff up:", err)
+		return 2
+	}
+	accs, err := identity.LoadAccounts(operatorsFile, operators)
+	if err != nil {
+		fmt.Fprintln(stderr, "handoff up: --operators:", err)
 		return 2
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -81,7 +88,7 @@ func runUp(args []string, stdout, stderr io.Writer) int {
 		}
 		opToken, generated = hex.EncodeToString(b), true
 	}
-	cfg.WebAddr, cfg.OperatorToken = webAddr, opToken
+	cfg.WebAddr, cfg.OperatorToken, cfg.Operators = webAddr, opToken, accs
 	st, err := stack.Start(ctx, cfg)
 	if err != nil {
 		fmt.Fprintln(stderr, "handoff up:", err)

@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -65,6 +66,9 @@ type Config struct {
 	// identity (DialAs(addr, "operator")) can reach ListEscalations and ResolveEscalation,
 	// and the web page does not start.
 	OperatorToken string
+	// Operators are more operator accounts (named people with a role, their tokens as
+	// hashes), beside the OperatorToken's account "operator" (a resolver).
+	Operators []identity.Account
 	// HealthInterval is how often each service's health pings the store, as in the
 	// binaries (default server.DefaultHealthInterval): NOT_SERVING while the ping fails.
 	HealthInterval time.Duration
@@ -230,8 +234,11 @@ func Start(ctx context.Context, cfg Config) (st *Stack, err error) {
 		return nil, err
 	}
 	coordOpts := []identity.Option{}
-	if cfg.OperatorToken != "" {
-		ops, err := identity.NewOperators(log, identity.Account{Name: identity.OperatorService, Token: cfg.OperatorToken})
+	if accs := slices.Clone(cfg.Operators); cfg.OperatorToken != "" || len(accs) > 0 {
+		if cfg.OperatorToken != "" {
+			accs = append(accs, identity.Account{Name: identity.OperatorService, Role: identity.RoleResolver, Token: cfg.OperatorToken})
+		}
+		ops, err := identity.NewOperators(log, accs...)
 		if err != nil {
 			return nil, fmt.Errorf("stack: operator token: %w", err)
 		}

@@ -112,7 +112,6 @@ func TestBrowserApprove(t *testing.T) {
 		chromedp.Click(c("a.job")),
 		chromedp.WaitVisible(c("#artifact_text")),
 		chromedp.SetValue(c("#artifact_text"), edited),
-		chromedp.SendKeys(c("#operator"), "ana"),
 		chromedp.SendKeys(c("#comment"), "hop cap hit; summary is fine"),
 		func(ctx context.Context, tg *chromedp.Target) (chromedp.Void, error) {
 			b, err := chromedp.FullScreenshot(100)(ctx, tg)
@@ -145,7 +144,7 @@ func TestBrowserApprove(t *testing.T) {
 		t.Logf("ledger payload does not carry the text (it may hold only the uri): %.200s", es[0].Payload)
 	}
 	got, err := st.Coordinator.GetJob(context.Background(), &handoffv1.GetJobRequest{RunId: job.GetRunId()})
-	if err != nil || got.GetJob().GetResolution().GetOperator() != "ana" || got.GetJob().GetResolution().GetAccount() != "operator" {
+	if err != nil || got.GetJob().GetResolution().GetOperator() != "operator" || got.GetJob().GetResolution().GetAccount() != "operator" {
 		t.Fatalf("resolution %v %v", got.GetJob().GetResolution(), err)
 	}
 }

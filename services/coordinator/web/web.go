@@ -157,12 +157,26 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err == nil {
 		sess.id, sess.sid, sess.expiry, err = h.sessions.verify(c.Value)
 	}
+	if err == nil {
+		// The role is the account's as it is now, not the cookie's: a session of an
+		// account that is gone is no session.
+		var ok bool
+		if sess.id.Role, ok = h.authz.Operators().Role(sess.id.Name); !ok {
+			err = errSession
+		}
+	}
 	if err != nil {
 		w.WriteHeader(http.StatusUnauthorized)
 		h.render(w, "login.html", map[string]any{"Next": safeNext(r.URL.RequestURI())})
 		return
 	}
 	h.mux.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), sessionKey{}, sess)))
+}
+
+// me is the signed-in operator of r (zero when none).
+func me(r *http.Request) identity.Identity {
+	sess, _ := r.Context().Value(sessionKey{}).(session)
+	return sess.id
 }
 
 // allow is the identity policy's decision on method for the signed-in operator; the
@@ -267,7 +281,7 @@ func (h *Handler) queue(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, err)
 		return
 	}
-	h.render(w, "queue.html", map[string]any{"Jobs": resp.GetJobs()})
+	h.render(w, "queue.html", map[string]any{"Jobs": resp.GetJobs(), "Me": me(r)})
 }
 
 func (h *Handler) job(w http.ResponseWriter, r *http.Request) {
@@ -287,7 +301,8 @@ func (h *Handler) job(w http.ResponseWriter, r *http.Request) {
 		"Job": job, "Artifact": art, "Text": string(data), "Stages": h.srv.Stages(job.GetPipeline()),
 		"Escalated": job.GetState() == handoffv1.JobState_JOB_STATE_ESCALATED,
 		"MaxGrant":  h.srv.MaxGrant(job.GetPipeline()),
-		"Done":      r.URL.Query().Get("done"), "Duplicate": r.URL.Query().Get("dup") == "1",
+		"Me":        me(r), "Resolver": me(r).Role == identity.RoleResolver,
+		"Done": r.URL.Query().Get("done"), "Duplicate": r.URL.Query().Get("dup") == "1",
 	}
 	if aerr != nil {
 		d["ArtifactError"] = aerr.Error()
@@ -305,7 +320,7 @@ func (h *Handler) resolve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	runID := r.PathValue("run")
-	for _, f := range []string{"operator", "comment", "reason", "stage", "artifact_text", "escalation", "grant_hops", "grant_revisions", "grant_usd_micros"} {
+	for _, f := range []string{"comment", "reason", "stage", "artifact_text", "escalation", "grant_hops", "grant_revisions", "grant_usd_micros"} {
 		if !utf8.ValidString(r.PostFormValue(f)) {
 			w.WriteHeader(http.StatusBadRequest)
 			h.render(w, "error.html", map[string]any{"Error": fmt.Sprintf("%s: invalid UTF-8", f)})
@@ -318,7 +333,8 @@ func (h *Handler) resolve(w http.ResponseWriter, r *http.Request) {
 		h.render(w, "error.html", map[string]any{"Error": fmt.Sprintf("escalation %q: want the number of the escalation decided (reload the page)", r.PostFormValue("escalation"))})
 		return
 	}
-	req := &handoffv1.ResolveEscalationRequest{RunId: runID, Operator: strings.TrimSpace(r.PostFormValue("operator")), Comment: r.PostFormValue("comment"), Escalation: uint32(esc)}
+	// Who decided is the signed-in account, never a typed name.
+	req := &handoffv1.ResolveEscalationRequest{RunId: runID, Operator: me(r).Name, Comment: r.PostFormValue("comment"), Escalation: uint32(esc)}
 	// The textarea's text counts as an edit only when it differs from what was shown.
 	var edit *string
 	if r.PostForm.Has("artifact_text") {

@@ -2,6 +2,8 @@ package web_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"io"
 	"log/slog"
 	"net/http"
@@ -14,6 +16,7 @@ import (
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/artifact"
 	"github.com/handoffhq/handoff/internal/demo"
+	"github.com/handoffhq/handoff/internal/interceptor/identity"
 	"github.com/handoffhq/handoff/internal/stack"
 	"github.com/handoffhq/handoff/services/agentrunner/support"
 	"github.com/handoffhq/handoff/services/coordinator/web"
@@ -174,9 +177,9 @@ func TestResolveRefusesInvalidUTF8(t *testing.T) {
 	job := escalated(t, st)
 	c := browser(t)
 	post(t, c, base+"/login", url.Values{"token": {token}})
-	resp, body := post(t, c, base+"/jobs/"+job.GetRunId()+"/resolve", url.Values{"action": {"fail"}, "operator": {"\xff\xfe"}, "reason": {"no"}, "escalation": {"1"}})
-	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(body, "operator: invalid UTF-8") {
-		t.Fatalf("invalid UTF-8 operator: %d %s", resp.StatusCode, body)
+	resp, body := post(t, c, base+"/jobs/"+job.GetRunId()+"/resolve", url.Values{"action": {"fail"}, "comment": {"\xff\xfe"}, "reason": {"no"}, "escalation": {"1"}})
+	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(body, "comment: invalid UTF-8") {
+		t.Fatalf("invalid UTF-8 comment: %d %s", resp.StatusCode, body)
 	}
 	got, err := st.Coordinator.GetJob(context.Background(), &handoffv1.GetJobRequest{RunId: job.GetRunId()})
 	if err != nil || got.GetJob().GetState() != handoffv1.JobState_JOB_STATE_ESCALATED || got.GetJob().GetResolution() != nil {
@@ -325,5 +328,56 @@ func TestReturnWithGrantFromThePage(t *testing.T) {
 	_, body := get(t, c, u)
 	if !strings.Contains(body, `<dd id="grant">4 hops, 0 revisions, $0.00 by operator</dd>`) || !strings.Contains(body, `<span id="state">COMPLETED</span>`) {
 		t.Fatalf("page after the granted return lacks the grant or the state:\n%s", body)
+	}
+}
+
+// TestOperatorsAreNamedPeopleWithRoles: accounts with hashed tokens sign in as themselves;
+// a viewer reads the job but is offered no decision and is refused one; a resolver's
+// decision records the account it signed in as, with no name to type.
+func TestOperatorsAreNamedPeopleWithRoles(t *testing.T) {
+	viewerTok, resolverTok := "bo-viewer-token-0123456789", "ana-resolver-token-0123456789"
+	hash := func(s string) string { h := sha256.Sum256([]byte(s)); return hex.EncodeToString(h[:]) }
+	accs, err := identity.ParseAccounts("test", "ana resolver "+hash(resolverTok)+"\nbo viewer "+hash(viewerTok))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := stack.Start(context.Background(), stack.Config{DataDir: t.TempDir(), CoordinatorAddr: "127.0.0.1:0", RunnerAddr: "127.0.0.1:0",
+		WritebackAddr: "127.0.0.1:0", WebAddr: "127.0.0.1:0", Operators: accs, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	base := "http://" + st.WebAddr
+	job := escalated(t, st)
+	u := base + "/jobs/" + job.GetRunId()
+	form := url.Values{"action": {"fail"}, "reason": {"duplicate ticket"}, "escalation": {"1"}}
+
+	bo := browser(t)
+	post(t, bo, base+"/login", url.Values{"token": {viewerTok}})
+	if r, body := get(t, bo, base+"/"); r.StatusCode != http.StatusOK || !strings.Contains(body, "tkt_web") {
+		t.Fatalf("viewer's queue: %d %s", r.StatusCode, body)
+	}
+	_, body := get(t, bo, u)
+	if strings.Contains(body, `id="resolve"`) || !strings.Contains(body, "bo, a viewer") {
+		t.Fatalf("viewer's job page offers decisions or does not say why not:\n%s", body)
+	}
+	if r, body := post(t, bo, u+"/resolve", form); r.StatusCode != http.StatusForbidden || !strings.Contains(body, "viewer") {
+		t.Fatalf("viewer's decision: %d %s; want 403 naming the role", r.StatusCode, body)
+	}
+
+	ana := browser(t)
+	post(t, ana, base+"/login", url.Values{"token": {resolverTok}})
+	if _, body := get(t, ana, u); !strings.Contains(body, `id="resolve"`) || strings.Contains(body, `name="operator"`) || !strings.Contains(body, `<b id="me">ana</b>`) {
+		t.Fatalf("resolver's job page: want the decision form, deciding as ana, no name box:\n%s", body)
+	}
+	if r, body := post(t, ana, u+"/resolve", form); r.StatusCode != http.StatusSeeOther {
+		t.Fatalf("resolver's decision: %d %s", r.StatusCode, body)
+	}
+	got, err := st.Coordinator.GetJob(context.Background(), &handoffv1.GetJobRequest{RunId: job.GetRunId()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res := got.GetJob().GetResolution(); res.GetAccount() != "ana" || res.GetOperator() != "ana" {
+		t.Fatalf("resolution %v; want it recorded as account ana", res)
 	}
 }
