@@ -10,6 +10,7 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
 	"google.golang.org/protobuf/proto"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
@@ -35,9 +36,19 @@ type Bolt struct {
 	commit committer // group commit of write transactions (bolt_commit.go)
 }
 
+// ErrHeld: another process has the bbolt file open (one file has one process).
+var ErrHeld = errors.New("another process holds the store")
+
+// lockWait is how long Open waits for another process to let the file go (one that is
+// stopping), before it says who holds it.
+var lockWait = 5 * time.Second
+
 // Open opens (or creates) the bbolt store at path.
 func Open(path string) (*Bolt, error) {
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 5 * time.Second})
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: lockWait})
+	if errors.Is(err, berrors.ErrTimeout) {
+		return nil, fmt.Errorf("open store %s: %w (waited %s for its lock): another handoff up, or a service, runs on the same folder; stop it or use another --data/--store", path, ErrHeld, lockWait)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("open store %s: %w", path, err)
 	}
