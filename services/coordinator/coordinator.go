@@ -326,7 +326,11 @@ func (s *Server) GetJob(ctx context.Context, req *handoffv1.GetJobRequest) (*han
 	if err != nil {
 		return nil, storeErr(err, req.GetRunId())
 	}
-	return &handoffv1.GetJobResponse{Job: job}, nil
+	tl, err := s.timelineOf(ctx, req.GetRunId())
+	if err != nil {
+		return nil, storeErr(err, req.GetRunId())
+	}
+	return &handoffv1.GetJobResponse{Job: job, Timeline: tl}, nil
 }
 
 func storeErr(err error, runID string) error {

@@ -512,3 +512,62 @@ func TestReturnFromEmptyWalletNeedsMoney(t *testing.T) {
 		t.Fatalf("wallet after a $0.50 grant and the judge's $0.05: %d micros, want 450000", done.GetWallet().GetUsdRemainingMicros())
 	}
 }
+
+// TestHopTimeline: GetJob answers the run's hops in order, each with its stage, ack, the
+// move after it, spend, verdict and duration; the decision of a person is on it with its
+// account and grant, and the hop that ended the run says how.
+func TestHopTimeline(t *testing.T) {
+	e := startOp(t, 1, []handoffv1.Verdict{handoffv1.Verdict_VERDICT_PASS})
+	ctx := context.Background()
+	job, _ := e.submit(t, "relay", "tkt_1", "", &handoffv1.Budget{UsdRemainingMicros: 1_000_000, HopsRemaining: 2})
+	if _, err := e.client.ResolveEscalation(ctx, &handoffv1.ResolveEscalationRequest{RunId: job.GetRunId(), Operator: "ana", Escalation: 1,
+		Action: &handoffv1.ResolveEscalationRequest_ReturnToStage{ReturnToStage: &handoffv1.ReturnToStageAction{Stage: "writeback", Grant: &handoffv1.Grant{Hops: 4}}}}); err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, e, job.GetRunId(), handoffv1.JobState_JOB_STATE_COMPLETED)
+	resp, err := e.client.GetJob(ctx, &handoffv1.GetJobRequest{RunId: job.GetRunId()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, r := range resp.GetTimeline() {
+		line := fmt.Sprintf("%d %s", r.GetHop(), r.GetStage())
+		if r.GetAck() != handoffv1.AckStatus_ACK_STATUS_UNSPECIFIED {
+			line += " " + strings.TrimPrefix(r.GetAck().String(), "ACK_STATUS_")
+		}
+		if r.GetSpentUsdMicros() > 0 {
+			line += fmt.Sprintf(" $%d", r.GetSpentUsdMicros())
+		}
+		if r.GetVerdict() != handoffv1.Verdict_VERDICT_UNSPECIFIED {
+			line += " " + strings.TrimPrefix(r.GetVerdict().String(), "VERDICT_")
+		}
+		if tr := r.GetTransfer(); tr != nil {
+			line += " ->" + tr.GetToStage()
+		}
+		if r.GetReceipt() != nil {
+			line += " receipt"
+		}
+		if res := r.GetResolution(); res != nil {
+			line += fmt.Sprintf(" %s by %s grant %d hops", strings.TrimPrefix(res.GetAction().String(), "RESOLUTION_ACTION_"), res.GetAccount(), res.GetGrant().GetHops())
+		}
+		if r.GetEnd() != handoffv1.EventKind_EVENT_KIND_UNSPECIFIED {
+			line += " " + strings.TrimPrefix(r.GetEnd().String(), "EVENT_KIND_")
+			if c := r.GetEscalation().GetCause(); c != handoffv1.EscalationCause_ESCALATION_CAUSE_UNSPECIFIED {
+				line += ":" + strings.TrimPrefix(c.String(), "ESCALATION_CAUSE_")
+			}
+		}
+		if r.GetAck() != handoffv1.AckStatus_ACK_STATUS_UNSPECIFIED && r.GetDuration() == nil {
+			t.Errorf("hop %d %s has no duration", r.GetHop(), r.GetStage())
+		}
+		got = append(got, line)
+	}
+	want := []string{
+		"1 draft ACCEPTED $100000 ->judge",
+		"2 judge ACCEPTED $50000 PASS ->writeback ESCALATED:HOP_CAP",
+		"2 writeback ->writeback RETURN_TO_STAGE by operator (token) grant 4 hops",
+		"3 writeback ACCEPTED ->end receipt COMPLETED",
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("timeline:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}

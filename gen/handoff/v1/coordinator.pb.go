@@ -13,6 +13,7 @@ import (
 	_ "buf.build/gen/go/bufbuild/protovalidate/protocolbuffers/go/buf/validate"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -508,8 +509,11 @@ func (x *GetJobRequest) GetRunId() string {
 }
 
 type GetJobResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Job           *Job                   `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Job   *Job                   `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	// The run's hops in order, read from its events: each hop's stage, ack, the move after
+	// it, spend, verdict and duration, and each decision a person made (with any grant).
+	Timeline      []*HopRecord `protobuf:"bytes,2,rep,name=timeline,proto3" json:"timeline,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -551,6 +555,155 @@ func (x *GetJobResponse) GetJob() *Job {
 	return nil
 }
 
+func (x *GetJobResponse) GetTimeline() []*HopRecord {
+	if x != nil {
+		return x.Timeline
+	}
+	return nil
+}
+
+// HopRecord is one line of a run's hop timeline: a hop to a stage, or a person's decision.
+type HopRecord struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The hop number (1-based); a decision carries the hops made when it was taken.
+	Hop   uint32 `protobuf:"varint,1,opt,name=hop,proto3" json:"hop,omitempty"`
+	Stage string `protobuf:"bytes,2,opt,name=stage,proto3" json:"stage,omitempty"`
+	// The stage's ack (unset for a decision).
+	Ack AckStatus `protobuf:"varint,3,opt,name=ack,proto3,enum=handoff.v1.AckStatus" json:"ack,omitempty"`
+	// The move the rail made after the hop (route, next, pass, revise, reroute, operator).
+	Transfer *Transfer `protobuf:"bytes,4,opt,name=transfer,proto3" json:"transfer,omitempty"`
+	// What the hop spent, in micro-USD.
+	SpentUsdMicros int64 `protobuf:"varint,5,opt,name=spent_usd_micros,json=spentUsdMicros,proto3" json:"spent_usd_micros,omitempty"`
+	// The judge's verdict, for a judge's hop.
+	Verdict Verdict `protobuf:"varint,6,opt,name=verdict,proto3,enum=handoff.v1.Verdict" json:"verdict,omitempty"`
+	// From the package being sent to the hop's last event.
+	Duration *durationpb.Duration   `protobuf:"bytes,7,opt,name=duration,proto3" json:"duration,omitempty"`
+	At       *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=at,proto3" json:"at,omitempty"`
+	// How the hop ended the run, when it did: the escalation, or COMPLETED / FAILED.
+	End        EventKind   `protobuf:"varint,9,opt,name=end,proto3,enum=handoff.v1.EventKind" json:"end,omitempty"`
+	Escalation *Escalation `protobuf:"bytes,10,opt,name=escalation,proto3" json:"escalation,omitempty"`
+	// The writeback's receipt, for a writeback hop.
+	Receipt *Receipt `protobuf:"bytes,11,opt,name=receipt,proto3" json:"receipt,omitempty"`
+	// A person's decision (EVENT_KIND_RESOLVED): its action, account and grant.
+	Resolution    *Resolution `protobuf:"bytes,12,opt,name=resolution,proto3" json:"resolution,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HopRecord) Reset() {
+	*x = HopRecord{}
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HopRecord) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HopRecord) ProtoMessage() {}
+
+func (x *HopRecord) ProtoReflect() protoreflect.Message {
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HopRecord.ProtoReflect.Descriptor instead.
+func (*HopRecord) Descriptor() ([]byte, []int) {
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *HopRecord) GetHop() uint32 {
+	if x != nil {
+		return x.Hop
+	}
+	return 0
+}
+
+func (x *HopRecord) GetStage() string {
+	if x != nil {
+		return x.Stage
+	}
+	return ""
+}
+
+func (x *HopRecord) GetAck() AckStatus {
+	if x != nil {
+		return x.Ack
+	}
+	return AckStatus_ACK_STATUS_UNSPECIFIED
+}
+
+func (x *HopRecord) GetTransfer() *Transfer {
+	if x != nil {
+		return x.Transfer
+	}
+	return nil
+}
+
+func (x *HopRecord) GetSpentUsdMicros() int64 {
+	if x != nil {
+		return x.SpentUsdMicros
+	}
+	return 0
+}
+
+func (x *HopRecord) GetVerdict() Verdict {
+	if x != nil {
+		return x.Verdict
+	}
+	return Verdict_VERDICT_UNSPECIFIED
+}
+
+func (x *HopRecord) GetDuration() *durationpb.Duration {
+	if x != nil {
+		return x.Duration
+	}
+	return nil
+}
+
+func (x *HopRecord) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
+func (x *HopRecord) GetEnd() EventKind {
+	if x != nil {
+		return x.End
+	}
+	return EventKind_EVENT_KIND_UNSPECIFIED
+}
+
+func (x *HopRecord) GetEscalation() *Escalation {
+	if x != nil {
+		return x.Escalation
+	}
+	return nil
+}
+
+func (x *HopRecord) GetReceipt() *Receipt {
+	if x != nil {
+		return x.Receipt
+	}
+	return nil
+}
+
+func (x *HopRecord) GetResolution() *Resolution {
+	if x != nil {
+		return x.Resolution
+	}
+	return nil
+}
+
 type ListJobsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Only runs in this state; all states when unspecified.
@@ -563,7 +716,7 @@ type ListJobsRequest struct {
 
 func (x *ListJobsRequest) Reset() {
 	*x = ListJobsRequest{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[4]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -575,7 +728,7 @@ func (x *ListJobsRequest) String() string {
 func (*ListJobsRequest) ProtoMessage() {}
 
 func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[4]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -588,7 +741,7 @@ func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsRequest.ProtoReflect.Descriptor instead.
 func (*ListJobsRequest) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{4}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ListJobsRequest) GetState() JobState {
@@ -622,7 +775,7 @@ type ListJobsResponse struct {
 
 func (x *ListJobsResponse) Reset() {
 	*x = ListJobsResponse{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[5]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -634,7 +787,7 @@ func (x *ListJobsResponse) String() string {
 func (*ListJobsResponse) ProtoMessage() {}
 
 func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[5]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -647,7 +800,7 @@ func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsResponse.ProtoReflect.Descriptor instead.
 func (*ListJobsResponse) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{5}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ListJobsResponse) GetJobs() []*Job {
@@ -675,7 +828,7 @@ type WatchJobRequest struct {
 
 func (x *WatchJobRequest) Reset() {
 	*x = WatchJobRequest{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[6]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -687,7 +840,7 @@ func (x *WatchJobRequest) String() string {
 func (*WatchJobRequest) ProtoMessage() {}
 
 func (x *WatchJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[6]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -700,7 +853,7 @@ func (x *WatchJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchJobRequest.ProtoReflect.Descriptor instead.
 func (*WatchJobRequest) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{6}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *WatchJobRequest) GetRunId() string {
@@ -726,7 +879,7 @@ type WatchJobResponse struct {
 
 func (x *WatchJobResponse) Reset() {
 	*x = WatchJobResponse{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[7]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -738,7 +891,7 @@ func (x *WatchJobResponse) String() string {
 func (*WatchJobResponse) ProtoMessage() {}
 
 func (x *WatchJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[7]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -751,7 +904,7 @@ func (x *WatchJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchJobResponse.ProtoReflect.Descriptor instead.
 func (*WatchJobResponse) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{7}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *WatchJobResponse) GetEvent() *JobEvent {
@@ -810,7 +963,7 @@ type Job struct {
 
 func (x *Job) Reset() {
 	*x = Job{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[8]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -822,7 +975,7 @@ func (x *Job) String() string {
 func (*Job) ProtoMessage() {}
 
 func (x *Job) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[8]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -835,7 +988,7 @@ func (x *Job) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Job.ProtoReflect.Descriptor instead.
 func (*Job) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{8}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Job) GetRunId() string {
@@ -1049,7 +1202,7 @@ type Transfer struct {
 
 func (x *Transfer) Reset() {
 	*x = Transfer{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[9]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1061,7 +1214,7 @@ func (x *Transfer) String() string {
 func (*Transfer) ProtoMessage() {}
 
 func (x *Transfer) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[9]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1074,7 +1227,7 @@ func (x *Transfer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Transfer.ProtoReflect.Descriptor instead.
 func (*Transfer) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{9}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Transfer) GetFromStage() string {
@@ -1141,7 +1294,7 @@ type Escalation struct {
 
 func (x *Escalation) Reset() {
 	*x = Escalation{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[10]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1153,7 +1306,7 @@ func (x *Escalation) String() string {
 func (*Escalation) ProtoMessage() {}
 
 func (x *Escalation) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[10]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1166,7 +1319,7 @@ func (x *Escalation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Escalation.ProtoReflect.Descriptor instead.
 func (*Escalation) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{10}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Escalation) GetCause() EscalationCause {
@@ -1249,7 +1402,7 @@ type JobEvent struct {
 
 func (x *JobEvent) Reset() {
 	*x = JobEvent{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[11]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1261,7 +1414,7 @@ func (x *JobEvent) String() string {
 func (*JobEvent) ProtoMessage() {}
 
 func (x *JobEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[11]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1274,7 +1427,7 @@ func (x *JobEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobEvent.ProtoReflect.Descriptor instead.
 func (*JobEvent) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{11}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *JobEvent) GetSeq() uint64 {
@@ -1399,7 +1552,7 @@ type ListEscalationsRequest struct {
 
 func (x *ListEscalationsRequest) Reset() {
 	*x = ListEscalationsRequest{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[12]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1411,7 +1564,7 @@ func (x *ListEscalationsRequest) String() string {
 func (*ListEscalationsRequest) ProtoMessage() {}
 
 func (x *ListEscalationsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[12]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1424,7 +1577,7 @@ func (x *ListEscalationsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEscalationsRequest.ProtoReflect.Descriptor instead.
 func (*ListEscalationsRequest) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{12}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListEscalationsRequest) GetPageSize() int32 {
@@ -1451,7 +1604,7 @@ type ListEscalationsResponse struct {
 
 func (x *ListEscalationsResponse) Reset() {
 	*x = ListEscalationsResponse{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[13]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1463,7 +1616,7 @@ func (x *ListEscalationsResponse) String() string {
 func (*ListEscalationsResponse) ProtoMessage() {}
 
 func (x *ListEscalationsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[13]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1476,7 +1629,7 @@ func (x *ListEscalationsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEscalationsResponse.ProtoReflect.Descriptor instead.
 func (*ListEscalationsResponse) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{13}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ListEscalationsResponse) GetJobs() []*Job {
@@ -1516,7 +1669,7 @@ type ResolveEscalationRequest struct {
 
 func (x *ResolveEscalationRequest) Reset() {
 	*x = ResolveEscalationRequest{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[14]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1528,7 +1681,7 @@ func (x *ResolveEscalationRequest) String() string {
 func (*ResolveEscalationRequest) ProtoMessage() {}
 
 func (x *ResolveEscalationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[14]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1541,7 +1694,7 @@ func (x *ResolveEscalationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveEscalationRequest.ProtoReflect.Descriptor instead.
 func (*ResolveEscalationRequest) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{14}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ResolveEscalationRequest) GetRunId() string {
@@ -1658,7 +1811,7 @@ type ApproveAction struct {
 
 func (x *ApproveAction) Reset() {
 	*x = ApproveAction{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[15]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1670,7 +1823,7 @@ func (x *ApproveAction) String() string {
 func (*ApproveAction) ProtoMessage() {}
 
 func (x *ApproveAction) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[15]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1683,7 +1836,7 @@ func (x *ApproveAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApproveAction.ProtoReflect.Descriptor instead.
 func (*ApproveAction) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{15}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ApproveAction) GetArtifactText() string {
@@ -1707,7 +1860,7 @@ type ReturnToStageAction struct {
 
 func (x *ReturnToStageAction) Reset() {
 	*x = ReturnToStageAction{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[16]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1719,7 +1872,7 @@ func (x *ReturnToStageAction) String() string {
 func (*ReturnToStageAction) ProtoMessage() {}
 
 func (x *ReturnToStageAction) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[16]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1732,7 +1885,7 @@ func (x *ReturnToStageAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReturnToStageAction.ProtoReflect.Descriptor instead.
 func (*ReturnToStageAction) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{16}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ReturnToStageAction) GetStage() string {
@@ -1769,7 +1922,7 @@ type Grant struct {
 
 func (x *Grant) Reset() {
 	*x = Grant{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[17]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1781,7 +1934,7 @@ func (x *Grant) String() string {
 func (*Grant) ProtoMessage() {}
 
 func (x *Grant) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[17]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1794,7 +1947,7 @@ func (x *Grant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Grant.ProtoReflect.Descriptor instead.
 func (*Grant) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{17}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Grant) GetHops() uint32 {
@@ -1827,7 +1980,7 @@ type FailAction struct {
 
 func (x *FailAction) Reset() {
 	*x = FailAction{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[18]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1839,7 +1992,7 @@ func (x *FailAction) String() string {
 func (*FailAction) ProtoMessage() {}
 
 func (x *FailAction) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[18]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1852,7 +2005,7 @@ func (x *FailAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FailAction.ProtoReflect.Descriptor instead.
 func (*FailAction) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{18}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *FailAction) GetReason() string {
@@ -1871,7 +2024,7 @@ type RejectMalformedAction struct {
 
 func (x *RejectMalformedAction) Reset() {
 	*x = RejectMalformedAction{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[19]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1883,7 +2036,7 @@ func (x *RejectMalformedAction) String() string {
 func (*RejectMalformedAction) ProtoMessage() {}
 
 func (x *RejectMalformedAction) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[19]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1896,7 +2049,7 @@ func (x *RejectMalformedAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RejectMalformedAction.ProtoReflect.Descriptor instead.
 func (*RejectMalformedAction) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{19}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RejectMalformedAction) GetReason() string {
@@ -1933,7 +2086,7 @@ type Resolution struct {
 
 func (x *Resolution) Reset() {
 	*x = Resolution{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[20]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1945,7 +2098,7 @@ func (x *Resolution) String() string {
 func (*Resolution) ProtoMessage() {}
 
 func (x *Resolution) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[20]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1958,7 +2111,7 @@ func (x *Resolution) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Resolution.ProtoReflect.Descriptor instead.
 func (*Resolution) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{20}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Resolution) GetAction() ResolutionAction {
@@ -2047,7 +2200,7 @@ type ResolveEscalationResponse struct {
 
 func (x *ResolveEscalationResponse) Reset() {
 	*x = ResolveEscalationResponse{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[21]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2059,7 +2212,7 @@ func (x *ResolveEscalationResponse) String() string {
 func (*ResolveEscalationResponse) ProtoMessage() {}
 
 func (x *ResolveEscalationResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[21]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2072,7 +2225,7 @@ func (x *ResolveEscalationResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveEscalationResponse.ProtoReflect.Descriptor instead.
 func (*ResolveEscalationResponse) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{21}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ResolveEscalationResponse) GetJob() *Job {
@@ -2108,7 +2261,7 @@ var File_handoff_v1_coordinator_proto protoreflect.FileDescriptor
 const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\n" +
 	"\x1chandoff/v1/coordinator.proto\x12\n" +
-	"handoff.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1chandoff/v1/agentrunner.proto\x1a\x18handoff/v1/handoff.proto\"\xf4\x03\n" +
+	"handoff.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1chandoff/v1/agentrunner.proto\x1a\x18handoff/v1/handoff.proto\"\xf4\x03\n" +
 	"\x10SubmitJobRequest\x12>\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tB\x1f\xbaH\x1cr\x1a\x18\x80\x012\x15^([A-Za-z0-9_.:-]+)?$R\trequestId\x12A\n" +
@@ -2126,9 +2279,28 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\x03job\x18\x01 \x01(\v2\x0f.handoff.v1.JobR\x03job\x12\x1a\n" +
 	"\bexisting\x18\x02 \x01(\bR\bexisting\".\n" +
 	"\rGetJobRequest\x12\x1d\n" +
-	"\x06run_id\x18\x01 \x01(\tB\x06\xbaH\x03\xc8\x01\x01R\x05runId\"3\n" +
+	"\x06run_id\x18\x01 \x01(\tB\x06\xbaH\x03\xc8\x01\x01R\x05runId\"f\n" +
 	"\x0eGetJobResponse\x12!\n" +
-	"\x03job\x18\x01 \x01(\v2\x0f.handoff.v1.JobR\x03job\"\x8f\x01\n" +
+	"\x03job\x18\x01 \x01(\v2\x0f.handoff.v1.JobR\x03job\x121\n" +
+	"\btimeline\x18\x02 \x03(\v2\x15.handoff.v1.HopRecordR\btimeline\"\x92\x04\n" +
+	"\tHopRecord\x12\x10\n" +
+	"\x03hop\x18\x01 \x01(\rR\x03hop\x12\x14\n" +
+	"\x05stage\x18\x02 \x01(\tR\x05stage\x12'\n" +
+	"\x03ack\x18\x03 \x01(\x0e2\x15.handoff.v1.AckStatusR\x03ack\x120\n" +
+	"\btransfer\x18\x04 \x01(\v2\x14.handoff.v1.TransferR\btransfer\x12(\n" +
+	"\x10spent_usd_micros\x18\x05 \x01(\x03R\x0espentUsdMicros\x12-\n" +
+	"\averdict\x18\x06 \x01(\x0e2\x13.handoff.v1.VerdictR\averdict\x125\n" +
+	"\bduration\x18\a \x01(\v2\x19.google.protobuf.DurationR\bduration\x12*\n" +
+	"\x02at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12'\n" +
+	"\x03end\x18\t \x01(\x0e2\x15.handoff.v1.EventKindR\x03end\x126\n" +
+	"\n" +
+	"escalation\x18\n" +
+	" \x01(\v2\x16.handoff.v1.EscalationR\n" +
+	"escalation\x12-\n" +
+	"\areceipt\x18\v \x01(\v2\x13.handoff.v1.ReceiptR\areceipt\x126\n" +
+	"\n" +
+	"resolution\x18\f \x01(\v2\x16.handoff.v1.ResolutionR\n" +
+	"resolution\"\x8f\x01\n" +
 	"\x0fListJobsRequest\x124\n" +
 	"\x05state\x18\x01 \x01(\x0e2\x14.handoff.v1.JobStateB\b\xbaH\x05\x82\x01\x02\x10\x01R\x05state\x12'\n" +
 	"\tpage_size\x18\x02 \x01(\x05B\n" +
@@ -2340,7 +2512,7 @@ func file_handoff_v1_coordinator_proto_rawDescGZIP() []byte {
 }
 
 var file_handoff_v1_coordinator_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_handoff_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_handoff_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_handoff_v1_coordinator_proto_goTypes = []any{
 	(JobState)(0),                     // 0: handoff.v1.JobState
 	(EscalationCause)(0),              // 1: handoff.v1.EscalationCause
@@ -2350,103 +2522,117 @@ var file_handoff_v1_coordinator_proto_goTypes = []any{
 	(*SubmitJobResponse)(nil),         // 5: handoff.v1.SubmitJobResponse
 	(*GetJobRequest)(nil),             // 6: handoff.v1.GetJobRequest
 	(*GetJobResponse)(nil),            // 7: handoff.v1.GetJobResponse
-	(*ListJobsRequest)(nil),           // 8: handoff.v1.ListJobsRequest
-	(*ListJobsResponse)(nil),          // 9: handoff.v1.ListJobsResponse
-	(*WatchJobRequest)(nil),           // 10: handoff.v1.WatchJobRequest
-	(*WatchJobResponse)(nil),          // 11: handoff.v1.WatchJobResponse
-	(*Job)(nil),                       // 12: handoff.v1.Job
-	(*Transfer)(nil),                  // 13: handoff.v1.Transfer
-	(*Escalation)(nil),                // 14: handoff.v1.Escalation
-	(*JobEvent)(nil),                  // 15: handoff.v1.JobEvent
-	(*ListEscalationsRequest)(nil),    // 16: handoff.v1.ListEscalationsRequest
-	(*ListEscalationsResponse)(nil),   // 17: handoff.v1.ListEscalationsResponse
-	(*ResolveEscalationRequest)(nil),  // 18: handoff.v1.ResolveEscalationRequest
-	(*ApproveAction)(nil),             // 19: handoff.v1.ApproveAction
-	(*ReturnToStageAction)(nil),       // 20: handoff.v1.ReturnToStageAction
-	(*Grant)(nil),                     // 21: handoff.v1.Grant
-	(*FailAction)(nil),                // 22: handoff.v1.FailAction
-	(*RejectMalformedAction)(nil),     // 23: handoff.v1.RejectMalformedAction
-	(*Resolution)(nil),                // 24: handoff.v1.Resolution
-	(*ResolveEscalationResponse)(nil), // 25: handoff.v1.ResolveEscalationResponse
-	(*Budget)(nil),                    // 26: handoff.v1.Budget
-	(*Artifact)(nil),                  // 27: handoff.v1.Artifact
-	(*Trace)(nil),                     // 28: handoff.v1.Trace
-	(*Evaluator)(nil),                 // 29: handoff.v1.Evaluator
-	(*ToolAttempt)(nil),               // 30: handoff.v1.ToolAttempt
-	(*Receipt)(nil),                   // 31: handoff.v1.Receipt
-	(*timestamppb.Timestamp)(nil),     // 32: google.protobuf.Timestamp
-	(Move)(0),                         // 33: handoff.v1.Move
-	(*RouteChoice)(nil),               // 34: handoff.v1.RouteChoice
-	(*Reason)(nil),                    // 35: handoff.v1.Reason
-	(*Ack)(nil),                       // 36: handoff.v1.Ack
-	(*StageResult)(nil),               // 37: handoff.v1.StageResult
+	(*HopRecord)(nil),                 // 8: handoff.v1.HopRecord
+	(*ListJobsRequest)(nil),           // 9: handoff.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),          // 10: handoff.v1.ListJobsResponse
+	(*WatchJobRequest)(nil),           // 11: handoff.v1.WatchJobRequest
+	(*WatchJobResponse)(nil),          // 12: handoff.v1.WatchJobResponse
+	(*Job)(nil),                       // 13: handoff.v1.Job
+	(*Transfer)(nil),                  // 14: handoff.v1.Transfer
+	(*Escalation)(nil),                // 15: handoff.v1.Escalation
+	(*JobEvent)(nil),                  // 16: handoff.v1.JobEvent
+	(*ListEscalationsRequest)(nil),    // 17: handoff.v1.ListEscalationsRequest
+	(*ListEscalationsResponse)(nil),   // 18: handoff.v1.ListEscalationsResponse
+	(*ResolveEscalationRequest)(nil),  // 19: handoff.v1.ResolveEscalationRequest
+	(*ApproveAction)(nil),             // 20: handoff.v1.ApproveAction
+	(*ReturnToStageAction)(nil),       // 21: handoff.v1.ReturnToStageAction
+	(*Grant)(nil),                     // 22: handoff.v1.Grant
+	(*FailAction)(nil),                // 23: handoff.v1.FailAction
+	(*RejectMalformedAction)(nil),     // 24: handoff.v1.RejectMalformedAction
+	(*Resolution)(nil),                // 25: handoff.v1.Resolution
+	(*ResolveEscalationResponse)(nil), // 26: handoff.v1.ResolveEscalationResponse
+	(*Budget)(nil),                    // 27: handoff.v1.Budget
+	(*Artifact)(nil),                  // 28: handoff.v1.Artifact
+	(*Trace)(nil),                     // 29: handoff.v1.Trace
+	(AckStatus)(0),                    // 30: handoff.v1.AckStatus
+	(Verdict)(0),                      // 31: handoff.v1.Verdict
+	(*durationpb.Duration)(nil),       // 32: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),     // 33: google.protobuf.Timestamp
+	(*Receipt)(nil),                   // 34: handoff.v1.Receipt
+	(*Evaluator)(nil),                 // 35: handoff.v1.Evaluator
+	(*ToolAttempt)(nil),               // 36: handoff.v1.ToolAttempt
+	(Move)(0),                         // 37: handoff.v1.Move
+	(*RouteChoice)(nil),               // 38: handoff.v1.RouteChoice
+	(*Reason)(nil),                    // 39: handoff.v1.Reason
+	(*Ack)(nil),                       // 40: handoff.v1.Ack
+	(*StageResult)(nil),               // 41: handoff.v1.StageResult
 }
 var file_handoff_v1_coordinator_proto_depIdxs = []int32{
-	26, // 0: handoff.v1.SubmitJobRequest.budget:type_name -> handoff.v1.Budget
-	27, // 1: handoff.v1.SubmitJobRequest.inputs:type_name -> handoff.v1.Artifact
-	28, // 2: handoff.v1.SubmitJobRequest.trace:type_name -> handoff.v1.Trace
-	12, // 3: handoff.v1.SubmitJobResponse.job:type_name -> handoff.v1.Job
-	12, // 4: handoff.v1.GetJobResponse.job:type_name -> handoff.v1.Job
-	0,  // 5: handoff.v1.ListJobsRequest.state:type_name -> handoff.v1.JobState
-	12, // 6: handoff.v1.ListJobsResponse.jobs:type_name -> handoff.v1.Job
-	15, // 7: handoff.v1.WatchJobResponse.event:type_name -> handoff.v1.JobEvent
-	0,  // 8: handoff.v1.Job.state:type_name -> handoff.v1.JobState
-	26, // 9: handoff.v1.Job.wallet:type_name -> handoff.v1.Budget
-	29, // 10: handoff.v1.Job.evaluator:type_name -> handoff.v1.Evaluator
-	27, // 11: handoff.v1.Job.artifacts:type_name -> handoff.v1.Artifact
-	30, // 12: handoff.v1.Job.tools_tried:type_name -> handoff.v1.ToolAttempt
-	31, // 13: handoff.v1.Job.receipt:type_name -> handoff.v1.Receipt
-	14, // 14: handoff.v1.Job.escalation:type_name -> handoff.v1.Escalation
-	32, // 15: handoff.v1.Job.created_at:type_name -> google.protobuf.Timestamp
-	32, // 16: handoff.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
-	24, // 17: handoff.v1.Job.resolution:type_name -> handoff.v1.Resolution
-	13, // 18: handoff.v1.Job.transfers:type_name -> handoff.v1.Transfer
-	33, // 19: handoff.v1.Transfer.move:type_name -> handoff.v1.Move
-	34, // 20: handoff.v1.Transfer.route:type_name -> handoff.v1.RouteChoice
-	1,  // 21: handoff.v1.Escalation.cause:type_name -> handoff.v1.EscalationCause
-	35, // 22: handoff.v1.Escalation.reasons:type_name -> handoff.v1.Reason
-	32, // 23: handoff.v1.Escalation.at:type_name -> google.protobuf.Timestamp
-	2,  // 24: handoff.v1.JobEvent.kind:type_name -> handoff.v1.EventKind
-	32, // 25: handoff.v1.JobEvent.at:type_name -> google.protobuf.Timestamp
-	26, // 26: handoff.v1.JobEvent.wallet:type_name -> handoff.v1.Budget
-	36, // 27: handoff.v1.JobEvent.ack:type_name -> handoff.v1.Ack
-	37, // 28: handoff.v1.JobEvent.result:type_name -> handoff.v1.StageResult
-	29, // 29: handoff.v1.JobEvent.evaluator:type_name -> handoff.v1.Evaluator
-	31, // 30: handoff.v1.JobEvent.receipt:type_name -> handoff.v1.Receipt
-	14, // 31: handoff.v1.JobEvent.escalation:type_name -> handoff.v1.Escalation
-	24, // 32: handoff.v1.JobEvent.resolution:type_name -> handoff.v1.Resolution
-	13, // 33: handoff.v1.JobEvent.transfer:type_name -> handoff.v1.Transfer
-	12, // 34: handoff.v1.ListEscalationsResponse.jobs:type_name -> handoff.v1.Job
-	19, // 35: handoff.v1.ResolveEscalationRequest.approve:type_name -> handoff.v1.ApproveAction
-	20, // 36: handoff.v1.ResolveEscalationRequest.return_to_stage:type_name -> handoff.v1.ReturnToStageAction
-	22, // 37: handoff.v1.ResolveEscalationRequest.fail:type_name -> handoff.v1.FailAction
-	23, // 38: handoff.v1.ResolveEscalationRequest.reject_malformed:type_name -> handoff.v1.RejectMalformedAction
-	21, // 39: handoff.v1.ReturnToStageAction.grant:type_name -> handoff.v1.Grant
-	3,  // 40: handoff.v1.Resolution.action:type_name -> handoff.v1.ResolutionAction
-	27, // 41: handoff.v1.Resolution.edited_artifact:type_name -> handoff.v1.Artifact
-	14, // 42: handoff.v1.Resolution.escalation:type_name -> handoff.v1.Escalation
-	32, // 43: handoff.v1.Resolution.at:type_name -> google.protobuf.Timestamp
-	21, // 44: handoff.v1.Resolution.grant:type_name -> handoff.v1.Grant
-	12, // 45: handoff.v1.ResolveEscalationResponse.job:type_name -> handoff.v1.Job
-	31, // 46: handoff.v1.ResolveEscalationResponse.receipt:type_name -> handoff.v1.Receipt
-	24, // 47: handoff.v1.ResolveEscalationResponse.resolution:type_name -> handoff.v1.Resolution
-	4,  // 48: handoff.v1.CoordinatorService.SubmitJob:input_type -> handoff.v1.SubmitJobRequest
-	6,  // 49: handoff.v1.CoordinatorService.GetJob:input_type -> handoff.v1.GetJobRequest
-	8,  // 50: handoff.v1.CoordinatorService.ListJobs:input_type -> handoff.v1.ListJobsRequest
-	10, // 51: handoff.v1.CoordinatorService.WatchJob:input_type -> handoff.v1.WatchJobRequest
-	16, // 52: handoff.v1.CoordinatorService.ListEscalations:input_type -> handoff.v1.ListEscalationsRequest
-	18, // 53: handoff.v1.CoordinatorService.ResolveEscalation:input_type -> handoff.v1.ResolveEscalationRequest
-	5,  // 54: handoff.v1.CoordinatorService.SubmitJob:output_type -> handoff.v1.SubmitJobResponse
-	7,  // 55: handoff.v1.CoordinatorService.GetJob:output_type -> handoff.v1.GetJobResponse
-	9,  // 56: handoff.v1.CoordinatorService.ListJobs:output_type -> handoff.v1.ListJobsResponse
-	11, // 57: handoff.v1.CoordinatorService.WatchJob:output_type -> handoff.v1.WatchJobResponse
-	17, // 58: handoff.v1.CoordinatorService.ListEscalations:output_type -> handoff.v1.ListEscalationsResponse
-	25, // 59: handoff.v1.CoordinatorService.ResolveEscalation:output_type -> handoff.v1.ResolveEscalationResponse
-	54, // [54:60] is the sub-list for method output_type
-	48, // [48:54] is the sub-list for method input_type
-	48, // [48:48] is the sub-list for extension type_name
-	48, // [48:48] is the sub-list for extension extendee
-	0,  // [0:48] is the sub-list for field type_name
+	27, // 0: handoff.v1.SubmitJobRequest.budget:type_name -> handoff.v1.Budget
+	28, // 1: handoff.v1.SubmitJobRequest.inputs:type_name -> handoff.v1.Artifact
+	29, // 2: handoff.v1.SubmitJobRequest.trace:type_name -> handoff.v1.Trace
+	13, // 3: handoff.v1.SubmitJobResponse.job:type_name -> handoff.v1.Job
+	13, // 4: handoff.v1.GetJobResponse.job:type_name -> handoff.v1.Job
+	8,  // 5: handoff.v1.GetJobResponse.timeline:type_name -> handoff.v1.HopRecord
+	30, // 6: handoff.v1.HopRecord.ack:type_name -> handoff.v1.AckStatus
+	14, // 7: handoff.v1.HopRecord.transfer:type_name -> handoff.v1.Transfer
+	31, // 8: handoff.v1.HopRecord.verdict:type_name -> handoff.v1.Verdict
+	32, // 9: handoff.v1.HopRecord.duration:type_name -> google.protobuf.Duration
+	33, // 10: handoff.v1.HopRecord.at:type_name -> google.protobuf.Timestamp
+	2,  // 11: handoff.v1.HopRecord.end:type_name -> handoff.v1.EventKind
+	15, // 12: handoff.v1.HopRecord.escalation:type_name -> handoff.v1.Escalation
+	34, // 13: handoff.v1.HopRecord.receipt:type_name -> handoff.v1.Receipt
+	25, // 14: handoff.v1.HopRecord.resolution:type_name -> handoff.v1.Resolution
+	0,  // 15: handoff.v1.ListJobsRequest.state:type_name -> handoff.v1.JobState
+	13, // 16: handoff.v1.ListJobsResponse.jobs:type_name -> handoff.v1.Job
+	16, // 17: handoff.v1.WatchJobResponse.event:type_name -> handoff.v1.JobEvent
+	0,  // 18: handoff.v1.Job.state:type_name -> handoff.v1.JobState
+	27, // 19: handoff.v1.Job.wallet:type_name -> handoff.v1.Budget
+	35, // 20: handoff.v1.Job.evaluator:type_name -> handoff.v1.Evaluator
+	28, // 21: handoff.v1.Job.artifacts:type_name -> handoff.v1.Artifact
+	36, // 22: handoff.v1.Job.tools_tried:type_name -> handoff.v1.ToolAttempt
+	34, // 23: handoff.v1.Job.receipt:type_name -> handoff.v1.Receipt
+	15, // 24: handoff.v1.Job.escalation:type_name -> handoff.v1.Escalation
+	33, // 25: handoff.v1.Job.created_at:type_name -> google.protobuf.Timestamp
+	33, // 26: handoff.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
+	25, // 27: handoff.v1.Job.resolution:type_name -> handoff.v1.Resolution
+	14, // 28: handoff.v1.Job.transfers:type_name -> handoff.v1.Transfer
+	37, // 29: handoff.v1.Transfer.move:type_name -> handoff.v1.Move
+	38, // 30: handoff.v1.Transfer.route:type_name -> handoff.v1.RouteChoice
+	1,  // 31: handoff.v1.Escalation.cause:type_name -> handoff.v1.EscalationCause
+	39, // 32: handoff.v1.Escalation.reasons:type_name -> handoff.v1.Reason
+	33, // 33: handoff.v1.Escalation.at:type_name -> google.protobuf.Timestamp
+	2,  // 34: handoff.v1.JobEvent.kind:type_name -> handoff.v1.EventKind
+	33, // 35: handoff.v1.JobEvent.at:type_name -> google.protobuf.Timestamp
+	27, // 36: handoff.v1.JobEvent.wallet:type_name -> handoff.v1.Budget
+	40, // 37: handoff.v1.JobEvent.ack:type_name -> handoff.v1.Ack
+	41, // 38: handoff.v1.JobEvent.result:type_name -> handoff.v1.StageResult
+	35, // 39: handoff.v1.JobEvent.evaluator:type_name -> handoff.v1.Evaluator
+	34, // 40: handoff.v1.JobEvent.receipt:type_name -> handoff.v1.Receipt
+	15, // 41: handoff.v1.JobEvent.escalation:type_name -> handoff.v1.Escalation
+	25, // 42: handoff.v1.JobEvent.resolution:type_name -> handoff.v1.Resolution
+	14, // 43: handoff.v1.JobEvent.transfer:type_name -> handoff.v1.Transfer
+	13, // 44: handoff.v1.ListEscalationsResponse.jobs:type_name -> handoff.v1.Job
+	20, // 45: handoff.v1.ResolveEscalationRequest.approve:type_name -> handoff.v1.ApproveAction
+	21, // 46: handoff.v1.ResolveEscalationRequest.return_to_stage:type_name -> handoff.v1.ReturnToStageAction
+	23, // 47: handoff.v1.ResolveEscalationRequest.fail:type_name -> handoff.v1.FailAction
+	24, // 48: handoff.v1.ResolveEscalationRequest.reject_malformed:type_name -> handoff.v1.RejectMalformedAction
+	22, // 49: handoff.v1.ReturnToStageAction.grant:type_name -> handoff.v1.Grant
+	3,  // 50: handoff.v1.Resolution.action:type_name -> handoff.v1.ResolutionAction
+	28, // 51: handoff.v1.Resolution.edited_artifact:type_name -> handoff.v1.Artifact
+	15, // 52: handoff.v1.Resolution.escalation:type_name -> handoff.v1.Escalation
+	33, // 53: handoff.v1.Resolution.at:type_name -> google.protobuf.Timestamp
+	22, // 54: handoff.v1.Resolution.grant:type_name -> handoff.v1.Grant
+	13, // 55: handoff.v1.ResolveEscalationResponse.job:type_name -> handoff.v1.Job
+	34, // 56: handoff.v1.ResolveEscalationResponse.receipt:type_name -> handoff.v1.Receipt
+	25, // 57: handoff.v1.ResolveEscalationResponse.resolution:type_name -> handoff.v1.Resolution
+	4,  // 58: handoff.v1.CoordinatorService.SubmitJob:input_type -> handoff.v1.SubmitJobRequest
+	6,  // 59: handoff.v1.CoordinatorService.GetJob:input_type -> handoff.v1.GetJobRequest
+	9,  // 60: handoff.v1.CoordinatorService.ListJobs:input_type -> handoff.v1.ListJobsRequest
+	11, // 61: handoff.v1.CoordinatorService.WatchJob:input_type -> handoff.v1.WatchJobRequest
+	17, // 62: handoff.v1.CoordinatorService.ListEscalations:input_type -> handoff.v1.ListEscalationsRequest
+	19, // 63: handoff.v1.CoordinatorService.ResolveEscalation:input_type -> handoff.v1.ResolveEscalationRequest
+	5,  // 64: handoff.v1.CoordinatorService.SubmitJob:output_type -> handoff.v1.SubmitJobResponse
+	7,  // 65: handoff.v1.CoordinatorService.GetJob:output_type -> handoff.v1.GetJobResponse
+	10, // 66: handoff.v1.CoordinatorService.ListJobs:output_type -> handoff.v1.ListJobsResponse
+	12, // 67: handoff.v1.CoordinatorService.WatchJob:output_type -> handoff.v1.WatchJobResponse
+	18, // 68: handoff.v1.CoordinatorService.ListEscalations:output_type -> handoff.v1.ListEscalationsResponse
+	26, // 69: handoff.v1.CoordinatorService.ResolveEscalation:output_type -> handoff.v1.ResolveEscalationResponse
+	64, // [64:70] is the sub-list for method output_type
+	58, // [58:64] is the sub-list for method input_type
+	58, // [58:58] is the sub-list for extension type_name
+	58, // [58:58] is the sub-list for extension extendee
+	0,  // [0:58] is the sub-list for field type_name
 }
 
 func init() { file_handoff_v1_coordinator_proto_init() }
@@ -2456,21 +2642,21 @@ func file_handoff_v1_coordinator_proto_init() {
 	}
 	file_handoff_v1_agentrunner_proto_init()
 	file_handoff_v1_handoff_proto_init()
-	file_handoff_v1_coordinator_proto_msgTypes[14].OneofWrappers = []any{
+	file_handoff_v1_coordinator_proto_msgTypes[15].OneofWrappers = []any{
 		(*ResolveEscalationRequest_Approve)(nil),
 		(*ResolveEscalationRequest_ReturnToStage)(nil),
 		(*ResolveEscalationRequest_Fail)(nil),
 		(*ResolveEscalationRequest_RejectMalformed)(nil),
 	}
-	file_handoff_v1_coordinator_proto_msgTypes[15].OneofWrappers = []any{}
 	file_handoff_v1_coordinator_proto_msgTypes[16].OneofWrappers = []any{}
+	file_handoff_v1_coordinator_proto_msgTypes[17].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_handoff_v1_coordinator_proto_rawDesc), len(file_handoff_v1_coordinator_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   22,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

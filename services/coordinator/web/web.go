@@ -52,6 +52,7 @@ var tmpl = template.Must(template.New("").Funcs(template.FuncMap{
 		return time.Since(t.AsTime()).Round(time.Second).String()
 	},
 	"ts": func(t interface{ AsTime() time.Time }) string { return t.AsTime().UTC().Format(time.RFC3339) },
+	"dur": func(d interface{ AsDuration() time.Duration }) string { return d.AsDuration().Round(time.Millisecond).String() },
 	// move names how the rail moved a run: the route its stage chose, else the rail's own
 	// move (next, pass, revise, reroute, operator).
 	"move": func(t *handoffv1.Transfer) string {
@@ -298,7 +299,7 @@ func (h *Handler) job(w http.ResponseWriter, r *http.Request) {
 	job := resp.GetJob()
 	art, data, aerr := h.srv.Proposed(c, job)
 	d := map[string]any{
-		"Job": job, "Artifact": art, "Text": string(data), "Stages": h.srv.Stages(job.GetPipeline()),
+		"Job": job, "Timeline": resp.GetTimeline(), "Artifact": art, "Text": string(data), "Stages": h.srv.Stages(job.GetPipeline()),
 		"Escalated": job.GetState() == handoffv1.JobState_JOB_STATE_ESCALATED,
 		"MaxGrant":  h.srv.MaxGrant(job.GetPipeline()),
 		"Me":        me(r), "Resolver": me(r).Role == identity.RoleResolver,

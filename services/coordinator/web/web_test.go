@@ -326,6 +326,9 @@ func TestReturnWithGrantFromThePage(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	_, body := get(t, c, u)
+	if !strings.Contains(body, `<table id="timeline">`) || !strings.Contains(body, "<b>RETURN_TO_STAGE</b> by operator, granted 4 hops, 0 revisions, $0.00") {
+		t.Fatalf("the job page's timeline lacks the grant with the account:\n%s", body)
+	}
 	if !strings.Contains(body, `<dd id="grant">4 hops, 0 revisions, $0.00 by operator</dd>`) || !strings.Contains(body, `<span id="state">COMPLETED</span>`) {
 		t.Fatalf("page after the granted return lacks the grant or the state:\n%s", body)
 	}
