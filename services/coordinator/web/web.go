@@ -52,7 +52,9 @@ var tmpl = template.Must(template.New("").Funcs(template.FuncMap{
 		return time.Since(t.AsTime()).Round(time.Second).String()
 	},
 	"ts": func(t interface{ AsTime() time.Time }) string { return t.AsTime().UTC().Format(time.RFC3339) },
-	"dur": func(d interface{ AsDuration() time.Duration }) string { return d.AsDuration().Round(time.Millisecond).String() },
+	"dur": func(d interface{ AsDuration() time.Duration }) string {
+		return d.AsDuration().Round(time.Millisecond).String()
+	},
 	// move names how the rail moved a run: the route its stage chose, else the rail's own
 	// move (next, pass, revise, reroute, operator).
 	"move": func(t *handoffv1.Transfer) string {
