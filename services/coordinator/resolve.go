@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -287,14 +288,24 @@ func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEs
 		if err != nil {
 			return nil, status.Errorf(codes.Unavailable, "read the proposed artifact: %v", err)
 		}
-		if prop == nil {
+		var typ, version, mt string
+		switch {
+		case prop != nil:
+			typ, version, mt = prop.GetType(), prop.GetSchemaVersion(), prop.GetMediaType()
+		case res.Action == handoffv1.ResolutionAction_RESOLUTION_ACTION_RETURN_TO_STAGE && target.Input != "":
+			// Nothing to edit (a job submitted without its input): the text is the input of
+			// the stage returned to, of the version that stage reads.
+			typ, version = typeOfVersion(target.Input), target.Input
+			if json.Valid([]byte(*edit)) {
+				mt = "application/json"
+			}
+		default:
 			return nil, status.Errorf(codes.FailedPrecondition, "run %s has no artifact to edit", runID)
 		}
-		mt := prop.GetMediaType()
 		if mt == "" {
 			mt = "text/plain"
 		}
-		a, err := s.opts.Artifacts.Put(ctx, artifact.Ref{JobID: job.GetJobId(), Stage: "operator", Round: round, Returns: returns, Visit: escalationNumber(job.GetEscalation()), Type: prop.GetType(), SchemaVersion: prop.GetSchemaVersion(), MediaType: mt}, []byte(*edit))
+		a, err := s.opts.Artifacts.Put(ctx, artifact.Ref{JobID: job.GetJobId(), Stage: "operator", Round: round, Returns: returns, Visit: escalationNumber(job.GetEscalation()), Type: typ, SchemaVersion: version, MediaType: mt}, []byte(*edit))
 		if err != nil {
 			return nil, status.Errorf(codes.InvalidArgument, "store the edited artifact: %v", err)
 		}
@@ -450,6 +461,15 @@ func (s *Server) reapprove(ctx context.Context, job *handoffv1.Job, p *pipeline.
 		return nil, status.Errorf(status.Code(err), "writeback: %s", status.Convert(err).Message())
 	}
 	return &handoffv1.ResolveEscalationResponse{Job: job, Receipt: wr.GetReceipt(), Duplicate: wr.GetDuplicate(), Resolution: job.GetResolution()}, nil
+}
+
+// typeOfVersion is the artifact type a schema version is of: "raw_ticket.v1" is of
+// raw_ticket (lint holds every version to <type>.v<N>).
+func typeOfVersion(v string) string {
+	if i := strings.LastIndex(v, ".v"); i > 0 {
+		return v[:i]
+	}
+	return v
 }
 
 // truncate cuts s to at most n bytes on a rune boundary, so the result stays UTF-8.

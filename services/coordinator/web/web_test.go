@@ -384,3 +384,51 @@ func TestOperatorsAreNamedPeopleWithRoles(t *testing.T) {
 		t.Fatalf("resolution %v; want it recorded as account ana", res)
 	}
 }
+
+// waitJob polls the run until it is in state want.
+func waitJob(t *testing.T, st *stack.Stack, runID string, want handoffv1.JobState) *handoffv1.Job {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		got, err := st.Coordinator.GetJob(context.Background(), &handoffv1.GetJobRequest{RunId: runID})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.GetJob().GetState() == want {
+			return got.GetJob()
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("run %s is %s, want %s (%v)", runID, got.GetJob().GetState(), want, got.GetJob().GetEscalation())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// The README's submit recipe sends no ticket and intake escalates: the person returns the
+// job to intake with the ticket pasted in, stored as intake's raw_ticket.v1, and the job
+// completes.
+func TestReturnToIntakeWithTicket(t *testing.T) {
+	st, base := page(t)
+	job := submitBare(t, st, "tkt_42")
+	c := browser(t)
+	post(t, c, base+"/login", url.Values{"token": {token}})
+	u := base + "/jobs/" + job.GetRunId()
+	if _, body := get(t, c, u); !strings.Contains(body, `id="artifact_text"`) {
+		t.Fatalf("no box for the input of a return:\n%s", body)
+	}
+	resp, body := post(t, c, u+"/resolve", url.Values{"action": {"return_to_stage"}, "stage": {"intake"}, "escalation": {"1"},
+		"artifact_text": {string(support.SampleTicket())}, "original_text": {""}})
+	if resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("return to intake with a ticket: %d %s", resp.StatusCode, body)
+	}
+	done := waitJob(t, st, job.GetRunId(), handoffv1.JobState_JOB_STATE_COMPLETED)
+	var in *handoffv1.Artifact
+	for _, a := range done.GetArtifacts() {
+		if a.GetProducedBy() == "operator" {
+			in = a
+		}
+	}
+	if in.GetSchemaVersion() != "raw_ticket.v1" || in.GetType() != "raw_ticket" || in.GetMediaType() != "application/json" || done.GetReceipt() == nil {
+		t.Fatalf("operator's input %v, receipt %v; want a raw_ticket.v1 JSON and a write", in, done.GetReceipt())
+	}
+}
