@@ -71,6 +71,9 @@ type Options struct {
 	// takeover scan). The holder renews every LeaseTTL/3 (and before a hop when it has not
 	// for that long), and stops driving when it cannot renew for LeaseTTL/2. Default 10s.
 	LeaseTTL time.Duration
+	// ClaimTTL is how long an operator's claim of an escalation lasts (ClaimEscalation);
+	// claiming again renews it. Default DefaultClaimTTL.
+	ClaimTTL time.Duration
 	// DrainTimeout bounds how long Close waits for the drivers to finish the hop each has in
 	// flight before it cancels them. Default 30s.
 	DrainTimeout time.Duration
@@ -137,6 +140,9 @@ func New(opts Options) (*Server, error) {
 	}
 	if opts.Owner == "" {
 		opts.Owner = defaultOwner()
+	}
+	if opts.ClaimTTL <= 0 {
+		opts.ClaimTTL = DefaultClaimTTL
 	}
 	if opts.LeaseTTL <= 0 {
 		opts.LeaseTTL = 10 * time.Second

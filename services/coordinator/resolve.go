@@ -24,6 +24,9 @@ import (
 	"github.com/handoffhq/handoff/internal/traceparent"
 )
 
+// DefaultClaimTTL is how long an operator's claim of an escalation lasts.
+const DefaultClaimTTL = 15 * time.Minute
+
 // maxOperatorReturns is the contract's cap on HandoffPackage.operator_returns.
 const maxOperatorReturns = 1000
 
@@ -152,18 +155,10 @@ func grantAllowed(p *pipeline.Pipeline, job *handoffv1.Job, g *handoffv1.Grant) 
 		job.GetRunId(), strings.TrimPrefix(job.GetEscalation().GetCause().String(), "ESCALATION_CAUSE_"), lack, field, field, most)
 }
 
-// ResolveEscalation applies a person's decision to an ESCALATED run. Approving a run that an
-// earlier approve completed sends the same write again (same idempotency key): the writeback
-// answers with the first receipt and writes nothing (duplicate=true).
-//
-// The decision names the escalation it answers (req.escalation): one taken for an escalation
-// the run has since left is refused, so a stale page cannot decide the run's next one.
-func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEscalationRequest) (*handoffv1.ResolveEscalationResponse, error) {
-	// In-process callers (the web page) skip the interceptor chain: validate here too.
-	if err := s.opts.Validator.Validate(req); err != nil {
-		return nil, status.Errorf(codes.InvalidArgument, "invalid request: %v", err)
-	}
-	runID := req.GetRunId()
+// hold holds run runID for a person's call as a driver does: reserved in this process,
+// leased across replicas. A driver that just escalated the run may still be releasing it,
+// so it waits a little. release is safe to call more than once.
+func (s *Server) hold(ctx context.Context, runID string) (func(), error) {
 	if s.stopped() {
 		return nil, status.Error(codes.Unavailable, "coordinator is shutting down")
 	}
@@ -183,8 +178,12 @@ func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEs
 		time.Sleep(20 * time.Millisecond)
 	}
 	l := &lease{s: s, name: leaseName(runID)}
-	held := false
+	held, released := false, false
 	release := func() {
+		if released {
+			return // the run may be a driver's by now: its reservation is not ours to drop
+		}
+		released = true
 		if held {
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseTimeout)
 			if err := s.opts.Store.ReleaseLease(rctx, l.name, s.opts.Owner); err != nil {
@@ -197,15 +196,94 @@ func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEs
 		delete(s.driving, runID)
 		s.mu.Unlock()
 	}
-	defer release()
 	ok, err := l.acquire(ctx)
 	if err != nil {
+		release()
 		return nil, status.Errorf(codes.Unavailable, "store: %v", err)
 	}
 	if !ok {
+		release()
 		return nil, status.Errorf(codes.Aborted, "run %s is held by another replica; retry", runID)
 	}
 	held = true
+	return release, nil
+}
+
+// liveClaim is job's claim when it holds the run's current escalation and has not expired.
+func liveClaim(job *handoffv1.Job, now time.Time) *handoffv1.Claim {
+	c := job.GetClaim()
+	if c == nil || job.GetState() != handoffv1.JobState_JOB_STATE_ESCALATED || c.GetEscalation() != escalationNumber(job.GetEscalation()) || !c.GetExpiresAt().AsTime().After(now) {
+		return nil
+	}
+	return c
+}
+
+// ClaimEscalation makes the caller the one owner of the run's current escalation until
+// ClaimTTL from now (renewing its own claim), or gives its claim up (release). A claim
+// another operator holds is refused naming them and when it ends.
+func (s *Server) ClaimEscalation(ctx context.Context, req *handoffv1.ClaimEscalationRequest) (*handoffv1.ClaimEscalationResponse, error) {
+	if err := s.opts.Validator.Validate(req); err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "invalid request: %v", err)
+	}
+	who := account(ctx)
+	if who == "" {
+		return nil, status.Error(codes.Unauthenticated, "a claim needs an operator's identity")
+	}
+	runID := req.GetRunId()
+	release, err := s.hold(ctx, runID)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	job, err := s.opts.Store.GetRun(ctx, runID)
+	if err != nil {
+		return nil, storeErr(err, runID)
+	}
+	if job.GetState() != handoffv1.JobState_JOB_STATE_ESCALATED {
+		return nil, status.Errorf(codes.FailedPrecondition, "run %s is %s, not ESCALATED: there is nothing to claim", runID, strings.TrimPrefix(job.GetState().String(), "JOB_STATE_"))
+	}
+	n := escalationNumber(job.GetEscalation())
+	if req.GetEscalation() != n {
+		return nil, status.Errorf(codes.FailedPrecondition, "run %s is at escalation %d; this claim names escalation %d: reload", runID, n, req.GetEscalation())
+	}
+	now := s.opts.Now()
+	c := liveClaim(job, now)
+	if c != nil && c.GetAccount() != who {
+		return nil, status.Errorf(codes.FailedPrecondition, "run %s: escalation %d is claimed by %s until %s", runID, n, c.GetAccount(), c.GetExpiresAt().AsTime().UTC().Format(time.RFC3339))
+	}
+	if req.GetRelease() {
+		job.Claim = nil
+	} else {
+		at := timestamppb.New(now)
+		if c != nil {
+			at = c.GetAt() // a renewal keeps when the claim began
+		}
+		job.Claim = &handoffv1.Claim{Account: who, Escalation: n, At: at, ExpiresAt: timestamppb.New(now.Add(s.opts.ClaimTTL))}
+	}
+	if err := s.save(ctx, job); err != nil {
+		return nil, status.Errorf(codes.Unavailable, "%v", err)
+	}
+	s.log.Info("escalation claim", "run_id", runID, "escalation", n, "account", who, "release", req.GetRelease())
+	return &handoffv1.ClaimEscalationResponse{Claim: job.GetClaim()}, nil
+}
+
+// ResolveEscalation applies a person's decision to an ESCALATED run. Approving a run that an
+// earlier approve completed sends the same write again (same idempotency key): the writeback
+// answers with the first receipt and writes nothing (duplicate=true).
+//
+// The decision names the escalation it answers (req.escalation): one taken for an escalation
+// the run has since left is refused, so a stale page cannot decide the run's next one.
+func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEscalationRequest) (*handoffv1.ResolveEscalationResponse, error) {
+	// In-process callers (the web page) skip the interceptor chain: validate here too.
+	if err := s.opts.Validator.Validate(req); err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "invalid request: %v", err)
+	}
+	runID := req.GetRunId()
+	release, err := s.hold(ctx, runID)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 
 	job, err := s.opts.Store.GetRun(ctx, runID)
 	if err != nil {
@@ -232,6 +310,15 @@ func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEs
 	}
 
 	res := &handoffv1.Resolution{Operator: req.GetOperator(), Comment: req.GetComment(), Escalation: job.GetEscalation(), At: timestamppb.New(s.opts.Now()), Account: account(ctx)}
+	if c := liveClaim(job, s.opts.Now()); c != nil && c.GetAccount() != res.GetAccount() {
+		if !req.GetOverride() {
+			return nil, status.Errorf(codes.FailedPrecondition, "run %s: escalation %d is claimed by %s until %s: only the holder decides it (override to decide anyway; it is recorded)",
+				runID, c.GetEscalation(), c.GetAccount(), c.GetExpiresAt().AsTime().UTC().Format(time.RFC3339))
+		}
+		res.Overrode = c.GetAccount()
+	}
+	// The decision ends the escalation, and with it its claim.
+	job.Claim = nil
 	var edit *string
 	var target *pipeline.Stage
 	switch a := req.GetAction().(type) {

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/artifact"
@@ -569,5 +570,72 @@ func TestHopTimeline(t *testing.T) {
 	}
 	if !slices.Equal(got, want) {
 		t.Fatalf("timeline:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// One owner per escalation: a claim shows who holds it, another operator can neither claim
+// nor decide it while it lasts unless they override (recorded), and a claim that expired or
+// was released is free.
+func TestEscalationClaim(t *testing.T) {
+	e := startOp(t, 0, []handoffv1.Verdict{handoffv1.Verdict_VERDICT_FAIL})
+	ctx := context.Background()
+	other := anonymous(t, e.st)
+	bo := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+opToken) // account "operator"
+	const ana = "operator (token)"                                                  // e.client's account
+	claim := func(c handoffv1.CoordinatorServiceClient, cctx context.Context, runID string, release bool) (*handoffv1.Claim, error) {
+		r, err := c.ClaimEscalation(cctx, &handoffv1.ClaimEscalationRequest{RunId: runID, Escalation: 1, Release: release})
+		return r.GetClaim(), err
+	}
+	fail := &handoffv1.ResolveEscalationRequest{Operator: "bo", Escalation: 1, Action: &handoffv1.ResolveEscalationRequest_Fail{Fail: &handoffv1.FailAction{Reason: "spam"}}}
+
+	job, _ := e.submit(t, "relay", "tkt_1", "", e.defaultBudget)
+	c, err := claim(e.client, ctx, job.GetRunId(), false)
+	if err != nil || c.GetAccount() != ana || !c.GetExpiresAt().AsTime().After(time.Now().Add(10*time.Minute)) {
+		t.Fatalf("claim = %v, %v; want it held by %s for the claim TTL", c, err, ana)
+	}
+	if got := waitState(t, e, job.GetRunId(), handoffv1.JobState_JOB_STATE_ESCALATED); got.GetClaim().GetAccount() != ana {
+		t.Fatalf("GetJob claim %v; the others must see who holds it", got.GetClaim())
+	}
+	if _, err := claim(other, bo, job.GetRunId(), false); status.Code(err) != codes.FailedPrecondition || !strings.Contains(status.Convert(err).Message(), "claimed by "+ana) {
+		t.Fatalf("second claim = %v; want FailedPrecondition naming the holder", err)
+	}
+	fail.RunId = job.GetRunId()
+	if _, err := other.ResolveEscalation(bo, fail); status.Code(err) != codes.FailedPrecondition || !strings.Contains(status.Convert(err).Message(), "only the holder decides") {
+		t.Fatalf("decision by another operator = %v; want FailedPrecondition", err)
+	}
+	fail.Override = true
+	resp, err := other.ResolveEscalation(bo, fail)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res := resp.GetResolution(); res.GetOverrode() != ana || res.GetAccount() != "operator" || resp.GetJob().GetClaim() != nil {
+		t.Fatalf("override: resolution %v, claim %v; want the override of %s recorded and the claim gone", res, resp.GetJob().GetClaim(), ana)
+	}
+
+	// An expired claim is free; a released one too.
+	job, _ = e.submit(t, "relay", "tkt_2", "", e.defaultBudget)
+	if _, err := claim(e.client, ctx, job.GetRunId(), false); err != nil {
+		t.Fatal(err)
+	}
+	run, err := e.st.Store.GetRun(ctx, job.GetRunId())
+	if err != nil {
+		t.Fatal(err)
+	}
+	run.Claim.ExpiresAt = timestamppb.New(time.Now().Add(-time.Second))
+	if err := e.st.Store.PutRun(ctx, run); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := claim(other, bo, job.GetRunId(), false); err != nil || c.GetAccount() != "operator" {
+		t.Fatalf("claim of an expired claim = %v, %v", c, err)
+	}
+	if _, err := claim(other, bo, job.GetRunId(), true); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := claim(e.client, ctx, job.GetRunId(), false); err != nil || c.GetAccount() != ana {
+		t.Fatalf("claim after a release = %v, %v", c, err)
+	}
+	fail.RunId, fail.Override = job.GetRunId(), false
+	if resp, err := e.client.ResolveEscalation(ctx, fail); err != nil || resp.GetResolution().GetOverrode() != "" {
+		t.Fatalf("the holder's decision = %v, %v; want it taken, no override", resp.GetResolution(), err)
 	}
 }

@@ -295,6 +295,184 @@ func (ResolutionAction) EnumDescriptor() ([]byte, []int) {
 	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{3}
 }
 
+type ClaimEscalationRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	RunId string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// The escalation claimed (Escalation.number): a claim for one the run has left is refused.
+	Escalation uint32 `protobuf:"varint,2,opt,name=escalation,proto3" json:"escalation,omitempty"`
+	// Give up the caller's own claim instead.
+	Release       bool `protobuf:"varint,3,opt,name=release,proto3" json:"release,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClaimEscalationRequest) Reset() {
+	*x = ClaimEscalationRequest{}
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClaimEscalationRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClaimEscalationRequest) ProtoMessage() {}
+
+func (x *ClaimEscalationRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClaimEscalationRequest.ProtoReflect.Descriptor instead.
+func (*ClaimEscalationRequest) Descriptor() ([]byte, []int) {
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *ClaimEscalationRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *ClaimEscalationRequest) GetEscalation() uint32 {
+	if x != nil {
+		return x.Escalation
+	}
+	return 0
+}
+
+func (x *ClaimEscalationRequest) GetRelease() bool {
+	if x != nil {
+		return x.Release
+	}
+	return false
+}
+
+type ClaimEscalationResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The claim as it stands after the call (none after a release).
+	Claim         *Claim `protobuf:"bytes,1,opt,name=claim,proto3" json:"claim,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClaimEscalationResponse) Reset() {
+	*x = ClaimEscalationResponse{}
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClaimEscalationResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClaimEscalationResponse) ProtoMessage() {}
+
+func (x *ClaimEscalationResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClaimEscalationResponse.ProtoReflect.Descriptor instead.
+func (*ClaimEscalationResponse) Descriptor() ([]byte, []int) {
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ClaimEscalationResponse) GetClaim() *Claim {
+	if x != nil {
+		return x.Claim
+	}
+	return nil
+}
+
+// Claim is who owns a run's escalation, until when.
+type Claim struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The operator account holding it (as resolution.account records it).
+	Account string `protobuf:"bytes,1,opt,name=account,proto3" json:"account,omitempty"`
+	// The escalation claimed (Escalation.number).
+	Escalation    uint32                 `protobuf:"varint,2,opt,name=escalation,proto3" json:"escalation,omitempty"`
+	At            *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=at,proto3" json:"at,omitempty"`
+	ExpiresAt     *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Claim) Reset() {
+	*x = Claim{}
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Claim) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Claim) ProtoMessage() {}
+
+func (x *Claim) ProtoReflect() protoreflect.Message {
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Claim.ProtoReflect.Descriptor instead.
+func (*Claim) Descriptor() ([]byte, []int) {
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *Claim) GetAccount() string {
+	if x != nil {
+		return x.Account
+	}
+	return ""
+}
+
+func (x *Claim) GetEscalation() uint32 {
+	if x != nil {
+		return x.Escalation
+	}
+	return 0
+}
+
+func (x *Claim) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
+func (x *Claim) GetExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpiresAt
+	}
+	return nil
+}
+
 type SubmitJobRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Client-chosen id that makes the submit safe to retry: one id, one request.
@@ -320,7 +498,7 @@ type SubmitJobRequest struct {
 
 func (x *SubmitJobRequest) Reset() {
 	*x = SubmitJobRequest{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[0]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -332,7 +510,7 @@ func (x *SubmitJobRequest) String() string {
 func (*SubmitJobRequest) ProtoMessage() {}
 
 func (x *SubmitJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[0]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -345,7 +523,7 @@ func (x *SubmitJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitJobRequest.ProtoReflect.Descriptor instead.
 func (*SubmitJobRequest) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{0}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *SubmitJobRequest) GetRequestId() string {
@@ -422,7 +600,7 @@ type SubmitJobResponse struct {
 
 func (x *SubmitJobResponse) Reset() {
 	*x = SubmitJobResponse{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[1]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -434,7 +612,7 @@ func (x *SubmitJobResponse) String() string {
 func (*SubmitJobResponse) ProtoMessage() {}
 
 func (x *SubmitJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[1]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -447,7 +625,7 @@ func (x *SubmitJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitJobResponse.ProtoReflect.Descriptor instead.
 func (*SubmitJobResponse) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{1}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *SubmitJobResponse) GetJob() *Job {
@@ -473,7 +651,7 @@ type GetJobRequest struct {
 
 func (x *GetJobRequest) Reset() {
 	*x = GetJobRequest{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[2]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -485,7 +663,7 @@ func (x *GetJobRequest) String() string {
 func (*GetJobRequest) ProtoMessage() {}
 
 func (x *GetJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[2]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -498,7 +676,7 @@ func (x *GetJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobRequest.ProtoReflect.Descriptor instead.
 func (*GetJobRequest) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{2}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *GetJobRequest) GetRunId() string {
@@ -520,7 +698,7 @@ type GetJobResponse struct {
 
 func (x *GetJobResponse) Reset() {
 	*x = GetJobResponse{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[3]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -532,7 +710,7 @@ func (x *GetJobResponse) String() string {
 func (*GetJobResponse) ProtoMessage() {}
 
 func (x *GetJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[3]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -545,7 +723,7 @@ func (x *GetJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobResponse.ProtoReflect.Descriptor instead.
 func (*GetJobResponse) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{3}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *GetJobResponse) GetJob() *Job {
@@ -592,7 +770,7 @@ type HopRecord struct {
 
 func (x *HopRecord) Reset() {
 	*x = HopRecord{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[4]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -604,7 +782,7 @@ func (x *HopRecord) String() string {
 func (*HopRecord) ProtoMessage() {}
 
 func (x *HopRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[4]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -617,7 +795,7 @@ func (x *HopRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HopRecord.ProtoReflect.Descriptor instead.
 func (*HopRecord) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{4}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *HopRecord) GetHop() uint32 {
@@ -716,7 +894,7 @@ type ListJobsRequest struct {
 
 func (x *ListJobsRequest) Reset() {
 	*x = ListJobsRequest{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[5]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -728,7 +906,7 @@ func (x *ListJobsRequest) String() string {
 func (*ListJobsRequest) ProtoMessage() {}
 
 func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[5]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -741,7 +919,7 @@ func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsRequest.ProtoReflect.Descriptor instead.
 func (*ListJobsRequest) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{5}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ListJobsRequest) GetState() JobState {
@@ -775,7 +953,7 @@ type ListJobsResponse struct {
 
 func (x *ListJobsResponse) Reset() {
 	*x = ListJobsResponse{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[6]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -787,7 +965,7 @@ func (x *ListJobsResponse) String() string {
 func (*ListJobsResponse) ProtoMessage() {}
 
 func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[6]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -800,7 +978,7 @@ func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsResponse.ProtoReflect.Descriptor instead.
 func (*ListJobsResponse) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{6}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ListJobsResponse) GetJobs() []*Job {
@@ -828,7 +1006,7 @@ type WatchJobRequest struct {
 
 func (x *WatchJobRequest) Reset() {
 	*x = WatchJobRequest{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[7]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -840,7 +1018,7 @@ func (x *WatchJobRequest) String() string {
 func (*WatchJobRequest) ProtoMessage() {}
 
 func (x *WatchJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[7]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -853,7 +1031,7 @@ func (x *WatchJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchJobRequest.ProtoReflect.Descriptor instead.
 func (*WatchJobRequest) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{7}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *WatchJobRequest) GetRunId() string {
@@ -879,7 +1057,7 @@ type WatchJobResponse struct {
 
 func (x *WatchJobResponse) Reset() {
 	*x = WatchJobResponse{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[8]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -891,7 +1069,7 @@ func (x *WatchJobResponse) String() string {
 func (*WatchJobResponse) ProtoMessage() {}
 
 func (x *WatchJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[8]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -904,7 +1082,7 @@ func (x *WatchJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchJobResponse.ProtoReflect.Descriptor instead.
 func (*WatchJobResponse) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{8}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *WatchJobResponse) GetEvent() *JobEvent {
@@ -956,14 +1134,16 @@ type Job struct {
 	// How many times the run has escalated (the number of its latest escalation).
 	Escalations uint32 `protobuf:"varint,26,opt,name=escalations,proto3" json:"escalations,omitempty"`
 	// Every move the rail made between stages, in order: the route taken on each hop.
-	Transfers     []*Transfer `protobuf:"bytes,27,rep,name=transfers,proto3" json:"transfers,omitempty"`
+	Transfers []*Transfer `protobuf:"bytes,27,rep,name=transfers,proto3" json:"transfers,omitempty"`
+	// Who owns the run's current escalation (ClaimEscalation), while the claim lasts.
+	Claim         *Claim `protobuf:"bytes,28,opt,name=claim,proto3" json:"claim,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Job) Reset() {
 	*x = Job{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[9]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -975,7 +1155,7 @@ func (x *Job) String() string {
 func (*Job) ProtoMessage() {}
 
 func (x *Job) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[9]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -988,7 +1168,7 @@ func (x *Job) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Job.ProtoReflect.Descriptor instead.
 func (*Job) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{9}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Job) GetRunId() string {
@@ -1180,6 +1360,13 @@ func (x *Job) GetTransfers() []*Transfer {
 	return nil
 }
 
+func (x *Job) GetClaim() *Claim {
+	if x != nil {
+		return x.Claim
+	}
+	return nil
+}
+
 // Transfer is one move of a run from one stage to another: a one-way hand-over of the
 // package (never of a transcript), which the rail chose by the pipeline's rules.
 type Transfer struct {
@@ -1202,7 +1389,7 @@ type Transfer struct {
 
 func (x *Transfer) Reset() {
 	*x = Transfer{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[10]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1214,7 +1401,7 @@ func (x *Transfer) String() string {
 func (*Transfer) ProtoMessage() {}
 
 func (x *Transfer) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[10]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1227,7 +1414,7 @@ func (x *Transfer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Transfer.ProtoReflect.Descriptor instead.
 func (*Transfer) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{10}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Transfer) GetFromStage() string {
@@ -1294,7 +1481,7 @@ type Escalation struct {
 
 func (x *Escalation) Reset() {
 	*x = Escalation{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[11]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1306,7 +1493,7 @@ func (x *Escalation) String() string {
 func (*Escalation) ProtoMessage() {}
 
 func (x *Escalation) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[11]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1319,7 +1506,7 @@ func (x *Escalation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Escalation.ProtoReflect.Descriptor instead.
 func (*Escalation) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{11}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Escalation) GetCause() EscalationCause {
@@ -1402,7 +1589,7 @@ type JobEvent struct {
 
 func (x *JobEvent) Reset() {
 	*x = JobEvent{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[12]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1414,7 +1601,7 @@ func (x *JobEvent) String() string {
 func (*JobEvent) ProtoMessage() {}
 
 func (x *JobEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[12]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1427,7 +1614,7 @@ func (x *JobEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobEvent.ProtoReflect.Descriptor instead.
 func (*JobEvent) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{12}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *JobEvent) GetSeq() uint64 {
@@ -1552,7 +1739,7 @@ type ListEscalationsRequest struct {
 
 func (x *ListEscalationsRequest) Reset() {
 	*x = ListEscalationsRequest{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[13]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1564,7 +1751,7 @@ func (x *ListEscalationsRequest) String() string {
 func (*ListEscalationsRequest) ProtoMessage() {}
 
 func (x *ListEscalationsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[13]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1577,7 +1764,7 @@ func (x *ListEscalationsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEscalationsRequest.ProtoReflect.Descriptor instead.
 func (*ListEscalationsRequest) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{13}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListEscalationsRequest) GetPageSize() int32 {
@@ -1604,7 +1791,7 @@ type ListEscalationsResponse struct {
 
 func (x *ListEscalationsResponse) Reset() {
 	*x = ListEscalationsResponse{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[14]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1616,7 +1803,7 @@ func (x *ListEscalationsResponse) String() string {
 func (*ListEscalationsResponse) ProtoMessage() {}
 
 func (x *ListEscalationsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[14]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1629,7 +1816,7 @@ func (x *ListEscalationsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEscalationsResponse.ProtoReflect.Descriptor instead.
 func (*ListEscalationsResponse) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{14}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListEscalationsResponse) GetJobs() []*Job {
@@ -1662,14 +1849,17 @@ type ResolveEscalationRequest struct {
 	// The escalation this decision answers (Escalation.number, 1 for the first). Required: a
 	// decision for an escalation the run has since left is refused with FailedPrecondition,
 	// so one taken on a stale page never applies to the run's next escalation.
-	Escalation    uint32 `protobuf:"varint,8,opt,name=escalation,proto3" json:"escalation,omitempty"`
+	Escalation uint32 `protobuf:"varint,8,opt,name=escalation,proto3" json:"escalation,omitempty"`
+	// Decide although another operator holds the escalation's claim (recorded in
+	// resolution.overrode). Without it such a decision is refused naming the holder.
+	Override      bool `protobuf:"varint,9,opt,name=override,proto3" json:"override,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ResolveEscalationRequest) Reset() {
 	*x = ResolveEscalationRequest{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[15]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1681,7 +1871,7 @@ func (x *ResolveEscalationRequest) String() string {
 func (*ResolveEscalationRequest) ProtoMessage() {}
 
 func (x *ResolveEscalationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[15]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1694,7 +1884,7 @@ func (x *ResolveEscalationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveEscalationRequest.ProtoReflect.Descriptor instead.
 func (*ResolveEscalationRequest) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{15}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ResolveEscalationRequest) GetRunId() string {
@@ -1768,6 +1958,13 @@ func (x *ResolveEscalationRequest) GetEscalation() uint32 {
 	return 0
 }
 
+func (x *ResolveEscalationRequest) GetOverride() bool {
+	if x != nil {
+		return x.Override
+	}
+	return false
+}
+
 type isResolveEscalationRequest_Action interface {
 	isResolveEscalationRequest_Action()
 }
@@ -1811,7 +2008,7 @@ type ApproveAction struct {
 
 func (x *ApproveAction) Reset() {
 	*x = ApproveAction{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[16]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1823,7 +2020,7 @@ func (x *ApproveAction) String() string {
 func (*ApproveAction) ProtoMessage() {}
 
 func (x *ApproveAction) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[16]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1836,7 +2033,7 @@ func (x *ApproveAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApproveAction.ProtoReflect.Descriptor instead.
 func (*ApproveAction) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{16}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ApproveAction) GetArtifactText() string {
@@ -1860,7 +2057,7 @@ type ReturnToStageAction struct {
 
 func (x *ReturnToStageAction) Reset() {
 	*x = ReturnToStageAction{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[17]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1872,7 +2069,7 @@ func (x *ReturnToStageAction) String() string {
 func (*ReturnToStageAction) ProtoMessage() {}
 
 func (x *ReturnToStageAction) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[17]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1885,7 +2082,7 @@ func (x *ReturnToStageAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReturnToStageAction.ProtoReflect.Descriptor instead.
 func (*ReturnToStageAction) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{17}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ReturnToStageAction) GetStage() string {
@@ -1922,7 +2119,7 @@ type Grant struct {
 
 func (x *Grant) Reset() {
 	*x = Grant{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[18]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1934,7 +2131,7 @@ func (x *Grant) String() string {
 func (*Grant) ProtoMessage() {}
 
 func (x *Grant) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[18]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1947,7 +2144,7 @@ func (x *Grant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Grant.ProtoReflect.Descriptor instead.
 func (*Grant) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{18}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Grant) GetHops() uint32 {
@@ -1980,7 +2177,7 @@ type FailAction struct {
 
 func (x *FailAction) Reset() {
 	*x = FailAction{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[19]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1992,7 +2189,7 @@ func (x *FailAction) String() string {
 func (*FailAction) ProtoMessage() {}
 
 func (x *FailAction) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[19]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2005,7 +2202,7 @@ func (x *FailAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FailAction.ProtoReflect.Descriptor instead.
 func (*FailAction) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{19}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *FailAction) GetReason() string {
@@ -2024,7 +2221,7 @@ type RejectMalformedAction struct {
 
 func (x *RejectMalformedAction) Reset() {
 	*x = RejectMalformedAction{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[20]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2036,7 +2233,7 @@ func (x *RejectMalformedAction) String() string {
 func (*RejectMalformedAction) ProtoMessage() {}
 
 func (x *RejectMalformedAction) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[20]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2049,7 +2246,7 @@ func (x *RejectMalformedAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RejectMalformedAction.ProtoReflect.Descriptor instead.
 func (*RejectMalformedAction) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{20}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *RejectMalformedAction) GetReason() string {
@@ -2079,14 +2276,16 @@ type Resolution struct {
 	// how it was proved ("operator (mtls)"). `operator` above is the name the person gave.
 	Account string `protobuf:"bytes,9,opt,name=account,proto3" json:"account,omitempty"`
 	// What the decision added to the run's wallet (return_to_stage), given by account.
-	Grant         *Grant `protobuf:"bytes,10,opt,name=grant,proto3" json:"grant,omitempty"`
+	Grant *Grant `protobuf:"bytes,10,opt,name=grant,proto3" json:"grant,omitempty"`
+	// The account whose unexpired claim this decision overrode, when it did.
+	Overrode      string `protobuf:"bytes,11,opt,name=overrode,proto3" json:"overrode,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Resolution) Reset() {
 	*x = Resolution{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[21]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2098,7 +2297,7 @@ func (x *Resolution) String() string {
 func (*Resolution) ProtoMessage() {}
 
 func (x *Resolution) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[21]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2111,7 +2310,7 @@ func (x *Resolution) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Resolution.ProtoReflect.Descriptor instead.
 func (*Resolution) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{21}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Resolution) GetAction() ResolutionAction {
@@ -2184,6 +2383,13 @@ func (x *Resolution) GetGrant() *Grant {
 	return nil
 }
 
+func (x *Resolution) GetOverrode() string {
+	if x != nil {
+		return x.Overrode
+	}
+	return ""
+}
+
 type ResolveEscalationResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The run after the decision.
@@ -2200,7 +2406,7 @@ type ResolveEscalationResponse struct {
 
 func (x *ResolveEscalationResponse) Reset() {
 	*x = ResolveEscalationResponse{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[22]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2212,7 +2418,7 @@ func (x *ResolveEscalationResponse) String() string {
 func (*ResolveEscalationResponse) ProtoMessage() {}
 
 func (x *ResolveEscalationResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[22]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2225,7 +2431,7 @@ func (x *ResolveEscalationResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveEscalationResponse.ProtoReflect.Descriptor instead.
 func (*ResolveEscalationResponse) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{22}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ResolveEscalationResponse) GetJob() *Job {
@@ -2261,7 +2467,23 @@ var File_handoff_v1_coordinator_proto protoreflect.FileDescriptor
 const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\n" +
 	"\x1chandoff/v1/coordinator.proto\x12\n" +
-	"handoff.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1chandoff/v1/agentrunner.proto\x1a\x18handoff/v1/handoff.proto\"\xf4\x03\n" +
+	"handoff.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1chandoff/v1/agentrunner.proto\x1a\x18handoff/v1/handoff.proto\"\x7f\n" +
+	"\x16ClaimEscalationRequest\x12\"\n" +
+	"\x06run_id\x18\x01 \x01(\tB\v\xbaH\b\xc8\x01\x01r\x03\x18\x80\x01R\x05runId\x12'\n" +
+	"\n" +
+	"escalation\x18\x02 \x01(\rB\a\xbaH\x04*\x02 \x00R\n" +
+	"escalation\x12\x18\n" +
+	"\arelease\x18\x03 \x01(\bR\arelease\"B\n" +
+	"\x17ClaimEscalationResponse\x12'\n" +
+	"\x05claim\x18\x01 \x01(\v2\x11.handoff.v1.ClaimR\x05claim\"\xa8\x01\n" +
+	"\x05Claim\x12\x18\n" +
+	"\aaccount\x18\x01 \x01(\tR\aaccount\x12\x1e\n" +
+	"\n" +
+	"escalation\x18\x02 \x01(\rR\n" +
+	"escalation\x12*\n" +
+	"\x02at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x129\n" +
+	"\n" +
+	"expires_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"\xf4\x03\n" +
 	"\x10SubmitJobRequest\x12>\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tB\x1f\xbaH\x1cr\x1a\x18\x80\x012\x15^([A-Za-z0-9_.:-]+)?$R\trequestId\x12A\n" +
@@ -2314,7 +2536,7 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\x06run_id\x18\x01 \x01(\tB\x06\xbaH\x03\xc8\x01\x01R\x05runId\x12\x1b\n" +
 	"\tafter_seq\x18\x02 \x01(\x04R\bafterSeq\">\n" +
 	"\x10WatchJobResponse\x12*\n" +
-	"\x05event\x18\x01 \x01(\v2\x14.handoff.v1.JobEventR\x05event\"\xae\b\n" +
+	"\x05event\x18\x01 \x01(\v2\x14.handoff.v1.JobEventR\x05event\"\xd7\b\n" +
 	"\x03Job\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x15\n" +
 	"\x06job_id\x18\x02 \x01(\tR\x05jobId\x12\x1a\n" +
@@ -2352,7 +2574,8 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"resolution\x12)\n" +
 	"\x10operator_returns\x18\x19 \x01(\rR\x0foperatorReturns\x12 \n" +
 	"\vescalations\x18\x1a \x01(\rR\vescalations\x122\n" +
-	"\ttransfers\x18\x1b \x03(\v2\x14.handoff.v1.TransferR\ttransfers\"\xc1\x01\n" +
+	"\ttransfers\x18\x1b \x03(\v2\x14.handoff.v1.TransferR\ttransfers\x12'\n" +
+	"\x05claim\x18\x1c \x01(\v2\x11.handoff.v1.ClaimR\x05claim\"\xc1\x01\n" +
 	"\bTransfer\x12\x1d\n" +
 	"\n" +
 	"from_stage\x18\x01 \x01(\tR\tfromStage\x12\x19\n" +
@@ -2399,7 +2622,7 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"page_token\x18\x02 \x01(\tR\tpageToken\"f\n" +
 	"\x17ListEscalationsResponse\x12#\n" +
 	"\x04jobs\x18\x01 \x03(\v2\x0f.handoff.v1.JobR\x04jobs\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xc5\x03\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xe1\x03\n" +
 	"\x18ResolveEscalationRequest\x12\"\n" +
 	"\x06run_id\x18\x01 \x01(\tB\v\xbaH\b\xc8\x01\x01r\x03\x18\x80\x01R\x05runId\x12'\n" +
 	"\boperator\x18\x02 \x01(\tB\v\xbaH\b\xc8\x01\x01r\x03\x18\x80\x01R\boperator\x12\"\n" +
@@ -2410,7 +2633,8 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\x10reject_malformed\x18\a \x01(\v2!.handoff.v1.RejectMalformedActionH\x00R\x0frejectMalformed\x12'\n" +
 	"\n" +
 	"escalation\x18\b \x01(\rB\a\xbaH\x04*\x02 \x00R\n" +
-	"escalationB\x0f\n" +
+	"escalation\x12\x1a\n" +
+	"\boverride\x18\t \x01(\bR\boverrideB\x0f\n" +
 	"\x06action\x12\x05\xbaH\x02\b\x01\"V\n" +
 	"\rApproveAction\x123\n" +
 	"\rartifact_text\x18\x01 \x01(\tB\t\xbaH\x06r\x04(\x80\x80@H\x00R\fartifactText\x88\x01\x01B\x10\n" +
@@ -2429,7 +2653,7 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"FailAction\x12#\n" +
 	"\x06reason\x18\x01 \x01(\tB\v\xbaH\b\xc8\x01\x01r\x03\x18\xd0\x0fR\x06reason\"<\n" +
 	"\x15RejectMalformedAction\x12#\n" +
-	"\x06reason\x18\x01 \x01(\tB\v\xbaH\b\xc8\x01\x01r\x03\x18\xd0\x0fR\x06reason\"\x8c\x03\n" +
+	"\x06reason\x18\x01 \x01(\tB\v\xbaH\b\xc8\x01\x01r\x03\x18\xd0\x0fR\x06reason\"\xa8\x03\n" +
 	"\n" +
 	"Resolution\x124\n" +
 	"\x06action\x18\x01 \x01(\x0e2\x1c.handoff.v1.ResolutionActionR\x06action\x12\x1a\n" +
@@ -2444,7 +2668,8 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\x02at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x18\n" +
 	"\aaccount\x18\t \x01(\tR\aaccount\x12'\n" +
 	"\x05grant\x18\n" +
-	" \x01(\v2\x11.handoff.v1.GrantR\x05grant\"\xc3\x01\n" +
+	" \x01(\v2\x11.handoff.v1.GrantR\x05grant\x12\x1a\n" +
+	"\boverrode\x18\v \x01(\tR\boverrode\"\xc3\x01\n" +
 	"\x19ResolveEscalationResponse\x12!\n" +
 	"\x03job\x18\x01 \x01(\v2\x0f.handoff.v1.JobR\x03job\x12-\n" +
 	"\areceipt\x18\x02 \x01(\v2\x13.handoff.v1.ReceiptR\areceipt\x12\x1c\n" +
@@ -2490,14 +2715,15 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\x19RESOLUTION_ACTION_APPROVE\x10\x01\x12%\n" +
 	"!RESOLUTION_ACTION_RETURN_TO_STAGE\x10\x02\x12\x1a\n" +
 	"\x16RESOLUTION_ACTION_FAIL\x10\x03\x12&\n" +
-	"\"RESOLUTION_ACTION_REJECT_MALFORMED\x10\x042\xed\x03\n" +
+	"\"RESOLUTION_ACTION_REJECT_MALFORMED\x10\x042\xc9\x04\n" +
 	"\x12CoordinatorService\x12H\n" +
 	"\tSubmitJob\x12\x1c.handoff.v1.SubmitJobRequest\x1a\x1d.handoff.v1.SubmitJobResponse\x12?\n" +
 	"\x06GetJob\x12\x19.handoff.v1.GetJobRequest\x1a\x1a.handoff.v1.GetJobResponse\x12E\n" +
 	"\bListJobs\x12\x1b.handoff.v1.ListJobsRequest\x1a\x1c.handoff.v1.ListJobsResponse\x12G\n" +
 	"\bWatchJob\x12\x1b.handoff.v1.WatchJobRequest\x1a\x1c.handoff.v1.WatchJobResponse0\x01\x12Z\n" +
 	"\x0fListEscalations\x12\".handoff.v1.ListEscalationsRequest\x1a#.handoff.v1.ListEscalationsResponse\x12`\n" +
-	"\x11ResolveEscalation\x12$.handoff.v1.ResolveEscalationRequest\x1a%.handoff.v1.ResolveEscalationResponseB7Z5github.com/handoffhq/handoff/gen/handoff/v1;handoffv1b\x06proto3"
+	"\x11ResolveEscalation\x12$.handoff.v1.ResolveEscalationRequest\x1a%.handoff.v1.ResolveEscalationResponse\x12Z\n" +
+	"\x0fClaimEscalation\x12\".handoff.v1.ClaimEscalationRequest\x1a#.handoff.v1.ClaimEscalationResponseB7Z5github.com/handoffhq/handoff/gen/handoff/v1;handoffv1b\x06proto3"
 
 var (
 	file_handoff_v1_coordinator_proto_rawDescOnce sync.Once
@@ -2512,127 +2738,136 @@ func file_handoff_v1_coordinator_proto_rawDescGZIP() []byte {
 }
 
 var file_handoff_v1_coordinator_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_handoff_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_handoff_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_handoff_v1_coordinator_proto_goTypes = []any{
 	(JobState)(0),                     // 0: handoff.v1.JobState
 	(EscalationCause)(0),              // 1: handoff.v1.EscalationCause
 	(EventKind)(0),                    // 2: handoff.v1.EventKind
 	(ResolutionAction)(0),             // 3: handoff.v1.ResolutionAction
-	(*SubmitJobRequest)(nil),          // 4: handoff.v1.SubmitJobRequest
-	(*SubmitJobResponse)(nil),         // 5: handoff.v1.SubmitJobResponse
-	(*GetJobRequest)(nil),             // 6: handoff.v1.GetJobRequest
-	(*GetJobResponse)(nil),            // 7: handoff.v1.GetJobResponse
-	(*HopRecord)(nil),                 // 8: handoff.v1.HopRecord
-	(*ListJobsRequest)(nil),           // 9: handoff.v1.ListJobsRequest
-	(*ListJobsResponse)(nil),          // 10: handoff.v1.ListJobsResponse
-	(*WatchJobRequest)(nil),           // 11: handoff.v1.WatchJobRequest
-	(*WatchJobResponse)(nil),          // 12: handoff.v1.WatchJobResponse
-	(*Job)(nil),                       // 13: handoff.v1.Job
-	(*Transfer)(nil),                  // 14: handoff.v1.Transfer
-	(*Escalation)(nil),                // 15: handoff.v1.Escalation
-	(*JobEvent)(nil),                  // 16: handoff.v1.JobEvent
-	(*ListEscalationsRequest)(nil),    // 17: handoff.v1.ListEscalationsRequest
-	(*ListEscalationsResponse)(nil),   // 18: handoff.v1.ListEscalationsResponse
-	(*ResolveEscalationRequest)(nil),  // 19: handoff.v1.ResolveEscalationRequest
-	(*ApproveAction)(nil),             // 20: handoff.v1.ApproveAction
-	(*ReturnToStageAction)(nil),       // 21: handoff.v1.ReturnToStageAction
-	(*Grant)(nil),                     // 22: handoff.v1.Grant
-	(*FailAction)(nil),                // 23: handoff.v1.FailAction
-	(*RejectMalformedAction)(nil),     // 24: handoff.v1.RejectMalformedAction
-	(*Resolution)(nil),                // 25: handoff.v1.Resolution
-	(*ResolveEscalationResponse)(nil), // 26: handoff.v1.ResolveEscalationResponse
-	(*Budget)(nil),                    // 27: handoff.v1.Budget
-	(*Artifact)(nil),                  // 28: handoff.v1.Artifact
-	(*Trace)(nil),                     // 29: handoff.v1.Trace
-	(AckStatus)(0),                    // 30: handoff.v1.AckStatus
-	(Verdict)(0),                      // 31: handoff.v1.Verdict
-	(*durationpb.Duration)(nil),       // 32: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),     // 33: google.protobuf.Timestamp
-	(*Receipt)(nil),                   // 34: handoff.v1.Receipt
-	(*Evaluator)(nil),                 // 35: handoff.v1.Evaluator
-	(*ToolAttempt)(nil),               // 36: handoff.v1.ToolAttempt
-	(Move)(0),                         // 37: handoff.v1.Move
-	(*RouteChoice)(nil),               // 38: handoff.v1.RouteChoice
-	(*Reason)(nil),                    // 39: handoff.v1.Reason
-	(*Ack)(nil),                       // 40: handoff.v1.Ack
-	(*StageResult)(nil),               // 41: handoff.v1.StageResult
+	(*ClaimEscalationRequest)(nil),    // 4: handoff.v1.ClaimEscalationRequest
+	(*ClaimEscalationResponse)(nil),   // 5: handoff.v1.ClaimEscalationResponse
+	(*Claim)(nil),                     // 6: handoff.v1.Claim
+	(*SubmitJobRequest)(nil),          // 7: handoff.v1.SubmitJobRequest
+	(*SubmitJobResponse)(nil),         // 8: handoff.v1.SubmitJobResponse
+	(*GetJobRequest)(nil),             // 9: handoff.v1.GetJobRequest
+	(*GetJobResponse)(nil),            // 10: handoff.v1.GetJobResponse
+	(*HopRecord)(nil),                 // 11: handoff.v1.HopRecord
+	(*ListJobsRequest)(nil),           // 12: handoff.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),          // 13: handoff.v1.ListJobsResponse
+	(*WatchJobRequest)(nil),           // 14: handoff.v1.WatchJobRequest
+	(*WatchJobResponse)(nil),          // 15: handoff.v1.WatchJobResponse
+	(*Job)(nil),                       // 16: handoff.v1.Job
+	(*Transfer)(nil),                  // 17: handoff.v1.Transfer
+	(*Escalation)(nil),                // 18: handoff.v1.Escalation
+	(*JobEvent)(nil),                  // 19: handoff.v1.JobEvent
+	(*ListEscalationsRequest)(nil),    // 20: handoff.v1.ListEscalationsRequest
+	(*ListEscalationsResponse)(nil),   // 21: handoff.v1.ListEscalationsResponse
+	(*ResolveEscalationRequest)(nil),  // 22: handoff.v1.ResolveEscalationRequest
+	(*ApproveAction)(nil),             // 23: handoff.v1.ApproveAction
+	(*ReturnToStageAction)(nil),       // 24: handoff.v1.ReturnToStageAction
+	(*Grant)(nil),                     // 25: handoff.v1.Grant
+	(*FailAction)(nil),                // 26: handoff.v1.FailAction
+	(*RejectMalformedAction)(nil),     // 27: handoff.v1.RejectMalformedAction
+	(*Resolution)(nil),                // 28: handoff.v1.Resolution
+	(*ResolveEscalationResponse)(nil), // 29: handoff.v1.ResolveEscalationResponse
+	(*timestamppb.Timestamp)(nil),     // 30: google.protobuf.Timestamp
+	(*Budget)(nil),                    // 31: handoff.v1.Budget
+	(*Artifact)(nil),                  // 32: handoff.v1.Artifact
+	(*Trace)(nil),                     // 33: handoff.v1.Trace
+	(AckStatus)(0),                    // 34: handoff.v1.AckStatus
+	(Verdict)(0),                      // 35: handoff.v1.Verdict
+	(*durationpb.Duration)(nil),       // 36: google.protobuf.Duration
+	(*Receipt)(nil),                   // 37: handoff.v1.Receipt
+	(*Evaluator)(nil),                 // 38: handoff.v1.Evaluator
+	(*ToolAttempt)(nil),               // 39: handoff.v1.ToolAttempt
+	(Move)(0),                         // 40: handoff.v1.Move
+	(*RouteChoice)(nil),               // 41: handoff.v1.RouteChoice
+	(*Reason)(nil),                    // 42: handoff.v1.Reason
+	(*Ack)(nil),                       // 43: handoff.v1.Ack
+	(*StageResult)(nil),               // 44: handoff.v1.StageResult
 }
 var file_handoff_v1_coordinator_proto_depIdxs = []int32{
-	27, // 0: handoff.v1.SubmitJobRequest.budget:type_name -> handoff.v1.Budget
-	28, // 1: handoff.v1.SubmitJobRequest.inputs:type_name -> handoff.v1.Artifact
-	29, // 2: handoff.v1.SubmitJobRequest.trace:type_name -> handoff.v1.Trace
-	13, // 3: handoff.v1.SubmitJobResponse.job:type_name -> handoff.v1.Job
-	13, // 4: handoff.v1.GetJobResponse.job:type_name -> handoff.v1.Job
-	8,  // 5: handoff.v1.GetJobResponse.timeline:type_name -> handoff.v1.HopRecord
-	30, // 6: handoff.v1.HopRecord.ack:type_name -> handoff.v1.AckStatus
-	14, // 7: handoff.v1.HopRecord.transfer:type_name -> handoff.v1.Transfer
-	31, // 8: handoff.v1.HopRecord.verdict:type_name -> handoff.v1.Verdict
-	32, // 9: handoff.v1.HopRecord.duration:type_name -> google.protobuf.Duration
-	33, // 10: handoff.v1.HopRecord.at:type_name -> google.protobuf.Timestamp
-	2,  // 11: handoff.v1.HopRecord.end:type_name -> handoff.v1.EventKind
-	15, // 12: handoff.v1.HopRecord.escalation:type_name -> handoff.v1.Escalation
-	34, // 13: handoff.v1.HopRecord.receipt:type_name -> handoff.v1.Receipt
-	25, // 14: handoff.v1.HopRecord.resolution:type_name -> handoff.v1.Resolution
-	0,  // 15: handoff.v1.ListJobsRequest.state:type_name -> handoff.v1.JobState
-	13, // 16: handoff.v1.ListJobsResponse.jobs:type_name -> handoff.v1.Job
-	16, // 17: handoff.v1.WatchJobResponse.event:type_name -> handoff.v1.JobEvent
-	0,  // 18: handoff.v1.Job.state:type_name -> handoff.v1.JobState
-	27, // 19: handoff.v1.Job.wallet:type_name -> handoff.v1.Budget
-	35, // 20: handoff.v1.Job.evaluator:type_name -> handoff.v1.Evaluator
-	28, // 21: handoff.v1.Job.artifacts:type_name -> handoff.v1.Artifact
-	36, // 22: handoff.v1.Job.tools_tried:type_name -> handoff.v1.ToolAttempt
-	34, // 23: handoff.v1.Job.receipt:type_name -> handoff.v1.Receipt
-	15, // 24: handoff.v1.Job.escalation:type_name -> handoff.v1.Escalation
-	33, // 25: handoff.v1.Job.created_at:type_name -> google.protobuf.Timestamp
-	33, // 26: handoff.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
-	25, // 27: handoff.v1.Job.resolution:type_name -> handoff.v1.Resolution
-	14, // 28: handoff.v1.Job.transfers:type_name -> handoff.v1.Transfer
-	37, // 29: handoff.v1.Transfer.move:type_name -> handoff.v1.Move
-	38, // 30: handoff.v1.Transfer.route:type_name -> handoff.v1.RouteChoice
-	1,  // 31: handoff.v1.Escalation.cause:type_name -> handoff.v1.EscalationCause
-	39, // 32: handoff.v1.Escalation.reasons:type_name -> handoff.v1.Reason
-	33, // 33: handoff.v1.Escalation.at:type_name -> google.protobuf.Timestamp
-	2,  // 34: handoff.v1.JobEvent.kind:type_name -> handoff.v1.EventKind
-	33, // 35: handoff.v1.JobEvent.at:type_name -> google.protobuf.Timestamp
-	27, // 36: handoff.v1.JobEvent.wallet:type_name -> handoff.v1.Budget
-	40, // 37: handoff.v1.JobEvent.ack:type_name -> handoff.v1.Ack
-	41, // 38: handoff.v1.JobEvent.result:type_name -> handoff.v1.StageResult
-	35, // 39: handoff.v1.JobEvent.evaluator:type_name -> handoff.v1.Evaluator
-	34, // 40: handoff.v1.JobEvent.receipt:type_name -> handoff.v1.Receipt
-	15, // 41: handoff.v1.JobEvent.escalation:type_name -> handoff.v1.Escalation
-	25, // 42: handoff.v1.JobEvent.resolution:type_name -> handoff.v1.Resolution
-	14, // 43: handoff.v1.JobEvent.transfer:type_name -> handoff.v1.Transfer
-	13, // 44: handoff.v1.ListEscalationsResponse.jobs:type_name -> handoff.v1.Job
-	20, // 45: handoff.v1.ResolveEscalationRequest.approve:type_name -> handoff.v1.ApproveAction
-	21, // 46: handoff.v1.ResolveEscalationRequest.return_to_stage:type_name -> handoff.v1.ReturnToStageAction
-	23, // 47: handoff.v1.ResolveEscalationRequest.fail:type_name -> handoff.v1.FailAction
-	24, // 48: handoff.v1.ResolveEscalationRequest.reject_malformed:type_name -> handoff.v1.RejectMalformedAction
-	22, // 49: handoff.v1.ReturnToStageAction.grant:type_name -> handoff.v1.Grant
-	3,  // 50: handoff.v1.Resolution.action:type_name -> handoff.v1.ResolutionAction
-	28, // 51: handoff.v1.Resolution.edited_artifact:type_name -> handoff.v1.Artifact
-	15, // 52: handoff.v1.Resolution.escalation:type_name -> handoff.v1.Escalation
-	33, // 53: handoff.v1.Resolution.at:type_name -> google.protobuf.Timestamp
-	22, // 54: handoff.v1.Resolution.grant:type_name -> handoff.v1.Grant
-	13, // 55: handoff.v1.ResolveEscalationResponse.job:type_name -> handoff.v1.Job
-	34, // 56: handoff.v1.ResolveEscalationResponse.receipt:type_name -> handoff.v1.Receipt
-	25, // 57: handoff.v1.ResolveEscalationResponse.resolution:type_name -> handoff.v1.Resolution
-	4,  // 58: handoff.v1.CoordinatorService.SubmitJob:input_type -> handoff.v1.SubmitJobRequest
-	6,  // 59: handoff.v1.CoordinatorService.GetJob:input_type -> handoff.v1.GetJobRequest
-	9,  // 60: handoff.v1.CoordinatorService.ListJobs:input_type -> handoff.v1.ListJobsRequest
-	11, // 61: handoff.v1.CoordinatorService.WatchJob:input_type -> handoff.v1.WatchJobRequest
-	17, // 62: handoff.v1.CoordinatorService.ListEscalations:input_type -> handoff.v1.ListEscalationsRequest
-	19, // 63: handoff.v1.CoordinatorService.ResolveEscalation:input_type -> handoff.v1.ResolveEscalationRequest
-	5,  // 64: handoff.v1.CoordinatorService.SubmitJob:output_type -> handoff.v1.SubmitJobResponse
-	7,  // 65: handoff.v1.CoordinatorService.GetJob:output_type -> handoff.v1.GetJobResponse
-	10, // 66: handoff.v1.CoordinatorService.ListJobs:output_type -> handoff.v1.ListJobsResponse
-	12, // 67: handoff.v1.CoordinatorService.WatchJob:output_type -> handoff.v1.WatchJobResponse
-	18, // 68: handoff.v1.CoordinatorService.ListEscalations:output_type -> handoff.v1.ListEscalationsResponse
-	26, // 69: handoff.v1.CoordinatorService.ResolveEscalation:output_type -> handoff.v1.ResolveEscalationResponse
-	64, // [64:70] is the sub-list for method output_type
-	58, // [58:64] is the sub-list for method input_type
-	58, // [58:58] is the sub-list for extension type_name
-	58, // [58:58] is the sub-list for extension extendee
-	0,  // [0:58] is the sub-list for field type_name
+	6,  // 0: handoff.v1.ClaimEscalationResponse.claim:type_name -> handoff.v1.Claim
+	30, // 1: handoff.v1.Claim.at:type_name -> google.protobuf.Timestamp
+	30, // 2: handoff.v1.Claim.expires_at:type_name -> google.protobuf.Timestamp
+	31, // 3: handoff.v1.SubmitJobRequest.budget:type_name -> handoff.v1.Budget
+	32, // 4: handoff.v1.SubmitJobRequest.inputs:type_name -> handoff.v1.Artifact
+	33, // 5: handoff.v1.SubmitJobRequest.trace:type_name -> handoff.v1.Trace
+	16, // 6: handoff.v1.SubmitJobResponse.job:type_name -> handoff.v1.Job
+	16, // 7: handoff.v1.GetJobResponse.job:type_name -> handoff.v1.Job
+	11, // 8: handoff.v1.GetJobResponse.timeline:type_name -> handoff.v1.HopRecord
+	34, // 9: handoff.v1.HopRecord.ack:type_name -> handoff.v1.AckStatus
+	17, // 10: handoff.v1.HopRecord.transfer:type_name -> handoff.v1.Transfer
+	35, // 11: handoff.v1.HopRecord.verdict:type_name -> handoff.v1.Verdict
+	36, // 12: handoff.v1.HopRecord.duration:type_name -> google.protobuf.Duration
+	30, // 13: handoff.v1.HopRecord.at:type_name -> google.protobuf.Timestamp
+	2,  // 14: handoff.v1.HopRecord.end:type_name -> handoff.v1.EventKind
+	18, // 15: handoff.v1.HopRecord.escalation:type_name -> handoff.v1.Escalation
+	37, // 16: handoff.v1.HopRecord.receipt:type_name -> handoff.v1.Receipt
+	28, // 17: handoff.v1.HopRecord.resolution:type_name -> handoff.v1.Resolution
+	0,  // 18: handoff.v1.ListJobsRequest.state:type_name -> handoff.v1.JobState
+	16, // 19: handoff.v1.ListJobsResponse.jobs:type_name -> handoff.v1.Job
+	19, // 20: handoff.v1.WatchJobResponse.event:type_name -> handoff.v1.JobEvent
+	0,  // 21: handoff.v1.Job.state:type_name -> handoff.v1.JobState
+	31, // 22: handoff.v1.Job.wallet:type_name -> handoff.v1.Budget
+	38, // 23: handoff.v1.Job.evaluator:type_name -> handoff.v1.Evaluator
+	32, // 24: handoff.v1.Job.artifacts:type_name -> handoff.v1.Artifact
+	39, // 25: handoff.v1.Job.tools_tried:type_name -> handoff.v1.ToolAttempt
+	37, // 26: handoff.v1.Job.receipt:type_name -> handoff.v1.Receipt
+	18, // 27: handoff.v1.Job.escalation:type_name -> handoff.v1.Escalation
+	30, // 28: handoff.v1.Job.created_at:type_name -> google.protobuf.Timestamp
+	30, // 29: handoff.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
+	28, // 30: handoff.v1.Job.resolution:type_name -> handoff.v1.Resolution
+	17, // 31: handoff.v1.Job.transfers:type_name -> handoff.v1.Transfer
+	6,  // 32: handoff.v1.Job.claim:type_name -> handoff.v1.Claim
+	40, // 33: handoff.v1.Transfer.move:type_name -> handoff.v1.Move
+	41, // 34: handoff.v1.Transfer.route:type_name -> handoff.v1.RouteChoice
+	1,  // 35: handoff.v1.Escalation.cause:type_name -> handoff.v1.EscalationCause
+	42, // 36: handoff.v1.Escalation.reasons:type_name -> handoff.v1.Reason
+	30, // 37: handoff.v1.Escalation.at:type_name -> google.protobuf.Timestamp
+	2,  // 38: handoff.v1.JobEvent.kind:type_name -> handoff.v1.EventKind
+	30, // 39: handoff.v1.JobEvent.at:type_name -> google.protobuf.Timestamp
+	31, // 40: handoff.v1.JobEvent.wallet:type_name -> handoff.v1.Budget
+	43, // 41: handoff.v1.JobEvent.ack:type_name -> handoff.v1.Ack
+	44, // 42: handoff.v1.JobEvent.result:type_name -> handoff.v1.StageResult
+	38, // 43: handoff.v1.JobEvent.evaluator:type_name -> handoff.v1.Evaluator
+	37, // 44: handoff.v1.JobEvent.receipt:type_name -> handoff.v1.Receipt
+	18, // 45: handoff.v1.JobEvent.escalation:type_name -> handoff.v1.Escalation
+	28, // 46: handoff.v1.JobEvent.resolution:type_name -> handoff.v1.Resolution
+	17, // 47: handoff.v1.JobEvent.transfer:type_name -> handoff.v1.Transfer
+	16, // 48: handoff.v1.ListEscalationsResponse.jobs:type_name -> handoff.v1.Job
+	23, // 49: handoff.v1.ResolveEscalationRequest.approve:type_name -> handoff.v1.ApproveAction
+	24, // 50: handoff.v1.ResolveEscalationRequest.return_to_stage:type_name -> handoff.v1.ReturnToStageAction
+	26, // 51: handoff.v1.ResolveEscalationRequest.fail:type_name -> handoff.v1.FailAction
+	27, // 52: handoff.v1.ResolveEscalationRequest.reject_malformed:type_name -> handoff.v1.RejectMalformedAction
+	25, // 53: handoff.v1.ReturnToStageAction.grant:type_name -> handoff.v1.Grant
+	3,  // 54: handoff.v1.Resolution.action:type_name -> handoff.v1.ResolutionAction
+	32, // 55: handoff.v1.Resolution.edited_artifact:type_name -> handoff.v1.Artifact
+	18, // 56: handoff.v1.Resolution.escalation:type_name -> handoff.v1.Escalation
+	30, // 57: handoff.v1.Resolution.at:type_name -> google.protobuf.Timestamp
+	25, // 58: handoff.v1.Resolution.grant:type_name -> handoff.v1.Grant
+	16, // 59: handoff.v1.ResolveEscalationResponse.job:type_name -> handoff.v1.Job
+	37, // 60: handoff.v1.ResolveEscalationResponse.receipt:type_name -> handoff.v1.Receipt
+	28, // 61: handoff.v1.ResolveEscalationResponse.resolution:type_name -> handoff.v1.Resolution
+	7,  // 62: handoff.v1.CoordinatorService.SubmitJob:input_type -> handoff.v1.SubmitJobRequest
+	9,  // 63: handoff.v1.CoordinatorService.GetJob:input_type -> handoff.v1.GetJobRequest
+	12, // 64: handoff.v1.CoordinatorService.ListJobs:input_type -> handoff.v1.ListJobsRequest
+	14, // 65: handoff.v1.CoordinatorService.WatchJob:input_type -> handoff.v1.WatchJobRequest
+	20, // 66: handoff.v1.CoordinatorService.ListEscalations:input_type -> handoff.v1.ListEscalationsRequest
+	22, // 67: handoff.v1.CoordinatorService.ResolveEscalation:input_type -> handoff.v1.ResolveEscalationRequest
+	4,  // 68: handoff.v1.CoordinatorService.ClaimEscalation:input_type -> handoff.v1.ClaimEscalationRequest
+	8,  // 69: handoff.v1.CoordinatorService.SubmitJob:output_type -> handoff.v1.SubmitJobResponse
+	10, // 70: handoff.v1.CoordinatorService.GetJob:output_type -> handoff.v1.GetJobResponse
+	13, // 71: handoff.v1.CoordinatorService.ListJobs:output_type -> handoff.v1.ListJobsResponse
+	15, // 72: handoff.v1.CoordinatorService.WatchJob:output_type -> handoff.v1.WatchJobResponse
+	21, // 73: handoff.v1.CoordinatorService.ListEscalations:output_type -> handoff.v1.ListEscalationsResponse
+	29, // 74: handoff.v1.CoordinatorService.ResolveEscalation:output_type -> handoff.v1.ResolveEscalationResponse
+	5,  // 75: handoff.v1.CoordinatorService.ClaimEscalation:output_type -> handoff.v1.ClaimEscalationResponse
+	69, // [69:76] is the sub-list for method output_type
+	62, // [62:69] is the sub-list for method input_type
+	62, // [62:62] is the sub-list for extension type_name
+	62, // [62:62] is the sub-list for extension extendee
+	0,  // [0:62] is the sub-list for field type_name
 }
 
 func init() { file_handoff_v1_coordinator_proto_init() }
@@ -2642,21 +2877,21 @@ func file_handoff_v1_coordinator_proto_init() {
 	}
 	file_handoff_v1_agentrunner_proto_init()
 	file_handoff_v1_handoff_proto_init()
-	file_handoff_v1_coordinator_proto_msgTypes[15].OneofWrappers = []any{
+	file_handoff_v1_coordinator_proto_msgTypes[18].OneofWrappers = []any{
 		(*ResolveEscalationRequest_Approve)(nil),
 		(*ResolveEscalationRequest_ReturnToStage)(nil),
 		(*ResolveEscalationRequest_Fail)(nil),
 		(*ResolveEscalationRequest_RejectMalformed)(nil),
 	}
-	file_handoff_v1_coordinator_proto_msgTypes[16].OneofWrappers = []any{}
-	file_handoff_v1_coordinator_proto_msgTypes[17].OneofWrappers = []any{}
+	file_handoff_v1_coordinator_proto_msgTypes[19].OneofWrappers = []any{}
+	file_handoff_v1_coordinator_proto_msgTypes[20].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_handoff_v1_coordinator_proto_rawDesc), len(file_handoff_v1_coordinator_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   23,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

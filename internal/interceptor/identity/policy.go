@@ -55,6 +55,8 @@ func DefaultPolicy() Policy {
 		// queue; only a resolver decides (a viewer account reads).
 		"/handoff.v1.CoordinatorService/ListEscalations":   {OperatorService},
 		"/handoff.v1.CoordinatorService/ResolveEscalation": {OperatorResolver},
+		// Claiming an escalation is the first step of deciding it: a resolver's.
+		"/handoff.v1.CoordinatorService/ClaimEscalation": {OperatorResolver},
 	}
 }
 

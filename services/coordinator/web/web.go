@@ -44,6 +44,14 @@ var tmpl = template.Must(template.New("").Funcs(template.FuncMap{
 	"trim":   strings.TrimPrefix,
 	"usd":    usd,
 	"escnum": func(e *handoffv1.Escalation) uint32 { return max(e.GetNumber(), 1) },
+	// held is the run's claim while it holds the current escalation and lasts.
+	"held": func(j *handoffv1.Job) *handoffv1.Claim {
+		c := j.GetClaim()
+		if c == nil || c.GetEscalation() != max(j.GetEscalation().GetNumber(), 1) || !c.GetExpiresAt().AsTime().After(time.Now()) {
+			return nil
+		}
+		return c
+	},
 	"age": func(j *handoffv1.Job) string {
 		t := j.GetEscalation().GetAt()
 		if t == nil {
@@ -125,6 +133,7 @@ func New(srv *coordinator.Server, authz *identity.Authorizer, opts Options) (*Ha
 	h.mux.HandleFunc("POST /logout", h.logout)
 	h.mux.HandleFunc("GET /jobs/{run}", h.job)
 	h.mux.HandleFunc("POST /jobs/{run}/resolve", h.resolve)
+	h.mux.HandleFunc("POST /jobs/{run}/claim", h.claim)
 	return h, nil
 }
 
@@ -337,7 +346,7 @@ func (h *Handler) resolve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// Who decided is the signed-in account, never a typed name.
-	req := &handoffv1.ResolveEscalationRequest{RunId: runID, Operator: me(r).Name, Comment: r.PostFormValue("comment"), Escalation: uint32(esc)}
+	req := &handoffv1.ResolveEscalationRequest{RunId: runID, Operator: me(r).Name, Comment: r.PostFormValue("comment"), Escalation: uint32(esc), Override: r.PostFormValue("override") == "1"}
 	// The textarea's text counts as an edit only when it differs from what was shown.
 	var edit *string
 	if r.PostForm.Has("artifact_text") {
@@ -398,4 +407,25 @@ func grantOf(r *http.Request) (*handoffv1.Grant, error) {
 		return nil, nil
 	}
 	return &handoffv1.Grant{Hops: uint32(n[0]), Revisions: uint32(n[1]), UsdMicros: int64(n[2])}, nil
+}
+
+// claim claims the run's escalation for the signed-in operator, or releases its claim.
+func (h *Handler) claim(w http.ResponseWriter, r *http.Request) {
+	c, err := h.allow(r, handoffv1.CoordinatorService_ClaimEscalation_FullMethodName)
+	if err != nil {
+		h.fail(w, err)
+		return
+	}
+	runID := r.PathValue("run")
+	esc, err := strconv.ParseUint(r.PostFormValue("escalation"), 10, 32)
+	if err != nil || esc == 0 {
+		w.WriteHeader(http.StatusBadRequest)
+		h.render(w, "error.html", map[string]any{"Error": fmt.Sprintf("escalation %q: want the number of the escalation claimed (reload the page)", r.PostFormValue("escalation"))})
+		return
+	}
+	if _, err := h.srv.ClaimEscalation(c, &handoffv1.ClaimEscalationRequest{RunId: runID, Escalation: uint32(esc), Release: r.PostFormValue("release") == "1"}); err != nil {
+		h.fail(w, err)
+		return
+	}
+	http.Redirect(w, r, "/jobs/"+url.PathEscape(runID), http.StatusSeeOther)
 }

@@ -432,3 +432,49 @@ func TestReturnToIntakeWithTicket(t *testing.T) {
 		t.Fatalf("operator's input %v, receipt %v; want a raw_ticket.v1 JSON and a write", in, done.GetReceipt())
 	}
 }
+
+// On the page: a resolver claims the escalation, the queue and the job page show who holds
+// it, another resolver's decision is refused unless they override, and the override shows.
+func TestClaimOnThePage(t *testing.T) {
+	anaTok, cyTok := "ana-resolver-token-0123456789", "cy-resolver-token-0123456789"
+	hash := func(s string) string { h := sha256.Sum256([]byte(s)); return hex.EncodeToString(h[:]) }
+	accs, err := identity.ParseAccounts("test", "ana resolver "+hash(anaTok)+";cy resolver "+hash(cyTok))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := stack.Start(context.Background(), stack.Config{DataDir: t.TempDir(), CoordinatorAddr: "127.0.0.1:0", RunnerAddr: "127.0.0.1:0",
+		WritebackAddr: "127.0.0.1:0", WebAddr: "127.0.0.1:0", Operators: accs, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	base := "http://" + st.WebAddr
+	job := escalated(t, st)
+	u := base + "/jobs/" + job.GetRunId()
+	ana, cy := browser(t), browser(t)
+	post(t, ana, base+"/login", url.Values{"token": {anaTok}})
+	post(t, cy, base+"/login", url.Values{"token": {cyTok}})
+	if r, body := post(t, ana, u+"/claim", url.Values{"escalation": {"1"}}); r.StatusCode != http.StatusSeeOther {
+		t.Fatalf("claim: %d %s", r.StatusCode, body)
+	}
+	if _, body := get(t, cy, base+"/"); !strings.Contains(body, "<td>ana <small") {
+		t.Fatalf("queue does not show the holder:\n%s", body)
+	}
+	if _, body := get(t, cy, u); !strings.Contains(body, `<b id="holder">ana</b>`) || !strings.Contains(body, `id="override"`) || strings.Contains(body, `id="claim-it"`) {
+		t.Fatalf("job page for another resolver: want the holder and an override box, no claim button:\n%s", body)
+	}
+	form := url.Values{"action": {"fail"}, "reason": {"duplicate"}, "escalation": {"1"}}
+	if r, body := post(t, cy, u+"/claim", url.Values{"escalation": {"1"}}); r.StatusCode != http.StatusBadRequest || !strings.Contains(body, "claimed by ana") {
+		t.Fatalf("claim of a held escalation: %d %s", r.StatusCode, body)
+	}
+	if r, body := post(t, cy, u+"/resolve", form); r.StatusCode != http.StatusBadRequest || !strings.Contains(body, "claimed by ana") {
+		t.Fatalf("decision without override: %d %s", r.StatusCode, body)
+	}
+	form.Set("override", "1")
+	if r, body := post(t, cy, u+"/resolve", form); r.StatusCode != http.StatusSeeOther {
+		t.Fatalf("decision with override: %d %s", r.StatusCode, body)
+	}
+	if _, body := get(t, cy, u); !strings.Contains(body, `<dd id="overrode">the claim of ana</dd>`) {
+		t.Fatalf("page does not show the override:\n%s", body)
+	}
+}

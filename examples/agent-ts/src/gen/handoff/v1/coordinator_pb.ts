@@ -20,7 +20,95 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file handoff/v1/coordinator.proto.
  */
 export const file_handoff_v1_coordinator: GenFile = /*@__PURE__*/
-  fileDesc("ChxoYW5kb2ZmL3YxL2Nvb3JkaW5hdG9yLnByb3RvEgpoYW5kb2ZmLnYxIqIDChBTdWJtaXRKb2JSZXF1ZXN0EjMKCnJlcXVlc3RfaWQYASABKAlCH7pIHHIaGIABMhVeKFtBLVphLXowLTlfLjotXSspPyQSOgoGam9iX2lkGAIgASgJQiq6SCfIAQFyIhiAATIdXltBLVphLXowLTldW0EtWmEtejAtOV8uOi1dKiQSHAoIcGlwZWxpbmUYAyABKAlCCrpIB8gBAXICGEASGQoEZ29hbBgEIAEoCUILukgIyAEBcgMY0A8SJgoLY29uc3RyYWludHMYBSADKAlCEbpIDpIBCxAgIgdyBRABGPQDEioKBmJ1ZGdldBgGIAEoCzISLmhhbmRvZmYudjEuQnVkZ2V0Qga6SAPIAQESLgoGaW5wdXRzGAcgAygLMhQuaGFuZG9mZi52MS5BcnRpZmFjdEIIukgFkgECEEASPgoLbWVtb3J5X3JlZnMYCCADKAlCKbpIJpIBIxBAIh9yHRiAAjIYXlthLXpdW2EtejAtOV9dKjpbXlxzXSskEiAKBXRyYWNlGAkgASgLMhEuaGFuZG9mZi52MS5UcmFjZSJDChFTdWJtaXRKb2JSZXNwb25zZRIcCgNqb2IYASABKAsyDy5oYW5kb2ZmLnYxLkpvYhIQCghleGlzdGluZxgCIAEoCCInCg1HZXRKb2JSZXF1ZXN0EhYKBnJ1bl9pZBgBIAEoCUIGukgDyAEBIlcKDkdldEpvYlJlc3BvbnNlEhwKA2pvYhgBIAEoCzIPLmhhbmRvZmYudjEuSm9iEicKCHRpbWVsaW5lGAIgAygLMhUuaGFuZG9mZi52MS5Ib3BSZWNvcmQiqgMKCUhvcFJlY29yZBILCgNob3AYASABKA0SDQoFc3RhZ2UYAiABKAkSIgoDYWNrGAMgASgOMhUuaGFuZG9mZi52MS5BY2tTdGF0dXMSJgoIdHJhbnNmZXIYBCABKAsyFC5oYW5kb2ZmLnYxLlRyYW5zZmVyEhgKEHNwZW50X3VzZF9taWNyb3MYBSABKAMSJAoHdmVyZGljdBgGIAEoDjITLmhhbmRvZmYudjEuVmVyZGljdBIrCghkdXJhdGlvbhgHIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhImCgJhdBgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASIgoDZW5kGAkgASgOMhUuaGFuZG9mZi52MS5FdmVudEtpbmQSKgoKZXNjYWxhdGlvbhgKIAEoCzIWLmhhbmRvZmYudjEuRXNjYWxhdGlvbhIkCgdyZWNlaXB0GAsgASgLMhMuaGFuZG9mZi52MS5SZWNlaXB0EioKCnJlc29sdXRpb24YDCABKAsyFi5oYW5kb2ZmLnYxLlJlc29sdXRpb24icwoPTGlzdEpvYnNSZXF1ZXN0Ei0KBXN0YXRlGAEgASgOMhQuaGFuZG9mZi52MS5Kb2JTdGF0ZUIIukgFggECEAESHQoJcGFnZV9zaXplGAIgASgFQgq6SAcaBRjoBygAEhIKCnBhZ2VfdG9rZW4YAyABKAkiSgoQTGlzdEpvYnNSZXNwb25zZRIdCgRqb2JzGAEgAygLMg8uaGFuZG9mZi52MS5Kb2ISFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIjwKD1dhdGNoSm9iUmVxdWVzdBIWCgZydW5faWQYASABKAlCBrpIA8gBARIRCglhZnRlcl9zZXEYAiABKAQiNwoQV2F0Y2hKb2JSZXNwb25zZRIjCgVldmVudBgBIAEoCzIULmhhbmRvZmYudjEuSm9iRXZlbnQijQYKA0pvYhIOCgZydW5faWQYASABKAkSDgoGam9iX2lkGAIgASgJEhAKCHBpcGVsaW5lGAMgASgJEiMKBXN0YXRlGAQgASgOMhQuaGFuZG9mZi52MS5Kb2JTdGF0ZRIMCgRnb2FsGAUgASgJEhMKC2NvbnN0cmFpbnRzGAYgAygJEiIKBndhbGxldBgHIAEoCzISLmhhbmRvZmYudjEuQnVkZ2V0Eg0KBXN0YWdlGAggASgJEgwKBGhvcHMYCSABKA0SEQoJcmV2aXNpb25zGAogASgNEigKCWV2YWx1YXRvchgLIAEoCzIVLmhhbmRvZmYudjEuRXZhbHVhdG9yEicKCWFydGlmYWN0cxgMIAMoCzIULmhhbmRvZmYudjEuQXJ0aWZhY3QSLAoLdG9vbHNfdHJpZWQYDSADKAsyFy5oYW5kb2ZmLnYxLlRvb2xBdHRlbXB0EhMKC21lbW9yeV9yZWZzGA4gAygJEhYKDm9wZW5fcXVlc3Rpb25zGA8gAygJEhEKCW5leHRfaGludBgQIAEoCRIkCgdyZWNlaXB0GBEgASgLMhMuaGFuZG9mZi52MS5SZWNlaXB0EioKCmVzY2FsYXRpb24YEiABKAsyFi5oYW5kb2ZmLnYxLkVzY2FsYXRpb24SEwoLdHJhY2VwYXJlbnQYEyABKAkSLgoKY3JlYXRlZF9hdBgUIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKdXBkYXRlZF9hdBgVIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEgoKcmVxdWVzdF9pZBgWIAEoCRIYChBzcGVudF91c2RfbWljcm9zGBcgASgDEioKCnJlc29sdXRpb24YGCABKAsyFi5oYW5kb2ZmLnYxLlJlc29sdXRpb24SGAoQb3BlcmF0b3JfcmV0dXJucxgZIAEoDRITCgtlc2NhbGF0aW9ucxgaIAEoDRInCgl0cmFuc2ZlcnMYGyADKAsyFC5oYW5kb2ZmLnYxLlRyYW5zZmVyIpQBCghUcmFuc2ZlchISCgpmcm9tX3N0YWdlGAEgASgJEhAKCHRvX3N0YWdlGAIgASgJEh4KBG1vdmUYAyABKA4yEC5oYW5kb2ZmLnYxLk1vdmUSJgoFcm91dGUYBCABKAsyFy5oYW5kb2ZmLnYxLlJvdXRlQ2hvaWNlEgsKA2hvcBgFIAEoDRINCgV2aXNpdBgGIAEoDSLDAQoKRXNjYWxhdGlvbhIqCgVjYXVzZRgBIAEoDjIbLmhhbmRvZmYudjEuRXNjYWxhdGlvbkNhdXNlEg0KBXN0YWdlGAIgASgJEg4KBmRldGFpbBgDIAEoCRIjCgdyZWFzb25zGAQgAygLMhIuaGFuZG9mZi52MS5SZWFzb24SDQoFcm91dGUYBSABKAkSJgoCYXQYBiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg4KBm51bWJlchgHIAEoDSLwAwoISm9iRXZlbnQSCwoDc2VxGAEgASgEEg4KBnJ1bl9pZBgCIAEoCRIOCgZqb2JfaWQYAyABKAkSIwoEa2luZBgEIAEoDjIVLmhhbmRvZmYudjEuRXZlbnRLaW5kEg0KBXN0YWdlGAUgASgJEiYKAmF0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBITCgt0cmFjZXBhcmVudBgHIAEoCRIiCgZ3YWxsZXQYCCABKAsyEi5oYW5kb2ZmLnYxLkJ1ZGdldBIcCgNhY2sYCSABKAsyDy5oYW5kb2ZmLnYxLkFjaxInCgZyZXN1bHQYCiABKAsyFy5oYW5kb2ZmLnYxLlN0YWdlUmVzdWx0EigKCWV2YWx1YXRvchgLIAEoCzIVLmhhbmRvZmYudjEuRXZhbHVhdG9yEiQKB3JlY2VpcHQYDCABKAsyEy5oYW5kb2ZmLnYxLlJlY2VpcHQSKgoKZXNjYWxhdGlvbhgNIAEoCzIWLmhhbmRvZmYudjEuRXNjYWxhdGlvbhILCgNob3AYDiABKA0SKgoKcmVzb2x1dGlvbhgPIAEoCzIWLmhhbmRvZmYudjEuUmVzb2x1dGlvbhImCgh0cmFuc2ZlchgQIAEoCzIULmhhbmRvZmYudjEuVHJhbnNmZXIiSwoWTGlzdEVzY2FsYXRpb25zUmVxdWVzdBIdCglwYWdlX3NpemUYASABKAVCCrpIBxoFGOgHKAASEgoKcGFnZV90b2tlbhgCIAEoCSJRChdMaXN0RXNjYWxhdGlvbnNSZXNwb25zZRIdCgRqb2JzGAEgAygLMg8uaGFuZG9mZi52MS5Kb2ISFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIvACChhSZXNvbHZlRXNjYWxhdGlvblJlcXVlc3QSGwoGcnVuX2lkGAEgASgJQgu6SAjIAQFyAxiAARIdCghvcGVyYXRvchgCIAEoCUILukgIyAEBcgMYgAESGQoHY29tbWVudBgDIAEoCUIIukgFcgMY0A8SLAoHYXBwcm92ZRgEIAEoCzIZLmhhbmRvZmYudjEuQXBwcm92ZUFjdGlvbkgAEjoKD3JldHVybl90b19zdGFnZRgFIAEoCzIfLmhhbmRvZmYudjEuUmV0dXJuVG9TdGFnZUFjdGlvbkgAEiYKBGZhaWwYBiABKAsyFi5oYW5kb2ZmLnYxLkZhaWxBY3Rpb25IABI9ChByZWplY3RfbWFsZm9ybWVkGAcgASgLMiEuaGFuZG9mZi52MS5SZWplY3RNYWxmb3JtZWRBY3Rpb25IABIbCgplc2NhbGF0aW9uGAggASgNQge6SAQqAiAAQg8KBmFjdGlvbhIFukgCCAEiSAoNQXBwcm92ZUFjdGlvbhIlCg1hcnRpZmFjdF90ZXh0GAEgASgJQgm6SAZyBCiAgEBIAIgBAUIQCg5fYXJ0aWZhY3RfdGV4dCKfAQoTUmV0dXJuVG9TdGFnZUFjdGlvbhItCgVzdGFnZRgBIAEoCUIeukgbyAEBchYYQDISXlthLXpdW2EtejAtOV8tXSokEiUKDWFydGlmYWN0X3RleHQYAiABKAlCCbpIBnIEKICAQEgAiAEBEiAKBWdyYW50GAMgASgLMhEuaGFuZG9mZi52MS5HcmFudEIQCg5fYXJ0aWZhY3RfdGV4dCJYCgVHcmFudBIWCgRob3BzGAEgASgNQgi6SAUqAxjoBxIaCglyZXZpc2lvbnMYAiABKA1CB7pIBCoCGGQSGwoKdXNkX21pY3JvcxgDIAEoA0IHukgEIgIoACIpCgpGYWlsQWN0aW9uEhsKBnJlYXNvbhgBIAEoCUILukgIyAEBcgMY0A8iNAoVUmVqZWN0TWFsZm9ybWVkQWN0aW9uEhsKBnJlYXNvbhgBIAEoCUILukgIyAEBcgMY0A8isgIKClJlc29sdXRpb24SLAoGYWN0aW9uGAEgASgOMhwuaGFuZG9mZi52MS5SZXNvbHV0aW9uQWN0aW9uEhAKCG9wZXJhdG9yGAIgASgJEg8KB2NvbW1lbnQYAyABKAkSDQoFc3RhZ2UYBCABKAkSDgoGcmVhc29uGAUgASgJEi0KD2VkaXRlZF9hcnRpZmFjdBgGIAEoCzIULmhhbmRvZmYudjEuQXJ0aWZhY3QSKgoKZXNjYWxhdGlvbhgHIAEoCzIWLmhhbmRvZmYudjEuRXNjYWxhdGlvbhImCgJhdBgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDwoHYWNjb3VudBgJIAEoCRIgCgVncmFudBgKIAEoCzIRLmhhbmRvZmYudjEuR3JhbnQingEKGVJlc29sdmVFc2NhbGF0aW9uUmVzcG9uc2USHAoDam9iGAEgASgLMg8uaGFuZG9mZi52MS5Kb2ISJAoHcmVjZWlwdBgCIAEoCzITLmhhbmRvZmYudjEuUmVjZWlwdBIRCglkdXBsaWNhdGUYAyABKAgSKgoKcmVzb2x1dGlvbhgEIAEoCzIWLmhhbmRvZmYudjEuUmVzb2x1dGlvbiqEAQoISm9iU3RhdGUSGQoVSk9CX1NUQVRFX1VOU1BFQ0lGSUVEEAASFQoRSk9CX1NUQVRFX1JVTk5JTkcQARIXChNKT0JfU1RBVEVfQ09NUExFVEVEEAISFwoTSk9CX1NUQVRFX0VTQ0FMQVRFRBADEhQKEEpPQl9TVEFURV9GQUlMRUQQBCq5AwoPRXNjYWxhdGlvbkNhdXNlEiAKHEVTQ0FMQVRJT05fQ0FVU0VfVU5TUEVDSUZJRUQQABIkCiBFU0NBTEFUSU9OX0NBVVNFX1JFSkVDVEVEX1NDSEVNQRABEiIKHkVTQ0FMQVRJT05fQ0FVU0VfUkVKRUNURURfUk9MRRACEiQKIEVTQ0FMQVRJT05fQ0FVU0VfUkVKRUNURURfQlVER0VUEAMSKAokRVNDQUxBVElPTl9DQVVTRV9SRVZJU0lPTlNfRVhIQVVTVEVEEAQSHAoYRVNDQUxBVElPTl9DQVVTRV9IT1BfQ0FQEAUSIQodRVNDQUxBVElPTl9DQVVTRV9XQUxMRVRfRU1QVFkQBhIhCh1FU0NBTEFUSU9OX0NBVVNFX1NUQUdFX0ZBSUxFRBAHEiIKHkVTQ0FMQVRJT05fQ0FVU0VfV1JJVEVfUkVGVVNFRBAIEiUKIUVTQ0FMQVRJT05fQ0FVU0VfUk9VVEVfVU5ERUNMQVJFRBAJEh4KGkVTQ0FMQVRJT05fQ0FVU0VfUElOR19QT05HEAoSGwoXRVNDQUxBVElPTl9DQVVTRV9ST1VURUQQCyqjAgoJRXZlbnRLaW5kEhoKFkVWRU5UX0tJTkRfVU5TUEVDSUZJRUQQABIYChRFVkVOVF9LSU5EX1NVQk1JVFRFRBABEhsKF0VWRU5UX0tJTkRfUEFDS0FHRV9TRU5UEAISEgoORVZFTlRfS0lORF9BQ0sQAxIbChdFVkVOVF9LSU5EX1NUQUdFX1JFU1VMVBAEEhYKEkVWRU5UX0tJTkRfVkVSRElDVBAFEhYKEkVWRU5UX0tJTkRfUkVDRUlQVBAGEhgKFEVWRU5UX0tJTkRfRVNDQUxBVEVEEAcSGAoURVZFTlRfS0lORF9DT01QTEVURUQQCBIVChFFVkVOVF9LSU5EX0ZBSUxFRBAJEhcKE0VWRU5UX0tJTkRfUkVTT0xWRUQQCiq/AQoQUmVzb2x1dGlvbkFjdGlvbhIhCh1SRVNPTFVUSU9OX0FDVElPTl9VTlNQRUNJRklFRBAAEh0KGVJFU09MVVRJT05fQUNUSU9OX0FQUFJPVkUQARIlCiFSRVNPTFVUSU9OX0FDVElPTl9SRVRVUk5fVE9fU1RBR0UQAhIaChZSRVNPTFVUSU9OX0FDVElPTl9GQUlMEAMSJgoiUkVTT0xVVElPTl9BQ1RJT05fUkVKRUNUX01BTEZPUk1FRBAEMu0DChJDb29yZGluYXRvclNlcnZpY2USSAoJU3VibWl0Sm9iEhwuaGFuZG9mZi52MS5TdWJtaXRKb2JSZXF1ZXN0Gh0uaGFuZG9mZi52MS5TdWJtaXRKb2JSZXNwb25zZRI/CgZHZXRKb2ISGS5oYW5kb2ZmLnYxLkdldEpvYlJlcXVlc3QaGi5oYW5kb2ZmLnYxLkdldEpvYlJlc3BvbnNlEkUKCExpc3RKb2JzEhsuaGFuZG9mZi52MS5MaXN0Sm9ic1JlcXVlc3QaHC5oYW5kb2ZmLnYxLkxpc3RKb2JzUmVzcG9uc2USRwoIV2F0Y2hKb2ISGy5oYW5kb2ZmLnYxLldhdGNoSm9iUmVxdWVzdBocLmhhbmRvZmYudjEuV2F0Y2hKb2JSZXNwb25zZTABEloKD0xpc3RFc2NhbGF0aW9ucxIiLmhhbmRvZmYudjEuTGlzdEVzY2FsYXRpb25zUmVxdWVzdBojLmhhbmRvZmYudjEuTGlzdEVzY2FsYXRpb25zUmVzcG9uc2USYAoRUmVzb2x2ZUVzY2FsYXRpb24SJC5oYW5kb2ZmLnYxLlJlc29sdmVFc2NhbGF0aW9uUmVxdWVzdBolLmhhbmRvZmYudjEuUmVzb2x2ZUVzY2FsYXRpb25SZXNwb25zZUI3WjVnaXRodWIuY29tL2hhbmRvZmZocS9oYW5kb2ZmL2dlbi9oYW5kb2ZmL3YxO2hhbmRvZmZ2MWIGcHJvdG8z", [file_buf_validate_validate, file_google_protobuf_duration, file_google_protobuf_timestamp, file_handoff_v1_agentrunner, file_handoff_v1_handoff]);
+  fileDesc("ChxoYW5kb2ZmL3YxL2Nvb3JkaW5hdG9yLnByb3RvEgpoYW5kb2ZmLnYxImMKFkNsYWltRXNjYWxhdGlvblJlcXVlc3QSGwoGcnVuX2lkGAEgASgJQgu6SAjIAQFyAxiAARIbCgplc2NhbGF0aW9uGAIgASgNQge6SAQqAiAAEg8KB3JlbGVhc2UYAyABKAgiOwoXQ2xhaW1Fc2NhbGF0aW9uUmVzcG9uc2USIAoFY2xhaW0YASABKAsyES5oYW5kb2ZmLnYxLkNsYWltIoQBCgVDbGFpbRIPCgdhY2NvdW50GAEgASgJEhIKCmVzY2FsYXRpb24YAiABKA0SJgoCYXQYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCmV4cGlyZXNfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIqIDChBTdWJtaXRKb2JSZXF1ZXN0EjMKCnJlcXVlc3RfaWQYASABKAlCH7pIHHIaGIABMhVeKFtBLVphLXowLTlfLjotXSspPyQSOgoGam9iX2lkGAIgASgJQiq6SCfIAQFyIhiAATIdXltBLVphLXowLTldW0EtWmEtejAtOV8uOi1dKiQSHAoIcGlwZWxpbmUYAyABKAlCCrpIB8gBAXICGEASGQoEZ29hbBgEIAEoCUILukgIyAEBcgMY0A8SJgoLY29uc3RyYWludHMYBSADKAlCEbpIDpIBCxAgIgdyBRABGPQDEioKBmJ1ZGdldBgGIAEoCzISLmhhbmRvZmYudjEuQnVkZ2V0Qga6SAPIAQESLgoGaW5wdXRzGAcgAygLMhQuaGFuZG9mZi52MS5BcnRpZmFjdEIIukgFkgECEEASPgoLbWVtb3J5X3JlZnMYCCADKAlCKbpIJpIBIxBAIh9yHRiAAjIYXlthLXpdW2EtejAtOV9dKjpbXlxzXSskEiAKBXRyYWNlGAkgASgLMhEuaGFuZG9mZi52MS5UcmFjZSJDChFTdWJtaXRKb2JSZXNwb25zZRIcCgNqb2IYASABKAsyDy5oYW5kb2ZmLnYxLkpvYhIQCghleGlzdGluZxgCIAEoCCInCg1HZXRKb2JSZXF1ZXN0EhYKBnJ1bl9pZBgBIAEoCUIGukgDyAEBIlcKDkdldEpvYlJlc3BvbnNlEhwKA2pvYhgBIAEoCzIPLmhhbmRvZmYudjEuSm9iEicKCHRpbWVsaW5lGAIgAygLMhUuaGFuZG9mZi52MS5Ib3BSZWNvcmQiqgMKCUhvcFJlY29yZBILCgNob3AYASABKA0SDQoFc3RhZ2UYAiABKAkSIgoDYWNrGAMgASgOMhUuaGFuZG9mZi52MS5BY2tTdGF0dXMSJgoIdHJhbnNmZXIYBCABKAsyFC5oYW5kb2ZmLnYxLlRyYW5zZmVyEhgKEHNwZW50X3VzZF9taWNyb3MYBSABKAMSJAoHdmVyZGljdBgGIAEoDjITLmhhbmRvZmYudjEuVmVyZGljdBIrCghkdXJhdGlvbhgHIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhImCgJhdBgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASIgoDZW5kGAkgASgOMhUuaGFuZG9mZi52MS5FdmVudEtpbmQSKgoKZXNjYWxhdGlvbhgKIAEoCzIWLmhhbmRvZmYudjEuRXNjYWxhdGlvbhIkCgdyZWNlaXB0GAsgASgLMhMuaGFuZG9mZi52MS5SZWNlaXB0EioKCnJlc29sdXRpb24YDCABKAsyFi5oYW5kb2ZmLnYxLlJlc29sdXRpb24icwoPTGlzdEpvYnNSZXF1ZXN0Ei0KBXN0YXRlGAEgASgOMhQuaGFuZG9mZi52MS5Kb2JTdGF0ZUIIukgFggECEAESHQoJcGFnZV9zaXplGAIgASgFQgq6SAcaBRjoBygAEhIKCnBhZ2VfdG9rZW4YAyABKAkiSgoQTGlzdEpvYnNSZXNwb25zZRIdCgRqb2JzGAEgAygLMg8uaGFuZG9mZi52MS5Kb2ISFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIjwKD1dhdGNoSm9iUmVxdWVzdBIWCgZydW5faWQYASABKAlCBrpIA8gBARIRCglhZnRlcl9zZXEYAiABKAQiNwoQV2F0Y2hKb2JSZXNwb25zZRIjCgVldmVudBgBIAEoCzIULmhhbmRvZmYudjEuSm9iRXZlbnQirwYKA0pvYhIOCgZydW5faWQYASABKAkSDgoGam9iX2lkGAIgASgJEhAKCHBpcGVsaW5lGAMgASgJEiMKBXN0YXRlGAQgASgOMhQuaGFuZG9mZi52MS5Kb2JTdGF0ZRIMCgRnb2FsGAUgASgJEhMKC2NvbnN0cmFpbnRzGAYgAygJEiIKBndhbGxldBgHIAEoCzISLmhhbmRvZmYudjEuQnVkZ2V0Eg0KBXN0YWdlGAggASgJEgwKBGhvcHMYCSABKA0SEQoJcmV2aXNpb25zGAogASgNEigKCWV2YWx1YXRvchgLIAEoCzIVLmhhbmRvZmYudjEuRXZhbHVhdG9yEicKCWFydGlmYWN0cxgMIAMoCzIULmhhbmRvZmYudjEuQXJ0aWZhY3QSLAoLdG9vbHNfdHJpZWQYDSADKAsyFy5oYW5kb2ZmLnYxLlRvb2xBdHRlbXB0EhMKC21lbW9yeV9yZWZzGA4gAygJEhYKDm9wZW5fcXVlc3Rpb25zGA8gAygJEhEKCW5leHRfaGludBgQIAEoCRIkCgdyZWNlaXB0GBEgASgLMhMuaGFuZG9mZi52MS5SZWNlaXB0EioKCmVzY2FsYXRpb24YEiABKAsyFi5oYW5kb2ZmLnYxLkVzY2FsYXRpb24SEwoLdHJhY2VwYXJlbnQYEyABKAkSLgoKY3JlYXRlZF9hdBgUIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKdXBkYXRlZF9hdBgVIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEgoKcmVxdWVzdF9pZBgWIAEoCRIYChBzcGVudF91c2RfbWljcm9zGBcgASgDEioKCnJlc29sdXRpb24YGCABKAsyFi5oYW5kb2ZmLnYxLlJlc29sdXRpb24SGAoQb3BlcmF0b3JfcmV0dXJucxgZIAEoDRITCgtlc2NhbGF0aW9ucxgaIAEoDRInCgl0cmFuc2ZlcnMYGyADKAsyFC5oYW5kb2ZmLnYxLlRyYW5zZmVyEiAKBWNsYWltGBwgASgLMhEuaGFuZG9mZi52MS5DbGFpbSKUAQoIVHJhbnNmZXISEgoKZnJvbV9zdGFnZRgBIAEoCRIQCgh0b19zdGFnZRgCIAEoCRIeCgRtb3ZlGAMgASgOMhAuaGFuZG9mZi52MS5Nb3ZlEiYKBXJvdXRlGAQgASgLMhcuaGFuZG9mZi52MS5Sb3V0ZUNob2ljZRILCgNob3AYBSABKA0SDQoFdmlzaXQYBiABKA0iwwEKCkVzY2FsYXRpb24SKgoFY2F1c2UYASABKA4yGy5oYW5kb2ZmLnYxLkVzY2FsYXRpb25DYXVzZRINCgVzdGFnZRgCIAEoCRIOCgZkZXRhaWwYAyABKAkSIwoHcmVhc29ucxgEIAMoCzISLmhhbmRvZmYudjEuUmVhc29uEg0KBXJvdXRlGAUgASgJEiYKAmF0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIOCgZudW1iZXIYByABKA0i8AMKCEpvYkV2ZW50EgsKA3NlcRgBIAEoBBIOCgZydW5faWQYAiABKAkSDgoGam9iX2lkGAMgASgJEiMKBGtpbmQYBCABKA4yFS5oYW5kb2ZmLnYxLkV2ZW50S2luZBINCgVzdGFnZRgFIAEoCRImCgJhdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEwoLdHJhY2VwYXJlbnQYByABKAkSIgoGd2FsbGV0GAggASgLMhIuaGFuZG9mZi52MS5CdWRnZXQSHAoDYWNrGAkgASgLMg8uaGFuZG9mZi52MS5BY2sSJwoGcmVzdWx0GAogASgLMhcuaGFuZG9mZi52MS5TdGFnZVJlc3VsdBIoCglldmFsdWF0b3IYCyABKAsyFS5oYW5kb2ZmLnYxLkV2YWx1YXRvchIkCgdyZWNlaXB0GAwgASgLMhMuaGFuZG9mZi52MS5SZWNlaXB0EioKCmVzY2FsYXRpb24YDSABKAsyFi5oYW5kb2ZmLnYxLkVzY2FsYXRpb24SCwoDaG9wGA4gASgNEioKCnJlc29sdXRpb24YDyABKAsyFi5oYW5kb2ZmLnYxLlJlc29sdXRpb24SJgoIdHJhbnNmZXIYECABKAsyFC5oYW5kb2ZmLnYxLlRyYW5zZmVyIksKFkxpc3RFc2NhbGF0aW9uc1JlcXVlc3QSHQoJcGFnZV9zaXplGAEgASgFQgq6SAcaBRjoBygAEhIKCnBhZ2VfdG9rZW4YAiABKAkiUQoXTGlzdEVzY2FsYXRpb25zUmVzcG9uc2USHQoEam9icxgBIAMoCzIPLmhhbmRvZmYudjEuSm9iEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSKCAwoYUmVzb2x2ZUVzY2FsYXRpb25SZXF1ZXN0EhsKBnJ1bl9pZBgBIAEoCUILukgIyAEBcgMYgAESHQoIb3BlcmF0b3IYAiABKAlCC7pICMgBAXIDGIABEhkKB2NvbW1lbnQYAyABKAlCCLpIBXIDGNAPEiwKB2FwcHJvdmUYBCABKAsyGS5oYW5kb2ZmLnYxLkFwcHJvdmVBY3Rpb25IABI6Cg9yZXR1cm5fdG9fc3RhZ2UYBSABKAsyHy5oYW5kb2ZmLnYxLlJldHVyblRvU3RhZ2VBY3Rpb25IABImCgRmYWlsGAYgASgLMhYuaGFuZG9mZi52MS5GYWlsQWN0aW9uSAASPQoQcmVqZWN0X21hbGZvcm1lZBgHIAEoCzIhLmhhbmRvZmYudjEuUmVqZWN0TWFsZm9ybWVkQWN0aW9uSAASGwoKZXNjYWxhdGlvbhgIIAEoDUIHukgEKgIgABIQCghvdmVycmlkZRgJIAEoCEIPCgZhY3Rpb24SBbpIAggBIkgKDUFwcHJvdmVBY3Rpb24SJQoNYXJ0aWZhY3RfdGV4dBgBIAEoCUIJukgGcgQogIBASACIAQFCEAoOX2FydGlmYWN0X3RleHQinwEKE1JldHVyblRvU3RhZ2VBY3Rpb24SLQoFc3RhZ2UYASABKAlCHrpIG8gBAXIWGEAyEl5bYS16XVthLXowLTlfLV0qJBIlCg1hcnRpZmFjdF90ZXh0GAIgASgJQgm6SAZyBCiAgEBIAIgBARIgCgVncmFudBgDIAEoCzIRLmhhbmRvZmYudjEuR3JhbnRCEAoOX2FydGlmYWN0X3RleHQiWAoFR3JhbnQSFgoEaG9wcxgBIAEoDUIIukgFKgMY6AcSGgoJcmV2aXNpb25zGAIgASgNQge6SAQqAhhkEhsKCnVzZF9taWNyb3MYAyABKANCB7pIBCICKAAiKQoKRmFpbEFjdGlvbhIbCgZyZWFzb24YASABKAlCC7pICMgBAXIDGNAPIjQKFVJlamVjdE1hbGZvcm1lZEFjdGlvbhIbCgZyZWFzb24YASABKAlCC7pICMgBAXIDGNAPIsQCCgpSZXNvbHV0aW9uEiwKBmFjdGlvbhgBIAEoDjIcLmhhbmRvZmYudjEuUmVzb2x1dGlvbkFjdGlvbhIQCghvcGVyYXRvchgCIAEoCRIPCgdjb21tZW50GAMgASgJEg0KBXN0YWdlGAQgASgJEg4KBnJlYXNvbhgFIAEoCRItCg9lZGl0ZWRfYXJ0aWZhY3QYBiABKAsyFC5oYW5kb2ZmLnYxLkFydGlmYWN0EioKCmVzY2FsYXRpb24YByABKAsyFi5oYW5kb2ZmLnYxLkVzY2FsYXRpb24SJgoCYXQYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg8KB2FjY291bnQYCSABKAkSIAoFZ3JhbnQYCiABKAsyES5oYW5kb2ZmLnYxLkdyYW50EhAKCG92ZXJyb2RlGAsgASgJIp4BChlSZXNvbHZlRXNjYWxhdGlvblJlc3BvbnNlEhwKA2pvYhgBIAEoCzIPLmhhbmRvZmYudjEuSm9iEiQKB3JlY2VpcHQYAiABKAsyEy5oYW5kb2ZmLnYxLlJlY2VpcHQSEQoJZHVwbGljYXRlGAMgASgIEioKCnJlc29sdXRpb24YBCABKAsyFi5oYW5kb2ZmLnYxLlJlc29sdXRpb24qhAEKCEpvYlN0YXRlEhkKFUpPQl9TVEFURV9VTlNQRUNJRklFRBAAEhUKEUpPQl9TVEFURV9SVU5OSU5HEAESFwoTSk9CX1NUQVRFX0NPTVBMRVRFRBACEhcKE0pPQl9TVEFURV9FU0NBTEFURUQQAxIUChBKT0JfU1RBVEVfRkFJTEVEEAQquQMKD0VzY2FsYXRpb25DYXVzZRIgChxFU0NBTEFUSU9OX0NBVVNFX1VOU1BFQ0lGSUVEEAASJAogRVNDQUxBVElPTl9DQVVTRV9SRUpFQ1RFRF9TQ0hFTUEQARIiCh5FU0NBTEFUSU9OX0NBVVNFX1JFSkVDVEVEX1JPTEUQAhIkCiBFU0NBTEFUSU9OX0NBVVNFX1JFSkVDVEVEX0JVREdFVBADEigKJEVTQ0FMQVRJT05fQ0FVU0VfUkVWSVNJT05TX0VYSEFVU1RFRBAEEhwKGEVTQ0FMQVRJT05fQ0FVU0VfSE9QX0NBUBAFEiEKHUVTQ0FMQVRJT05fQ0FVU0VfV0FMTEVUX0VNUFRZEAYSIQodRVNDQUxBVElPTl9DQVVTRV9TVEFHRV9GQUlMRUQQBxIiCh5FU0NBTEFUSU9OX0NBVVNFX1dSSVRFX1JFRlVTRUQQCBIlCiFFU0NBTEFUSU9OX0NBVVNFX1JPVVRFX1VOREVDTEFSRUQQCRIeChpFU0NBTEFUSU9OX0NBVVNFX1BJTkdfUE9ORxAKEhsKF0VTQ0FMQVRJT05fQ0FVU0VfUk9VVEVEEAsqowIKCUV2ZW50S2luZBIaChZFVkVOVF9LSU5EX1VOU1BFQ0lGSUVEEAASGAoURVZFTlRfS0lORF9TVUJNSVRURUQQARIbChdFVkVOVF9LSU5EX1BBQ0tBR0VfU0VOVBACEhIKDkVWRU5UX0tJTkRfQUNLEAMSGwoXRVZFTlRfS0lORF9TVEFHRV9SRVNVTFQQBBIWChJFVkVOVF9LSU5EX1ZFUkRJQ1QQBRIWChJFVkVOVF9LSU5EX1JFQ0VJUFQQBhIYChRFVkVOVF9LSU5EX0VTQ0FMQVRFRBAHEhgKFEVWRU5UX0tJTkRfQ09NUExFVEVEEAgSFQoRRVZFTlRfS0lORF9GQUlMRUQQCRIXChNFVkVOVF9LSU5EX1JFU09MVkVEEAoqvwEKEFJlc29sdXRpb25BY3Rpb24SIQodUkVTT0xVVElPTl9BQ1RJT05fVU5TUEVDSUZJRUQQABIdChlSRVNPTFVUSU9OX0FDVElPTl9BUFBST1ZFEAESJQohUkVTT0xVVElPTl9BQ1RJT05fUkVUVVJOX1RPX1NUQUdFEAISGgoWUkVTT0xVVElPTl9BQ1RJT05fRkFJTBADEiYKIlJFU09MVVRJT05fQUNUSU9OX1JFSkVDVF9NQUxGT1JNRUQQBDLJBAoSQ29vcmRpbmF0b3JTZXJ2aWNlEkgKCVN1Ym1pdEpvYhIcLmhhbmRvZmYudjEuU3VibWl0Sm9iUmVxdWVzdBodLmhhbmRvZmYudjEuU3VibWl0Sm9iUmVzcG9uc2USPwoGR2V0Sm9iEhkuaGFuZG9mZi52MS5HZXRKb2JSZXF1ZXN0GhouaGFuZG9mZi52MS5HZXRKb2JSZXNwb25zZRJFCghMaXN0Sm9icxIbLmhhbmRvZmYudjEuTGlzdEpvYnNSZXF1ZXN0GhwuaGFuZG9mZi52MS5MaXN0Sm9ic1Jlc3BvbnNlEkcKCFdhdGNoSm9iEhsuaGFuZG9mZi52MS5XYXRjaEpvYlJlcXVlc3QaHC5oYW5kb2ZmLnYxLldhdGNoSm9iUmVzcG9uc2UwARJaCg9MaXN0RXNjYWxhdGlvbnMSIi5oYW5kb2ZmLnYxLkxpc3RFc2NhbGF0aW9uc1JlcXVlc3QaIy5oYW5kb2ZmLnYxLkxpc3RFc2NhbGF0aW9uc1Jlc3BvbnNlEmAKEVJlc29sdmVFc2NhbGF0aW9uEiQuaGFuZG9mZi52MS5SZXNvbHZlRXNjYWxhdGlvblJlcXVlc3QaJS5oYW5kb2ZmLnYxLlJlc29sdmVFc2NhbGF0aW9uUmVzcG9uc2USWgoPQ2xhaW1Fc2NhbGF0aW9uEiIuaGFuZG9mZi52MS5DbGFpbUVzY2FsYXRpb25SZXF1ZXN0GiMuaGFuZG9mZi52MS5DbGFpbUVzY2FsYXRpb25SZXNwb25zZUI3WjVnaXRodWIuY29tL2hhbmRvZmZocS9oYW5kb2ZmL2dlbi9oYW5kb2ZmL3YxO2hhbmRvZmZ2MWIGcHJvdG8z", [file_buf_validate_validate, file_google_protobuf_duration, file_google_protobuf_timestamp, file_handoff_v1_agentrunner, file_handoff_v1_handoff]);
+
+/**
+ * @generated from message handoff.v1.ClaimEscalationRequest
+ */
+export type ClaimEscalationRequest = Message<"handoff.v1.ClaimEscalationRequest"> & {
+  /**
+   * @generated from field: string run_id = 1;
+   */
+  runId: string;
+
+  /**
+   * The escalation claimed (Escalation.number): a claim for one the run has left is refused.
+   *
+   * @generated from field: uint32 escalation = 2;
+   */
+  escalation: number;
+
+  /**
+   * Give up the caller's own claim instead.
+   *
+   * @generated from field: bool release = 3;
+   */
+  release: boolean;
+};
+
+/**
+ * Describes the message handoff.v1.ClaimEscalationRequest.
+ * Use `create(ClaimEscalationRequestSchema)` to create a new message.
+ */
+export const ClaimEscalationRequestSchema: GenMessage<ClaimEscalationRequest> = /*@__PURE__*/
+  messageDesc(file_handoff_v1_coordinator, 0);
+
+/**
+ * @generated from message handoff.v1.ClaimEscalationResponse
+ */
+export type ClaimEscalationResponse = Message<"handoff.v1.ClaimEscalationResponse"> & {
+  /**
+   * The claim as it stands after the call (none after a release).
+   *
+   * @generated from field: handoff.v1.Claim claim = 1;
+   */
+  claim?: Claim | undefined;
+};
+
+/**
+ * Describes the message handoff.v1.ClaimEscalationResponse.
+ * Use `create(ClaimEscalationResponseSchema)` to create a new message.
+ */
+export const ClaimEscalationResponseSchema: GenMessage<ClaimEscalationResponse> = /*@__PURE__*/
+  messageDesc(file_handoff_v1_coordinator, 1);
+
+/**
+ * Claim is who owns a run's escalation, until when.
+ *
+ * @generated from message handoff.v1.Claim
+ */
+export type Claim = Message<"handoff.v1.Claim"> & {
+  /**
+   * The operator account holding it (as resolution.account records it).
+   *
+   * @generated from field: string account = 1;
+   */
+  account: string;
+
+  /**
+   * The escalation claimed (Escalation.number).
+   *
+   * @generated from field: uint32 escalation = 2;
+   */
+  escalation: number;
+
+  /**
+   * @generated from field: google.protobuf.Timestamp at = 3;
+   */
+  at?: Timestamp | undefined;
+
+  /**
+   * @generated from field: google.protobuf.Timestamp expires_at = 4;
+   */
+  expiresAt?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message handoff.v1.Claim.
+ * Use `create(ClaimSchema)` to create a new message.
+ */
+export const ClaimSchema: GenMessage<Claim> = /*@__PURE__*/
+  messageDesc(file_handoff_v1_coordinator, 2);
 
 /**
  * @generated from message handoff.v1.SubmitJobRequest
@@ -91,7 +179,7 @@ export type SubmitJobRequest = Message<"handoff.v1.SubmitJobRequest"> & {
  * Use `create(SubmitJobRequestSchema)` to create a new message.
  */
 export const SubmitJobRequestSchema: GenMessage<SubmitJobRequest> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 0);
+  messageDesc(file_handoff_v1_coordinator, 3);
 
 /**
  * @generated from message handoff.v1.SubmitJobResponse
@@ -115,7 +203,7 @@ export type SubmitJobResponse = Message<"handoff.v1.SubmitJobResponse"> & {
  * Use `create(SubmitJobResponseSchema)` to create a new message.
  */
 export const SubmitJobResponseSchema: GenMessage<SubmitJobResponse> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 1);
+  messageDesc(file_handoff_v1_coordinator, 4);
 
 /**
  * @generated from message handoff.v1.GetJobRequest
@@ -132,7 +220,7 @@ export type GetJobRequest = Message<"handoff.v1.GetJobRequest"> & {
  * Use `create(GetJobRequestSchema)` to create a new message.
  */
 export const GetJobRequestSchema: GenMessage<GetJobRequest> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 2);
+  messageDesc(file_handoff_v1_coordinator, 5);
 
 /**
  * @generated from message handoff.v1.GetJobResponse
@@ -157,7 +245,7 @@ export type GetJobResponse = Message<"handoff.v1.GetJobResponse"> & {
  * Use `create(GetJobResponseSchema)` to create a new message.
  */
 export const GetJobResponseSchema: GenMessage<GetJobResponse> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 3);
+  messageDesc(file_handoff_v1_coordinator, 6);
 
 /**
  * HopRecord is one line of a run's hop timeline: a hop to a stage, or a person's decision.
@@ -249,7 +337,7 @@ export type HopRecord = Message<"handoff.v1.HopRecord"> & {
  * Use `create(HopRecordSchema)` to create a new message.
  */
 export const HopRecordSchema: GenMessage<HopRecord> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 4);
+  messageDesc(file_handoff_v1_coordinator, 7);
 
 /**
  * @generated from message handoff.v1.ListJobsRequest
@@ -278,7 +366,7 @@ export type ListJobsRequest = Message<"handoff.v1.ListJobsRequest"> & {
  * Use `create(ListJobsRequestSchema)` to create a new message.
  */
 export const ListJobsRequestSchema: GenMessage<ListJobsRequest> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 5);
+  messageDesc(file_handoff_v1_coordinator, 8);
 
 /**
  * @generated from message handoff.v1.ListJobsResponse
@@ -300,7 +388,7 @@ export type ListJobsResponse = Message<"handoff.v1.ListJobsResponse"> & {
  * Use `create(ListJobsResponseSchema)` to create a new message.
  */
 export const ListJobsResponseSchema: GenMessage<ListJobsResponse> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 6);
+  messageDesc(file_handoff_v1_coordinator, 9);
 
 /**
  * @generated from message handoff.v1.WatchJobRequest
@@ -324,7 +412,7 @@ export type WatchJobRequest = Message<"handoff.v1.WatchJobRequest"> & {
  * Use `create(WatchJobRequestSchema)` to create a new message.
  */
 export const WatchJobRequestSchema: GenMessage<WatchJobRequest> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 7);
+  messageDesc(file_handoff_v1_coordinator, 10);
 
 /**
  * @generated from message handoff.v1.WatchJobResponse
@@ -341,7 +429,7 @@ export type WatchJobResponse = Message<"handoff.v1.WatchJobResponse"> & {
  * Use `create(WatchJobResponseSchema)` to create a new message.
  */
 export const WatchJobResponseSchema: GenMessage<WatchJobResponse> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 8);
+  messageDesc(file_handoff_v1_coordinator, 11);
 
 /**
  * Job is one run of a job through a pipeline, as the rail's durable state has it.
@@ -507,6 +595,13 @@ export type Job = Message<"handoff.v1.Job"> & {
    * @generated from field: repeated handoff.v1.Transfer transfers = 27;
    */
   transfers: Transfer[];
+
+  /**
+   * Who owns the run's current escalation (ClaimEscalation), while the claim lasts.
+   *
+   * @generated from field: handoff.v1.Claim claim = 28;
+   */
+  claim?: Claim | undefined;
 };
 
 /**
@@ -514,7 +609,7 @@ export type Job = Message<"handoff.v1.Job"> & {
  * Use `create(JobSchema)` to create a new message.
  */
 export const JobSchema: GenMessage<Job> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 9);
+  messageDesc(file_handoff_v1_coordinator, 12);
 
 /**
  * Transfer is one move of a run from one stage to another: a one-way hand-over of the
@@ -570,7 +665,7 @@ export type Transfer = Message<"handoff.v1.Transfer"> & {
  * Use `create(TransferSchema)` to create a new message.
  */
 export const TransferSchema: GenMessage<Transfer> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 10);
+  messageDesc(file_handoff_v1_coordinator, 13);
 
 /**
  * Escalation says why the rail stopped and handed the run to a person.
@@ -629,7 +724,7 @@ export type Escalation = Message<"handoff.v1.Escalation"> & {
  * Use `create(EscalationSchema)` to create a new message.
  */
 export const EscalationSchema: GenMessage<Escalation> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 11);
+  messageDesc(file_handoff_v1_coordinator, 14);
 
 /**
  * JobEvent is one entry on a run's timeline.
@@ -733,7 +828,7 @@ export type JobEvent = Message<"handoff.v1.JobEvent"> & {
  * Use `create(JobEventSchema)` to create a new message.
  */
 export const JobEventSchema: GenMessage<JobEvent> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 12);
+  messageDesc(file_handoff_v1_coordinator, 15);
 
 /**
  * @generated from message handoff.v1.ListEscalationsRequest
@@ -755,7 +850,7 @@ export type ListEscalationsRequest = Message<"handoff.v1.ListEscalationsRequest"
  * Use `create(ListEscalationsRequestSchema)` to create a new message.
  */
 export const ListEscalationsRequestSchema: GenMessage<ListEscalationsRequest> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 13);
+  messageDesc(file_handoff_v1_coordinator, 16);
 
 /**
  * @generated from message handoff.v1.ListEscalationsResponse
@@ -777,7 +872,7 @@ export type ListEscalationsResponse = Message<"handoff.v1.ListEscalationsRespons
  * Use `create(ListEscalationsResponseSchema)` to create a new message.
  */
 export const ListEscalationsResponseSchema: GenMessage<ListEscalationsResponse> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 14);
+  messageDesc(file_handoff_v1_coordinator, 17);
 
 /**
  * @generated from message handoff.v1.ResolveEscalationRequest
@@ -845,6 +940,14 @@ export type ResolveEscalationRequest = Message<"handoff.v1.ResolveEscalationRequ
    * @generated from field: uint32 escalation = 8;
    */
   escalation: number;
+
+  /**
+   * Decide although another operator holds the escalation's claim (recorded in
+   * resolution.overrode). Without it such a decision is refused naming the holder.
+   *
+   * @generated from field: bool override = 9;
+   */
+  override: boolean;
 };
 
 /**
@@ -852,7 +955,7 @@ export type ResolveEscalationRequest = Message<"handoff.v1.ResolveEscalationRequ
  * Use `create(ResolveEscalationRequestSchema)` to create a new message.
  */
 export const ResolveEscalationRequestSchema: GenMessage<ResolveEscalationRequest> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 15);
+  messageDesc(file_handoff_v1_coordinator, 18);
 
 /**
  * Edited artifact text: stored as a new version of the run's latest artifact of the stage's
@@ -872,7 +975,7 @@ export type ApproveAction = Message<"handoff.v1.ApproveAction"> & {
  * Use `create(ApproveActionSchema)` to create a new message.
  */
 export const ApproveActionSchema: GenMessage<ApproveAction> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 16);
+  messageDesc(file_handoff_v1_coordinator, 19);
 
 /**
  * @generated from message handoff.v1.ReturnToStageAction
@@ -903,7 +1006,7 @@ export type ReturnToStageAction = Message<"handoff.v1.ReturnToStageAction"> & {
  * Use `create(ReturnToStageActionSchema)` to create a new message.
  */
 export const ReturnToStageActionSchema: GenMessage<ReturnToStageAction> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 17);
+  messageDesc(file_handoff_v1_coordinator, 20);
 
 /**
  * Grant is what a person adds to a run's wallet: the only way a wallet grows.
@@ -934,7 +1037,7 @@ export type Grant = Message<"handoff.v1.Grant"> & {
  * Use `create(GrantSchema)` to create a new message.
  */
 export const GrantSchema: GenMessage<Grant> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 18);
+  messageDesc(file_handoff_v1_coordinator, 21);
 
 /**
  * @generated from message handoff.v1.FailAction
@@ -951,7 +1054,7 @@ export type FailAction = Message<"handoff.v1.FailAction"> & {
  * Use `create(FailActionSchema)` to create a new message.
  */
 export const FailActionSchema: GenMessage<FailAction> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 19);
+  messageDesc(file_handoff_v1_coordinator, 22);
 
 /**
  * @generated from message handoff.v1.RejectMalformedAction
@@ -968,7 +1071,7 @@ export type RejectMalformedAction = Message<"handoff.v1.RejectMalformedAction"> 
  * Use `create(RejectMalformedActionSchema)` to create a new message.
  */
 export const RejectMalformedActionSchema: GenMessage<RejectMalformedAction> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 20);
+  messageDesc(file_handoff_v1_coordinator, 23);
 
 /**
  * Resolution is the record of a person's decision on an escalated run.
@@ -1039,6 +1142,13 @@ export type Resolution = Message<"handoff.v1.Resolution"> & {
    * @generated from field: handoff.v1.Grant grant = 10;
    */
   grant?: Grant | undefined;
+
+  /**
+   * The account whose unexpired claim this decision overrode, when it did.
+   *
+   * @generated from field: string overrode = 11;
+   */
+  overrode: string;
 };
 
 /**
@@ -1046,7 +1156,7 @@ export type Resolution = Message<"handoff.v1.Resolution"> & {
  * Use `create(ResolutionSchema)` to create a new message.
  */
 export const ResolutionSchema: GenMessage<Resolution> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 21);
+  messageDesc(file_handoff_v1_coordinator, 24);
 
 /**
  * @generated from message handoff.v1.ResolveEscalationResponse
@@ -1085,7 +1195,7 @@ export type ResolveEscalationResponse = Message<"handoff.v1.ResolveEscalationRes
  * Use `create(ResolveEscalationResponseSchema)` to create a new message.
  */
 export const ResolveEscalationResponseSchema: GenMessage<ResolveEscalationResponse> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 22);
+  messageDesc(file_handoff_v1_coordinator, 25);
 
 /**
  * @generated from enum handoff.v1.JobState
@@ -1383,6 +1493,18 @@ export const CoordinatorService: GenService<{
     methodKind: "unary";
     input: typeof ResolveEscalationRequestSchema;
     output: typeof ResolveEscalationResponseSchema;
+  },
+  /**
+   * ClaimEscalation makes the calling operator the one owner of a run's escalation for a
+   * while (claim_ttl): the others see who holds it, and only the holder resolves it (another
+   * resolver may override, which is recorded). Claiming again renews; release gives it up.
+   *
+   * @generated from rpc handoff.v1.CoordinatorService.ClaimEscalation
+   */
+  claimEscalation: {
+    methodKind: "unary";
+    input: typeof ClaimEscalationRequestSchema;
+    output: typeof ClaimEscalationResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_handoff_v1_coordinator, 0);
