@@ -205,6 +205,7 @@ func run(ctx context.Context, args []string, log *slog.Logger, ready func(net.Ad
 		return err
 	}
 	reg := telemetry.NewRegistry()
+	reg.MustRegister(srv.QueueCollector())
 	// Health follows the store: without it no run can be created or advanced. A stop
 	// drains: health says NOT_SERVING first so load balancers stop sending; the drivers
 	// finish the hop in flight (up to --drain-timeout), save it and release their run

@@ -143,6 +143,9 @@ func (l *linter) pipeline() {
 			l.errorAt("max-grant", fmt.Sprintf("escalation.max_grant.%s is %d: it must be between 0 and %d (the most a person may give a run in one return)", c.key, c.v, c.limit), "escalation.max_grant."+c.key, "escalation.max_grant")
 		}
 	}
+	if p.Escalation.MaxOpen < 0 {
+		l.errorAt("max-open-escalations", fmt.Sprintf("escalation.max_open_escalations is %d: it must be 0 (no cap) or more (how many runs may wait for a person before intake sheds load)", p.Escalation.MaxOpen), "escalation.max_open_escalations", "escalation")
+	}
 	if strings.TrimSpace(p.Escalation.Route) == "" {
 		l.errorAt("escalation", "escalation.route is required: it is where the rail hands a job it stops (hop cap, revisions used up, empty wallet, rejected package), e.g. escalation: {route: support-leads}", "escalation.route", "escalation", "")
 	}

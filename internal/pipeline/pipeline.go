@@ -90,6 +90,10 @@ type Escalation struct {
 	// MaxGrant is the most a person may give a run's wallet in one return to a stage
 	// (escalation.max_grant). Zero, the default, lets no grant of that kind.
 	MaxGrant Grant
+	// MaxOpen is how many of the pipeline's runs may wait ESCALATED at once
+	// (escalation.max_open_escalations): past it, intake sheds load (SubmitJob answers
+	// RESOURCE_EXHAUSTED with a RetryInfo delay) until the desk has worked some off. 0: no cap.
+	MaxOpen int
 }
 
 // Grant is an amount of hops, revisions and money (micro-dollars).

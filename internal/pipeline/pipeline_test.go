@@ -55,6 +55,7 @@ func TestLintFixtures(t *testing.T) {
 		{file: "max_grant.yaml", errors: []want{
 			{"max-grant", 7, "escalation.max_grant.hops is 1001: it must be between 0 and 1000"},
 			{"max-grant", 7, "escalation.max_grant.usd_micros is -1"},
+			{"max-open-escalations", 8, "escalation.max_open_escalations is -1"},
 		}},
 		{file: "max_hops_zero.yaml", errors: []want{
 			{"max-hops", 3, "must be greater than 0"},

@@ -233,6 +233,7 @@ func Start(ctx context.Context, cfg Config) (st *Stack, err error) {
 	if err != nil {
 		return nil, err
 	}
+	s.Registry.MustRegister(s.Coordinator.QueueCollector())
 	coordOpts := []identity.Option{}
 	if accs := slices.Clone(cfg.Operators); cfg.OperatorToken != "" || len(accs) > 0 {
 		if cfg.OperatorToken != "" {

@@ -266,6 +266,9 @@ func (s *Server) SubmitJob(ctx context.Context, req *handoffv1.SubmitJobRequest)
 	if field, why := inputsProblem(s.artifactRoot(), req.GetJobId(), req.GetInputs()); field != "" {
 		return nil, fieldError(codes.InvalidArgument, field, why)
 	}
+	if err := s.deskFull(ctx, p); err != nil {
+		return nil, err
+	}
 	runID := newRunID()
 	wallet := proto.Clone(req.GetBudget()).(*handoffv1.Budget)
 	wallet.WalletId = runID // the rail's: a caller does not choose the wallet its job pays from
