@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/url"
 	"os"
 	"os/signal"
 	"syscall"
@@ -59,6 +60,7 @@ type settings struct {
 	healthInterval, storeWait                       time.Duration
 	security                                        rpc.Security
 	operatorToken, operators, operatorsFile         string
+	escalationWebhook, deskURL                      string
 }
 
 // Bind registers every setting with its variable and default.
@@ -76,6 +78,8 @@ func (s *settings) Bind(b *config.Binder) {
 	b.Duration(&s.healthInterval, "health-interval", "HANDOFF_HEALTH_INTERVAL", server.DefaultHealthInterval, "how often the store is pinged; health is NOT_SERVING while the ping fails")
 	s.security.Bind(b)
 	b.String(&s.operatorToken, "operator-token", "HANDOFF_OPERATOR_TOKEN", "", fmt.Sprintf("token of the operator account \"operator\" (a resolver), presented as authorization: Bearer <token> to ListEscalations and ResolveEscalation; at least %d bytes; this or --operators/--operators-file is required", identity.MinOperatorTokenLen))
+	b.String(&s.escalationWebhook, "escalation-webhook", "HANDOFF_ESCALATION_WEBHOOK", "", "POST each escalation (run, job, cause, link; Idempotency-Key run:escalation; retried) to this URL, for pipelines naming no escalation.webhook")
+	b.String(&s.deskURL, "desk-url", "HANDOFF_DESK_URL", "", "base URL of the operator page, for the link in an escalation's webhook body")
 	b.String(&s.operators, "operators", "HANDOFF_OPERATORS", "", identity.AccountsHelp)
 	b.String(&s.operatorsFile, "operators-file", "HANDOFF_OPERATORS_FILE", "", "file of operator accounts, in the format of --operators")
 }
@@ -89,6 +93,11 @@ func (s *settings) Validate() error {
 	}
 	if s.operatorToken != "" && len(s.operatorToken) < identity.MinOperatorTokenLen {
 		return fmt.Errorf("--operator-token is %d bytes, need at least %d", len(s.operatorToken), identity.MinOperatorTokenLen)
+	}
+	for flag, v := range map[string]string{"--escalation-webhook": s.escalationWebhook, "--desk-url": s.deskURL} {
+		if u, err := url.Parse(v); v != "" && (err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "") {
+			return fmt.Errorf("%s %q: want an http(s) URL", flag, v)
+		}
 	}
 	if err := s.listen.Validate(); err != nil {
 		return err
@@ -198,6 +207,7 @@ func run(ctx context.Context, args []string, log *slog.Logger, ready func(net.Ad
 	srv, err := coordinator.New(coordinator.Options{
 		Store: st, Pipelines: pls, Validator: val, Logger: log, HopTimeout: s.hopTimeout, Dial: dial, TracerProvider: tp,
 		RetryFor: s.hopRetryFor, LeaseTTL: s.leaseTTL, DrainTimeout: s.drainTimeout,
+		EscalationWebhook: s.escalationWebhook, DeskURL: s.deskURL,
 		Runner:    handoffv1.NewAgentRunnerServiceClient(rc),
 		Writeback: handoffv1.NewWritebackServiceClient(wc),
 	})

@@ -3,6 +3,7 @@ package pipeline
 import (
 	"fmt"
 	"net"
+	"net/url"
 	"regexp"
 	"slices"
 	"strconv"
@@ -141,6 +142,11 @@ func (l *linter) pipeline() {
 	}{{"hops", int64(g.Hops), 1000}, {"revisions", int64(g.Revisions), 100}, {"usd_micros", g.USDMicros, 1 << 62}} {
 		if c.v < 0 || c.v > c.limit {
 			l.errorAt("max-grant", fmt.Sprintf("escalation.max_grant.%s is %d: it must be between 0 and %d (the most a person may give a run in one return)", c.key, c.v, c.limit), "escalation.max_grant."+c.key, "escalation.max_grant")
+		}
+	}
+	if w := p.Escalation.Webhook; w != "" {
+		if u, err := url.Parse(w); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			l.errorAt("escalation-webhook", fmt.Sprintf("escalation.webhook %q is not an http(s) URL: it is where each escalation is POSTed (e.g. https://desk.example/hooks/handoff)", w), "escalation.webhook", "escalation")
 		}
 	}
 	if p.Escalation.MaxOpen < 0 {

@@ -94,6 +94,8 @@ type Escalation struct {
 	// (escalation.max_open_escalations): past it, intake sheds load (SubmitJob answers
 	// RESOURCE_EXHAUSTED with a RetryInfo delay) until the desk has worked some off. 0: no cap.
 	MaxOpen int
+	// Webhook, when set, is POSTed each escalation (escalation.webhook, an http(s) URL).
+	Webhook string
 }
 
 // Grant is an amount of hops, revisions and money (micro-dollars).

@@ -49,7 +49,10 @@ type Config struct {
 	Agents                                     []agentrunner.Agent
 	// WebhookURL, when set, adds the "webhook" writeback target.
 	WebhookURL string
-	Logger     *slog.Logger
+	// EscalationWebhook is POSTed each escalation of a pipeline that names no
+	// escalation.webhook of its own.
+	EscalationWebhook string
+	Logger            *slog.Logger
 	// Tamper is passed to the coordinator: fault injection for tests only.
 	Tamper func(*handoffv1.HandoffPackage)
 	// Store, when set, is used instead of the embedded store in DataDir (for example a
@@ -185,6 +188,21 @@ func Start(ctx context.Context, cfg Config) (st *Stack, err error) {
 		lis[name] = l
 	}
 	s.CoordinatorAddr, s.RunnerAddr, s.WritebackAddr = lis["coordinator"].Addr().String(), lis["agent runner"].Addr().String(), lis["writeback"].Addr().String()
+	var wl net.Listener
+	if cfg.WebAddr != "" {
+		if wl, err = net.Listen("tcp", cfg.WebAddr); err != nil {
+			for _, l := range lis {
+				l.Close()
+			}
+			return nil, fmt.Errorf("stack: operator page cannot listen on %s: %w", cfg.WebAddr, err)
+		}
+		s.WebAddr = wl.Addr().String()
+		defer func() {
+			if s.web == nil {
+				wl.Close() // Start failed before the page served it
+			}
+		}()
+	}
 
 	s.Runner, err = agentrunner.New(agentrunner.Options{Validator: val, Store: s.Store, Artifacts: s.Artifacts, Agents: cfg.Agents, Logger: log.With("service", "agentrunner")})
 	if err != nil {
@@ -229,6 +247,10 @@ func Start(ctx context.Context, cfg Config) (st *Stack, err error) {
 		Tamper:         cfg.Tamper,
 		TracerProvider: s.tp,
 		Artifacts:      s.Artifacts,
+		// Escalations are POSTed to the pipeline's webhook, else this one, with a link to
+		// the run's page when the page is served.
+		EscalationWebhook: cfg.EscalationWebhook,
+		DeskURL:           deskURL(s.WebAddr),
 	})
 	if err != nil {
 		return nil, err
@@ -254,11 +276,6 @@ func Start(ctx context.Context, cfg Config) (st *Stack, err error) {
 		if err != nil {
 			return nil, fmt.Errorf("stack: operator page: %w (set Config.OperatorToken)", err)
 		}
-		wl, err := net.Listen("tcp", cfg.WebAddr)
-		if err != nil {
-			return nil, fmt.Errorf("stack: operator page cannot listen on %s: %w", cfg.WebAddr, err)
-		}
-		s.WebAddr = wl.Addr().String()
 		// Bounded reads and writes: a client trickling a request cannot hold a connection.
 		s.web = &http.Server{Handler: page, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
 			WriteTimeout: time.Minute, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
@@ -270,6 +287,13 @@ func Start(ctx context.Context, cfg Config) (st *Stack, err error) {
 		log.Info("resumed runs left in flight", "runs", n)
 	}
 	return s, nil
+}
+
+func deskURL(addr string) string {
+	if addr == "" {
+		return ""
+	}
+	return "http://" + addr
 }
 
 func or(v, def string) string {

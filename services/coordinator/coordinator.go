@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"slices"
 	"sort"
 	"strings"
@@ -74,6 +75,17 @@ type Options struct {
 	// ClaimTTL is how long an operator's claim of an escalation lasts (ClaimEscalation);
 	// claiming again renews it. Default DefaultClaimTTL.
 	ClaimTTL time.Duration
+	// EscalationWebhook is POSTed each escalation of a pipeline that names no
+	// escalation.webhook of its own ("" and none: no delivery).
+	EscalationWebhook string
+	// DeskURL is the operator page's base URL, for the link in a webhook's body.
+	DeskURL string
+	// HTTPClient delivers webhooks (default: one with a 10 s timeout).
+	HTTPClient *http.Client
+	// WebhookAttempts bounds the tries of one delivery (default 5); WebhookBackoff is the
+	// wait before the second, doubling after (default 200ms).
+	WebhookAttempts int
+	WebhookBackoff  time.Duration
 	// DrainTimeout bounds how long Close waits for the drivers to finish the hop each has in
 	// flight before it cancels them. Default 30s.
 	DrainTimeout time.Duration
@@ -140,6 +152,15 @@ func New(opts Options) (*Server, error) {
 	}
 	if opts.Owner == "" {
 		opts.Owner = defaultOwner()
+	}
+	if opts.HTTPClient == nil {
+		opts.HTTPClient = &http.Client{Timeout: 10 * time.Second}
+	}
+	if opts.WebhookAttempts <= 0 {
+		opts.WebhookAttempts = 5
+	}
+	if opts.WebhookBackoff <= 0 {
+		opts.WebhookBackoff = 200 * time.Millisecond
 	}
 	if opts.ClaimTTL <= 0 {
 		opts.ClaimTTL = DefaultClaimTTL

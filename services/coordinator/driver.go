@@ -426,7 +426,11 @@ func (s *Server) escalate(ctx context.Context, job *handoffv1.Job, p *pipeline.P
 		Cause: cause, Stage: job.GetStage(), Detail: detail, Reasons: reasons,
 		Route: p.Escalation.Route, At: timestamppb.New(s.opts.Now()), Number: job.Escalations,
 	}
-	return s.finish(ctx, job, handoffv1.JobState_JOB_STATE_ESCALATED, job.Escalation, detail, tr)
+	if err := s.finish(ctx, job, handoffv1.JobState_JOB_STATE_ESCALATED, job.Escalation, detail, tr); err != nil {
+		return err
+	}
+	s.deliver(job, p)
+	return nil
 }
 
 // finish saves the run in a terminal state and records the last event, with tr, the move

@@ -30,7 +30,7 @@ func Timeline(evs []*handoffv1.JobEvent) []*handoffv1.HopRecord {
 	}
 	for _, ev := range evs {
 		switch ev.GetKind() {
-		case handoffv1.EventKind_EVENT_KIND_SUBMITTED:
+		case handoffv1.EventKind_EVENT_KIND_SUBMITTED, handoffv1.EventKind_EVENT_KIND_ESCALATION_DELIVERY:
 			continue
 		case handoffv1.EventKind_EVENT_KIND_PACKAGE_SENT:
 			open(ev)

@@ -181,6 +181,8 @@ const (
 	EventKind_EVENT_KIND_FAILED       EventKind = 9
 	// A person resolved an escalated run (ResolveEscalation); resolution says how.
 	EventKind_EVENT_KIND_RESOLVED EventKind = 10
+	// The escalation was delivered to its route's webhook, or could not be: delivery says how.
+	EventKind_EVENT_KIND_ESCALATION_DELIVERY EventKind = 11
 )
 
 // Enum value maps for EventKind.
@@ -197,19 +199,21 @@ var (
 		8:  "EVENT_KIND_COMPLETED",
 		9:  "EVENT_KIND_FAILED",
 		10: "EVENT_KIND_RESOLVED",
+		11: "EVENT_KIND_ESCALATION_DELIVERY",
 	}
 	EventKind_value = map[string]int32{
-		"EVENT_KIND_UNSPECIFIED":  0,
-		"EVENT_KIND_SUBMITTED":    1,
-		"EVENT_KIND_PACKAGE_SENT": 2,
-		"EVENT_KIND_ACK":          3,
-		"EVENT_KIND_STAGE_RESULT": 4,
-		"EVENT_KIND_VERDICT":      5,
-		"EVENT_KIND_RECEIPT":      6,
-		"EVENT_KIND_ESCALATED":    7,
-		"EVENT_KIND_COMPLETED":    8,
-		"EVENT_KIND_FAILED":       9,
-		"EVENT_KIND_RESOLVED":     10,
+		"EVENT_KIND_UNSPECIFIED":         0,
+		"EVENT_KIND_SUBMITTED":           1,
+		"EVENT_KIND_PACKAGE_SENT":        2,
+		"EVENT_KIND_ACK":                 3,
+		"EVENT_KIND_STAGE_RESULT":        4,
+		"EVENT_KIND_VERDICT":             5,
+		"EVENT_KIND_RECEIPT":             6,
+		"EVENT_KIND_ESCALATED":           7,
+		"EVENT_KIND_COMPLETED":           8,
+		"EVENT_KIND_FAILED":              9,
+		"EVENT_KIND_RESOLVED":            10,
+		"EVENT_KIND_ESCALATION_DELIVERY": 11,
 	}
 )
 
@@ -1558,6 +1562,102 @@ func (x *Escalation) GetNumber() uint32 {
 	return 0
 }
 
+// Delivery is the outcome of POSTing an escalation to its route's webhook.
+type Delivery struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Url   string                 `protobuf:"bytes,1,opt,name=url,proto3" json:"url,omitempty"`
+	// The escalation delivered (Escalation.number); Idempotency-Key is "<run_id>:<number>".
+	Escalation uint32 `protobuf:"varint,2,opt,name=escalation,proto3" json:"escalation,omitempty"`
+	Attempts   uint32 `protobuf:"varint,3,opt,name=attempts,proto3" json:"attempts,omitempty"`
+	Delivered  bool   `protobuf:"varint,4,opt,name=delivered,proto3" json:"delivered,omitempty"`
+	// The last attempt's failure, when not delivered.
+	Error string `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
+	// The last HTTP status answered (0: none).
+	StatusCode    int32                  `protobuf:"varint,6,opt,name=status_code,json=statusCode,proto3" json:"status_code,omitempty"`
+	At            *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=at,proto3" json:"at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Delivery) Reset() {
+	*x = Delivery{}
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Delivery) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Delivery) ProtoMessage() {}
+
+func (x *Delivery) ProtoReflect() protoreflect.Message {
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Delivery.ProtoReflect.Descriptor instead.
+func (*Delivery) Descriptor() ([]byte, []int) {
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *Delivery) GetUrl() string {
+	if x != nil {
+		return x.Url
+	}
+	return ""
+}
+
+func (x *Delivery) GetEscalation() uint32 {
+	if x != nil {
+		return x.Escalation
+	}
+	return 0
+}
+
+func (x *Delivery) GetAttempts() uint32 {
+	if x != nil {
+		return x.Attempts
+	}
+	return 0
+}
+
+func (x *Delivery) GetDelivered() bool {
+	if x != nil {
+		return x.Delivered
+	}
+	return false
+}
+
+func (x *Delivery) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *Delivery) GetStatusCode() int32 {
+	if x != nil {
+		return x.StatusCode
+	}
+	return 0
+}
+
+func (x *Delivery) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
 // JobEvent is one entry on a run's timeline.
 type JobEvent struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
@@ -1582,14 +1682,16 @@ type JobEvent struct {
 	// The move the rail made after this hop: on the hop's last outcome event (stage result,
 	// verdict, receipt, or the ack of a rejected role it rerouted), and on the run's last
 	// event when the move ended the run (to escalate or to the end).
-	Transfer      *Transfer `protobuf:"bytes,16,opt,name=transfer,proto3" json:"transfer,omitempty"`
+	Transfer *Transfer `protobuf:"bytes,16,opt,name=transfer,proto3" json:"transfer,omitempty"`
+	// The webhook delivery, on an EVENT_KIND_ESCALATION_DELIVERY event.
+	Delivery      *Delivery `protobuf:"bytes,17,opt,name=delivery,proto3" json:"delivery,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *JobEvent) Reset() {
 	*x = JobEvent{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[15]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1601,7 +1703,7 @@ func (x *JobEvent) String() string {
 func (*JobEvent) ProtoMessage() {}
 
 func (x *JobEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[15]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1614,7 +1716,7 @@ func (x *JobEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobEvent.ProtoReflect.Descriptor instead.
 func (*JobEvent) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{15}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *JobEvent) GetSeq() uint64 {
@@ -1729,6 +1831,13 @@ func (x *JobEvent) GetTransfer() *Transfer {
 	return nil
 }
 
+func (x *JobEvent) GetDelivery() *Delivery {
+	if x != nil {
+		return x.Delivery
+	}
+	return nil
+}
+
 type ListEscalationsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	PageSize      int32                  `protobuf:"varint,1,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
@@ -1739,7 +1848,7 @@ type ListEscalationsRequest struct {
 
 func (x *ListEscalationsRequest) Reset() {
 	*x = ListEscalationsRequest{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[16]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1751,7 +1860,7 @@ func (x *ListEscalationsRequest) String() string {
 func (*ListEscalationsRequest) ProtoMessage() {}
 
 func (x *ListEscalationsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[16]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1764,7 +1873,7 @@ func (x *ListEscalationsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEscalationsRequest.ProtoReflect.Descriptor instead.
 func (*ListEscalationsRequest) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{16}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListEscalationsRequest) GetPageSize() int32 {
@@ -1791,7 +1900,7 @@ type ListEscalationsResponse struct {
 
 func (x *ListEscalationsResponse) Reset() {
 	*x = ListEscalationsResponse{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[17]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1803,7 +1912,7 @@ func (x *ListEscalationsResponse) String() string {
 func (*ListEscalationsResponse) ProtoMessage() {}
 
 func (x *ListEscalationsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[17]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1816,7 +1925,7 @@ func (x *ListEscalationsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEscalationsResponse.ProtoReflect.Descriptor instead.
 func (*ListEscalationsResponse) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{17}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListEscalationsResponse) GetJobs() []*Job {
@@ -1859,7 +1968,7 @@ type ResolveEscalationRequest struct {
 
 func (x *ResolveEscalationRequest) Reset() {
 	*x = ResolveEscalationRequest{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[18]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1871,7 +1980,7 @@ func (x *ResolveEscalationRequest) String() string {
 func (*ResolveEscalationRequest) ProtoMessage() {}
 
 func (x *ResolveEscalationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[18]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1884,7 +1993,7 @@ func (x *ResolveEscalationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveEscalationRequest.ProtoReflect.Descriptor instead.
 func (*ResolveEscalationRequest) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{18}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ResolveEscalationRequest) GetRunId() string {
@@ -2008,7 +2117,7 @@ type ApproveAction struct {
 
 func (x *ApproveAction) Reset() {
 	*x = ApproveAction{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[19]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2020,7 +2129,7 @@ func (x *ApproveAction) String() string {
 func (*ApproveAction) ProtoMessage() {}
 
 func (x *ApproveAction) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[19]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2033,7 +2142,7 @@ func (x *ApproveAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApproveAction.ProtoReflect.Descriptor instead.
 func (*ApproveAction) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{19}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ApproveAction) GetArtifactText() string {
@@ -2057,7 +2166,7 @@ type ReturnToStageAction struct {
 
 func (x *ReturnToStageAction) Reset() {
 	*x = ReturnToStageAction{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[20]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2069,7 +2178,7 @@ func (x *ReturnToStageAction) String() string {
 func (*ReturnToStageAction) ProtoMessage() {}
 
 func (x *ReturnToStageAction) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[20]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2082,7 +2191,7 @@ func (x *ReturnToStageAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReturnToStageAction.ProtoReflect.Descriptor instead.
 func (*ReturnToStageAction) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{20}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ReturnToStageAction) GetStage() string {
@@ -2119,7 +2228,7 @@ type Grant struct {
 
 func (x *Grant) Reset() {
 	*x = Grant{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[21]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2131,7 +2240,7 @@ func (x *Grant) String() string {
 func (*Grant) ProtoMessage() {}
 
 func (x *Grant) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[21]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2144,7 +2253,7 @@ func (x *Grant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Grant.ProtoReflect.Descriptor instead.
 func (*Grant) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{21}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Grant) GetHops() uint32 {
@@ -2177,7 +2286,7 @@ type FailAction struct {
 
 func (x *FailAction) Reset() {
 	*x = FailAction{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[22]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2189,7 +2298,7 @@ func (x *FailAction) String() string {
 func (*FailAction) ProtoMessage() {}
 
 func (x *FailAction) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[22]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2202,7 +2311,7 @@ func (x *FailAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FailAction.ProtoReflect.Descriptor instead.
 func (*FailAction) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{22}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *FailAction) GetReason() string {
@@ -2221,7 +2330,7 @@ type RejectMalformedAction struct {
 
 func (x *RejectMalformedAction) Reset() {
 	*x = RejectMalformedAction{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[23]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2233,7 +2342,7 @@ func (x *RejectMalformedAction) String() string {
 func (*RejectMalformedAction) ProtoMessage() {}
 
 func (x *RejectMalformedAction) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[23]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2246,7 +2355,7 @@ func (x *RejectMalformedAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RejectMalformedAction.ProtoReflect.Descriptor instead.
 func (*RejectMalformedAction) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{23}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *RejectMalformedAction) GetReason() string {
@@ -2285,7 +2394,7 @@ type Resolution struct {
 
 func (x *Resolution) Reset() {
 	*x = Resolution{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[24]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2297,7 +2406,7 @@ func (x *Resolution) String() string {
 func (*Resolution) ProtoMessage() {}
 
 func (x *Resolution) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[24]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2310,7 +2419,7 @@ func (x *Resolution) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Resolution.ProtoReflect.Descriptor instead.
 func (*Resolution) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{24}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Resolution) GetAction() ResolutionAction {
@@ -2406,7 +2515,7 @@ type ResolveEscalationResponse struct {
 
 func (x *ResolveEscalationResponse) Reset() {
 	*x = ResolveEscalationResponse{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[25]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2418,7 +2527,7 @@ func (x *ResolveEscalationResponse) String() string {
 func (*ResolveEscalationResponse) ProtoMessage() {}
 
 func (x *ResolveEscalationResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[25]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2431,7 +2540,7 @@ func (x *ResolveEscalationResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveEscalationResponse.ProtoReflect.Descriptor instead.
 func (*ResolveEscalationResponse) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{25}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ResolveEscalationResponse) GetJob() *Job {
@@ -2592,7 +2701,18 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\areasons\x18\x04 \x03(\v2\x12.handoff.v1.ReasonR\areasons\x12\x14\n" +
 	"\x05route\x18\x05 \x01(\tR\x05route\x12*\n" +
 	"\x02at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x16\n" +
-	"\x06number\x18\a \x01(\rR\x06number\"\xf1\x04\n" +
+	"\x06number\x18\a \x01(\rR\x06number\"\xd9\x01\n" +
+	"\bDelivery\x12\x10\n" +
+	"\x03url\x18\x01 \x01(\tR\x03url\x12\x1e\n" +
+	"\n" +
+	"escalation\x18\x02 \x01(\rR\n" +
+	"escalation\x12\x1a\n" +
+	"\battempts\x18\x03 \x01(\rR\battempts\x12\x1c\n" +
+	"\tdelivered\x18\x04 \x01(\bR\tdelivered\x12\x14\n" +
+	"\x05error\x18\x05 \x01(\tR\x05error\x12\x1f\n" +
+	"\vstatus_code\x18\x06 \x01(\x05R\n" +
+	"statusCode\x12*\n" +
+	"\x02at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"\xa3\x05\n" +
 	"\bJobEvent\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x15\n" +
 	"\x06run_id\x18\x02 \x01(\tR\x05runId\x12\x15\n" +
@@ -2614,7 +2734,8 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\n" +
 	"resolution\x18\x0f \x01(\v2\x16.handoff.v1.ResolutionR\n" +
 	"resolution\x120\n" +
-	"\btransfer\x18\x10 \x01(\v2\x14.handoff.v1.TransferR\btransfer\"`\n" +
+	"\btransfer\x18\x10 \x01(\v2\x14.handoff.v1.TransferR\btransfer\x120\n" +
+	"\bdelivery\x18\x11 \x01(\v2\x14.handoff.v1.DeliveryR\bdelivery\"`\n" +
 	"\x16ListEscalationsRequest\x12'\n" +
 	"\tpage_size\x18\x01 \x01(\x05B\n" +
 	"\xbaH\a\x1a\x05\x18\xe8\a(\x00R\bpageSize\x12\x1d\n" +
@@ -2696,7 +2817,7 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"!ESCALATION_CAUSE_ROUTE_UNDECLARED\x10\t\x12\x1e\n" +
 	"\x1aESCALATION_CAUSE_PING_PONG\x10\n" +
 	"\x12\x1b\n" +
-	"\x17ESCALATION_CAUSE_ROUTED\x10\v*\xa3\x02\n" +
+	"\x17ESCALATION_CAUSE_ROUTED\x10\v*\xc7\x02\n" +
 	"\tEventKind\x12\x1a\n" +
 	"\x16EVENT_KIND_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14EVENT_KIND_SUBMITTED\x10\x01\x12\x1b\n" +
@@ -2709,7 +2830,8 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\x14EVENT_KIND_COMPLETED\x10\b\x12\x15\n" +
 	"\x11EVENT_KIND_FAILED\x10\t\x12\x17\n" +
 	"\x13EVENT_KIND_RESOLVED\x10\n" +
-	"*\xbf\x01\n" +
+	"\x12\"\n" +
+	"\x1eEVENT_KIND_ESCALATION_DELIVERY\x10\v*\xbf\x01\n" +
 	"\x10ResolutionAction\x12!\n" +
 	"\x1dRESOLUTION_ACTION_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19RESOLUTION_ACTION_APPROVE\x10\x01\x12%\n" +
@@ -2738,7 +2860,7 @@ func file_handoff_v1_coordinator_proto_rawDescGZIP() []byte {
 }
 
 var file_handoff_v1_coordinator_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_handoff_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_handoff_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_handoff_v1_coordinator_proto_goTypes = []any{
 	(JobState)(0),                     // 0: handoff.v1.JobState
 	(EscalationCause)(0),              // 1: handoff.v1.EscalationCause
@@ -2759,115 +2881,118 @@ var file_handoff_v1_coordinator_proto_goTypes = []any{
 	(*Job)(nil),                       // 16: handoff.v1.Job
 	(*Transfer)(nil),                  // 17: handoff.v1.Transfer
 	(*Escalation)(nil),                // 18: handoff.v1.Escalation
-	(*JobEvent)(nil),                  // 19: handoff.v1.JobEvent
-	(*ListEscalationsRequest)(nil),    // 20: handoff.v1.ListEscalationsRequest
-	(*ListEscalationsResponse)(nil),   // 21: handoff.v1.ListEscalationsResponse
-	(*ResolveEscalationRequest)(nil),  // 22: handoff.v1.ResolveEscalationRequest
-	(*ApproveAction)(nil),             // 23: handoff.v1.ApproveAction
-	(*ReturnToStageAction)(nil),       // 24: handoff.v1.ReturnToStageAction
-	(*Grant)(nil),                     // 25: handoff.v1.Grant
-	(*FailAction)(nil),                // 26: handoff.v1.FailAction
-	(*RejectMalformedAction)(nil),     // 27: handoff.v1.RejectMalformedAction
-	(*Resolution)(nil),                // 28: handoff.v1.Resolution
-	(*ResolveEscalationResponse)(nil), // 29: handoff.v1.ResolveEscalationResponse
-	(*timestamppb.Timestamp)(nil),     // 30: google.protobuf.Timestamp
-	(*Budget)(nil),                    // 31: handoff.v1.Budget
-	(*Artifact)(nil),                  // 32: handoff.v1.Artifact
-	(*Trace)(nil),                     // 33: handoff.v1.Trace
-	(AckStatus)(0),                    // 34: handoff.v1.AckStatus
-	(Verdict)(0),                      // 35: handoff.v1.Verdict
-	(*durationpb.Duration)(nil),       // 36: google.protobuf.Duration
-	(*Receipt)(nil),                   // 37: handoff.v1.Receipt
-	(*Evaluator)(nil),                 // 38: handoff.v1.Evaluator
-	(*ToolAttempt)(nil),               // 39: handoff.v1.ToolAttempt
-	(Move)(0),                         // 40: handoff.v1.Move
-	(*RouteChoice)(nil),               // 41: handoff.v1.RouteChoice
-	(*Reason)(nil),                    // 42: handoff.v1.Reason
-	(*Ack)(nil),                       // 43: handoff.v1.Ack
-	(*StageResult)(nil),               // 44: handoff.v1.StageResult
+	(*Delivery)(nil),                  // 19: handoff.v1.Delivery
+	(*JobEvent)(nil),                  // 20: handoff.v1.JobEvent
+	(*ListEscalationsRequest)(nil),    // 21: handoff.v1.ListEscalationsRequest
+	(*ListEscalationsResponse)(nil),   // 22: handoff.v1.ListEscalationsResponse
+	(*ResolveEscalationRequest)(nil),  // 23: handoff.v1.ResolveEscalationRequest
+	(*ApproveAction)(nil),             // 24: handoff.v1.ApproveAction
+	(*ReturnToStageAction)(nil),       // 25: handoff.v1.ReturnToStageAction
+	(*Grant)(nil),                     // 26: handoff.v1.Grant
+	(*FailAction)(nil),                // 27: handoff.v1.FailAction
+	(*RejectMalformedAction)(nil),     // 28: handoff.v1.RejectMalformedAction
+	(*Resolution)(nil),                // 29: handoff.v1.Resolution
+	(*ResolveEscalationResponse)(nil), // 30: handoff.v1.ResolveEscalationResponse
+	(*timestamppb.Timestamp)(nil),     // 31: google.protobuf.Timestamp
+	(*Budget)(nil),                    // 32: handoff.v1.Budget
+	(*Artifact)(nil),                  // 33: handoff.v1.Artifact
+	(*Trace)(nil),                     // 34: handoff.v1.Trace
+	(AckStatus)(0),                    // 35: handoff.v1.AckStatus
+	(Verdict)(0),                      // 36: handoff.v1.Verdict
+	(*durationpb.Duration)(nil),       // 37: google.protobuf.Duration
+	(*Receipt)(nil),                   // 38: handoff.v1.Receipt
+	(*Evaluator)(nil),                 // 39: handoff.v1.Evaluator
+	(*ToolAttempt)(nil),               // 40: handoff.v1.ToolAttempt
+	(Move)(0),                         // 41: handoff.v1.Move
+	(*RouteChoice)(nil),               // 42: handoff.v1.RouteChoice
+	(*Reason)(nil),                    // 43: handoff.v1.Reason
+	(*Ack)(nil),                       // 44: handoff.v1.Ack
+	(*StageResult)(nil),               // 45: handoff.v1.StageResult
 }
 var file_handoff_v1_coordinator_proto_depIdxs = []int32{
 	6,  // 0: handoff.v1.ClaimEscalationResponse.claim:type_name -> handoff.v1.Claim
-	30, // 1: handoff.v1.Claim.at:type_name -> google.protobuf.Timestamp
-	30, // 2: handoff.v1.Claim.expires_at:type_name -> google.protobuf.Timestamp
-	31, // 3: handoff.v1.SubmitJobRequest.budget:type_name -> handoff.v1.Budget
-	32, // 4: handoff.v1.SubmitJobRequest.inputs:type_name -> handoff.v1.Artifact
-	33, // 5: handoff.v1.SubmitJobRequest.trace:type_name -> handoff.v1.Trace
+	31, // 1: handoff.v1.Claim.at:type_name -> google.protobuf.Timestamp
+	31, // 2: handoff.v1.Claim.expires_at:type_name -> google.protobuf.Timestamp
+	32, // 3: handoff.v1.SubmitJobRequest.budget:type_name -> handoff.v1.Budget
+	33, // 4: handoff.v1.SubmitJobRequest.inputs:type_name -> handoff.v1.Artifact
+	34, // 5: handoff.v1.SubmitJobRequest.trace:type_name -> handoff.v1.Trace
 	16, // 6: handoff.v1.SubmitJobResponse.job:type_name -> handoff.v1.Job
 	16, // 7: handoff.v1.GetJobResponse.job:type_name -> handoff.v1.Job
 	11, // 8: handoff.v1.GetJobResponse.timeline:type_name -> handoff.v1.HopRecord
-	34, // 9: handoff.v1.HopRecord.ack:type_name -> handoff.v1.AckStatus
+	35, // 9: handoff.v1.HopRecord.ack:type_name -> handoff.v1.AckStatus
 	17, // 10: handoff.v1.HopRecord.transfer:type_name -> handoff.v1.Transfer
-	35, // 11: handoff.v1.HopRecord.verdict:type_name -> handoff.v1.Verdict
-	36, // 12: handoff.v1.HopRecord.duration:type_name -> google.protobuf.Duration
-	30, // 13: handoff.v1.HopRecord.at:type_name -> google.protobuf.Timestamp
+	36, // 11: handoff.v1.HopRecord.verdict:type_name -> handoff.v1.Verdict
+	37, // 12: handoff.v1.HopRecord.duration:type_name -> google.protobuf.Duration
+	31, // 13: handoff.v1.HopRecord.at:type_name -> google.protobuf.Timestamp
 	2,  // 14: handoff.v1.HopRecord.end:type_name -> handoff.v1.EventKind
 	18, // 15: handoff.v1.HopRecord.escalation:type_name -> handoff.v1.Escalation
-	37, // 16: handoff.v1.HopRecord.receipt:type_name -> handoff.v1.Receipt
-	28, // 17: handoff.v1.HopRecord.resolution:type_name -> handoff.v1.Resolution
+	38, // 16: handoff.v1.HopRecord.receipt:type_name -> handoff.v1.Receipt
+	29, // 17: handoff.v1.HopRecord.resolution:type_name -> handoff.v1.Resolution
 	0,  // 18: handoff.v1.ListJobsRequest.state:type_name -> handoff.v1.JobState
 	16, // 19: handoff.v1.ListJobsResponse.jobs:type_name -> handoff.v1.Job
-	19, // 20: handoff.v1.WatchJobResponse.event:type_name -> handoff.v1.JobEvent
+	20, // 20: handoff.v1.WatchJobResponse.event:type_name -> handoff.v1.JobEvent
 	0,  // 21: handoff.v1.Job.state:type_name -> handoff.v1.JobState
-	31, // 22: handoff.v1.Job.wallet:type_name -> handoff.v1.Budget
-	38, // 23: handoff.v1.Job.evaluator:type_name -> handoff.v1.Evaluator
-	32, // 24: handoff.v1.Job.artifacts:type_name -> handoff.v1.Artifact
-	39, // 25: handoff.v1.Job.tools_tried:type_name -> handoff.v1.ToolAttempt
-	37, // 26: handoff.v1.Job.receipt:type_name -> handoff.v1.Receipt
+	32, // 22: handoff.v1.Job.wallet:type_name -> handoff.v1.Budget
+	39, // 23: handoff.v1.Job.evaluator:type_name -> handoff.v1.Evaluator
+	33, // 24: handoff.v1.Job.artifacts:type_name -> handoff.v1.Artifact
+	40, // 25: handoff.v1.Job.tools_tried:type_name -> handoff.v1.ToolAttempt
+	38, // 26: handoff.v1.Job.receipt:type_name -> handoff.v1.Receipt
 	18, // 27: handoff.v1.Job.escalation:type_name -> handoff.v1.Escalation
-	30, // 28: handoff.v1.Job.created_at:type_name -> google.protobuf.Timestamp
-	30, // 29: handoff.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
-	28, // 30: handoff.v1.Job.resolution:type_name -> handoff.v1.Resolution
+	31, // 28: handoff.v1.Job.created_at:type_name -> google.protobuf.Timestamp
+	31, // 29: handoff.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
+	29, // 30: handoff.v1.Job.resolution:type_name -> handoff.v1.Resolution
 	17, // 31: handoff.v1.Job.transfers:type_name -> handoff.v1.Transfer
 	6,  // 32: handoff.v1.Job.claim:type_name -> handoff.v1.Claim
-	40, // 33: handoff.v1.Transfer.move:type_name -> handoff.v1.Move
-	41, // 34: handoff.v1.Transfer.route:type_name -> handoff.v1.RouteChoice
+	41, // 33: handoff.v1.Transfer.move:type_name -> handoff.v1.Move
+	42, // 34: handoff.v1.Transfer.route:type_name -> handoff.v1.RouteChoice
 	1,  // 35: handoff.v1.Escalation.cause:type_name -> handoff.v1.EscalationCause
-	42, // 36: handoff.v1.Escalation.reasons:type_name -> handoff.v1.Reason
-	30, // 37: handoff.v1.Escalation.at:type_name -> google.protobuf.Timestamp
-	2,  // 38: handoff.v1.JobEvent.kind:type_name -> handoff.v1.EventKind
-	30, // 39: handoff.v1.JobEvent.at:type_name -> google.protobuf.Timestamp
-	31, // 40: handoff.v1.JobEvent.wallet:type_name -> handoff.v1.Budget
-	43, // 41: handoff.v1.JobEvent.ack:type_name -> handoff.v1.Ack
-	44, // 42: handoff.v1.JobEvent.result:type_name -> handoff.v1.StageResult
-	38, // 43: handoff.v1.JobEvent.evaluator:type_name -> handoff.v1.Evaluator
-	37, // 44: handoff.v1.JobEvent.receipt:type_name -> handoff.v1.Receipt
-	18, // 45: handoff.v1.JobEvent.escalation:type_name -> handoff.v1.Escalation
-	28, // 46: handoff.v1.JobEvent.resolution:type_name -> handoff.v1.Resolution
-	17, // 47: handoff.v1.JobEvent.transfer:type_name -> handoff.v1.Transfer
-	16, // 48: handoff.v1.ListEscalationsResponse.jobs:type_name -> handoff.v1.Job
-	23, // 49: handoff.v1.ResolveEscalationRequest.approve:type_name -> handoff.v1.ApproveAction
-	24, // 50: handoff.v1.ResolveEscalationRequest.return_to_stage:type_name -> handoff.v1.ReturnToStageAction
-	26, // 51: handoff.v1.ResolveEscalationRequest.fail:type_name -> handoff.v1.FailAction
-	27, // 52: handoff.v1.ResolveEscalationRequest.reject_malformed:type_name -> handoff.v1.RejectMalformedAction
-	25, // 53: handoff.v1.ReturnToStageAction.grant:type_name -> handoff.v1.Grant
-	3,  // 54: handoff.v1.Resolution.action:type_name -> handoff.v1.ResolutionAction
-	32, // 55: handoff.v1.Resolution.edited_artifact:type_name -> handoff.v1.Artifact
-	18, // 56: handoff.v1.Resolution.escalation:type_name -> handoff.v1.Escalation
-	30, // 57: handoff.v1.Resolution.at:type_name -> google.protobuf.Timestamp
-	25, // 58: handoff.v1.Resolution.grant:type_name -> handoff.v1.Grant
-	16, // 59: handoff.v1.ResolveEscalationResponse.job:type_name -> handoff.v1.Job
-	37, // 60: handoff.v1.ResolveEscalationResponse.receipt:type_name -> handoff.v1.Receipt
-	28, // 61: handoff.v1.ResolveEscalationResponse.resolution:type_name -> handoff.v1.Resolution
-	7,  // 62: handoff.v1.CoordinatorService.SubmitJob:input_type -> handoff.v1.SubmitJobRequest
-	9,  // 63: handoff.v1.CoordinatorService.GetJob:input_type -> handoff.v1.GetJobRequest
-	12, // 64: handoff.v1.CoordinatorService.ListJobs:input_type -> handoff.v1.ListJobsRequest
-	14, // 65: handoff.v1.CoordinatorService.WatchJob:input_type -> handoff.v1.WatchJobRequest
-	20, // 66: handoff.v1.CoordinatorService.ListEscalations:input_type -> handoff.v1.ListEscalationsRequest
-	22, // 67: handoff.v1.CoordinatorService.ResolveEscalation:input_type -> handoff.v1.ResolveEscalationRequest
-	4,  // 68: handoff.v1.CoordinatorService.ClaimEscalation:input_type -> handoff.v1.ClaimEscalationRequest
-	8,  // 69: handoff.v1.CoordinatorService.SubmitJob:output_type -> handoff.v1.SubmitJobResponse
-	10, // 70: handoff.v1.CoordinatorService.GetJob:output_type -> handoff.v1.GetJobResponse
-	13, // 71: handoff.v1.CoordinatorService.ListJobs:output_type -> handoff.v1.ListJobsResponse
-	15, // 72: handoff.v1.CoordinatorService.WatchJob:output_type -> handoff.v1.WatchJobResponse
-	21, // 73: handoff.v1.CoordinatorService.ListEscalations:output_type -> handoff.v1.ListEscalationsResponse
-	29, // 74: handoff.v1.CoordinatorService.ResolveEscalation:output_type -> handoff.v1.ResolveEscalationResponse
-	5,  // 75: handoff.v1.CoordinatorService.ClaimEscalation:output_type -> handoff.v1.ClaimEscalationResponse
-	69, // [69:76] is the sub-list for method output_type
-	62, // [62:69] is the sub-list for method input_type
-	62, // [62:62] is the sub-list for extension type_name
-	62, // [62:62] is the sub-list for extension extendee
-	0,  // [0:62] is the sub-list for field type_name
+	43, // 36: handoff.v1.Escalation.reasons:type_name -> handoff.v1.Reason
+	31, // 37: handoff.v1.Escalation.at:type_name -> google.protobuf.Timestamp
+	31, // 38: handoff.v1.Delivery.at:type_name -> google.protobuf.Timestamp
+	2,  // 39: handoff.v1.JobEvent.kind:type_name -> handoff.v1.EventKind
+	31, // 40: handoff.v1.JobEvent.at:type_name -> google.protobuf.Timestamp
+	32, // 41: handoff.v1.JobEvent.wallet:type_name -> handoff.v1.Budget
+	44, // 42: handoff.v1.JobEvent.ack:type_name -> handoff.v1.Ack
+	45, // 43: handoff.v1.JobEvent.result:type_name -> handoff.v1.StageResult
+	39, // 44: handoff.v1.JobEvent.evaluator:type_name -> handoff.v1.Evaluator
+	38, // 45: handoff.v1.JobEvent.receipt:type_name -> handoff.v1.Receipt
+	18, // 46: handoff.v1.JobEvent.escalation:type_name -> handoff.v1.Escalation
+	29, // 47: handoff.v1.JobEvent.resolution:type_name -> handoff.v1.Resolution
+	17, // 48: handoff.v1.JobEvent.transfer:type_name -> handoff.v1.Transfer
+	19, // 49: handoff.v1.JobEvent.delivery:type_name -> handoff.v1.Delivery
+	16, // 50: handoff.v1.ListEscalationsResponse.jobs:type_name -> handoff.v1.Job
+	24, // 51: handoff.v1.ResolveEscalationRequest.approve:type_name -> handoff.v1.ApproveAction
+	25, // 52: handoff.v1.ResolveEscalationRequest.return_to_stage:type_name -> handoff.v1.ReturnToStageAction
+	27, // 53: handoff.v1.ResolveEscalationRequest.fail:type_name -> handoff.v1.FailAction
+	28, // 54: handoff.v1.ResolveEscalationRequest.reject_malformed:type_name -> handoff.v1.RejectMalformedAction
+	26, // 55: handoff.v1.ReturnToStageAction.grant:type_name -> handoff.v1.Grant
+	3,  // 56: handoff.v1.Resolution.action:type_name -> handoff.v1.ResolutionAction
+	33, // 57: handoff.v1.Resolution.edited_artifact:type_name -> handoff.v1.Artifact
+	18, // 58: handoff.v1.Resolution.escalation:type_name -> handoff.v1.Escalation
+	31, // 59: handoff.v1.Resolution.at:type_name -> google.protobuf.Timestamp
+	26, // 60: handoff.v1.Resolution.grant:type_name -> handoff.v1.Grant
+	16, // 61: handoff.v1.ResolveEscalationResponse.job:type_name -> handoff.v1.Job
+	38, // 62: handoff.v1.ResolveEscalationResponse.receipt:type_name -> handoff.v1.Receipt
+	29, // 63: handoff.v1.ResolveEscalationResponse.resolution:type_name -> handoff.v1.Resolution
+	7,  // 64: handoff.v1.CoordinatorService.SubmitJob:input_type -> handoff.v1.SubmitJobRequest
+	9,  // 65: handoff.v1.CoordinatorService.GetJob:input_type -> handoff.v1.GetJobRequest
+	12, // 66: handoff.v1.CoordinatorService.ListJobs:input_type -> handoff.v1.ListJobsRequest
+	14, // 67: handoff.v1.CoordinatorService.WatchJob:input_type -> handoff.v1.WatchJobRequest
+	21, // 68: handoff.v1.CoordinatorService.ListEscalations:input_type -> handoff.v1.ListEscalationsRequest
+	23, // 69: handoff.v1.CoordinatorService.ResolveEscalation:input_type -> handoff.v1.ResolveEscalationRequest
+	4,  // 70: handoff.v1.CoordinatorService.ClaimEscalation:input_type -> handoff.v1.ClaimEscalationRequest
+	8,  // 71: handoff.v1.CoordinatorService.SubmitJob:output_type -> handoff.v1.SubmitJobResponse
+	10, // 72: handoff.v1.CoordinatorService.GetJob:output_type -> handoff.v1.GetJobResponse
+	13, // 73: handoff.v1.CoordinatorService.ListJobs:output_type -> handoff.v1.ListJobsResponse
+	15, // 74: handoff.v1.CoordinatorService.WatchJob:output_type -> handoff.v1.WatchJobResponse
+	22, // 75: handoff.v1.CoordinatorService.ListEscalations:output_type -> handoff.v1.ListEscalationsResponse
+	30, // 76: handoff.v1.CoordinatorService.ResolveEscalation:output_type -> handoff.v1.ResolveEscalationResponse
+	5,  // 77: handoff.v1.CoordinatorService.ClaimEscalation:output_type -> handoff.v1.ClaimEscalationResponse
+	71, // [71:78] is the sub-list for method output_type
+	64, // [64:71] is the sub-list for method input_type
+	64, // [64:64] is the sub-list for extension type_name
+	64, // [64:64] is the sub-list for extension extendee
+	0,  // [0:64] is the sub-list for field type_name
 }
 
 func init() { file_handoff_v1_coordinator_proto_init() }
@@ -2877,21 +3002,21 @@ func file_handoff_v1_coordinator_proto_init() {
 	}
 	file_handoff_v1_agentrunner_proto_init()
 	file_handoff_v1_handoff_proto_init()
-	file_handoff_v1_coordinator_proto_msgTypes[18].OneofWrappers = []any{
+	file_handoff_v1_coordinator_proto_msgTypes[19].OneofWrappers = []any{
 		(*ResolveEscalationRequest_Approve)(nil),
 		(*ResolveEscalationRequest_ReturnToStage)(nil),
 		(*ResolveEscalationRequest_Fail)(nil),
 		(*ResolveEscalationRequest_RejectMalformed)(nil),
 	}
-	file_handoff_v1_coordinator_proto_msgTypes[19].OneofWrappers = []any{}
 	file_handoff_v1_coordinator_proto_msgTypes[20].OneofWrappers = []any{}
+	file_handoff_v1_coordinator_proto_msgTypes[21].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_handoff_v1_coordinator_proto_rawDesc), len(file_handoff_v1_coordinator_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   26,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

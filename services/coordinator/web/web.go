@@ -319,6 +319,9 @@ func (h *Handler) job(w http.ResponseWriter, r *http.Request) {
 	if aerr != nil {
 		d["ArtifactError"] = aerr.Error()
 	}
+	if dl, err := h.srv.Delivery(c, job); err == nil && dl != nil {
+		d["Delivery"] = dl
+	}
 	if err := h.srv.Approvable(job); err != nil {
 		d["NoApprove"] = status.Convert(err).Message()
 	}

@@ -8,8 +8,10 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/cookiejar"
+	"net/http/httptest"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -478,3 +480,74 @@ func TestClaimOnThePage(t *testing.T) {
 		t.Fatalf("page does not show the override:\n%s", body)
 	}
 }
+
+// The escalation is delivered to its route's webhook: POSTed with run, job, cause and a
+// link, Idempotency-Key run:escalation on every try, retried past failures; a delivery that
+// never succeeds shows on the page.
+func TestEscalationWebhook(t *testing.T) {
+	var mu sync.Mutex
+	seen := map[string][]string{} // Idempotency-Key -> bodies
+	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		key := r.Header.Get("Idempotency-Key")
+		mu.Lock()
+		seen[key] = append(seen[key], string(b))
+		n := len(seen[key])
+		mu.Unlock()
+		if strings.Contains(string(b), "tkt_43") || n < 3 {
+			http.Error(w, "busy", http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	t.Cleanup(hook.Close)
+	pls, err := stack.ShippedPipelines()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pls["support-ticket"].Escalation.Webhook = hook.URL
+	st, err := stack.Start(context.Background(), stack.Config{DataDir: t.TempDir(), CoordinatorAddr: "127.0.0.1:0", RunnerAddr: "127.0.0.1:0",
+		WritebackAddr: "127.0.0.1:0", WebAddr: "127.0.0.1:0", OperatorToken: token, Pipelines: pls, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	delivery := func(j *handoffv1.Job) *handoffv1.Delivery {
+		t.Helper()
+		for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+			if d, err := st.Coordinator.Delivery(context.Background(), j); err != nil {
+				t.Fatal(err)
+			} else if d != nil {
+				return d
+			}
+		}
+		t.Fatalf("no delivery recorded for %s", j.GetRunId())
+		return nil
+	}
+	ok := submitBare(t, st, "tkt_42")
+	if d := delivery(ok); !d.GetDelivered() || d.GetAttempts() != 3 || d.GetStatusCode() != http.StatusNoContent {
+		t.Fatalf("delivery %v; want delivered on the 3rd try", d)
+	}
+	key := ok.GetRunId() + ":1"
+	mu.Lock()
+	bodies := seen[key]
+	mu.Unlock()
+	if len(bodies) != 3 || bodies[0] != bodies[2] || !strings.Contains(bodies[0], `"job_id":"tkt_42"`) || !strings.Contains(bodies[0], `"cause":`) || !strings.Contains(bodies[0], `"escalation":1`) ||
+		!strings.Contains(bodies[0], `"link":"http://`+st.WebAddr+`/jobs/`+ok.GetRunId()+`"`) {
+		t.Fatalf("posts under Idempotency-Key %s: %q; want 3 identical bodies with run, job, cause", key, bodies)
+	}
+	bad := submitBare(t, st, "tkt_43")
+	if d := delivery(bad); d.GetDelivered() || d.GetAttempts() != 5 || !strings.Contains(d.GetError(), "503") {
+		t.Fatalf("delivery %v; want 5 failed tries", d)
+	}
+	c := browser(t)
+	post(t, c, base(st)+"/login", url.Values{"token": {token}})
+	if _, body := get(t, c, base(st)+"/jobs/"+bad.GetRunId()); !strings.Contains(body, "Escalation not delivered") || !strings.Contains(body, "5 time(s)") {
+		t.Fatalf("the page does not show the failed delivery:\n%s", body)
+	}
+	if _, body := get(t, c, base(st)+"/jobs/"+ok.GetRunId()); !strings.Contains(body, "Escalation delivered to") {
+		t.Fatalf("the page does not show the delivery:\n%s", body)
+	}
+}
+
+func base(st *stack.Stack) string { return "http://" + st.WebAddr }
