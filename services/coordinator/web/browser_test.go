@@ -197,6 +197,7 @@ func TestBrowserDesk(t *testing.T) {
 	}
 	t.Cleanup(st.Close)
 	bare := submitBare(t, st, "tkt_42")
+	spam := submitBare(t, st, "tkt_44")
 	capped := escalated(t, st)
 	base := "http://" + st.WebAddr
 	c := func(sel string) chromedp.CSS { return chromedp.CSS(sel) }
@@ -256,7 +257,22 @@ func TestBrowserDesk(t *testing.T) {
 	}
 	completed(bare.GetRunId())
 
-	// The HOP_CAP escalation, returned to draft with 4 hops.
+	// A fail: the page says the run is FAILED, and keeps the cause beside the decision.
+	do("fail", chromedp.Navigate(base+"/jobs/"+spam.GetRunId()), chromedp.WaitVisible(c("#reason")),
+		chromedp.SendKeys(c("#reason"), "spam"), chromedp.Click(c("#fail")), chromedp.WaitVisible(c("#outcome")))
+	if o := text("#outcome"); o != "FAILED" {
+		t.Fatalf("after fail the page says %q", o)
+	}
+
+	// The HOP_CAP escalation: claimed, then returned to draft with 4 hops.
+	do("claim", chromedp.Navigate(base+"/jobs/"+capped.GetRunId()), chromedp.WaitVisible(c("#claim-it")), chromedp.Click(c("#claim-it")), chromedp.WaitVisible(c("#holder")))
+	if h := text("#holder"); h != "operator" {
+		t.Fatalf("holder after claim %q", h)
+	}
+	do("queue shows the holder", chromedp.Navigate(base+"/"), chromedp.WaitVisible(c("#queue")))
+	if q := text("#queue"); !strings.Contains(q, "operator until") {
+		t.Fatalf("queue %q: want the holder", q)
+	}
 	do("return with a grant", chromedp.Navigate(base+"/jobs/"+capped.GetRunId()), chromedp.WaitVisible(c("#grant_hops")),
 		chromedp.SetValue(c("#grant_hops"), "4"), chromedp.SetValue(c("#stage"), "draft"), chromedp.Click(c("#return")), chromedp.WaitVisible(c("#outcome")))
 	completed(capped.GetRunId())
