@@ -38,8 +38,9 @@ const service = "coordinator"
 const (
 	about   = "runs the rail: the CoordinatorService over gRPC, driving each job's stages through an agent runner and the writeback service"
 	details = `Needs transport security (--certs DIR for mTLS, or --plaintext-loopback on a loopback
---listen address with service tokens) and operator credentials (--operator-token): it serves
-the calls that approve writes. --store is a bbolt file or a redis:// URL shared with the other
+--listen address with service tokens) and operator credentials (--operator-token, or operator
+accounts with roles from --operators / --operators-file): it serves the calls that approve
+writes. --store is a bbolt file or a redis:// URL shared with the other
 services and the other coordinator replicas, which split the runs by lease.`
 )
 
