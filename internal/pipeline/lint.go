@@ -149,6 +149,11 @@ func (l *linter) pipeline() {
 			l.errorAt("escalation-webhook", fmt.Sprintf("escalation.webhook %q is not an http(s) URL: it is where each escalation is POSTed (e.g. https://desk.example/hooks/handoff)", w), "escalation.webhook", "escalation")
 		}
 	}
+	switch p.Escalation.WhenFull {
+	case "", WhenFullShed, WhenFullHuman:
+	default:
+		l.errorAt("when-full", fmt.Sprintf("escalation.when_full is %q: use %s (refuse new jobs while max_open_escalations runs wait) or %s (send them straight to a person)", p.Escalation.WhenFull, WhenFullShed, WhenFullHuman), "escalation.when_full", "escalation")
+	}
 	if p.Escalation.MaxOpen < 0 {
 		l.errorAt("max-open-escalations", fmt.Sprintf("escalation.max_open_escalations is %d: it must be 0 (no cap) or more (how many runs may wait for a person before intake sheds load)", p.Escalation.MaxOpen), "escalation.max_open_escalations", "escalation")
 	}

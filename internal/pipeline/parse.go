@@ -20,7 +20,7 @@ type position struct{ line, col int }
 // The fields each mapping may have, in the order the messages list them.
 var (
 	pipelineFields   = []string{"name", "description", "max_hops", "max_revisions", "max_bounces", "escalation", "tools", "stages"}
-	escalationFields = []string{"route", "max_grant", "max_open_escalations", "webhook"}
+	escalationFields = []string{"route", "max_grant", "max_open_escalations", "when_full", "webhook"}
 	grantFields      = []string{"hops", "revisions", "usd_micros"}
 	toolFields       = []string{"name", "access", "system"}
 	stageFields      = []string{"name", "agent", "kind", "input", "output", "tools", "criteria", "runner", "revise", "writer", "routes", "next", "rejected_role"}
@@ -128,6 +128,8 @@ func (d *decoder) pipeline(root *yaml.Node) {
 				switch key {
 				case "route":
 					p.Escalation.Route = d.str(v, "escalation.route", "escalation.route")
+				case "when_full":
+					p.Escalation.WhenFull = d.str(v, "escalation.when_full", "escalation.when_full")
 				case "webhook":
 					p.Escalation.Webhook = d.str(v, "escalation.webhook", "escalation.webhook")
 				case "max_open_escalations":

@@ -94,9 +94,19 @@ type Escalation struct {
 	// (escalation.max_open_escalations): past it, intake sheds load (SubmitJob answers
 	// RESOURCE_EXHAUSTED with a RetryInfo delay) until the desk has worked some off. 0: no cap.
 	MaxOpen int
+	// WhenFull is what intake does with a new job once MaxOpen is reached
+	// (escalation.when_full): WhenFullShed (the default) refuses it, WhenFullHuman hands it
+	// straight to a person without agent spend.
+	WhenFull string
 	// Webhook, when set, is POSTed each escalation (escalation.webhook, an http(s) URL).
 	Webhook string
 }
+
+// Escalation.WhenFull values.
+const (
+	WhenFullShed  = "shed"
+	WhenFullHuman = "human"
+)
 
 // Grant is an amount of hops, revisions and money (micro-dollars).
 type Grant struct {

@@ -57,6 +57,7 @@ func TestLintFixtures(t *testing.T) {
 			{"max-grant", 7, "escalation.max_grant.usd_micros is -1"},
 			{"max-open-escalations", 8, "escalation.max_open_escalations is -1"},
 			{"escalation-webhook", 9, `escalation.webhook "ftp://nope" is not an http(s) URL`},
+			{"when-full", 10, `escalation.when_full is "drop"`},
 		}},
 		{file: "max_hops_zero.yaml", errors: []want{
 			{"max-hops", 3, "must be greater than 0"},

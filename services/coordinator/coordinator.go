@@ -287,8 +287,13 @@ func (s *Server) SubmitJob(ctx context.Context, req *handoffv1.SubmitJobRequest)
 	if field, why := inputsProblem(s.artifactRoot(), req.GetJobId(), req.GetInputs()); field != "" {
 		return nil, fieldError(codes.InvalidArgument, field, why)
 	}
-	if err := s.deskFull(ctx, p); err != nil {
+	full, why, err := s.deskFull(ctx, p)
+	if err != nil {
 		return nil, err
+	}
+	human := full && p.Escalation.WhenFull == pipeline.WhenFullHuman
+	if full && !human {
+		return nil, shed(why)
 	}
 	runID := newRunID()
 	wallet := proto.Clone(req.GetBudget()).(*handoffv1.Budget)
@@ -332,6 +337,9 @@ func (s *Server) SubmitJob(ctx context.Context, req *handoffv1.SubmitJobRequest)
 	// or request_id reused for other content.
 	submitted := &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_SUBMITTED, Stage: job.GetStage()}
 	s.stamp(job, submitted)
+	if human {
+		return s.submitToPerson(ctx, p, job, req, submitted, why)
+	}
 	run, created, err := s.opts.Store.CreateRun(ctx, job, submitted)
 	if err != nil {
 		return nil, createRunErr(err, req)

@@ -90,3 +90,30 @@ func openGauge(t *testing.T, st *stack.Stack) float64 {
 	t.Fatal("no handoff_escalations_open{pipeline=relay} metric")
 	return 0
 }
+
+// By pipeline policy (when_full: human) a full desk degrades intake to human-only: the new
+// job goes straight to the queue, ESCALATED DESK_FULL, with no agent call and nothing spent.
+func TestDeskFullHumanOnly(t *testing.T) {
+	src := strings.Replace(fmt.Sprintf(relay, 20, 0), "escalation: {route: humans, ", "escalation: {route: humans, max_open_escalations: 1, when_full: human, ", 1)
+	p, problems, err := pipeline.Parse("relay.yaml", []byte(src))
+	if err != nil || pipeline.HasErrors(problems) || p.Escalation.WhenFull != pipeline.WhenFullHuman {
+		t.Fatalf("relay pipeline: %v %v", err, problems)
+	}
+	e := &env{defaultBudget: &handoffv1.Budget{UsdRemainingMicros: 1_000_000}}
+	e.draft = &recorder{name: "draft", spend: 100_000}
+	e.judge = &recorder{name: "judge", spend: 50_000, verdicts: []handoffv1.Verdict{handoffv1.Verdict_VERDICT_FAIL}}
+	e.st, e.client = startStack(t, stack.Config{Pipelines: map[string]*pipeline.Pipeline{p.Name: p}, Agents: []agentrunner.Agent{e.draft, e.judge}})
+	e.input = mustInput(t, e.st)
+	if first, _ := e.submit(t, "relay", "tkt_1", "", e.defaultBudget); first.GetState() != handoffv1.JobState_JOB_STATE_ESCALATED {
+		t.Fatalf("first run %s, want ESCALATED", first.GetState())
+	}
+	calls := e.draft.calls()
+	second, _ := e.submit(t, "relay", "tkt_2", "", e.defaultBudget)
+	if second.GetState() != handoffv1.JobState_JOB_STATE_ESCALATED || second.GetEscalation().GetCause() != handoffv1.EscalationCause_ESCALATION_CAUSE_DESK_FULL ||
+		second.GetSpentUsdMicros() != 0 || second.GetHops() != 0 || e.draft.calls() != calls {
+		t.Fatalf("second run %s %v, spent %d, hops %d, draft calls %d→%d; want ESCALATED DESK_FULL with no agent call", second.GetState(), second.GetEscalation(), second.GetSpentUsdMicros(), second.GetHops(), calls, e.draft.calls())
+	}
+	if got := openGauge(t, e.st); got != 2 {
+		t.Fatalf("queue depth %v, want 2", got)
+	}
+}

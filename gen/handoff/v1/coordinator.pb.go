@@ -105,6 +105,10 @@ const (
 	// The stage chose a declared route whose target is escalate (intake could not classify
 	// the ticket, say): the pipeline sends such work to a person.
 	EscalationCause_ESCALATION_CAUSE_ROUTED EscalationCause = 11
+	// Intake found the pipeline's escalation queue full (max_open_escalations) and the
+	// pipeline degrades to human-only (when_full: human): the job went straight to a person,
+	// with no agent spend.
+	EscalationCause_ESCALATION_CAUSE_DESK_FULL EscalationCause = 12
 )
 
 // Enum value maps for EscalationCause.
@@ -122,6 +126,7 @@ var (
 		9:  "ESCALATION_CAUSE_ROUTE_UNDECLARED",
 		10: "ESCALATION_CAUSE_PING_PONG",
 		11: "ESCALATION_CAUSE_ROUTED",
+		12: "ESCALATION_CAUSE_DESK_FULL",
 	}
 	EscalationCause_value = map[string]int32{
 		"ESCALATION_CAUSE_UNSPECIFIED":         0,
@@ -136,6 +141,7 @@ var (
 		"ESCALATION_CAUSE_ROUTE_UNDECLARED":    9,
 		"ESCALATION_CAUSE_PING_PONG":           10,
 		"ESCALATION_CAUSE_ROUTED":              11,
+		"ESCALATION_CAUSE_DESK_FULL":           12,
 	}
 )
 
@@ -2803,7 +2809,7 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\x11JOB_STATE_RUNNING\x10\x01\x12\x17\n" +
 	"\x13JOB_STATE_COMPLETED\x10\x02\x12\x17\n" +
 	"\x13JOB_STATE_ESCALATED\x10\x03\x12\x14\n" +
-	"\x10JOB_STATE_FAILED\x10\x04*\xb9\x03\n" +
+	"\x10JOB_STATE_FAILED\x10\x04*\xd9\x03\n" +
 	"\x0fEscalationCause\x12 \n" +
 	"\x1cESCALATION_CAUSE_UNSPECIFIED\x10\x00\x12$\n" +
 	" ESCALATION_CAUSE_REJECTED_SCHEMA\x10\x01\x12\"\n" +
@@ -2817,7 +2823,8 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"!ESCALATION_CAUSE_ROUTE_UNDECLARED\x10\t\x12\x1e\n" +
 	"\x1aESCALATION_CAUSE_PING_PONG\x10\n" +
 	"\x12\x1b\n" +
-	"\x17ESCALATION_CAUSE_ROUTED\x10\v*\xc7\x02\n" +
+	"\x17ESCALATION_CAUSE_ROUTED\x10\v\x12\x1e\n" +
+	"\x1aESCALATION_CAUSE_DESK_FULL\x10\f*\xc7\x02\n" +
 	"\tEventKind\x12\x1a\n" +
 	"\x16EVENT_KIND_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14EVENT_KIND_SUBMITTED\x10\x01\x12\x1b\n" +
