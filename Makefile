@@ -53,11 +53,13 @@ gen: tools protodeps
 	rm -f gen/jsonschema/*.json
 	$(BUF) generate
 	$(BUF) generate --template buf.gen.ts.yaml
+	rm -f deploy/k8s/base/pipelines/*.yaml
+	cp pipelines/*.yaml deploy/k8s/base/pipelines/
 
 # Fails when the committed generated code differs from a fresh generation: a changed or
 # removed file (git diff), or a new one git does not know (ls-files --others). The index is
 # left alone (no `git add -N`, which would also stage the removals and hide them).
-GENERATED := gen $(TS_DIR)/src/gen
+GENERATED := gen $(TS_DIR)/src/gen deploy/k8s/base/pipelines
 gencheck: gen
 	@new=$$(git ls-files --others --exclude-standard -- $(GENERATED)); \
 	if ! git diff --exit-code --stat -- $(GENERATED) || [ -n "$$new" ]; then \

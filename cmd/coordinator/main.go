@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/url"
 	"os"
 	"os/signal"
 	"syscall"
@@ -37,8 +38,9 @@ const service = "coordinator"
 const (
 	about   = "runs the rail: the CoordinatorService over gRPC, driving each job's stages through an agent runner and the writeback service"
 	details = `Needs transport security (--certs DIR for mTLS, or --plaintext-loopback on a loopback
---listen address with service tokens) and operator credentials (--operator-token): it serves
-the calls that approve writes. --store is a bbolt file or a redis:// URL shared with the other
+--listen address with service tokens) and operator credentials (--operator-token, or operator
+accounts with roles from --operators / --operators-file): it serves the calls that approve
+writes. --store is a bbolt file or a redis:// URL shared with the other
 services and the other coordinator replicas, which split the runs by lease.`
 )
 
@@ -58,7 +60,8 @@ type settings struct {
 	hopTimeout, hopRetryFor, leaseTTL, drainTimeout time.Duration
 	healthInterval, storeWait                       time.Duration
 	security                                        rpc.Security
-	operatorToken                                   string
+	operatorToken, operators, operatorsFile         string
+	escalationWebhook, deskURL                      string
 }
 
 // Bind registers every setting with its variable and default.
@@ -75,18 +78,27 @@ func (s *settings) Bind(b *config.Binder) {
 	b.Duration(&s.storeWait, "store-wait", "HANDOFF_STORE_WAIT", server.DefaultStoreWait, "at start-up, how long to keep trying a Redis store that does not answer yet (0: fail at once)")
 	b.Duration(&s.healthInterval, "health-interval", "HANDOFF_HEALTH_INTERVAL", server.DefaultHealthInterval, "how often the store is pinged; health is NOT_SERVING while the ping fails")
 	s.security.Bind(b)
-	b.String(&s.operatorToken, "operator-token", "HANDOFF_OPERATOR_TOKEN", "", fmt.Sprintf("token an operator presents (authorization: Bearer <token>) to ListEscalations and ResolveEscalation; required, at least %d bytes", identity.MinOperatorTokenLen))
+	b.String(&s.operatorToken, "operator-token", "HANDOFF_OPERATOR_TOKEN", "", fmt.Sprintf("token of the operator account \"operator\" (a resolver), presented as authorization: Bearer <token> to ListEscalations and ResolveEscalation; at least %d bytes; this or --operators/--operators-file is required", identity.MinOperatorTokenLen))
+	b.String(&s.escalationWebhook, "escalation-webhook", "HANDOFF_ESCALATION_WEBHOOK", "", "POST each escalation (run, job, cause, link; Idempotency-Key run:escalation; retried) to this URL, for pipelines naming no escalation.webhook")
+	b.String(&s.deskURL, "desk-url", "HANDOFF_DESK_URL", "", "base URL of the operator page, for the link in an escalation's webhook body")
+	b.String(&s.operators, "operators", "HANDOFF_OPERATORS", "", identity.AccountsHelp)
+	b.String(&s.operatorsFile, "operators-file", "HANDOFF_OPERATORS_FILE", "", "file of operator accounts, in the format of --operators")
 }
 
 // Validate checks the values, naming the flag of a bad one.
 func (s *settings) Validate() error {
 	// Fail closed before anything else: this binary serves the calls that approve writes,
 	// and without operator credentials nobody could be told apart from an operator.
-	if s.operatorToken == "" {
-		return errors.New("no operator credentials: set --operator-token (or HANDOFF_OPERATOR_TOKEN); ListEscalations and ResolveEscalation need an operator")
+	if s.operatorToken == "" && s.operators == "" && s.operatorsFile == "" {
+		return errors.New("no operator credentials: set --operator-token (or HANDOFF_OPERATOR_TOKEN), or operator accounts with --operators or --operators-file; ListEscalations and ResolveEscalation need an operator")
 	}
-	if len(s.operatorToken) < identity.MinOperatorTokenLen {
+	if s.operatorToken != "" && len(s.operatorToken) < identity.MinOperatorTokenLen {
 		return fmt.Errorf("--operator-token is %d bytes, need at least %d", len(s.operatorToken), identity.MinOperatorTokenLen)
+	}
+	for flag, v := range map[string]string{"--escalation-webhook": s.escalationWebhook, "--desk-url": s.deskURL} {
+		if u, err := url.Parse(v); v != "" && (err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "") {
+			return fmt.Errorf("%s %q: want an http(s) URL", flag, v)
+		}
 	}
 	if err := s.listen.Validate(); err != nil {
 		return err
@@ -148,9 +160,16 @@ func run(ctx context.Context, args []string, log *slog.Logger, ready func(net.Ad
 	if err != nil {
 		return fmt.Errorf("--pipelines: %w", err)
 	}
-	ops, err := identity.NewOperators(log, identity.Account{Name: identity.OperatorService, Token: s.operatorToken})
+	accs, err := identity.LoadAccounts(s.operatorsFile, s.operators)
 	if err != nil {
-		return fmt.Errorf("--operator-token: %w", err)
+		return fmt.Errorf("--operators: %w", err)
+	}
+	if s.operatorToken != "" {
+		accs = append(accs, identity.Account{Name: identity.OperatorService, Role: identity.RoleResolver, Token: s.operatorToken})
+	}
+	ops, err := identity.NewOperators(log, accs...)
+	if err != nil {
+		return fmt.Errorf("operator credentials: %w", err)
 	}
 	creds, authz, err := s.security.Server(service, s.listen.Addr, identity.WithOperators(ops))
 	if err != nil {
@@ -189,6 +208,7 @@ func run(ctx context.Context, args []string, log *slog.Logger, ready func(net.Ad
 	srv, err := coordinator.New(coordinator.Options{
 		Store: st, Pipelines: pls, Validator: val, Logger: log, HopTimeout: s.hopTimeout, Dial: dial, TracerProvider: tp,
 		RetryFor: s.hopRetryFor, LeaseTTL: s.leaseTTL, DrainTimeout: s.drainTimeout,
+		EscalationWebhook: s.escalationWebhook, DeskURL: s.deskURL,
 		Runner:    handoffv1.NewAgentRunnerServiceClient(rc),
 		Writeback: handoffv1.NewWritebackServiceClient(wc),
 	})
@@ -196,6 +216,7 @@ func run(ctx context.Context, args []string, log *slog.Logger, ready func(net.Ad
 		return err
 	}
 	reg := telemetry.NewRegistry()
+	reg.MustRegister(srv.QueueCollector())
 	// Health follows the store: without it no run can be created or advanced. A stop
 	// drains: health says NOT_SERVING first so load balancers stop sending; the drivers
 	// finish the hop in flight (up to --drain-timeout), save it and release their run

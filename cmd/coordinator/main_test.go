@@ -67,6 +67,7 @@ func TestValidateNamesTheFlag(t *testing.T) {
 		{nil, map[string]string{"HANDOFF_LEASE_TTL": "-5s"}, "HANDOFF_LEASE_TTL"},
 		{nil, map[string]string{"HANDOFF_LEASE_TTL": "-5s"}, "--lease-ttl"},
 		{[]string{"--operator-token", "short"}, nil, "--operator-token"},
+		{[]string{"--escalation-webhook", "ftp://x"}, nil, "--escalation-webhook"},
 	} {
 		t.Run(strings.Join(c.args, " ")+c.want, func(t *testing.T) {
 			for k, v := range c.env {

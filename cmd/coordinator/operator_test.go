@@ -2,8 +2,11 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"log/slog"
 	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -199,5 +202,30 @@ func TestOperatorTokenFailuresAreLimited(t *testing.T) {
 	_, err := c.ListEscalations(bearer(testOperatorToken), &handoffv1.ListEscalationsRequest{})
 	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "too many failed operator credentials") {
 		t.Fatalf("the right token right after = %v; want ResourceExhausted until the allowance refills", err)
+	}
+}
+
+// Operator accounts from a file (token hashes only) and the environment: a viewer reads
+// jobs and the queue over gRPC but may not decide; a resolver may.
+func TestOperatorAccountsHaveRoles(t *testing.T) {
+	viewer, resolver := "viewer-token-for-tests-0123456789", "resolver-token-for-tests-0123456789"
+	hash := func(s string) string { h := sha256.Sum256([]byte(s)); return hex.EncodeToString(h[:]) }
+	file := filepath.Join(t.TempDir(), "operators")
+	if err := os.WriteFile(file, []byte("# the desk\nbo viewer "+hash(viewer)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("HANDOFF_OPERATORS", "ana resolver "+hash(resolver))
+	addr := serveCoordinator(t, "--plaintext-loopback", "--operators-file", file)
+	c := coordinatorClient(t, addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	for tok, want := range map[string]map[string]codes.Code{
+		viewer:   {"ResolveEscalation": codes.PermissionDenied, "ListEscalations": codes.OK, "ListJobs": codes.OK, "GetJob": codes.NotFound},
+		resolver: {"ResolveEscalation": codes.NotFound, "ListEscalations": codes.OK, "ListJobs": codes.OK, "GetJob": codes.NotFound},
+	} {
+		got := callAll(bearer(tok), c)
+		for m, code := range want {
+			if got[m] != code {
+				t.Errorf("%s: %s = %s, want %s", tok[:6], m, got[m], code)
+			}
+		}
 	}
 }

@@ -21,6 +21,9 @@ func TestDemo(t *testing.T) {
 	if len(runs) != 3 {
 		t.Fatalf("want two runs in the output, got:\n%s", text)
 	}
+	if !strings.Contains(text, "r = judge revisions left, h = hops left") {
+		t.Errorf("the demo does not explain its wallet column (r2 h11):\n%s", text)
+	}
 	hopLine := regexp.MustCompile(`(?m)^\s+(\d+)\s+(\w+)\s+(\w+)\s+(.*?)\s+(\$\S+ r\d+ h\d+)\s+([0-9a-f]{32})$`)
 	for i, run := range runs[1:] {
 		trace := regexp.MustCompile(`trace ([0-9a-f]{32})`).FindStringSubmatch(run)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/handoffhq/handoff/internal/config"
 	"github.com/handoffhq/handoff/internal/interceptor/identity"
+	"github.com/handoffhq/handoff/internal/pipeline"
 	"github.com/handoffhq/handoff/internal/server"
 	"github.com/handoffhq/handoff/internal/stack"
 	"github.com/handoffhq/handoff/internal/telemetry"
@@ -47,6 +48,13 @@ func (f *stackFlags) config(stderr io.Writer) stack.Config {
 }
 
 func runUp(args []string, stdout, stderr io.Writer) int {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	return up(ctx, args, stdout, stderr)
+}
+
+// up is `handoff up` until ctx ends.
+func up(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("handoff up", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
@@ -54,11 +62,15 @@ func runUp(args []string, stdout, stderr io.Writer) int {
 		fs.PrintDefaults()
 	}
 	var f stackFlags
-	var webAddr, opToken string
+	var webAddr, opToken, operators, operatorsFile, pipelines, escHook string
 	b := config.New(fs)
 	bindStack(b, &f, "handoff-data", stack.DefaultCoordinatorAddr, stack.DefaultRunnerAddr, stack.DefaultWritebackAddr, "127.0.0.1:9464")
 	b.String(&webAddr, "web-listen", "HANDOFF_WEB_LISTEN", "127.0.0.1:8080", "serve the operator page (escalations) at http://ADDR/ (empty: off)")
 	b.String(&opToken, "operator-token", "HANDOFF_OPERATOR_TOKEN", "", fmt.Sprintf("operator token (%d bytes or more) for ListEscalations, ResolveEscalation, reading jobs with grpcurl and the operator page's sign-in (empty: one is made for this run and printed)", identity.MinOperatorTokenLen))
+	b.String(&escHook, "escalation-webhook", "HANDOFF_ESCALATION_WEBHOOK", "", "POST each escalation (run, job, cause, a link to its page; Idempotency-Key run:escalation; retried) to this URL, for pipelines naming no escalation.webhook")
+	b.String(&pipelines, "pipelines", "HANDOFF_PIPELINES", "", "folder of pipeline YAML files to run instead of the shipped ones (a stage may name its runner: e.g. the TypeScript one)")
+	b.String(&operators, "operators", "HANDOFF_OPERATORS", "", identity.AccountsHelp+"; beside the operator token's account \"operator\"")
+	b.String(&operatorsFile, "operators-file", "HANDOFF_OPERATORS_FILE", "", "file of operator accounts, in the format of --operators")
 	if err := b.Parse(args); err != nil {
 		if err == flag.ErrHelp {
 			return 0
@@ -66,9 +78,18 @@ func runUp(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "handoff up:", err)
 		return 2
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
+	accs, err := identity.LoadAccounts(operatorsFile, operators)
+	if err != nil {
+		fmt.Fprintln(stderr, "handoff up: --operators:", err)
+		return 2
+	}
 	cfg := f.config(stderr)
+	if pipelines != "" {
+		if cfg.Pipelines, err = pipeline.LoadDir(pipelines); err != nil {
+			fmt.Fprintln(stderr, "handoff up: --pipelines:", err)
+			return 2
+		}
+	}
 	generated := false
 	if opToken == "" {
 		// Fail closed: the page and ResolveEscalation can approve writes, so they never run
@@ -81,7 +102,7 @@ func runUp(args []string, stdout, stderr io.Writer) int {
 		}
 		opToken, generated = hex.EncodeToString(b), true
 	}
-	cfg.WebAddr, cfg.OperatorToken = webAddr, opToken
+	cfg.WebAddr, cfg.OperatorToken, cfg.Operators, cfg.EscalationWebhook = webAddr, opToken, accs, escHook
 	st, err := stack.Start(ctx, cfg)
 	if err != nil {
 		fmt.Fprintln(stderr, "handoff up:", err)

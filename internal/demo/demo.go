@@ -115,6 +115,9 @@ func Watch(ctx context.Context, client handoffv1.CoordinatorServiceClient, runID
 // Money formats micro-USD as dollars.
 func Money(micros int64) string { return fmt.Sprintf("$%d.%06d", micros/1_000_000, micros%1_000_000) }
 
+// WalletLegend explains the wallet column under the header.
+const WalletLegend = "      (wallet left after the hop: money, r = judge revisions left, h = hops left; $1.198500 r2 h11 is $1.1985, 2 revisions, 11 hops)"
+
 func wallet(b *handoffv1.Budget) string {
 	return fmt.Sprintf("%s r%d h%d", Money(b.GetUsdRemainingMicros()), b.GetRevisionsRemaining(), b.GetHopsRemaining())
 }
@@ -142,6 +145,7 @@ func NewRouteTimeline(out io.Writer) *Timeline { return &Timeline{out: out, rout
 
 // Header prints the column names.
 func (t *Timeline) Header() {
+	defer fmt.Fprintln(t.out, WalletLegend)
 	if t.routes {
 		fmt.Fprintf(t.out, "%4s  %-18s %-10s %-32s %-56s %-22s %s\n", "hop", "stage", "ack", "route", "outcome", "wallet left", "trace id")
 		return

@@ -3,6 +3,7 @@ package pipeline
 import (
 	"fmt"
 	"net"
+	"net/url"
 	"regexp"
 	"slices"
 	"strconv"
@@ -135,6 +136,28 @@ func (l *linter) pipeline() {
 		l.errorAt("max-bounces", fmt.Sprintf("max_bounces is %d: it must be 0 or more (how often a job may be handed back between the same two stages before it escalates; default %d)", p.MaxBounces, DefaultMaxBounces), "max_bounces")
 	}
 
+	g := p.Escalation.MaxGrant
+	for _, c := range []struct {
+		key      string
+		v, limit int64
+	}{{"hops", int64(g.Hops), 1000}, {"revisions", int64(g.Revisions), 100}, {"usd_micros", g.USDMicros, 1 << 62}} {
+		if c.v < 0 || c.v > c.limit {
+			l.errorAt("max-grant", fmt.Sprintf("escalation.max_grant.%s is %d: it must be between 0 and %d (the most a person may give a run in one return)", c.key, c.v, c.limit), "escalation.max_grant."+c.key, "escalation.max_grant")
+		}
+	}
+	if w := p.Escalation.Webhook; w != "" {
+		if u, err := url.Parse(w); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			l.errorAt("escalation-webhook", fmt.Sprintf("escalation.webhook %q is not an http(s) URL: it is where each escalation is POSTed (e.g. https://desk.example/hooks/handoff)", w), "escalation.webhook", "escalation")
+		}
+	}
+	switch p.Escalation.WhenFull {
+	case "", WhenFullShed, WhenFullHuman:
+	default:
+		l.errorAt("when-full", fmt.Sprintf("escalation.when_full is %q: use %s (refuse new jobs while max_open_escalations runs wait) or %s (send them straight to a person)", p.Escalation.WhenFull, WhenFullShed, WhenFullHuman), "escalation.when_full", "escalation")
+	}
+	if p.Escalation.MaxOpen < 0 {
+		l.errorAt("max-open-escalations", fmt.Sprintf("escalation.max_open_escalations is %d: it must be 0 (no cap) or more (how many runs may wait for a person before intake sheds load)", p.Escalation.MaxOpen), "escalation.max_open_escalations", "escalation")
+	}
 	if strings.TrimSpace(p.Escalation.Route) == "" {
 		l.errorAt("escalation", "escalation.route is required: it is where the rail hands a job it stops (hop cap, revisions used up, empty wallet, rejected package), e.g. escalation: {route: support-leads}", "escalation.route", "escalation", "")
 	}

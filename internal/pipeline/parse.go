@@ -20,7 +20,8 @@ type position struct{ line, col int }
 // The fields each mapping may have, in the order the messages list them.
 var (
 	pipelineFields   = []string{"name", "description", "max_hops", "max_revisions", "max_bounces", "escalation", "mcp_servers", "prices", "tools", "stages"}
-	escalationFields = []string{"route"}
+	escalationFields = []string{"route", "max_grant", "max_open_escalations", "when_full", "webhook"}
+	grantFields      = []string{"hops", "revisions", "usd_micros"}
 	toolFields       = []string{"name", "access", "system", "mcp"}
 	mcpFields        = []string{"server", "tool"}
 	mcpServerFields  = []string{"name", "command", "url"}
@@ -127,7 +128,29 @@ func (d *decoder) pipeline(root *yaml.Node) {
 			p.MaxBounces = d.int(v, "max_bounces", "max_bounces")
 		case "escalation":
 			d.mapping(v, "escalation", "escalation", escalationFields, func(key string, v *yaml.Node) {
-				p.Escalation.Route = d.str(v, "escalation.route", "escalation.route")
+				switch key {
+				case "route":
+					p.Escalation.Route = d.str(v, "escalation.route", "escalation.route")
+				case "when_full":
+					p.Escalation.WhenFull = d.str(v, "escalation.when_full", "escalation.when_full")
+				case "webhook":
+					p.Escalation.Webhook = d.str(v, "escalation.webhook", "escalation.webhook")
+				case "max_open_escalations":
+					p.Escalation.MaxOpen = d.int(v, "escalation.max_open_escalations", "escalation.max_open_escalations")
+				case "max_grant":
+					g := &p.Escalation.MaxGrant
+					d.mapping(v, "escalation.max_grant", "escalation.max_grant", grantFields, func(key string, v *yaml.Node) {
+						f := "escalation.max_grant." + key
+						switch key {
+						case "hops":
+							g.Hops = d.int(v, f, f)
+						case "revisions":
+							g.Revisions = d.int(v, f, f)
+						case "usd_micros":
+							g.USDMicros = int64(d.int(v, f, f))
+						}
+					})
+				}
 			})
 		case "tools":
 			d.sequence(v, "tools", "tools (the tool catalogue)", func(i int, item *yaml.Node) {

@@ -91,6 +91,31 @@ type Pipeline struct {
 type Escalation struct {
 	// Route is where escalations go ("support-leads").
 	Route string
+	// MaxGrant is the most a person may give a run's wallet in one return to a stage
+	// (escalation.max_grant). Zero, the default, lets no grant of that kind.
+	MaxGrant Grant
+	// MaxOpen is how many of the pipeline's runs may wait ESCALATED at once
+	// (escalation.max_open_escalations): past it, intake sheds load (SubmitJob answers
+	// RESOURCE_EXHAUSTED with a RetryInfo delay) until the desk has worked some off. 0: no cap.
+	MaxOpen int
+	// WhenFull is what intake does with a new job once MaxOpen is reached
+	// (escalation.when_full): WhenFullShed (the default) refuses it, WhenFullHuman hands it
+	// straight to a person without agent spend.
+	WhenFull string
+	// Webhook, when set, is POSTed each escalation (escalation.webhook, an http(s) URL).
+	Webhook string
+}
+
+// Escalation.WhenFull values.
+const (
+	WhenFullShed  = "shed"
+	WhenFullHuman = "human"
+)
+
+// Grant is an amount of hops, revisions and money (micro-dollars).
+type Grant struct {
+	Hops, Revisions int
+	USDMicros       int64
 }
 
 // Tool is one entry of the tool catalogue.

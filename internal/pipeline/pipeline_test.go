@@ -62,6 +62,13 @@ func TestLintFixtures(t *testing.T) {
 		{file: "no_max_hops.yaml", errors: []want{
 			{"max-hops", 2, "max_hops is required"},
 		}},
+		{file: "max_grant.yaml", errors: []want{
+			{"max-grant", 7, "escalation.max_grant.hops is 1001: it must be between 0 and 1000"},
+			{"max-grant", 7, "escalation.max_grant.usd_micros is -1"},
+			{"max-open-escalations", 8, "escalation.max_open_escalations is -1"},
+			{"escalation-webhook", 9, `escalation.webhook "ftp://nope" is not an http(s) URL`},
+			{"when-full", 10, `escalation.when_full is "drop"`},
+		}},
 		{file: "max_hops_zero.yaml", errors: []want{
 			{"max-hops", 3, "must be greater than 0"},
 		}},

@@ -56,7 +56,10 @@ type Config struct {
 	DescribeTTL time.Duration
 	// WebhookURL, when set, adds the "webhook" writeback target.
 	WebhookURL string
-	Logger     *slog.Logger
+	// EscalationWebhook is POSTed each escalation of a pipeline that names no
+	// escalation.webhook of its own.
+	EscalationWebhook string
+	Logger            *slog.Logger
 	// Tamper is passed to the coordinator: fault injection for tests only.
 	Tamper func(*handoffv1.HandoffPackage)
 	// Store, when set, is used instead of the embedded store in DataDir (for example a
@@ -73,6 +76,9 @@ type Config struct {
 	// identity (DialAs(addr, "operator")) can reach ListEscalations and ResolveEscalation,
 	// and the web page does not start.
 	OperatorToken string
+	// Operators are more operator accounts (named people with a role, their tokens as
+	// hashes), beside the OperatorToken's account "operator" (a resolver).
+	Operators []identity.Account
 	// HealthInterval is how often each service's health pings the store, as in the
 	// binaries (default server.DefaultHealthInterval): NOT_SERVING while the ping fails.
 	HealthInterval time.Duration
@@ -189,6 +195,21 @@ func Start(ctx context.Context, cfg Config) (st *Stack, err error) {
 		lis[name] = l
 	}
 	s.CoordinatorAddr, s.RunnerAddr, s.WritebackAddr = lis["coordinator"].Addr().String(), lis["agent runner"].Addr().String(), lis["writeback"].Addr().String()
+	var wl net.Listener
+	if cfg.WebAddr != "" {
+		if wl, err = net.Listen("tcp", cfg.WebAddr); err != nil {
+			for _, l := range lis {
+				l.Close()
+			}
+			return nil, fmt.Errorf("stack: operator page cannot listen on %s: %w", cfg.WebAddr, err)
+		}
+		s.WebAddr = wl.Addr().String()
+		defer func() {
+			if s.web == nil {
+				wl.Close() // Start failed before the page served it
+			}
+		}()
+	}
 
 	agents, err := upgraded(cfg.Agents, cfg.V2Agents)
 	if err != nil {
@@ -241,13 +262,21 @@ func Start(ctx context.Context, cfg Config) (st *Stack, err error) {
 		Tamper:         cfg.Tamper,
 		TracerProvider: s.tp,
 		Artifacts:      s.Artifacts,
+		// Escalations are POSTed to the pipeline's webhook, else this one, with a link to
+		// the run's page when the page is served.
+		EscalationWebhook: cfg.EscalationWebhook,
+		DeskURL:           deskURL(s.WebAddr),
 	})
 	if err != nil {
 		return nil, err
 	}
+	s.Registry.MustRegister(s.Coordinator.QueueCollector())
 	coordOpts := []identity.Option{}
-	if cfg.OperatorToken != "" {
-		ops, err := identity.NewOperators(log, identity.Account{Name: identity.OperatorService, Token: cfg.OperatorToken})
+	if accs := slices.Clone(cfg.Operators); cfg.OperatorToken != "" || len(accs) > 0 {
+		if cfg.OperatorToken != "" {
+			accs = append(accs, identity.Account{Name: identity.OperatorService, Role: identity.RoleResolver, Token: cfg.OperatorToken})
+		}
+		ops, err := identity.NewOperators(log, accs...)
 		if err != nil {
 			return nil, fmt.Errorf("stack: operator token: %w", err)
 		}
@@ -262,11 +291,6 @@ func Start(ctx context.Context, cfg Config) (st *Stack, err error) {
 		if err != nil {
 			return nil, fmt.Errorf("stack: operator page: %w (set Config.OperatorToken)", err)
 		}
-		wl, err := net.Listen("tcp", cfg.WebAddr)
-		if err != nil {
-			return nil, fmt.Errorf("stack: operator page cannot listen on %s: %w", cfg.WebAddr, err)
-		}
-		s.WebAddr = wl.Addr().String()
 		// Bounded reads and writes: a client trickling a request cannot hold a connection.
 		s.web = &http.Server{Handler: page, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
 			WriteTimeout: time.Minute, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
@@ -278,6 +302,13 @@ func Start(ctx context.Context, cfg Config) (st *Stack, err error) {
 		log.Info("resumed runs left in flight", "runs", n)
 	}
 	return s, nil
+}
+
+func deskURL(addr string) string {
+	if addr == "" {
+		return ""
+	}
+	return "http://" + addr
 }
 
 func or(v, def string) string {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
 	"google.golang.org/protobuf/proto"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
@@ -24,6 +25,7 @@ var (
 	bucketLedger   = []byte("ledger")   // seq -> LedgerEntry (JSON)
 	bucketWallets  = []byte("wallets")  // wallet id -> Budget
 	bucketPaid     = []byte("paid")     // wallet id NUL idempotency key -> 1: Admit debited that hop
+	bucketGrants   = []byte("grants")   // wallet id NUL grant key -> 1: GrantWallet added that grant
 )
 
 // Bolt is the embedded Store on one bbolt file. bbolt serialises write transactions, which
@@ -34,14 +36,24 @@ type Bolt struct {
 	commit committer // group commit of write transactions (bolt_commit.go)
 }
 
+// ErrHeld: another process has the bbolt file open (one file has one process).
+var ErrHeld = errors.New("another process holds the store")
+
+// lockWait is how long Open waits for another process to let the file go (one that is
+// stopping), before it says who holds it.
+var lockWait = 5 * time.Second
+
 // Open opens (or creates) the bbolt store at path.
 func Open(path string) (*Bolt, error) {
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 5 * time.Second})
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: lockWait})
+	if errors.Is(err, berrors.ErrTimeout) {
+		return nil, fmt.Errorf("open store %s: %w (waited %s for its lock): another handoff up, or a service, runs on the same folder; stop it or use another --data/--store", path, ErrHeld, lockWait)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("open store %s: %w", path, err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketRuns, bucketRunIndex, bucketRequests, bucketEvents, bucketIdem, bucketLedger, bucketWallets, bucketPaid} {
+		for _, b := range [][]byte{bucketRuns, bucketRunIndex, bucketRequests, bucketEvents, bucketIdem, bucketLedger, bucketWallets, bucketPaid, bucketGrants} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
@@ -408,6 +420,38 @@ func (s *Bolt) Debit(_ context.Context, id string, d Debit) (*handoffv1.Budget, 
 			return err
 		}
 		return w.Put([]byte(id), data)
+	})
+	return out, err
+}
+
+func (s *Bolt) GrantWallet(_ context.Context, id, key string, g Grant) (*handoffv1.Budget, error) {
+	if key == "" {
+		return nil, fmt.Errorf("store: grant to wallet %s: empty key", id)
+	}
+	var out *handoffv1.Budget
+	err := s.update(func(tx *bolt.Tx) error {
+		out = nil
+		w := tx.Bucket(bucketWallets)
+		cur, err := decodeBudget(w.Get([]byte(id)))
+		if err != nil {
+			return err
+		}
+		gk := []byte(id + "\x00" + key)
+		if tx.Bucket(bucketGrants).Get(gk) != nil {
+			out = cur
+			return nil
+		}
+		if out, err = ApplyGrant(cur, g); err != nil {
+			return err
+		}
+		data, err := proto.Marshal(out)
+		if err != nil {
+			return err
+		}
+		if err := w.Put([]byte(id), data); err != nil {
+			return err
+		}
+		return tx.Bucket(bucketGrants).Put(gk, []byte{1})
 	})
 	return out, err
 }

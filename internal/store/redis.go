@@ -645,6 +645,52 @@ func (s *Redis) Debit(ctx context.Context, id string, d Debit) (*handoffv1.Budge
 	return nil, s.errf("debit wallet %s: unexpected script reply %q", id, res)
 }
 
+// grantScript adds a grant once per key, recorded as the wallet's field "grant:<key>".
+// Limits are checked in Lua numbers only for hops and revisions (small); money is added
+// with HINCRBY, exact in int64, after a string comparison against the room left.
+var grantScript = redis.NewScript(debitLua + `
+local w = redis.call('HMGET', KEYS[1], 'usd', 'revisions', 'hops')
+if not w[1] then return {'notfound'} end
+local gk = 'grant:' .. ARGV[1]
+if redis.call('HEXISTS', KEYS[1], gk) == 1 then return {'ok', w[1], w[2], w[3]} end
+if tonumber(w[3]) + tonumber(ARGV[2]) > 1000 or tonumber(w[2]) + tonumber(ARGV[3]) > 100 then return {'toolarge'} end
+if cmp(w[1], ARGV[5]) > 0 then return {'toolarge'} end
+redis.call('HINCRBY', KEYS[1], 'hops', ARGV[2])
+redis.call('HINCRBY', KEYS[1], 'revisions', ARGV[3])
+redis.call('HINCRBY', KEYS[1], 'usd', ARGV[4])
+redis.call('HSET', KEYS[1], gk, '1')
+w = redis.call('HMGET', KEYS[1], 'usd', 'revisions', 'hops')
+return {'ok', w[1], w[2], w[3]}
+`)
+
+func (s *Redis) GrantWallet(ctx context.Context, id, key string, g Grant) (*handoffv1.Budget, error) {
+	if key == "" {
+		return nil, fmt.Errorf("store: grant to wallet %s: empty key", id)
+	}
+	if g.USDMicros < 0 {
+		return nil, errors.New("store: a grant cannot take money")
+	}
+	// room is the most money the wallet may hold before this grant without overflowing.
+	room := strconv.FormatInt(math.MaxInt64-g.USDMicros, 10)
+	res, err := grantScript.Run(ctx, s.rdb, []string{s.key("wallet", id)}, key, g.Hops, g.Revisions, g.USDMicros, room).StringSlice()
+	if err != nil {
+		return nil, s.errf("grant to wallet %s: %w", id, err)
+	}
+	switch res[0] {
+	case "ok":
+		out, err := parseBudget(res[1:])
+		if err != nil {
+			return nil, s.errf("grant to wallet %s: %w", id, err)
+		}
+		return out, nil
+	case "notfound":
+		return nil, s.errf("grant to wallet %s: %w", id, ErrNotFound)
+	case "toolarge":
+		return nil, s.errf("grant to wallet %s: %w", id, ErrGrantTooLarge)
+	}
+	return nil, s.errf("grant to wallet %s: unexpected script reply %q", id, res)
+}
+
 func (s *Redis) Wallet(ctx context.Context, id string) (*handoffv1.Budget, error) {
 	vals, err := s.rdb.HMGet(ctx, s.key("wallet", id), "usd", "revisions", "hops").Result()
 	if err != nil {

@@ -10,6 +10,7 @@ package store
 import (
 	"context"
 	"errors"
+	"math"
 	"time"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
@@ -57,6 +58,7 @@ func lingerOf(ctx context.Context) time.Duration {
 type Store interface {
 	Runs
 	Wallets
+	Grants
 	Idempotency
 	Admitter
 	Ledger
@@ -138,6 +140,49 @@ type Wallets interface {
 	// WalletFor returns what wallet id holds when it is job's, in one read: ErrWrongJob
 	// when it records another job or none, ErrNotFound when there is no such wallet.
 	WalletFor(ctx context.Context, id, job string) (*handoffv1.Budget, error)
+}
+
+// Grant is what a person gives a run's wallet when returning it to a stage: the one way a
+// wallet grows.
+type Grant struct {
+	Hops, Revisions uint32
+	USDMicros       int64
+}
+
+// Zero reports whether g gives nothing.
+func (g Grant) Zero() bool { return g.Hops == 0 && g.Revisions == 0 && g.USDMicros == 0 }
+
+// ErrGrantTooLarge: a grant would take the wallet past what a budget may hold.
+var ErrGrantTooLarge = errors.New("store: the grant takes the wallet past what a budget may hold")
+
+// MaxHops and MaxRevisions are the most a budget holds (the contract's caps).
+const (
+	MaxHops      = 1000
+	MaxRevisions = 100
+)
+
+// Grants grows wallets, on a person's decision only.
+type Grants interface {
+	// GrantWallet adds g to wallet id once per key (the decision's name): a key already
+	// granted adds nothing and returns what the wallet holds, so a retried decision
+	// never grants twice. ErrNotFound, ErrGrantTooLarge.
+	GrantWallet(ctx context.Context, id, key string, g Grant) (*handoffv1.Budget, error)
+}
+
+// ApplyGrant is the one definition of a grant: b with g added, or ErrGrantTooLarge.
+func ApplyGrant(b *handoffv1.Budget, g Grant) (*handoffv1.Budget, error) {
+	if g.USDMicros < 0 {
+		return nil, errors.New("store: a grant cannot take money")
+	}
+	if uint64(b.GetHopsRemaining())+uint64(g.Hops) > MaxHops || uint64(b.GetRevisionsRemaining())+uint64(g.Revisions) > MaxRevisions ||
+		b.GetUsdRemainingMicros() > math.MaxInt64-g.USDMicros {
+		return nil, ErrGrantTooLarge
+	}
+	return &handoffv1.Budget{
+		UsdRemainingMicros: b.GetUsdRemainingMicros() + g.USDMicros,
+		RevisionsRemaining: b.GetRevisionsRemaining() + g.Revisions,
+		HopsRemaining:      b.GetHopsRemaining() + g.Hops,
+	}, nil
 }
 
 // ApplyDebit is the one definition of a debit, shared by the implementations: it returns

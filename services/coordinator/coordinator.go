@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"slices"
 	"sort"
 	"strings"
@@ -71,6 +72,20 @@ type Options struct {
 	// takeover scan). The holder renews every LeaseTTL/3 (and before a hop when it has not
 	// for that long), and stops driving when it cannot renew for LeaseTTL/2. Default 10s.
 	LeaseTTL time.Duration
+	// ClaimTTL is how long an operator's claim of an escalation lasts (ClaimEscalation);
+	// claiming again renews it. Default DefaultClaimTTL.
+	ClaimTTL time.Duration
+	// EscalationWebhook is POSTed each escalation of a pipeline that names no
+	// escalation.webhook of its own ("" and none: no delivery).
+	EscalationWebhook string
+	// DeskURL is the operator page's base URL, for the link in a webhook's body.
+	DeskURL string
+	// HTTPClient delivers webhooks (default: one with a 10 s timeout).
+	HTTPClient *http.Client
+	// WebhookAttempts bounds the tries of one delivery (default 5); WebhookBackoff is the
+	// wait before the second, doubling after (default 200ms).
+	WebhookAttempts int
+	WebhookBackoff  time.Duration
 	// DrainTimeout bounds how long Close waits for the drivers to finish the hop each has in
 	// flight before it cancels them. Default 30s.
 	DrainTimeout time.Duration
@@ -144,6 +159,18 @@ func New(opts Options) (*Server, error) {
 	}
 	if opts.Owner == "" {
 		opts.Owner = defaultOwner()
+	}
+	if opts.HTTPClient == nil {
+		opts.HTTPClient = &http.Client{Timeout: 10 * time.Second}
+	}
+	if opts.WebhookAttempts <= 0 {
+		opts.WebhookAttempts = 5
+	}
+	if opts.WebhookBackoff <= 0 {
+		opts.WebhookBackoff = 200 * time.Millisecond
+	}
+	if opts.ClaimTTL <= 0 {
+		opts.ClaimTTL = DefaultClaimTTL
 	}
 	if opts.LeaseTTL <= 0 {
 		opts.LeaseTTL = 10 * time.Second
@@ -280,6 +307,14 @@ func (s *Server) SubmitJob(ctx context.Context, req *handoffv1.SubmitJobRequest)
 	} else if !deadline.AsTime().After(s.opts.Now()) {
 		return nil, fieldError(codes.InvalidArgument, "deadline", fmt.Sprintf("%s is not in the future: a job must be submitted before its deadline", deadline.AsTime().UTC().Format(time.RFC3339)))
 	}
+	full, why, err := s.deskFull(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	human := full && p.Escalation.WhenFull == pipeline.WhenFullHuman
+	if full && !human {
+		return nil, shed(why)
+	}
 	runID := newRunID()
 	wallet := proto.Clone(req.GetBudget()).(*handoffv1.Budget)
 	wallet.WalletId = runID // the rail's: a caller does not choose the wallet its job pays from
@@ -323,6 +358,9 @@ func (s *Server) SubmitJob(ctx context.Context, req *handoffv1.SubmitJobRequest)
 	// or request_id reused for other content.
 	submitted := &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_SUBMITTED, Stage: job.GetStage()}
 	s.stamp(job, submitted)
+	if human {
+		return s.submitToPerson(ctx, p, job, req, submitted, why)
+	}
 	run, created, err := s.opts.Store.CreateRun(ctx, job, submitted)
 	if err != nil {
 		return nil, createRunErr(err, req)
@@ -347,7 +385,11 @@ func (s *Server) GetJob(ctx context.Context, req *handoffv1.GetJobRequest) (*han
 	if err != nil {
 		return nil, storeErr(err, req.GetRunId())
 	}
-	return &handoffv1.GetJobResponse{Job: job}, nil
+	tl, err := s.timelineOf(ctx, req.GetRunId())
+	if err != nil {
+		return nil, storeErr(err, req.GetRunId())
+	}
+	return &handoffv1.GetJobResponse{Job: job, Timeline: tl}, nil
 }
 
 func storeErr(err error, runID string) error {

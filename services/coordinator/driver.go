@@ -450,7 +450,11 @@ func (s *Server) escalate(ctx context.Context, job *handoffv1.Job, p *pipeline.P
 		Cause: cause, Stage: job.GetStage(), Detail: detail, Reasons: reasons,
 		Route: p.Escalation.Route, At: timestamppb.New(s.opts.Now()), Number: job.Escalations,
 	}
-	return s.finish(ctx, job, handoffv1.JobState_JOB_STATE_ESCALATED, job.Escalation, detail, tr)
+	if err := s.finish(ctx, job, handoffv1.JobState_JOB_STATE_ESCALATED, job.Escalation, detail, tr); err != nil {
+		return err
+	}
+	s.deliver(job, p)
+	return nil
 }
 
 // finish saves the run in a terminal state and records the last event, with tr, the move
@@ -458,9 +462,13 @@ func (s *Server) escalate(ctx context.Context, job *handoffv1.Job, p *pipeline.P
 func (s *Server) finish(ctx context.Context, job *handoffv1.Job, state handoffv1.JobState, esc *handoffv1.Escalation, detail string, tr *handoffv1.Transfer) error {
 	job.State = state
 	if state == handoffv1.JobState_JOB_STATE_FAILED {
-		// The rail itself could not go on (a peer unreachable past every retry, a pipeline
-		// gone): no escalation cause, but the run still says why it stopped.
-		esc = &handoffv1.Escalation{Stage: job.GetStage(), Detail: detail, At: timestamppb.New(s.opts.Now())}
+		if esc == nil {
+			// The rail itself could not go on (a peer unreachable past every retry, a pipeline
+			// gone): no escalation cause, but the run still says why it stopped.
+			esc = &handoffv1.Escalation{Stage: job.GetStage(), Detail: detail, At: timestamppb.New(s.opts.Now())}
+		}
+		// A person's fail passes the escalation it decided: its cause and route stay on the
+		// run beside the decision, never erased.
 		job.Escalation = esc
 	}
 	ev := &handoffv1.JobEvent{Stage: job.GetStage(), Escalation: esc, Transfer: tr}

@@ -31,7 +31,7 @@ const relay = `
 name: relay
 max_hops: %d
 max_revisions: %d
-escalation: {route: humans}
+escalation: {route: humans, max_grant: {hops: 8, revisions: 2, usd_micros: 1000000}}
 tools:
   - {name: crm.patch, access: write, system: crm}
 stages:
@@ -60,6 +60,8 @@ type recorder struct {
 	spend int64
 	// verdicts, for a judge: the verdict of each call in turn (the last one repeats).
 	verdicts []handoffv1.Verdict
+	// hint, for a judge, is the next hint a FAIL verdict gives.
+	hint string
 	// failFirst calls report STAGE_STATUS_FAILED.
 	failFirst int
 	// proceed, when set, holds every call until it is closed.
@@ -104,6 +106,7 @@ func (r *recorder) Run(ctx context.Context, in agentrunner.Input) (*handoffv1.St
 	res.Evaluator = &handoffv1.Evaluator{LastVerdict: v, Rounds: in.Package.GetEvaluator().GetRounds() + 1}
 	if v == handoffv1.Verdict_VERDICT_FAIL {
 		res.Evaluator.Failures = []*handoffv1.Failure{{Code: "citation_missing", Detail: "claim 2 cites nothing"}}
+		res.NextHint = r.hint
 	}
 	return res, nil
 }

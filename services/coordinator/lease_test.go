@@ -513,7 +513,7 @@ func TestApproveFailedThenReturnPaysEveryHop(t *testing.T) {
 		t.Fatalf("a RESOLVED event was written for a decision that did not take effect: %v", k)
 	}
 	if _, err := c.ResolveEscalation(ctx, &handoffv1.ResolveEscalationRequest{RunId: runID, Operator: "ana", Escalation: 1,
-		Action: &handoffv1.ResolveEscalationRequest_ReturnToStage{ReturnToStage: &handoffv1.ReturnToStageAction{Stage: "draft"}}}); err != nil {
+		Action: &handoffv1.ResolveEscalationRequest_ReturnToStage{ReturnToStage: &handoffv1.ReturnToStageAction{Stage: "draft", Grant: oneRevision}}}); err != nil {
 		t.Fatal(err)
 	}
 	job := waitFor(handoffv1.JobState_JOB_STATE_COMPLETED)

@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -12,7 +13,6 @@ import (
 	oteltrace "go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
@@ -23,6 +23,9 @@ import (
 	"github.com/handoffhq/handoff/internal/store"
 	"github.com/handoffhq/handoff/internal/traceparent"
 )
+
+// DefaultClaimTTL is how long an operator's claim of an escalation lasts.
+const DefaultClaimTTL = 15 * time.Minute
 
 // maxOperatorReturns is the contract's cap on HandoffPackage.operator_returns.
 const maxOperatorReturns = 1000
@@ -48,6 +51,14 @@ func (s *Server) Stages(pipelineName string) []string {
 		out = append(out, st.Name)
 	}
 	return out
+}
+
+// MaxGrant is the most a person may give a run of pipelineName in one return.
+func (s *Server) MaxGrant(pipelineName string) pipeline.Grant {
+	if p, ok := s.opts.Pipelines[pipelineName]; ok {
+		return p.Escalation.MaxGrant
+	}
+	return pipeline.Grant{}
 }
 
 // writebackStage is the pipeline's first writeback stage.
@@ -79,18 +90,75 @@ func (s *Server) Proposed(ctx context.Context, job *handoffv1.Job) (*handoffv1.A
 	return art, data, err
 }
 
-// ResolveEscalation applies a person's decision to an ESCALATED run. Approving a run that an
-// earlier approve completed sends the same write again (same idempotency key): the writeback
-// answers with the first receipt and writes nothing (duplicate=true).
-//
-// The decision names the escalation it answers (req.escalation): one taken for an escalation
-// the run has since left is refused, so a stale page cannot decide the run's next one.
-func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEscalationRequest) (*handoffv1.ResolveEscalationResponse, error) {
-	// In-process callers (the web page) skip the interceptor chain: validate here too.
-	if err := s.opts.Validator.Validate(req); err != nil {
-		return nil, status.Errorf(codes.InvalidArgument, "invalid request: %v", err)
+// Approvable says whether an approve of job could write anything: the pipeline has a
+// writeback stage and the run holds an artifact of the version that stage reads. When not,
+// the error (FailedPrecondition) names what is missing, and the page offers no Approve.
+func (s *Server) Approvable(job *handoffv1.Job) error {
+	p, ok := s.opts.Pipelines[job.GetPipeline()]
+	if !ok {
+		return status.Errorf(codes.FailedPrecondition, "pipeline %q of run %s is not loaded", job.GetPipeline(), job.GetRunId())
 	}
-	runID := req.GetRunId()
+	return approvable(p, job)
+}
+
+func approvable(p *pipeline.Pipeline, job *handoffv1.Job) error {
+	wb := writebackStage(p)
+	if wb == nil {
+		return status.Errorf(codes.FailedPrecondition, "pipeline %s has no writeback stage to approve into", p.Name)
+	}
+	if latestArtifact(job.GetArtifacts(), wb.Input) == nil {
+		return status.Errorf(codes.FailedPrecondition, "run %s has no %s artifact (the input of writeback stage %s): there is nothing to approve; return it to a stage, or fail it",
+			job.GetRunId(), wb.Input, wb.Name)
+	}
+	return nil
+}
+
+// grantAllowed checks a return's grant g against the pipeline's escalation.max_grant, and
+// that a return from an escalation caused by what ran out (hops, revisions, money) gives
+// some of it: without, the run would escalate again at once.
+func grantAllowed(p *pipeline.Pipeline, job *handoffv1.Job, g *handoffv1.Grant) error {
+	m := p.Escalation.MaxGrant
+	for _, c := range []struct {
+		name      string
+		got, most int64
+	}{{"hops", int64(g.GetHops()), int64(m.Hops)}, {"revisions", int64(g.GetRevisions()), int64(m.Revisions)}, {"usd_micros", g.GetUsdMicros(), m.USDMicros}} {
+		if c.got > c.most {
+			return status.Errorf(codes.InvalidArgument, "grant.%s is %d: pipeline %s lets a person give at most %d (escalation.max_grant.%s)", c.name, c.got, p.Name, c.most, c.name)
+		}
+	}
+	var lack, field string
+	var most int64
+	switch job.GetEscalation().GetCause() {
+	case handoffv1.EscalationCause_ESCALATION_CAUSE_HOP_CAP:
+		lack, field, most = "no hops left", "hops", int64(m.Hops)
+		if g.GetHops() > 0 {
+			return nil
+		}
+	case handoffv1.EscalationCause_ESCALATION_CAUSE_REVISIONS_EXHAUSTED:
+		lack, field, most = "no revisions left", "revisions", int64(m.Revisions)
+		if g.GetRevisions() > 0 {
+			return nil
+		}
+	case handoffv1.EscalationCause_ESCALATION_CAUSE_WALLET_EMPTY:
+		lack, field, most = "no money left", "usd_micros", m.USDMicros
+		if g.GetUsdMicros() > 0 {
+			return nil
+		}
+	default:
+		return nil
+	}
+	if most == 0 {
+		return status.Errorf(codes.FailedPrecondition, "run %s escalated %s with %s, so a return would escalate again at once, and pipeline %s lets no grant of %s (escalation.max_grant.%s): approve, fail or reject it",
+			job.GetRunId(), strings.TrimPrefix(job.GetEscalation().GetCause().String(), "ESCALATION_CAUSE_"), lack, p.Name, field, field)
+	}
+	return status.Errorf(codes.FailedPrecondition, "run %s escalated %s with %s, so a return would escalate again at once: grant %s with it (grant.%s, up to %d)",
+		job.GetRunId(), strings.TrimPrefix(job.GetEscalation().GetCause().String(), "ESCALATION_CAUSE_"), lack, field, field, most)
+}
+
+// hold holds run runID for a person's call as a driver does: reserved in this process,
+// leased across replicas. A driver that just escalated the run may still be releasing it,
+// so it waits a little. release is safe to call more than once.
+func (s *Server) hold(ctx context.Context, runID string) (func(), error) {
 	if s.stopped() {
 		return nil, status.Error(codes.Unavailable, "coordinator is shutting down")
 	}
@@ -110,8 +178,12 @@ func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEs
 		time.Sleep(20 * time.Millisecond)
 	}
 	l := &lease{s: s, name: leaseName(runID)}
-	held := false
+	held, released := false, false
 	release := func() {
+		if released {
+			return // the run may be a driver's by now: its reservation is not ours to drop
+		}
+		released = true
 		if held {
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseTimeout)
 			if err := s.opts.Store.ReleaseLease(rctx, l.name, s.opts.Owner); err != nil {
@@ -124,15 +196,94 @@ func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEs
 		delete(s.driving, runID)
 		s.mu.Unlock()
 	}
-	defer release()
 	ok, err := l.acquire(ctx)
 	if err != nil {
+		release()
 		return nil, status.Errorf(codes.Unavailable, "store: %v", err)
 	}
 	if !ok {
+		release()
 		return nil, status.Errorf(codes.Aborted, "run %s is held by another replica; retry", runID)
 	}
 	held = true
+	return release, nil
+}
+
+// liveClaim is job's claim when it holds the run's current escalation and has not expired.
+func liveClaim(job *handoffv1.Job, now time.Time) *handoffv1.Claim {
+	c := job.GetClaim()
+	if c == nil || job.GetState() != handoffv1.JobState_JOB_STATE_ESCALATED || c.GetEscalation() != escalationNumber(job.GetEscalation()) || !c.GetExpiresAt().AsTime().After(now) {
+		return nil
+	}
+	return c
+}
+
+// ClaimEscalation makes the caller the one owner of the run's current escalation until
+// ClaimTTL from now (renewing its own claim), or gives its claim up (release). A claim
+// another operator holds is refused naming them and when it ends.
+func (s *Server) ClaimEscalation(ctx context.Context, req *handoffv1.ClaimEscalationRequest) (*handoffv1.ClaimEscalationResponse, error) {
+	if err := s.opts.Validator.Validate(req); err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "invalid request: %v", err)
+	}
+	who := account(ctx)
+	if who == "" {
+		return nil, status.Error(codes.Unauthenticated, "a claim needs an operator's identity")
+	}
+	runID := req.GetRunId()
+	release, err := s.hold(ctx, runID)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	job, err := s.opts.Store.GetRun(ctx, runID)
+	if err != nil {
+		return nil, storeErr(err, runID)
+	}
+	if job.GetState() != handoffv1.JobState_JOB_STATE_ESCALATED {
+		return nil, status.Errorf(codes.FailedPrecondition, "run %s is %s, not ESCALATED: there is nothing to claim", runID, strings.TrimPrefix(job.GetState().String(), "JOB_STATE_"))
+	}
+	n := escalationNumber(job.GetEscalation())
+	if req.GetEscalation() != n {
+		return nil, status.Errorf(codes.FailedPrecondition, "run %s is at escalation %d; this claim names escalation %d: reload", runID, n, req.GetEscalation())
+	}
+	now := s.opts.Now()
+	c := liveClaim(job, now)
+	if c != nil && c.GetAccount() != who {
+		return nil, status.Errorf(codes.FailedPrecondition, "run %s: escalation %d is claimed by %s until %s", runID, n, c.GetAccount(), c.GetExpiresAt().AsTime().UTC().Format(time.RFC3339))
+	}
+	if req.GetRelease() {
+		job.Claim = nil
+	} else {
+		at := timestamppb.New(now)
+		if c != nil {
+			at = c.GetAt() // a renewal keeps when the claim began
+		}
+		job.Claim = &handoffv1.Claim{Account: who, Escalation: n, At: at, ExpiresAt: timestamppb.New(now.Add(s.opts.ClaimTTL))}
+	}
+	if err := s.save(ctx, job); err != nil {
+		return nil, status.Errorf(codes.Unavailable, "%v", err)
+	}
+	s.log.Info("escalation claim", "run_id", runID, "escalation", n, "account", who, "release", req.GetRelease())
+	return &handoffv1.ClaimEscalationResponse{Claim: job.GetClaim()}, nil
+}
+
+// ResolveEscalation applies a person's decision to an ESCALATED run. Approving a run that an
+// earlier approve completed sends the same write again (same idempotency key): the writeback
+// answers with the first receipt and writes nothing (duplicate=true).
+//
+// The decision names the escalation it answers (req.escalation): one taken for an escalation
+// the run has since left is refused, so a stale page cannot decide the run's next one.
+func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEscalationRequest) (*handoffv1.ResolveEscalationResponse, error) {
+	// In-process callers (the web page) skip the interceptor chain: validate here too.
+	if err := s.opts.Validator.Validate(req); err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "invalid request: %v", err)
+	}
+	runID := req.GetRunId()
+	release, err := s.hold(ctx, runID)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 
 	job, err := s.opts.Store.GetRun(ctx, runID)
 	if err != nil {
@@ -159,15 +310,27 @@ func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEs
 	}
 
 	res := &handoffv1.Resolution{Operator: req.GetOperator(), Comment: req.GetComment(), Escalation: job.GetEscalation(), At: timestamppb.New(s.opts.Now()), Account: account(ctx)}
+	if c := liveClaim(job, s.opts.Now()); c != nil && c.GetAccount() != res.GetAccount() {
+		if !req.GetOverride() {
+			return nil, status.Errorf(codes.FailedPrecondition, "run %s: escalation %d is claimed by %s until %s: only the holder decides it (override to decide anyway; it is recorded)",
+				runID, c.GetEscalation(), c.GetAccount(), c.GetExpiresAt().AsTime().UTC().Format(time.RFC3339))
+		}
+		res.Overrode = c.GetAccount()
+	}
+	// The decision ends the escalation, and with it its claim.
+	job.Claim = nil
 	var edit *string
 	var target *pipeline.Stage
 	switch a := req.GetAction().(type) {
 	case *handoffv1.ResolveEscalationRequest_Approve:
 		res.Action = handoffv1.ResolutionAction_RESOLUTION_ACTION_APPROVE
 		edit = a.Approve.ArtifactText
-		if target = writebackStage(p); target == nil {
-			return nil, status.Errorf(codes.FailedPrecondition, "pipeline %s has no writeback stage to approve into", p.Name)
+		// Approve writes the writeback stage's input; without one it could only re-escalate
+		// (WRITE_REFUSED) after recording a decision that did not happen: refuse it first.
+		if err := approvable(p, job); err != nil {
+			return nil, err
 		}
+		target = writebackStage(p)
 	case *handoffv1.ResolveEscalationRequest_ReturnToStage:
 		res.Action = handoffv1.ResolutionAction_RESOLUTION_ACTION_RETURN_TO_STAGE
 		edit = a.ReturnToStage.ArtifactText
@@ -176,6 +339,12 @@ func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEs
 			return nil, status.Errorf(codes.InvalidArgument, "stage %q is not in pipeline %s (stages: %s)", a.ReturnToStage.GetStage(), p.Name, strings.Join(s.Stages(p.Name), ", "))
 		}
 		target, res.Stage = st, st.Name
+		if err := grantAllowed(p, job, a.ReturnToStage.GetGrant()); err != nil {
+			return nil, err
+		}
+		if g := a.ReturnToStage.GetGrant(); g.GetHops() > 0 || g.GetRevisions() > 0 || g.GetUsdMicros() > 0 {
+			res.Grant = g
+		}
 	case *handoffv1.ResolveEscalationRequest_Fail:
 		res.Action, res.Reason = handoffv1.ResolutionAction_RESOLUTION_ACTION_FAIL, a.Fail.GetReason()
 	case *handoffv1.ResolveEscalationRequest_RejectMalformed:
@@ -184,11 +353,10 @@ func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEs
 		return nil, status.Error(codes.InvalidArgument, "invalid request: action is required")
 	}
 
-	// The next judge round: a person's decision counts as one, so a stage re-run after it
-	// is a new completion (the agent runner keys completions by round), never a DUPLICATE.
-	// Before any judge verdict there is no round to count (the evaluator block only exists
-	// with a verdict), so a return to a stage is counted in operator_returns, which the
-	// runner keys completions (and artifacts) by as well.
+	// Rounds count judge verdicts only. A stage re-run after a return is a new completion
+	// (never a DUPLICATE) because the return is counted in operator_returns, which the agent
+	// runner keys completions (and artifacts) by. round only names an edited artifact's
+	// version, one past the judge's last round.
 	round := job.GetEvaluator().GetRounds() + 1
 	returns := job.GetOperatorReturns()
 	if res.Action == handoffv1.ResolutionAction_RESOLUTION_ACTION_RETURN_TO_STAGE {
@@ -207,14 +375,24 @@ func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEs
 		if err != nil {
 			return nil, status.Errorf(codes.Unavailable, "read the proposed artifact: %v", err)
 		}
-		if prop == nil {
+		var typ, version, mt string
+		switch {
+		case prop != nil:
+			typ, version, mt = prop.GetType(), prop.GetSchemaVersion(), prop.GetMediaType()
+		case res.Action == handoffv1.ResolutionAction_RESOLUTION_ACTION_RETURN_TO_STAGE && target.Input != "":
+			// Nothing to edit (a job submitted without its input): the text is the input of
+			// the stage returned to, of the version that stage reads.
+			typ, version = typeOfVersion(target.Input), target.Input
+			if json.Valid([]byte(*edit)) {
+				mt = "application/json"
+			}
+		default:
 			return nil, status.Errorf(codes.FailedPrecondition, "run %s has no artifact to edit", runID)
 		}
-		mt := prop.GetMediaType()
 		if mt == "" {
 			mt = "text/plain"
 		}
-		a, err := s.opts.Artifacts.Put(ctx, artifact.Ref{JobID: job.GetJobId(), Stage: "operator", Round: round, Returns: returns, Type: prop.GetType(), SchemaVersion: prop.GetSchemaVersion(), MediaType: mt}, []byte(*edit))
+		a, err := s.opts.Artifacts.Put(ctx, artifact.Ref{JobID: job.GetJobId(), Stage: "operator", Round: round, Returns: returns, Visit: escalationNumber(job.GetEscalation()), Type: typ, SchemaVersion: version, MediaType: mt}, []byte(*edit))
 		if err != nil {
 			return nil, status.Errorf(codes.InvalidArgument, "store the edited artifact: %v", err)
 		}
@@ -230,9 +408,21 @@ func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEs
 	// for its own repeated step's (stepWallet) and not pay a new hop. saved keeps the run's
 	// copy for the approve below.
 	saved := job.GetWallet()
-	switch w, err := s.opts.Store.Wallet(ctx, runID); {
+	w, err := s.opts.Store.Wallet(ctx, runID)
+	if g := res.GetGrant(); g != nil && err == nil {
+		// The grant, keyed by the escalation it answers: a decision retried after a save
+		// that failed finds it given already and adds nothing again.
+		w, err = s.opts.Store.GrantWallet(ctx, runID, fmt.Sprintf("%s/escalation/%d", runID, escalationNumber(job.GetEscalation())),
+			store.Grant{Hops: g.GetHops(), Revisions: g.GetRevisions(), USDMicros: g.GetUsdMicros()})
+		if errors.Is(err, store.ErrGrantTooLarge) {
+			return nil, status.Errorf(codes.InvalidArgument, "grant: %v (a wallet holds at most %d hops and %d revisions)", err, store.MaxHops, store.MaxRevisions)
+		}
+	}
+	switch {
 	case err == nil:
 		s.setWallet(job, w)
+	case errors.Is(err, store.ErrNotFound) && res.GetGrant() != nil:
+		return nil, status.Errorf(codes.FailedPrecondition, "run %s has no wallet to grant to", runID)
 	case !errors.Is(err, store.ErrNotFound):
 		return nil, status.Errorf(codes.Unavailable, "store: %v", err)
 	}
@@ -246,15 +436,10 @@ func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEs
 		if res.Action == handoffv1.ResolutionAction_RESOLUTION_ACTION_REJECT_MALFORMED {
 			what = "rejected as malformed"
 		}
-		if err := s.finish(ctx, job, handoffv1.JobState_JOB_STATE_FAILED, nil, fmt.Sprintf("%s by %s: %s", what, res.GetOperator(), res.GetReason()), nil); err != nil {
+		if err := s.finish(ctx, job, handoffv1.JobState_JOB_STATE_FAILED, job.GetEscalation(), fmt.Sprintf("%s by %s: %s", what, res.GetOperator(), res.GetReason()), nil); err != nil {
 			return nil, status.Errorf(codes.Unavailable, "%v", err)
 		}
 	case handoffv1.ResolutionAction_RESOLUTION_ACTION_RETURN_TO_STAGE:
-		if ev := job.GetEvaluator(); ev != nil {
-			ev = proto.Clone(ev).(*handoffv1.Evaluator)
-			ev.Rounds = round
-			job.Evaluator = ev
-		}
 		if c := req.GetComment(); c != "" {
 			job.NextHint = truncate("operator: "+c, 1000)
 		}
@@ -267,7 +452,10 @@ func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEs
 			return nil, status.Errorf(codes.Unavailable, "%v", err)
 		}
 	case handoffv1.ResolutionAction_RESOLUTION_ACTION_APPROVE:
-		job.Evaluator = &handoffv1.Evaluator{LastVerdict: handoffv1.Verdict_VERDICT_PASS, Rounds: round}
+		// A human PASS: rounds still count the judge's verdicts (none is added for the
+		// person), and the judge's "revise" hint no longer stands.
+		job.Evaluator = &handoffv1.Evaluator{LastVerdict: handoffv1.Verdict_VERDICT_PASS, Rounds: job.GetEvaluator().GetRounds()}
+		job.NextHint = ""
 		moved := s.operatorMove(job, p, target)
 		job.State = handoffv1.JobState_JOB_STATE_RUNNING
 		job.Escalation = nil
@@ -360,6 +548,15 @@ func (s *Server) reapprove(ctx context.Context, job *handoffv1.Job, p *pipeline.
 		return nil, status.Errorf(status.Code(err), "writeback: %s", status.Convert(err).Message())
 	}
 	return &handoffv1.ResolveEscalationResponse{Job: job, Receipt: wr.GetReceipt(), Duplicate: wr.GetDuplicate(), Resolution: job.GetResolution()}, nil
+}
+
+// typeOfVersion is the artifact type a schema version is of: "raw_ticket.v1" is of
+// raw_ticket (lint holds every version to <type>.v<N>).
+func typeOfVersion(v string) string {
+	if i := strings.LastIndex(v, ".v"); i > 0 {
+		return v[:i]
+	}
+	return v
 }
 
 // truncate cuts s to at most n bytes on a rune boundary, so the result stays UTF-8.

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/artifact"
@@ -107,7 +108,7 @@ func TestResolveApproveWritesOnce(t *testing.T) {
 	if k := resp.GetReceipt().GetIdempotencyKey(); k != "tkt_1:writeback:note" {
 		t.Fatalf("idempotency key %q", k)
 	}
-	if ev := resp.GetJob().GetEvaluator(); ev.GetLastVerdict() != handoffv1.Verdict_VERDICT_PASS || ev.GetRounds() != 2 || len(ev.GetFailures()) != 0 {
+	if ev := resp.GetJob().GetEvaluator(); ev.GetLastVerdict() != handoffv1.Verdict_VERDICT_PASS || ev.GetRounds() != 1 || len(ev.GetFailures()) != 0 {
 		t.Fatalf("evaluator %v", ev)
 	}
 	if acc := resp.GetResolution().GetAccount(); acc != "operator (token)" {
@@ -165,7 +166,7 @@ func TestResolveReturnToStage(t *testing.T) {
 	}
 	ret := func(stage string) error {
 		_, err := e.client.ResolveEscalation(op(), &handoffv1.ResolveEscalationRequest{RunId: job.GetRunId(), Operator: "ana", Escalation: 1, Comment: "cite the policy",
-			Action: &handoffv1.ResolveEscalationRequest_ReturnToStage{ReturnToStage: &handoffv1.ReturnToStageAction{Stage: stage}}})
+			Action: &handoffv1.ResolveEscalationRequest_ReturnToStage{ReturnToStage: &handoffv1.ReturnToStageAction{Stage: stage, Grant: oneRevision}}})
 		return err
 	}
 	if err := ret("nope"); status.Code(err) != codes.InvalidArgument {
@@ -267,6 +268,9 @@ func TestResolveFailAndReject(t *testing.T) {
 
 func ptr[T any](v T) *T { return &v }
 
+// oneRevision is the grant a return from REVISIONS_EXHAUSTED needs.
+var oneRevision = &handoffv1.Grant{Revisions: 1}
+
 // TestResolveReturnCap: a run already sent back as often as the contract's operator_returns
 // allows is refused another return (its packages would all be rejected), not broken.
 func TestResolveReturnCap(t *testing.T) {
@@ -285,7 +289,7 @@ func TestResolveReturnCap(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = e.client.ResolveEscalation(op(), &handoffv1.ResolveEscalationRequest{RunId: job.GetRunId(), Operator: "ana", Escalation: 1,
-		Action: &handoffv1.ResolveEscalationRequest_ReturnToStage{ReturnToStage: &handoffv1.ReturnToStageAction{Stage: "draft"}}})
+		Action: &handoffv1.ResolveEscalationRequest_ReturnToStage{ReturnToStage: &handoffv1.ReturnToStageAction{Stage: "draft", Grant: oneRevision}}})
 	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(status.Convert(err).Message(), "1000 times") {
 		t.Fatalf("return past the cap = %v; want FailedPrecondition naming the count", err)
 	}
@@ -307,7 +311,7 @@ func TestResolveStaleEscalationRefused(t *testing.T) {
 		_, err := e.client.ResolveEscalation(op(), a)
 		return err
 	}
-	if err := decide(1, &handoffv1.ResolveEscalationRequest{Action: &handoffv1.ResolveEscalationRequest_ReturnToStage{ReturnToStage: &handoffv1.ReturnToStageAction{Stage: "draft"}}}); err != nil {
+	if err := decide(1, &handoffv1.ResolveEscalationRequest{Action: &handoffv1.ResolveEscalationRequest_ReturnToStage{ReturnToStage: &handoffv1.ReturnToStageAction{Stage: "draft", Grant: oneRevision}}}); err != nil {
 		t.Fatal(err)
 	}
 	again := waitState(t, e, job.GetRunId(), handoffv1.JobState_JOB_STATE_ESCALATED)
@@ -337,7 +341,7 @@ func TestResolveReturnCommentCutOnARune(t *testing.T) {
 	job, _ := e.submit(t, "relay", "tkt_1", "", e.defaultBudget)
 	comment := "x" + strings.Repeat("é", 600) // "operator: x" + 2-byte runes: byte 1000 falls inside one
 	_, err := e.client.ResolveEscalation(op(), &handoffv1.ResolveEscalationRequest{RunId: job.GetRunId(), Operator: "ana", Escalation: 1, Comment: comment,
-		Action: &handoffv1.ResolveEscalationRequest_ReturnToStage{ReturnToStage: &handoffv1.ReturnToStageAction{Stage: "draft"}}})
+		Action: &handoffv1.ResolveEscalationRequest_ReturnToStage{ReturnToStage: &handoffv1.ReturnToStageAction{Stage: "draft", Grant: oneRevision}}})
 	if err != nil {
 		t.Fatalf("return with a long non-ASCII comment: %v", err)
 	}
@@ -345,5 +349,293 @@ func TestResolveReturnCommentCutOnARune(t *testing.T) {
 	hint := e.draft.got[len(e.draft.got)-1].GetNextHint()
 	if !utf8.ValidString(hint) || len(hint) > 1000 || len(hint) < 998 || !strings.HasPrefix(hint, "operator: x") {
 		t.Fatalf("next hint: %d bytes, valid UTF-8 %v; want the comment cut to at most 1000 bytes on a rune", len(hint), utf8.ValidString(hint))
+	}
+}
+
+// An approve with nothing to write is refused before anything is recorded: a run escalated
+// at draft holds no note.v1 (the writeback stage's input), so approving it could only
+// re-escalate WRITE_REFUSED after claiming a human PASS.
+func TestApproveWithoutWritebackInputRefused(t *testing.T) {
+	e := startOp(t, 1, []handoffv1.Verdict{handoffv1.Verdict_VERDICT_PASS})
+	e.draft.failFirst = 1
+	job, _ := e.submit(t, "relay", "tkt_1", "", e.defaultBudget)
+	if job.GetState() != handoffv1.JobState_JOB_STATE_ESCALATED || job.GetStage() != "draft" {
+		t.Fatalf("run %s at %s (%v); want ESCALATED at draft", job.GetState(), job.GetStage(), job.GetEscalation())
+	}
+	before := events(t, e, job.GetRunId())
+	_, err := e.client.ResolveEscalation(op(), &handoffv1.ResolveEscalationRequest{RunId: job.GetRunId(), Operator: "ana", Escalation: 1,
+		Action: &handoffv1.ResolveEscalationRequest_Approve{Approve: &handoffv1.ApproveAction{}}})
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(status.Convert(err).Message(), "no note.v1 artifact") {
+		t.Fatalf("approve without a note = %v; want FailedPrecondition naming note.v1", err)
+	}
+	got := waitState(t, e, job.GetRunId(), handoffv1.JobState_JOB_STATE_ESCALATED)
+	if got.GetResolution() != nil || got.GetEvaluator() != nil || got.GetEscalation().GetCause() != handoffv1.EscalationCause_ESCALATION_CAUSE_STAGE_FAILED {
+		t.Fatalf("after the refused approve: resolution %v evaluator %v escalation %v; want none recorded, cause unchanged", got.GetResolution(), got.GetEvaluator(), got.GetEscalation())
+	}
+	if after := events(t, e, job.GetRunId()); !slices.Equal(before, after) {
+		t.Fatalf("timeline changed by a refused approve:\n%v\n%v", before, after)
+	}
+	if e.writes(t) != 0 {
+		t.Fatalf("writes %d, want 0", e.writes(t))
+	}
+}
+
+// Nothing a decision did not change is erased: a fail keeps the cause and route of the
+// escalation it decided; an approve's human PASS does not count as a judge round and the
+// judge's "revise" hint no longer stands; a return counts no round either.
+func TestDecisionsEraseNothing(t *testing.T) {
+	e := startOp(t, 0, []handoffv1.Verdict{handoffv1.Verdict_VERDICT_FAIL})
+	e.judge.hint = "revise: cite claim 2"
+	ctx := context.Background()
+
+	job, _ := e.submit(t, "relay", "tkt_1", "", e.defaultBudget)
+	esc := job.GetEscalation()
+	if esc.GetCause() != handoffv1.EscalationCause_ESCALATION_CAUSE_REVISIONS_EXHAUSTED || esc.GetRoute() == "" || job.GetNextHint() != e.judge.hint {
+		t.Fatalf("escalation %v hint %q; want REVISIONS_EXHAUSTED with a route and the judge's hint", esc, job.GetNextHint())
+	}
+	resp, err := e.client.ResolveEscalation(ctx, &handoffv1.ResolveEscalationRequest{RunId: job.GetRunId(), Operator: "ana", Escalation: 1,
+		Action: &handoffv1.ResolveEscalationRequest_Fail{Fail: &handoffv1.FailAction{Reason: "customer withdrew"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := resp.GetJob()
+	if got.GetState() != handoffv1.JobState_JOB_STATE_FAILED || got.GetEscalation().GetCause() != esc.GetCause() || got.GetEscalation().GetRoute() != esc.GetRoute() ||
+		got.GetResolution().GetReason() != "customer withdrew" {
+		t.Fatalf("after fail: %s escalation %v resolution %v; want FAILED keeping cause %s and route %q beside the reason", got.GetState(), got.GetEscalation(), got.GetResolution(), esc.GetCause(), esc.GetRoute())
+	}
+
+	job, _ = e.submit(t, "relay", "tkt_2", "", e.defaultBudget)
+	resp, err = e.client.ResolveEscalation(ctx, &handoffv1.ResolveEscalationRequest{RunId: job.GetRunId(), Operator: "ana", Escalation: 1,
+		Action: &handoffv1.ResolveEscalationRequest_Approve{Approve: &handoffv1.ApproveAction{}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got = resp.GetJob()
+	if got.GetState() != handoffv1.JobState_JOB_STATE_COMPLETED || got.GetEvaluator().GetRounds() != 1 || got.GetNextHint() != "" {
+		t.Fatalf("after approve: %s rounds %d hint %q; want COMPLETED, 1 judge round, no revise hint", got.GetState(), got.GetEvaluator().GetRounds(), got.GetNextHint())
+	}
+
+	job, _ = e.submit(t, "relay", "tkt_3", "", e.defaultBudget)
+	if _, err := e.client.ResolveEscalation(ctx, &handoffv1.ResolveEscalationRequest{RunId: job.GetRunId(), Operator: "ana", Escalation: 1,
+		Action: &handoffv1.ResolveEscalationRequest_ReturnToStage{ReturnToStage: &handoffv1.ReturnToStageAction{Stage: "judge", Grant: oneRevision}}}); err != nil {
+		t.Fatal(err)
+	}
+	// With the revision granted the judge fails it again, the draft revises, the judge fails
+	// it a third time and the run escalates again: three verdicts, three rounds.
+	again := waitState(t, e, job.GetRunId(), handoffv1.JobState_JOB_STATE_ESCALATED)
+	for again.GetEscalation().GetNumber() < 2 {
+		time.Sleep(50 * time.Millisecond)
+		again = waitState(t, e, job.GetRunId(), handoffv1.JobState_JOB_STATE_ESCALATED)
+	}
+	verdicts := 0
+	for _, k := range events(t, e, job.GetRunId()) {
+		if strings.HasPrefix(k, "judge:VERDICT") {
+			verdicts++
+		}
+	}
+	if verdicts != 3 || again.GetEvaluator().GetRounds() != 3 {
+		t.Fatalf("after a return: rounds %d, judge verdicts on the timeline %d; want both 3", again.GetEvaluator().GetRounds(), verdicts)
+	}
+}
+
+// A return from HOP_CAP gives the run what it lacked: without a grant of hops it is refused
+// with the reason, past the pipeline's escalation.max_grant it is refused naming the limit,
+// and with 4 hops it completes, the grant recorded in the RESOLVED event with the account.
+func TestReturnWithGrant(t *testing.T) {
+	e := startOp(t, 1, []handoffv1.Verdict{handoffv1.Verdict_VERDICT_PASS})
+	ctx := context.Background()
+	job, _ := e.submit(t, "relay", "tkt_1", "", &handoffv1.Budget{UsdRemainingMicros: 1_000_000, HopsRemaining: 2})
+	if job.GetState() != handoffv1.JobState_JOB_STATE_ESCALATED || job.GetEscalation().GetCause() != handoffv1.EscalationCause_ESCALATION_CAUSE_HOP_CAP {
+		t.Fatalf("run %s (%v); want ESCALATED HOP_CAP", job.GetState(), job.GetEscalation())
+	}
+	ret := func(g *handoffv1.Grant) (*handoffv1.ResolveEscalationResponse, error) {
+		return e.client.ResolveEscalation(ctx, &handoffv1.ResolveEscalationRequest{RunId: job.GetRunId(), Operator: "ana", Escalation: 1,
+			Action: &handoffv1.ResolveEscalationRequest_ReturnToStage{ReturnToStage: &handoffv1.ReturnToStageAction{Stage: "writeback", Grant: g}}})
+	}
+	before := events(t, e, job.GetRunId())
+	if _, err := ret(nil); status.Code(err) != codes.FailedPrecondition || !strings.Contains(status.Convert(err).Message(), "no hops left") || !strings.Contains(status.Convert(err).Message(), "grant hops") {
+		t.Fatalf("return from HOP_CAP without a grant = %v; want FailedPrecondition saying no hops are left and to grant hops", err)
+	}
+	if _, err := ret(&handoffv1.Grant{Hops: 9}); status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), "at most 8 (escalation.max_grant.hops)") {
+		t.Fatalf("grant past max_grant = %v; want InvalidArgument naming the limit", err)
+	}
+	if w, err := e.st.Store.Wallet(ctx, job.GetRunId()); err != nil || w.GetHopsRemaining() != 0 {
+		t.Fatalf("wallet after refused returns: %v %v; want still 0 hops", w, err)
+	}
+	if after := events(t, e, job.GetRunId()); !slices.Equal(before, after) {
+		t.Fatalf("refused returns changed the timeline:\n%v\n%v", before, after)
+	}
+	resp, err := ret(&handoffv1.Grant{Hops: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g := resp.GetResolution().GetGrant(); g.GetHops() != 4 {
+		t.Fatalf("resolution grant %v, want 4 hops", g)
+	}
+	done := waitState(t, e, job.GetRunId(), handoffv1.JobState_JOB_STATE_COMPLETED)
+	if done.GetWallet().GetHopsRemaining() != 3 || e.writes(t) != 1 {
+		t.Fatalf("after the grant: %d hops left, %d writes; want 3 (4 granted, 1 used by the writeback), 1", done.GetWallet().GetHopsRemaining(), e.writes(t))
+	}
+	evs, err := e.st.Store.Events(ctx, job.GetRunId(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got *handoffv1.Resolution
+	for _, ev := range evs {
+		if ev.GetKind() == handoffv1.EventKind_EVENT_KIND_RESOLVED {
+			got = ev.GetResolution()
+		}
+	}
+	if got.GetGrant().GetHops() != 4 || got.GetAccount() != "operator (token)" {
+		t.Fatalf("RESOLVED event resolution %v; want the 4-hop grant and who gave it", got)
+	}
+}
+
+// A return from an empty wallet needs money; a return from a cause nothing ran out for
+// needs no grant.
+func TestReturnFromEmptyWalletNeedsMoney(t *testing.T) {
+	e := startOp(t, 1, []handoffv1.Verdict{handoffv1.Verdict_VERDICT_PASS})
+	job, _ := e.submit(t, "relay", "tkt_1", "", &handoffv1.Budget{UsdRemainingMicros: 60_000})
+	if job.GetEscalation().GetCause() != handoffv1.EscalationCause_ESCALATION_CAUSE_WALLET_EMPTY {
+		t.Fatalf("escalation %v; want WALLET_EMPTY", job.GetEscalation())
+	}
+	req := &handoffv1.ResolveEscalationRequest{RunId: job.GetRunId(), Operator: "ana", Escalation: 1,
+		Action: &handoffv1.ResolveEscalationRequest_ReturnToStage{ReturnToStage: &handoffv1.ReturnToStageAction{Stage: "judge", Grant: &handoffv1.Grant{Hops: 1}}}}
+	if _, err := e.client.ResolveEscalation(context.Background(), req); status.Code(err) != codes.FailedPrecondition || !strings.Contains(status.Convert(err).Message(), "grant usd_micros") {
+		t.Fatalf("return from WALLET_EMPTY granting only hops = %v; want FailedPrecondition asking for money", err)
+	}
+	req.GetReturnToStage().Grant = &handoffv1.Grant{UsdMicros: 500_000}
+	if _, err := e.client.ResolveEscalation(context.Background(), req); err != nil {
+		t.Fatal(err)
+	}
+	done := waitState(t, e, job.GetRunId(), handoffv1.JobState_JOB_STATE_COMPLETED)
+	if done.GetWallet().GetUsdRemainingMicros() != 450_000 {
+		t.Fatalf("wallet after a $0.50 grant and the judge's $0.05: %d micros, want 450000", done.GetWallet().GetUsdRemainingMicros())
+	}
+}
+
+// TestHopTimeline: GetJob answers the run's hops in order, each with its stage, ack, the
+// move after it, spend, verdict and duration; the decision of a person is on it with its
+// account and grant, and the hop that ended the run says how.
+func TestHopTimeline(t *testing.T) {
+	e := startOp(t, 1, []handoffv1.Verdict{handoffv1.Verdict_VERDICT_PASS})
+	ctx := context.Background()
+	job, _ := e.submit(t, "relay", "tkt_1", "", &handoffv1.Budget{UsdRemainingMicros: 1_000_000, HopsRemaining: 2})
+	if _, err := e.client.ResolveEscalation(ctx, &handoffv1.ResolveEscalationRequest{RunId: job.GetRunId(), Operator: "ana", Escalation: 1,
+		Action: &handoffv1.ResolveEscalationRequest_ReturnToStage{ReturnToStage: &handoffv1.ReturnToStageAction{Stage: "writeback", Grant: &handoffv1.Grant{Hops: 4}}}}); err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, e, job.GetRunId(), handoffv1.JobState_JOB_STATE_COMPLETED)
+	resp, err := e.client.GetJob(ctx, &handoffv1.GetJobRequest{RunId: job.GetRunId()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, r := range resp.GetTimeline() {
+		line := fmt.Sprintf("%d %s", r.GetHop(), r.GetStage())
+		if r.GetAck() != handoffv1.AckStatus_ACK_STATUS_UNSPECIFIED {
+			line += " " + strings.TrimPrefix(r.GetAck().String(), "ACK_STATUS_")
+		}
+		if r.GetSpentUsdMicros() > 0 {
+			line += fmt.Sprintf(" $%d", r.GetSpentUsdMicros())
+		}
+		if r.GetVerdict() != handoffv1.Verdict_VERDICT_UNSPECIFIED {
+			line += " " + strings.TrimPrefix(r.GetVerdict().String(), "VERDICT_")
+		}
+		if tr := r.GetTransfer(); tr != nil {
+			line += " ->" + tr.GetToStage()
+		}
+		if r.GetReceipt() != nil {
+			line += " receipt"
+		}
+		if res := r.GetResolution(); res != nil {
+			line += fmt.Sprintf(" %s by %s grant %d hops", strings.TrimPrefix(res.GetAction().String(), "RESOLUTION_ACTION_"), res.GetAccount(), res.GetGrant().GetHops())
+		}
+		if r.GetEnd() != handoffv1.EventKind_EVENT_KIND_UNSPECIFIED {
+			line += " " + strings.TrimPrefix(r.GetEnd().String(), "EVENT_KIND_")
+			if c := r.GetEscalation().GetCause(); c != handoffv1.EscalationCause_ESCALATION_CAUSE_UNSPECIFIED {
+				line += ":" + strings.TrimPrefix(c.String(), "ESCALATION_CAUSE_")
+			}
+		}
+		if r.GetAck() != handoffv1.AckStatus_ACK_STATUS_UNSPECIFIED && r.GetDuration() == nil {
+			t.Errorf("hop %d %s has no duration", r.GetHop(), r.GetStage())
+		}
+		got = append(got, line)
+	}
+	want := []string{
+		"1 draft ACCEPTED $100000 ->judge",
+		"2 judge ACCEPTED $50000 PASS ->writeback ESCALATED:HOP_CAP",
+		"2 writeback ->writeback RETURN_TO_STAGE by operator (token) grant 4 hops",
+		"3 writeback ACCEPTED ->end receipt COMPLETED",
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("timeline:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// One owner per escalation: a claim shows who holds it, another operator can neither claim
+// nor decide it while it lasts unless they override (recorded), and a claim that expired or
+// was released is free.
+func TestEscalationClaim(t *testing.T) {
+	e := startOp(t, 0, []handoffv1.Verdict{handoffv1.Verdict_VERDICT_FAIL})
+	ctx := context.Background()
+	other := anonymous(t, e.st)
+	bo := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+opToken) // account "operator"
+	const ana = "operator (token)"                                                  // e.client's account
+	claim := func(c handoffv1.CoordinatorServiceClient, cctx context.Context, runID string, release bool) (*handoffv1.Claim, error) {
+		r, err := c.ClaimEscalation(cctx, &handoffv1.ClaimEscalationRequest{RunId: runID, Escalation: 1, Release: release})
+		return r.GetClaim(), err
+	}
+	fail := &handoffv1.ResolveEscalationRequest{Operator: "bo", Escalation: 1, Action: &handoffv1.ResolveEscalationRequest_Fail{Fail: &handoffv1.FailAction{Reason: "spam"}}}
+
+	job, _ := e.submit(t, "relay", "tkt_1", "", e.defaultBudget)
+	c, err := claim(e.client, ctx, job.GetRunId(), false)
+	if err != nil || c.GetAccount() != ana || !c.GetExpiresAt().AsTime().After(time.Now().Add(10*time.Minute)) {
+		t.Fatalf("claim = %v, %v; want it held by %s for the claim TTL", c, err, ana)
+	}
+	if got := waitState(t, e, job.GetRunId(), handoffv1.JobState_JOB_STATE_ESCALATED); got.GetClaim().GetAccount() != ana {
+		t.Fatalf("GetJob claim %v; the others must see who holds it", got.GetClaim())
+	}
+	if _, err := claim(other, bo, job.GetRunId(), false); status.Code(err) != codes.FailedPrecondition || !strings.Contains(status.Convert(err).Message(), "claimed by "+ana) {
+		t.Fatalf("second claim = %v; want FailedPrecondition naming the holder", err)
+	}
+	fail.RunId = job.GetRunId()
+	if _, err := other.ResolveEscalation(bo, fail); status.Code(err) != codes.FailedPrecondition || !strings.Contains(status.Convert(err).Message(), "only the holder decides") {
+		t.Fatalf("decision by another operator = %v; want FailedPrecondition", err)
+	}
+	fail.Override = true
+	resp, err := other.ResolveEscalation(bo, fail)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res := resp.GetResolution(); res.GetOverrode() != ana || res.GetAccount() != "operator" || resp.GetJob().GetClaim() != nil {
+		t.Fatalf("override: resolution %v, claim %v; want the override of %s recorded and the claim gone", res, resp.GetJob().GetClaim(), ana)
+	}
+
+	// An expired claim is free; a released one too.
+	job, _ = e.submit(t, "relay", "tkt_2", "", e.defaultBudget)
+	if _, err := claim(e.client, ctx, job.GetRunId(), false); err != nil {
+		t.Fatal(err)
+	}
+	run, err := e.st.Store.GetRun(ctx, job.GetRunId())
+	if err != nil {
+		t.Fatal(err)
+	}
+	run.Claim.ExpiresAt = timestamppb.New(time.Now().Add(-time.Second))
+	if err := e.st.Store.PutRun(ctx, run); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := claim(other, bo, job.GetRunId(), false); err != nil || c.GetAccount() != "operator" {
+		t.Fatalf("claim of an expired claim = %v, %v", c, err)
+	}
+	if _, err := claim(other, bo, job.GetRunId(), true); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := claim(e.client, ctx, job.GetRunId(), false); err != nil || c.GetAccount() != ana {
+		t.Fatalf("claim after a release = %v, %v", c, err)
+	}
+	fail.RunId, fail.Override = job.GetRunId(), false
+	if resp, err := e.client.ResolveEscalation(ctx, fail); err != nil || resp.GetResolution().GetOverrode() != "" {
+		t.Fatalf("the holder's decision = %v, %v; want it taken, no override", resp.GetResolution(), err)
 	}
 }

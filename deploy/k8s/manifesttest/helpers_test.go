@@ -103,10 +103,10 @@ func kubectl(t testing.TB) string {
 	return p
 }
 
-// renderArgs is how every overlay is rendered: the base generates the pipelines ConfigMap
-// from ../../../pipelines, outside the kustomization root, which the default load
-// restrictor refuses (deploy/k8s/README.md).
-var renderArgs = []string{"kustomize", "--load-restrictor", "LoadRestrictionsNone"}
+// renderArgs is how every overlay is rendered: plain `kubectl kustomize`, as `kubectl apply
+// -k` does, with the default load restrictor (the pipelines ConfigMap's files are in the
+// base, deploy/k8s/README.md).
+var renderArgs = []string{"kustomize"}
 
 var rendered sync.Map // overlay name -> []byte
 

@@ -13,6 +13,7 @@ import (
 	_ "buf.build/gen/go/bufbuild/protovalidate/protocolbuffers/go/buf/validate"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -107,6 +108,10 @@ const (
 	// The job's deadline passed: the rail stopped before the next hop, or a runner answered
 	// REJECTED_BUDGET with reason budget.deadline.
 	EscalationCause_ESCALATION_CAUSE_DEADLINE EscalationCause = 12
+	// Intake found the pipeline's escalation queue full (max_open_escalations) and the
+	// pipeline degrades to human-only (when_full: human): the job went straight to a person,
+	// with no agent spend.
+	EscalationCause_ESCALATION_CAUSE_DESK_FULL EscalationCause = 13
 )
 
 // Enum value maps for EscalationCause.
@@ -125,6 +130,7 @@ var (
 		10: "ESCALATION_CAUSE_PING_PONG",
 		11: "ESCALATION_CAUSE_ROUTED",
 		12: "ESCALATION_CAUSE_DEADLINE",
+		13: "ESCALATION_CAUSE_DESK_FULL",
 	}
 	EscalationCause_value = map[string]int32{
 		"ESCALATION_CAUSE_UNSPECIFIED":         0,
@@ -140,6 +146,7 @@ var (
 		"ESCALATION_CAUSE_PING_PONG":           10,
 		"ESCALATION_CAUSE_ROUTED":              11,
 		"ESCALATION_CAUSE_DEADLINE":            12,
+		"ESCALATION_CAUSE_DESK_FULL":           13,
 	}
 )
 
@@ -185,6 +192,8 @@ const (
 	EventKind_EVENT_KIND_FAILED       EventKind = 9
 	// A person resolved an escalated run (ResolveEscalation); resolution says how.
 	EventKind_EVENT_KIND_RESOLVED EventKind = 10
+	// The escalation was delivered to its route's webhook, or could not be: delivery says how.
+	EventKind_EVENT_KIND_ESCALATION_DELIVERY EventKind = 11
 )
 
 // Enum value maps for EventKind.
@@ -201,19 +210,21 @@ var (
 		8:  "EVENT_KIND_COMPLETED",
 		9:  "EVENT_KIND_FAILED",
 		10: "EVENT_KIND_RESOLVED",
+		11: "EVENT_KIND_ESCALATION_DELIVERY",
 	}
 	EventKind_value = map[string]int32{
-		"EVENT_KIND_UNSPECIFIED":  0,
-		"EVENT_KIND_SUBMITTED":    1,
-		"EVENT_KIND_PACKAGE_SENT": 2,
-		"EVENT_KIND_ACK":          3,
-		"EVENT_KIND_STAGE_RESULT": 4,
-		"EVENT_KIND_VERDICT":      5,
-		"EVENT_KIND_RECEIPT":      6,
-		"EVENT_KIND_ESCALATED":    7,
-		"EVENT_KIND_COMPLETED":    8,
-		"EVENT_KIND_FAILED":       9,
-		"EVENT_KIND_RESOLVED":     10,
+		"EVENT_KIND_UNSPECIFIED":         0,
+		"EVENT_KIND_SUBMITTED":           1,
+		"EVENT_KIND_PACKAGE_SENT":        2,
+		"EVENT_KIND_ACK":                 3,
+		"EVENT_KIND_STAGE_RESULT":        4,
+		"EVENT_KIND_VERDICT":             5,
+		"EVENT_KIND_RECEIPT":             6,
+		"EVENT_KIND_ESCALATED":           7,
+		"EVENT_KIND_COMPLETED":           8,
+		"EVENT_KIND_FAILED":              9,
+		"EVENT_KIND_RESOLVED":            10,
+		"EVENT_KIND_ESCALATION_DELIVERY": 11,
 	}
 )
 
@@ -299,6 +310,184 @@ func (ResolutionAction) EnumDescriptor() ([]byte, []int) {
 	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{3}
 }
 
+type ClaimEscalationRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	RunId string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// The escalation claimed (Escalation.number): a claim for one the run has left is refused.
+	Escalation uint32 `protobuf:"varint,2,opt,name=escalation,proto3" json:"escalation,omitempty"`
+	// Give up the caller's own claim instead.
+	Release       bool `protobuf:"varint,3,opt,name=release,proto3" json:"release,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClaimEscalationRequest) Reset() {
+	*x = ClaimEscalationRequest{}
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClaimEscalationRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClaimEscalationRequest) ProtoMessage() {}
+
+func (x *ClaimEscalationRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClaimEscalationRequest.ProtoReflect.Descriptor instead.
+func (*ClaimEscalationRequest) Descriptor() ([]byte, []int) {
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *ClaimEscalationRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *ClaimEscalationRequest) GetEscalation() uint32 {
+	if x != nil {
+		return x.Escalation
+	}
+	return 0
+}
+
+func (x *ClaimEscalationRequest) GetRelease() bool {
+	if x != nil {
+		return x.Release
+	}
+	return false
+}
+
+type ClaimEscalationResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The claim as it stands after the call (none after a release).
+	Claim         *Claim `protobuf:"bytes,1,opt,name=claim,proto3" json:"claim,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClaimEscalationResponse) Reset() {
+	*x = ClaimEscalationResponse{}
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClaimEscalationResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClaimEscalationResponse) ProtoMessage() {}
+
+func (x *ClaimEscalationResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClaimEscalationResponse.ProtoReflect.Descriptor instead.
+func (*ClaimEscalationResponse) Descriptor() ([]byte, []int) {
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ClaimEscalationResponse) GetClaim() *Claim {
+	if x != nil {
+		return x.Claim
+	}
+	return nil
+}
+
+// Claim is who owns a run's escalation, until when.
+type Claim struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The operator account holding it (as resolution.account records it).
+	Account string `protobuf:"bytes,1,opt,name=account,proto3" json:"account,omitempty"`
+	// The escalation claimed (Escalation.number).
+	Escalation    uint32                 `protobuf:"varint,2,opt,name=escalation,proto3" json:"escalation,omitempty"`
+	At            *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=at,proto3" json:"at,omitempty"`
+	ExpiresAt     *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Claim) Reset() {
+	*x = Claim{}
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Claim) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Claim) ProtoMessage() {}
+
+func (x *Claim) ProtoReflect() protoreflect.Message {
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Claim.ProtoReflect.Descriptor instead.
+func (*Claim) Descriptor() ([]byte, []int) {
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *Claim) GetAccount() string {
+	if x != nil {
+		return x.Account
+	}
+	return ""
+}
+
+func (x *Claim) GetEscalation() uint32 {
+	if x != nil {
+		return x.Escalation
+	}
+	return 0
+}
+
+func (x *Claim) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
+func (x *Claim) GetExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpiresAt
+	}
+	return nil
+}
+
 type SubmitJobRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Client-chosen id that makes the submit safe to retry: one id, one request.
@@ -329,7 +518,7 @@ type SubmitJobRequest struct {
 
 func (x *SubmitJobRequest) Reset() {
 	*x = SubmitJobRequest{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[0]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -341,7 +530,7 @@ func (x *SubmitJobRequest) String() string {
 func (*SubmitJobRequest) ProtoMessage() {}
 
 func (x *SubmitJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[0]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -354,7 +543,7 @@ func (x *SubmitJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitJobRequest.ProtoReflect.Descriptor instead.
 func (*SubmitJobRequest) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{0}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *SubmitJobRequest) GetRequestId() string {
@@ -438,7 +627,7 @@ type SubmitJobResponse struct {
 
 func (x *SubmitJobResponse) Reset() {
 	*x = SubmitJobResponse{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[1]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -450,7 +639,7 @@ func (x *SubmitJobResponse) String() string {
 func (*SubmitJobResponse) ProtoMessage() {}
 
 func (x *SubmitJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[1]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -463,7 +652,7 @@ func (x *SubmitJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitJobResponse.ProtoReflect.Descriptor instead.
 func (*SubmitJobResponse) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{1}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *SubmitJobResponse) GetJob() *Job {
@@ -489,7 +678,7 @@ type GetJobRequest struct {
 
 func (x *GetJobRequest) Reset() {
 	*x = GetJobRequest{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[2]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -501,7 +690,7 @@ func (x *GetJobRequest) String() string {
 func (*GetJobRequest) ProtoMessage() {}
 
 func (x *GetJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[2]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -514,7 +703,7 @@ func (x *GetJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobRequest.ProtoReflect.Descriptor instead.
 func (*GetJobRequest) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{2}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *GetJobRequest) GetRunId() string {
@@ -525,15 +714,18 @@ func (x *GetJobRequest) GetRunId() string {
 }
 
 type GetJobResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Job           *Job                   `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Job   *Job                   `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	// The run's hops in order, read from its events: each hop's stage, ack, the move after
+	// it, spend, verdict and duration, and each decision a person made (with any grant).
+	Timeline      []*HopRecord `protobuf:"bytes,2,rep,name=timeline,proto3" json:"timeline,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GetJobResponse) Reset() {
 	*x = GetJobResponse{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[3]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -545,7 +737,7 @@ func (x *GetJobResponse) String() string {
 func (*GetJobResponse) ProtoMessage() {}
 
 func (x *GetJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[3]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -558,12 +750,161 @@ func (x *GetJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobResponse.ProtoReflect.Descriptor instead.
 func (*GetJobResponse) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{3}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *GetJobResponse) GetJob() *Job {
 	if x != nil {
 		return x.Job
+	}
+	return nil
+}
+
+func (x *GetJobResponse) GetTimeline() []*HopRecord {
+	if x != nil {
+		return x.Timeline
+	}
+	return nil
+}
+
+// HopRecord is one line of a run's hop timeline: a hop to a stage, or a person's decision.
+type HopRecord struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The hop number (1-based); a decision carries the hops made when it was taken.
+	Hop   uint32 `protobuf:"varint,1,opt,name=hop,proto3" json:"hop,omitempty"`
+	Stage string `protobuf:"bytes,2,opt,name=stage,proto3" json:"stage,omitempty"`
+	// The stage's ack (unset for a decision).
+	Ack AckStatus `protobuf:"varint,3,opt,name=ack,proto3,enum=handoff.v1.AckStatus" json:"ack,omitempty"`
+	// The move the rail made after the hop (route, next, pass, revise, reroute, operator).
+	Transfer *Transfer `protobuf:"bytes,4,opt,name=transfer,proto3" json:"transfer,omitempty"`
+	// What the hop spent, in micro-USD.
+	SpentUsdMicros int64 `protobuf:"varint,5,opt,name=spent_usd_micros,json=spentUsdMicros,proto3" json:"spent_usd_micros,omitempty"`
+	// The judge's verdict, for a judge's hop.
+	Verdict Verdict `protobuf:"varint,6,opt,name=verdict,proto3,enum=handoff.v1.Verdict" json:"verdict,omitempty"`
+	// From the package being sent to the hop's last event.
+	Duration *durationpb.Duration   `protobuf:"bytes,7,opt,name=duration,proto3" json:"duration,omitempty"`
+	At       *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=at,proto3" json:"at,omitempty"`
+	// How the hop ended the run, when it did: the escalation, or COMPLETED / FAILED.
+	End        EventKind   `protobuf:"varint,9,opt,name=end,proto3,enum=handoff.v1.EventKind" json:"end,omitempty"`
+	Escalation *Escalation `protobuf:"bytes,10,opt,name=escalation,proto3" json:"escalation,omitempty"`
+	// The writeback's receipt, for a writeback hop.
+	Receipt *Receipt `protobuf:"bytes,11,opt,name=receipt,proto3" json:"receipt,omitempty"`
+	// A person's decision (EVENT_KIND_RESOLVED): its action, account and grant.
+	Resolution    *Resolution `protobuf:"bytes,12,opt,name=resolution,proto3" json:"resolution,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HopRecord) Reset() {
+	*x = HopRecord{}
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HopRecord) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HopRecord) ProtoMessage() {}
+
+func (x *HopRecord) ProtoReflect() protoreflect.Message {
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HopRecord.ProtoReflect.Descriptor instead.
+func (*HopRecord) Descriptor() ([]byte, []int) {
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *HopRecord) GetHop() uint32 {
+	if x != nil {
+		return x.Hop
+	}
+	return 0
+}
+
+func (x *HopRecord) GetStage() string {
+	if x != nil {
+		return x.Stage
+	}
+	return ""
+}
+
+func (x *HopRecord) GetAck() AckStatus {
+	if x != nil {
+		return x.Ack
+	}
+	return AckStatus_ACK_STATUS_UNSPECIFIED
+}
+
+func (x *HopRecord) GetTransfer() *Transfer {
+	if x != nil {
+		return x.Transfer
+	}
+	return nil
+}
+
+func (x *HopRecord) GetSpentUsdMicros() int64 {
+	if x != nil {
+		return x.SpentUsdMicros
+	}
+	return 0
+}
+
+func (x *HopRecord) GetVerdict() Verdict {
+	if x != nil {
+		return x.Verdict
+	}
+	return Verdict_VERDICT_UNSPECIFIED
+}
+
+func (x *HopRecord) GetDuration() *durationpb.Duration {
+	if x != nil {
+		return x.Duration
+	}
+	return nil
+}
+
+func (x *HopRecord) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
+func (x *HopRecord) GetEnd() EventKind {
+	if x != nil {
+		return x.End
+	}
+	return EventKind_EVENT_KIND_UNSPECIFIED
+}
+
+func (x *HopRecord) GetEscalation() *Escalation {
+	if x != nil {
+		return x.Escalation
+	}
+	return nil
+}
+
+func (x *HopRecord) GetReceipt() *Receipt {
+	if x != nil {
+		return x.Receipt
+	}
+	return nil
+}
+
+func (x *HopRecord) GetResolution() *Resolution {
+	if x != nil {
+		return x.Resolution
 	}
 	return nil
 }
@@ -580,7 +921,7 @@ type ListJobsRequest struct {
 
 func (x *ListJobsRequest) Reset() {
 	*x = ListJobsRequest{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[4]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -592,7 +933,7 @@ func (x *ListJobsRequest) String() string {
 func (*ListJobsRequest) ProtoMessage() {}
 
 func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[4]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -605,7 +946,7 @@ func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsRequest.ProtoReflect.Descriptor instead.
 func (*ListJobsRequest) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{4}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ListJobsRequest) GetState() JobState {
@@ -639,7 +980,7 @@ type ListJobsResponse struct {
 
 func (x *ListJobsResponse) Reset() {
 	*x = ListJobsResponse{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[5]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -651,7 +992,7 @@ func (x *ListJobsResponse) String() string {
 func (*ListJobsResponse) ProtoMessage() {}
 
 func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[5]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -664,7 +1005,7 @@ func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsResponse.ProtoReflect.Descriptor instead.
 func (*ListJobsResponse) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{5}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ListJobsResponse) GetJobs() []*Job {
@@ -692,7 +1033,7 @@ type WatchJobRequest struct {
 
 func (x *WatchJobRequest) Reset() {
 	*x = WatchJobRequest{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[6]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -704,7 +1045,7 @@ func (x *WatchJobRequest) String() string {
 func (*WatchJobRequest) ProtoMessage() {}
 
 func (x *WatchJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[6]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -717,7 +1058,7 @@ func (x *WatchJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchJobRequest.ProtoReflect.Descriptor instead.
 func (*WatchJobRequest) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{6}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *WatchJobRequest) GetRunId() string {
@@ -743,7 +1084,7 @@ type WatchJobResponse struct {
 
 func (x *WatchJobResponse) Reset() {
 	*x = WatchJobResponse{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[7]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -755,7 +1096,7 @@ func (x *WatchJobResponse) String() string {
 func (*WatchJobResponse) ProtoMessage() {}
 
 func (x *WatchJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[7]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -768,7 +1109,7 @@ func (x *WatchJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchJobResponse.ProtoReflect.Descriptor instead.
 func (*WatchJobResponse) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{7}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *WatchJobResponse) GetEvent() *JobEvent {
@@ -823,14 +1164,16 @@ type Job struct {
 	Transfers []*Transfer `protobuf:"bytes,27,rep,name=transfers,proto3" json:"transfers,omitempty"`
 	// When the job must be done by: fixed at submit (SubmitJobRequest.deadline). Absent on
 	// runs submitted before deadlines existed: those are sent handoff.v1 only.
-	Deadline      *timestamppb.Timestamp `protobuf:"bytes,28,opt,name=deadline,proto3" json:"deadline,omitempty"`
+	Deadline *timestamppb.Timestamp `protobuf:"bytes,28,opt,name=deadline,proto3" json:"deadline,omitempty"`
+	// Who owns the run's current escalation (ClaimEscalation), while the claim lasts.
+	Claim         *Claim `protobuf:"bytes,29,opt,name=claim,proto3" json:"claim,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Job) Reset() {
 	*x = Job{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[8]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -842,7 +1185,7 @@ func (x *Job) String() string {
 func (*Job) ProtoMessage() {}
 
 func (x *Job) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[8]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -855,7 +1198,7 @@ func (x *Job) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Job.ProtoReflect.Descriptor instead.
 func (*Job) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{8}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Job) GetRunId() string {
@@ -1054,6 +1397,13 @@ func (x *Job) GetDeadline() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Job) GetClaim() *Claim {
+	if x != nil {
+		return x.Claim
+	}
+	return nil
+}
+
 // Transfer is one move of a run from one stage to another: a one-way hand-over of the
 // package (never of a transcript), which the rail chose by the pipeline's rules.
 type Transfer struct {
@@ -1076,7 +1426,7 @@ type Transfer struct {
 
 func (x *Transfer) Reset() {
 	*x = Transfer{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[9]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1088,7 +1438,7 @@ func (x *Transfer) String() string {
 func (*Transfer) ProtoMessage() {}
 
 func (x *Transfer) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[9]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1101,7 +1451,7 @@ func (x *Transfer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Transfer.ProtoReflect.Descriptor instead.
 func (*Transfer) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{9}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Transfer) GetFromStage() string {
@@ -1168,7 +1518,7 @@ type Escalation struct {
 
 func (x *Escalation) Reset() {
 	*x = Escalation{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[10]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1180,7 +1530,7 @@ func (x *Escalation) String() string {
 func (*Escalation) ProtoMessage() {}
 
 func (x *Escalation) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[10]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1193,7 +1543,7 @@ func (x *Escalation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Escalation.ProtoReflect.Descriptor instead.
 func (*Escalation) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{10}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Escalation) GetCause() EscalationCause {
@@ -1245,6 +1595,102 @@ func (x *Escalation) GetNumber() uint32 {
 	return 0
 }
 
+// Delivery is the outcome of POSTing an escalation to its route's webhook.
+type Delivery struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Url   string                 `protobuf:"bytes,1,opt,name=url,proto3" json:"url,omitempty"`
+	// The escalation delivered (Escalation.number); Idempotency-Key is "<run_id>:<number>".
+	Escalation uint32 `protobuf:"varint,2,opt,name=escalation,proto3" json:"escalation,omitempty"`
+	Attempts   uint32 `protobuf:"varint,3,opt,name=attempts,proto3" json:"attempts,omitempty"`
+	Delivered  bool   `protobuf:"varint,4,opt,name=delivered,proto3" json:"delivered,omitempty"`
+	// The last attempt's failure, when not delivered.
+	Error string `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
+	// The last HTTP status answered (0: none).
+	StatusCode    int32                  `protobuf:"varint,6,opt,name=status_code,json=statusCode,proto3" json:"status_code,omitempty"`
+	At            *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=at,proto3" json:"at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Delivery) Reset() {
+	*x = Delivery{}
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Delivery) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Delivery) ProtoMessage() {}
+
+func (x *Delivery) ProtoReflect() protoreflect.Message {
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Delivery.ProtoReflect.Descriptor instead.
+func (*Delivery) Descriptor() ([]byte, []int) {
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *Delivery) GetUrl() string {
+	if x != nil {
+		return x.Url
+	}
+	return ""
+}
+
+func (x *Delivery) GetEscalation() uint32 {
+	if x != nil {
+		return x.Escalation
+	}
+	return 0
+}
+
+func (x *Delivery) GetAttempts() uint32 {
+	if x != nil {
+		return x.Attempts
+	}
+	return 0
+}
+
+func (x *Delivery) GetDelivered() bool {
+	if x != nil {
+		return x.Delivered
+	}
+	return false
+}
+
+func (x *Delivery) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *Delivery) GetStatusCode() int32 {
+	if x != nil {
+		return x.StatusCode
+	}
+	return 0
+}
+
+func (x *Delivery) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
 // JobEvent is one entry on a run's timeline.
 type JobEvent struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
@@ -1272,14 +1718,16 @@ type JobEvent struct {
 	Transfer *Transfer `protobuf:"bytes,16,opt,name=transfer,proto3" json:"transfer,omitempty"`
 	// On EVENT_KIND_PACKAGE_SENT to an agent: the contract version of the package sent
 	// ("handoff.v1", "handoff.v2"), the newest the stage's runner declares.
-	Schema        string `protobuf:"bytes,17,opt,name=schema,proto3" json:"schema,omitempty"`
+	Schema string `protobuf:"bytes,17,opt,name=schema,proto3" json:"schema,omitempty"`
+	// The webhook delivery, on an EVENT_KIND_ESCALATION_DELIVERY event.
+	Delivery      *Delivery `protobuf:"bytes,18,opt,name=delivery,proto3" json:"delivery,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *JobEvent) Reset() {
 	*x = JobEvent{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[11]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1291,7 +1739,7 @@ func (x *JobEvent) String() string {
 func (*JobEvent) ProtoMessage() {}
 
 func (x *JobEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[11]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1304,7 +1752,7 @@ func (x *JobEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobEvent.ProtoReflect.Descriptor instead.
 func (*JobEvent) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{11}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *JobEvent) GetSeq() uint64 {
@@ -1426,6 +1874,13 @@ func (x *JobEvent) GetSchema() string {
 	return ""
 }
 
+func (x *JobEvent) GetDelivery() *Delivery {
+	if x != nil {
+		return x.Delivery
+	}
+	return nil
+}
+
 type ListEscalationsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	PageSize      int32                  `protobuf:"varint,1,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
@@ -1436,7 +1891,7 @@ type ListEscalationsRequest struct {
 
 func (x *ListEscalationsRequest) Reset() {
 	*x = ListEscalationsRequest{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[12]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1448,7 +1903,7 @@ func (x *ListEscalationsRequest) String() string {
 func (*ListEscalationsRequest) ProtoMessage() {}
 
 func (x *ListEscalationsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[12]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1461,7 +1916,7 @@ func (x *ListEscalationsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEscalationsRequest.ProtoReflect.Descriptor instead.
 func (*ListEscalationsRequest) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{12}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListEscalationsRequest) GetPageSize() int32 {
@@ -1488,7 +1943,7 @@ type ListEscalationsResponse struct {
 
 func (x *ListEscalationsResponse) Reset() {
 	*x = ListEscalationsResponse{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[13]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1500,7 +1955,7 @@ func (x *ListEscalationsResponse) String() string {
 func (*ListEscalationsResponse) ProtoMessage() {}
 
 func (x *ListEscalationsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[13]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1513,7 +1968,7 @@ func (x *ListEscalationsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEscalationsResponse.ProtoReflect.Descriptor instead.
 func (*ListEscalationsResponse) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{13}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListEscalationsResponse) GetJobs() []*Job {
@@ -1546,14 +2001,17 @@ type ResolveEscalationRequest struct {
 	// The escalation this decision answers (Escalation.number, 1 for the first). Required: a
 	// decision for an escalation the run has since left is refused with FailedPrecondition,
 	// so one taken on a stale page never applies to the run's next escalation.
-	Escalation    uint32 `protobuf:"varint,8,opt,name=escalation,proto3" json:"escalation,omitempty"`
+	Escalation uint32 `protobuf:"varint,8,opt,name=escalation,proto3" json:"escalation,omitempty"`
+	// Decide although another operator holds the escalation's claim (recorded in
+	// resolution.overrode). Without it such a decision is refused naming the holder.
+	Override      bool `protobuf:"varint,9,opt,name=override,proto3" json:"override,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ResolveEscalationRequest) Reset() {
 	*x = ResolveEscalationRequest{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[14]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1565,7 +2023,7 @@ func (x *ResolveEscalationRequest) String() string {
 func (*ResolveEscalationRequest) ProtoMessage() {}
 
 func (x *ResolveEscalationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[14]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1578,7 +2036,7 @@ func (x *ResolveEscalationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveEscalationRequest.ProtoReflect.Descriptor instead.
 func (*ResolveEscalationRequest) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{14}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ResolveEscalationRequest) GetRunId() string {
@@ -1652,6 +2110,13 @@ func (x *ResolveEscalationRequest) GetEscalation() uint32 {
 	return 0
 }
 
+func (x *ResolveEscalationRequest) GetOverride() bool {
+	if x != nil {
+		return x.Override
+	}
+	return false
+}
+
 type isResolveEscalationRequest_Action interface {
 	isResolveEscalationRequest_Action()
 }
@@ -1695,7 +2160,7 @@ type ApproveAction struct {
 
 func (x *ApproveAction) Reset() {
 	*x = ApproveAction{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[15]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1707,7 +2172,7 @@ func (x *ApproveAction) String() string {
 func (*ApproveAction) ProtoMessage() {}
 
 func (x *ApproveAction) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[15]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1720,7 +2185,7 @@ func (x *ApproveAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApproveAction.ProtoReflect.Descriptor instead.
 func (*ApproveAction) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{15}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ApproveAction) GetArtifactText() string {
@@ -1731,16 +2196,20 @@ func (x *ApproveAction) GetArtifactText() string {
 }
 
 type ReturnToStageAction struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Stage         string                 `protobuf:"bytes,1,opt,name=stage,proto3" json:"stage,omitempty"`
-	ArtifactText  *string                `protobuf:"bytes,2,opt,name=artifact_text,json=artifactText,proto3,oneof" json:"artifact_text,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Stage        string                 `protobuf:"bytes,1,opt,name=stage,proto3" json:"stage,omitempty"`
+	ArtifactText *string                `protobuf:"bytes,2,opt,name=artifact_text,json=artifactText,proto3,oneof" json:"artifact_text,omitempty"`
+	// What the person gives the run's wallet with the return, up to the pipeline's
+	// escalation.max_grant. A return from HOP_CAP, REVISIONS_EXHAUSTED or WALLET_EMPTY needs
+	// a grant of what ran out (hops, revisions, money); without one it is refused.
+	Grant         *Grant `protobuf:"bytes,3,opt,name=grant,proto3" json:"grant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ReturnToStageAction) Reset() {
 	*x = ReturnToStageAction{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[16]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1752,7 +2221,7 @@ func (x *ReturnToStageAction) String() string {
 func (*ReturnToStageAction) ProtoMessage() {}
 
 func (x *ReturnToStageAction) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[16]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1765,7 +2234,7 @@ func (x *ReturnToStageAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReturnToStageAction.ProtoReflect.Descriptor instead.
 func (*ReturnToStageAction) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{16}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ReturnToStageAction) GetStage() string {
@@ -1782,6 +2251,75 @@ func (x *ReturnToStageAction) GetArtifactText() string {
 	return ""
 }
 
+func (x *ReturnToStageAction) GetGrant() *Grant {
+	if x != nil {
+		return x.Grant
+	}
+	return nil
+}
+
+// Grant is what a person adds to a run's wallet: the only way a wallet grows.
+type Grant struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Hops      uint32                 `protobuf:"varint,1,opt,name=hops,proto3" json:"hops,omitempty"`
+	Revisions uint32                 `protobuf:"varint,2,opt,name=revisions,proto3" json:"revisions,omitempty"`
+	// Money, in millionths of a US dollar.
+	UsdMicros     int64 `protobuf:"varint,3,opt,name=usd_micros,json=usdMicros,proto3" json:"usd_micros,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Grant) Reset() {
+	*x = Grant{}
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Grant) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Grant) ProtoMessage() {}
+
+func (x *Grant) ProtoReflect() protoreflect.Message {
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Grant.ProtoReflect.Descriptor instead.
+func (*Grant) Descriptor() ([]byte, []int) {
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *Grant) GetHops() uint32 {
+	if x != nil {
+		return x.Hops
+	}
+	return 0
+}
+
+func (x *Grant) GetRevisions() uint32 {
+	if x != nil {
+		return x.Revisions
+	}
+	return 0
+}
+
+func (x *Grant) GetUsdMicros() int64 {
+	if x != nil {
+		return x.UsdMicros
+	}
+	return 0
+}
+
 type FailAction struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Reason        string                 `protobuf:"bytes,1,opt,name=reason,proto3" json:"reason,omitempty"`
@@ -1791,7 +2329,7 @@ type FailAction struct {
 
 func (x *FailAction) Reset() {
 	*x = FailAction{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[17]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1803,7 +2341,7 @@ func (x *FailAction) String() string {
 func (*FailAction) ProtoMessage() {}
 
 func (x *FailAction) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[17]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1816,7 +2354,7 @@ func (x *FailAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FailAction.ProtoReflect.Descriptor instead.
 func (*FailAction) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{17}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *FailAction) GetReason() string {
@@ -1835,7 +2373,7 @@ type RejectMalformedAction struct {
 
 func (x *RejectMalformedAction) Reset() {
 	*x = RejectMalformedAction{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[18]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1847,7 +2385,7 @@ func (x *RejectMalformedAction) String() string {
 func (*RejectMalformedAction) ProtoMessage() {}
 
 func (x *RejectMalformedAction) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[18]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1860,7 +2398,7 @@ func (x *RejectMalformedAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RejectMalformedAction.ProtoReflect.Descriptor instead.
 func (*RejectMalformedAction) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{18}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *RejectMalformedAction) GetReason() string {
@@ -1888,14 +2426,18 @@ type Resolution struct {
 	// Who decided, as verified by the coordinator, not as typed: the operator account's name
 	// for an operator token or page session ("operator"), else the identity's service and
 	// how it was proved ("operator (mtls)"). `operator` above is the name the person gave.
-	Account       string `protobuf:"bytes,9,opt,name=account,proto3" json:"account,omitempty"`
+	Account string `protobuf:"bytes,9,opt,name=account,proto3" json:"account,omitempty"`
+	// What the decision added to the run's wallet (return_to_stage), given by account.
+	Grant *Grant `protobuf:"bytes,10,opt,name=grant,proto3" json:"grant,omitempty"`
+	// The account whose unexpired claim this decision overrode, when it did.
+	Overrode      string `protobuf:"bytes,11,opt,name=overrode,proto3" json:"overrode,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Resolution) Reset() {
 	*x = Resolution{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[19]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1907,7 +2449,7 @@ func (x *Resolution) String() string {
 func (*Resolution) ProtoMessage() {}
 
 func (x *Resolution) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[19]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1920,7 +2462,7 @@ func (x *Resolution) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Resolution.ProtoReflect.Descriptor instead.
 func (*Resolution) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{19}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Resolution) GetAction() ResolutionAction {
@@ -1986,6 +2528,20 @@ func (x *Resolution) GetAccount() string {
 	return ""
 }
 
+func (x *Resolution) GetGrant() *Grant {
+	if x != nil {
+		return x.Grant
+	}
+	return nil
+}
+
+func (x *Resolution) GetOverrode() string {
+	if x != nil {
+		return x.Overrode
+	}
+	return ""
+}
+
 type ResolveEscalationResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The run after the decision.
@@ -2002,7 +2558,7 @@ type ResolveEscalationResponse struct {
 
 func (x *ResolveEscalationResponse) Reset() {
 	*x = ResolveEscalationResponse{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[20]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2014,7 +2570,7 @@ func (x *ResolveEscalationResponse) String() string {
 func (*ResolveEscalationResponse) ProtoMessage() {}
 
 func (x *ResolveEscalationResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[20]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2027,7 +2583,7 @@ func (x *ResolveEscalationResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveEscalationResponse.ProtoReflect.Descriptor instead.
 func (*ResolveEscalationResponse) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{20}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ResolveEscalationResponse) GetJob() *Job {
@@ -2063,7 +2619,23 @@ var File_handoff_v1_coordinator_proto protoreflect.FileDescriptor
 const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\n" +
 	"\x1chandoff/v1/coordinator.proto\x12\n" +
-	"handoff.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1chandoff/v1/agentrunner.proto\x1a\x18handoff/v1/handoff.proto\"\xac\x04\n" +
+	"handoff.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1chandoff/v1/agentrunner.proto\x1a\x18handoff/v1/handoff.proto\"\x7f\n" +
+	"\x16ClaimEscalationRequest\x12\"\n" +
+	"\x06run_id\x18\x01 \x01(\tB\v\xbaH\b\xc8\x01\x01r\x03\x18\x80\x01R\x05runId\x12'\n" +
+	"\n" +
+	"escalation\x18\x02 \x01(\rB\a\xbaH\x04*\x02 \x00R\n" +
+	"escalation\x12\x18\n" +
+	"\arelease\x18\x03 \x01(\bR\arelease\"B\n" +
+	"\x17ClaimEscalationResponse\x12'\n" +
+	"\x05claim\x18\x01 \x01(\v2\x11.handoff.v1.ClaimR\x05claim\"\xa8\x01\n" +
+	"\x05Claim\x12\x18\n" +
+	"\aaccount\x18\x01 \x01(\tR\aaccount\x12\x1e\n" +
+	"\n" +
+	"escalation\x18\x02 \x01(\rR\n" +
+	"escalation\x12*\n" +
+	"\x02at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x129\n" +
+	"\n" +
+	"expires_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"\xac\x04\n" +
 	"\x10SubmitJobRequest\x12>\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tB\x1f\xbaH\x1cr\x1a\x18\x80\x012\x15^([A-Za-z0-9_.:-]+)?$R\trequestId\x12A\n" +
@@ -2083,9 +2655,28 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\x03job\x18\x01 \x01(\v2\x0f.handoff.v1.JobR\x03job\x12\x1a\n" +
 	"\bexisting\x18\x02 \x01(\bR\bexisting\".\n" +
 	"\rGetJobRequest\x12\x1d\n" +
-	"\x06run_id\x18\x01 \x01(\tB\x06\xbaH\x03\xc8\x01\x01R\x05runId\"3\n" +
+	"\x06run_id\x18\x01 \x01(\tB\x06\xbaH\x03\xc8\x01\x01R\x05runId\"f\n" +
 	"\x0eGetJobResponse\x12!\n" +
-	"\x03job\x18\x01 \x01(\v2\x0f.handoff.v1.JobR\x03job\"\x8f\x01\n" +
+	"\x03job\x18\x01 \x01(\v2\x0f.handoff.v1.JobR\x03job\x121\n" +
+	"\btimeline\x18\x02 \x03(\v2\x15.handoff.v1.HopRecordR\btimeline\"\x92\x04\n" +
+	"\tHopRecord\x12\x10\n" +
+	"\x03hop\x18\x01 \x01(\rR\x03hop\x12\x14\n" +
+	"\x05stage\x18\x02 \x01(\tR\x05stage\x12'\n" +
+	"\x03ack\x18\x03 \x01(\x0e2\x15.handoff.v1.AckStatusR\x03ack\x120\n" +
+	"\btransfer\x18\x04 \x01(\v2\x14.handoff.v1.TransferR\btransfer\x12(\n" +
+	"\x10spent_usd_micros\x18\x05 \x01(\x03R\x0espentUsdMicros\x12-\n" +
+	"\averdict\x18\x06 \x01(\x0e2\x13.handoff.v1.VerdictR\averdict\x125\n" +
+	"\bduration\x18\a \x01(\v2\x19.google.protobuf.DurationR\bduration\x12*\n" +
+	"\x02at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12'\n" +
+	"\x03end\x18\t \x01(\x0e2\x15.handoff.v1.EventKindR\x03end\x126\n" +
+	"\n" +
+	"escalation\x18\n" +
+	" \x01(\v2\x16.handoff.v1.EscalationR\n" +
+	"escalation\x12-\n" +
+	"\areceipt\x18\v \x01(\v2\x13.handoff.v1.ReceiptR\areceipt\x126\n" +
+	"\n" +
+	"resolution\x18\f \x01(\v2\x16.handoff.v1.ResolutionR\n" +
+	"resolution\"\x8f\x01\n" +
 	"\x0fListJobsRequest\x124\n" +
 	"\x05state\x18\x01 \x01(\x0e2\x14.handoff.v1.JobStateB\b\xbaH\x05\x82\x01\x02\x10\x01R\x05state\x12'\n" +
 	"\tpage_size\x18\x02 \x01(\x05B\n" +
@@ -2099,7 +2690,7 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\x06run_id\x18\x01 \x01(\tB\x06\xbaH\x03\xc8\x01\x01R\x05runId\x12\x1b\n" +
 	"\tafter_seq\x18\x02 \x01(\x04R\bafterSeq\">\n" +
 	"\x10WatchJobResponse\x12*\n" +
-	"\x05event\x18\x01 \x01(\v2\x14.handoff.v1.JobEventR\x05event\"\xe6\b\n" +
+	"\x05event\x18\x01 \x01(\v2\x14.handoff.v1.JobEventR\x05event\"\x8f\t\n" +
 	"\x03Job\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x15\n" +
 	"\x06job_id\x18\x02 \x01(\tR\x05jobId\x12\x1a\n" +
@@ -2138,7 +2729,8 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\x10operator_returns\x18\x19 \x01(\rR\x0foperatorReturns\x12 \n" +
 	"\vescalations\x18\x1a \x01(\rR\vescalations\x122\n" +
 	"\ttransfers\x18\x1b \x03(\v2\x14.handoff.v1.TransferR\ttransfers\x126\n" +
-	"\bdeadline\x18\x1c \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline\"\xc1\x01\n" +
+	"\bdeadline\x18\x1c \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline\x12'\n" +
+	"\x05claim\x18\x1d \x01(\v2\x11.handoff.v1.ClaimR\x05claim\"\xc1\x01\n" +
 	"\bTransfer\x12\x1d\n" +
 	"\n" +
 	"from_stage\x18\x01 \x01(\tR\tfromStage\x12\x19\n" +
@@ -2155,7 +2747,18 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\areasons\x18\x04 \x03(\v2\x12.handoff.v1.ReasonR\areasons\x12\x14\n" +
 	"\x05route\x18\x05 \x01(\tR\x05route\x12*\n" +
 	"\x02at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x16\n" +
-	"\x06number\x18\a \x01(\rR\x06number\"\x89\x05\n" +
+	"\x06number\x18\a \x01(\rR\x06number\"\xd9\x01\n" +
+	"\bDelivery\x12\x10\n" +
+	"\x03url\x18\x01 \x01(\tR\x03url\x12\x1e\n" +
+	"\n" +
+	"escalation\x18\x02 \x01(\rR\n" +
+	"escalation\x12\x1a\n" +
+	"\battempts\x18\x03 \x01(\rR\battempts\x12\x1c\n" +
+	"\tdelivered\x18\x04 \x01(\bR\tdelivered\x12\x14\n" +
+	"\x05error\x18\x05 \x01(\tR\x05error\x12\x1f\n" +
+	"\vstatus_code\x18\x06 \x01(\x05R\n" +
+	"statusCode\x12*\n" +
+	"\x02at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"\xbb\x05\n" +
 	"\bJobEvent\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x15\n" +
 	"\x06run_id\x18\x02 \x01(\tR\x05runId\x12\x15\n" +
@@ -2178,7 +2781,8 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"resolution\x18\x0f \x01(\v2\x16.handoff.v1.ResolutionR\n" +
 	"resolution\x120\n" +
 	"\btransfer\x18\x10 \x01(\v2\x14.handoff.v1.TransferR\btransfer\x12\x16\n" +
-	"\x06schema\x18\x11 \x01(\tR\x06schema\"`\n" +
+	"\x06schema\x18\x11 \x01(\tR\x06schema\x120\n" +
+	"\bdelivery\x18\x12 \x01(\v2\x14.handoff.v1.DeliveryR\bdelivery\"`\n" +
 	"\x16ListEscalationsRequest\x12'\n" +
 	"\tpage_size\x18\x01 \x01(\x05B\n" +
 	"\xbaH\a\x1a\x05\x18\xe8\a(\x00R\bpageSize\x12\x1d\n" +
@@ -2186,7 +2790,7 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"page_token\x18\x02 \x01(\tR\tpageToken\"f\n" +
 	"\x17ListEscalationsResponse\x12#\n" +
 	"\x04jobs\x18\x01 \x03(\v2\x0f.handoff.v1.JobR\x04jobs\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xc5\x03\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xe1\x03\n" +
 	"\x18ResolveEscalationRequest\x12\"\n" +
 	"\x06run_id\x18\x01 \x01(\tB\v\xbaH\b\xc8\x01\x01r\x03\x18\x80\x01R\x05runId\x12'\n" +
 	"\boperator\x18\x02 \x01(\tB\v\xbaH\b\xc8\x01\x01r\x03\x18\x80\x01R\boperator\x12\"\n" +
@@ -2197,20 +2801,27 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\x10reject_malformed\x18\a \x01(\v2!.handoff.v1.RejectMalformedActionH\x00R\x0frejectMalformed\x12'\n" +
 	"\n" +
 	"escalation\x18\b \x01(\rB\a\xbaH\x04*\x02 \x00R\n" +
-	"escalationB\x0f\n" +
+	"escalation\x12\x1a\n" +
+	"\boverride\x18\t \x01(\bR\boverrideB\x0f\n" +
 	"\x06action\x12\x05\xbaH\x02\b\x01\"V\n" +
 	"\rApproveAction\x123\n" +
 	"\rartifact_text\x18\x01 \x01(\tB\t\xbaH\x06r\x04(\x80\x80@H\x00R\fartifactText\x88\x01\x01B\x10\n" +
-	"\x0e_artifact_text\"\x92\x01\n" +
+	"\x0e_artifact_text\"\xbb\x01\n" +
 	"\x13ReturnToStageAction\x124\n" +
 	"\x05stage\x18\x01 \x01(\tB\x1e\xbaH\x1b\xc8\x01\x01r\x16\x18@2\x12^[a-z][a-z0-9_-]*$R\x05stage\x123\n" +
-	"\rartifact_text\x18\x02 \x01(\tB\t\xbaH\x06r\x04(\x80\x80@H\x00R\fartifactText\x88\x01\x01B\x10\n" +
-	"\x0e_artifact_text\"1\n" +
+	"\rartifact_text\x18\x02 \x01(\tB\t\xbaH\x06r\x04(\x80\x80@H\x00R\fartifactText\x88\x01\x01\x12'\n" +
+	"\x05grant\x18\x03 \x01(\v2\x11.handoff.v1.GrantR\x05grantB\x10\n" +
+	"\x0e_artifact_text\"t\n" +
+	"\x05Grant\x12\x1c\n" +
+	"\x04hops\x18\x01 \x01(\rB\b\xbaH\x05*\x03\x18\xe8\aR\x04hops\x12%\n" +
+	"\trevisions\x18\x02 \x01(\rB\a\xbaH\x04*\x02\x18dR\trevisions\x12&\n" +
+	"\n" +
+	"usd_micros\x18\x03 \x01(\x03B\a\xbaH\x04\"\x02(\x00R\tusdMicros\"1\n" +
 	"\n" +
 	"FailAction\x12#\n" +
 	"\x06reason\x18\x01 \x01(\tB\v\xbaH\b\xc8\x01\x01r\x03\x18\xd0\x0fR\x06reason\"<\n" +
 	"\x15RejectMalformedAction\x12#\n" +
-	"\x06reason\x18\x01 \x01(\tB\v\xbaH\b\xc8\x01\x01r\x03\x18\xd0\x0fR\x06reason\"\xe3\x02\n" +
+	"\x06reason\x18\x01 \x01(\tB\v\xbaH\b\xc8\x01\x01r\x03\x18\xd0\x0fR\x06reason\"\xa8\x03\n" +
 	"\n" +
 	"Resolution\x124\n" +
 	"\x06action\x18\x01 \x01(\x0e2\x1c.handoff.v1.ResolutionActionR\x06action\x12\x1a\n" +
@@ -2223,7 +2834,10 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"escalation\x18\a \x01(\v2\x16.handoff.v1.EscalationR\n" +
 	"escalation\x12*\n" +
 	"\x02at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x18\n" +
-	"\aaccount\x18\t \x01(\tR\aaccount\"\xc3\x01\n" +
+	"\aaccount\x18\t \x01(\tR\aaccount\x12'\n" +
+	"\x05grant\x18\n" +
+	" \x01(\v2\x11.handoff.v1.GrantR\x05grant\x12\x1a\n" +
+	"\boverrode\x18\v \x01(\tR\boverrode\"\xc3\x01\n" +
 	"\x19ResolveEscalationResponse\x12!\n" +
 	"\x03job\x18\x01 \x01(\v2\x0f.handoff.v1.JobR\x03job\x12-\n" +
 	"\areceipt\x18\x02 \x01(\v2\x13.handoff.v1.ReceiptR\areceipt\x12\x1c\n" +
@@ -2236,7 +2850,7 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\x11JOB_STATE_RUNNING\x10\x01\x12\x17\n" +
 	"\x13JOB_STATE_COMPLETED\x10\x02\x12\x17\n" +
 	"\x13JOB_STATE_ESCALATED\x10\x03\x12\x14\n" +
-	"\x10JOB_STATE_FAILED\x10\x04*\xd8\x03\n" +
+	"\x10JOB_STATE_FAILED\x10\x04*\xf8\x03\n" +
 	"\x0fEscalationCause\x12 \n" +
 	"\x1cESCALATION_CAUSE_UNSPECIFIED\x10\x00\x12$\n" +
 	" ESCALATION_CAUSE_REJECTED_SCHEMA\x10\x01\x12\"\n" +
@@ -2251,7 +2865,8 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\x1aESCALATION_CAUSE_PING_PONG\x10\n" +
 	"\x12\x1b\n" +
 	"\x17ESCALATION_CAUSE_ROUTED\x10\v\x12\x1d\n" +
-	"\x19ESCALATION_CAUSE_DEADLINE\x10\f*\xa3\x02\n" +
+	"\x19ESCALATION_CAUSE_DEADLINE\x10\f\x12\x1e\n" +
+	"\x1aESCALATION_CAUSE_DESK_FULL\x10\r*\xc7\x02\n" +
 	"\tEventKind\x12\x1a\n" +
 	"\x16EVENT_KIND_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14EVENT_KIND_SUBMITTED\x10\x01\x12\x1b\n" +
@@ -2264,20 +2879,22 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\x14EVENT_KIND_COMPLETED\x10\b\x12\x15\n" +
 	"\x11EVENT_KIND_FAILED\x10\t\x12\x17\n" +
 	"\x13EVENT_KIND_RESOLVED\x10\n" +
-	"*\xbf\x01\n" +
+	"\x12\"\n" +
+	"\x1eEVENT_KIND_ESCALATION_DELIVERY\x10\v*\xbf\x01\n" +
 	"\x10ResolutionAction\x12!\n" +
 	"\x1dRESOLUTION_ACTION_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19RESOLUTION_ACTION_APPROVE\x10\x01\x12%\n" +
 	"!RESOLUTION_ACTION_RETURN_TO_STAGE\x10\x02\x12\x1a\n" +
 	"\x16RESOLUTION_ACTION_FAIL\x10\x03\x12&\n" +
-	"\"RESOLUTION_ACTION_REJECT_MALFORMED\x10\x042\xed\x03\n" +
+	"\"RESOLUTION_ACTION_REJECT_MALFORMED\x10\x042\xc9\x04\n" +
 	"\x12CoordinatorService\x12H\n" +
 	"\tSubmitJob\x12\x1c.handoff.v1.SubmitJobRequest\x1a\x1d.handoff.v1.SubmitJobResponse\x12?\n" +
 	"\x06GetJob\x12\x19.handoff.v1.GetJobRequest\x1a\x1a.handoff.v1.GetJobResponse\x12E\n" +
 	"\bListJobs\x12\x1b.handoff.v1.ListJobsRequest\x1a\x1c.handoff.v1.ListJobsResponse\x12G\n" +
 	"\bWatchJob\x12\x1b.handoff.v1.WatchJobRequest\x1a\x1c.handoff.v1.WatchJobResponse0\x01\x12Z\n" +
 	"\x0fListEscalations\x12\".handoff.v1.ListEscalationsRequest\x1a#.handoff.v1.ListEscalationsResponse\x12`\n" +
-	"\x11ResolveEscalation\x12$.handoff.v1.ResolveEscalationRequest\x1a%.handoff.v1.ResolveEscalationResponseB7Z5github.com/handoffhq/handoff/gen/handoff/v1;handoffv1b\x06proto3"
+	"\x11ResolveEscalation\x12$.handoff.v1.ResolveEscalationRequest\x1a%.handoff.v1.ResolveEscalationResponse\x12Z\n" +
+	"\x0fClaimEscalation\x12\".handoff.v1.ClaimEscalationRequest\x1a#.handoff.v1.ClaimEscalationResponseB7Z5github.com/handoffhq/handoff/gen/handoff/v1;handoffv1b\x06proto3"
 
 var (
 	file_handoff_v1_coordinator_proto_rawDescOnce sync.Once
@@ -2292,112 +2909,141 @@ func file_handoff_v1_coordinator_proto_rawDescGZIP() []byte {
 }
 
 var file_handoff_v1_coordinator_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_handoff_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_handoff_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_handoff_v1_coordinator_proto_goTypes = []any{
 	(JobState)(0),                     // 0: handoff.v1.JobState
 	(EscalationCause)(0),              // 1: handoff.v1.EscalationCause
 	(EventKind)(0),                    // 2: handoff.v1.EventKind
 	(ResolutionAction)(0),             // 3: handoff.v1.ResolutionAction
-	(*SubmitJobRequest)(nil),          // 4: handoff.v1.SubmitJobRequest
-	(*SubmitJobResponse)(nil),         // 5: handoff.v1.SubmitJobResponse
-	(*GetJobRequest)(nil),             // 6: handoff.v1.GetJobRequest
-	(*GetJobResponse)(nil),            // 7: handoff.v1.GetJobResponse
-	(*ListJobsRequest)(nil),           // 8: handoff.v1.ListJobsRequest
-	(*ListJobsResponse)(nil),          // 9: handoff.v1.ListJobsResponse
-	(*WatchJobRequest)(nil),           // 10: handoff.v1.WatchJobRequest
-	(*WatchJobResponse)(nil),          // 11: handoff.v1.WatchJobResponse
-	(*Job)(nil),                       // 12: handoff.v1.Job
-	(*Transfer)(nil),                  // 13: handoff.v1.Transfer
-	(*Escalation)(nil),                // 14: handoff.v1.Escalation
-	(*JobEvent)(nil),                  // 15: handoff.v1.JobEvent
-	(*ListEscalationsRequest)(nil),    // 16: handoff.v1.ListEscalationsRequest
-	(*ListEscalationsResponse)(nil),   // 17: handoff.v1.ListEscalationsResponse
-	(*ResolveEscalationRequest)(nil),  // 18: handoff.v1.ResolveEscalationRequest
-	(*ApproveAction)(nil),             // 19: handoff.v1.ApproveAction
-	(*ReturnToStageAction)(nil),       // 20: handoff.v1.ReturnToStageAction
-	(*FailAction)(nil),                // 21: handoff.v1.FailAction
-	(*RejectMalformedAction)(nil),     // 22: handoff.v1.RejectMalformedAction
-	(*Resolution)(nil),                // 23: handoff.v1.Resolution
-	(*ResolveEscalationResponse)(nil), // 24: handoff.v1.ResolveEscalationResponse
-	(*Budget)(nil),                    // 25: handoff.v1.Budget
-	(*Artifact)(nil),                  // 26: handoff.v1.Artifact
-	(*Trace)(nil),                     // 27: handoff.v1.Trace
-	(*timestamppb.Timestamp)(nil),     // 28: google.protobuf.Timestamp
-	(*Evaluator)(nil),                 // 29: handoff.v1.Evaluator
-	(*ToolAttempt)(nil),               // 30: handoff.v1.ToolAttempt
-	(*Receipt)(nil),                   // 31: handoff.v1.Receipt
-	(Move)(0),                         // 32: handoff.v1.Move
-	(*RouteChoice)(nil),               // 33: handoff.v1.RouteChoice
-	(*Reason)(nil),                    // 34: handoff.v1.Reason
-	(*Ack)(nil),                       // 35: handoff.v1.Ack
-	(*StageResult)(nil),               // 36: handoff.v1.StageResult
+	(*ClaimEscalationRequest)(nil),    // 4: handoff.v1.ClaimEscalationRequest
+	(*ClaimEscalationResponse)(nil),   // 5: handoff.v1.ClaimEscalationResponse
+	(*Claim)(nil),                     // 6: handoff.v1.Claim
+	(*SubmitJobRequest)(nil),          // 7: handoff.v1.SubmitJobRequest
+	(*SubmitJobResponse)(nil),         // 8: handoff.v1.SubmitJobResponse
+	(*GetJobRequest)(nil),             // 9: handoff.v1.GetJobRequest
+	(*GetJobResponse)(nil),            // 10: handoff.v1.GetJobResponse
+	(*HopRecord)(nil),                 // 11: handoff.v1.HopRecord
+	(*ListJobsRequest)(nil),           // 12: handoff.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),          // 13: handoff.v1.ListJobsResponse
+	(*WatchJobRequest)(nil),           // 14: handoff.v1.WatchJobRequest
+	(*WatchJobResponse)(nil),          // 15: handoff.v1.WatchJobResponse
+	(*Job)(nil),                       // 16: handoff.v1.Job
+	(*Transfer)(nil),                  // 17: handoff.v1.Transfer
+	(*Escalation)(nil),                // 18: handoff.v1.Escalation
+	(*Delivery)(nil),                  // 19: handoff.v1.Delivery
+	(*JobEvent)(nil),                  // 20: handoff.v1.JobEvent
+	(*ListEscalationsRequest)(nil),    // 21: handoff.v1.ListEscalationsRequest
+	(*ListEscalationsResponse)(nil),   // 22: handoff.v1.ListEscalationsResponse
+	(*ResolveEscalationRequest)(nil),  // 23: handoff.v1.ResolveEscalationRequest
+	(*ApproveAction)(nil),             // 24: handoff.v1.ApproveAction
+	(*ReturnToStageAction)(nil),       // 25: handoff.v1.ReturnToStageAction
+	(*Grant)(nil),                     // 26: handoff.v1.Grant
+	(*FailAction)(nil),                // 27: handoff.v1.FailAction
+	(*RejectMalformedAction)(nil),     // 28: handoff.v1.RejectMalformedAction
+	(*Resolution)(nil),                // 29: handoff.v1.Resolution
+	(*ResolveEscalationResponse)(nil), // 30: handoff.v1.ResolveEscalationResponse
+	(*timestamppb.Timestamp)(nil),     // 31: google.protobuf.Timestamp
+	(*Budget)(nil),                    // 32: handoff.v1.Budget
+	(*Artifact)(nil),                  // 33: handoff.v1.Artifact
+	(*Trace)(nil),                     // 34: handoff.v1.Trace
+	(AckStatus)(0),                    // 35: handoff.v1.AckStatus
+	(Verdict)(0),                      // 36: handoff.v1.Verdict
+	(*durationpb.Duration)(nil),       // 37: google.protobuf.Duration
+	(*Receipt)(nil),                   // 38: handoff.v1.Receipt
+	(*Evaluator)(nil),                 // 39: handoff.v1.Evaluator
+	(*ToolAttempt)(nil),               // 40: handoff.v1.ToolAttempt
+	(Move)(0),                         // 41: handoff.v1.Move
+	(*RouteChoice)(nil),               // 42: handoff.v1.RouteChoice
+	(*Reason)(nil),                    // 43: handoff.v1.Reason
+	(*Ack)(nil),                       // 44: handoff.v1.Ack
+	(*StageResult)(nil),               // 45: handoff.v1.StageResult
 }
 var file_handoff_v1_coordinator_proto_depIdxs = []int32{
-	25, // 0: handoff.v1.SubmitJobRequest.budget:type_name -> handoff.v1.Budget
-	26, // 1: handoff.v1.SubmitJobRequest.inputs:type_name -> handoff.v1.Artifact
-	27, // 2: handoff.v1.SubmitJobRequest.trace:type_name -> handoff.v1.Trace
-	28, // 3: handoff.v1.SubmitJobRequest.deadline:type_name -> google.protobuf.Timestamp
-	12, // 4: handoff.v1.SubmitJobResponse.job:type_name -> handoff.v1.Job
-	12, // 5: handoff.v1.GetJobResponse.job:type_name -> handoff.v1.Job
-	0,  // 6: handoff.v1.ListJobsRequest.state:type_name -> handoff.v1.JobState
-	12, // 7: handoff.v1.ListJobsResponse.jobs:type_name -> handoff.v1.Job
-	15, // 8: handoff.v1.WatchJobResponse.event:type_name -> handoff.v1.JobEvent
-	0,  // 9: handoff.v1.Job.state:type_name -> handoff.v1.JobState
-	25, // 10: handoff.v1.Job.wallet:type_name -> handoff.v1.Budget
-	29, // 11: handoff.v1.Job.evaluator:type_name -> handoff.v1.Evaluator
-	26, // 12: handoff.v1.Job.artifacts:type_name -> handoff.v1.Artifact
-	30, // 13: handoff.v1.Job.tools_tried:type_name -> handoff.v1.ToolAttempt
-	31, // 14: handoff.v1.Job.receipt:type_name -> handoff.v1.Receipt
-	14, // 15: handoff.v1.Job.escalation:type_name -> handoff.v1.Escalation
-	28, // 16: handoff.v1.Job.created_at:type_name -> google.protobuf.Timestamp
-	28, // 17: handoff.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
-	23, // 18: handoff.v1.Job.resolution:type_name -> handoff.v1.Resolution
-	13, // 19: handoff.v1.Job.transfers:type_name -> handoff.v1.Transfer
-	28, // 20: handoff.v1.Job.deadline:type_name -> google.protobuf.Timestamp
-	32, // 21: handoff.v1.Transfer.move:type_name -> handoff.v1.Move
-	33, // 22: handoff.v1.Transfer.route:type_name -> handoff.v1.RouteChoice
-	1,  // 23: handoff.v1.Escalation.cause:type_name -> handoff.v1.EscalationCause
-	34, // 24: handoff.v1.Escalation.reasons:type_name -> handoff.v1.Reason
-	28, // 25: handoff.v1.Escalation.at:type_name -> google.protobuf.Timestamp
-	2,  // 26: handoff.v1.JobEvent.kind:type_name -> handoff.v1.EventKind
-	28, // 27: handoff.v1.JobEvent.at:type_name -> google.protobuf.Timestamp
-	25, // 28: handoff.v1.JobEvent.wallet:type_name -> handoff.v1.Budget
-	35, // 29: handoff.v1.JobEvent.ack:type_name -> handoff.v1.Ack
-	36, // 30: handoff.v1.JobEvent.result:type_name -> handoff.v1.StageResult
-	29, // 31: handoff.v1.JobEvent.evaluator:type_name -> handoff.v1.Evaluator
-	31, // 32: handoff.v1.JobEvent.receipt:type_name -> handoff.v1.Receipt
-	14, // 33: handoff.v1.JobEvent.escalation:type_name -> handoff.v1.Escalation
-	23, // 34: handoff.v1.JobEvent.resolution:type_name -> handoff.v1.Resolution
-	13, // 35: handoff.v1.JobEvent.transfer:type_name -> handoff.v1.Transfer
-	12, // 36: handoff.v1.ListEscalationsResponse.jobs:type_name -> handoff.v1.Job
-	19, // 37: handoff.v1.ResolveEscalationRequest.approve:type_name -> handoff.v1.ApproveAction
-	20, // 38: handoff.v1.ResolveEscalationRequest.return_to_stage:type_name -> handoff.v1.ReturnToStageAction
-	21, // 39: handoff.v1.ResolveEscalationRequest.fail:type_name -> handoff.v1.FailAction
-	22, // 40: handoff.v1.ResolveEscalationRequest.reject_malformed:type_name -> handoff.v1.RejectMalformedAction
-	3,  // 41: handoff.v1.Resolution.action:type_name -> handoff.v1.ResolutionAction
-	26, // 42: handoff.v1.Resolution.edited_artifact:type_name -> handoff.v1.Artifact
-	14, // 43: handoff.v1.Resolution.escalation:type_name -> handoff.v1.Escalation
-	28, // 44: handoff.v1.Resolution.at:type_name -> google.protobuf.Timestamp
-	12, // 45: handoff.v1.ResolveEscalationResponse.job:type_name -> handoff.v1.Job
-	31, // 46: handoff.v1.ResolveEscalationResponse.receipt:type_name -> handoff.v1.Receipt
-	23, // 47: handoff.v1.ResolveEscalationResponse.resolution:type_name -> handoff.v1.Resolution
-	4,  // 48: handoff.v1.CoordinatorService.SubmitJob:input_type -> handoff.v1.SubmitJobRequest
-	6,  // 49: handoff.v1.CoordinatorService.GetJob:input_type -> handoff.v1.GetJobRequest
-	8,  // 50: handoff.v1.CoordinatorService.ListJobs:input_type -> handoff.v1.ListJobsRequest
-	10, // 51: handoff.v1.CoordinatorService.WatchJob:input_type -> handoff.v1.WatchJobRequest
-	16, // 52: handoff.v1.CoordinatorService.ListEscalations:input_type -> handoff.v1.ListEscalationsRequest
-	18, // 53: handoff.v1.CoordinatorService.ResolveEscalation:input_type -> handoff.v1.ResolveEscalationRequest
-	5,  // 54: handoff.v1.CoordinatorService.SubmitJob:output_type -> handoff.v1.SubmitJobResponse
-	7,  // 55: handoff.v1.CoordinatorService.GetJob:output_type -> handoff.v1.GetJobResponse
-	9,  // 56: handoff.v1.CoordinatorService.ListJobs:output_type -> handoff.v1.ListJobsResponse
-	11, // 57: handoff.v1.CoordinatorService.WatchJob:output_type -> handoff.v1.WatchJobResponse
-	17, // 58: handoff.v1.CoordinatorService.ListEscalations:output_type -> handoff.v1.ListEscalationsResponse
-	24, // 59: handoff.v1.CoordinatorService.ResolveEscalation:output_type -> handoff.v1.ResolveEscalationResponse
-	54, // [54:60] is the sub-list for method output_type
-	48, // [48:54] is the sub-list for method input_type
-	48, // [48:48] is the sub-list for extension type_name
-	48, // [48:48] is the sub-list for extension extendee
-	0,  // [0:48] is the sub-list for field type_name
+	6,  // 0: handoff.v1.ClaimEscalationResponse.claim:type_name -> handoff.v1.Claim
+	31, // 1: handoff.v1.Claim.at:type_name -> google.protobuf.Timestamp
+	31, // 2: handoff.v1.Claim.expires_at:type_name -> google.protobuf.Timestamp
+	32, // 3: handoff.v1.SubmitJobRequest.budget:type_name -> handoff.v1.Budget
+	33, // 4: handoff.v1.SubmitJobRequest.inputs:type_name -> handoff.v1.Artifact
+	34, // 5: handoff.v1.SubmitJobRequest.trace:type_name -> handoff.v1.Trace
+	31, // 6: handoff.v1.SubmitJobRequest.deadline:type_name -> google.protobuf.Timestamp
+	16, // 7: handoff.v1.SubmitJobResponse.job:type_name -> handoff.v1.Job
+	16, // 8: handoff.v1.GetJobResponse.job:type_name -> handoff.v1.Job
+	11, // 9: handoff.v1.GetJobResponse.timeline:type_name -> handoff.v1.HopRecord
+	35, // 10: handoff.v1.HopRecord.ack:type_name -> handoff.v1.AckStatus
+	17, // 11: handoff.v1.HopRecord.transfer:type_name -> handoff.v1.Transfer
+	36, // 12: handoff.v1.HopRecord.verdict:type_name -> handoff.v1.Verdict
+	37, // 13: handoff.v1.HopRecord.duration:type_name -> google.protobuf.Duration
+	31, // 14: handoff.v1.HopRecord.at:type_name -> google.protobuf.Timestamp
+	2,  // 15: handoff.v1.HopRecord.end:type_name -> handoff.v1.EventKind
+	18, // 16: handoff.v1.HopRecord.escalation:type_name -> handoff.v1.Escalation
+	38, // 17: handoff.v1.HopRecord.receipt:type_name -> handoff.v1.Receipt
+	29, // 18: handoff.v1.HopRecord.resolution:type_name -> handoff.v1.Resolution
+	0,  // 19: handoff.v1.ListJobsRequest.state:type_name -> handoff.v1.JobState
+	16, // 20: handoff.v1.ListJobsResponse.jobs:type_name -> handoff.v1.Job
+	20, // 21: handoff.v1.WatchJobResponse.event:type_name -> handoff.v1.JobEvent
+	0,  // 22: handoff.v1.Job.state:type_name -> handoff.v1.JobState
+	32, // 23: handoff.v1.Job.wallet:type_name -> handoff.v1.Budget
+	39, // 24: handoff.v1.Job.evaluator:type_name -> handoff.v1.Evaluator
+	33, // 25: handoff.v1.Job.artifacts:type_name -> handoff.v1.Artifact
+	40, // 26: handoff.v1.Job.tools_tried:type_name -> handoff.v1.ToolAttempt
+	38, // 27: handoff.v1.Job.receipt:type_name -> handoff.v1.Receipt
+	18, // 28: handoff.v1.Job.escalation:type_name -> handoff.v1.Escalation
+	31, // 29: handoff.v1.Job.created_at:type_name -> google.protobuf.Timestamp
+	31, // 30: handoff.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
+	29, // 31: handoff.v1.Job.resolution:type_name -> handoff.v1.Resolution
+	17, // 32: handoff.v1.Job.transfers:type_name -> handoff.v1.Transfer
+	31, // 33: handoff.v1.Job.deadline:type_name -> google.protobuf.Timestamp
+	6,  // 34: handoff.v1.Job.claim:type_name -> handoff.v1.Claim
+	41, // 35: handoff.v1.Transfer.move:type_name -> handoff.v1.Move
+	42, // 36: handoff.v1.Transfer.route:type_name -> handoff.v1.RouteChoice
+	1,  // 37: handoff.v1.Escalation.cause:type_name -> handoff.v1.EscalationCause
+	43, // 38: handoff.v1.Escalation.reasons:type_name -> handoff.v1.Reason
+	31, // 39: handoff.v1.Escalation.at:type_name -> google.protobuf.Timestamp
+	31, // 40: handoff.v1.Delivery.at:type_name -> google.protobuf.Timestamp
+	2,  // 41: handoff.v1.JobEvent.kind:type_name -> handoff.v1.EventKind
+	31, // 42: handoff.v1.JobEvent.at:type_name -> google.protobuf.Timestamp
+	32, // 43: handoff.v1.JobEvent.wallet:type_name -> handoff.v1.Budget
+	44, // 44: handoff.v1.JobEvent.ack:type_name -> handoff.v1.Ack
+	45, // 45: handoff.v1.JobEvent.result:type_name -> handoff.v1.StageResult
+	39, // 46: handoff.v1.JobEvent.evaluator:type_name -> handoff.v1.Evaluator
+	38, // 47: handoff.v1.JobEvent.receipt:type_name -> handoff.v1.Receipt
+	18, // 48: handoff.v1.JobEvent.escalation:type_name -> handoff.v1.Escalation
+	29, // 49: handoff.v1.JobEvent.resolution:type_name -> handoff.v1.Resolution
+	17, // 50: handoff.v1.JobEvent.transfer:type_name -> handoff.v1.Transfer
+	19, // 51: handoff.v1.JobEvent.delivery:type_name -> handoff.v1.Delivery
+	16, // 52: handoff.v1.ListEscalationsResponse.jobs:type_name -> handoff.v1.Job
+	24, // 53: handoff.v1.ResolveEscalationRequest.approve:type_name -> handoff.v1.ApproveAction
+	25, // 54: handoff.v1.ResolveEscalationRequest.return_to_stage:type_name -> handoff.v1.ReturnToStageAction
+	27, // 55: handoff.v1.ResolveEscalationRequest.fail:type_name -> handoff.v1.FailAction
+	28, // 56: handoff.v1.ResolveEscalationRequest.reject_malformed:type_name -> handoff.v1.RejectMalformedAction
+	26, // 57: handoff.v1.ReturnToStageAction.grant:type_name -> handoff.v1.Grant
+	3,  // 58: handoff.v1.Resolution.action:type_name -> handoff.v1.ResolutionAction
+	33, // 59: handoff.v1.Resolution.edited_artifact:type_name -> handoff.v1.Artifact
+	18, // 60: handoff.v1.Resolution.escalation:type_name -> handoff.v1.Escalation
+	31, // 61: handoff.v1.Resolution.at:type_name -> google.protobuf.Timestamp
+	26, // 62: handoff.v1.Resolution.grant:type_name -> handoff.v1.Grant
+	16, // 63: handoff.v1.ResolveEscalationResponse.job:type_name -> handoff.v1.Job
+	38, // 64: handoff.v1.ResolveEscalationResponse.receipt:type_name -> handoff.v1.Receipt
+	29, // 65: handoff.v1.ResolveEscalationResponse.resolution:type_name -> handoff.v1.Resolution
+	7,  // 66: handoff.v1.CoordinatorService.SubmitJob:input_type -> handoff.v1.SubmitJobRequest
+	9,  // 67: handoff.v1.CoordinatorService.GetJob:input_type -> handoff.v1.GetJobRequest
+	12, // 68: handoff.v1.CoordinatorService.ListJobs:input_type -> handoff.v1.ListJobsRequest
+	14, // 69: handoff.v1.CoordinatorService.WatchJob:input_type -> handoff.v1.WatchJobRequest
+	21, // 70: handoff.v1.CoordinatorService.ListEscalations:input_type -> handoff.v1.ListEscalationsRequest
+	23, // 71: handoff.v1.CoordinatorService.ResolveEscalation:input_type -> handoff.v1.ResolveEscalationRequest
+	4,  // 72: handoff.v1.CoordinatorService.ClaimEscalation:input_type -> handoff.v1.ClaimEscalationRequest
+	8,  // 73: handoff.v1.CoordinatorService.SubmitJob:output_type -> handoff.v1.SubmitJobResponse
+	10, // 74: handoff.v1.CoordinatorService.GetJob:output_type -> handoff.v1.GetJobResponse
+	13, // 75: handoff.v1.CoordinatorService.ListJobs:output_type -> handoff.v1.ListJobsResponse
+	15, // 76: handoff.v1.CoordinatorService.WatchJob:output_type -> handoff.v1.WatchJobResponse
+	22, // 77: handoff.v1.CoordinatorService.ListEscalations:output_type -> handoff.v1.ListEscalationsResponse
+	30, // 78: handoff.v1.CoordinatorService.ResolveEscalation:output_type -> handoff.v1.ResolveEscalationResponse
+	5,  // 79: handoff.v1.CoordinatorService.ClaimEscalation:output_type -> handoff.v1.ClaimEscalationResponse
+	73, // [73:80] is the sub-list for method output_type
+	66, // [66:73] is the sub-list for method input_type
+	66, // [66:66] is the sub-list for extension type_name
+	66, // [66:66] is the sub-list for extension extendee
+	0,  // [0:66] is the sub-list for field type_name
 }
 
 func init() { file_handoff_v1_coordinator_proto_init() }
@@ -2407,21 +3053,21 @@ func file_handoff_v1_coordinator_proto_init() {
 	}
 	file_handoff_v1_agentrunner_proto_init()
 	file_handoff_v1_handoff_proto_init()
-	file_handoff_v1_coordinator_proto_msgTypes[14].OneofWrappers = []any{
+	file_handoff_v1_coordinator_proto_msgTypes[19].OneofWrappers = []any{
 		(*ResolveEscalationRequest_Approve)(nil),
 		(*ResolveEscalationRequest_ReturnToStage)(nil),
 		(*ResolveEscalationRequest_Fail)(nil),
 		(*ResolveEscalationRequest_RejectMalformed)(nil),
 	}
-	file_handoff_v1_coordinator_proto_msgTypes[15].OneofWrappers = []any{}
-	file_handoff_v1_coordinator_proto_msgTypes[16].OneofWrappers = []any{}
+	file_handoff_v1_coordinator_proto_msgTypes[20].OneofWrappers = []any{}
+	file_handoff_v1_coordinator_proto_msgTypes[21].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_handoff_v1_coordinator_proto_rawDesc), len(file_handoff_v1_coordinator_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   21,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

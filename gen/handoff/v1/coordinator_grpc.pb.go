@@ -28,6 +28,7 @@ const (
 	CoordinatorService_WatchJob_FullMethodName          = "/handoff.v1.CoordinatorService/WatchJob"
 	CoordinatorService_ListEscalations_FullMethodName   = "/handoff.v1.CoordinatorService/ListEscalations"
 	CoordinatorService_ResolveEscalation_FullMethodName = "/handoff.v1.CoordinatorService/ResolveEscalation"
+	CoordinatorService_ClaimEscalation_FullMethodName   = "/handoff.v1.CoordinatorService/ClaimEscalation"
 )
 
 // CoordinatorServiceClient is the client API for CoordinatorService service.
@@ -56,6 +57,10 @@ type CoordinatorServiceClient interface {
 	// with a human PASS), return it to a stage of its pipeline, fail it, or reject it as
 	// malformed. Recorded on the run's timeline as EVENT_KIND_RESOLVED. Same operator token.
 	ResolveEscalation(ctx context.Context, in *ResolveEscalationRequest, opts ...grpc.CallOption) (*ResolveEscalationResponse, error)
+	// ClaimEscalation makes the calling operator the one owner of a run's escalation for a
+	// while (claim_ttl): the others see who holds it, and only the holder resolves it (another
+	// resolver may override, which is recorded). Claiming again renews; release gives it up.
+	ClaimEscalation(ctx context.Context, in *ClaimEscalationRequest, opts ...grpc.CallOption) (*ClaimEscalationResponse, error)
 }
 
 type coordinatorServiceClient struct {
@@ -135,6 +140,16 @@ func (c *coordinatorServiceClient) ResolveEscalation(ctx context.Context, in *Re
 	return out, nil
 }
 
+func (c *coordinatorServiceClient) ClaimEscalation(ctx context.Context, in *ClaimEscalationRequest, opts ...grpc.CallOption) (*ClaimEscalationResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ClaimEscalationResponse)
+	err := c.cc.Invoke(ctx, CoordinatorService_ClaimEscalation_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // CoordinatorServiceServer is the server API for CoordinatorService service.
 // All implementations must embed UnimplementedCoordinatorServiceServer
 // for forward compatibility.
@@ -161,6 +176,10 @@ type CoordinatorServiceServer interface {
 	// with a human PASS), return it to a stage of its pipeline, fail it, or reject it as
 	// malformed. Recorded on the run's timeline as EVENT_KIND_RESOLVED. Same operator token.
 	ResolveEscalation(context.Context, *ResolveEscalationRequest) (*ResolveEscalationResponse, error)
+	// ClaimEscalation makes the calling operator the one owner of a run's escalation for a
+	// while (claim_ttl): the others see who holds it, and only the holder resolves it (another
+	// resolver may override, which is recorded). Claiming again renews; release gives it up.
+	ClaimEscalation(context.Context, *ClaimEscalationRequest) (*ClaimEscalationResponse, error)
 	mustEmbedUnimplementedCoordinatorServiceServer()
 }
 
@@ -188,6 +207,9 @@ func (UnimplementedCoordinatorServiceServer) ListEscalations(context.Context, *L
 }
 func (UnimplementedCoordinatorServiceServer) ResolveEscalation(context.Context, *ResolveEscalationRequest) (*ResolveEscalationResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ResolveEscalation not implemented")
+}
+func (UnimplementedCoordinatorServiceServer) ClaimEscalation(context.Context, *ClaimEscalationRequest) (*ClaimEscalationResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ClaimEscalation not implemented")
 }
 func (UnimplementedCoordinatorServiceServer) mustEmbedUnimplementedCoordinatorServiceServer() {}
 func (UnimplementedCoordinatorServiceServer) testEmbeddedByValue()                            {}
@@ -311,6 +333,24 @@ func _CoordinatorService_ResolveEscalation_Handler(srv interface{}, ctx context.
 	return interceptor(ctx, in, info, handler)
 }
 
+func _CoordinatorService_ClaimEscalation_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ClaimEscalationRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CoordinatorServiceServer).ClaimEscalation(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: CoordinatorService_ClaimEscalation_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CoordinatorServiceServer).ClaimEscalation(ctx, req.(*ClaimEscalationRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // CoordinatorService_ServiceDesc is the grpc.ServiceDesc for CoordinatorService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -337,6 +377,10 @@ var CoordinatorService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ResolveEscalation",
 			Handler:    _CoordinatorService_ResolveEscalation_Handler,
+		},
+		{
+			MethodName: "ClaimEscalation",
+			Handler:    _CoordinatorService_ClaimEscalation_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

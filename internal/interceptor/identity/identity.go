@@ -52,6 +52,22 @@ type Identity struct {
 	// Name is the operator account's name when Method is MethodOperatorToken (or a web
 	// session made from one); empty for services.
 	Name string
+	// Role is the operator account's role (RoleViewer, RoleResolver) when Name is set.
+	Role string
+}
+
+// role is the operator role of id: its account's, or RoleResolver for an operator
+// certificate or operator-key service token (they are not accounts and always decided).
+func (id Identity) role() string {
+	switch {
+	case id.Service != OperatorService:
+		return ""
+	case id.Role != "":
+		return id.Role
+	case id.Name == "":
+		return RoleResolver
+	}
+	return ""
 }
 
 // String returns e.g. `coordinator (mtls)`, or `operator alice (operator-token)`.

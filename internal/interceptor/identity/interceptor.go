@@ -81,6 +81,13 @@ func (o *options) decide(ctx context.Context, fullMethod string, id Identity, fo
 	if slices.Contains(allowed, AnyIdentity) || slices.Contains(allowed, id.Service) {
 		return nil
 	}
+	if r := id.role(); r != "" && slices.Contains(allowed, id.Service+":"+r) {
+		return nil
+	}
+	if id.Service == OperatorService && slices.ContainsFunc(allowed, func(a string) bool { return strings.HasPrefix(a, OperatorService+":") }) {
+		return o.refuse(ctx, fullMethod, codes.PermissionDenied,
+			fmt.Sprintf("operator %q is a %s and may not call %s: it needs the role of %s", id.Name, id.role(), fullMethod, strings.Join(allowed, ", ")))
+	}
 	who := "no caller is allowed"
 	if len(allowed) > 0 {
 		who = "allowed callers: " + strings.Join(allowed, ", ")

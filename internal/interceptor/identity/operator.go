@@ -4,10 +4,13 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -42,15 +45,30 @@ const (
 // failed too often; it must wait before it may try again, even with the right token.
 var ErrTooManyFailures = errors.New("too many failed operator credentials from this address")
 
-// Account is one operator: a name recorded with what it does, and its token.
+// Operator roles: a viewer reads jobs and the escalation queue; a resolver also decides.
+const (
+	RoleViewer   = "viewer"
+	RoleResolver = "resolver"
+)
+
+// OperatorResolver is the policy value for an operator whose role is resolver (an account
+// of that role, or an operator certificate or operator-key service token, which are not
+// accounts and act as resolvers).
+const OperatorResolver = OperatorService + ":" + RoleResolver
+
+// Account is one operator: a person's name recorded with what they do, their role, and
+// their token, given either as the token itself (Token) or only as its SHA-256 in hex
+// (TokenSHA256, what an accounts file holds: the file never has the token).
 type Account struct {
-	Name  string
-	Token string
+	Name        string
+	Role        string
+	Token       string
+	TokenSHA256 string
 }
 
 type account struct {
-	name string
-	hash [sha256.Size]byte
+	name, role string
+	hash       [sha256.Size]byte
 }
 
 // Operators verifies operator tokens (bearer tokens that are not service tokens), for the
@@ -82,18 +100,36 @@ func NewOperators(log *slog.Logger, accounts ...Account) (*Operators, error) {
 		if a.Name == "" {
 			return nil, fmt.Errorf("identity: operator account %d has no name", i)
 		}
-		if len(a.Token) < MinOperatorTokenLen {
-			return nil, fmt.Errorf("identity: operator %q: token is %d bytes, need at least %d", a.Name, len(a.Token), MinOperatorTokenLen)
+		if !validService(a.Name) {
+			return nil, fmt.Errorf("identity: operator account name %q: use lowercase letters, digits and '-' (a login)", a.Name)
 		}
-		if tokenScheme.MatchString(a.Token) {
-			return nil, fmt.Errorf("identity: operator %q: token looks like a service token (hstN.); choose another", a.Name)
+		if a.Role != RoleViewer && a.Role != RoleResolver {
+			return nil, fmt.Errorf("identity: operator %q: role %q: want %s or %s", a.Name, a.Role, RoleViewer, RoleResolver)
 		}
-		h := sha256.Sum256([]byte(a.Token))
+		var h [sha256.Size]byte
+		switch {
+		case a.Token != "" && a.TokenSHA256 != "":
+			return nil, fmt.Errorf("identity: operator %q: give the token or its sha256, not both", a.Name)
+		case a.TokenSHA256 != "":
+			b, err := hex.DecodeString(a.TokenSHA256)
+			if err != nil || len(b) != sha256.Size {
+				return nil, fmt.Errorf("identity: operator %q: token_sha256 must be 64 hex digits (the SHA-256 of the token)", a.Name)
+			}
+			copy(h[:], b)
+		default:
+			if len(a.Token) < MinOperatorTokenLen {
+				return nil, fmt.Errorf("identity: operator %q: token is %d bytes, need at least %d", a.Name, len(a.Token), MinOperatorTokenLen)
+			}
+			if tokenScheme.MatchString(a.Token) {
+				return nil, fmt.Errorf("identity: operator %q: token looks like a service token (hstN.); choose another", a.Name)
+			}
+			h = sha256.Sum256([]byte(a.Token))
+		}
 		if names[a.Name] || hashes[h] {
 			return nil, fmt.Errorf("identity: operator %q: name or token used twice", a.Name)
 		}
 		names[a.Name], hashes[h] = true, true
-		o.accounts = append(o.accounts, account{name: a.Name, hash: h})
+		o.accounts = append(o.accounts, account{name: a.Name, role: a.Role, hash: h})
 	}
 	return o, nil
 }
@@ -115,16 +151,85 @@ func (o *Operators) Verify(ctx context.Context, source, tok string) (Identity, e
 		return Identity{}, status.Errorf(codes.ResourceExhausted, "%v; wait %s and try again", ErrTooManyFailures, failureRefill)
 	}
 	h := sha256.Sum256([]byte(tok))
-	for _, a := range o.accounts {
+	var found *account
+	for i := range o.accounts {
 		// Every account is compared, so the time taken does not say which one matched.
-		if subtle.ConstantTimeCompare(h[:], a.hash[:]) == 1 {
-			o.succeeded(src)
-			return Identity{Service: OperatorService, Method: MethodOperatorToken, Name: a.name}, nil
+		if subtle.ConstantTimeCompare(h[:], o.accounts[i].hash[:]) == 1 {
+			found = &o.accounts[i]
 		}
+	}
+	if found != nil {
+		o.succeeded(src)
+		return Identity{Service: OperatorService, Method: MethodOperatorToken, Name: found.name, Role: found.role}, nil
 	}
 	o.log.WarnContext(ctx, "identity: operator credential refused", "source", src, "reason", "unknown operator token")
 	return Identity{}, status.Error(codes.Unauthenticated, "operator token not recognised")
 }
+
+// Role returns the role of account name, and false when there is no such account (a
+// session of an account that is gone is no session).
+func (o *Operators) Role(name string) (string, bool) {
+	for _, a := range o.accounts {
+		if a.name == name {
+			return a.role, true
+		}
+	}
+	return "", false
+}
+
+// ParseAccounts reads operator accounts, one a line: "name role sha256-of-token", where
+// role is viewer or resolver and the token appears only as its SHA-256 in hex (printf %s
+// "$TOKEN" | sha256sum). Blank lines and lines starting with # are skipped; in an
+// environment variable, ';' separates lines too. what names the source in errors.
+func ParseAccounts(what, text string) ([]Account, error) {
+	var out []Account
+	for i, line := range strings.FieldsFunc(text, func(r rune) bool { return r == '\n' || r == ';' }) {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		f := strings.Fields(line)
+		if len(f) != 3 {
+			return nil, fmt.Errorf("%s: entry %d %q: want \"name role sha256-of-token\" (role viewer or resolver)", what, i+1, line)
+		}
+		if f[1] != RoleViewer && f[1] != RoleResolver {
+			return nil, fmt.Errorf("%s: entry %d (%s): role %q: want %s or %s", what, i+1, f[0], f[1], RoleViewer, RoleResolver)
+		}
+		out = append(out, Account{Name: f[0], Role: f[1], TokenSHA256: strings.ToLower(f[2])})
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%s: no operator accounts", what)
+	}
+	return out, nil
+}
+
+// LoadAccounts reads operator accounts (ParseAccounts) from file, when set, and from
+// inline, when set (the text of an environment variable such as HANDOFF_OPERATORS).
+func LoadAccounts(file, inline string) ([]Account, error) {
+	var out []Account
+	if file != "" {
+		data, err := os.ReadFile(file)
+		if err != nil {
+			return nil, fmt.Errorf("operator accounts: %w", err)
+		}
+		a, err := ParseAccounts(file, string(data))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, a...)
+	}
+	if inline != "" {
+		a, err := ParseAccounts("operator accounts", inline)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, a...)
+	}
+	return out, nil
+}
+
+// AccountsHelp describes the accounts format for --help texts.
+const AccountsHelp = "operator accounts, one a line (or separated by ';'): \"name role sha256-of-token\", role viewer (reads) or resolver (decides); the token appears only as its SHA-256 (printf %s \"$TOKEN\" | sha256sum)"
 
 // source is one address's allowance of failures.
 type source struct {

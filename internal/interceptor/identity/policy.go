@@ -51,9 +51,12 @@ func DefaultPolicy() Policy {
 		"/handoff.v1.CoordinatorService/WatchJob": {AnyIdentity},
 		// Escalations are decisions of people: only an operator (an operator token, or an
 		// operator certificate under mTLS) lists and resolves them. No service identity
-		// may, so a compromised runner cannot approve its own write.
+		// may, so a compromised runner cannot approve its own write. Any operator reads the
+		// queue; only a resolver decides (a viewer account reads).
 		"/handoff.v1.CoordinatorService/ListEscalations":   {OperatorService},
-		"/handoff.v1.CoordinatorService/ResolveEscalation": {OperatorService},
+		"/handoff.v1.CoordinatorService/ResolveEscalation": {OperatorResolver},
+		// Claiming an escalation is the first step of deciding it: a resolver's.
+		"/handoff.v1.CoordinatorService/ClaimEscalation": {OperatorResolver},
 	}
 }
 
@@ -119,6 +122,9 @@ func (p Policy) Validate() error {
 
 func checkServices(services []string) error {
 	for _, s := range services {
+		if svc, role, ok := strings.Cut(s, ":"); ok && validService(svc) && (role == RoleViewer || role == RoleResolver) {
+			continue
+		}
 		if s != Anyone && s != AnyIdentity && !validService(s) {
 			return fmt.Errorf("%q is neither a service name nor %q or %q", s, Anyone, AnyIdentity)
 		}

@@ -16,6 +16,7 @@ import (
 	oteltrace "go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
@@ -99,12 +100,12 @@ func (o *options) join(ctx context.Context, fullMethod string, req any) (context
 		attrs = append(attrs, attribute.String("handoff.job_id", p.GetJobId()), attribute.String("handoff.stage", p.GetStage()))
 		name = "handoff.ack " + p.GetStage()
 		if pctx, ok := Parse(ctx, p.GetTrace().GetTraceparent(), p.GetTrace().GetTracestate()); ok {
-			md := oteltrace.SpanContextFromContext(ctx)
+			md := metadataTrace(ctx)
 			pkg := oteltrace.SpanContextFromContext(pctx)
-			if md.IsValid() && md.TraceID() != pkg.TraceID() {
+			if md.IsValid() && md != pkg.TraceID() {
 				o.log.WarnContext(ctx, "trace mismatch: metadata and package carry different traces; the package's wins",
 					"method", fullMethod, "job_id", p.GetJobId(), "stage", p.GetStage(),
-					"metadata_trace_id", md.TraceID().String(), "package_trace_id", pkg.TraceID().String())
+					"metadata_trace_id", md.String(), "package_trace_id", pkg.TraceID().String())
 			}
 			parent = pctx
 		}
@@ -116,6 +117,19 @@ func (o *options) join(ctx context.Context, fullMethod string, req any) (context
 		}
 	}
 	return ctx, span
+}
+
+// metadataTrace is the trace of the caller's metadata (its traceparent), invalid when it
+// sends none. Not the context's span: for a call without a traceparent the stats handler
+// starts a new trace of this server, which disagrees with every package and is no mismatch.
+func metadataTrace(ctx context.Context) oteltrace.TraceID {
+	md, _ := metadata.FromIncomingContext(ctx)
+	v := md.Get("traceparent")
+	if len(v) == 0 {
+		return oteltrace.TraceID{}
+	}
+	c, _ := Parse(context.Background(), v[0], "")
+	return oteltrace.SpanContextFromContext(c).TraceID()
 }
 
 func end(span oteltrace.Span, err error) {

@@ -41,13 +41,19 @@ func TestUnary(t *testing.T) {
 		{"package trace continues", pkgTP, "", "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7", false},
 		{"package wins over metadata", pkgTP, mdTP, "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7", true},
 		{"no package trace: metadata's, and the package is stamped", "", mdTP, "11111111111111111111111111111111", "2222222222222222", false},
+		// No traceparent in the metadata: the span in the context is the stats handler's
+		// new trace, not the caller's, and no mismatch.
+		{"no metadata trace, a server span of its own", pkgTP, "local:" + mdTP, "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7", false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			exp, logs, opts := setup(t)
 			ctx := context.Background()
-			if tt.mdTrace != "" {
+			if local, ok := strings.CutPrefix(tt.mdTrace, "local:"); ok {
+				ctx, _ = Parse(ctx, local, "")
+			} else if tt.mdTrace != "" {
 				ctx, _ = Parse(ctx, tt.mdTrace, "")
+				ctx = metadata.NewIncomingContext(ctx, metadata.Pairs("traceparent", tt.mdTrace))
 			}
 			req := &handoffv1.CheckRequest{Package: &handoffv1.HandoffPackage{JobId: "tkt_1", Stage: "draft"}}
 			if tt.pkgTrace != "" {

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -30,6 +31,7 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 	t.Run("Wallet", func(t *testing.T) { testWallet(t, newStore(t)) })
 	t.Run("WalletJob", func(t *testing.T) { testWalletJob(t, newStore(t)) })
 	t.Run("ConcurrentDebit", func(t *testing.T) { testConcurrentDebit(t, newStore(t)) })
+	t.Run("Grant", func(t *testing.T) { testGrant(t, newStore(t)) })
 	t.Run("WalletExactMoney", func(t *testing.T) { testWalletExactMoney(t, newStore(t)) })
 	t.Run("RunEdges", func(t *testing.T) { testRunEdges(t, newStore(t)) })
 	t.Run("ListRunsFilteredPaging", func(t *testing.T) { testListRunsFiltered(t, newStore(t)) })
@@ -37,6 +39,38 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 	t.Run("Admit", func(t *testing.T) { testAdmit(t, newStore(t)) })
 	t.Run("ConcurrentAdmit", func(t *testing.T) { testConcurrentAdmit(t, newStore(t)) })
 	t.Run("Leases", func(t *testing.T) { s := newStore(t); RunLeases(t, s, s) })
+}
+
+// testGrant: a grant adds to the wallet once per key, never past a budget's caps, and
+// only to a wallet that exists.
+func testGrant(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	if _, err := s.OpenWallet(ctx, "w", "job-w", &handoffv1.Budget{UsdRemainingMicros: 5, HopsRemaining: 0, RevisionsRemaining: 1}); err != nil {
+		t.Fatal(err)
+	}
+	g := store.Grant{Hops: 4, Revisions: 2, USDMicros: 1_000_001}
+	for i := range 2 {
+		got, err := s.GrantWallet(ctx, "w", "run_1/2", g)
+		if err != nil || got.GetHopsRemaining() != 4 || got.GetRevisionsRemaining() != 3 || got.GetUsdRemainingMicros() != 1_000_006 {
+			t.Fatalf("grant %d = %v, %v; want 4 hops, 3 revisions, 1000006 micros (once per key)", i+1, got, err)
+		}
+	}
+	got, err := s.GrantWallet(ctx, "w", "run_1/3", store.Grant{Hops: 1})
+	if err != nil || got.GetHopsRemaining() != 5 {
+		t.Fatalf("second key: %v %v; want 5 hops", got, err)
+	}
+	if _, err := s.GrantWallet(ctx, "w", "big", store.Grant{Hops: store.MaxHops}); !errors.Is(err, store.ErrGrantTooLarge) {
+		t.Fatalf("grant past the hop cap: %v, want ErrGrantTooLarge", err)
+	}
+	if _, err := s.GrantWallet(ctx, "w", "rich", store.Grant{USDMicros: math.MaxInt64}); !errors.Is(err, store.ErrGrantTooLarge) {
+		t.Fatalf("grant overflowing money: %v, want ErrGrantTooLarge", err)
+	}
+	if got, err := s.Wallet(ctx, "w"); err != nil || got.GetHopsRemaining() != 5 || got.GetUsdRemainingMicros() != 1_000_006 {
+		t.Fatalf("after refused grants: %v %v; want them to change nothing", got, err)
+	}
+	if _, err := s.GrantWallet(ctx, "nope", "k", g); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("grant to no wallet: %v, want ErrNotFound", err)
+	}
 }
 
 // testWalletExactMoney: money is an exact int64 all the way up (no float rounding), and a

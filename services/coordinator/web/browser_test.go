@@ -66,7 +66,7 @@ func escalated(t *testing.T, st *stack.Stack) *handoffv1.Job {
 }
 
 func TestBrowserApprove(t *testing.T) {
-	bin := chromium(t)
+	ctx := chrome(t)
 	st, err := stack.Start(context.Background(), stack.Config{DataDir: t.TempDir(), CoordinatorAddr: "127.0.0.1:0", RunnerAddr: "127.0.0.1:0", WritebackAddr: "127.0.0.1:0", WebAddr: "127.0.0.1:0", OperatorToken: token})
 	if err != nil {
 		t.Fatal(err)
@@ -77,18 +77,6 @@ func TestBrowserApprove(t *testing.T) {
 	if out == "" {
 		out = t.TempDir()
 	}
-
-	opts := append([]chromedp.ExecAllocatorOption{},
-		chromedp.ExecPath(bin), chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun,
-		chromedp.Flag("disable-quic", true), chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-component-update", true), chromedp.Flag("disable-sync", true),
-		chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1280, 1600))
-	actx, cancel := chromedp.NewExecAllocator(context.Background(), opts...)
-	defer cancel()
-	ctx, cancel := chromedp.NewContext(actx)
-	defer cancel()
-	ctx, cancel = context.WithTimeout(ctx, 60*time.Second)
-	defer cancel()
 
 	base := "http://" + st.WebAddr
 	var login, queue, receipt, state string
@@ -112,7 +100,6 @@ func TestBrowserApprove(t *testing.T) {
 		chromedp.Click(c("a.job")),
 		chromedp.WaitVisible(c("#artifact_text")),
 		chromedp.SetValue(c("#artifact_text"), edited),
-		chromedp.SendKeys(c("#operator"), "ana"),
 		chromedp.SendKeys(c("#comment"), "hop cap hit; summary is fine"),
 		func(ctx context.Context, tg *chromedp.Target) (chromedp.Void, error) {
 			b, err := chromedp.FullScreenshot(100)(ctx, tg)
@@ -145,7 +132,157 @@ func TestBrowserApprove(t *testing.T) {
 		t.Logf("ledger payload does not carry the text (it may hold only the uri): %.200s", es[0].Payload)
 	}
 	got, err := st.Coordinator.GetJob(context.Background(), &handoffv1.GetJobRequest{RunId: job.GetRunId()})
-	if err != nil || got.GetJob().GetResolution().GetOperator() != "ana" || got.GetJob().GetResolution().GetAccount() != "operator" {
+	if err != nil || got.GetJob().GetResolution().GetOperator() != "operator" || got.GetJob().GetResolution().GetAccount() != "operator" {
 		t.Fatalf("resolution %v %v", got.GetJob().GetResolution(), err)
 	}
+}
+
+// chrome starts headless Chromium for the test and returns its context. When the test
+// fails, a screenshot of the page as it was is saved to TEST_OUTPUT_DIR (or the test's
+// temporary folder) and its path logged.
+func chrome(t *testing.T) context.Context {
+	t.Helper()
+	bin := chromium(t)
+	opts := []chromedp.ExecAllocatorOption{
+		chromedp.ExecPath(bin), chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun,
+		chromedp.Flag("disable-quic", true), chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true), chromedp.Flag("disable-sync", true),
+		chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1280, 1600)}
+	actx, cancelA := chromedp.NewExecAllocator(context.Background(), opts...)
+	bctx, cancelC := chromedp.NewContext(actx)
+	// The browser starts here, on a context without the test's deadline, so it is still
+	// there to take the screenshot of a step that ran out of time.
+	if err := chromedp.Do(bctx, chromedp.Navigate("about:blank")); err != nil {
+		cancelC()
+		cancelA()
+		t.Fatalf("start chromium: %v", err)
+	}
+	ctx, cancelT := context.WithTimeout(bctx, 90*time.Second)
+	out := os.Getenv("TEST_OUTPUT_DIR")
+	if out == "" {
+		out = t.TempDir()
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			sctx, cancel := context.WithTimeout(bctx, 10*time.Second)
+			defer cancel()
+			if shot, err := chromedp.Run(sctx, chromedp.FullScreenshot(100)); err != nil {
+				t.Logf("no screenshot of the failure: %v", err)
+			} else {
+				p := filepath.Join(out, strings.ReplaceAll(t.Name(), "/", "_")+"-failure.png")
+				if err := os.WriteFile(p, shot, 0o644); err != nil {
+					t.Logf("screenshot: %v", err)
+				} else {
+					t.Logf("screenshot of the failure: %s", p)
+				}
+			}
+		}
+		cancelT()
+		cancelC()
+		cancelA()
+	})
+	return ctx
+}
+
+// TestBrowserDesk works the desk as an operator does, in Chromium: sign-in, the queue, an
+// intake escalation (the README's submit recipe) where Approve is not offered and a forced
+// one is refused, a return to intake with the ticket that completes, a HOP_CAP escalation
+// returned with a grant of 4 hops that completes with the grant on the timeline under the
+// account's name, and sign-out.
+func TestBrowserDesk(t *testing.T) {
+	ctx := chrome(t)
+	st, err := stack.Start(context.Background(), stack.Config{DataDir: t.TempDir(), CoordinatorAddr: "127.0.0.1:0", RunnerAddr: "127.0.0.1:0", WritebackAddr: "127.0.0.1:0", WebAddr: "127.0.0.1:0", OperatorToken: token})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	bare := submitBare(t, st, "tkt_42")
+	spam := submitBare(t, st, "tkt_44")
+	capped := escalated(t, st)
+	base := "http://" + st.WebAddr
+	c := func(sel string) chromedp.CSS { return chromedp.CSS(sel) }
+	text := func(sel string) string {
+		t.Helper()
+		tctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		v, err := chromedp.Run(tctx, chromedp.Text(c(sel)))
+		if err != nil {
+			t.Fatalf("text of %s: %v", sel, err)
+		}
+		return v
+	}
+	do := func(what string, steps ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		if err := chromedp.Do(ctx, steps...); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	// completed reloads the job page until the run is COMPLETED.
+	completed := func(runID string) {
+		t.Helper()
+		for deadline := time.Now().Add(30 * time.Second); ; {
+			do("reload", chromedp.Navigate(base+"/jobs/"+runID), chromedp.WaitVisible(c("#state")))
+			if s := text("#state"); s == "COMPLETED" {
+				return
+			} else if time.Now().After(deadline) {
+				t.Fatalf("run %s is %s, want COMPLETED", runID, s)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+
+	do("sign in", chromedp.Navigate(base+"/"), chromedp.SendKeys(c("#token"), token), chromedp.Click(c("#login")), chromedp.WaitVisible(c("#queue")))
+	if q := text("#queue"); !strings.Contains(q, "tkt_42") || !strings.Contains(q, "tkt_web") || !strings.Contains(q, "HOP_CAP") {
+		t.Fatalf("queue %q: want both escalations", q)
+	}
+
+	// The intake escalation: no artifact, so no Approve; one forced onto the page is refused.
+	do("open the intake escalation", chromedp.Navigate(base+"/jobs/"+bare.GetRunId()), chromedp.WaitVisible(c("#no-approve")))
+	if n := text("#no-approve"); !strings.Contains(n, "no summary_md.v1 artifact") {
+		t.Fatalf("no-approve note %q", n)
+	}
+	if _, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`document.getElementById("approve") === null`)); err != nil {
+		t.Fatal(err)
+	}
+	do("force an approve", chromedp.Evaluate[chromedp.Void](`(() => { const b = document.createElement("button"); b.type = "submit"; b.name = "action"; b.value = "approve"; b.id = "forced"; document.getElementById("resolve").appendChild(b); })()`),
+		chromedp.Click(c("#forced")), chromedp.WaitVisible(c("body")))
+	if body := text("body"); !strings.Contains(body, "no summary_md.v1 artifact") {
+		t.Fatalf("forced approve: page says %q; want the refusal naming the artifact", body)
+	}
+	do("return to intake with the ticket", chromedp.Navigate(base+"/jobs/"+bare.GetRunId()), chromedp.WaitVisible(c("#artifact_text")),
+		chromedp.SetValue(c("#artifact_text"), string(support.SampleTicket())), chromedp.SetValue(c("#stage"), "intake"),
+		chromedp.Click(c("#return")), chromedp.WaitVisible(c("#outcome")))
+	if o := text("#outcome"); o != "RUNNING" && o != "COMPLETED" {
+		t.Fatalf("after the return the page says the run is %q", o)
+	}
+	completed(bare.GetRunId())
+
+	// A fail: the page says the run is FAILED, and keeps the cause beside the decision.
+	do("fail", chromedp.Navigate(base+"/jobs/"+spam.GetRunId()), chromedp.WaitVisible(c("#reason")),
+		chromedp.SendKeys(c("#reason"), "spam"), chromedp.Click(c("#fail")), chromedp.WaitVisible(c("#outcome")))
+	if o := text("#outcome"); o != "FAILED" {
+		t.Fatalf("after fail the page says %q", o)
+	}
+
+	// The HOP_CAP escalation: claimed, then returned to draft with 4 hops.
+	do("claim", chromedp.Navigate(base+"/jobs/"+capped.GetRunId()), chromedp.WaitVisible(c("#claim-it")), chromedp.Click(c("#claim-it")), chromedp.WaitVisible(c("#holder")))
+	if h := text("#holder"); h != "operator" {
+		t.Fatalf("holder after claim %q", h)
+	}
+	do("queue shows the holder", chromedp.Navigate(base+"/"), chromedp.WaitVisible(c("#queue")))
+	if q := text("#queue"); !strings.Contains(q, "operator until") {
+		t.Fatalf("queue %q: want the holder", q)
+	}
+	do("return with a grant", chromedp.Navigate(base+"/jobs/"+capped.GetRunId()), chromedp.WaitVisible(c("#grant_hops")),
+		chromedp.SetValue(c("#grant_hops"), "4"), chromedp.SetValue(c("#stage"), "draft"), chromedp.Click(c("#return")), chromedp.WaitVisible(c("#outcome")))
+	completed(capped.GetRunId())
+	if tl := text("#timeline"); !strings.Contains(tl, "RETURN_TO_STAGE by operator, granted 4 hops") {
+		t.Fatalf("timeline %q: want the grant with the account", tl)
+	}
+	if r := text("#receipt"); !strings.Contains(r, "tkt_web:writeback:summary_md") {
+		t.Fatalf("receipt %q", r)
+	}
+
+	do("sign out", chromedp.Click(c("#logout")), chromedp.WaitVisible(c("#token")))
+	do("queue after sign-out", chromedp.Navigate(base+"/"), chromedp.WaitVisible(c("#token")))
 }

@@ -42,8 +42,16 @@ var files embed.FS
 
 var tmpl = template.Must(template.New("").Funcs(template.FuncMap{
 	"trim":   strings.TrimPrefix,
-	"usd":    func(m int64) string { return fmt.Sprintf("$%.2f", float64(m)/1e6) },
+	"usd":    usd,
 	"escnum": func(e *handoffv1.Escalation) uint32 { return max(e.GetNumber(), 1) },
+	// held is the run's claim while it holds the current escalation and lasts.
+	"held": func(j *handoffv1.Job) *handoffv1.Claim {
+		c := j.GetClaim()
+		if c == nil || c.GetEscalation() != max(j.GetEscalation().GetNumber(), 1) || !c.GetExpiresAt().AsTime().After(time.Now()) {
+			return nil
+		}
+		return c
+	},
 	"age": func(j *handoffv1.Job) string {
 		t := j.GetEscalation().GetAt()
 		if t == nil {
@@ -52,6 +60,9 @@ var tmpl = template.Must(template.New("").Funcs(template.FuncMap{
 		return time.Since(t.AsTime()).Round(time.Second).String()
 	},
 	"ts": func(t interface{ AsTime() time.Time }) string { return t.AsTime().UTC().Format(time.RFC3339) },
+	"dur": func(d interface{ AsDuration() time.Duration }) string {
+		return d.AsDuration().Round(time.Millisecond).String()
+	},
 	// move names how the rail moved a run: the route its stage chose, else the rail's own
 	// move (next, pass, revise, reroute, operator).
 	"move": func(t *handoffv1.Transfer) string {
@@ -61,6 +72,21 @@ var tmpl = template.Must(template.New("").Funcs(template.FuncMap{
 		return strings.ToLower(strings.TrimPrefix(t.GetMove().String(), "MOVE_"))
 	},
 }).ParseFS(files, "templates/*.html"))
+
+// usd shows micro-dollars exactly: at least cents, more digits only where the amount has
+// them ($0.011, $1.50, $0.000001), never rounded.
+func usd(m int64) string {
+	sign := ""
+	u := uint64(m)
+	if m < 0 {
+		sign, u = "-", uint64(-(m+1))+1
+	}
+	frac := strings.TrimRight(fmt.Sprintf("%06d", u%1_000_000), "0")
+	for len(frac) < 2 {
+		frac += "0"
+	}
+	return fmt.Sprintf("%s$%d.%s", sign, u/1_000_000, frac)
+}
 
 // Options configures the page.
 type Options struct {
@@ -107,6 +133,7 @@ func New(srv *coordinator.Server, authz *identity.Authorizer, opts Options) (*Ha
 	h.mux.HandleFunc("POST /logout", h.logout)
 	h.mux.HandleFunc("GET /jobs/{run}", h.job)
 	h.mux.HandleFunc("POST /jobs/{run}/resolve", h.resolve)
+	h.mux.HandleFunc("POST /jobs/{run}/claim", h.claim)
 	return h, nil
 }
 
@@ -142,12 +169,26 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err == nil {
 		sess.id, sess.sid, sess.expiry, err = h.sessions.verify(c.Value)
 	}
+	if err == nil {
+		// The role is the account's as it is now, not the cookie's: a session of an
+		// account that is gone is no session.
+		var ok bool
+		if sess.id.Role, ok = h.authz.Operators().Role(sess.id.Name); !ok {
+			err = errSession
+		}
+	}
 	if err != nil {
 		w.WriteHeader(http.StatusUnauthorized)
 		h.render(w, "login.html", map[string]any{"Next": safeNext(r.URL.RequestURI())})
 		return
 	}
 	h.mux.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), sessionKey{}, sess)))
+}
+
+// me is the signed-in operator of r (zero when none).
+func me(r *http.Request) identity.Identity {
+	sess, _ := r.Context().Value(sessionKey{}).(session)
+	return sess.id
 }
 
 // allow is the identity policy's decision on method for the signed-in operator; the
@@ -252,7 +293,7 @@ func (h *Handler) queue(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, err)
 		return
 	}
-	h.render(w, "queue.html", map[string]any{"Jobs": resp.GetJobs()})
+	h.render(w, "queue.html", map[string]any{"Jobs": resp.GetJobs(), "Me": me(r)})
 }
 
 func (h *Handler) job(w http.ResponseWriter, r *http.Request) {
@@ -269,12 +310,20 @@ func (h *Handler) job(w http.ResponseWriter, r *http.Request) {
 	job := resp.GetJob()
 	art, data, aerr := h.srv.Proposed(c, job)
 	d := map[string]any{
-		"Job": job, "Artifact": art, "Text": string(data), "Stages": h.srv.Stages(job.GetPipeline()),
+		"Job": job, "Timeline": resp.GetTimeline(), "Artifact": art, "Text": string(data), "Stages": h.srv.Stages(job.GetPipeline()),
 		"Escalated": job.GetState() == handoffv1.JobState_JOB_STATE_ESCALATED,
-		"Done":      r.URL.Query().Get("done"), "Duplicate": r.URL.Query().Get("dup") == "1",
+		"MaxGrant":  h.srv.MaxGrant(job.GetPipeline()),
+		"Me":        me(r), "Resolver": me(r).Role == identity.RoleResolver,
+		"Done": r.URL.Query().Get("done"), "Duplicate": r.URL.Query().Get("dup") == "1",
 	}
 	if aerr != nil {
 		d["ArtifactError"] = aerr.Error()
+	}
+	if dl, err := h.srv.Delivery(c, job); err == nil && dl != nil {
+		d["Delivery"] = dl
+	}
+	if err := h.srv.Approvable(job); err != nil {
+		d["NoApprove"] = status.Convert(err).Message()
 	}
 	h.render(w, "job.html", d)
 }
@@ -286,7 +335,7 @@ func (h *Handler) resolve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	runID := r.PathValue("run")
-	for _, f := range []string{"operator", "comment", "reason", "stage", "artifact_text", "escalation"} {
+	for _, f := range []string{"comment", "reason", "stage", "artifact_text", "escalation", "grant_hops", "grant_revisions", "grant_usd_micros"} {
 		if !utf8.ValidString(r.PostFormValue(f)) {
 			w.WriteHeader(http.StatusBadRequest)
 			h.render(w, "error.html", map[string]any{"Error": fmt.Sprintf("%s: invalid UTF-8", f)})
@@ -299,7 +348,8 @@ func (h *Handler) resolve(w http.ResponseWriter, r *http.Request) {
 		h.render(w, "error.html", map[string]any{"Error": fmt.Sprintf("escalation %q: want the number of the escalation decided (reload the page)", r.PostFormValue("escalation"))})
 		return
 	}
-	req := &handoffv1.ResolveEscalationRequest{RunId: runID, Operator: strings.TrimSpace(r.PostFormValue("operator")), Comment: r.PostFormValue("comment"), Escalation: uint32(esc)}
+	// Who decided is the signed-in account, never a typed name.
+	req := &handoffv1.ResolveEscalationRequest{RunId: runID, Operator: me(r).Name, Comment: r.PostFormValue("comment"), Escalation: uint32(esc), Override: r.PostFormValue("override") == "1"}
 	// The textarea's text counts as an edit only when it differs from what was shown.
 	var edit *string
 	if r.PostForm.Has("artifact_text") {
@@ -312,7 +362,13 @@ func (h *Handler) resolve(w http.ResponseWriter, r *http.Request) {
 	case "approve":
 		req.Action = &handoffv1.ResolveEscalationRequest_Approve{Approve: &handoffv1.ApproveAction{ArtifactText: edit}}
 	case "return_to_stage":
-		req.Action = &handoffv1.ResolveEscalationRequest_ReturnToStage{ReturnToStage: &handoffv1.ReturnToStageAction{Stage: r.PostFormValue("stage"), ArtifactText: edit}}
+		g, err := grantOf(r)
+		if err != nil {
+			w.WriteHeader(http.StatusBadRequest)
+			h.render(w, "error.html", map[string]any{"Error": err.Error()})
+			return
+		}
+		req.Action = &handoffv1.ResolveEscalationRequest_ReturnToStage{ReturnToStage: &handoffv1.ReturnToStageAction{Stage: r.PostFormValue("stage"), ArtifactText: edit, Grant: g}}
 	case "fail":
 		req.Action = &handoffv1.ResolveEscalationRequest_Fail{Fail: &handoffv1.FailAction{Reason: r.PostFormValue("reason")}}
 	case "reject_malformed":
@@ -332,4 +388,47 @@ func (h *Handler) resolve(w http.ResponseWriter, r *http.Request) {
 		q.Set("dup", "1")
 	}
 	http.Redirect(w, r, "/jobs/"+url.PathEscape(runID)+"?"+q.Encode(), http.StatusSeeOther)
+}
+
+// grantOf reads the return form's grant: empty fields are 0; nil when nothing is given.
+func grantOf(r *http.Request) (*handoffv1.Grant, error) {
+	var n [3]uint64
+	for i, f := range []string{"grant_hops", "grant_revisions", "grant_usd_micros"} {
+		v := strings.TrimSpace(r.PostFormValue(f))
+		if v == "" {
+			continue
+		}
+		var err error
+		if n[i], err = strconv.ParseUint(v, 10, 63); err != nil {
+			return nil, fmt.Errorf("%s %q: want a whole number, 0 or more", f, v)
+		}
+	}
+	if n[0] > 1000 || n[1] > 100 {
+		return nil, fmt.Errorf("grant of %d hops, %d revisions: a wallet holds at most 1000 hops and 100 revisions", n[0], n[1])
+	}
+	if n == [3]uint64{} {
+		return nil, nil
+	}
+	return &handoffv1.Grant{Hops: uint32(n[0]), Revisions: uint32(n[1]), UsdMicros: int64(n[2])}, nil
+}
+
+// claim claims the run's escalation for the signed-in operator, or releases its claim.
+func (h *Handler) claim(w http.ResponseWriter, r *http.Request) {
+	c, err := h.allow(r, handoffv1.CoordinatorService_ClaimEscalation_FullMethodName)
+	if err != nil {
+		h.fail(w, err)
+		return
+	}
+	runID := r.PathValue("run")
+	esc, err := strconv.ParseUint(r.PostFormValue("escalation"), 10, 32)
+	if err != nil || esc == 0 {
+		w.WriteHeader(http.StatusBadRequest)
+		h.render(w, "error.html", map[string]any{"Error": fmt.Sprintf("escalation %q: want the number of the escalation claimed (reload the page)", r.PostFormValue("escalation"))})
+		return
+	}
+	if _, err := h.srv.ClaimEscalation(c, &handoffv1.ClaimEscalationRequest{RunId: runID, Escalation: uint32(esc), Release: r.PostFormValue("release") == "1"}); err != nil {
+		h.fail(w, err)
+		return
+	}
+	http.Redirect(w, r, "/jobs/"+url.PathEscape(runID), http.StatusSeeOther)
 }

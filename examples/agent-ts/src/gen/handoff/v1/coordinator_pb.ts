@@ -8,11 +8,11 @@
 import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import { enumDesc, fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
 import { file_buf_validate_validate } from "@bufbuild/protovalidate/gen/buf/validate/validate_pb.js";
-import type { Timestamp } from "@bufbuild/protobuf/wkt";
-import { file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
+import type { Duration, Timestamp } from "@bufbuild/protobuf/wkt";
+import { file_google_protobuf_duration, file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
 import type { StageResult } from "./agentrunner_pb.js";
 import { file_handoff_v1_agentrunner } from "./agentrunner_pb.js";
-import type { Ack, Artifact, Budget, Evaluator, Move, Reason, Receipt, RouteChoice, ToolAttempt, Trace } from "./handoff_pb.js";
+import type { Ack, AckStatus, Artifact, Budget, Evaluator, Move, Reason, Receipt, RouteChoice, ToolAttempt, Trace, Verdict } from "./handoff_pb.js";
 import { file_handoff_v1_handoff } from "./handoff_pb.js";
 import type { Message } from "@bufbuild/protobuf";
 
@@ -20,7 +20,95 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file handoff/v1/coordinator.proto.
  */
 export const file_handoff_v1_coordinator: GenFile = /*@__PURE__*/
-  fileDesc("ChxoYW5kb2ZmL3YxL2Nvb3JkaW5hdG9yLnByb3RvEgpoYW5kb2ZmLnYxItADChBTdWJtaXRKb2JSZXF1ZXN0EjMKCnJlcXVlc3RfaWQYASABKAlCH7pIHHIaGIABMhVeKFtBLVphLXowLTlfLjotXSspPyQSOgoGam9iX2lkGAIgASgJQiq6SCfIAQFyIhiAATIdXltBLVphLXowLTldW0EtWmEtejAtOV8uOi1dKiQSHAoIcGlwZWxpbmUYAyABKAlCCrpIB8gBAXICGEASGQoEZ29hbBgEIAEoCUILukgIyAEBcgMY0A8SJgoLY29uc3RyYWludHMYBSADKAlCEbpIDpIBCxAgIgdyBRABGPQDEioKBmJ1ZGdldBgGIAEoCzISLmhhbmRvZmYudjEuQnVkZ2V0Qga6SAPIAQESLgoGaW5wdXRzGAcgAygLMhQuaGFuZG9mZi52MS5BcnRpZmFjdEIIukgFkgECEEASPgoLbWVtb3J5X3JlZnMYCCADKAlCKbpIJpIBIxBAIh9yHRiAAjIYXlthLXpdW2EtejAtOV9dKjpbXlxzXSskEiAKBXRyYWNlGAkgASgLMhEuaGFuZG9mZi52MS5UcmFjZRIsCghkZWFkbGluZRgKIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiQwoRU3VibWl0Sm9iUmVzcG9uc2USHAoDam9iGAEgASgLMg8uaGFuZG9mZi52MS5Kb2ISEAoIZXhpc3RpbmcYAiABKAgiJwoNR2V0Sm9iUmVxdWVzdBIWCgZydW5faWQYASABKAlCBrpIA8gBASIuCg5HZXRKb2JSZXNwb25zZRIcCgNqb2IYASABKAsyDy5oYW5kb2ZmLnYxLkpvYiJzCg9MaXN0Sm9ic1JlcXVlc3QSLQoFc3RhdGUYASABKA4yFC5oYW5kb2ZmLnYxLkpvYlN0YXRlQgi6SAWCAQIQARIdCglwYWdlX3NpemUYAiABKAVCCrpIBxoFGOgHKAASEgoKcGFnZV90b2tlbhgDIAEoCSJKChBMaXN0Sm9ic1Jlc3BvbnNlEh0KBGpvYnMYASADKAsyDy5oYW5kb2ZmLnYxLkpvYhIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiPAoPV2F0Y2hKb2JSZXF1ZXN0EhYKBnJ1bl9pZBgBIAEoCUIGukgDyAEBEhEKCWFmdGVyX3NlcRgCIAEoBCI3ChBXYXRjaEpvYlJlc3BvbnNlEiMKBWV2ZW50GAEgASgLMhQuaGFuZG9mZi52MS5Kb2JFdmVudCK7BgoDSm9iEg4KBnJ1bl9pZBgBIAEoCRIOCgZqb2JfaWQYAiABKAkSEAoIcGlwZWxpbmUYAyABKAkSIwoFc3RhdGUYBCABKA4yFC5oYW5kb2ZmLnYxLkpvYlN0YXRlEgwKBGdvYWwYBSABKAkSEwoLY29uc3RyYWludHMYBiADKAkSIgoGd2FsbGV0GAcgASgLMhIuaGFuZG9mZi52MS5CdWRnZXQSDQoFc3RhZ2UYCCABKAkSDAoEaG9wcxgJIAEoDRIRCglyZXZpc2lvbnMYCiABKA0SKAoJZXZhbHVhdG9yGAsgASgLMhUuaGFuZG9mZi52MS5FdmFsdWF0b3ISJwoJYXJ0aWZhY3RzGAwgAygLMhQuaGFuZG9mZi52MS5BcnRpZmFjdBIsCgt0b29sc190cmllZBgNIAMoCzIXLmhhbmRvZmYudjEuVG9vbEF0dGVtcHQSEwoLbWVtb3J5X3JlZnMYDiADKAkSFgoOb3Blbl9xdWVzdGlvbnMYDyADKAkSEQoJbmV4dF9oaW50GBAgASgJEiQKB3JlY2VpcHQYESABKAsyEy5oYW5kb2ZmLnYxLlJlY2VpcHQSKgoKZXNjYWxhdGlvbhgSIAEoCzIWLmhhbmRvZmYudjEuRXNjYWxhdGlvbhITCgt0cmFjZXBhcmVudBgTIAEoCRIuCgpjcmVhdGVkX2F0GBQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgp1cGRhdGVkX2F0GBUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBISCgpyZXF1ZXN0X2lkGBYgASgJEhgKEHNwZW50X3VzZF9taWNyb3MYFyABKAMSKgoKcmVzb2x1dGlvbhgYIAEoCzIWLmhhbmRvZmYudjEuUmVzb2x1dGlvbhIYChBvcGVyYXRvcl9yZXR1cm5zGBkgASgNEhMKC2VzY2FsYXRpb25zGBogASgNEicKCXRyYW5zZmVycxgbIAMoCzIULmhhbmRvZmYudjEuVHJhbnNmZXISLAoIZGVhZGxpbmUYHCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIpQBCghUcmFuc2ZlchISCgpmcm9tX3N0YWdlGAEgASgJEhAKCHRvX3N0YWdlGAIgASgJEh4KBG1vdmUYAyABKA4yEC5oYW5kb2ZmLnYxLk1vdmUSJgoFcm91dGUYBCABKAsyFy5oYW5kb2ZmLnYxLlJvdXRlQ2hvaWNlEgsKA2hvcBgFIAEoDRINCgV2aXNpdBgGIAEoDSLDAQoKRXNjYWxhdGlvbhIqCgVjYXVzZRgBIAEoDjIbLmhhbmRvZmYudjEuRXNjYWxhdGlvbkNhdXNlEg0KBXN0YWdlGAIgASgJEg4KBmRldGFpbBgDIAEoCRIjCgdyZWFzb25zGAQgAygLMhIuaGFuZG9mZi52MS5SZWFzb24SDQoFcm91dGUYBSABKAkSJgoCYXQYBiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg4KBm51bWJlchgHIAEoDSKABAoISm9iRXZlbnQSCwoDc2VxGAEgASgEEg4KBnJ1bl9pZBgCIAEoCRIOCgZqb2JfaWQYAyABKAkSIwoEa2luZBgEIAEoDjIVLmhhbmRvZmYudjEuRXZlbnRLaW5kEg0KBXN0YWdlGAUgASgJEiYKAmF0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBITCgt0cmFjZXBhcmVudBgHIAEoCRIiCgZ3YWxsZXQYCCABKAsyEi5oYW5kb2ZmLnYxLkJ1ZGdldBIcCgNhY2sYCSABKAsyDy5oYW5kb2ZmLnYxLkFjaxInCgZyZXN1bHQYCiABKAsyFy5oYW5kb2ZmLnYxLlN0YWdlUmVzdWx0EigKCWV2YWx1YXRvchgLIAEoCzIVLmhhbmRvZmYudjEuRXZhbHVhdG9yEiQKB3JlY2VpcHQYDCABKAsyEy5oYW5kb2ZmLnYxLlJlY2VpcHQSKgoKZXNjYWxhdGlvbhgNIAEoCzIWLmhhbmRvZmYudjEuRXNjYWxhdGlvbhILCgNob3AYDiABKA0SKgoKcmVzb2x1dGlvbhgPIAEoCzIWLmhhbmRvZmYudjEuUmVzb2x1dGlvbhImCgh0cmFuc2ZlchgQIAEoCzIULmhhbmRvZmYudjEuVHJhbnNmZXISDgoGc2NoZW1hGBEgASgJIksKFkxpc3RFc2NhbGF0aW9uc1JlcXVlc3QSHQoJcGFnZV9zaXplGAEgASgFQgq6SAcaBRjoBygAEhIKCnBhZ2VfdG9rZW4YAiABKAkiUQoXTGlzdEVzY2FsYXRpb25zUmVzcG9uc2USHQoEam9icxgBIAMoCzIPLmhhbmRvZmYudjEuSm9iEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSLwAgoYUmVzb2x2ZUVzY2FsYXRpb25SZXF1ZXN0EhsKBnJ1bl9pZBgBIAEoCUILukgIyAEBcgMYgAESHQoIb3BlcmF0b3IYAiABKAlCC7pICMgBAXIDGIABEhkKB2NvbW1lbnQYAyABKAlCCLpIBXIDGNAPEiwKB2FwcHJvdmUYBCABKAsyGS5oYW5kb2ZmLnYxLkFwcHJvdmVBY3Rpb25IABI6Cg9yZXR1cm5fdG9fc3RhZ2UYBSABKAsyHy5oYW5kb2ZmLnYxLlJldHVyblRvU3RhZ2VBY3Rpb25IABImCgRmYWlsGAYgASgLMhYuaGFuZG9mZi52MS5GYWlsQWN0aW9uSAASPQoQcmVqZWN0X21hbGZvcm1lZBgHIAEoCzIhLmhhbmRvZmYudjEuUmVqZWN0TWFsZm9ybWVkQWN0aW9uSAASGwoKZXNjYWxhdGlvbhgIIAEoDUIHukgEKgIgAEIPCgZhY3Rpb24SBbpIAggBIkgKDUFwcHJvdmVBY3Rpb24SJQoNYXJ0aWZhY3RfdGV4dBgBIAEoCUIJukgGcgQogIBASACIAQFCEAoOX2FydGlmYWN0X3RleHQifQoTUmV0dXJuVG9TdGFnZUFjdGlvbhItCgVzdGFnZRgBIAEoCUIeukgbyAEBchYYQDISXlthLXpdW2EtejAtOV8tXSokEiUKDWFydGlmYWN0X3RleHQYAiABKAlCCbpIBnIEKICAQEgAiAEBQhAKDl9hcnRpZmFjdF90ZXh0IikKCkZhaWxBY3Rpb24SGwoGcmVhc29uGAEgASgJQgu6SAjIAQFyAxjQDyI0ChVSZWplY3RNYWxmb3JtZWRBY3Rpb24SGwoGcmVhc29uGAEgASgJQgu6SAjIAQFyAxjQDyKQAgoKUmVzb2x1dGlvbhIsCgZhY3Rpb24YASABKA4yHC5oYW5kb2ZmLnYxLlJlc29sdXRpb25BY3Rpb24SEAoIb3BlcmF0b3IYAiABKAkSDwoHY29tbWVudBgDIAEoCRINCgVzdGFnZRgEIAEoCRIOCgZyZWFzb24YBSABKAkSLQoPZWRpdGVkX2FydGlmYWN0GAYgASgLMhQuaGFuZG9mZi52MS5BcnRpZmFjdBIqCgplc2NhbGF0aW9uGAcgASgLMhYuaGFuZG9mZi52MS5Fc2NhbGF0aW9uEiYKAmF0GAggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIPCgdhY2NvdW50GAkgASgJIp4BChlSZXNvbHZlRXNjYWxhdGlvblJlc3BvbnNlEhwKA2pvYhgBIAEoCzIPLmhhbmRvZmYudjEuSm9iEiQKB3JlY2VpcHQYAiABKAsyEy5oYW5kb2ZmLnYxLlJlY2VpcHQSEQoJZHVwbGljYXRlGAMgASgIEioKCnJlc29sdXRpb24YBCABKAsyFi5oYW5kb2ZmLnYxLlJlc29sdXRpb24qhAEKCEpvYlN0YXRlEhkKFUpPQl9TVEFURV9VTlNQRUNJRklFRBAAEhUKEUpPQl9TVEFURV9SVU5OSU5HEAESFwoTSk9CX1NUQVRFX0NPTVBMRVRFRBACEhcKE0pPQl9TVEFURV9FU0NBTEFURUQQAxIUChBKT0JfU1RBVEVfRkFJTEVEEAQq2AMKD0VzY2FsYXRpb25DYXVzZRIgChxFU0NBTEFUSU9OX0NBVVNFX1VOU1BFQ0lGSUVEEAASJAogRVNDQUxBVElPTl9DQVVTRV9SRUpFQ1RFRF9TQ0hFTUEQARIiCh5FU0NBTEFUSU9OX0NBVVNFX1JFSkVDVEVEX1JPTEUQAhIkCiBFU0NBTEFUSU9OX0NBVVNFX1JFSkVDVEVEX0JVREdFVBADEigKJEVTQ0FMQVRJT05fQ0FVU0VfUkVWSVNJT05TX0VYSEFVU1RFRBAEEhwKGEVTQ0FMQVRJT05fQ0FVU0VfSE9QX0NBUBAFEiEKHUVTQ0FMQVRJT05fQ0FVU0VfV0FMTEVUX0VNUFRZEAYSIQodRVNDQUxBVElPTl9DQVVTRV9TVEFHRV9GQUlMRUQQBxIiCh5FU0NBTEFUSU9OX0NBVVNFX1dSSVRFX1JFRlVTRUQQCBIlCiFFU0NBTEFUSU9OX0NBVVNFX1JPVVRFX1VOREVDTEFSRUQQCRIeChpFU0NBTEFUSU9OX0NBVVNFX1BJTkdfUE9ORxAKEhsKF0VTQ0FMQVRJT05fQ0FVU0VfUk9VVEVEEAsSHQoZRVNDQUxBVElPTl9DQVVTRV9ERUFETElORRAMKqMCCglFdmVudEtpbmQSGgoWRVZFTlRfS0lORF9VTlNQRUNJRklFRBAAEhgKFEVWRU5UX0tJTkRfU1VCTUlUVEVEEAESGwoXRVZFTlRfS0lORF9QQUNLQUdFX1NFTlQQAhISCg5FVkVOVF9LSU5EX0FDSxADEhsKF0VWRU5UX0tJTkRfU1RBR0VfUkVTVUxUEAQSFgoSRVZFTlRfS0lORF9WRVJESUNUEAUSFgoSRVZFTlRfS0lORF9SRUNFSVBUEAYSGAoURVZFTlRfS0lORF9FU0NBTEFURUQQBxIYChRFVkVOVF9LSU5EX0NPTVBMRVRFRBAIEhUKEUVWRU5UX0tJTkRfRkFJTEVEEAkSFwoTRVZFTlRfS0lORF9SRVNPTFZFRBAKKr8BChBSZXNvbHV0aW9uQWN0aW9uEiEKHVJFU09MVVRJT05fQUNUSU9OX1VOU1BFQ0lGSUVEEAASHQoZUkVTT0xVVElPTl9BQ1RJT05fQVBQUk9WRRABEiUKIVJFU09MVVRJT05fQUNUSU9OX1JFVFVSTl9UT19TVEFHRRACEhoKFlJFU09MVVRJT05fQUNUSU9OX0ZBSUwQAxImCiJSRVNPTFVUSU9OX0FDVElPTl9SRUpFQ1RfTUFMRk9STUVEEAQy7QMKEkNvb3JkaW5hdG9yU2VydmljZRJICglTdWJtaXRKb2ISHC5oYW5kb2ZmLnYxLlN1Ym1pdEpvYlJlcXVlc3QaHS5oYW5kb2ZmLnYxLlN1Ym1pdEpvYlJlc3BvbnNlEj8KBkdldEpvYhIZLmhhbmRvZmYudjEuR2V0Sm9iUmVxdWVzdBoaLmhhbmRvZmYudjEuR2V0Sm9iUmVzcG9uc2USRQoITGlzdEpvYnMSGy5oYW5kb2ZmLnYxLkxpc3RKb2JzUmVxdWVzdBocLmhhbmRvZmYudjEuTGlzdEpvYnNSZXNwb25zZRJHCghXYXRjaEpvYhIbLmhhbmRvZmYudjEuV2F0Y2hKb2JSZXF1ZXN0GhwuaGFuZG9mZi52MS5XYXRjaEpvYlJlc3BvbnNlMAESWgoPTGlzdEVzY2FsYXRpb25zEiIuaGFuZG9mZi52MS5MaXN0RXNjYWxhdGlvbnNSZXF1ZXN0GiMuaGFuZG9mZi52MS5MaXN0RXNjYWxhdGlvbnNSZXNwb25zZRJgChFSZXNvbHZlRXNjYWxhdGlvbhIkLmhhbmRvZmYudjEuUmVzb2x2ZUVzY2FsYXRpb25SZXF1ZXN0GiUuaGFuZG9mZi52MS5SZXNvbHZlRXNjYWxhdGlvblJlc3BvbnNlQjdaNWdpdGh1Yi5jb20vaGFuZG9mZmhxL2hhbmRvZmYvZ2VuL2hhbmRvZmYvdjE7aGFuZG9mZnYxYgZwcm90bzM", [file_buf_validate_validate, file_google_protobuf_timestamp, file_handoff_v1_agentrunner, file_handoff_v1_handoff]);
+  fileDesc("ChxoYW5kb2ZmL3YxL2Nvb3JkaW5hdG9yLnByb3RvEgpoYW5kb2ZmLnYxImMKFkNsYWltRXNjYWxhdGlvblJlcXVlc3QSGwoGcnVuX2lkGAEgASgJQgu6SAjIAQFyAxiAARIbCgplc2NhbGF0aW9uGAIgASgNQge6SAQqAiAAEg8KB3JlbGVhc2UYAyABKAgiOwoXQ2xhaW1Fc2NhbGF0aW9uUmVzcG9uc2USIAoFY2xhaW0YASABKAsyES5oYW5kb2ZmLnYxLkNsYWltIoQBCgVDbGFpbRIPCgdhY2NvdW50GAEgASgJEhIKCmVzY2FsYXRpb24YAiABKA0SJgoCYXQYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCmV4cGlyZXNfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wItADChBTdWJtaXRKb2JSZXF1ZXN0EjMKCnJlcXVlc3RfaWQYASABKAlCH7pIHHIaGIABMhVeKFtBLVphLXowLTlfLjotXSspPyQSOgoGam9iX2lkGAIgASgJQiq6SCfIAQFyIhiAATIdXltBLVphLXowLTldW0EtWmEtejAtOV8uOi1dKiQSHAoIcGlwZWxpbmUYAyABKAlCCrpIB8gBAXICGEASGQoEZ29hbBgEIAEoCUILukgIyAEBcgMY0A8SJgoLY29uc3RyYWludHMYBSADKAlCEbpIDpIBCxAgIgdyBRABGPQDEioKBmJ1ZGdldBgGIAEoCzISLmhhbmRvZmYudjEuQnVkZ2V0Qga6SAPIAQESLgoGaW5wdXRzGAcgAygLMhQuaGFuZG9mZi52MS5BcnRpZmFjdEIIukgFkgECEEASPgoLbWVtb3J5X3JlZnMYCCADKAlCKbpIJpIBIxBAIh9yHRiAAjIYXlthLXpdW2EtejAtOV9dKjpbXlxzXSskEiAKBXRyYWNlGAkgASgLMhEuaGFuZG9mZi52MS5UcmFjZRIsCghkZWFkbGluZRgKIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiQwoRU3VibWl0Sm9iUmVzcG9uc2USHAoDam9iGAEgASgLMg8uaGFuZG9mZi52MS5Kb2ISEAoIZXhpc3RpbmcYAiABKAgiJwoNR2V0Sm9iUmVxdWVzdBIWCgZydW5faWQYASABKAlCBrpIA8gBASJXCg5HZXRKb2JSZXNwb25zZRIcCgNqb2IYASABKAsyDy5oYW5kb2ZmLnYxLkpvYhInCgh0aW1lbGluZRgCIAMoCzIVLmhhbmRvZmYudjEuSG9wUmVjb3JkIqoDCglIb3BSZWNvcmQSCwoDaG9wGAEgASgNEg0KBXN0YWdlGAIgASgJEiIKA2FjaxgDIAEoDjIVLmhhbmRvZmYudjEuQWNrU3RhdHVzEiYKCHRyYW5zZmVyGAQgASgLMhQuaGFuZG9mZi52MS5UcmFuc2ZlchIYChBzcGVudF91c2RfbWljcm9zGAUgASgDEiQKB3ZlcmRpY3QYBiABKA4yEy5oYW5kb2ZmLnYxLlZlcmRpY3QSKwoIZHVyYXRpb24YByABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SJgoCYXQYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiIKA2VuZBgJIAEoDjIVLmhhbmRvZmYudjEuRXZlbnRLaW5kEioKCmVzY2FsYXRpb24YCiABKAsyFi5oYW5kb2ZmLnYxLkVzY2FsYXRpb24SJAoHcmVjZWlwdBgLIAEoCzITLmhhbmRvZmYudjEuUmVjZWlwdBIqCgpyZXNvbHV0aW9uGAwgASgLMhYuaGFuZG9mZi52MS5SZXNvbHV0aW9uInMKD0xpc3RKb2JzUmVxdWVzdBItCgVzdGF0ZRgBIAEoDjIULmhhbmRvZmYudjEuSm9iU3RhdGVCCLpIBYIBAhABEh0KCXBhZ2Vfc2l6ZRgCIAEoBUIKukgHGgUY6AcoABISCgpwYWdlX3Rva2VuGAMgASgJIkoKEExpc3RKb2JzUmVzcG9uc2USHQoEam9icxgBIAMoCzIPLmhhbmRvZmYudjEuSm9iEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSI8Cg9XYXRjaEpvYlJlcXVlc3QSFgoGcnVuX2lkGAEgASgJQga6SAPIAQESEQoJYWZ0ZXJfc2VxGAIgASgEIjcKEFdhdGNoSm9iUmVzcG9uc2USIwoFZXZlbnQYASABKAsyFC5oYW5kb2ZmLnYxLkpvYkV2ZW50It0GCgNKb2ISDgoGcnVuX2lkGAEgASgJEg4KBmpvYl9pZBgCIAEoCRIQCghwaXBlbGluZRgDIAEoCRIjCgVzdGF0ZRgEIAEoDjIULmhhbmRvZmYudjEuSm9iU3RhdGUSDAoEZ29hbBgFIAEoCRITCgtjb25zdHJhaW50cxgGIAMoCRIiCgZ3YWxsZXQYByABKAsyEi5oYW5kb2ZmLnYxLkJ1ZGdldBINCgVzdGFnZRgIIAEoCRIMCgRob3BzGAkgASgNEhEKCXJldmlzaW9ucxgKIAEoDRIoCglldmFsdWF0b3IYCyABKAsyFS5oYW5kb2ZmLnYxLkV2YWx1YXRvchInCglhcnRpZmFjdHMYDCADKAsyFC5oYW5kb2ZmLnYxLkFydGlmYWN0EiwKC3Rvb2xzX3RyaWVkGA0gAygLMhcuaGFuZG9mZi52MS5Ub29sQXR0ZW1wdBITCgttZW1vcnlfcmVmcxgOIAMoCRIWCg5vcGVuX3F1ZXN0aW9ucxgPIAMoCRIRCgluZXh0X2hpbnQYECABKAkSJAoHcmVjZWlwdBgRIAEoCzITLmhhbmRvZmYudjEuUmVjZWlwdBIqCgplc2NhbGF0aW9uGBIgASgLMhYuaGFuZG9mZi52MS5Fc2NhbGF0aW9uEhMKC3RyYWNlcGFyZW50GBMgASgJEi4KCmNyZWF0ZWRfYXQYFCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnVwZGF0ZWRfYXQYFSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhIKCnJlcXVlc3RfaWQYFiABKAkSGAoQc3BlbnRfdXNkX21pY3JvcxgXIAEoAxIqCgpyZXNvbHV0aW9uGBggASgLMhYuaGFuZG9mZi52MS5SZXNvbHV0aW9uEhgKEG9wZXJhdG9yX3JldHVybnMYGSABKA0SEwoLZXNjYWxhdGlvbnMYGiABKA0SJwoJdHJhbnNmZXJzGBsgAygLMhQuaGFuZG9mZi52MS5UcmFuc2ZlchIsCghkZWFkbGluZRgcIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASIAoFY2xhaW0YHSABKAsyES5oYW5kb2ZmLnYxLkNsYWltIpQBCghUcmFuc2ZlchISCgpmcm9tX3N0YWdlGAEgASgJEhAKCHRvX3N0YWdlGAIgASgJEh4KBG1vdmUYAyABKA4yEC5oYW5kb2ZmLnYxLk1vdmUSJgoFcm91dGUYBCABKAsyFy5oYW5kb2ZmLnYxLlJvdXRlQ2hvaWNlEgsKA2hvcBgFIAEoDRINCgV2aXNpdBgGIAEoDSLDAQoKRXNjYWxhdGlvbhIqCgVjYXVzZRgBIAEoDjIbLmhhbmRvZmYudjEuRXNjYWxhdGlvbkNhdXNlEg0KBXN0YWdlGAIgASgJEg4KBmRldGFpbBgDIAEoCRIjCgdyZWFzb25zGAQgAygLMhIuaGFuZG9mZi52MS5SZWFzb24SDQoFcm91dGUYBSABKAkSJgoCYXQYBiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg4KBm51bWJlchgHIAEoDSKcAQoIRGVsaXZlcnkSCwoDdXJsGAEgASgJEhIKCmVzY2FsYXRpb24YAiABKA0SEAoIYXR0ZW1wdHMYAyABKA0SEQoJZGVsaXZlcmVkGAQgASgIEg0KBWVycm9yGAUgASgJEhMKC3N0YXR1c19jb2RlGAYgASgFEiYKAmF0GAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCKoBAoISm9iRXZlbnQSCwoDc2VxGAEgASgEEg4KBnJ1bl9pZBgCIAEoCRIOCgZqb2JfaWQYAyABKAkSIwoEa2luZBgEIAEoDjIVLmhhbmRvZmYudjEuRXZlbnRLaW5kEg0KBXN0YWdlGAUgASgJEiYKAmF0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBITCgt0cmFjZXBhcmVudBgHIAEoCRIiCgZ3YWxsZXQYCCABKAsyEi5oYW5kb2ZmLnYxLkJ1ZGdldBIcCgNhY2sYCSABKAsyDy5oYW5kb2ZmLnYxLkFjaxInCgZyZXN1bHQYCiABKAsyFy5oYW5kb2ZmLnYxLlN0YWdlUmVzdWx0EigKCWV2YWx1YXRvchgLIAEoCzIVLmhhbmRvZmYudjEuRXZhbHVhdG9yEiQKB3JlY2VpcHQYDCABKAsyEy5oYW5kb2ZmLnYxLlJlY2VpcHQSKgoKZXNjYWxhdGlvbhgNIAEoCzIWLmhhbmRvZmYudjEuRXNjYWxhdGlvbhILCgNob3AYDiABKA0SKgoKcmVzb2x1dGlvbhgPIAEoCzIWLmhhbmRvZmYudjEuUmVzb2x1dGlvbhImCgh0cmFuc2ZlchgQIAEoCzIULmhhbmRvZmYudjEuVHJhbnNmZXISDgoGc2NoZW1hGBEgASgJEiYKCGRlbGl2ZXJ5GBIgASgLMhQuaGFuZG9mZi52MS5EZWxpdmVyeSJLChZMaXN0RXNjYWxhdGlvbnNSZXF1ZXN0Eh0KCXBhZ2Vfc2l6ZRgBIAEoBUIKukgHGgUY6AcoABISCgpwYWdlX3Rva2VuGAIgASgJIlEKF0xpc3RFc2NhbGF0aW9uc1Jlc3BvbnNlEh0KBGpvYnMYASADKAsyDy5oYW5kb2ZmLnYxLkpvYhIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiggMKGFJlc29sdmVFc2NhbGF0aW9uUmVxdWVzdBIbCgZydW5faWQYASABKAlCC7pICMgBAXIDGIABEh0KCG9wZXJhdG9yGAIgASgJQgu6SAjIAQFyAxiAARIZCgdjb21tZW50GAMgASgJQgi6SAVyAxjQDxIsCgdhcHByb3ZlGAQgASgLMhkuaGFuZG9mZi52MS5BcHByb3ZlQWN0aW9uSAASOgoPcmV0dXJuX3RvX3N0YWdlGAUgASgLMh8uaGFuZG9mZi52MS5SZXR1cm5Ub1N0YWdlQWN0aW9uSAASJgoEZmFpbBgGIAEoCzIWLmhhbmRvZmYudjEuRmFpbEFjdGlvbkgAEj0KEHJlamVjdF9tYWxmb3JtZWQYByABKAsyIS5oYW5kb2ZmLnYxLlJlamVjdE1hbGZvcm1lZEFjdGlvbkgAEhsKCmVzY2FsYXRpb24YCCABKA1CB7pIBCoCIAASEAoIb3ZlcnJpZGUYCSABKAhCDwoGYWN0aW9uEgW6SAIIASJICg1BcHByb3ZlQWN0aW9uEiUKDWFydGlmYWN0X3RleHQYASABKAlCCbpIBnIEKICAQEgAiAEBQhAKDl9hcnRpZmFjdF90ZXh0Ip8BChNSZXR1cm5Ub1N0YWdlQWN0aW9uEi0KBXN0YWdlGAEgASgJQh66SBvIAQFyFhhAMhJeW2Etel1bYS16MC05Xy1dKiQSJQoNYXJ0aWZhY3RfdGV4dBgCIAEoCUIJukgGcgQogIBASACIAQESIAoFZ3JhbnQYAyABKAsyES5oYW5kb2ZmLnYxLkdyYW50QhAKDl9hcnRpZmFjdF90ZXh0IlgKBUdyYW50EhYKBGhvcHMYASABKA1CCLpIBSoDGOgHEhoKCXJldmlzaW9ucxgCIAEoDUIHukgEKgIYZBIbCgp1c2RfbWljcm9zGAMgASgDQge6SAQiAigAIikKCkZhaWxBY3Rpb24SGwoGcmVhc29uGAEgASgJQgu6SAjIAQFyAxjQDyI0ChVSZWplY3RNYWxmb3JtZWRBY3Rpb24SGwoGcmVhc29uGAEgASgJQgu6SAjIAQFyAxjQDyLEAgoKUmVzb2x1dGlvbhIsCgZhY3Rpb24YASABKA4yHC5oYW5kb2ZmLnYxLlJlc29sdXRpb25BY3Rpb24SEAoIb3BlcmF0b3IYAiABKAkSDwoHY29tbWVudBgDIAEoCRINCgVzdGFnZRgEIAEoCRIOCgZyZWFzb24YBSABKAkSLQoPZWRpdGVkX2FydGlmYWN0GAYgASgLMhQuaGFuZG9mZi52MS5BcnRpZmFjdBIqCgplc2NhbGF0aW9uGAcgASgLMhYuaGFuZG9mZi52MS5Fc2NhbGF0aW9uEiYKAmF0GAggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIPCgdhY2NvdW50GAkgASgJEiAKBWdyYW50GAogASgLMhEuaGFuZG9mZi52MS5HcmFudBIQCghvdmVycm9kZRgLIAEoCSKeAQoZUmVzb2x2ZUVzY2FsYXRpb25SZXNwb25zZRIcCgNqb2IYASABKAsyDy5oYW5kb2ZmLnYxLkpvYhIkCgdyZWNlaXB0GAIgASgLMhMuaGFuZG9mZi52MS5SZWNlaXB0EhEKCWR1cGxpY2F0ZRgDIAEoCBIqCgpyZXNvbHV0aW9uGAQgASgLMhYuaGFuZG9mZi52MS5SZXNvbHV0aW9uKoQBCghKb2JTdGF0ZRIZChVKT0JfU1RBVEVfVU5TUEVDSUZJRUQQABIVChFKT0JfU1RBVEVfUlVOTklORxABEhcKE0pPQl9TVEFURV9DT01QTEVURUQQAhIXChNKT0JfU1RBVEVfRVNDQUxBVEVEEAMSFAoQSk9CX1NUQVRFX0ZBSUxFRBAEKvgDCg9Fc2NhbGF0aW9uQ2F1c2USIAocRVNDQUxBVElPTl9DQVVTRV9VTlNQRUNJRklFRBAAEiQKIEVTQ0FMQVRJT05fQ0FVU0VfUkVKRUNURURfU0NIRU1BEAESIgoeRVNDQUxBVElPTl9DQVVTRV9SRUpFQ1RFRF9ST0xFEAISJAogRVNDQUxBVElPTl9DQVVTRV9SRUpFQ1RFRF9CVURHRVQQAxIoCiRFU0NBTEFUSU9OX0NBVVNFX1JFVklTSU9OU19FWEhBVVNURUQQBBIcChhFU0NBTEFUSU9OX0NBVVNFX0hPUF9DQVAQBRIhCh1FU0NBTEFUSU9OX0NBVVNFX1dBTExFVF9FTVBUWRAGEiEKHUVTQ0FMQVRJT05fQ0FVU0VfU1RBR0VfRkFJTEVEEAcSIgoeRVNDQUxBVElPTl9DQVVTRV9XUklURV9SRUZVU0VEEAgSJQohRVNDQUxBVElPTl9DQVVTRV9ST1VURV9VTkRFQ0xBUkVEEAkSHgoaRVNDQUxBVElPTl9DQVVTRV9QSU5HX1BPTkcQChIbChdFU0NBTEFUSU9OX0NBVVNFX1JPVVRFRBALEh0KGUVTQ0FMQVRJT05fQ0FVU0VfREVBRExJTkUQDBIeChpFU0NBTEFUSU9OX0NBVVNFX0RFU0tfRlVMTBANKscCCglFdmVudEtpbmQSGgoWRVZFTlRfS0lORF9VTlNQRUNJRklFRBAAEhgKFEVWRU5UX0tJTkRfU1VCTUlUVEVEEAESGwoXRVZFTlRfS0lORF9QQUNLQUdFX1NFTlQQAhISCg5FVkVOVF9LSU5EX0FDSxADEhsKF0VWRU5UX0tJTkRfU1RBR0VfUkVTVUxUEAQSFgoSRVZFTlRfS0lORF9WRVJESUNUEAUSFgoSRVZFTlRfS0lORF9SRUNFSVBUEAYSGAoURVZFTlRfS0lORF9FU0NBTEFURUQQBxIYChRFVkVOVF9LSU5EX0NPTVBMRVRFRBAIEhUKEUVWRU5UX0tJTkRfRkFJTEVEEAkSFwoTRVZFTlRfS0lORF9SRVNPTFZFRBAKEiIKHkVWRU5UX0tJTkRfRVNDQUxBVElPTl9ERUxJVkVSWRALKr8BChBSZXNvbHV0aW9uQWN0aW9uEiEKHVJFU09MVVRJT05fQUNUSU9OX1VOU1BFQ0lGSUVEEAASHQoZUkVTT0xVVElPTl9BQ1RJT05fQVBQUk9WRRABEiUKIVJFU09MVVRJT05fQUNUSU9OX1JFVFVSTl9UT19TVEFHRRACEhoKFlJFU09MVVRJT05fQUNUSU9OX0ZBSUwQAxImCiJSRVNPTFVUSU9OX0FDVElPTl9SRUpFQ1RfTUFMRk9STUVEEAQyyQQKEkNvb3JkaW5hdG9yU2VydmljZRJICglTdWJtaXRKb2ISHC5oYW5kb2ZmLnYxLlN1Ym1pdEpvYlJlcXVlc3QaHS5oYW5kb2ZmLnYxLlN1Ym1pdEpvYlJlc3BvbnNlEj8KBkdldEpvYhIZLmhhbmRvZmYudjEuR2V0Sm9iUmVxdWVzdBoaLmhhbmRvZmYudjEuR2V0Sm9iUmVzcG9uc2USRQoITGlzdEpvYnMSGy5oYW5kb2ZmLnYxLkxpc3RKb2JzUmVxdWVzdBocLmhhbmRvZmYudjEuTGlzdEpvYnNSZXNwb25zZRJHCghXYXRjaEpvYhIbLmhhbmRvZmYudjEuV2F0Y2hKb2JSZXF1ZXN0GhwuaGFuZG9mZi52MS5XYXRjaEpvYlJlc3BvbnNlMAESWgoPTGlzdEVzY2FsYXRpb25zEiIuaGFuZG9mZi52MS5MaXN0RXNjYWxhdGlvbnNSZXF1ZXN0GiMuaGFuZG9mZi52MS5MaXN0RXNjYWxhdGlvbnNSZXNwb25zZRJgChFSZXNvbHZlRXNjYWxhdGlvbhIkLmhhbmRvZmYudjEuUmVzb2x2ZUVzY2FsYXRpb25SZXF1ZXN0GiUuaGFuZG9mZi52MS5SZXNvbHZlRXNjYWxhdGlvblJlc3BvbnNlEloKD0NsYWltRXNjYWxhdGlvbhIiLmhhbmRvZmYudjEuQ2xhaW1Fc2NhbGF0aW9uUmVxdWVzdBojLmhhbmRvZmYudjEuQ2xhaW1Fc2NhbGF0aW9uUmVzcG9uc2VCN1o1Z2l0aHViLmNvbS9oYW5kb2ZmaHEvaGFuZG9mZi9nZW4vaGFuZG9mZi92MTtoYW5kb2ZmdjFiBnByb3RvMw", [file_buf_validate_validate, file_google_protobuf_duration, file_google_protobuf_timestamp, file_handoff_v1_agentrunner, file_handoff_v1_handoff]);
+
+/**
+ * @generated from message handoff.v1.ClaimEscalationRequest
+ */
+export type ClaimEscalationRequest = Message<"handoff.v1.ClaimEscalationRequest"> & {
+  /**
+   * @generated from field: string run_id = 1;
+   */
+  runId: string;
+
+  /**
+   * The escalation claimed (Escalation.number): a claim for one the run has left is refused.
+   *
+   * @generated from field: uint32 escalation = 2;
+   */
+  escalation: number;
+
+  /**
+   * Give up the caller's own claim instead.
+   *
+   * @generated from field: bool release = 3;
+   */
+  release: boolean;
+};
+
+/**
+ * Describes the message handoff.v1.ClaimEscalationRequest.
+ * Use `create(ClaimEscalationRequestSchema)` to create a new message.
+ */
+export const ClaimEscalationRequestSchema: GenMessage<ClaimEscalationRequest> = /*@__PURE__*/
+  messageDesc(file_handoff_v1_coordinator, 0);
+
+/**
+ * @generated from message handoff.v1.ClaimEscalationResponse
+ */
+export type ClaimEscalationResponse = Message<"handoff.v1.ClaimEscalationResponse"> & {
+  /**
+   * The claim as it stands after the call (none after a release).
+   *
+   * @generated from field: handoff.v1.Claim claim = 1;
+   */
+  claim?: Claim | undefined;
+};
+
+/**
+ * Describes the message handoff.v1.ClaimEscalationResponse.
+ * Use `create(ClaimEscalationResponseSchema)` to create a new message.
+ */
+export const ClaimEscalationResponseSchema: GenMessage<ClaimEscalationResponse> = /*@__PURE__*/
+  messageDesc(file_handoff_v1_coordinator, 1);
+
+/**
+ * Claim is who owns a run's escalation, until when.
+ *
+ * @generated from message handoff.v1.Claim
+ */
+export type Claim = Message<"handoff.v1.Claim"> & {
+  /**
+   * The operator account holding it (as resolution.account records it).
+   *
+   * @generated from field: string account = 1;
+   */
+  account: string;
+
+  /**
+   * The escalation claimed (Escalation.number).
+   *
+   * @generated from field: uint32 escalation = 2;
+   */
+  escalation: number;
+
+  /**
+   * @generated from field: google.protobuf.Timestamp at = 3;
+   */
+  at?: Timestamp | undefined;
+
+  /**
+   * @generated from field: google.protobuf.Timestamp expires_at = 4;
+   */
+  expiresAt?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message handoff.v1.Claim.
+ * Use `create(ClaimSchema)` to create a new message.
+ */
+export const ClaimSchema: GenMessage<Claim> = /*@__PURE__*/
+  messageDesc(file_handoff_v1_coordinator, 2);
 
 /**
  * @generated from message handoff.v1.SubmitJobRequest
@@ -101,7 +189,7 @@ export type SubmitJobRequest = Message<"handoff.v1.SubmitJobRequest"> & {
  * Use `create(SubmitJobRequestSchema)` to create a new message.
  */
 export const SubmitJobRequestSchema: GenMessage<SubmitJobRequest> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 0);
+  messageDesc(file_handoff_v1_coordinator, 3);
 
 /**
  * @generated from message handoff.v1.SubmitJobResponse
@@ -125,7 +213,7 @@ export type SubmitJobResponse = Message<"handoff.v1.SubmitJobResponse"> & {
  * Use `create(SubmitJobResponseSchema)` to create a new message.
  */
 export const SubmitJobResponseSchema: GenMessage<SubmitJobResponse> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 1);
+  messageDesc(file_handoff_v1_coordinator, 4);
 
 /**
  * @generated from message handoff.v1.GetJobRequest
@@ -142,7 +230,7 @@ export type GetJobRequest = Message<"handoff.v1.GetJobRequest"> & {
  * Use `create(GetJobRequestSchema)` to create a new message.
  */
 export const GetJobRequestSchema: GenMessage<GetJobRequest> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 2);
+  messageDesc(file_handoff_v1_coordinator, 5);
 
 /**
  * @generated from message handoff.v1.GetJobResponse
@@ -152,6 +240,14 @@ export type GetJobResponse = Message<"handoff.v1.GetJobResponse"> & {
    * @generated from field: handoff.v1.Job job = 1;
    */
   job?: Job | undefined;
+
+  /**
+   * The run's hops in order, read from its events: each hop's stage, ack, the move after
+   * it, spend, verdict and duration, and each decision a person made (with any grant).
+   *
+   * @generated from field: repeated handoff.v1.HopRecord timeline = 2;
+   */
+  timeline: HopRecord[];
 };
 
 /**
@@ -159,7 +255,99 @@ export type GetJobResponse = Message<"handoff.v1.GetJobResponse"> & {
  * Use `create(GetJobResponseSchema)` to create a new message.
  */
 export const GetJobResponseSchema: GenMessage<GetJobResponse> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 3);
+  messageDesc(file_handoff_v1_coordinator, 6);
+
+/**
+ * HopRecord is one line of a run's hop timeline: a hop to a stage, or a person's decision.
+ *
+ * @generated from message handoff.v1.HopRecord
+ */
+export type HopRecord = Message<"handoff.v1.HopRecord"> & {
+  /**
+   * The hop number (1-based); a decision carries the hops made when it was taken.
+   *
+   * @generated from field: uint32 hop = 1;
+   */
+  hop: number;
+
+  /**
+   * @generated from field: string stage = 2;
+   */
+  stage: string;
+
+  /**
+   * The stage's ack (unset for a decision).
+   *
+   * @generated from field: handoff.v1.AckStatus ack = 3;
+   */
+  ack: AckStatus;
+
+  /**
+   * The move the rail made after the hop (route, next, pass, revise, reroute, operator).
+   *
+   * @generated from field: handoff.v1.Transfer transfer = 4;
+   */
+  transfer?: Transfer | undefined;
+
+  /**
+   * What the hop spent, in micro-USD.
+   *
+   * @generated from field: int64 spent_usd_micros = 5;
+   */
+  spentUsdMicros: bigint;
+
+  /**
+   * The judge's verdict, for a judge's hop.
+   *
+   * @generated from field: handoff.v1.Verdict verdict = 6;
+   */
+  verdict: Verdict;
+
+  /**
+   * From the package being sent to the hop's last event.
+   *
+   * @generated from field: google.protobuf.Duration duration = 7;
+   */
+  duration?: Duration | undefined;
+
+  /**
+   * @generated from field: google.protobuf.Timestamp at = 8;
+   */
+  at?: Timestamp | undefined;
+
+  /**
+   * How the hop ended the run, when it did: the escalation, or COMPLETED / FAILED.
+   *
+   * @generated from field: handoff.v1.EventKind end = 9;
+   */
+  end: EventKind;
+
+  /**
+   * @generated from field: handoff.v1.Escalation escalation = 10;
+   */
+  escalation?: Escalation | undefined;
+
+  /**
+   * The writeback's receipt, for a writeback hop.
+   *
+   * @generated from field: handoff.v1.Receipt receipt = 11;
+   */
+  receipt?: Receipt | undefined;
+
+  /**
+   * A person's decision (EVENT_KIND_RESOLVED): its action, account and grant.
+   *
+   * @generated from field: handoff.v1.Resolution resolution = 12;
+   */
+  resolution?: Resolution | undefined;
+};
+
+/**
+ * Describes the message handoff.v1.HopRecord.
+ * Use `create(HopRecordSchema)` to create a new message.
+ */
+export const HopRecordSchema: GenMessage<HopRecord> = /*@__PURE__*/
+  messageDesc(file_handoff_v1_coordinator, 7);
 
 /**
  * @generated from message handoff.v1.ListJobsRequest
@@ -188,7 +376,7 @@ export type ListJobsRequest = Message<"handoff.v1.ListJobsRequest"> & {
  * Use `create(ListJobsRequestSchema)` to create a new message.
  */
 export const ListJobsRequestSchema: GenMessage<ListJobsRequest> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 4);
+  messageDesc(file_handoff_v1_coordinator, 8);
 
 /**
  * @generated from message handoff.v1.ListJobsResponse
@@ -210,7 +398,7 @@ export type ListJobsResponse = Message<"handoff.v1.ListJobsResponse"> & {
  * Use `create(ListJobsResponseSchema)` to create a new message.
  */
 export const ListJobsResponseSchema: GenMessage<ListJobsResponse> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 5);
+  messageDesc(file_handoff_v1_coordinator, 9);
 
 /**
  * @generated from message handoff.v1.WatchJobRequest
@@ -234,7 +422,7 @@ export type WatchJobRequest = Message<"handoff.v1.WatchJobRequest"> & {
  * Use `create(WatchJobRequestSchema)` to create a new message.
  */
 export const WatchJobRequestSchema: GenMessage<WatchJobRequest> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 6);
+  messageDesc(file_handoff_v1_coordinator, 10);
 
 /**
  * @generated from message handoff.v1.WatchJobResponse
@@ -251,7 +439,7 @@ export type WatchJobResponse = Message<"handoff.v1.WatchJobResponse"> & {
  * Use `create(WatchJobResponseSchema)` to create a new message.
  */
 export const WatchJobResponseSchema: GenMessage<WatchJobResponse> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 7);
+  messageDesc(file_handoff_v1_coordinator, 11);
 
 /**
  * Job is one run of a job through a pipeline, as the rail's durable state has it.
@@ -425,6 +613,13 @@ export type Job = Message<"handoff.v1.Job"> & {
    * @generated from field: google.protobuf.Timestamp deadline = 28;
    */
   deadline?: Timestamp | undefined;
+
+  /**
+   * Who owns the run's current escalation (ClaimEscalation), while the claim lasts.
+   *
+   * @generated from field: handoff.v1.Claim claim = 29;
+   */
+  claim?: Claim | undefined;
 };
 
 /**
@@ -432,7 +627,7 @@ export type Job = Message<"handoff.v1.Job"> & {
  * Use `create(JobSchema)` to create a new message.
  */
 export const JobSchema: GenMessage<Job> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 8);
+  messageDesc(file_handoff_v1_coordinator, 12);
 
 /**
  * Transfer is one move of a run from one stage to another: a one-way hand-over of the
@@ -488,7 +683,7 @@ export type Transfer = Message<"handoff.v1.Transfer"> & {
  * Use `create(TransferSchema)` to create a new message.
  */
 export const TransferSchema: GenMessage<Transfer> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 9);
+  messageDesc(file_handoff_v1_coordinator, 13);
 
 /**
  * Escalation says why the rail stopped and handed the run to a person.
@@ -547,7 +742,62 @@ export type Escalation = Message<"handoff.v1.Escalation"> & {
  * Use `create(EscalationSchema)` to create a new message.
  */
 export const EscalationSchema: GenMessage<Escalation> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 10);
+  messageDesc(file_handoff_v1_coordinator, 14);
+
+/**
+ * Delivery is the outcome of POSTing an escalation to its route's webhook.
+ *
+ * @generated from message handoff.v1.Delivery
+ */
+export type Delivery = Message<"handoff.v1.Delivery"> & {
+  /**
+   * @generated from field: string url = 1;
+   */
+  url: string;
+
+  /**
+   * The escalation delivered (Escalation.number); Idempotency-Key is "<run_id>:<number>".
+   *
+   * @generated from field: uint32 escalation = 2;
+   */
+  escalation: number;
+
+  /**
+   * @generated from field: uint32 attempts = 3;
+   */
+  attempts: number;
+
+  /**
+   * @generated from field: bool delivered = 4;
+   */
+  delivered: boolean;
+
+  /**
+   * The last attempt's failure, when not delivered.
+   *
+   * @generated from field: string error = 5;
+   */
+  error: string;
+
+  /**
+   * The last HTTP status answered (0: none).
+   *
+   * @generated from field: int32 status_code = 6;
+   */
+  statusCode: number;
+
+  /**
+   * @generated from field: google.protobuf.Timestamp at = 7;
+   */
+  at?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message handoff.v1.Delivery.
+ * Use `create(DeliverySchema)` to create a new message.
+ */
+export const DeliverySchema: GenMessage<Delivery> = /*@__PURE__*/
+  messageDesc(file_handoff_v1_coordinator, 15);
 
 /**
  * JobEvent is one entry on a run's timeline.
@@ -652,6 +902,13 @@ export type JobEvent = Message<"handoff.v1.JobEvent"> & {
    * @generated from field: string schema = 17;
    */
   schema: string;
+
+  /**
+   * The webhook delivery, on an EVENT_KIND_ESCALATION_DELIVERY event.
+   *
+   * @generated from field: handoff.v1.Delivery delivery = 18;
+   */
+  delivery?: Delivery | undefined;
 };
 
 /**
@@ -659,7 +916,7 @@ export type JobEvent = Message<"handoff.v1.JobEvent"> & {
  * Use `create(JobEventSchema)` to create a new message.
  */
 export const JobEventSchema: GenMessage<JobEvent> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 11);
+  messageDesc(file_handoff_v1_coordinator, 16);
 
 /**
  * @generated from message handoff.v1.ListEscalationsRequest
@@ -681,7 +938,7 @@ export type ListEscalationsRequest = Message<"handoff.v1.ListEscalationsRequest"
  * Use `create(ListEscalationsRequestSchema)` to create a new message.
  */
 export const ListEscalationsRequestSchema: GenMessage<ListEscalationsRequest> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 12);
+  messageDesc(file_handoff_v1_coordinator, 17);
 
 /**
  * @generated from message handoff.v1.ListEscalationsResponse
@@ -703,7 +960,7 @@ export type ListEscalationsResponse = Message<"handoff.v1.ListEscalationsRespons
  * Use `create(ListEscalationsResponseSchema)` to create a new message.
  */
 export const ListEscalationsResponseSchema: GenMessage<ListEscalationsResponse> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 13);
+  messageDesc(file_handoff_v1_coordinator, 18);
 
 /**
  * @generated from message handoff.v1.ResolveEscalationRequest
@@ -771,6 +1028,14 @@ export type ResolveEscalationRequest = Message<"handoff.v1.ResolveEscalationRequ
    * @generated from field: uint32 escalation = 8;
    */
   escalation: number;
+
+  /**
+   * Decide although another operator holds the escalation's claim (recorded in
+   * resolution.overrode). Without it such a decision is refused naming the holder.
+   *
+   * @generated from field: bool override = 9;
+   */
+  override: boolean;
 };
 
 /**
@@ -778,7 +1043,7 @@ export type ResolveEscalationRequest = Message<"handoff.v1.ResolveEscalationRequ
  * Use `create(ResolveEscalationRequestSchema)` to create a new message.
  */
 export const ResolveEscalationRequestSchema: GenMessage<ResolveEscalationRequest> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 14);
+  messageDesc(file_handoff_v1_coordinator, 19);
 
 /**
  * Edited artifact text: stored as a new version of the run's latest artifact of the stage's
@@ -798,7 +1063,7 @@ export type ApproveAction = Message<"handoff.v1.ApproveAction"> & {
  * Use `create(ApproveActionSchema)` to create a new message.
  */
 export const ApproveActionSchema: GenMessage<ApproveAction> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 15);
+  messageDesc(file_handoff_v1_coordinator, 20);
 
 /**
  * @generated from message handoff.v1.ReturnToStageAction
@@ -813,6 +1078,15 @@ export type ReturnToStageAction = Message<"handoff.v1.ReturnToStageAction"> & {
    * @generated from field: optional string artifact_text = 2;
    */
   artifactText?: string | undefined;
+
+  /**
+   * What the person gives the run's wallet with the return, up to the pipeline's
+   * escalation.max_grant. A return from HOP_CAP, REVISIONS_EXHAUSTED or WALLET_EMPTY needs
+   * a grant of what ran out (hops, revisions, money); without one it is refused.
+   *
+   * @generated from field: handoff.v1.Grant grant = 3;
+   */
+  grant?: Grant | undefined;
 };
 
 /**
@@ -820,7 +1094,38 @@ export type ReturnToStageAction = Message<"handoff.v1.ReturnToStageAction"> & {
  * Use `create(ReturnToStageActionSchema)` to create a new message.
  */
 export const ReturnToStageActionSchema: GenMessage<ReturnToStageAction> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 16);
+  messageDesc(file_handoff_v1_coordinator, 21);
+
+/**
+ * Grant is what a person adds to a run's wallet: the only way a wallet grows.
+ *
+ * @generated from message handoff.v1.Grant
+ */
+export type Grant = Message<"handoff.v1.Grant"> & {
+  /**
+   * @generated from field: uint32 hops = 1;
+   */
+  hops: number;
+
+  /**
+   * @generated from field: uint32 revisions = 2;
+   */
+  revisions: number;
+
+  /**
+   * Money, in millionths of a US dollar.
+   *
+   * @generated from field: int64 usd_micros = 3;
+   */
+  usdMicros: bigint;
+};
+
+/**
+ * Describes the message handoff.v1.Grant.
+ * Use `create(GrantSchema)` to create a new message.
+ */
+export const GrantSchema: GenMessage<Grant> = /*@__PURE__*/
+  messageDesc(file_handoff_v1_coordinator, 22);
 
 /**
  * @generated from message handoff.v1.FailAction
@@ -837,7 +1142,7 @@ export type FailAction = Message<"handoff.v1.FailAction"> & {
  * Use `create(FailActionSchema)` to create a new message.
  */
 export const FailActionSchema: GenMessage<FailAction> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 17);
+  messageDesc(file_handoff_v1_coordinator, 23);
 
 /**
  * @generated from message handoff.v1.RejectMalformedAction
@@ -854,7 +1159,7 @@ export type RejectMalformedAction = Message<"handoff.v1.RejectMalformedAction"> 
  * Use `create(RejectMalformedActionSchema)` to create a new message.
  */
 export const RejectMalformedActionSchema: GenMessage<RejectMalformedAction> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 18);
+  messageDesc(file_handoff_v1_coordinator, 24);
 
 /**
  * Resolution is the record of a person's decision on an escalated run.
@@ -918,6 +1223,20 @@ export type Resolution = Message<"handoff.v1.Resolution"> & {
    * @generated from field: string account = 9;
    */
   account: string;
+
+  /**
+   * What the decision added to the run's wallet (return_to_stage), given by account.
+   *
+   * @generated from field: handoff.v1.Grant grant = 10;
+   */
+  grant?: Grant | undefined;
+
+  /**
+   * The account whose unexpired claim this decision overrode, when it did.
+   *
+   * @generated from field: string overrode = 11;
+   */
+  overrode: string;
 };
 
 /**
@@ -925,7 +1244,7 @@ export type Resolution = Message<"handoff.v1.Resolution"> & {
  * Use `create(ResolutionSchema)` to create a new message.
  */
 export const ResolutionSchema: GenMessage<Resolution> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 19);
+  messageDesc(file_handoff_v1_coordinator, 25);
 
 /**
  * @generated from message handoff.v1.ResolveEscalationResponse
@@ -964,7 +1283,7 @@ export type ResolveEscalationResponse = Message<"handoff.v1.ResolveEscalationRes
  * Use `create(ResolveEscalationResponseSchema)` to create a new message.
  */
 export const ResolveEscalationResponseSchema: GenMessage<ResolveEscalationResponse> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 20);
+  messageDesc(file_handoff_v1_coordinator, 26);
 
 /**
  * @generated from enum handoff.v1.JobState
@@ -1085,6 +1404,15 @@ export enum EscalationCause {
    * @generated from enum value: ESCALATION_CAUSE_DEADLINE = 12;
    */
   DEADLINE = 12,
+
+  /**
+   * Intake found the pipeline's escalation queue full (max_open_escalations) and the
+   * pipeline degrades to human-only (when_full: human): the job went straight to a person,
+   * with no agent spend.
+   *
+   * @generated from enum value: ESCALATION_CAUSE_DESK_FULL = 13;
+   */
+  DESK_FULL = 13,
 }
 
 /**
@@ -1153,6 +1481,13 @@ export enum EventKind {
    * @generated from enum value: EVENT_KIND_RESOLVED = 10;
    */
   RESOLVED = 10,
+
+  /**
+   * The escalation was delivered to its route's webhook, or could not be: delivery says how.
+   *
+   * @generated from enum value: EVENT_KIND_ESCALATION_DELIVERY = 11;
+   */
+  ESCALATION_DELIVERY = 11,
 }
 
 /**
@@ -1270,6 +1605,18 @@ export const CoordinatorService: GenService<{
     methodKind: "unary";
     input: typeof ResolveEscalationRequestSchema;
     output: typeof ResolveEscalationResponseSchema;
+  },
+  /**
+   * ClaimEscalation makes the calling operator the one owner of a run's escalation for a
+   * while (claim_ttl): the others see who holds it, and only the holder resolves it (another
+   * resolver may override, which is recorded). Claiming again renews; release gives it up.
+   *
+   * @generated from rpc handoff.v1.CoordinatorService.ClaimEscalation
+   */
+  claimEscalation: {
+    methodKind: "unary";
+    input: typeof ClaimEscalationRequestSchema;
+    output: typeof ClaimEscalationResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_handoff_v1_coordinator, 0);

@@ -1,0 +1,116 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+
+	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+)
+
+// syncBuffer is a bytes.Buffer safe to write from up and read from the test.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// startUp runs `handoff up` with args on loopback ports until the test ends and returns
+// what it printed once it is serving.
+func startUp(t *testing.T, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var out, errs syncBuffer
+	done := make(chan int, 1)
+	args = append([]string{"--data", t.TempDir(), "--coordinator-listen", "127.0.0.1:0", "--agentrunner-listen", "127.0.0.1:0",
+		"--writeback-listen", "127.0.0.1:0", "--web-listen", "127.0.0.1:0", "--metrics-listen", ""}, args...)
+	go func() { done <- up(ctx, args, &out, &errs) }()
+	t.Cleanup(func() { cancel(); <-done })
+	deadline := time.Now().Add(20 * time.Second)
+	for !strings.Contains(out.String(), "Ctrl-C") {
+		select {
+		case code := <-done:
+			done <- code
+			t.Fatalf("handoff up %v ended with %d: %s%s", args, code, out.String(), errs.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("handoff up did not start: %s%s", out.String(), errs.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return out.String()
+}
+
+func field(t *testing.T, out, re string) string {
+	t.Helper()
+	m := regexp.MustCompile(re).FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("no %s in:\n%s", re, out)
+	}
+	return m[1]
+}
+
+// `handoff up --pipelines DIR` runs the pipelines of DIR (so a stage can name another
+// runner, e.g. the TypeScript one), not the shipped ones; a bad DIR stops it naming the flag.
+func TestUpPipelines(t *testing.T) {
+	dir := t.TempDir()
+	data, err := os.ReadFile(filepath.Join(repoRoot(t), "pipelines", "support-ticket.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "mine.yaml"), bytes.Replace(data, []byte("name: support-ticket"), []byte("name: my-ticket"), 1), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := startUp(t, "--pipelines", dir, "--operator-token", "up-test-operator-token-0123")
+	cc, err := grpc.NewClient(field(t, out, `coordinator\s+(\S+)`), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	c := handoffv1.NewCoordinatorServiceClient(cc)
+	ctx := metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer up-test-operator-token-0123")
+	req := &handoffv1.SubmitJobRequest{JobId: "tkt_1", Pipeline: "my-ticket", Goal: "g", Budget: &handoffv1.Budget{UsdRemainingMicros: 1000}}
+	if _, err := c.SubmitJob(ctx, req); err != nil {
+		t.Fatalf("submit to the folder's pipeline: %v", err)
+	}
+	req.JobId, req.Pipeline = "tkt_2", "support-ticket"
+	if _, err := c.SubmitJob(ctx, req); err == nil || !strings.Contains(err.Error(), "support-ticket") {
+		t.Fatalf("submit to a shipped pipeline not in the folder: %v; want it refused naming it", err)
+	}
+	var errs bytes.Buffer
+	if code := up(context.Background(), []string{"--pipelines", filepath.Join(dir, "nope")}, &bytes.Buffer{}, &errs); code != 2 || !strings.Contains(errs.String(), "--pipelines") {
+		t.Fatalf("up --pipelines of no folder = %d %q; want 2 naming --pipelines", code, errs.String())
+	}
+}
+
+// `--operator-token ""` makes a token for the run and prints it, as its help says, even
+// with HANDOFF_OPERATOR_TOKEN set.
+func TestUpEmptyOperatorTokenMakesOne(t *testing.T) {
+	t.Setenv("HANDOFF_OPERATOR_TOKEN", "token-from-the-environment-0123")
+	out := startUp(t, "--operator-token", "")
+	if tok := field(t, out, `operator token (\S+) \(made for this run`); len(tok) < 16 || strings.Contains(out, "token-from-the-environment") {
+		t.Fatalf("up --operator-token \"\" printed:\n%s\nwant a token made for the run", out)
+	}
+}
