@@ -59,6 +59,14 @@ func OpenURL(ctx context.Context, spec string) (Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%q: %w", Redact(spec), err)
 	}
+	// A deployment upgraded without migrating would see none of its data: refuse it.
+	if old, err := st.oldLayout(ctx); err != nil || old {
+		st.Close()
+		if err == nil {
+			err = ErrOldLayout
+		}
+		return nil, fmt.Errorf("%q: %w", Redact(spec), err)
+	}
 	return st, nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -96,7 +97,7 @@ func TestParseURL(t *testing.T) {
 			t.Errorf("ParseURL(%q): %v", c.spec, err)
 			continue
 		}
-		if (got == nil) != (c.want == nil) || got != nil && *got != *c.want {
+		if !reflect.DeepEqual(got, c.want) {
 			t.Errorf("ParseURL(%q) = %+v, want %+v", c.spec, got, c.want)
 		}
 	}
@@ -172,7 +173,7 @@ func TestOpenURLRedisPrefix(t *testing.T) {
 	if _, err := s.OpenWallet(ctx, "w", "job-w", &handoffv1.Budget{HopsRemaining: 1}); err != nil {
 		t.Fatal(err)
 	}
-	if keys := storetest.RedisKeys(t, rdb, prefix); len(keys) != 1 || keys[0] != prefix+"wallet:w" {
-		t.Fatalf("keys under %s = %v, want its wallet:w", prefix, keys)
+	if keys := storetest.RedisKeys(t, rdb, prefix); len(keys) != 1 || keys[0] != prefix+"{w}:wallet" {
+		t.Fatalf("keys under %s = %v, want its {w}:wallet", prefix, keys)
 	}
 }

@@ -11,9 +11,10 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// The ledger on Redis (see the key layout in redis.go): the list "ledger" holds the entries
-// in order, "ledger:keys" maps each key to its entry's number (its place in the list, from
-// 1) and "ledger:offers" counts the appends that named it. Both writes are scripts, so an
+// The ledger on Redis (see the key layout in redis.go), all in the slot of the hash tag
+// {ledger}: the list "{ledger}:entries" holds the entries in order, "{ledger}:keys" maps each
+// key to its entry's number (its place in the list, from 1) and "{ledger}:offers" counts the
+// appends that named it. Both writes are scripts, so an
 // upsert from any process sees every other one.
 
 // ledgerRecord is a ledger entry as stored; its ID comes from its position in the list.
@@ -82,7 +83,7 @@ return {'ok', created, tostring(offers)}
 `)
 
 func (s *Redis) ledgerKeys() []string {
-	return []string{s.key("ledger"), s.key("ledger", "keys"), s.key("ledger", "offers")}
+	return []string{s.key("entries", "ledger"), s.key("keys", "ledger"), s.key("offers", "ledger")}
 }
 
 // encodeLedger is a new entry for key as the list stores it.
@@ -155,6 +156,9 @@ func (s *Redis) AppendLedgerComplete(ctx context.Context, key string, payload []
 	if idemKey == "" {
 		return LedgerEntry{}, false, fmt.Errorf("store: empty idempotency key")
 	}
+	if s.cluster {
+		return s.appendLedgerThenComplete(ctx, key, payload, idemKey, ttl, result)
+	}
 	fresh, data, err := s.encodeLedger(key, payload)
 	if err != nil {
 		return LedgerEntry{}, false, err
@@ -213,6 +217,26 @@ func (s *Redis) AppendLedgerComplete(ctx context.Context, key string, payload []
 		}
 	}
 	return fail(fmt.Errorf("gave up after %d rounds lost to other writers", maxLedgerRounds))
+}
+
+// appendLedgerThenComplete is AppendLedgerComplete on Redis Cluster, where the ledger (its
+// own slot) and the idempotency record (its key's slot) may be on different servers: the
+// upsert, then the record built from the entry it returns. A crash between the two leaves
+// the entry without its record; the retry that follows (the claim lapses) upserts the same
+// key, finds that entry (counted as a second offer, not written again) and records it.
+func (s *Redis) appendLedgerThenComplete(ctx context.Context, key string, payload []byte, idemKey string, ttl time.Duration, result func(LedgerEntry) ([]byte, error)) (LedgerEntry, bool, error) {
+	e, created, err := s.AppendLedger(ctx, key, payload)
+	if err != nil {
+		return LedgerEntry{}, false, err
+	}
+	value, err := result(e)
+	if err != nil {
+		return LedgerEntry{}, false, err
+	}
+	if err := s.Complete(ctx, idemKey, value, ttl); err != nil {
+		return LedgerEntry{}, false, s.errf("append ledger %q: entry %s stored, its record not: %w", key, e.ID, err)
+	}
+	return e, created, nil
 }
 
 // LedgerEntries reads the list and both hashes in one MULTI, so the offers match the entries.
