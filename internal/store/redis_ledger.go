@@ -58,7 +58,9 @@ return {'new', tostring(n)}
 // entry of the key or the next one. Otherwise it writes nothing (but the index) and replies
 // what the entry would be now, for the caller to build the record again: {"moved", number,
 // entry JSON} for an existing entry, {"moved", "0", list length} for a new one.
-// KEYS: ledger, ledger:keys, ledger:offers, idem. ARGV: key, entry JSON, number, record,
+// Without KEYS[4] (on Redis Cluster, where the record is in its key's slot, not the
+// ledger's) it writes the entry only, and AppendLedgerComplete stores the record next.
+// KEYS: ledger, ledger:keys, ledger:offers[, idem]. ARGV: key, entry JSON, number, record,
 // ttl ms (0: no expiry). Reply: {"ok", "1" when made, offers}.
 var appendLedgerCompleteScript = redis.NewScript(ledgerLua + `
 local seq = redis.call('HGET', KEYS[2], ARGV[1])
@@ -74,7 +76,8 @@ else
   redis.call('HSET', KEYS[3], ARGV[1], 1)
   offers, created = 1, '1'
 end
-if tonumber(ARGV[5]) > 0 then
+if not KEYS[4] then
+elseif tonumber(ARGV[5]) > 0 then
   redis.call('SET', KEYS[4], ARGV[4], 'PX', ARGV[5])
 else
   redis.call('SET', KEYS[4], ARGV[4])
@@ -156,14 +159,14 @@ func (s *Redis) AppendLedgerComplete(ctx context.Context, key string, payload []
 	if idemKey == "" {
 		return LedgerEntry{}, false, fmt.Errorf("store: empty idempotency key")
 	}
-	if s.cluster {
-		return s.appendLedgerThenComplete(ctx, key, payload, idemKey, ttl, result)
-	}
 	fresh, data, err := s.encodeLedger(key, payload)
 	if err != nil {
 		return LedgerEntry{}, false, err
 	}
-	keys := append(s.ledgerKeys(), s.key("idem", idemKey))
+	keys := s.ledgerKeys()
+	if !s.cluster {
+		keys = append(keys, s.key("idem", idemKey))
+	}
 	fail := func(err error) (LedgerEntry, bool, error) {
 		return LedgerEntry{}, false, s.errf("append ledger %q and complete %q: %w", key, idemKey, err)
 	}
@@ -171,11 +174,12 @@ func (s *Redis) AppendLedgerComplete(ctx context.Context, key string, payload []
 		e     LedgerEntry // the entry the record is built for
 		want  string      // its number; "" in the first round
 		rec   []byte
+		value []byte
 		reply []string
 	)
 	for round := 0; round < maxLedgerRounds; round++ {
 		if want != "" {
-			value, err := result(e)
+			value, err = result(e)
 			if err != nil {
 				return LedgerEntry{}, false, err
 			}
@@ -192,6 +196,13 @@ func (s *Redis) AppendLedgerComplete(ctx context.Context, key string, payload []
 				return fail(fmt.Errorf("unexpected script reply %q", reply))
 			}
 			e.Offers = offers
+			if s.cluster {
+				// The entry is written; a crash before its record leaves it to the retry,
+				// which finds the key's entry (a second offer, not a second write).
+				if err := s.Complete(ctx, idemKey, value, ttl); err != nil {
+					return fail(fmt.Errorf("entry %s stored, its record not: %w", e.ID, err))
+				}
+			}
 			return e, reply[1] == "1", nil
 		case len(reply) == 3 && reply[0] == "moved" && reply[1] == "0":
 			n, err := strconv.ParseInt(reply[2], 10, 64)
@@ -217,26 +228,6 @@ func (s *Redis) AppendLedgerComplete(ctx context.Context, key string, payload []
 		}
 	}
 	return fail(fmt.Errorf("gave up after %d rounds lost to other writers", maxLedgerRounds))
-}
-
-// appendLedgerThenComplete is AppendLedgerComplete on Redis Cluster, where the ledger (its
-// own slot) and the idempotency record (its key's slot) may be on different servers: the
-// upsert, then the record built from the entry it returns. A crash between the two leaves
-// the entry without its record; the retry that follows (the claim lapses) upserts the same
-// key, finds that entry (counted as a second offer, not written again) and records it.
-func (s *Redis) appendLedgerThenComplete(ctx context.Context, key string, payload []byte, idemKey string, ttl time.Duration, result func(LedgerEntry) ([]byte, error)) (LedgerEntry, bool, error) {
-	e, created, err := s.AppendLedger(ctx, key, payload)
-	if err != nil {
-		return LedgerEntry{}, false, err
-	}
-	value, err := result(e)
-	if err != nil {
-		return LedgerEntry{}, false, err
-	}
-	if err := s.Complete(ctx, idemKey, value, ttl); err != nil {
-		return LedgerEntry{}, false, s.errf("append ledger %q: entry %s stored, its record not: %w", key, e.ID, err)
-	}
-	return e, created, nil
 }
 
 // LedgerEntries reads the list and both hashes in one MULTI, so the offers match the entries.
