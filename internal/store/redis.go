@@ -40,6 +40,8 @@ package store
 //	                                opened before wallets recorded it); and a field
 //	                                paid:<idempotency key> for each hop Admit debited.
 //	{<name>}:lease          string  a lease's owner, expiring with the lease (redis_lease.go).
+//	{<run_id>}:fence        string  the run's fence epoch (INCR by FenceRun), checked by
+//	                                PutRunFenced in the script that saves the run.
 //	{ledger}:entries        list    JSON {Key, Payload, At}; the element at index i is entry
 //	                                ledger-%06d of i+1 (append-only, like events).
 //	{ledger}:keys           hash    ledger key -> its entry's number: the ledger upserts by key.
