@@ -134,7 +134,7 @@ func unreachable(err error) bool {
 // nil. Errors name the setting with its password redacted.
 func ParseURL(spec string) (*RedisOptions, error) {
 	if spec == "" {
-		return nil, errors.New("no store given: want a bbolt file path, redis://[:password@]host:port[/db] or redis-cluster://host:port,host:port,...")
+		return nil, errors.New("no store given: want a bbolt file path, redis://[:password@]host:port[/db] or redis-cluster://host:port,host:port")
 	}
 	if !strings.Contains(spec, "://") {
 		return nil, nil
