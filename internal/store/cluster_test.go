@@ -2,15 +2,18 @@ package store_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"google.golang.org/protobuf/proto"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/store"
@@ -143,5 +146,82 @@ func TestClusterSpread(t *testing.T) {
 	ids := storetest.PagedRunIDs(t, s, 0, 150, 10)
 	if len(ids) != n || len(slices.Compact(slices.Sorted(slices.Values(ids)))) != n {
 		t.Errorf("ListRuns over the cluster, 150 a page: %d runs (%d distinct), want each of %d once", len(ids), len(slices.Compact(slices.Sorted(slices.Values(ids)))), n)
+	}
+}
+
+// TestRedisCreateRunCrashWindows: what a CreateRun that stopped between its scripts leaves
+// (see Redis.CreateRun) is finished or skipped, on one Redis and on the cluster: a request
+// reserved for a run never stored is created by its retry under the reserved run id; a run
+// listed in the index but never stored is skipped by ListRuns; and concurrent creates of
+// one request create one run, which all of them return.
+func TestRedisCreateRunCrashWindows(t *testing.T) {
+	for name, open := range map[string]func(t *testing.T) (*store.Redis, redis.Cmdable, string){
+		"redis": func(t *testing.T) (*store.Redis, redis.Cmdable, string) {
+			p := storetest.RedisPrefix(t)
+			return storetest.OpenRedisPrefix(t, p), storetest.RedisClient(t), p
+		},
+		"cluster": func(t *testing.T) (*store.Redis, redis.Cmdable, string) {
+			p := storetest.ClusterPrefix(t)
+			s, err := store.OpenRedis(context.Background(), store.RedisOptions{Cluster: storetest.ClusterAddrs(t), Prefix: p})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { s.Close() })
+			return s, storetest.ClusterClient(t), p
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			s, rdb, prefix := open(t)
+			ctx := context.Background()
+			job := &handoffv1.Job{RunId: "run-retry", JobId: "job-1", RequestId: "req-1", Goal: "g", Wallet: &handoffv1.Budget{HopsRemaining: 2}}
+			reserved := proto.Clone(job).(*handoffv1.Job)
+			reserved.RunId = "run-lost"
+			// The first attempt reserved the request, then stopped.
+			if err := errors.Join(rdb.Set(ctx, prefix+"{req-1}:request", "run-lost", 0).Err(),
+				rdb.Set(ctx, prefix+"{req-1}:requestsum", store.RequestDigest(reserved), 0).Err()); err != nil {
+				t.Fatal(err)
+			}
+			got, created, err := s.CreateRun(ctx, job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_SUBMITTED})
+			if err != nil || !created || got.GetRunId() != "run-lost" {
+				t.Fatalf("retry of a reserved, never stored request = %v, %v, %v; want run-lost created", got.GetRunId(), created, err)
+			}
+			if w, err := s.WalletFor(ctx, "run-lost", "job-1"); err != nil || w.GetHopsRemaining() != 2 {
+				t.Fatalf("wallet of the finished run = %v, %v", w, err)
+			}
+			if _, err := s.GetRun(ctx, "run-retry"); !errors.Is(err, store.ErrNotFound) {
+				t.Fatalf("the retry's own run id was stored too: %v", err)
+			}
+			// An index entry whose run was never stored.
+			if err := rdb.ZAdd(ctx, prefix+"{runs:0}:index", redis.Z{Score: 1, Member: "run-ghost"}).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if ids := storetest.PagedRunIDs(t, s, 0, 1, 5); fmt.Sprint(ids) != "[run-lost]" {
+				t.Fatalf("runs listed = %v, want [run-lost] (the ghost skipped)", ids)
+			}
+			// Concurrent creates of one request.
+			var wg sync.WaitGroup
+			var made atomic.Int32
+			ids := make([]string, 16)
+			for i := range ids {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					j := &handoffv1.Job{RunId: fmt.Sprintf("run-c%d", i), JobId: "job-2", RequestId: "req-2", Goal: "g"}
+					got, created, err := s.CreateRun(ctx, j)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if created {
+						made.Add(1)
+					}
+					ids[i] = got.GetRunId()
+				}()
+			}
+			wg.Wait()
+			if made.Load() != 1 || len(slices.Compact(slices.Sorted(slices.Values(ids)))) != 1 {
+				t.Fatalf("16 concurrent creates of one request: %d created, run ids %v; want 1, one id", made.Load(), ids)
+			}
+		})
 	}
 }
