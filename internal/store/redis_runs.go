@@ -104,23 +104,27 @@ for i = 7, #ARGV do n = redis.call('RPUSH', KEYS[2], ARGV[i]) end
 return {'created', tostring(n)}
 `)
 
-// CreateRun is five scripts, each on the keys of one slot, in an order that a crash between
-// any two of them leaves safe to retry:
+// CreateRun is up to six scripts, each on the keys of one slot, in an order that a crash
+// between any two of them leaves safe to retry:
 //
-//  1. the job id (when given): refuse content other than its recorded digest's;
-//  2. the request id (when given): reserve it for this run id, or learn the run it names;
-//  3. the job id again: record its digest when none is (a job created with other content
-//     between 1 and 3 is refused after all, and the reservation of 2 undone);
-//  4. the index: list the run id in its bucket (ListRuns skips a listed run that was never
+//  1. the request id (when given): look it up; a recorded one answers the call (its run, or
+//     ErrRequestConflict), whatever else differs;
+//  2. the job id (when given): refuse content other than its recorded digest's;
+//  3. the request id again: reserve it for this run id (or, if another caller just did,
+//     answer as in 1);
+//  4. the job id again: record its digest when none is (a job created with other content
+//     between 2 and 4 is refused after all, and the reservation of 3 undone);
+//  5. the index: list the run id in its bucket (ListRuns skips a listed run that was never
 //     stored);
-//  5. the run: store it, its wallet and its first events (refused: the reservation of 2 is
+//  6. the run: store it, its wallet and its first events (refused: the reservation of 3 is
 //     undone).
 //
-// A request whose reserved run is not stored (its creator stopped between 1 and 4, or is
-// between them now) is finished by whoever retries it, under the reserved run id; when two
-// finish it at once, one creates the run and the other returns it. A job digest recorded in
-// step 2 stays recorded even when step 4 then refuses (a taken run id, another job's
-// wallet): the job id's content is fixed by its first attempt.
+// A request whose reserved run is not stored (its creator stopped after 3, or is between 3
+// and 6 now) is finished by whoever retries it, under the reserved run id; when two finish
+// it at once, one creates the run and the other returns it. A job digest recorded in step 4
+// stays recorded even when step 6 then refuses (a taken run id, another job's wallet): the
+// job id's content is fixed by its first attempt. On one Redis the same scripts run, so
+// both behave alike.
 func (s *Redis) CreateRun(ctx context.Context, job *handoffv1.Job, evs ...*handoffv1.JobEvent) (*handoffv1.Job, bool, error) {
 	if job.GetRunId() == "" {
 		return nil, false, fmt.Errorf("store: run_id is empty")
