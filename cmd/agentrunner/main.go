@@ -9,7 +9,8 @@
 // Transport security is required: --certs DIR (mTLS with the certificates `handoff certs`
 // made) or --plaintext-loopback on a loopback --listen address (callers then prove who they
 // are with service tokens, checked with the public keys in --token-public-keys). --store is a bbolt file, or
-// redis://[:password@]host:port[/db][?prefix=P] so that several runners (and the
+// redis://[:password@]host:port[/db][?prefix=P] (or redis-cluster://host:port,host:port,...)
+// so that several runners (and the
 // coordinator) share one set of completion records and wallets (store.OpenURL reads it).
 // The runner pays each hop from the wallet the coordinator opened, so it needs the
 // coordinator's store: a package whose wallet is not in it (a bbolt file of the runner's
@@ -81,7 +82,7 @@ type settings struct {
 func (s *settings) Bind(b *config.Binder) {
 	s.listen.Bind(b, "HANDOFF_AGENTRUNNER_LISTEN", server.RunnerAddr)
 	b.String(&s.storeSpec, "store", "HANDOFF_STORE", defaultStore,
-		"stage-completion records and the coordinator's wallets: a bbolt file, or redis://[:password@]host:port[/db][?prefix=P] shared with the coordinator (a package whose wallet is not in this store is REJECTED_BUDGET)")
+		"stage-completion records and the coordinator's wallets: a bbolt file, or redis://[:password@]host:port[/db][?prefix=P] or redis-cluster://host:port,host:port,...[?prefix=P] shared with the coordinator (a package whose wallet is not in this store is REJECTED_BUDGET)")
 	b.String(&s.artifactsDir, "artifacts", "HANDOFF_ARTIFACTS", server.Artifacts, "artifact folder, shared with the other services")
 	b.Duration(&s.storeWait, "store-wait", "HANDOFF_STORE_WAIT", server.DefaultStoreWait, "at start-up, how long to keep trying a Redis store that does not answer yet (0: fail at once)")
 	b.Duration(&s.stageTimeout, "stage-timeout", "HANDOFF_STAGE_TIMEOUT", agentrunner.DefaultStageTimeout, "bound on one agent run")

@@ -40,7 +40,7 @@ const (
 	details = `Needs transport security (--certs DIR for mTLS, or --plaintext-loopback on a loopback
 --listen address with service tokens) and operator credentials (--operator-token, or operator
 accounts with roles from --operators / --operators-file): it serves the calls that approve
-writes. --store is a bbolt file or a redis:// URL shared with the other
+writes. --store is a bbolt file, a redis:// URL or a redis-cluster:// node list shared with the other
 services and the other coordinator replicas, which split the runs by lease.`
 )
 
@@ -67,7 +67,7 @@ type settings struct {
 // Bind registers every setting with its variable and default.
 func (s *settings) Bind(b *config.Binder) {
 	s.listen.Bind(b, "HANDOFF_COORDINATOR_LISTEN", server.CoordinatorAddr)
-	b.String(&s.store, "store", "HANDOFF_STORE", defaultStore, "bbolt file, or redis://host:port[/db] shared with the other services")
+	b.String(&s.store, "store", "HANDOFF_STORE", defaultStore, "bbolt file, or redis://host:port[/db] or redis-cluster://host:port,host:port,... shared with the other services")
 	b.String(&s.runner, "agentrunner", "HANDOFF_AGENTRUNNER_ADDR", server.RunnerAddr, "default agent runner address")
 	b.String(&s.writeback, "writeback", "HANDOFF_WRITEBACK_ADDR", server.WritebackAddr, "writeback service address")
 	b.String(&s.pipelines, "pipelines", "HANDOFF_PIPELINES", "", "folder of pipeline YAML files (default: the shipped pipelines)")

@@ -23,6 +23,7 @@ var commands = []struct{ name, synopsis, what string }{
 	{"replay", "[--n 1000] [--invalid 0.10] [--duplicate 0.05] [--runner ADDR] [--json]", "replay generated packages as hops; check every ack, write, trace"},
 	{"bench", "[--duration 3s] [--redis ADDR] [--json]", "measure a hop with and without the platform, and the targets"},
 	{"contract", "check-data --store URL --rule FILE.proto", "report stored package values a candidate rule would reject"},
+	{"store", "migrate --store redis://HOST:PORT", "move a Redis store of an older release to the hash-tagged key layout"},
 }
 
 // usage is the overview `handoff` and `handoff help` print.
@@ -84,6 +85,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return runBench(rest, stdout, stderr)
 	case "contract":
 		return runContract(rest, stdout, stderr)
+	case "store":
+		return runStore(rest, stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0

@@ -7,7 +7,8 @@
 // only; callers' service tokens are checked with the public keys in --token-public-keys);
 // one of them is required, and by the platform's policy only the coordinator may call Write.
 //
-// --store is a bbolt file, or redis://[:password@]host:port[/db][?prefix=P] so that several
+// --store is a bbolt file, or redis://[:password@]host:port[/db][?prefix=P] (or
+// redis-cluster://[:password@]host:port,host:port,...[?prefix=P]) so that several
 // writeback processes share one set of receipts (keys under "handoff:" unless ?prefix= names
 // another; store.OpenURL reads it, as for every service). Tracing exports over OTLP when
 // OTEL_EXPORTER_OTLP_ENDPOINT is set; Prometheus metrics are served on /metrics at
@@ -79,7 +80,7 @@ type settings struct {
 // Bind registers every setting with its variable and default.
 func (s *settings) Bind(b *config.Binder) {
 	s.listen.Bind(b, "HANDOFF_WRITEBACK_LISTEN", server.WritebackAddr)
-	b.String(&s.storePath, "store", "HANDOFF_STORE", defaultStore, "receipts and the demo ledger: a bbolt file, or redis://[:password@]host:port[/db][?prefix=P] to share them between processes")
+	b.String(&s.storePath, "store", "HANDOFF_STORE", defaultStore, "receipts and the demo ledger: a bbolt file, or redis://[:password@]host:port[/db][?prefix=P] or redis-cluster://host:port,host:port,...[?prefix=P] to share them between processes")
 	b.String(&s.artifacts, "artifacts", "HANDOFF_ARTIFACTS", server.Artifacts, "artifact folder")
 	b.String(&s.webhookURL, "webhook-url", "HANDOFF_WEBHOOK_URL", "", "when set, also serve a webhook target POSTing to this http(s) URL")
 	b.String(&s.webhookName, "webhook-name", "HANDOFF_WEBHOOK_NAME", writeback.WebhookName, "target name of the webhook")

@@ -197,12 +197,22 @@ func (s *Bolt) GetRun(_ context.Context, runID string) (*handoffv1.Job, error) {
 }
 
 func (s *Bolt) PutRun(_ context.Context, job *handoffv1.Job, evs ...*handoffv1.JobEvent) error {
+	return s.putRun(job, nil, evs)
+}
+
+// putRun is PutRun, and PutRunFenced with epoch set.
+func (s *Bolt) putRun(job *handoffv1.Job, epoch *uint64, evs []*handoffv1.JobEvent) error {
 	data, err := proto.Marshal(job)
 	if err != nil {
 		return err
 	}
 	var last uint64
 	err = s.update(func(tx *bolt.Tx) error {
+		if epoch != nil {
+			if cur := fenceOf(tx, job.GetRunId()); cur != *epoch {
+				return fmt.Errorf("store: put run %s under epoch %d (the run's is %d): %w", job.GetRunId(), *epoch, cur, ErrFenced)
+			}
+		}
 		runs := tx.Bucket(bucketRuns)
 		if runs.Get([]byte(job.GetRunId())) == nil {
 			return fmt.Errorf("store: put run %s: %w", job.GetRunId(), ErrNotFound)

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+
+	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 )
 
 // bucketLeases: lease name -> expiry (unix nanoseconds, big endian, 8 bytes) + owner. It is
@@ -69,4 +71,44 @@ func (s *Bolt) ReleaseLease(_ context.Context, name, owner string) error {
 		return fmt.Errorf("store: release lease %s for %s: %w", name, owner, err)
 	}
 	return nil
+}
+
+// bucketFences: run id -> its fence epoch (big endian uint64). Created on the first
+// FenceRun, so older files need no migration.
+var bucketFences = []byte("fences")
+
+func fenceOf(tx *bolt.Tx, runID string) uint64 {
+	b := tx.Bucket(bucketFences)
+	if b == nil {
+		return 0
+	}
+	v := b.Get([]byte(runID))
+	if len(v) != 8 {
+		return 0
+	}
+	return binary.BigEndian.Uint64(v)
+}
+
+func (s *Bolt) FenceRun(_ context.Context, runID string) (uint64, error) {
+	if runID == "" {
+		return 0, fmt.Errorf("store: fence run: run_id is empty")
+	}
+	var epoch uint64
+	err := s.update(func(tx *bolt.Tx) error {
+		b, err := tx.CreateBucketIfNotExists(bucketFences)
+		if err != nil {
+			return err
+		}
+		epoch = fenceOf(tx, runID) + 1
+		return b.Put([]byte(runID), binary.BigEndian.AppendUint64(nil, epoch))
+	})
+	if err != nil {
+		return 0, fmt.Errorf("store: fence run %s: %w", runID, err)
+	}
+	return epoch, nil
+}
+
+// PutRunFenced checks the fence in PutRun's write transaction.
+func (s *Bolt) PutRunFenced(_ context.Context, job *handoffv1.Job, epoch uint64, evs ...*handoffv1.JobEvent) error {
+	return s.putRun(job, &epoch, evs)
 }

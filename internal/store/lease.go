@@ -4,16 +4,21 @@ import (
 	"context"
 	"errors"
 	"time"
+
+	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 )
 
 // Leases are named, expiring locks held by an owner: several processes that share a store
 // use them so that exactly one of them does a piece of work at a time (the coordinator holds
 // lease "run:<run_id>" while it drives that run).
 //
-// A lease is not a fence: a holder that stalls for longer than its ttl can still act after
-// another owner took the lease over. Whoever holds a lease must therefore renew it well
+// A lease alone is not a fence: a holder that stalls for longer than its ttl can still act
+// after another owner took the lease over. Whoever holds a lease must therefore renew it well
 // within the ttl, stop acting as soon as a renewal fails, and the work it guards must be
-// safe to repeat (the platform's hops are, through their idempotency keys).
+// safe to repeat (the platform's hops are, through their idempotency keys). What it saves
+// is fenced (Fences): the owner that takes a run's lease takes a new epoch of the run, and
+// a save made under an older epoch is refused, so a stalled holder cannot put an older
+// state over a newer one.
 type Leases interface {
 	// AcquireLease takes lease name for owner for ttl when it is free or expired, or renews
 	// it (a new ttl from now) when owner already holds it. It reports false, taking nothing,
@@ -36,4 +41,20 @@ func checkLease(name, owner string, ttl time.Duration, acquire bool) error {
 		return errors.New("store: lease ttl must be positive")
 	}
 	return nil
+}
+
+// ErrFenced is returned by PutRunFenced when the run's fence has moved past the epoch the
+// save was made under: another holder took the run over, and nothing was written.
+var ErrFenced = errors.New("the run was taken over under a newer epoch (stale save refused)")
+
+// Fences are the epochs of runs, kept beside each run (in one transaction or script with
+// its saves): a run's driver takes an epoch when it takes the run's lease, and saves with it.
+type Fences interface {
+	// FenceRun moves run's fence to a new epoch, greater than every epoch it gave for the
+	// run before, and returns it: from then on saves under older epochs are refused. The
+	// run need not exist yet.
+	FenceRun(ctx context.Context, runID string) (uint64, error)
+	// PutRunFenced is Runs.PutRun, refused with ErrFenced (nothing written) unless epoch is
+	// the run's fence, checked in the same transaction as the write.
+	PutRunFenced(ctx context.Context, job *handoffv1.Job, epoch uint64, evs ...*handoffv1.JobEvent) error
 }

@@ -87,5 +87,9 @@ func TestRedisOldLedger(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	checkOldLedger(t, storetest.OpenRedisPrefix(t, prefix))
+	s := storetest.OpenRedisPrefix(t, prefix)
+	if _, err := store.MigrateRedis(context.Background(), s); err != nil {
+		t.Fatal(err)
+	}
+	checkOldLedger(t, s)
 }

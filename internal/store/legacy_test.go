@@ -6,10 +6,13 @@ package store_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	neturl "net/url"
 	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	bolt "go.etcd.io/bbolt"
 	"google.golang.org/protobuf/proto"
 
@@ -68,6 +71,9 @@ func TestLegacyRedis(t *testing.T) {
 		rdb.HSet(ctx, prefix+"wallet:run-old", "usd", "700", "revisions", "1", "hops", "4").Err()); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := store.MigrateRedis(ctx, s); err != nil {
+		t.Fatal(err)
+	}
 	testLegacy(t, s)
 }
 
@@ -118,5 +124,78 @@ func testLegacy(t *testing.T, s store.Store) {
 	first.RunId, first.Goal = "run-new-2", "triage"
 	if _, _, err := s.CreateRun(ctx, first); !errors.Is(err, store.ErrJobConflict) {
 		t.Fatalf("a legacy job_id after its content was fixed = %v, want ErrJobConflict", err)
+	}
+}
+
+// TestMigrateRedis: a prefix holding every kind of key of the layout before hash tags
+// (a run in the global index, its events, wallet, request, an idempotency record with its
+// expiry, a lease, the ledger) is refused by OpenURL until MigrateRedis moves it; then every
+// record reads as before, runs keep their order below new runs, and a second migration
+// moves nothing.
+func TestMigrateRedis(t *testing.T) {
+	rdb := storetest.RedisClient(t)
+	prefix := storetest.RedisPrefix(t)
+	s := storetest.OpenRedisPrefix(t, prefix)
+	ctx := context.Background()
+	ev, _ := proto.Marshal(&handoffv1.JobEvent{Stage: "intake"})
+	var runs []any
+	for i, id := range []string{"run-a", "run-b"} {
+		b, _ := proto.Marshal(&handoffv1.Job{RunId: id, JobId: "job-" + id})
+		runs = append(runs, prefix+"run:"+id, b)
+		if err := rdb.ZAdd(ctx, prefix+"runs:index", redis.Z{Score: float64(i + 1), Member: id}).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := errors.Join(rdb.MSet(ctx, runs...).Err(), rdb.Set(ctx, prefix+"runs:seq", "2", 0).Err(),
+		rdb.RPush(ctx, prefix+"events:run-a", ev).Err(),
+		rdb.HSet(ctx, prefix+"wallet:run-a", "usd", "5", "revisions", "0", "hops", "2", "job", "job-run-a").Err(),
+		rdb.Set(ctx, prefix+"request:req-a", "run-a", 0).Err(),
+		rdb.Set(ctx, prefix+"idem:k", "Ddone", time.Hour).Err(),
+		rdb.Set(ctx, prefix+"lease:run:run-a", "coord-1", time.Hour).Err(),
+		rdb.RPush(ctx, prefix+"ledger", `{"key":"lk","payload":"eA==","at":"2025-01-01T00:00:00Z"}`).Err()); err != nil {
+		t.Fatal(err)
+	}
+	url := "redis://" + storetest.RedisAddr() + "/0?prefix=" + neturl.QueryEscape(prefix)
+	if _, err := store.OpenURL(ctx, url); !errors.Is(err, store.ErrOldLayout) {
+		t.Fatalf("OpenURL over the old layout = %v, want ErrOldLayout", err)
+	}
+	n, err := store.MigrateRedis(ctx, s)
+	if err != nil || n != 9 {
+		t.Fatalf("MigrateRedis = %d, %v; want 9 keys moved", n, err)
+	}
+	if n, err := store.MigrateRedis(ctx, s); err != nil || n != 0 {
+		t.Fatalf("MigrateRedis again = %d, %v; want nothing moved", n, err)
+	}
+	s2, err := store.OpenURL(ctx, url)
+	if err != nil {
+		t.Fatalf("OpenURL after migrating: %v", err)
+	}
+	s2.Close()
+	if _, _, err := s.CreateRun(ctx, &handoffv1.Job{RunId: "run-c"}); err != nil {
+		t.Fatal(err)
+	}
+	if ids := storetest.PagedRunIDs(t, s, 0, 1, 10); fmt.Sprint(ids) != "[run-c run-b run-a]" {
+		t.Errorf("runs after migrating = %v, want [run-c run-b run-a]", ids)
+	}
+	if evs, err := s.Events(ctx, "run-a", 0); err != nil || len(evs) != 1 || evs[0].GetStage() != "intake" {
+		t.Errorf("events of run-a = %v, %v", evs, err)
+	}
+	if w, err := s.WalletFor(ctx, "run-a", "job-run-a"); err != nil || w.GetHopsRemaining() != 2 {
+		t.Errorf("wallet of run-a = %v, %v", w, err)
+	}
+	if got, created, err := s.CreateRun(ctx, &handoffv1.Job{RunId: "run-z", JobId: "job-run-a", RequestId: "req-a"}); err != nil || created || got.GetRunId() != "run-a" {
+		t.Errorf("request req-a again = %v, %v, %v; want run-a", got.GetRunId(), created, err)
+	}
+	if st, v, err := s.Lookup(ctx, "k"); err != nil || st != store.Done || string(v) != "done" {
+		t.Errorf("idempotency record = %v %q %v", st, v, err)
+	}
+	if ttl := rdb.PTTL(ctx, prefix+"{k}:idem").Val(); ttl <= 0 {
+		t.Errorf("idempotency record lost its expiry: ttl %v", ttl)
+	}
+	if ok, err := s.AcquireLease(ctx, "run:run-a", "coord-2", time.Minute); err != nil || ok {
+		t.Errorf("lease held by coord-1 taken by coord-2 after migrating: %v, %v", ok, err)
+	}
+	if es, err := s.LedgerEntries(ctx); err != nil || len(es) != 1 || es[0].Key != "lk" {
+		t.Errorf("ledger after migrating = %+v, %v", es, err)
 	}
 }

@@ -33,6 +33,10 @@ const openRedisTimeout = 10 * time.Second
 //     RedisOptions has none); host and port are required; db is a number from 0 (default 0);
 //     prefix starts every key (default "handoff:") and is the only query parameter; a
 //     fragment is refused. Connecting is bounded by 10s on top of ctx.
+//   - redis-cluster://[:password@]host:port,host:port,...[?prefix=P] is Redis Cluster
+//     (go-redis ClusterClient): some of its nodes, from which the client learns the rest.
+//     Each is host:port; there is no database (a cluster has only 0); password and prefix
+//     are as for redis://.
 //   - anything without "://" is a bbolt file path (one process); its parent folder is
 //     created.
 //
@@ -57,6 +61,14 @@ func OpenURL(ctx context.Context, spec string) (Store, error) {
 	defer cancel()
 	st, err := OpenRedis(ctx, *o)
 	if err != nil {
+		return nil, fmt.Errorf("%q: %w", Redact(spec), err)
+	}
+	// A deployment upgraded without migrating would see none of its data: refuse it.
+	if old, err := st.oldLayout(ctx); err != nil || old {
+		st.Close()
+		if err == nil {
+			err = ErrOldLayout
+		}
 		return nil, fmt.Errorf("%q: %w", Redact(spec), err)
 	}
 	return st, nil
@@ -122,7 +134,7 @@ func unreachable(err error) bool {
 // nil. Errors name the setting with its password redacted.
 func ParseURL(spec string) (*RedisOptions, error) {
 	if spec == "" {
-		return nil, errors.New("no store given: want a bbolt file path or redis://[:password@]host:port[/db]")
+		return nil, errors.New("no store given: want a bbolt file path, redis://[:password@]host:port[/db] or redis-cluster://host:port,host:port")
 	}
 	if !strings.Contains(spec, "://") {
 		return nil, nil
@@ -130,6 +142,9 @@ func ParseURL(spec string) (*RedisOptions, error) {
 	shown := Redact(spec)
 	fail := func(format string, args ...any) (*RedisOptions, error) {
 		return nil, fmt.Errorf("%q: "+format, append([]any{shown}, args...)...)
+	}
+	if rest, ok := strings.CutPrefix(spec, "redis-cluster://"); ok {
+		return parseClusterURL(rest, fail)
 	}
 	u, err := url.Parse(spec)
 	if err != nil {
@@ -141,7 +156,7 @@ func ParseURL(spec string) (*RedisOptions, error) {
 		return fail("neither a file path nor a redis:// URL: %v", err)
 	}
 	if u.Scheme != "redis" {
-		return fail("only redis://[:password@]host:port[/db] URLs are supported (or give a bbolt file path)")
+		return fail("only redis://[:password@]host:port[/db] and redis-cluster://host:port,... URLs are supported (or give a bbolt file path)")
 	}
 	host, port, err := net.SplitHostPort(u.Host)
 	if u.Opaque != "" || err != nil || host == "" || port == "" {
@@ -158,16 +173,8 @@ func ParseURL(spec string) (*RedisOptions, error) {
 	if err != nil {
 		return fail("query: %v", err)
 	}
-	for _, k := range slices.Sorted(maps.Keys(q)) {
-		if k != "prefix" {
-			return fail("query parameter %q is not supported (only prefix)", k)
-		}
-	}
-	if v, ok := q["prefix"]; ok {
-		if len(v) != 1 || v[0] == "" {
-			return fail("prefix wants one non-empty value")
-		}
-		o.Prefix = v[0]
+	if o.Prefix, err = prefixParam(q); err != nil {
+		return fail("%v", err)
 	}
 	if u.User != nil {
 		if name := u.User.Username(); name != "" && name != "default" {
@@ -181,6 +188,67 @@ func ParseURL(spec string) (*RedisOptions, error) {
 			return fail("database %q is not a number from 0", db)
 		}
 		o.DB = n
+	}
+	return o, nil
+}
+
+// prefixParam reads the query of a store URL: only prefix, one non-empty value, default
+// "handoff:".
+func prefixParam(q url.Values) (string, error) {
+	for _, k := range slices.Sorted(maps.Keys(q)) {
+		if k != "prefix" {
+			return "", fmt.Errorf("query parameter %q is not supported (only prefix)", k)
+		}
+	}
+	v, ok := q["prefix"]
+	if !ok {
+		return defaultRedisPrefix, nil
+	}
+	if len(v) != 1 || v[0] == "" {
+		return "", errors.New("prefix wants one non-empty value")
+	}
+	return v[0], nil
+}
+
+// parseClusterURL reads what follows "redis-cluster://": [:password@]host:port,...[?query].
+// (net/url takes one host only, so the node list is split here.)
+func parseClusterURL(rest string, fail func(string, ...any) (*RedisOptions, error)) (*RedisOptions, error) {
+	const want = "want redis-cluster://[:password@]host:port,host:port,...[?prefix=P]"
+	if strings.Contains(rest, "#") {
+		return fail("a fragment is not supported")
+	}
+	rest, query, _ := strings.Cut(rest, "?")
+	o := &RedisOptions{}
+	if at := strings.LastIndex(rest, "@"); at >= 0 {
+		name, pw, _ := strings.Cut(rest[:at], ":")
+		if name != "" && name != "default" {
+			return fail("a user name is not supported; give only a password (redis-cluster://:password@host:port,...)")
+		}
+		p, err := url.PathUnescape(pw)
+		if err != nil {
+			return fail("password: %v", err)
+		}
+		o.Password, rest = p, rest[at+1:]
+	}
+	if strings.Contains(rest, "/") {
+		return fail("a path or database is not supported (a cluster has only database 0); %s", want)
+	}
+	for _, a := range strings.Split(rest, ",") {
+		host, port, err := net.SplitHostPort(a)
+		if err != nil || host == "" || port == "" {
+			return fail("node %q: %s", a, want)
+		}
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+			return fail("node %q: port %q is not a number from 1 to 65535", a, port)
+		}
+		o.Cluster = append(o.Cluster, a)
+	}
+	q, err := url.ParseQuery(query)
+	if err != nil {
+		return fail("query: %v", err)
+	}
+	if o.Prefix, err = prefixParam(q); err != nil {
+		return fail("%v", err)
 	}
 	return o, nil
 }

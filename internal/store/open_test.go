@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -40,6 +41,20 @@ func TestParseURL(t *testing.T) {
 		// The prefix query parameter.
 		{spec: "redis://h:6379/1?prefix=team-a:", want: &store.RedisOptions{Addr: "h:6379", DB: 1, Prefix: "team-a:"}},
 		{spec: "redis://h:6379?prefix=%7Bhandoff%7D:", want: &store.RedisOptions{Addr: "h:6379", Prefix: "{handoff}:"}},
+
+		// Redis Cluster: a list of nodes, no database.
+		{spec: "redis-cluster://127.0.0.1:7000,127.0.0.1:7001", want: &store.RedisOptions{Cluster: []string{"127.0.0.1:7000", "127.0.0.1:7001"}, Prefix: "handoff:"}},
+		{spec: "redis-cluster://:s3cret@r1:6379?prefix=team-a:", want: &store.RedisOptions{Cluster: []string{"r1:6379"}, Password: "s3cret", Prefix: "team-a:"}},
+		{spec: "redis-cluster://default:pa/ss@[::1]:7000,[::1]:7001", want: &store.RedisOptions{Cluster: []string{"[::1]:7000", "[::1]:7001"}, Password: "pa/ss", Prefix: "handoff:"}},
+		{spec: "redis-cluster://", err: true},
+		{spec: "redis-cluster://h:1,", err: true},
+		{spec: "redis-cluster://h:1,h", err: true},
+		{spec: "redis-cluster://h:1,h:0", err: true},
+		{spec: "redis-cluster://h:1/0", err: true},
+		{spec: "redis-cluster://h:1?db=0", err: true},
+		{spec: "redis-cluster://h:1#f", err: true},
+		{spec: "redis-cluster://bob:s3cret-user@h:1,h:2", err: true, secret: "s3cret-user"},
+		{spec: "redis-cluster://:s3cret-node@h:1,h", err: true, secret: "s3cret-node"},
 
 		// Refused (from cmd/agentrunner's TestRedisOptions).
 		{spec: "redis://127.0.0.1", err: true},
@@ -96,7 +111,7 @@ func TestParseURL(t *testing.T) {
 			t.Errorf("ParseURL(%q): %v", c.spec, err)
 			continue
 		}
-		if (got == nil) != (c.want == nil) || got != nil && *got != *c.want {
+		if !reflect.DeepEqual(got, c.want) {
 			t.Errorf("ParseURL(%q) = %+v, want %+v", c.spec, got, c.want)
 		}
 	}
@@ -172,7 +187,7 @@ func TestOpenURLRedisPrefix(t *testing.T) {
 	if _, err := s.OpenWallet(ctx, "w", "job-w", &handoffv1.Budget{HopsRemaining: 1}); err != nil {
 		t.Fatal(err)
 	}
-	if keys := storetest.RedisKeys(t, rdb, prefix); len(keys) != 1 || keys[0] != prefix+"wallet:w" {
-		t.Fatalf("keys under %s = %v, want its wallet:w", prefix, keys)
+	if keys := storetest.RedisKeys(t, rdb, prefix); len(keys) != 1 || keys[0] != prefix+"{w}:wallet" {
+		t.Fatalf("keys under %s = %v, want its {w}:wallet", prefix, keys)
 	}
 }

@@ -5,50 +5,67 @@ package store
 //
 // Key layout. Every key starts with RedisOptions.Prefix ("handoff:" by default; left out
 // below), so several deployments or test runs can share one Redis, and one can be deleted by
-// prefix without touching the others:
+// prefix without touching the others. After it comes a hash tag in braces, the id the
+// record belongs to, and the kind of record: {<id>}:<kind>. Redis Cluster places a key by
+// its hash tag, so the records of one run (run, events, its wallet, whose id is the run id)
+// share a slot, and runs spread over all slots:
 //
-//	run:<run_id>         string  proto.Marshal(Job): the run as of its last PutRun.
-//	runs:index           zset    member run_id, score its creation number from runs:seq:
-//	                             ListRuns walks it newest first; the page token is a score.
-//	runs:seq             string  INCR counter giving each created run its creation number.
-//	request:<request_id> string  run_id created for that request id (CreateRun dedupe).
-//	requestsum:<request_id> string  RequestDigest of that request: a request id used
-//	                             again for a different request is refused.
-//	jobsum:<job_id>      string  JobDigest of the first run created with that job id: a
-//	                             job id submitted again with other content is refused.
-//	events:<run_id>      list    proto.Marshal(JobEvent) with seq cleared; the element at
-//	                             index i is the event with seq i+1 (append-only, so the
-//	                             position is the sequence number and needs no counter).
-//	idem:<key>           string  idempotency record: "P" (pending claim) or "D"+value
-//	                             (done, value is the first result). Lifetime: a pending
-//	                             marker is SET NX PX pendingTTL (no expiry if <= 0), so
-//	                             a claimer that died frees the key when it lapses; Complete
-//	                             replaces it with the done record, expiring after ttl (PX)
-//	                             or never (ttl <= 0: SET drops the marker's expiry);
-//	                             Release deletes it only while it is still pending. Redis
-//	                             expiry replaces bbolt's stored deadline: an expired record
-//	                             is simply absent.
-//	wallet:<id>          hash    fields usd, revisions, hops: decimal integers, so the Debit
-//	                             script does exact integer arithmetic on them; job: the
-//	                             job_id the wallet belongs to (absent in wallets opened
-//	                             before wallets recorded it); and a field
-//	                             paid:<idempotency key> for each hop Admit debited from it.
-//	ledger               list    JSON {Key, Payload, At}; the element at index i is entry
-//	                             ledger-%06d of i+1 (append-only, like events).
-//	ledger:keys          hash    ledger key -> its entry's number: the ledger upserts by key.
-//	ledger:offers        hash    ledger key -> how many appends named it (LedgerEntry.Offers).
+//	{<run_id>}:run          string  proto.Marshal(Job): the run as of its last PutRun.
+//	{<run_id>}:events       list    proto.Marshal(JobEvent) with seq cleared; the element at
+//	                                index i is the event with seq i+1 (append-only, so the
+//	                                position is the sequence number and needs no counter).
+//	{runs:<b>}:index        zset    bucket b (0-15, by an FNV hash of the run id) of the run
+//	                                index: member run_id, score the server's time in
+//	                                microseconds when it was created (raised past the
+//	                                bucket's newest, so unique in a bucket). ListRuns merges
+//	                                the buckets newest first; the page token is
+//	                                "score:run_id" of the page's last run.
+//	{<request_id>}:request  string  run_id created for that request id (CreateRun dedupe).
+//	{<request_id>}:requestsum  string  RequestDigest of that request: a request id used
+//	                                again for a different request is refused.
+//	{<job_id>}:jobsum       string  JobDigest of the first run created with that job id: a
+//	                                job id submitted again with other content is refused.
+//	{<key>}:idem            string  idempotency record: "P" (pending claim) or "D"+value
+//	                                (done, value is the first result). Lifetime: a pending
+//	                                marker is SET NX PX pendingTTL (no expiry if <= 0), so
+//	                                a claimer that died frees the key when it lapses;
+//	                                Complete replaces it with the done record, expiring
+//	                                after ttl (PX) or never (ttl <= 0: SET drops the
+//	                                marker's expiry); Release deletes it only while it is
+//	                                still pending. Redis expiry replaces bbolt's stored
+//	                                deadline: an expired record is simply absent.
+//	{<id>}:wallet           hash    fields usd, revisions, hops: decimal integers, so the
+//	                                Debit script does exact integer arithmetic on them; job:
+//	                                the job_id the wallet belongs to (absent in wallets
+//	                                opened before wallets recorded it); and a field
+//	                                paid:<idempotency key> for each hop Admit debited.
+//	{<name>}:lease          string  a lease's owner, expiring with the lease (redis_lease.go).
+//	{<run_id>}:fence        string  the run's fence epoch (INCR by FenceRun), checked by
+//	                                PutRunFenced in the script that saves the run.
+//	{ledger}:entries        list    JSON {Key, Payload, At}; the element at index i is entry
+//	                                ledger-%06d of i+1 (append-only, like events).
+//	{ledger}:keys           hash    ledger key -> its entry's number: the ledger upserts by key.
+//	{ledger}:offers         hash    ledger key -> how many appends named it (LedgerEntry.Offers).
+//
+// Releases before this layout wrote <kind>:<id> keys, one global run index and sequence
+// and an untagged ledger; OpenURL refuses such a prefix (ErrOldLayout) and MigrateRedis
+// (`handoff store migrate`) moves it.
 //
 // Atomicity. Each operation that reads and then writes, or touches several keys, is one Lua
 // script (EVALSHA, falling back to EVAL when the server has not cached it), which Redis runs
-// with nothing interleaved, so concurrent callers in different processes cannot race. Where
-// one command is already atomic it is used alone: PutRun without events is SET XX, Complete
-// is SET. AppendLedger is a script too (an upsert: look the key up, else RPUSH, whose reply
-// is the new length, i.e. the sequence number), and AppendLedgerComplete one that also
-// stores the idempotency result (redis_ledger.go).
-// The agent runner's hop is Admit (claim + wallet debit, one script) and Complete.
+// with nothing interleaved, so concurrent callers in different processes cannot race. Every
+// script's keys are in one slot, so each runs on Redis Cluster too. Where one command is
+// already atomic it is used alone: PutRun without events is SET XX, Complete is SET.
+// AppendLedger is a script (an upsert: look the key up, else RPUSH, whose reply is the new
+// length, i.e. the sequence number), and AppendLedgerComplete one that also stores the
+// idempotency record (redis_ledger.go). The agent runner's hop is Admit (claim + wallet
+// debit, one script) and Complete.
 //
-// Scripts name all their keys in KEYS. On Redis Cluster they still need every key in one
-// slot: use a prefix with a hash tag, such as "{handoff}:".
+// What spans slots is several scripts, each safe to repeat, in an order a crash between
+// them leaves safe to retry: CreateRun (request, job digest, index, run: redis_runs.go)
+// always; on a cluster also Admit (claim, then the debit, which the wallet's paid mark keeps
+// to once per key) and AppendLedgerComplete (the upsert, then the record: a retry finds the
+// key's entry rather than writing another).
 
 import (
 	"context"
@@ -73,6 +90,9 @@ var _ Store = (*Redis)(nil)
 type RedisOptions struct {
 	// Addr is host:port of the server; default 127.0.0.1:6379. Ignored when Client is set.
 	Addr string
+	// Cluster, when non-empty, is host:port of some nodes of a Redis Cluster (the client
+	// learns the others from them), used instead of Addr; DB must then be 0.
+	Cluster []string
 	// Password and DB select the server's auth and logical database. Ignored with Client.
 	Password string
 	DB       int
@@ -90,11 +110,15 @@ type RedisOptions struct {
 // Redis is the Store on a Redis server (see the key layout above). It is safe for concurrent
 // use, and any number of processes may share one server and prefix.
 type Redis struct {
-	rdb    redis.UniversalClient
-	owned  bool   // Close closes rdb only when OpenRedis dialled it
-	addr   string // for error messages
-	prefix string
-	now    func() time.Time
+	rdb   redis.UniversalClient
+	owned bool // Close closes rdb only when OpenRedis dialled it
+	// cluster: keys of different slots may be on different servers, so the operations
+	// that would touch several slots in one script run one script per slot (Admit,
+	// AppendLedgerComplete); on one server they keep their single script.
+	cluster bool
+	addr    string // for error messages
+	prefix  string
+	now     func() time.Time
 }
 
 // OpenRedis connects to Redis and checks that it answers a PING, so a wrong address fails at
@@ -109,9 +133,26 @@ func OpenRedis(ctx context.Context, o RedisOptions) (*Redis, error) {
 		o.Prefix = "handoff:"
 	}
 	s := &Redis{prefix: o.Prefix, now: time.Now}
-	if o.Client != nil {
+	switch {
+	case o.Client != nil:
 		s.rdb, s.addr = o.Client, clientAddr(o.Client)
-	} else {
+	case len(o.Cluster) > 0:
+		if o.DB != 0 {
+			return nil, fmt.Errorf("redis cluster %s: database %d: a cluster has only database 0", strings.Join(o.Cluster, ","), o.DB)
+		}
+		s.rdb = redis.NewClusterClient(&redis.ClusterOptions{
+			Addrs:                 o.Cluster,
+			Password:              o.Password,
+			DialTimeout:           orDefault(o.DialTimeout, 2*time.Second),
+			ReadTimeout:           orDefault(o.ReadTimeout, 3*time.Second),
+			WriteTimeout:          orDefault(o.WriteTimeout, 3*time.Second),
+			ContextTimeoutEnabled: true,
+			// Retries off, as for one server. Redirects (MOVED, ASK) are still followed:
+			// a node that redirects has not run the command.
+			MaxRetries: -1,
+		})
+		s.addr, s.owned = strings.Join(o.Cluster, ","), true
+	default:
 		if o.Addr == "" {
 			o.Addr = "127.0.0.1:6379"
 		}
@@ -127,6 +168,7 @@ func OpenRedis(ctx context.Context, o RedisOptions) (*Redis, error) {
 		})
 		s.addr, s.owned = o.Addr, true
 	}
+	_, s.cluster = s.rdb.(*redis.ClusterClient)
 	if err := s.Ping(ctx); err != nil {
 		s.Close()
 		return nil, err
@@ -159,7 +201,10 @@ func (s *Redis) errf(format string, args ...any) error {
 	return fmt.Errorf("redis %s: "+format, append([]any{s.addr}, args...)...)
 }
 
-func (s *Redis) key(parts ...string) string { return s.prefix + strings.Join(parts, ":") }
+// key is the key of one kind of record of one id: prefix + "{" + id + "}:" + kind. The id
+// in braces is the key's hash tag, so on Redis Cluster every record of one id (a run's run,
+// events and wallet) is in one slot and different ids spread over all of them.
+func (s *Redis) key(kind, id string) string { return s.prefix + "{" + id + "}:" + kind }
 
 // Ping sends a PING (health checks).
 func (s *Redis) Ping(ctx context.Context) error {
@@ -181,120 +226,6 @@ func (s *Redis) Close() error {
 }
 
 // ---- Runs ----
-
-// createRunScript stores a run, indexes it, opens its wallet (when given, as
-// openWalletScript) and appends its first events, unless its request id was seen before
-// (then it returns {"dup", earlier run_id, its request digest or "" when none was
-// recorded}, or {"reqconflict"} when the digest differs), its job id was first created with
-// other content ({"jobconflict"}), its run id is taken ({"exists"}) or its wallet id is
-// another job's wallet ({"wrongjob"}). Every check comes before the first write. Reply on
-// success: {"created", the timeline's length after the events}.
-// KEYS: run, runs:index, runs:seq, events, wallet, jobsum[, request, requestsum]. ARGV:
-// run_id, Job bytes, "1" when a wallet is given (else "0"), usd, revisions, hops, job_id,
-// job digest, request digest, event bytes...
-var createRunScript = redis.NewScript(`
-if KEYS[7] then
-  local prev = redis.call('GET', KEYS[7])
-  if prev then
-    local sum = redis.call('GET', KEYS[8])
-    if sum and sum ~= ARGV[9] then return {'reqconflict'} end
-    return {'dup', prev, sum or ''}
-  end
-end
-if ARGV[7] ~= '' then
-  local sum = redis.call('GET', KEYS[6])
-  if sum and sum ~= ARGV[8] then return {'jobconflict'} end
-end
-if redis.call('EXISTS', KEYS[1]) == 1 then return {'exists'} end
-local walletExists = redis.call('EXISTS', KEYS[5]) == 1
-if ARGV[3] == '1' and walletExists then
-  local owner = redis.call('HGET', KEYS[5], 'job')
-  if owner and owner ~= ARGV[7] then return {'wrongjob'} end
-end
-redis.call('SET', KEYS[1], ARGV[2])
-local seq = redis.call('INCR', KEYS[3])
-redis.call('ZADD', KEYS[2], seq, ARGV[1])
-if KEYS[7] then
-  redis.call('SET', KEYS[7], ARGV[1])
-  redis.call('SET', KEYS[8], ARGV[9])
-end
-if ARGV[7] ~= '' then redis.call('SET', KEYS[6], ARGV[8], 'NX') end
-if ARGV[3] == '1' then
-  if walletExists then
-    redis.call('HSETNX', KEYS[5], 'job', ARGV[7])
-  else
-    redis.call('HSET', KEYS[5], 'usd', ARGV[4], 'revisions', ARGV[5], 'hops', ARGV[6], 'job', ARGV[7])
-  end
-end
-local n = 0
-for i = 10, #ARGV do n = redis.call('RPUSH', KEYS[4], ARGV[i]) end
-return {'created', tostring(n)}
-`)
-
-func (s *Redis) CreateRun(ctx context.Context, job *handoffv1.Job, evs ...*handoffv1.JobEvent) (*handoffv1.Job, bool, error) {
-	if job.GetRunId() == "" {
-		return nil, false, fmt.Errorf("store: run_id is empty")
-	}
-	if job.GetWallet() != nil && job.GetJobId() == "" {
-		return nil, false, fmt.Errorf("store: run %s has a wallet but no job_id to record in it", job.GetRunId())
-	}
-	data, err := proto.Marshal(job)
-	if err != nil {
-		return nil, false, fmt.Errorf("store: encode run %s: %w", job.GetRunId(), err)
-	}
-	keys := []string{s.key("run", job.GetRunId()), s.key("runs", "index"), s.key("runs", "seq"),
-		s.key("events", job.GetRunId()), s.key("wallet", job.GetRunId()), s.key("jobsum", job.GetJobId())}
-	if rid := job.GetRequestId(); rid != "" {
-		keys = append(keys, s.key("request", rid), s.key("requestsum", rid))
-	}
-	hasWallet := "0"
-	if job.GetWallet() != nil {
-		hasWallet = "1"
-	}
-	b := job.GetWallet()
-	args, err := appendEncoded([]any{job.GetRunId(), data, hasWallet, b.GetUsdRemainingMicros(), b.GetRevisionsRemaining(), b.GetHopsRemaining(),
-		job.GetJobId(), JobDigest(job), RequestDigest(job)}, job.GetRunId(), evs)
-	if err != nil {
-		return nil, false, err
-	}
-	res, err := createRunScript.Run(ctx, s.rdb, keys, args...).StringSlice()
-	if err != nil {
-		return nil, false, s.errf("create run %s: %w", job.GetRunId(), err)
-	}
-	switch res[0] {
-	case "created":
-		if len(evs) > 0 && len(res) > 1 {
-			last, err := strconv.ParseUint(res[1], 10, 64)
-			if err != nil {
-				return nil, false, s.errf("create run %s: unexpected script reply %q", job.GetRunId(), res)
-			}
-			numberEvents(evs, last)
-		}
-		return proto.Clone(job).(*handoffv1.Job), true, nil
-	case "exists":
-		return nil, false, s.errf("create run %s: run already exists", job.GetRunId())
-	case "reqconflict":
-		return nil, false, s.errf("create run %s: request %s: %w", job.GetRunId(), job.GetRequestId(), ErrRequestConflict)
-	case "jobconflict":
-		return nil, false, s.errf("create run %s: job %s: %w", job.GetRunId(), job.GetJobId(), ErrJobConflict)
-	case "wrongjob":
-		return nil, false, s.errf("create run %s: its wallet id is a wallet of another job: %w", job.GetRunId(), ErrWrongJob)
-	case "dup":
-		if len(res) != 3 {
-			return nil, false, s.errf("create run %s: unexpected script reply %q", job.GetRunId(), res)
-		}
-		// Runs are never deleted, so the earlier run is still there to read.
-		prev, err := s.GetRun(ctx, res[1])
-		if err != nil {
-			return nil, false, s.errf("create run %s: earlier run %s for request %s: %w", job.GetRunId(), res[1], job.GetRequestId(), err)
-		}
-		if res[2] == "" && !SameIntake(prev, job) { // recorded before requests had digests
-			return nil, false, s.errf("create run %s: request %s: %w", job.GetRunId(), job.GetRequestId(), ErrRequestConflict)
-		}
-		return prev, false, nil
-	}
-	return nil, false, s.errf("create run %s: unexpected script reply %q", job.GetRunId(), res)
-}
 
 func (s *Redis) GetRun(ctx context.Context, runID string) (*handoffv1.Job, error) {
 	data, err := s.rdb.Get(ctx, s.key("run", runID)).Bytes()
@@ -367,72 +298,6 @@ func encodeEvent(ev *handoffv1.JobEvent) ([]byte, error) {
 	ev = proto.Clone(ev).(*handoffv1.JobEvent)
 	ev.Seq = 0
 	return proto.Marshal(ev)
-}
-
-// ListRuns walks runs:index from the page token's score down, reading the runs in batches
-// (one pipelined round trip each) until limit matching runs and one more are found. It is not
-// one snapshot, but runs are never deleted and a run's index score never changes, so a page
-// holds every run once; only a state read may be newer than the index read.
-func (s *Redis) ListRuns(ctx context.Context, state handoffv1.JobState, limit int, after string) ([]*handoffv1.Job, string, error) {
-	if limit <= 0 {
-		limit = 100
-	}
-	maxScore := "+inf"
-	if after != "" {
-		n, err := strconv.ParseUint(after, 10, 64)
-		if err != nil {
-			return nil, "", fmt.Errorf("store: bad page token %q", after)
-		}
-		if n != 0 { // bbolt treats 0 as the first page too
-			maxScore = "(" + strconv.FormatUint(n, 10) // exclusive: the token is one past the next run
-		}
-	}
-	batch := limit + 1
-	if state != handoffv1.JobState_JOB_STATE_UNSPECIFIED {
-		batch = max(batch, 256) // most runs may not match: read ahead
-	}
-	batch = min(batch, 1000)
-	var out []*handoffv1.Job
-	for {
-		ids, err := s.rdb.ZRevRangeByScoreWithScores(ctx, s.key("runs", "index"), &redis.ZRangeBy{
-			Max: maxScore, Min: "-inf", Count: int64(batch),
-		}).Result()
-		if err != nil {
-			return nil, "", s.errf("list runs: %w", err)
-		}
-		if len(ids) == 0 {
-			return out, "", nil
-		}
-		pipe := s.rdb.Pipeline()
-		gets := make([]*redis.StringCmd, len(ids))
-		for i, z := range ids {
-			gets[i] = pipe.Get(ctx, s.key("run", z.Member.(string)))
-		}
-		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-			return nil, "", s.errf("list runs: %w", err)
-		}
-		for i, z := range ids {
-			data, err := gets[i].Bytes()
-			if err != nil {
-				return nil, "", s.errf("list runs: run %v (indexed): %w", z.Member, err)
-			}
-			j, err := decodeJob(data)
-			if err != nil {
-				return nil, "", err
-			}
-			if state != handoffv1.JobState_JOB_STATE_UNSPECIFIED && j.GetState() != state {
-				continue
-			}
-			if len(out) == limit {
-				return out, strconv.FormatUint(uint64(z.Score)+1, 10), nil
-			}
-			out = append(out, j)
-		}
-		if len(ids) < batch {
-			return out, "", nil
-		}
-		maxScore = "(" + strconv.FormatUint(uint64(ids[len(ids)-1].Score), 10)
-	}
 }
 
 // appendEventScript appends an event to a run's timeline if the run exists, returning its
@@ -788,7 +653,7 @@ func (s *Redis) Claim(ctx context.Context, key string, pendingTTL time.Duration)
 // KEYS: idem[, wallet]. ARGV: ttl ms, hops, revisions, usd, requireMoney, key, job.
 // Reply: {"held", record} | {"claimed"} | {"claimed", "notfound"|"wrongjob"} |
 // {"claimed", "paid", ...} | {"claimed", debit's reply...}.
-var admitScript = redis.NewScript(debitLua + `
+var admitScript = redis.NewScript(debitLua + payLua + `
 if KEYS[2] and ARGV[4]:sub(1, 1) == '-' then return {'negative'} end
 local ok
 if tonumber(ARGV[1]) > 0 then
@@ -798,18 +663,36 @@ else
 end
 if not ok then return {'held', redis.call('GET', KEYS[1])} end
 if not KEYS[2] then return {'claimed'} end
-local refused = jobRefused(KEYS[2], ARGV[7])
-if refused then return {'claimed', refused} end
-local paid = 'paid:' .. ARGV[6]
-if redis.call('HEXISTS', KEYS[2], paid) == 1 then
-  local w = redis.call('HMGET', KEYS[2], 'usd', 'revisions', 'hops')
-  return {'claimed', 'paid', w[1], w[2], w[3]}
-end
-local r = debit(KEYS[2], ARGV[2], ARGV[3], ARGV[4], ARGV[5])
-if r[1] == 'ok' then redis.call('HSET', KEYS[2], paid, '1') end
-table.insert(r, 1, 'claimed')
-return r
+return pay(KEYS[2], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7])
 `)
+
+// payScript is admitScript's debit alone, for a claim made by admitScript without a wallet:
+// on Redis Cluster the claim and the wallet are in different slots, so Admit runs the two
+// halves one after the other. The paid mark keeps the second half once per key, so a claim
+// retried after a crash between them does not pay twice.
+// KEYS: wallet. ARGV: as admitScript's. Reply: as admitScript's after the claim.
+var payScript = redis.NewScript(debitLua + payLua + `
+if ARGV[4]:sub(1, 1) == '-' then return {'negative'} end
+return pay(KEYS[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7])
+`)
+
+// payLua defines pay(wallet key, hops, revisions, usd, requireMoney, key, job): the job
+// check, the paid mark and the debit of a fresh claim, replying {"claimed", ...}.
+const payLua = `
+local function pay(wkey, hops, revs, usd, requireMoney, key, job)
+  local refused = jobRefused(wkey, job)
+  if refused then return {'claimed', refused} end
+  local paid = 'paid:' .. key
+  if redis.call('HEXISTS', wkey, paid) == 1 then
+    local w = redis.call('HMGET', wkey, 'usd', 'revisions', 'hops')
+    return {'claimed', 'paid', w[1], w[2], w[3]}
+  end
+  local r = debit(wkey, hops, revs, usd, requireMoney)
+  if r[1] == 'ok' then redis.call('HSET', wkey, paid, '1') end
+  table.insert(r, 1, 'claimed')
+  return r
+end
+`
 
 func (s *Redis) Admit(ctx context.Context, key string, pendingTTL time.Duration, walletID string, d Debit) (Admission, error) {
 	if key == "" {
@@ -823,7 +706,20 @@ func (s *Redis) Admit(ctx context.Context, key string, pendingTTL time.Duration,
 	if d.RequireMoney {
 		require = "1"
 	}
-	res, err := admitScript.Run(ctx, s.rdb, keys, ttlMillis(pendingTTL), d.Hops, d.Revisions, d.USDMicros, require, key, d.Job).StringSlice()
+	args := []any{ttlMillis(pendingTTL), d.Hops, d.Revisions, d.USDMicros, require, key, d.Job}
+	var res []string
+	var err error
+	if s.cluster && walletID != "" {
+		if d.USDMicros < 0 {
+			return Admission{}, errors.New("store: a debit cannot add money")
+		}
+		res, err = admitScript.Run(ctx, s.rdb, keys[:1], args...).StringSlice()
+		if err == nil && len(res) == 1 && res[0] == "claimed" {
+			res, err = payScript.Run(ctx, s.rdb, keys[1:], args...).StringSlice()
+		}
+	} else {
+		res, err = admitScript.Run(ctx, s.rdb, keys, args...).StringSlice()
+	}
 	if err != nil {
 		return Admission{}, s.errf("claim %q: %w", key, err)
 	}

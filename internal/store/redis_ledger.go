@@ -11,9 +11,10 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// The ledger on Redis (see the key layout in redis.go): the list "ledger" holds the entries
-// in order, "ledger:keys" maps each key to its entry's number (its place in the list, from
-// 1) and "ledger:offers" counts the appends that named it. Both writes are scripts, so an
+// The ledger on Redis (see the key layout in redis.go), all in the slot of the hash tag
+// {ledger}: the list "{ledger}:entries" holds the entries in order, "{ledger}:keys" maps each
+// key to its entry's number (its place in the list, from 1) and "{ledger}:offers" counts the
+// appends that named it. Both writes are scripts, so an
 // upsert from any process sees every other one.
 
 // ledgerRecord is a ledger entry as stored; its ID comes from its position in the list.
@@ -57,7 +58,9 @@ return {'new', tostring(n)}
 // entry of the key or the next one. Otherwise it writes nothing (but the index) and replies
 // what the entry would be now, for the caller to build the record again: {"moved", number,
 // entry JSON} for an existing entry, {"moved", "0", list length} for a new one.
-// KEYS: ledger, ledger:keys, ledger:offers, idem. ARGV: key, entry JSON, number, record,
+// Without KEYS[4] (on Redis Cluster, where the record is in its key's slot, not the
+// ledger's) it writes the entry only, and AppendLedgerComplete stores the record next.
+// KEYS: ledger, ledger:keys, ledger:offers[, idem]. ARGV: key, entry JSON, number, record,
 // ttl ms (0: no expiry). Reply: {"ok", "1" when made, offers}.
 var appendLedgerCompleteScript = redis.NewScript(ledgerLua + `
 local seq = redis.call('HGET', KEYS[2], ARGV[1])
@@ -73,7 +76,8 @@ else
   redis.call('HSET', KEYS[3], ARGV[1], 1)
   offers, created = 1, '1'
 end
-if tonumber(ARGV[5]) > 0 then
+if not KEYS[4] then
+elseif tonumber(ARGV[5]) > 0 then
   redis.call('SET', KEYS[4], ARGV[4], 'PX', ARGV[5])
 else
   redis.call('SET', KEYS[4], ARGV[4])
@@ -82,7 +86,7 @@ return {'ok', created, tostring(offers)}
 `)
 
 func (s *Redis) ledgerKeys() []string {
-	return []string{s.key("ledger"), s.key("ledger", "keys"), s.key("ledger", "offers")}
+	return []string{s.key("entries", "ledger"), s.key("keys", "ledger"), s.key("offers", "ledger")}
 }
 
 // encodeLedger is a new entry for key as the list stores it.
@@ -159,7 +163,10 @@ func (s *Redis) AppendLedgerComplete(ctx context.Context, key string, payload []
 	if err != nil {
 		return LedgerEntry{}, false, err
 	}
-	keys := append(s.ledgerKeys(), s.key("idem", idemKey))
+	keys := s.ledgerKeys()
+	if !s.cluster {
+		keys = append(keys, s.key("idem", idemKey))
+	}
 	fail := func(err error) (LedgerEntry, bool, error) {
 		return LedgerEntry{}, false, s.errf("append ledger %q and complete %q: %w", key, idemKey, err)
 	}
@@ -167,11 +174,12 @@ func (s *Redis) AppendLedgerComplete(ctx context.Context, key string, payload []
 		e     LedgerEntry // the entry the record is built for
 		want  string      // its number; "" in the first round
 		rec   []byte
+		value []byte
 		reply []string
 	)
 	for round := 0; round < maxLedgerRounds; round++ {
 		if want != "" {
-			value, err := result(e)
+			value, err = result(e)
 			if err != nil {
 				return LedgerEntry{}, false, err
 			}
@@ -188,6 +196,13 @@ func (s *Redis) AppendLedgerComplete(ctx context.Context, key string, payload []
 				return fail(fmt.Errorf("unexpected script reply %q", reply))
 			}
 			e.Offers = offers
+			if s.cluster {
+				// The entry is written; a crash before its record leaves it to the retry,
+				// which finds the key's entry (a second offer, not a second write).
+				if err := s.Complete(ctx, idemKey, value, ttl); err != nil {
+					return fail(fmt.Errorf("entry %s stored, its record not: %w", e.ID, err))
+				}
+			}
 			return e, reply[1] == "1", nil
 		case len(reply) == 3 && reply[0] == "moved" && reply[1] == "0":
 			n, err := strconv.ParseInt(reply[2], 10, 64)

@@ -63,8 +63,8 @@ func TestRedisSharedClient(t *testing.T) {
 	if err := rdb.Ping(context.Background()).Err(); err != nil {
 		t.Fatalf("Close closed a client it was given: %v", err)
 	}
-	if n, _ := rdb.Exists(context.Background(), prefix+"wallet:w").Result(); n != 1 {
-		t.Fatalf("wallet not stored at %swallet:w", prefix)
+	if n, _ := rdb.Exists(context.Background(), prefix+"{w}:wallet").Result(); n != 1 {
+		t.Fatalf("wallet not stored at %s{w}:wallet", prefix)
 	}
 }
 
@@ -109,10 +109,10 @@ func TestRedisKeysStayUnderPrefix(t *testing.T) {
 		}
 	}
 	own := storetest.RedisKeys(t, rdb, prefix)
-	// run, runs:index, runs:seq, request, requestsum, jobsum, events, wallet, idem, ledger,
-	// ledger:keys, ledger:offers.
-	if len(own) != 12 {
-		t.Errorf("keys under the prefix = %v, want the 12 of the documented layout", own)
+	// run, its index bucket, request, requestsum, jobsum, events, wallet, idem, and the
+	// ledger's entries, keys and offers.
+	if len(own) != 11 {
+		t.Errorf("keys under the prefix = %v, want the 11 of the documented layout", own)
 	}
 }
 

@@ -63,6 +63,7 @@ type Store interface {
 	Admitter
 	Ledger
 	Leases
+	Fences
 	// Ping reports whether the store is reachable (health checks).
 	Ping(ctx context.Context) error
 	Close() error

@@ -430,10 +430,19 @@ func (s *Server) retry(ctx context.Context, job *handoffv1.Job, stage string, ca
 func (s *Server) save(ctx context.Context, job *handoffv1.Job) error {
 	job.UpdatedAt = timestamppb.New(s.opts.Now())
 	evs := s.takePending(job.GetRunId())
-	if err := s.opts.Store.PutRun(ctx, job, evs...); err != nil {
+	var err error
+	if epoch, ok := epochOf(ctx); ok { // a driver's save: fenced by its epoch
+		err = s.opts.Store.PutRunFenced(ctx, job, epoch, evs...)
+	} else {
+		err = s.opts.Store.PutRun(ctx, job, evs...)
+	}
+	if err != nil {
 		// Neither the state nor its events were written: the step will be repeated from the
 		// last saved state and record them again, so they are not kept for a later save.
 		s.logDropped(job.GetRunId(), evs, err.Error())
+		if errors.Is(err, store.ErrFenced) { // taken over: stop as a lost lease does
+			return fmt.Errorf("save run %s: %w: %w", job.GetRunId(), errLeaseLost, err)
+		}
 		return fmt.Errorf("save run %s: %w", job.GetRunId(), err)
 	}
 	if len(evs) > 0 {

@@ -32,14 +32,31 @@ import (
 // The new driver loads the run as last saved, so the hop the dead replica had in flight is
 // sent once more. That repeat is harmless: the agent runner answers it DUPLICATE (or
 // Aborted while the first delivery still runs) from its completion key, and the writeback
-// returns the first receipt from its idempotency key. A lease is not a fence (a holder that
-// stalls past its lease may still save once after the takeover); the same keys make that
-// save's hop harmless too, and the next driver continues from whichever state was saved last.
+// returns the first receipt from its idempotency key.
+//
+// The lease is also a fence: a driver takes a new epoch of the run (store.Fences) when it
+// takes the lease, before it reads the run, and every save it makes carries that epoch, checked
+// in the save's own transaction or script. A holder that stalled past its lease and saves
+// after the takeover is refused (store.ErrFenced): it stops as if it had lost the lease, and
+// the run never goes back to an older state.
 
 var (
 	errLeaseLost = errors.New("the run's lease was lost to another replica or could not be renewed")
 	errStopping  = errors.New("coordinator is shutting down")
 )
+
+// epochKey carries a driver's fence epoch (store.Fences) in its context, for save.
+type epochKey struct{}
+
+func withEpoch(ctx context.Context, epoch uint64) context.Context {
+	return context.WithValue(ctx, epochKey{}, epoch)
+}
+
+// epochOf is the fence epoch of the driver whose context ctx is, if any.
+func epochOf(ctx context.Context) (uint64, bool) {
+	e, ok := ctx.Value(epochKey{}).(uint64)
+	return e, ok
+}
 
 // leaseTimeout bounds one lease call.
 const leaseTimeout = 3 * time.Second
@@ -158,10 +175,23 @@ func (s *Server) drive(ctx context.Context, runID string, start *handoffv1.Job) 
 	}
 	s.wg.Add(1)
 	s.mu.Unlock()
+	// The run's new epoch, taken while holding its lease and before reading the run: from
+	// now on a save by an earlier holder is refused, so what this driver reads next is the
+	// run's last state for good.
+	fctx, fcancel := context.WithTimeout(ctx, leaseTimeout)
+	epoch, err := s.opts.Store.FenceRun(fctx, runID)
+	fcancel()
+	if err != nil {
+		s.wg.Done()
+		unreserve()
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseTimeout)
+		defer cancel()
+		return false, errors.Join(fmt.Errorf("fence run %s: %w", runID, err), s.opts.Store.ReleaseLease(rctx, l.name, s.opts.Owner))
+	}
 	go func() {
 		defer s.wg.Done()
 		defer unreserve()
-		dctx, lose := context.WithCancelCause(s.ctx)
+		dctx, lose := context.WithCancelCause(withEpoch(s.ctx, epoch))
 		defer lose(nil)
 		kept := make(chan struct{})
 		go func() { defer close(kept); l.keep(dctx, lose, runID) }()

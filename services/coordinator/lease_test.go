@@ -62,6 +62,20 @@ func (f *faultyStore) PutRun(ctx context.Context, j *handoffv1.Job, evs ...*hand
 	}
 	return f.Store.PutRun(ctx, j, evs...)
 }
+func (f *faultyStore) PutRunFenced(ctx context.Context, j *handoffv1.Job, epoch uint64, evs ...*handoffv1.JobEvent) error {
+	if err := f.cut(); err != nil {
+		return err
+	}
+	return f.Store.PutRunFenced(ctx, j, epoch, evs...)
+}
+
+func (f *faultyStore) FenceRun(ctx context.Context, id string) (uint64, error) {
+	if err := f.cut(); err != nil {
+		return 0, err
+	}
+	return f.Store.FenceRun(ctx, id)
+}
+
 func (f *faultyStore) ListRuns(ctx context.Context, st handoffv1.JobState, limit int, after string) ([]*handoffv1.Job, string, error) {
 	if err := f.cut(); err != nil {
 		return nil, "", err

@@ -51,6 +51,15 @@ func (w *writeLog) add(s string) {
 }
 
 func (w *writeLog) PutRun(ctx context.Context, j *handoffv1.Job, evs ...*handoffv1.JobEvent) error {
+	return w.put(j, evs, func() error { return w.Store.PutRun(ctx, j, evs...) })
+}
+
+// PutRunFenced is a driver's save (the fence is the store's business): logged as PutRun.
+func (w *writeLog) PutRunFenced(ctx context.Context, j *handoffv1.Job, epoch uint64, evs ...*handoffv1.JobEvent) error {
+	return w.put(j, evs, func() error { return w.Store.PutRunFenced(ctx, j, epoch, evs...) })
+}
+
+func (w *writeLog) put(j *handoffv1.Job, evs []*handoffv1.JobEvent, write func() error) error {
 	if len(evs) > 0 && w.failPuts.Add(-1) >= 0 {
 		return errors.New("writeLog: save refused")
 	}
@@ -63,7 +72,7 @@ func (w *writeLog) PutRun(ctx context.Context, j *handoffv1.Job, evs ...*handoff
 		ks = append(ks, strings.TrimPrefix(ev.GetKind().String(), "EVENT_KIND_"))
 	}
 	w.add(fmt.Sprintf("PutRun(%s)[%s]", strings.TrimPrefix(j.GetState().String(), "JOB_STATE_"), strings.Join(ks, " ")))
-	return w.Store.PutRun(ctx, j, evs...)
+	return write()
 }
 
 func (w *writeLog) CreateRun(ctx context.Context, j *handoffv1.Job, evs ...*handoffv1.JobEvent) (*handoffv1.Job, bool, error) {

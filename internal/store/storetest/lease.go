@@ -2,12 +2,14 @@ package storetest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/store"
 )
 
@@ -136,5 +138,47 @@ func testLeaseArguments(t *testing.T, l store.Leases) {
 	}
 	if err := l.ReleaseLease(ctx, "n", ""); err == nil {
 		t.Error("ReleaseLease with no owner succeeded")
+	}
+}
+
+// testFence: a takeover's epoch refuses the saves of the epoch before it, leaving the run and
+// its timeline as the newer holder saved them; the current epoch saves, with events.
+func testFence(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	if _, _, err := s.CreateRun(ctx, &handoffv1.Job{RunId: "fenced", Hops: 0}); err != nil {
+		t.Fatal(err)
+	}
+	old, err := s.FenceRun(ctx, "fenced")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PutRunFenced(ctx, &handoffv1.Job{RunId: "fenced", Hops: 1}, old, &handoffv1.JobEvent{Stage: "a"}); err != nil {
+		t.Fatalf("save under the current epoch %d: %v", old, err)
+	}
+	cur, err := s.FenceRun(ctx, "fenced") // another holder takes the run over
+	if err != nil || cur <= old {
+		t.Fatalf("FenceRun after %d = %d, %v; want a greater epoch", old, cur, err)
+	}
+	if err := s.PutRunFenced(ctx, &handoffv1.Job{RunId: "fenced", Hops: 2}, cur); err != nil {
+		t.Fatalf("save under the new epoch %d: %v", cur, err)
+	}
+	err = s.PutRunFenced(ctx, &handoffv1.Job{RunId: "fenced", Hops: 1}, old, &handoffv1.JobEvent{Stage: "stale"})
+	if !errors.Is(err, store.ErrFenced) {
+		t.Fatalf("stale save under epoch %d after %d = %v, want ErrFenced", old, cur, err)
+	}
+	if j, err := s.GetRun(ctx, "fenced"); err != nil || j.GetHops() != 2 {
+		t.Fatalf("run after the refused stale save = %v, %v; want the newer holder's (hops 2)", j, err)
+	}
+	if evs, err := s.Events(ctx, "fenced", 0); err != nil || len(evs) != 1 {
+		t.Fatalf("events after the refused stale save = %v, %v; want only the first save's", evs, err)
+	}
+	if err := s.PutRunFenced(ctx, &handoffv1.Job{RunId: "fenced", Hops: 3}, cur, &handoffv1.JobEvent{Stage: "b"}); err != nil {
+		t.Fatal(err)
+	}
+	if evs, err := s.Events(ctx, "fenced", 0); err != nil || len(evs) != 2 || evs[1].GetSeq() != 2 {
+		t.Fatalf("events = %v, %v; want 2", evs, err)
+	}
+	if err := s.PutRunFenced(ctx, &handoffv1.Job{RunId: "never"}, 0); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("fenced save of a run never created = %v, want ErrNotFound", err)
 	}
 }

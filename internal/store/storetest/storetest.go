@@ -39,6 +39,7 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 	t.Run("Admit", func(t *testing.T) { testAdmit(t, newStore(t)) })
 	t.Run("ConcurrentAdmit", func(t *testing.T) { testConcurrentAdmit(t, newStore(t)) })
 	t.Run("Leases", func(t *testing.T) { s := newStore(t); RunLeases(t, s, s) })
+	t.Run("Fence", func(t *testing.T) { testFence(t, newStore(t)) })
 }
 
 // testGrant: a grant adds to the wallet once per key, never past a budget's caps, and

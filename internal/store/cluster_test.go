@@ -1,0 +1,227 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/protobuf/proto"
+
+	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+	"github.com/handoffhq/handoff/internal/store"
+	"github.com/handoffhq/handoff/internal/store/storetest"
+)
+
+// TestMain stops the local Redis Cluster the cluster tests start (storetest.ClusterAddrs).
+func TestMain(m *testing.M) {
+	code := m.Run()
+	storetest.StopCluster()
+	os.Exit(code)
+}
+
+// TestCluster: the whole contract suite on a Redis Cluster of three masters and three
+// replicas. A script whose keys were in two slots would fail there with CROSSSLOT.
+func TestCluster(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) store.Store {
+		return storetest.OpenCluster(t)
+	})
+}
+
+// TestClusterURL: --store redis-cluster://... opens a store on the cluster, through any one
+// of its nodes.
+func TestClusterURL(t *testing.T) {
+	addrs := storetest.ClusterAddrs(t)
+	prefix := storetest.ClusterPrefix(t)
+	ctx := context.Background()
+	u := "redis-cluster://" + addrs[4] + "?prefix=" + url.QueryEscape(prefix)
+	st, err := store.OpenURL(ctx, u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if _, _, err := st.CreateRun(ctx, &handoffv1.Job{RunId: "run-url", JobId: "job-url", RequestId: "req-url",
+		Wallet: &handoffv1.Budget{HopsRemaining: 2}}); err != nil {
+		t.Fatal(err)
+	}
+	rdb := storetest.ClusterClient(t)
+	if n := rdb.Exists(ctx, prefix+"{run-url}:run").Val(); n != 1 {
+		t.Fatalf("run written through %s not found at %s{run-url}:run", u, prefix)
+	}
+}
+
+// TestClusterSpread: the keys of 1,000 runs (each with a request, a wallet, events, a hop's
+// claim and a ledger write) land on all three masters, and each run's own keys are in one
+// slot, its run's; every operation ran on the cluster, so none crossed slots.
+func TestClusterSpread(t *testing.T) {
+	prefix := storetest.ClusterPrefix(t)
+	s, err := store.OpenRedis(context.Background(), store.RedisOptions{Cluster: storetest.ClusterAddrs(t), Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	rdb := storetest.ClusterClient(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const n = 1000
+	errs := make(chan error, n)
+	sem := make(chan struct{}, 32)
+	for i := range n {
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem }()
+			id := fmt.Sprintf("run-%04d", i)
+			job := &handoffv1.Job{RunId: id, JobId: "job-" + id, RequestId: "req-" + id, Wallet: &handoffv1.Budget{HopsRemaining: 3, UsdRemainingMicros: 10}}
+			_, _, err := s.CreateRun(ctx, job, &handoffv1.JobEvent{Stage: "intake"})
+			if err == nil {
+				_, err = s.AppendEvent(ctx, id, &handoffv1.JobEvent{Stage: "draft"})
+			}
+			if err == nil {
+				var a store.Admission
+				a, err = s.Admit(ctx, "stage:"+id+":draft:0", time.Minute, id, store.Debit{Hops: 1, Job: "job-" + id})
+				if err == nil && !a.Debited {
+					err = fmt.Errorf("admit %s: %+v", id, a)
+				}
+			}
+			if err == nil && i%10 == 0 {
+				_, _, err = s.AppendLedgerComplete(ctx, "ledger-"+id, []byte("x"), "wb:"+id, 0, func(e store.LedgerEntry) ([]byte, error) { return []byte(e.ID), nil })
+			}
+			errs <- err
+		}()
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Keys of this test on each master.
+	var mu sync.Mutex
+	perMaster := map[string]int{}
+	var all []string
+	err = rdb.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+		var keys []string
+		iter := m.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+		for iter.Next(ctx) {
+			keys = append(keys, iter.Val())
+		}
+		mu.Lock()
+		perMaster[m.Options().Addr] = len(keys)
+		all = append(all, keys...)
+		mu.Unlock()
+		return iter.Err()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(perMaster) != 3 {
+		t.Fatalf("masters = %v, want 3", perMaster)
+	}
+	t.Logf("keys per master: %v", perMaster)
+	for m, c := range perMaster {
+		// 1,000 runs' ~7 keys each over 3 masters: about 2,300 each; a third of that is far
+		// below what hashing gives and far above what one hot shard would leave the others.
+		if c < 700 {
+			t.Errorf("master %s holds %d keys of the test, want its share of %d (all: %v)", m, c, len(all), perMaster)
+		}
+	}
+	// Each run's records share its run's slot.
+	for _, id := range []string{"run-0000", "run-0457", "run-0999"} {
+		want := rdb.ClusterKeySlot(ctx, prefix+"{"+id+"}:run").Val()
+		for _, kind := range []string{"events", "wallet"} {
+			if got := rdb.ClusterKeySlot(ctx, prefix+"{"+id+"}:"+kind).Val(); got != want {
+				t.Errorf("%s's %s is in slot %d, its run in %d", id, kind, got, want)
+			}
+		}
+		if c := rdb.ClusterCountKeysInSlot(ctx, int(want)).Val(); c < 3 {
+			t.Errorf("slot %d of %s holds %d keys, want its run, events and wallet", want, id, c)
+		}
+	}
+	ids := storetest.PagedRunIDs(t, s, 0, 150, 10)
+	if len(ids) != n || len(slices.Compact(slices.Sorted(slices.Values(ids)))) != n {
+		t.Errorf("ListRuns over the cluster, 150 a page: %d runs (%d distinct), want each of %d once", len(ids), len(slices.Compact(slices.Sorted(slices.Values(ids)))), n)
+	}
+}
+
+// TestRedisCreateRunCrashWindows: what a CreateRun that stopped between its scripts leaves
+// (see Redis.CreateRun) is finished or skipped, on one Redis and on the cluster: a request
+// reserved for a run never stored is created by its retry under the reserved run id; a run
+// listed in the index but never stored is skipped by ListRuns; and concurrent creates of
+// one request create one run, which all of them return.
+func TestRedisCreateRunCrashWindows(t *testing.T) {
+	for name, open := range map[string]func(t *testing.T) (*store.Redis, redis.Cmdable, string){
+		"redis": func(t *testing.T) (*store.Redis, redis.Cmdable, string) {
+			p := storetest.RedisPrefix(t)
+			return storetest.OpenRedisPrefix(t, p), storetest.RedisClient(t), p
+		},
+		"cluster": func(t *testing.T) (*store.Redis, redis.Cmdable, string) {
+			p := storetest.ClusterPrefix(t)
+			s, err := store.OpenRedis(context.Background(), store.RedisOptions{Cluster: storetest.ClusterAddrs(t), Prefix: p})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { s.Close() })
+			return s, storetest.ClusterClient(t), p
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			s, rdb, prefix := open(t)
+			ctx := context.Background()
+			job := &handoffv1.Job{RunId: "run-retry", JobId: "job-1", RequestId: "req-1", Goal: "g", Wallet: &handoffv1.Budget{HopsRemaining: 2}}
+			reserved := proto.Clone(job).(*handoffv1.Job)
+			reserved.RunId = "run-lost"
+			// The first attempt reserved the request, then stopped.
+			if err := errors.Join(rdb.Set(ctx, prefix+"{req-1}:request", "run-lost", 0).Err(),
+				rdb.Set(ctx, prefix+"{req-1}:requestsum", store.RequestDigest(reserved), 0).Err()); err != nil {
+				t.Fatal(err)
+			}
+			got, created, err := s.CreateRun(ctx, job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_SUBMITTED})
+			if err != nil || !created || got.GetRunId() != "run-lost" {
+				t.Fatalf("retry of a reserved, never stored request = %v, %v, %v; want run-lost created", got.GetRunId(), created, err)
+			}
+			if w, err := s.WalletFor(ctx, "run-lost", "job-1"); err != nil || w.GetHopsRemaining() != 2 {
+				t.Fatalf("wallet of the finished run = %v, %v", w, err)
+			}
+			if _, err := s.GetRun(ctx, "run-retry"); !errors.Is(err, store.ErrNotFound) {
+				t.Fatalf("the retry's own run id was stored too: %v", err)
+			}
+			// An index entry whose run was never stored.
+			if err := rdb.ZAdd(ctx, prefix+"{runs:0}:index", redis.Z{Score: 1, Member: "run-ghost"}).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if ids := storetest.PagedRunIDs(t, s, 0, 1, 5); fmt.Sprint(ids) != "[run-lost]" {
+				t.Fatalf("runs listed = %v, want [run-lost] (the ghost skipped)", ids)
+			}
+			// Concurrent creates of one request.
+			var wg sync.WaitGroup
+			var made atomic.Int32
+			ids := make([]string, 16)
+			for i := range ids {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					j := &handoffv1.Job{RunId: fmt.Sprintf("run-c%d", i), JobId: "job-2", RequestId: "req-2", Goal: "g"}
+					got, created, err := s.CreateRun(ctx, j)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if created {
+						made.Add(1)
+					}
+					ids[i] = got.GetRunId()
+				}()
+			}
+			wg.Wait()
+			if made.Load() != 1 || len(slices.Compact(slices.Sorted(slices.Values(ids)))) != 1 {
+				t.Fatalf("16 concurrent creates of one request: %d created, run ids %v; want 1, one id", made.Load(), ids)
+			}
+		})
+	}
+}

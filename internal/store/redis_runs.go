@@ -1,0 +1,366 @@
+package store
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/protobuf/proto"
+
+	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+)
+
+// runBuckets is how many index buckets runs are spread over: each is a sorted set in its own
+// slot, so on Redis Cluster creating runs writes to every shard rather than to one hot index.
+// Changing it would strand the runs indexed in the buckets it drops.
+const runBuckets = 16
+
+// bucketKey is the index bucket a run is listed in, chosen by its run id.
+func (s *Redis) bucketKey(runID string) string {
+	h := fnv.New32a()
+	h.Write([]byte(runID))
+	return s.bucket(int(h.Sum32() % runBuckets))
+}
+
+func (s *Redis) bucket(b int) string { return s.key("index", "runs:"+strconv.Itoa(b)) }
+
+// reserveRequestScript records which run a request id creates (with ARGV[3] "1"; "0" only
+// looks), unless it is recorded: then it replies {"dup", run_id, request digest or "" when
+// none was recorded}, or {"reqconflict"} when the digest differs. KEYS: request, requestsum
+// (one slot: the request id's). ARGV: run_id, request digest, record. Reply: {"reserved"} |
+// {"free"} (looking only) | {"dup", ...} | {"reqconflict"}.
+var reserveRequestScript = redis.NewScript(`
+local prev = redis.call('GET', KEYS[1])
+if prev then
+  local sum = redis.call('GET', KEYS[2])
+  if sum and sum ~= ARGV[2] then return {'reqconflict'} end
+  return {'dup', prev, sum or ''}
+end
+if ARGV[3] ~= '1' then return {'free'} end
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('SET', KEYS[2], ARGV[2])
+return {'reserved'}
+`)
+
+// unreserveScript deletes a request's reservation while it names the given run (compare and
+// delete). KEYS: request, requestsum. ARGV: run_id.
+var unreserveScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1], KEYS[2]) end
+return 0
+`)
+
+// jobSumScript compares a job's content digest with the one recorded for its job id and,
+// with ARGV[2] "1", records it when none is. KEYS: jobsum. ARGV: digest, record. Reply: "ok"
+// or "jobconflict".
+var jobSumScript = redis.NewScript(`
+local sum = redis.call('GET', KEYS[1])
+if sum and sum ~= ARGV[1] then return 'jobconflict' end
+if not sum and ARGV[2] == '1' then redis.call('SET', KEYS[1], ARGV[1]) end
+return 'ok'
+`)
+
+// indexRunScript lists a run in its index bucket, unless it is listed, with the server's
+// time in microseconds as its score, raised past the bucket's newest so scores in one
+// bucket are unique and increase. KEYS: bucket. ARGV: run_id. Reply: 1 when listed now.
+var indexRunScript = redis.NewScript(`
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 0 end
+local t = redis.call('TIME')
+local s = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local top = redis.call('ZREVRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+if top[2] and tonumber(top[2]) >= s then s = tonumber(top[2]) + 1 end
+redis.call('ZADD', KEYS[1], string.format('%.0f', s), ARGV[1])
+return 1
+`)
+
+// createRunScript stores a run, opens its wallet (when given, as openWalletScript) and
+// appends its first events, unless its run id is taken ({"exists"}) or its wallet id is
+// another job's wallet ({"wrongjob"}); every check comes before the first write.
+// KEYS: run, events, wallet (one slot: the run id's). ARGV: Job bytes, "1" when a wallet is
+// given (else "0"), usd, revisions, hops, job_id, event bytes... Reply on success:
+// {"created", the timeline's length after the events}.
+var createRunScript = redis.NewScript(`
+if redis.call('EXISTS', KEYS[1]) == 1 then return {'exists'} end
+local walletExists = redis.call('EXISTS', KEYS[3]) == 1
+if ARGV[2] == '1' and walletExists then
+  local owner = redis.call('HGET', KEYS[3], 'job')
+  if owner and owner ~= ARGV[6] then return {'wrongjob'} end
+end
+redis.call('SET', KEYS[1], ARGV[1])
+if ARGV[2] == '1' then
+  if walletExists then
+    redis.call('HSETNX', KEYS[3], 'job', ARGV[6])
+  else
+    redis.call('HSET', KEYS[3], 'usd', ARGV[3], 'revisions', ARGV[4], 'hops', ARGV[5], 'job', ARGV[6])
+  end
+end
+local n = 0
+for i = 7, #ARGV do n = redis.call('RPUSH', KEYS[2], ARGV[i]) end
+return {'created', tostring(n)}
+`)
+
+// CreateRun is up to six scripts, each on the keys of one slot, in an order that a crash
+// between any two of them leaves safe to retry:
+//
+//  1. the request id (when given): look it up; a recorded one answers the call (its run, or
+//     ErrRequestConflict), whatever else differs;
+//  2. the job id (when given): refuse content other than its recorded digest's;
+//  3. the request id again: reserve it for this run id (or, if another caller just did,
+//     answer as in 1);
+//  4. the job id again: record its digest when none is (a job created with other content
+//     between 2 and 4 is refused after all, and the reservation of 3 undone);
+//  5. the index: list the run id in its bucket (ListRuns skips a listed run that was never
+//     stored);
+//  6. the run: store it, its wallet and its first events (refused: the reservation of 3 is
+//     undone).
+//
+// A request whose reserved run is not stored (its creator stopped after 3, or is between 3
+// and 6 now) is finished by whoever retries it, under the reserved run id; when two finish
+// it at once, one creates the run and the other returns it. A job digest recorded in step 4
+// stays recorded even when step 6 then refuses (a taken run id, another job's wallet): the
+// job id's content is fixed by its first attempt. On one Redis the same scripts run, so
+// both behave alike.
+func (s *Redis) CreateRun(ctx context.Context, job *handoffv1.Job, evs ...*handoffv1.JobEvent) (*handoffv1.Job, bool, error) {
+	if job.GetRunId() == "" {
+		return nil, false, fmt.Errorf("store: run_id is empty")
+	}
+	if job.GetWallet() != nil && job.GetJobId() == "" {
+		return nil, false, fmt.Errorf("store: run %s has a wallet but no job_id to record in it", job.GetRunId())
+	}
+	rid, given := job.GetRequestId(), job.GetRunId()
+	jobSum := func(record string) error {
+		if job.GetJobId() == "" {
+			return nil
+		}
+		res, err := jobSumScript.Run(ctx, s.rdb, []string{s.key("jobsum", job.GetJobId())}, JobDigest(job), record).Text()
+		if err != nil {
+			return s.errf("create run %s: job %s: %w", given, job.GetJobId(), err)
+		}
+		if res == "jobconflict" {
+			return s.errf("create run %s: job %s: %w", given, job.GetJobId(), ErrJobConflict)
+		}
+		return nil
+	}
+	reserved := false
+	unreserve := func() {
+		if reserved { // best effort: a reservation left names a run never stored, which a retry finishes
+			unreserveScript.Run(context.WithoutCancel(ctx), s.rdb, []string{s.key("request", rid), s.key("requestsum", rid)}, given)
+		}
+	}
+	// The request is looked up first (a request id used again is told by it, whatever else
+	// differs), then the job checked, then the request reserved.
+	for _, record := range []string{"0", "1"} {
+		if record == "1" {
+			if err := jobSum("0"); err != nil {
+				return nil, false, err
+			}
+		}
+		if rid == "" {
+			continue
+		}
+		res, err := reserveRequestScript.Run(ctx, s.rdb, []string{s.key("request", rid), s.key("requestsum", rid)},
+			job.GetRunId(), RequestDigest(job), record).StringSlice()
+		if err != nil {
+			return nil, false, s.errf("create run %s: request %s: %w", given, rid, err)
+		}
+		switch {
+		case len(res) == 1 && res[0] == "free":
+		case len(res) == 1 && res[0] == "reserved":
+			reserved = true
+		case len(res) == 1 && res[0] == "reqconflict":
+			return nil, false, s.errf("create run %s: request %s: %w", given, rid, ErrRequestConflict)
+		case len(res) == 3 && res[0] == "dup":
+			prev, err := s.GetRun(ctx, res[1])
+			if err == nil {
+				if res[2] == "" && !SameIntake(prev, job) { // recorded before requests had digests
+					return nil, false, s.errf("create run %s: request %s: %w", given, rid, ErrRequestConflict)
+				}
+				return prev, false, nil
+			}
+			if !errors.Is(err, ErrNotFound) || res[2] == "" {
+				return nil, false, s.errf("create run %s: earlier run %s for request %s: %w", given, res[1], rid, err)
+			}
+			// Reserved but not stored: finish that creation, with this request's content
+			// (the same digest) under the reserved run id.
+			job = proto.Clone(job).(*handoffv1.Job)
+			job.RunId = res[1]
+		default:
+			return nil, false, s.errf("create run %s: unexpected script reply %q", given, res)
+		}
+	}
+	runID := job.GetRunId()
+	if err := jobSum("1"); err != nil {
+		unreserve()
+		return nil, false, err
+	}
+	if err := indexRunScript.Run(ctx, s.rdb, []string{s.bucketKey(runID)}, runID).Err(); err != nil {
+		return nil, false, s.errf("create run %s: index: %w", runID, err)
+	}
+	data, err := proto.Marshal(job)
+	if err != nil {
+		return nil, false, fmt.Errorf("store: encode run %s: %w", runID, err)
+	}
+	hasWallet := "0"
+	if job.GetWallet() != nil {
+		hasWallet = "1"
+	}
+	b := job.GetWallet()
+	args, err := appendEncoded([]any{data, hasWallet, b.GetUsdRemainingMicros(), b.GetRevisionsRemaining(), b.GetHopsRemaining(),
+		job.GetJobId()}, runID, evs)
+	if err != nil {
+		return nil, false, err
+	}
+	res, err := createRunScript.Run(ctx, s.rdb, []string{s.key("run", runID), s.key("events", runID), s.key("wallet", runID)}, args...).StringSlice()
+	if err != nil {
+		return nil, false, s.errf("create run %s: %w", runID, err)
+	}
+	switch res[0] {
+	case "created":
+		if len(evs) > 0 && len(res) > 1 {
+			last, err := strconv.ParseUint(res[1], 10, 64)
+			if err != nil {
+				return nil, false, s.errf("create run %s: unexpected script reply %q", runID, res)
+			}
+			numberEvents(evs, last)
+		}
+		return proto.Clone(job).(*handoffv1.Job), true, nil
+	case "exists":
+		// Stored by another caller finishing this same request: the request's run.
+		if prev, err := s.GetRun(ctx, runID); err == nil && rid != "" && prev.GetRequestId() == rid {
+			return prev, false, nil
+		}
+		unreserve()
+		return nil, false, s.errf("create run %s: run already exists", runID)
+	case "wrongjob":
+		unreserve()
+		return nil, false, s.errf("create run %s: its wallet id is a wallet of another job: %w", runID, ErrWrongJob)
+	}
+	return nil, false, s.errf("create run %s: unexpected script reply %q", runID, res)
+}
+
+// indexed is one run of an index bucket.
+type indexed struct {
+	score int64
+	id    string
+}
+
+// before orders listed runs newest first: by score down, then run id down (the order
+// ZREVRANGEBYSCORE gives within one bucket).
+func before(a, b indexed) int {
+	if c := cmp.Compare(b.score, a.score); c != 0 {
+		return c
+	}
+	return strings.Compare(b.id, a.id)
+}
+
+// parsePageToken reads a ListRuns token: "score:run_id" of the last run of the page before
+// (exclusive); "" and "0" are the first page.
+func parsePageToken(after string) (*indexed, error) {
+	if after == "" || after == "0" {
+		return nil, nil
+	}
+	sc, id, ok := strings.Cut(after, ":")
+	n, err := strconv.ParseInt(sc, 10, 64)
+	if !ok || err != nil || id == "" {
+		return nil, fmt.Errorf("store: bad page token %q", after)
+	}
+	return &indexed{score: n, id: id}, nil
+}
+
+// ListRuns merges the index buckets newest first, reading them and then the runs in batches
+// (one pipelined round trip each) until limit matching runs and one more are found. It is
+// not one snapshot, but runs are never deleted and a run's score never changes, so a page
+// holds every run once; only a state read may be newer than the index read. Newest is by
+// the clock of the server holding each bucket, and a run listed but never stored (its
+// CreateRun stopped between indexing and storing it) is skipped.
+func (s *Redis) ListRuns(ctx context.Context, state handoffv1.JobState, limit int, after string) ([]*handoffv1.Job, string, error) {
+	if limit <= 0 {
+		limit = 100
+	}
+	cur, err := parsePageToken(after)
+	if err != nil {
+		return nil, "", err
+	}
+	batch := limit + 1
+	if state != handoffv1.JobState_JOB_STATE_UNSPECIFIED {
+		batch = max(batch, 256) // most runs may not match: read ahead
+	}
+	batch = min(batch, 1000)
+	var out []*handoffv1.Job
+	for {
+		// Each bucket's next batch+1 (one of them may be the cursor itself): the merged
+		// first batch are then all runs after the cursor, whatever buckets they are in.
+		maxScore := "+inf"
+		if cur != nil {
+			maxScore = strconv.FormatInt(cur.score, 10)
+		}
+		pipe := s.rdb.Pipeline()
+		zs := make([]*redis.ZSliceCmd, runBuckets)
+		for b := range runBuckets {
+			zs[b] = pipe.ZRevRangeByScoreWithScores(ctx, s.bucket(b), &redis.ZRangeBy{Max: maxScore, Min: "-inf", Count: int64(batch + 1)})
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			return nil, "", s.errf("list runs: %w", err)
+		}
+		var merged []indexed
+		more := false
+		for _, z := range zs {
+			more = more || len(z.Val()) == batch+1
+			for _, e := range z.Val() {
+				x := indexed{score: int64(e.Score), id: e.Member.(string)}
+				if cur == nil || before(*cur, x) < 0 {
+					merged = append(merged, x)
+				}
+			}
+		}
+		slices.SortFunc(merged, before)
+		if len(merged) > batch {
+			merged, more = merged[:batch], true
+		}
+		if len(merged) == 0 {
+			return out, "", nil
+		}
+		pipe = s.rdb.Pipeline()
+		gets := make([]*redis.StringCmd, len(merged))
+		for i, x := range merged {
+			gets[i] = pipe.Get(ctx, s.key("run", x.id))
+		}
+		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+			return nil, "", s.errf("list runs: %w", err)
+		}
+		for i, x := range merged {
+			data, err := gets[i].Bytes()
+			if errors.Is(err, redis.Nil) {
+				continue // listed, never stored
+			}
+			if err != nil {
+				return nil, "", s.errf("list runs: run %s (indexed): %w", x.id, err)
+			}
+			j, err := decodeJob(data)
+			if err != nil {
+				return nil, "", err
+			}
+			if state != handoffv1.JobState_JOB_STATE_UNSPECIFIED && j.GetState() != state {
+				continue
+			}
+			if len(out) == limit {
+				last := merged[i-1]
+				if i == 0 {
+					last = *cur
+				}
+				return out, strconv.FormatInt(last.score, 10) + ":" + last.id, nil
+			}
+			out = append(out, j)
+		}
+		if !more {
+			return out, "", nil
+		}
+		last := merged[len(merged)-1]
+		cur = &last
+	}
+}

@@ -1,0 +1,144 @@
+package coordinator_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+	"github.com/handoffhq/handoff/internal/store"
+)
+
+// historyStore records the hops of every save of a run that landed, in order.
+type historyStore struct {
+	store.Store
+	mu       sync.Mutex
+	hops     []uint32
+	advanced chan struct{} // closed at the first landed save with 2 hops or more
+	once     sync.Once
+	fences   atomic.Int32 // FenceRun calls: one per driver that took the run
+}
+
+func (h *historyStore) FenceRun(ctx context.Context, runID string) (uint64, error) {
+	h.fences.Add(1)
+	return h.Store.FenceRun(ctx, runID)
+}
+
+func (h *historyStore) landed(j *handoffv1.Job) {
+	h.mu.Lock()
+	h.hops = append(h.hops, j.GetHops())
+	h.mu.Unlock()
+	if j.GetHops() >= 2 {
+		h.once.Do(func() { close(h.advanced) })
+	}
+}
+
+func (h *historyStore) PutRun(ctx context.Context, j *handoffv1.Job, evs ...*handoffv1.JobEvent) error {
+	err := h.Store.PutRun(ctx, j, evs...)
+	if err == nil {
+		h.landed(j)
+	}
+	return err
+}
+
+func (h *historyStore) PutRunFenced(ctx context.Context, j *handoffv1.Job, epoch uint64, evs ...*handoffv1.JobEvent) error {
+	err := h.Store.PutRunFenced(ctx, j, epoch, evs...)
+	if err == nil {
+		h.landed(j)
+	}
+	return err
+}
+
+// pausedStore is the store as a replica paused by the OS sees it once paused: its lease
+// renewals hang until the test ends, and its saves wait until the run has been advanced by
+// another replica (then go through, as a process woken up would send them).
+type pausedStore struct {
+	*historyStore
+	paused  atomic.Bool
+	hang    chan struct{}
+	refused atomic.Int32 // saves refused ErrFenced while paused
+	landed  atomic.Int32 // saves that went through while paused
+}
+
+func (p *pausedStore) AcquireLease(ctx context.Context, name, owner string, ttl time.Duration) (bool, error) {
+	if p.paused.Load() {
+		<-p.hang
+		return false, errCut
+	}
+	return p.historyStore.AcquireLease(ctx, name, owner, ttl)
+}
+
+func (p *pausedStore) save(put func() error) error {
+	if !p.paused.Load() {
+		return put()
+	}
+	<-p.advanced
+	err := put()
+	switch {
+	case err == nil:
+		p.landed.Add(1)
+	case errors.Is(err, store.ErrFenced):
+		p.refused.Add(1)
+	}
+	return err
+}
+
+func (p *pausedStore) PutRun(ctx context.Context, j *handoffv1.Job, evs ...*handoffv1.JobEvent) error {
+	return p.save(func() error { return p.historyStore.PutRun(ctx, j, evs...) })
+}
+
+func (p *pausedStore) PutRunFenced(ctx context.Context, j *handoffv1.Job, epoch uint64, evs ...*handoffv1.JobEvent) error {
+	return p.save(func() error { return p.historyStore.PutRunFenced(ctx, j, epoch, evs...) })
+}
+
+// TestStaleDriverSaveRefused: replica A is paused with its draft hop in flight, past its
+// lease; B takes the run over and advances it past the draft. A wakes and saves the state
+// after its draft: that save is refused (the lease's fence), A stops, and the run's saved
+// states never go back, ending COMPLETED under B.
+func TestStaleDriverSaveRefused(t *testing.T) {
+	r := startReplicas(t)
+	h := &historyStore{Store: r.st.Store, advanced: make(chan struct{})}
+	pa := &pausedStore{historyStore: h, hang: make(chan struct{})}
+	a := r.replica(t, "replica-a", pa)
+	t.Cleanup(func() { close(pa.hang); r.g.release() }) // before a's Close (cleanups run last first)
+	id := r.submit(t, a, "tkt_fence")
+	for r.g.waits.Load() < 1 { // A's draft is in flight
+		time.Sleep(5 * time.Millisecond)
+	}
+	pa.paused.Store(true)
+	r.replica(t, "replica-b", h)
+	deadline := time.Now().Add(10 * time.Second)
+	for h.fences.Load() < 2 { // B took the run over (A took it at submit)
+		if time.Now().After(deadline) {
+			t.Fatal("B did not take the run over")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	r.g.release()
+	j := r.waitTerminal(t, []string{id}, 15*time.Second)[0]
+	if j.GetState() != handoffv1.JobState_JOB_STATE_COMPLETED || j.GetHops() != 3 {
+		t.Errorf("run ended %s after %d hops; want COMPLETED after 3", j.GetState(), j.GetHops())
+	}
+	deadline = time.Now().Add(5 * time.Second)
+	for pa.refused.Load()+pa.landed.Load() == 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if pa.refused.Load() != 1 || pa.landed.Load() != 0 {
+		t.Errorf("A's saves after its pause: %d refused, %d landed; want its one stale save refused", pa.refused.Load(), pa.landed.Load())
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for i := 1; i < len(h.hops); i++ {
+		if h.hops[i] < h.hops[i-1] {
+			t.Fatalf("the run went back: saved hops in order %v", h.hops)
+		}
+	}
+	if got := r.st.Store; got != nil {
+		if j, err := got.GetRun(context.Background(), id); err != nil || j.GetHops() != 3 {
+			t.Fatalf("run after A's stale save = %v, %v", j, err)
+		}
+	}
+}
