@@ -36,6 +36,29 @@ func page(t *testing.T) (*stack.Stack, string) {
 	return st, "http://" + st.WebAddr
 }
 
+// pageWithAccounts is page with operator accounts, each "name role token" (the token is
+// stored only as its hash, as in an accounts file).
+func pageWithAccounts(t *testing.T, accounts ...string) (*stack.Stack, string) {
+	t.Helper()
+	var lines []string
+	for _, a := range accounts {
+		f := strings.Fields(a)
+		h := sha256.Sum256([]byte(f[2]))
+		lines = append(lines, f[0]+" "+f[1]+" "+hex.EncodeToString(h[:]))
+	}
+	accs, err := identity.ParseAccounts("test", strings.Join(lines, "\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := stack.Start(context.Background(), stack.Config{DataDir: t.TempDir(), CoordinatorAddr: "127.0.0.1:0", RunnerAddr: "127.0.0.1:0",
+		WritebackAddr: "127.0.0.1:0", WebAddr: "127.0.0.1:0", Operators: accs, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	return st, "http://" + st.WebAddr
+}
+
 // browser is an HTTP client with a cookie jar that does not follow redirects, so each
 // answer can be read as the browser gets it.
 func browser(t *testing.T) *http.Client {
@@ -341,18 +364,7 @@ func TestReturnWithGrantFromThePage(t *testing.T) {
 // decision records the account it signed in as, with no name to type.
 func TestOperatorsAreNamedPeopleWithRoles(t *testing.T) {
 	viewerTok, resolverTok := "bo-viewer-token-0123456789", "ana-resolver-token-0123456789"
-	hash := func(s string) string { h := sha256.Sum256([]byte(s)); return hex.EncodeToString(h[:]) }
-	accs, err := identity.ParseAccounts("test", "ana resolver "+hash(resolverTok)+"\nbo viewer "+hash(viewerTok))
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := stack.Start(context.Background(), stack.Config{DataDir: t.TempDir(), CoordinatorAddr: "127.0.0.1:0", RunnerAddr: "127.0.0.1:0",
-		WritebackAddr: "127.0.0.1:0", WebAddr: "127.0.0.1:0", Operators: accs, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
-	base := "http://" + st.WebAddr
+	st, base := pageWithAccounts(t, "ana resolver "+resolverTok, "bo viewer "+viewerTok)
 	job := escalated(t, st)
 	u := base + "/jobs/" + job.GetRunId()
 	form := url.Values{"action": {"fail"}, "reason": {"duplicate ticket"}, "escalation": {"1"}}
@@ -439,18 +451,7 @@ func TestReturnToIntakeWithTicket(t *testing.T) {
 // it, another resolver's decision is refused unless they override, and the override shows.
 func TestClaimOnThePage(t *testing.T) {
 	anaTok, cyTok := "ana-resolver-token-0123456789", "cy-resolver-token-0123456789"
-	hash := func(s string) string { h := sha256.Sum256([]byte(s)); return hex.EncodeToString(h[:]) }
-	accs, err := identity.ParseAccounts("test", "ana resolver "+hash(anaTok)+";cy resolver "+hash(cyTok))
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := stack.Start(context.Background(), stack.Config{DataDir: t.TempDir(), CoordinatorAddr: "127.0.0.1:0", RunnerAddr: "127.0.0.1:0",
-		WritebackAddr: "127.0.0.1:0", WebAddr: "127.0.0.1:0", Operators: accs, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
-	base := "http://" + st.WebAddr
+	st, base := pageWithAccounts(t, "ana resolver "+anaTok, "cy resolver "+cyTok)
 	job := escalated(t, st)
 	u := base + "/jobs/" + job.GetRunId()
 	ana, cy := browser(t), browser(t)
