@@ -245,9 +245,11 @@ func TestBrowserDesk(t *testing.T) {
 		t.Fatal(err)
 	}
 	do("force an approve", chromedp.Evaluate[chromedp.Void](`(() => { const b = document.createElement("button"); b.type = "submit"; b.name = "action"; b.value = "approve"; b.id = "forced"; document.getElementById("resolve").appendChild(b); })()`),
-		chromedp.Click(c("#forced")), chromedp.WaitVisible(c("body")))
-	if body := text("body"); !strings.Contains(body, "no summary_md.v1 artifact") {
-		t.Fatalf("forced approve: page says %q; want the refusal naming the artifact", body)
+		chromedp.Click(c("#forced")), chromedp.WaitVisible(c("#error")))
+	// The error page, not the job page (whose note names the artifact too): the wait above
+	// also lets the form's navigation finish before the next one starts.
+	if e := text("#error"); !strings.Contains(e, "no summary_md.v1 artifact") {
+		t.Fatalf("forced approve: the error page says %q; want the refusal naming the artifact", e)
 	}
 	do("return to intake with the ticket", chromedp.Navigate(base+"/jobs/"+bare.GetRunId()), chromedp.WaitVisible(c("#artifact_text")),
 		chromedp.SetValue(c("#artifact_text"), string(support.SampleTicket())), chromedp.SetValue(c("#stage"), "intake"),
