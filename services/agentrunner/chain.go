@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"path"
 	"slices"
 	"strings"
@@ -179,11 +178,8 @@ func (s *Server) roleStream(srv any, ss grpc.ServerStream, info *grpc.StreamServ
 	if info.FullMethod != handoffv1.AgentRunnerService_Deliver_FullMethodName {
 		return handler(srv, ss)
 	}
-	m, err := hop.Receive(ss, &handoffv1.DeliverRequest{})
+	m, err := hop.ReceiveRequest(ss, &handoffv1.DeliverRequest{}, info.FullMethod)
 	if err != nil {
-		if errors.Is(err, io.EOF) {
-			return status.Errorf(codes.InvalidArgument, "%s: the request message is missing", info.FullMethod)
-		}
 		return err
 	}
 	req := m.(*handoffv1.DeliverRequest)

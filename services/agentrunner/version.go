@@ -2,9 +2,7 @@ package agentrunner
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"slices"
 	"time"
@@ -156,11 +154,8 @@ func (s *Server) versionStream(srv any, ss grpc.ServerStream, info *grpc.StreamS
 	if info.FullMethod != handoffv1.AgentRunnerService_Deliver_FullMethodName {
 		return handler(srv, ss)
 	}
-	m, err := hop.Receive(ss, &handoffv1.DeliverRequest{})
+	m, err := hop.ReceiveRequest(ss, &handoffv1.DeliverRequest{}, info.FullMethod)
 	if err != nil {
-		if errors.Is(err, io.EOF) {
-			return status.Errorf(codes.InvalidArgument, "%s: the request message is missing", info.FullMethod)
-		}
 		return err
 	}
 	req := m.(*handoffv1.DeliverRequest)

@@ -1,6 +1,7 @@
 package hop
 
 import (
+	"errors"
 	"io"
 	"reflect"
 
@@ -106,4 +107,14 @@ func Receive(ss grpc.ServerStream, into proto.Message) (proto.Message, error) {
 		return nil, err
 	}
 	return into, nil
+}
+
+// ReceiveRequest is Receive for the request of a server-streaming method: a stream that
+// ends before its request arrives is InvalidArgument naming method.
+func ReceiveRequest(ss grpc.ServerStream, into proto.Message, method string) (proto.Message, error) {
+	m, err := Receive(ss, into)
+	if errors.Is(err, io.EOF) {
+		return nil, status.Errorf(codes.InvalidArgument, "%s: the request message is missing", method)
+	}
+	return m, err
 }

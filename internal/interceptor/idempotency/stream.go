@@ -2,7 +2,6 @@ package idempotency
 
 import (
 	"context"
-	"io"
 	"sync"
 	"time"
 
@@ -56,11 +55,8 @@ func StreamServerInterceptor(st store.Idempotency, opts ...StreamOption) grpc.St
 			return status.Errorf(codes.Internal, "idempotency: %s is client-streaming; only server-streaming methods can be keyed", info.FullMethod)
 		}
 		ctx := ss.Context()
-		req, err := hop.Receive(ss, m.newReq())
+		req, err := hop.ReceiveRequest(ss, m.newReq(), info.FullMethod)
 		if err != nil {
-			if err == io.EOF {
-				return status.Errorf(codes.InvalidArgument, "%s: the request message is missing", info.FullMethod)
-			}
 			return err
 		}
 		key, err := computeKey(m.key, req)
