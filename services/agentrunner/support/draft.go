@@ -142,16 +142,7 @@ func (a *draftAgent) Run(ctx context.Context, in agentrunner.Input) (*handoffv1.
 	}
 
 	var b strings.Builder
-	fmt.Fprintf(&b, "# Triage summary: ticket %s\n\n", it.TicketID)
-	b.WriteString("> Internal triage note for the support team; not for sending to the customer.\n")
-	header := fmt.Sprintf("> Customer %s, category %s", orUnknown(it.CustomerID), it.Category)
-	if q := strings.TrimSpace(it.Question); q != "" && !refundPromise.MatchString(q) {
-		header += fmt.Sprintf(`, asks: "%s"`, q)
-	}
-	if !strings.HasSuffix(header, `?"`) {
-		header += "."
-	}
-	b.WriteString(header + "\n")
+	noteHead(&b, "Triage summary", it)
 	if len(it.Facts) > 0 {
 		fmt.Fprintf(&b, "> Ticket facts: %s.\n", strings.Join(it.Facts, "; "))
 	}
@@ -189,11 +180,10 @@ func (a *draftAgent) Run(ctx context.Context, in agentrunner.Input) (*handoffv1.
 	}, nil
 }
 
-// noMatch writes the "no matching article" note: what the ticket asks and that nothing in the
-// help center answers it, with no claim and no citation, so nothing is made up.
-func (a *draftAgent) noMatch(ctx context.Context, in agentrunner.Input, it Intake, ch Chunks) (*handoffv1.StageResult, error) {
-	var b strings.Builder
-	fmt.Fprintf(&b, "# No matching article: ticket %s\n\n", it.TicketID)
+// noteHead writes the title and the header lines every internal note of the drafter starts
+// with: who the customer is and what they ask (never a refund promise, even quoted).
+func noteHead(b *strings.Builder, title string, it Intake) {
+	fmt.Fprintf(b, "# %s: ticket %s\n\n", title, it.TicketID)
 	b.WriteString("> Internal triage note for the support team; not for sending to the customer.\n")
 	header := fmt.Sprintf("> Customer %s, category %s", orUnknown(it.CustomerID), it.Category)
 	if q := strings.TrimSpace(it.Question); q != "" && !refundPromise.MatchString(q) {
@@ -203,6 +193,13 @@ func (a *draftAgent) noMatch(ctx context.Context, in agentrunner.Input, it Intak
 		header += "."
 	}
 	b.WriteString(header + "\n")
+}
+
+// noMatch writes the "no matching article" note: what the ticket asks and that nothing in the
+// help center answers it, with no claim and no citation, so nothing is made up.
+func (a *draftAgent) noMatch(ctx context.Context, in agentrunner.Input, it Intake, ch Chunks) (*handoffv1.StageResult, error) {
+	var b strings.Builder
+	noteHead(&b, "No matching article", it)
 	fmt.Fprintf(&b, "> No matching help-center article: retrieve searched for %q and found nothing to cite, so this note makes no claims.\n", clip(ch.Query, 200))
 	if len(it.Facts) > 0 {
 		fmt.Fprintf(&b, "> Ticket facts: %s.\n", strings.Join(it.Facts, "; "))
