@@ -165,7 +165,7 @@ func run(ctx context.Context, args []string, log *slog.Logger, ready func(net.Ad
 		return fmt.Errorf("--operators: %w", err)
 	}
 	if s.operatorToken != "" {
-		accs = append(accs, identity.Account{Name: identity.OperatorService, Role: identity.RoleResolver, Token: s.operatorToken})
+		accs = append(accs, identity.TokenAccount(s.operatorToken))
 	}
 	ops, err := identity.NewOperators(log, accs...)
 	if err != nil {

@@ -274,7 +274,7 @@ func Start(ctx context.Context, cfg Config) (st *Stack, err error) {
 	coordOpts := []identity.Option{}
 	if accs := slices.Clone(cfg.Operators); cfg.OperatorToken != "" || len(accs) > 0 {
 		if cfg.OperatorToken != "" {
-			accs = append(accs, identity.Account{Name: identity.OperatorService, Role: identity.RoleResolver, Token: cfg.OperatorToken})
+			accs = append(accs, identity.TokenAccount(cfg.OperatorToken))
 		}
 		ops, err := identity.NewOperators(log, accs...)
 		if err != nil {

@@ -66,6 +66,12 @@ type Account struct {
 	TokenSHA256 string
 }
 
+// TokenAccount is the account a single operator token (--operator-token,
+// HANDOFF_OPERATOR_TOKEN) stands for: "operator", a resolver.
+func TokenAccount(tok string) Account {
+	return Account{Name: OperatorService, Role: RoleResolver, Token: tok}
+}
+
 type account struct {
 	name, role string
 	hash       [sha256.Size]byte
