@@ -546,6 +546,9 @@ func (s *Bolt) Admit(_ context.Context, key string, pendingTTL time.Duration, wa
 		now := s.now()
 		if st, v, ok := decodeIdem(b.Get([]byte(key)), now); ok {
 			a.State, a.Value = st, v
+			if st == Done && walletID != "" && d.CheckVerdict && walletJobOK(tx, walletID, d.Job) == nil && boltVerdicts(tx, walletID).resets(d.Verdict) {
+				a.DebitErr = ErrSilentReset
+			}
 			return nil
 		}
 		var exp time.Time
@@ -573,6 +576,10 @@ func (s *Bolt) Admit(_ context.Context, key string, pendingTTL time.Duration, wa
 		}
 		if err != nil {
 			return err
+		}
+		if d.CheckVerdict && boltVerdicts(tx, walletID).resets(d.Verdict) {
+			a.DebitErr = ErrSilentReset
+			return nil
 		}
 		paid := tx.Bucket(bucketPaid)
 		pk := paidKey(walletID, key)

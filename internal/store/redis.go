@@ -650,10 +650,14 @@ func (s *Redis) Claim(ctx context.Context, key string, pendingTTL time.Duration)
 // With a job (Debit.Job) the wallet's job is checked right after the claim, before the
 // paid mark and the debit, so another job's wallet is refused ({"claimed", "wrongjob"})
 // without a word of what it holds.
-// KEYS: idem[, wallet]. ARGV: ttl ms, hops, revisions, usd, requireMoney, key, job.
-// Reply: {"held", record} | {"claimed"} | {"claimed", "notfound"|"wrongjob"} |
+// With a verdict check (Debit.CheckVerdict) the wallet's verdicts are checked after the
+// job (verdictLua), for a fresh claim ({"claimed", "reset"}) and for a done one ({"held",
+// record, "reset"}), so a reset package is refused in this same round trip.
+// KEYS: idem[, wallet]. ARGV: ttl ms, hops, revisions, usd, requireMoney, key, job,
+// claimed verdict, check.
+// Reply: {"held", record[, "reset"]} | {"claimed"} | {"claimed", "notfound"|"wrongjob"|"reset"} |
 // {"claimed", "paid", ...} | {"claimed", debit's reply...}.
-var admitScript = redis.NewScript(debitLua + payLua + `
+var admitScript = redis.NewScript(debitLua + verdictLua + payLua + `
 if KEYS[2] and ARGV[4]:sub(1, 1) == '-' then return {'negative'} end
 local ok
 if tonumber(ARGV[1]) > 0 then
@@ -661,9 +665,15 @@ if tonumber(ARGV[1]) > 0 then
 else
   ok = redis.call('SET', KEYS[1], 'P', 'NX')
 end
-if not ok then return {'held', redis.call('GET', KEYS[1])} end
+if not ok then
+  local rec = redis.call('GET', KEYS[1])
+  if KEYS[2] and rec and rec:sub(1, 1) == 'D' and not jobRefused(KEYS[2], ARGV[7]) and resets(KEYS[2], ARGV[8], ARGV[9]) then
+    return {'held', rec, 'reset'}
+  end
+  return {'held', rec}
+end
 if not KEYS[2] then return {'claimed'} end
-return pay(KEYS[2], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7])
+return pay(KEYS[2], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9])
 `)
 
 // payScript is admitScript's debit alone, for a claim made by admitScript without a wallet:
@@ -671,17 +681,18 @@ return pay(KEYS[2], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7])
 // halves one after the other. The paid mark keeps the second half once per key, so a claim
 // retried after a crash between them does not pay twice.
 // KEYS: wallet. ARGV: as admitScript's. Reply: as admitScript's after the claim.
-var payScript = redis.NewScript(debitLua + payLua + `
+var payScript = redis.NewScript(debitLua + verdictLua + payLua + `
 if ARGV[4]:sub(1, 1) == '-' then return {'negative'} end
-return pay(KEYS[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7])
+return pay(KEYS[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9])
 `)
 
 // payLua defines pay(wallet key, hops, revisions, usd, requireMoney, key, job): the job
 // check, the paid mark and the debit of a fresh claim, replying {"claimed", ...}.
 const payLua = `
-local function pay(wkey, hops, revs, usd, requireMoney, key, job)
+local function pay(wkey, hops, revs, usd, requireMoney, key, job, claimed, check)
   local refused = jobRefused(wkey, job)
   if refused then return {'claimed', refused} end
+  if redis.call('EXISTS', wkey) == 1 and resets(wkey, claimed, check) then return {'claimed', 'reset'} end
   local paid = 'paid:' .. key
   if redis.call('HEXISTS', wkey, paid) == 1 then
     local w = redis.call('HMGET', wkey, 'usd', 'revisions', 'hops')
@@ -706,7 +717,11 @@ func (s *Redis) Admit(ctx context.Context, key string, pendingTTL time.Duration,
 	if d.RequireMoney {
 		require = "1"
 	}
-	args := []any{ttlMillis(pendingTTL), d.Hops, d.Revisions, d.USDMicros, require, key, d.Job}
+	check := "0"
+	if d.CheckVerdict {
+		check = "1"
+	}
+	args := []any{ttlMillis(pendingTTL), d.Hops, d.Revisions, d.USDMicros, require, key, d.Job, int32(d.Verdict), check}
 	var res []string
 	var err error
 	if s.cluster && walletID != "" {
@@ -716,6 +731,14 @@ func (s *Redis) Admit(ctx context.Context, key string, pendingTTL time.Duration,
 		res, err = admitScript.Run(ctx, s.rdb, keys[:1], args...).StringSlice()
 		if err == nil && len(res) == 1 && res[0] == "claimed" {
 			res, err = payScript.Run(ctx, s.rdb, keys[1:], args...).StringSlice()
+		}
+		if err == nil && d.CheckVerdict && len(res) == 2 && res[0] == "held" && strings.HasPrefix(res[1], idemDone) {
+			// The claim's slot cannot read the wallet's: a stored result is checked in a
+			// script of its own (only on a cluster, only for a re-delivery).
+			var n int
+			if n, err = checkVerdictScript.Run(ctx, s.rdb, keys[1:], int32(d.Verdict), d.Job).Int(); err == nil && n == 1 {
+				res = append(res, "reset")
+			}
 		}
 	} else {
 		res, err = admitScript.Run(ctx, s.rdb, keys, args...).StringSlice()
@@ -727,12 +750,16 @@ func (s *Redis) Admit(ctx context.Context, key string, pendingTTL time.Duration,
 		return Admission{}, s.errf("claim %q: unexpected script reply %q", key, res)
 	}
 	switch {
-	case len(res) == 2 && res[0] == "held":
+	case (len(res) == 2 || len(res) == 3 && res[2] == "reset") && res[0] == "held":
 		st, val, err := decodeIdemRecord(res[1])
 		if err != nil {
 			return Admission{}, s.errf("claim %q: %w", key, err)
 		}
-		return Admission{State: st, Value: val}, nil
+		a := Admission{State: st, Value: val}
+		if len(res) == 3 {
+			a.DebitErr = ErrSilentReset
+		}
+		return a, nil
 	case len(res) == 1 && res[0] == "negative":
 		return Admission{}, errors.New("store: a debit cannot add money")
 	case len(res) == 0 || res[0] != "claimed":
@@ -763,6 +790,8 @@ func (s *Redis) Admit(ctx context.Context, key string, pendingTTL time.Duration,
 		a.DebitErr = ErrNotFound
 	case "wrongjob":
 		a.DebitErr = ErrWrongJob
+	case "reset":
+		a.DebitErr = ErrSilentReset
 	default:
 		return bad()
 	}

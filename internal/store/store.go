@@ -64,6 +64,7 @@ type Store interface {
 	Ledger
 	Leases
 	Fences
+	Verdicts
 	// Ping reports whether the store is reachable (health checks).
 	Ping(ctx context.Context) error
 	Close() error
@@ -121,6 +122,12 @@ type Debit struct {
 	// so a refusal says nothing of what another job's wallet holds. Empty: not checked
 	// (the rail's own debits of its run's wallet).
 	Job string
+	// CheckVerdict makes Admit refuse a silent reset (ErrSilentReset): Verdict is the
+	// evaluator.last_verdict the package claims (unspecified when it has no evaluator),
+	// checked against the wallet's recorded verdicts (RecordVerdict) after the job and
+	// before anything is taken. Debit ignores both.
+	CheckVerdict bool
+	Verdict      handoffv1.Verdict
 }
 
 // Wallets hold each job's one budget. Debit is atomic, so concurrent hops on one wallet
@@ -259,8 +266,12 @@ type Admission struct {
 	Paid bool
 	// DebitErr says why a claimed key's wallet was not debited: ErrWalletEmpty (Wallet is
 	// then what the wallet holds, unchanged), ErrNotFound (no such wallet; Wallet nil) or
-	// ErrWrongJob (the wallet is not d.Job's; Wallet nil: nothing of it is shown).
-	// Always nil when nothing was claimed or no wallet was named.
+	// ErrWrongJob (the wallet is not d.Job's; Wallet nil: nothing of it is shown), or
+	// ErrSilentReset (d.CheckVerdict: the package resets a failed verdict; Wallet nil,
+	// nothing taken). ErrSilentReset is also reported for a key that is Done (the check
+	// is made whatever the claim finds, so a reset package is not answered with the
+	// stored result of an earlier round); otherwise always nil when nothing was claimed
+	// or no wallet was named.
 	DebitErr error
 	Wallet   *handoffv1.Budget
 }

@@ -258,13 +258,22 @@ func (s *Server) replay(req proto.Message, stored []byte) (proto.Message, error)
 func (s *Server) admit(ctx context.Context, req proto.Message, key string, ttl time.Duration) (store.ClaimState, []byte, func(context.Context) context.Context, error) {
 	p := req.(*handoffv1.DeliverRequest).GetPackage()
 	id := p.GetBudget().GetWalletId()
-	// Paid by the package's job: a wallet of another job is refused in the same round trip.
-	a, err := s.st.Admit(ctx, key, ttl, id, budget.HopFor(p.GetJobId()))
+	// Paid by the package's job: a wallet of another job is refused in the same round trip,
+	// and so is a package that resets the job's failed verdict (store.ErrSilentReset).
+	d := budget.HopFor(p.GetJobId())
+	d.CheckVerdict, d.Verdict = true, p.GetEvaluator().GetLastVerdict()
+	a, err := s.st.Admit(ctx, key, ttl, id, d)
+	if err == nil && a.State == store.Done && errors.Is(a.DebitErr, store.ErrSilentReset) {
+		// A reset package names an earlier round's completion key: it is refused, not
+		// answered with that round's result. Going on as claimed lets the budget step
+		// refuse it; the release after the refusal leaves a done record alone.
+		a.State, a.Value = store.Claimed, nil
+	}
 	if err != nil || a.State != store.Claimed || id == "" {
 		return a.State, a.Value, nil, err
 	}
-	d := budget.Debited{WalletID: id, Err: a.DebitErr, Wallet: a.Wallet}
-	return a.State, a.Value, func(c context.Context) context.Context { return budget.WithDebited(c, d) }, nil
+	debited := budget.Debited{WalletID: id, Err: a.DebitErr, Wallet: a.Wallet}
+	return a.State, a.Value, func(c context.Context) context.Context { return budget.WithDebited(c, debited) }, nil
 }
 
 // unpay undoes the "paid" mark of a delivery whose agent ran and failed: the claim is

@@ -281,9 +281,11 @@ func (s *Server) Deliver(req *handoffv1.DeliverRequest, stream grpc.ServerStream
 	runCtx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	start := time.Now()
-	res, runErr := s.run(runCtx, ag, Input{Package: p, V2: v2From(ctx), Round: round, Routes: req.GetRoutes(),
-		Artifacts: artifact.WithCompletion(s.artifacts, p.GetOperatorReturns(), p.GetVisit())})
+	reads := artifact.Recording(artifact.WithCompletion(s.artifacts, p.GetOperatorReturns(), p.GetVisit()))
+	res, runErr := s.run(runCtx, ag, Input{Package: p, V2: v2From(ctx), Round: round, Routes: req.GetRoutes(), Artifacts: reads})
 	if runErr == nil {
+		// What the stage read is the runtime's record, never the agent's word.
+		res.ArtifactsRead = reads.Reads()
 		runErr = s.finish(p, res)
 	}
 	if runErr != nil {

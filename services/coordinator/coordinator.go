@@ -346,6 +346,7 @@ func (s *Server) SubmitJob(ctx context.Context, req *handoffv1.SubmitJobRequest)
 		Artifacts:   req.GetInputs(),
 		MemoryRefs:  req.GetMemoryRefs(),
 		Traceparent: tp,
+		Tracestate:  req.GetTrace().GetTracestate(),
 		CreatedAt:   now,
 		UpdatedAt:   now,
 		RequestId:   req.GetRequestId(),

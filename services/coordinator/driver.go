@@ -98,6 +98,10 @@ func (s *Server) advance(ctx context.Context, runID string, job *handoffv1.Job) 
 		}
 		saved = job.GetWallet()
 		s.setWallet(job, w)
+		// A driver that stopped between a verdict's save and its record left it unkept.
+		if err := s.recordVerdict(ctx, job, job.GetEvaluator().GetLastVerdict()); err != nil {
+			return nil, err
+		}
 	}
 	if terminal(job.GetState()) {
 		return nil, errDone
@@ -181,12 +185,12 @@ func PackageOf(job *handoffv1.Job, stage, tp string) *handoffv1.HandoffPackage {
 		Goal:          job.GetGoal(),
 		Constraints:   job.GetConstraints(),
 		Artifacts:     last(job.GetArtifacts()),
-		OpenQuestions: last(job.GetOpenQuestions()),
+		OpenQuestions: lastN(job.GetOpenQuestions(), maxQuestions),
 		ToolsTried:    last(job.GetToolsTried()),
 		Evaluator:     job.GetEvaluator(),
 		Budget:        job.GetWallet(),
-		MemoryRefs:    job.GetMemoryRefs(),
-		Trace:         &handoffv1.Trace{Traceparent: tp},
+		MemoryRefs:    memoryRefs(job),
+		Trace:         &handoffv1.Trace{Traceparent: tp, Tracestate: job.GetTracestate()},
 		NextHint:      job.GetNextHint(),
 		// A stage a person sent the run back to is a new completion for the runner.
 		OperatorReturns: job.GetOperatorReturns(),
@@ -199,9 +203,11 @@ func PackageOf(job *handoffv1.Job, stage, tp string) *handoffv1.HandoffPackage {
 	return proto.Clone(pkg).(*handoffv1.HandoffPackage)
 }
 
-func last[T any](xs []T) []T {
-	if len(xs) > maxCarried {
-		return xs[len(xs)-maxCarried:]
+func last[T any](xs []T) []T { return lastN(xs, maxCarried) }
+
+func lastN[T any](xs []T, n int) []T {
+	if len(xs) > n {
+		return xs[len(xs)-n:]
 	}
 	return xs
 }
@@ -228,7 +234,11 @@ func (s *Server) agentHop(ctx context.Context, job *handoffv1.Job, p *pipeline.P
 	}
 	req, ver := request()
 	hop := job.GetHops() + 1
-	sent := s.eventAsync(ctx, job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_PACKAGE_SENT, Stage: st.Name, Traceparent: pkg.GetTrace().GetTraceparent(), Hop: hop, Schema: ver})
+	sentEv := &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_PACKAGE_SENT, Stage: st.Name, Traceparent: pkg.GetTrace().GetTraceparent(), Hop: hop, Schema: ver}
+	// The exact package sent, so the hop can be explained later from what the stage started
+	// from (explain.go); the request holds the one version sent.
+	sentEv.Package, sentEv.PackageV2 = req.GetPackage(), req.GetPackageV2()
+	sent := s.eventAsync(ctx, job, sentEv)
 
 	var ack *handoffv1.Ack
 	var result *handoffv1.StageResult
@@ -268,6 +278,7 @@ func (s *Server) agentHop(ctx context.Context, job *handoffv1.Job, p *pipeline.P
 	s.later(job, outcomeEv)
 
 	out := outcome{Sent: true, Ack: ack}
+	verdict := handoffv1.Verdict_VERDICT_UNSPECIFIED
 	switch ack.GetStatus() {
 	case handoffv1.AckStatus_ACK_STATUS_ACCEPTED:
 	case handoffv1.AckStatus_ACK_STATUS_DUPLICATE:
@@ -297,25 +308,50 @@ func (s *Server) agentHop(ctx context.Context, job *handoffv1.Job, p *pipeline.P
 			if result.GetStatus() != handoffv1.StageStatus_STAGE_STATUS_FAILED {
 				job.Artifacts = append(job.Artifacts, result.GetArtifacts()...)
 				job.ToolsTried = append(job.ToolsTried, result.GetToolsTried()...)
-				job.OpenQuestions = result.GetOpenQuestions()
+				// Context is carried, not overwritten: the stage's questions are added, and
+				// only those it names as resolved are removed (carry.go).
+				job.OpenQuestions = carryQuestions(job.GetOpenQuestions(), result.GetOpenQuestions(), result.GetResolvedQuestions())
+				job.StageMemoryRefs = addRefs(job.GetStageMemoryRefs(), job.GetMemoryRefs(), result.GetMemoryRefs())
 				job.NextHint = result.GetNextHint()
 				if ev := result.GetEvaluator(); st.IsJudge() && ev.GetLastVerdict() != handoffv1.Verdict_VERDICT_UNSPECIFIED {
-					// Evaluator state travels: every later package carries this verdict.
+					// Evaluator state travels: every later package carries this verdict, and
+					// once the run is saved with it the store keeps it beside the wallet
+					// (recordVerdict).
 					job.Evaluator = ev
+					verdict = ev.GetLastVerdict()
 					outcomeEv = &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_VERDICT, Stage: st.Name, Evaluator: ev, Traceparent: ack.GetTraceparent(), Hop: hop}
 					s.later(job, outcomeEv)
 				}
 			}
 		}
 	}
-	return s.apply(ctx, job, p, w, next(p, job, w, out), outcomeEv)
+	if err := s.apply(ctx, job, p, w, next(p, job, w, out), outcomeEv); err != nil {
+		return err
+	}
+	return s.recordVerdict(ctx, job, verdict)
+}
+
+// recordVerdict keeps the verdict the run was just saved with beside its wallet, where every
+// receiver's admission refuses a package that drops it (store.ErrSilentReset). After the
+// save, never before: a step whose save failed is repeated from the run without the
+// verdict, and its judge must not find it recorded. A failure here reloads the run, and
+// loading records its verdict again (advance), so the next hop is not sent before it is
+// kept.
+func (s *Server) recordVerdict(ctx context.Context, job *handoffv1.Job, v handoffv1.Verdict) error {
+	if v == handoffv1.Verdict_VERDICT_UNSPECIFIED {
+		return nil
+	}
+	if err := s.opts.Store.RecordVerdict(ctx, job.GetRunId(), v); err != nil {
+		return fmt.Errorf("record verdict of run %s: %w", job.GetRunId(), err)
+	}
+	return nil
 }
 
 // writeback calls the writeback service for the artifact next chose (after a judge's PASS
 // only), and applies next's verdict on the answer.
 func (s *Server) writeback(ctx context.Context, job *handoffv1.Job, p *pipeline.Pipeline, st *pipeline.Stage, pkg *handoffv1.HandoffPackage, w stepWallet, art *handoffv1.Artifact) error {
 	hop := job.GetHops() + 1
-	sent := s.eventAsync(ctx, job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_PACKAGE_SENT, Stage: st.Name, Traceparent: pkg.GetTrace().GetTraceparent(), Hop: hop})
+	sent := s.eventAsync(ctx, job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_PACKAGE_SENT, Stage: st.Name, Traceparent: pkg.GetTrace().GetTraceparent(), Hop: hop, Package: pkg})
 	req := &handoffv1.WriteRequest{Package: pkg, Artifact: art, Target: st.Writer.Target}
 	var resp *handoffv1.WriteResponse
 	err := s.retry(ctx, job, st.Name, func(ctx context.Context) error {

@@ -456,6 +456,10 @@ func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEs
 		// person), and the judge's "revise" hint no longer stands.
 		job.Evaluator = &handoffv1.Evaluator{LastVerdict: handoffv1.Verdict_VERDICT_PASS, Rounds: job.GetEvaluator().GetRounds()}
 		job.NextHint = ""
+		// A person's PASS is a PASS given: recorded like a judge's.
+		if err := s.opts.Store.RecordVerdict(ctx, job.GetRunId(), handoffv1.Verdict_VERDICT_PASS); err != nil && !errors.Is(err, store.ErrNotFound) {
+			return nil, status.Errorf(codes.Unavailable, "record verdict: %v", err)
+		}
 		moved := s.operatorMove(job, p, target)
 		job.State = handoffv1.JobState_JOB_STATE_RUNNING
 		job.Escalation = nil

@@ -220,6 +220,7 @@ func (s *Server) Write(ctx context.Context, req *handoffv1.WriteRequest) (*hando
 			ExternalId:     externalID,
 			WrittenAt:      timestamppb.New(now),
 			Traceparent:    w.pkg.GetTrace().GetTraceparent(),
+			Tracestate:     w.pkg.GetTrace().GetTracestate(),
 			JobId:          w.pkg.GetJobId(),
 		}}
 	}

@@ -540,7 +540,18 @@ type StageResult struct {
 	// The route the stage chose among DeliverRequest.routes, and why. Required from a stage
 	// that was offered routes and absent otherwise: the rail escalates any other answer
 	// (ESCALATION_CAUSE_ROUTE_UNDECLARED) and never guesses a route.
-	Route         *RouteChoice `protobuf:"bytes,12,opt,name=route,proto3" json:"route,omitempty"`
+	Route *RouteChoice `protobuf:"bytes,12,opt,name=route,proto3" json:"route,omitempty"`
+	// Open questions of the package this stage resolved, each named exactly as the package
+	// carries it. The rail removes only these from the job's open questions; the stage's
+	// open_questions are added to them, never in place of them.
+	ResolvedQuestions []string `protobuf:"bytes,13,rep,name=resolved_questions,json=resolvedQuestions,proto3" json:"resolved_questions,omitempty"`
+	// Memory refs the stage adds to the job: pointers to durable facts ("customer_id:cus_9"),
+	// never the facts themselves. The same rule as HandoffPackage.memory_refs: a ref is
+	// kind:id, and free text is an invalid result.
+	MemoryRefs []string `protobuf:"bytes,14,rep,name=memory_refs,json=memoryRefs,proto3" json:"memory_refs,omitempty"`
+	// The artifact URIs the stage's agent read through the runner's artifact reader, in the
+	// order first read; recorded by the runner, not reported by the agent.
+	ArtifactsRead []string `protobuf:"bytes,15,rep,name=artifacts_read,json=artifactsRead,proto3" json:"artifacts_read,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -659,6 +670,27 @@ func (x *StageResult) GetRoute() *RouteChoice {
 	return nil
 }
 
+func (x *StageResult) GetResolvedQuestions() []string {
+	if x != nil {
+		return x.ResolvedQuestions
+	}
+	return nil
+}
+
+func (x *StageResult) GetMemoryRefs() []string {
+	if x != nil {
+		return x.MemoryRefs
+	}
+	return nil
+}
+
+func (x *StageResult) GetArtifactsRead() []string {
+	if x != nil {
+		return x.ArtifactsRead
+	}
+	return nil
+}
+
 // RouteOption is one route a stage may choose: its name and what it is for (for a model,
 // the description of its transfer tool).
 type RouteOption struct {
@@ -747,7 +779,7 @@ const file_handoff_v1_agentrunner_proto_rawDesc = "" +
 	"\x10AgentDescription\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aaccepts\x18\x02 \x03(\tR\aaccepts\x12\x14\n" +
-	"\x05tools\x18\x03 \x03(\tR\x05tools\"\xa8\x04\n" +
+	"\x05tools\x18\x03 \x03(\tR\x05tools\"\xee\x05\n" +
 	"\vStageResult\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x14\n" +
 	"\x05stage\x18\x02 \x01(\tR\x05stage\x129\n" +
@@ -762,7 +794,11 @@ const file_handoff_v1_agentrunner_proto_rawDesc = "" +
 	"\x05error\x18\n" +
 	" \x01(\tB\b\xbaH\x05r\x03\x18\xd0\x0fR\x05error\x12 \n" +
 	"\vtraceparent\x18\v \x01(\tR\vtraceparent\x12-\n" +
-	"\x05route\x18\f \x01(\v2\x17.handoff.v1.RouteChoiceR\x05route\"m\n" +
+	"\x05route\x18\f \x01(\v2\x17.handoff.v1.RouteChoiceR\x05route\x12@\n" +
+	"\x12resolved_questions\x18\r \x03(\tB\x11\xbaH\x0e\x92\x01\v\x10 \"\ar\x05\x10\x01\x18\xf4\x03R\x11resolvedQuestions\x12J\n" +
+	"\vmemory_refs\x18\x0e \x03(\tB)\xbaH&\x92\x01#\x10@\"\x1fr\x1d\x18\x80\x022\x18^[a-z][a-z0-9_]*:[^\\s]+$R\n" +
+	"memoryRefs\x126\n" +
+	"\x0eartifacts_read\x18\x0f \x03(\tB\x0f\xbaH\f\x92\x01\t\x10@\"\x05r\x03\x18\x80\x10R\rartifactsRead\"m\n" +
 	"\vRouteOption\x122\n" +
 	"\x04name\x18\x01 \x01(\tB\x1e\xbaH\x1b\xc8\x01\x01r\x16\x18@2\x12^[a-z][a-z0-9_-]*$R\x04name\x12*\n" +
 	"\vdescription\x18\x02 \x01(\tB\b\xbaH\x05r\x03\x18\xf4\x03R\vdescription*`\n" +

@@ -11,6 +11,7 @@ package handoffv1
 
 import (
 	_ "buf.build/gen/go/bufbuild/protovalidate/protocolbuffers/go/buf/validate"
+	v2 "github.com/handoffhq/handoff/gen/handoff/v2"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	durationpb "google.golang.org/protobuf/types/known/durationpb"
@@ -26,6 +27,193 @@ const (
 	// Verify that runtime/protoimpl is sufficiently up-to-date.
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
+
+// Question is one of the five.
+type Question int32
+
+const (
+	Question_QUESTION_UNSPECIFIED Question = 0
+	// Was job_id the same on the package, its ack and its result as on the run?
+	Question_QUESTION_SAME_JOB Question = 1
+	// Which required field was missing (from the ack's reasons)?
+	Question_QUESTION_REQUIRED_FIELD Question = 2
+	// Which evaluator state did the stage start with; did it start as if a failed judge had
+	// passed?
+	Question_QUESTION_EVALUATOR Question = 3
+	// Did the stage call a tool that an earlier stage had already burned?
+	Question_QUESTION_BURNED_TOOLS Question = 4
+	// Which artifacts did the stage read, against the ones it was given?
+	Question_QUESTION_ARTIFACTS_READ Question = 5
+)
+
+// Enum value maps for Question.
+var (
+	Question_name = map[int32]string{
+		0: "QUESTION_UNSPECIFIED",
+		1: "QUESTION_SAME_JOB",
+		2: "QUESTION_REQUIRED_FIELD",
+		3: "QUESTION_EVALUATOR",
+		4: "QUESTION_BURNED_TOOLS",
+		5: "QUESTION_ARTIFACTS_READ",
+	}
+	Question_value = map[string]int32{
+		"QUESTION_UNSPECIFIED":    0,
+		"QUESTION_SAME_JOB":       1,
+		"QUESTION_REQUIRED_FIELD": 2,
+		"QUESTION_EVALUATOR":      3,
+		"QUESTION_BURNED_TOOLS":   4,
+		"QUESTION_ARTIFACTS_READ": 5,
+	}
+)
+
+func (x Question) Enum() *Question {
+	p := new(Question)
+	*p = x
+	return p
+}
+
+func (x Question) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Question) Descriptor() protoreflect.EnumDescriptor {
+	return file_handoff_v1_coordinator_proto_enumTypes[0].Descriptor()
+}
+
+func (Question) Type() protoreflect.EnumType {
+	return &file_handoff_v1_coordinator_proto_enumTypes[0]
+}
+
+func (x Question) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Question.Descriptor instead.
+func (Question) EnumDescriptor() ([]byte, []int) {
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{0}
+}
+
+// Finding is the verdict of one answer.
+type Finding int32
+
+const (
+	Finding_FINDING_UNSPECIFIED Finding = 0
+	// The hop is fine on this question.
+	Finding_FINDING_OK Finding = 1
+	// The hop broke the rule the question asks about.
+	Finding_FINDING_VIOLATION Finding = 2
+	// The question does not arise for the hop (no result, no tools, a writeback).
+	Finding_FINDING_NOT_APPLICABLE Finding = 3
+	// The events do not hold what the answer needs (an event written before packages were
+	// kept).
+	Finding_FINDING_UNKNOWN Finding = 4
+)
+
+// Enum value maps for Finding.
+var (
+	Finding_name = map[int32]string{
+		0: "FINDING_UNSPECIFIED",
+		1: "FINDING_OK",
+		2: "FINDING_VIOLATION",
+		3: "FINDING_NOT_APPLICABLE",
+		4: "FINDING_UNKNOWN",
+	}
+	Finding_value = map[string]int32{
+		"FINDING_UNSPECIFIED":    0,
+		"FINDING_OK":             1,
+		"FINDING_VIOLATION":      2,
+		"FINDING_NOT_APPLICABLE": 3,
+		"FINDING_UNKNOWN":        4,
+	}
+)
+
+func (x Finding) Enum() *Finding {
+	p := new(Finding)
+	*p = x
+	return p
+}
+
+func (x Finding) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Finding) Descriptor() protoreflect.EnumDescriptor {
+	return file_handoff_v1_coordinator_proto_enumTypes[1].Descriptor()
+}
+
+func (Finding) Type() protoreflect.EnumType {
+	return &file_handoff_v1_coordinator_proto_enumTypes[1]
+}
+
+func (x Finding) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Finding.Descriptor instead.
+func (Finding) EnumDescriptor() ([]byte, []int) {
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{1}
+}
+
+// ViolationKind is what a hop broke.
+type ViolationKind int32
+
+const (
+	ViolationKind_VIOLATION_KIND_UNSPECIFIED ViolationKind = 0
+	// The stage started without the failed verdict a judge had given, or with a PASS no
+	// judge gave.
+	ViolationKind_VIOLATION_KIND_SILENT_RESET ViolationKind = 1
+	// A revision byte-identical to the draft the judge rejected.
+	ViolationKind_VIOLATION_KIND_STALE_PLAN ViolationKind = 2
+	// The stage called again a tool an earlier stage had recorded as failed.
+	ViolationKind_VIOLATION_KIND_BURNED_TOOL_RETRIED ViolationKind = 3
+	// The package's goal or constraints differ from the run's, fixed at submit.
+	ViolationKind_VIOLATION_KIND_GOAL_CHANGED ViolationKind = 4
+)
+
+// Enum value maps for ViolationKind.
+var (
+	ViolationKind_name = map[int32]string{
+		0: "VIOLATION_KIND_UNSPECIFIED",
+		1: "VIOLATION_KIND_SILENT_RESET",
+		2: "VIOLATION_KIND_STALE_PLAN",
+		3: "VIOLATION_KIND_BURNED_TOOL_RETRIED",
+		4: "VIOLATION_KIND_GOAL_CHANGED",
+	}
+	ViolationKind_value = map[string]int32{
+		"VIOLATION_KIND_UNSPECIFIED":         0,
+		"VIOLATION_KIND_SILENT_RESET":        1,
+		"VIOLATION_KIND_STALE_PLAN":          2,
+		"VIOLATION_KIND_BURNED_TOOL_RETRIED": 3,
+		"VIOLATION_KIND_GOAL_CHANGED":        4,
+	}
+)
+
+func (x ViolationKind) Enum() *ViolationKind {
+	p := new(ViolationKind)
+	*p = x
+	return p
+}
+
+func (x ViolationKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ViolationKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_handoff_v1_coordinator_proto_enumTypes[2].Descriptor()
+}
+
+func (ViolationKind) Type() protoreflect.EnumType {
+	return &file_handoff_v1_coordinator_proto_enumTypes[2]
+}
+
+func (x ViolationKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ViolationKind.Descriptor instead.
+func (ViolationKind) EnumDescriptor() ([]byte, []int) {
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{2}
+}
 
 type JobState int32
 
@@ -69,11 +257,11 @@ func (x JobState) String() string {
 }
 
 func (JobState) Descriptor() protoreflect.EnumDescriptor {
-	return file_handoff_v1_coordinator_proto_enumTypes[0].Descriptor()
+	return file_handoff_v1_coordinator_proto_enumTypes[3].Descriptor()
 }
 
 func (JobState) Type() protoreflect.EnumType {
-	return &file_handoff_v1_coordinator_proto_enumTypes[0]
+	return &file_handoff_v1_coordinator_proto_enumTypes[3]
 }
 
 func (x JobState) Number() protoreflect.EnumNumber {
@@ -82,7 +270,7 @@ func (x JobState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use JobState.Descriptor instead.
 func (JobState) EnumDescriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{0}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{3}
 }
 
 type EscalationCause int32
@@ -112,6 +300,10 @@ const (
 	// pipeline degrades to human-only (when_full: human): the job went straight to a person,
 	// with no agent spend.
 	EscalationCause_ESCALATION_CAUSE_DESK_FULL EscalationCause = 13
+	// The stage's revision was byte-identical to the draft the judge rejected, and the
+	// pipeline escalates such a stale plan (stale_revision: escalate), or the stage sent the
+	// same bytes again after the rail sent it back once.
+	EscalationCause_ESCALATION_CAUSE_STALE_PLAN EscalationCause = 14
 )
 
 // Enum value maps for EscalationCause.
@@ -131,6 +323,7 @@ var (
 		11: "ESCALATION_CAUSE_ROUTED",
 		12: "ESCALATION_CAUSE_DEADLINE",
 		13: "ESCALATION_CAUSE_DESK_FULL",
+		14: "ESCALATION_CAUSE_STALE_PLAN",
 	}
 	EscalationCause_value = map[string]int32{
 		"ESCALATION_CAUSE_UNSPECIFIED":         0,
@@ -147,6 +340,7 @@ var (
 		"ESCALATION_CAUSE_ROUTED":              11,
 		"ESCALATION_CAUSE_DEADLINE":            12,
 		"ESCALATION_CAUSE_DESK_FULL":           13,
+		"ESCALATION_CAUSE_STALE_PLAN":          14,
 	}
 )
 
@@ -161,11 +355,11 @@ func (x EscalationCause) String() string {
 }
 
 func (EscalationCause) Descriptor() protoreflect.EnumDescriptor {
-	return file_handoff_v1_coordinator_proto_enumTypes[1].Descriptor()
+	return file_handoff_v1_coordinator_proto_enumTypes[4].Descriptor()
 }
 
 func (EscalationCause) Type() protoreflect.EnumType {
-	return &file_handoff_v1_coordinator_proto_enumTypes[1]
+	return &file_handoff_v1_coordinator_proto_enumTypes[4]
 }
 
 func (x EscalationCause) Number() protoreflect.EnumNumber {
@@ -174,7 +368,7 @@ func (x EscalationCause) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use EscalationCause.Descriptor instead.
 func (EscalationCause) EnumDescriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{1}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{4}
 }
 
 type EventKind int32
@@ -239,11 +433,11 @@ func (x EventKind) String() string {
 }
 
 func (EventKind) Descriptor() protoreflect.EnumDescriptor {
-	return file_handoff_v1_coordinator_proto_enumTypes[2].Descriptor()
+	return file_handoff_v1_coordinator_proto_enumTypes[5].Descriptor()
 }
 
 func (EventKind) Type() protoreflect.EnumType {
-	return &file_handoff_v1_coordinator_proto_enumTypes[2]
+	return &file_handoff_v1_coordinator_proto_enumTypes[5]
 }
 
 func (x EventKind) Number() protoreflect.EnumNumber {
@@ -252,7 +446,7 @@ func (x EventKind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use EventKind.Descriptor instead.
 func (EventKind) EnumDescriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{2}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{5}
 }
 
 type ResolutionAction int32
@@ -294,11 +488,11 @@ func (x ResolutionAction) String() string {
 }
 
 func (ResolutionAction) Descriptor() protoreflect.EnumDescriptor {
-	return file_handoff_v1_coordinator_proto_enumTypes[3].Descriptor()
+	return file_handoff_v1_coordinator_proto_enumTypes[6].Descriptor()
 }
 
 func (ResolutionAction) Type() protoreflect.EnumType {
-	return &file_handoff_v1_coordinator_proto_enumTypes[3]
+	return &file_handoff_v1_coordinator_proto_enumTypes[6]
 }
 
 func (x ResolutionAction) Number() protoreflect.EnumNumber {
@@ -307,7 +501,480 @@ func (x ResolutionAction) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ResolutionAction.Descriptor instead.
 func (ResolutionAction) EnumDescriptor() ([]byte, []int) {
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{6}
+}
+
+type ExplainJobRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	RunId         string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExplainJobRequest) Reset() {
+	*x = ExplainJobRequest{}
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExplainJobRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExplainJobRequest) ProtoMessage() {}
+
+func (x *ExplainJobRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExplainJobRequest.ProtoReflect.Descriptor instead.
+func (*ExplainJobRequest) Descriptor() ([]byte, []int) {
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *ExplainJobRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+type ExplainJobResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Explanation   *Explanation           `protobuf:"bytes,1,opt,name=explanation,proto3" json:"explanation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExplainJobResponse) Reset() {
+	*x = ExplainJobResponse{}
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExplainJobResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExplainJobResponse) ProtoMessage() {}
+
+func (x *ExplainJobResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExplainJobResponse.ProtoReflect.Descriptor instead.
+func (*ExplainJobResponse) Descriptor() ([]byte, []int) {
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ExplainJobResponse) GetExplanation() *Explanation {
+	if x != nil {
+		return x.Explanation
+	}
+	return nil
+}
+
+// Explanation is a run read hop by hop against the five questions.
+type Explanation struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	RunId    string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	JobId    string                 `protobuf:"bytes,2,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	Pipeline string                 `protobuf:"bytes,3,opt,name=pipeline,proto3" json:"pipeline,omitempty"`
+	State    JobState               `protobuf:"varint,4,opt,name=state,proto3,enum=handoff.v1.JobState" json:"state,omitempty"`
+	Hops     []*HopExplanation      `protobuf:"bytes,5,rep,name=hops,proto3" json:"hops,omitempty"`
+	// Every violation found, in hop order.
+	Violations    []*Violation `protobuf:"bytes,6,rep,name=violations,proto3" json:"violations,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Explanation) Reset() {
+	*x = Explanation{}
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Explanation) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Explanation) ProtoMessage() {}
+
+func (x *Explanation) ProtoReflect() protoreflect.Message {
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Explanation.ProtoReflect.Descriptor instead.
+func (*Explanation) Descriptor() ([]byte, []int) {
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *Explanation) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *Explanation) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+func (x *Explanation) GetPipeline() string {
+	if x != nil {
+		return x.Pipeline
+	}
+	return ""
+}
+
+func (x *Explanation) GetState() JobState {
+	if x != nil {
+		return x.State
+	}
+	return JobState_JOB_STATE_UNSPECIFIED
+}
+
+func (x *Explanation) GetHops() []*HopExplanation {
+	if x != nil {
+		return x.Hops
+	}
+	return nil
+}
+
+func (x *Explanation) GetViolations() []*Violation {
+	if x != nil {
+		return x.Violations
+	}
+	return nil
+}
+
+// HopExplanation is one hop's five answers.
+type HopExplanation struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Hop   uint32                 `protobuf:"varint,1,opt,name=hop,proto3" json:"hop,omitempty"`
+	Stage string                 `protobuf:"bytes,2,opt,name=stage,proto3" json:"stage,omitempty"`
+	Ack   AckStatus              `protobuf:"varint,3,opt,name=ack,proto3,enum=handoff.v1.AckStatus" json:"ack,omitempty"`
+	// The contract version of the package sent ("handoff.v1", "handoff.v2").
+	Schema string `protobuf:"bytes,4,opt,name=schema,proto3" json:"schema,omitempty"`
+	// One per Question, in the Question's order.
+	Answers       []*Answer `protobuf:"bytes,5,rep,name=answers,proto3" json:"answers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HopExplanation) Reset() {
+	*x = HopExplanation{}
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HopExplanation) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HopExplanation) ProtoMessage() {}
+
+func (x *HopExplanation) ProtoReflect() protoreflect.Message {
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HopExplanation.ProtoReflect.Descriptor instead.
+func (*HopExplanation) Descriptor() ([]byte, []int) {
 	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *HopExplanation) GetHop() uint32 {
+	if x != nil {
+		return x.Hop
+	}
+	return 0
+}
+
+func (x *HopExplanation) GetStage() string {
+	if x != nil {
+		return x.Stage
+	}
+	return ""
+}
+
+func (x *HopExplanation) GetAck() AckStatus {
+	if x != nil {
+		return x.Ack
+	}
+	return AckStatus_ACK_STATUS_UNSPECIFIED
+}
+
+func (x *HopExplanation) GetSchema() string {
+	if x != nil {
+		return x.Schema
+	}
+	return ""
+}
+
+func (x *HopExplanation) GetAnswers() []*Answer {
+	if x != nil {
+		return x.Answers
+	}
+	return nil
+}
+
+// Answer is one question's finding on a hop, with its evidence.
+type Answer struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Question Question               `protobuf:"varint,1,opt,name=question,proto3,enum=handoff.v1.Question" json:"question,omitempty"`
+	Finding  Finding                `protobuf:"varint,2,opt,name=finding,proto3,enum=handoff.v1.Finding" json:"finding,omitempty"`
+	// One line saying what was found.
+	Summary       string      `protobuf:"bytes,3,opt,name=summary,proto3" json:"summary,omitempty"`
+	Evidence      []*Evidence `protobuf:"bytes,4,rep,name=evidence,proto3" json:"evidence,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Answer) Reset() {
+	*x = Answer{}
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Answer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Answer) ProtoMessage() {}
+
+func (x *Answer) ProtoReflect() protoreflect.Message {
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Answer.ProtoReflect.Descriptor instead.
+func (*Answer) Descriptor() ([]byte, []int) {
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *Answer) GetQuestion() Question {
+	if x != nil {
+		return x.Question
+	}
+	return Question_QUESTION_UNSPECIFIED
+}
+
+func (x *Answer) GetFinding() Finding {
+	if x != nil {
+		return x.Finding
+	}
+	return Finding_FINDING_UNSPECIFIED
+}
+
+func (x *Answer) GetSummary() string {
+	if x != nil {
+		return x.Summary
+	}
+	return ""
+}
+
+func (x *Answer) GetEvidence() []*Evidence {
+	if x != nil {
+		return x.Evidence
+	}
+	return nil
+}
+
+// Evidence points at what an answer rests on: a field path, a stage, an artifact URI.
+// Never a field's value from the package (goal, constraints, questions are not shown).
+type Evidence struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A field path ("evaluator.last_verdict", "tools_tried[2]").
+	Field string `protobuf:"bytes,1,opt,name=field,proto3" json:"field,omitempty"`
+	// The stage it concerns (the stage that burned a tool, the judge that gave a verdict).
+	Stage string `protobuf:"bytes,2,opt,name=stage,proto3" json:"stage,omitempty"`
+	// An artifact URI.
+	Uri string `protobuf:"bytes,3,opt,name=uri,proto3" json:"uri,omitempty"`
+	// A short note (a tool name, a verdict, a rule id).
+	Note          string `protobuf:"bytes,4,opt,name=note,proto3" json:"note,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Evidence) Reset() {
+	*x = Evidence{}
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Evidence) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Evidence) ProtoMessage() {}
+
+func (x *Evidence) ProtoReflect() protoreflect.Message {
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Evidence.ProtoReflect.Descriptor instead.
+func (*Evidence) Descriptor() ([]byte, []int) {
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *Evidence) GetField() string {
+	if x != nil {
+		return x.Field
+	}
+	return ""
+}
+
+func (x *Evidence) GetStage() string {
+	if x != nil {
+		return x.Stage
+	}
+	return ""
+}
+
+func (x *Evidence) GetUri() string {
+	if x != nil {
+		return x.Uri
+	}
+	return ""
+}
+
+func (x *Evidence) GetNote() string {
+	if x != nil {
+		return x.Note
+	}
+	return ""
+}
+
+type Violation struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Kind          ViolationKind          `protobuf:"varint,1,opt,name=kind,proto3,enum=handoff.v1.ViolationKind" json:"kind,omitempty"`
+	Hop           uint32                 `protobuf:"varint,2,opt,name=hop,proto3" json:"hop,omitempty"`
+	Stage         string                 `protobuf:"bytes,3,opt,name=stage,proto3" json:"stage,omitempty"`
+	Detail        string                 `protobuf:"bytes,4,opt,name=detail,proto3" json:"detail,omitempty"`
+	Evidence      []*Evidence            `protobuf:"bytes,5,rep,name=evidence,proto3" json:"evidence,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Violation) Reset() {
+	*x = Violation{}
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Violation) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Violation) ProtoMessage() {}
+
+func (x *Violation) ProtoReflect() protoreflect.Message {
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Violation.ProtoReflect.Descriptor instead.
+func (*Violation) Descriptor() ([]byte, []int) {
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *Violation) GetKind() ViolationKind {
+	if x != nil {
+		return x.Kind
+	}
+	return ViolationKind_VIOLATION_KIND_UNSPECIFIED
+}
+
+func (x *Violation) GetHop() uint32 {
+	if x != nil {
+		return x.Hop
+	}
+	return 0
+}
+
+func (x *Violation) GetStage() string {
+	if x != nil {
+		return x.Stage
+	}
+	return ""
+}
+
+func (x *Violation) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
+func (x *Violation) GetEvidence() []*Evidence {
+	if x != nil {
+		return x.Evidence
+	}
+	return nil
 }
 
 type ClaimEscalationRequest struct {
@@ -323,7 +990,7 @@ type ClaimEscalationRequest struct {
 
 func (x *ClaimEscalationRequest) Reset() {
 	*x = ClaimEscalationRequest{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[0]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -335,7 +1002,7 @@ func (x *ClaimEscalationRequest) String() string {
 func (*ClaimEscalationRequest) ProtoMessage() {}
 
 func (x *ClaimEscalationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[0]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -348,7 +1015,7 @@ func (x *ClaimEscalationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClaimEscalationRequest.ProtoReflect.Descriptor instead.
 func (*ClaimEscalationRequest) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{0}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ClaimEscalationRequest) GetRunId() string {
@@ -382,7 +1049,7 @@ type ClaimEscalationResponse struct {
 
 func (x *ClaimEscalationResponse) Reset() {
 	*x = ClaimEscalationResponse{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[1]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -394,7 +1061,7 @@ func (x *ClaimEscalationResponse) String() string {
 func (*ClaimEscalationResponse) ProtoMessage() {}
 
 func (x *ClaimEscalationResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[1]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -407,7 +1074,7 @@ func (x *ClaimEscalationResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClaimEscalationResponse.ProtoReflect.Descriptor instead.
 func (*ClaimEscalationResponse) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{1}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ClaimEscalationResponse) GetClaim() *Claim {
@@ -432,7 +1099,7 @@ type Claim struct {
 
 func (x *Claim) Reset() {
 	*x = Claim{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[2]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -444,7 +1111,7 @@ func (x *Claim) String() string {
 func (*Claim) ProtoMessage() {}
 
 func (x *Claim) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[2]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -457,7 +1124,7 @@ func (x *Claim) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Claim.ProtoReflect.Descriptor instead.
 func (*Claim) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{2}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Claim) GetAccount() string {
@@ -518,7 +1185,7 @@ type SubmitJobRequest struct {
 
 func (x *SubmitJobRequest) Reset() {
 	*x = SubmitJobRequest{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[3]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -530,7 +1197,7 @@ func (x *SubmitJobRequest) String() string {
 func (*SubmitJobRequest) ProtoMessage() {}
 
 func (x *SubmitJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[3]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -543,7 +1210,7 @@ func (x *SubmitJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitJobRequest.ProtoReflect.Descriptor instead.
 func (*SubmitJobRequest) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{3}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *SubmitJobRequest) GetRequestId() string {
@@ -627,7 +1294,7 @@ type SubmitJobResponse struct {
 
 func (x *SubmitJobResponse) Reset() {
 	*x = SubmitJobResponse{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[4]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -639,7 +1306,7 @@ func (x *SubmitJobResponse) String() string {
 func (*SubmitJobResponse) ProtoMessage() {}
 
 func (x *SubmitJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[4]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -652,7 +1319,7 @@ func (x *SubmitJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitJobResponse.ProtoReflect.Descriptor instead.
 func (*SubmitJobResponse) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{4}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *SubmitJobResponse) GetJob() *Job {
@@ -678,7 +1345,7 @@ type GetJobRequest struct {
 
 func (x *GetJobRequest) Reset() {
 	*x = GetJobRequest{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[5]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -690,7 +1357,7 @@ func (x *GetJobRequest) String() string {
 func (*GetJobRequest) ProtoMessage() {}
 
 func (x *GetJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[5]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -703,7 +1370,7 @@ func (x *GetJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobRequest.ProtoReflect.Descriptor instead.
 func (*GetJobRequest) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{5}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *GetJobRequest) GetRunId() string {
@@ -725,7 +1392,7 @@ type GetJobResponse struct {
 
 func (x *GetJobResponse) Reset() {
 	*x = GetJobResponse{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[6]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -737,7 +1404,7 @@ func (x *GetJobResponse) String() string {
 func (*GetJobResponse) ProtoMessage() {}
 
 func (x *GetJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[6]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -750,7 +1417,7 @@ func (x *GetJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobResponse.ProtoReflect.Descriptor instead.
 func (*GetJobResponse) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{6}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GetJobResponse) GetJob() *Job {
@@ -797,7 +1464,7 @@ type HopRecord struct {
 
 func (x *HopRecord) Reset() {
 	*x = HopRecord{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[7]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -809,7 +1476,7 @@ func (x *HopRecord) String() string {
 func (*HopRecord) ProtoMessage() {}
 
 func (x *HopRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[7]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -822,7 +1489,7 @@ func (x *HopRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HopRecord.ProtoReflect.Descriptor instead.
 func (*HopRecord) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{7}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *HopRecord) GetHop() uint32 {
@@ -921,7 +1588,7 @@ type ListJobsRequest struct {
 
 func (x *ListJobsRequest) Reset() {
 	*x = ListJobsRequest{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[8]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -933,7 +1600,7 @@ func (x *ListJobsRequest) String() string {
 func (*ListJobsRequest) ProtoMessage() {}
 
 func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[8]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -946,7 +1613,7 @@ func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsRequest.ProtoReflect.Descriptor instead.
 func (*ListJobsRequest) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{8}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ListJobsRequest) GetState() JobState {
@@ -980,7 +1647,7 @@ type ListJobsResponse struct {
 
 func (x *ListJobsResponse) Reset() {
 	*x = ListJobsResponse{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[9]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -992,7 +1659,7 @@ func (x *ListJobsResponse) String() string {
 func (*ListJobsResponse) ProtoMessage() {}
 
 func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[9]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1005,7 +1672,7 @@ func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsResponse.ProtoReflect.Descriptor instead.
 func (*ListJobsResponse) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{9}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListJobsResponse) GetJobs() []*Job {
@@ -1033,7 +1700,7 @@ type WatchJobRequest struct {
 
 func (x *WatchJobRequest) Reset() {
 	*x = WatchJobRequest{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[10]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1045,7 +1712,7 @@ func (x *WatchJobRequest) String() string {
 func (*WatchJobRequest) ProtoMessage() {}
 
 func (x *WatchJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[10]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1058,7 +1725,7 @@ func (x *WatchJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchJobRequest.ProtoReflect.Descriptor instead.
 func (*WatchJobRequest) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{10}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *WatchJobRequest) GetRunId() string {
@@ -1084,7 +1751,7 @@ type WatchJobResponse struct {
 
 func (x *WatchJobResponse) Reset() {
 	*x = WatchJobResponse{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[11]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1096,7 +1763,7 @@ func (x *WatchJobResponse) String() string {
 func (*WatchJobResponse) ProtoMessage() {}
 
 func (x *WatchJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[11]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1109,7 +1776,7 @@ func (x *WatchJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchJobResponse.ProtoReflect.Descriptor instead.
 func (*WatchJobResponse) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{11}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *WatchJobResponse) GetEvent() *JobEvent {
@@ -1166,14 +1833,21 @@ type Job struct {
 	// runs submitted before deadlines existed: those are sent handoff.v1 only.
 	Deadline *timestamppb.Timestamp `protobuf:"bytes,28,opt,name=deadline,proto3" json:"deadline,omitempty"`
 	// Who owns the run's current escalation (ClaimEscalation), while the claim lasts.
-	Claim         *Claim `protobuf:"bytes,29,opt,name=claim,proto3" json:"claim,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Claim *Claim `protobuf:"bytes,29,opt,name=claim,proto3" json:"claim,omitempty"`
+	// W3C tracestate given at submit (SubmitJobRequest.trace.tracestate): it travels with the
+	// traceparent on every package and on the receipt.
+	Tracestate string `protobuf:"bytes,30,opt,name=tracestate,proto3" json:"tracestate,omitempty"`
+	// Memory refs the stages added (StageResult.memory_refs), in order, without repeats:
+	// carried on every package after memory_refs, which stay as submitted (the job's
+	// content).
+	StageMemoryRefs []string `protobuf:"bytes,31,rep,name=stage_memory_refs,json=stageMemoryRefs,proto3" json:"stage_memory_refs,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Job) Reset() {
 	*x = Job{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[12]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1185,7 +1859,7 @@ func (x *Job) String() string {
 func (*Job) ProtoMessage() {}
 
 func (x *Job) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[12]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1198,7 +1872,7 @@ func (x *Job) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Job.ProtoReflect.Descriptor instead.
 func (*Job) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{12}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Job) GetRunId() string {
@@ -1404,6 +2078,20 @@ func (x *Job) GetClaim() *Claim {
 	return nil
 }
 
+func (x *Job) GetTracestate() string {
+	if x != nil {
+		return x.Tracestate
+	}
+	return ""
+}
+
+func (x *Job) GetStageMemoryRefs() []string {
+	if x != nil {
+		return x.StageMemoryRefs
+	}
+	return nil
+}
+
 // Transfer is one move of a run from one stage to another: a one-way hand-over of the
 // package (never of a transcript), which the rail chose by the pipeline's rules.
 type Transfer struct {
@@ -1426,7 +2114,7 @@ type Transfer struct {
 
 func (x *Transfer) Reset() {
 	*x = Transfer{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[13]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1438,7 +2126,7 @@ func (x *Transfer) String() string {
 func (*Transfer) ProtoMessage() {}
 
 func (x *Transfer) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[13]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1451,7 +2139,7 @@ func (x *Transfer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Transfer.ProtoReflect.Descriptor instead.
 func (*Transfer) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{13}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Transfer) GetFromStage() string {
@@ -1518,7 +2206,7 @@ type Escalation struct {
 
 func (x *Escalation) Reset() {
 	*x = Escalation{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[14]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1530,7 +2218,7 @@ func (x *Escalation) String() string {
 func (*Escalation) ProtoMessage() {}
 
 func (x *Escalation) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[14]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1543,7 +2231,7 @@ func (x *Escalation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Escalation.ProtoReflect.Descriptor instead.
 func (*Escalation) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{14}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Escalation) GetCause() EscalationCause {
@@ -1614,7 +2302,7 @@ type Delivery struct {
 
 func (x *Delivery) Reset() {
 	*x = Delivery{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[15]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1626,7 +2314,7 @@ func (x *Delivery) String() string {
 func (*Delivery) ProtoMessage() {}
 
 func (x *Delivery) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[15]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1639,7 +2327,7 @@ func (x *Delivery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Delivery.ProtoReflect.Descriptor instead.
 func (*Delivery) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{15}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Delivery) GetUrl() string {
@@ -1720,14 +2408,19 @@ type JobEvent struct {
 	// ("handoff.v1", "handoff.v2"), the newest the stage's runner declares.
 	Schema string `protobuf:"bytes,17,opt,name=schema,proto3" json:"schema,omitempty"`
 	// The webhook delivery, on an EVENT_KIND_ESCALATION_DELIVERY event.
-	Delivery      *Delivery `protobuf:"bytes,18,opt,name=delivery,proto3" json:"delivery,omitempty"`
+	Delivery *Delivery `protobuf:"bytes,18,opt,name=delivery,proto3" json:"delivery,omitempty"`
+	// On EVENT_KIND_PACKAGE_SENT: the exact package sent, the one the stage started from
+	// (at most 64 KiB by contract): package for handoff.v1 and for the writeback,
+	// package_v2 for a handoff.v2 hop. Kept once, on this event only.
+	Package       *HandoffPackage    `protobuf:"bytes,19,opt,name=package,proto3" json:"package,omitempty"`
+	PackageV2     *v2.HandoffPackage `protobuf:"bytes,20,opt,name=package_v2,json=packageV2,proto3" json:"package_v2,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *JobEvent) Reset() {
 	*x = JobEvent{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[16]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1739,7 +2432,7 @@ func (x *JobEvent) String() string {
 func (*JobEvent) ProtoMessage() {}
 
 func (x *JobEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[16]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1752,7 +2445,7 @@ func (x *JobEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobEvent.ProtoReflect.Descriptor instead.
 func (*JobEvent) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{16}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *JobEvent) GetSeq() uint64 {
@@ -1881,6 +2574,20 @@ func (x *JobEvent) GetDelivery() *Delivery {
 	return nil
 }
 
+func (x *JobEvent) GetPackage() *HandoffPackage {
+	if x != nil {
+		return x.Package
+	}
+	return nil
+}
+
+func (x *JobEvent) GetPackageV2() *v2.HandoffPackage {
+	if x != nil {
+		return x.PackageV2
+	}
+	return nil
+}
+
 type ListEscalationsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	PageSize      int32                  `protobuf:"varint,1,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
@@ -1891,7 +2598,7 @@ type ListEscalationsRequest struct {
 
 func (x *ListEscalationsRequest) Reset() {
 	*x = ListEscalationsRequest{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[17]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1903,7 +2610,7 @@ func (x *ListEscalationsRequest) String() string {
 func (*ListEscalationsRequest) ProtoMessage() {}
 
 func (x *ListEscalationsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[17]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1916,7 +2623,7 @@ func (x *ListEscalationsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEscalationsRequest.ProtoReflect.Descriptor instead.
 func (*ListEscalationsRequest) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{17}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListEscalationsRequest) GetPageSize() int32 {
@@ -1943,7 +2650,7 @@ type ListEscalationsResponse struct {
 
 func (x *ListEscalationsResponse) Reset() {
 	*x = ListEscalationsResponse{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[18]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1955,7 +2662,7 @@ func (x *ListEscalationsResponse) String() string {
 func (*ListEscalationsResponse) ProtoMessage() {}
 
 func (x *ListEscalationsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[18]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1968,7 +2675,7 @@ func (x *ListEscalationsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEscalationsResponse.ProtoReflect.Descriptor instead.
 func (*ListEscalationsResponse) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{18}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ListEscalationsResponse) GetJobs() []*Job {
@@ -2011,7 +2718,7 @@ type ResolveEscalationRequest struct {
 
 func (x *ResolveEscalationRequest) Reset() {
 	*x = ResolveEscalationRequest{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[19]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2023,7 +2730,7 @@ func (x *ResolveEscalationRequest) String() string {
 func (*ResolveEscalationRequest) ProtoMessage() {}
 
 func (x *ResolveEscalationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[19]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2036,7 +2743,7 @@ func (x *ResolveEscalationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveEscalationRequest.ProtoReflect.Descriptor instead.
 func (*ResolveEscalationRequest) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{19}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ResolveEscalationRequest) GetRunId() string {
@@ -2160,7 +2867,7 @@ type ApproveAction struct {
 
 func (x *ApproveAction) Reset() {
 	*x = ApproveAction{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[20]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2172,7 +2879,7 @@ func (x *ApproveAction) String() string {
 func (*ApproveAction) ProtoMessage() {}
 
 func (x *ApproveAction) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[20]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2185,7 +2892,7 @@ func (x *ApproveAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApproveAction.ProtoReflect.Descriptor instead.
 func (*ApproveAction) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{20}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ApproveAction) GetArtifactText() string {
@@ -2209,7 +2916,7 @@ type ReturnToStageAction struct {
 
 func (x *ReturnToStageAction) Reset() {
 	*x = ReturnToStageAction{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[21]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2221,7 +2928,7 @@ func (x *ReturnToStageAction) String() string {
 func (*ReturnToStageAction) ProtoMessage() {}
 
 func (x *ReturnToStageAction) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[21]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2234,7 +2941,7 @@ func (x *ReturnToStageAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReturnToStageAction.ProtoReflect.Descriptor instead.
 func (*ReturnToStageAction) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{21}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ReturnToStageAction) GetStage() string {
@@ -2271,7 +2978,7 @@ type Grant struct {
 
 func (x *Grant) Reset() {
 	*x = Grant{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[22]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2283,7 +2990,7 @@ func (x *Grant) String() string {
 func (*Grant) ProtoMessage() {}
 
 func (x *Grant) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[22]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2296,7 +3003,7 @@ func (x *Grant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Grant.ProtoReflect.Descriptor instead.
 func (*Grant) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{22}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *Grant) GetHops() uint32 {
@@ -2329,7 +3036,7 @@ type FailAction struct {
 
 func (x *FailAction) Reset() {
 	*x = FailAction{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[23]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2341,7 +3048,7 @@ func (x *FailAction) String() string {
 func (*FailAction) ProtoMessage() {}
 
 func (x *FailAction) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[23]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2354,7 +3061,7 @@ func (x *FailAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FailAction.ProtoReflect.Descriptor instead.
 func (*FailAction) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{23}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *FailAction) GetReason() string {
@@ -2373,7 +3080,7 @@ type RejectMalformedAction struct {
 
 func (x *RejectMalformedAction) Reset() {
 	*x = RejectMalformedAction{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[24]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2385,7 +3092,7 @@ func (x *RejectMalformedAction) String() string {
 func (*RejectMalformedAction) ProtoMessage() {}
 
 func (x *RejectMalformedAction) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[24]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2398,7 +3105,7 @@ func (x *RejectMalformedAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RejectMalformedAction.ProtoReflect.Descriptor instead.
 func (*RejectMalformedAction) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{24}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RejectMalformedAction) GetReason() string {
@@ -2437,7 +3144,7 @@ type Resolution struct {
 
 func (x *Resolution) Reset() {
 	*x = Resolution{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[25]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2449,7 +3156,7 @@ func (x *Resolution) String() string {
 func (*Resolution) ProtoMessage() {}
 
 func (x *Resolution) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[25]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2462,7 +3169,7 @@ func (x *Resolution) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Resolution.ProtoReflect.Descriptor instead.
 func (*Resolution) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{25}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *Resolution) GetAction() ResolutionAction {
@@ -2558,7 +3265,7 @@ type ResolveEscalationResponse struct {
 
 func (x *ResolveEscalationResponse) Reset() {
 	*x = ResolveEscalationResponse{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[26]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2570,7 +3277,7 @@ func (x *ResolveEscalationResponse) String() string {
 func (*ResolveEscalationResponse) ProtoMessage() {}
 
 func (x *ResolveEscalationResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[26]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2583,7 +3290,7 @@ func (x *ResolveEscalationResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveEscalationResponse.ProtoReflect.Descriptor instead.
 func (*ResolveEscalationResponse) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{26}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ResolveEscalationResponse) GetJob() *Job {
@@ -2619,7 +3326,42 @@ var File_handoff_v1_coordinator_proto protoreflect.FileDescriptor
 const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\n" +
 	"\x1chandoff/v1/coordinator.proto\x12\n" +
-	"handoff.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1chandoff/v1/agentrunner.proto\x1a\x18handoff/v1/handoff.proto\"\x7f\n" +
+	"handoff.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1chandoff/v1/agentrunner.proto\x1a\x18handoff/v1/handoff.proto\x1a\x18handoff/v2/handoff.proto\"V\n" +
+	"\x11ExplainJobRequest\x12A\n" +
+	"\x06run_id\x18\x01 \x01(\tB*\xbaH'\xc8\x01\x01r\"\x18\x80\x012\x1d^[A-Za-z0-9][A-Za-z0-9_.:-]*$R\x05runId\"O\n" +
+	"\x12ExplainJobResponse\x129\n" +
+	"\vexplanation\x18\x01 \x01(\v2\x17.handoff.v1.ExplanationR\vexplanation\"\xea\x01\n" +
+	"\vExplanation\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x15\n" +
+	"\x06job_id\x18\x02 \x01(\tR\x05jobId\x12\x1a\n" +
+	"\bpipeline\x18\x03 \x01(\tR\bpipeline\x12*\n" +
+	"\x05state\x18\x04 \x01(\x0e2\x14.handoff.v1.JobStateR\x05state\x12.\n" +
+	"\x04hops\x18\x05 \x03(\v2\x1a.handoff.v1.HopExplanationR\x04hops\x125\n" +
+	"\n" +
+	"violations\x18\x06 \x03(\v2\x15.handoff.v1.ViolationR\n" +
+	"violations\"\xa7\x01\n" +
+	"\x0eHopExplanation\x12\x10\n" +
+	"\x03hop\x18\x01 \x01(\rR\x03hop\x12\x14\n" +
+	"\x05stage\x18\x02 \x01(\tR\x05stage\x12'\n" +
+	"\x03ack\x18\x03 \x01(\x0e2\x15.handoff.v1.AckStatusR\x03ack\x12\x16\n" +
+	"\x06schema\x18\x04 \x01(\tR\x06schema\x12,\n" +
+	"\aanswers\x18\x05 \x03(\v2\x12.handoff.v1.AnswerR\aanswers\"\xb5\x01\n" +
+	"\x06Answer\x120\n" +
+	"\bquestion\x18\x01 \x01(\x0e2\x14.handoff.v1.QuestionR\bquestion\x12-\n" +
+	"\afinding\x18\x02 \x01(\x0e2\x13.handoff.v1.FindingR\afinding\x12\x18\n" +
+	"\asummary\x18\x03 \x01(\tR\asummary\x120\n" +
+	"\bevidence\x18\x04 \x03(\v2\x14.handoff.v1.EvidenceR\bevidence\"\\\n" +
+	"\bEvidence\x12\x14\n" +
+	"\x05field\x18\x01 \x01(\tR\x05field\x12\x14\n" +
+	"\x05stage\x18\x02 \x01(\tR\x05stage\x12\x10\n" +
+	"\x03uri\x18\x03 \x01(\tR\x03uri\x12\x12\n" +
+	"\x04note\x18\x04 \x01(\tR\x04note\"\xac\x01\n" +
+	"\tViolation\x12-\n" +
+	"\x04kind\x18\x01 \x01(\x0e2\x19.handoff.v1.ViolationKindR\x04kind\x12\x10\n" +
+	"\x03hop\x18\x02 \x01(\rR\x03hop\x12\x14\n" +
+	"\x05stage\x18\x03 \x01(\tR\x05stage\x12\x16\n" +
+	"\x06detail\x18\x04 \x01(\tR\x06detail\x120\n" +
+	"\bevidence\x18\x05 \x03(\v2\x14.handoff.v1.EvidenceR\bevidence\"\x7f\n" +
 	"\x16ClaimEscalationRequest\x12\"\n" +
 	"\x06run_id\x18\x01 \x01(\tB\v\xbaH\b\xc8\x01\x01r\x03\x18\x80\x01R\x05runId\x12'\n" +
 	"\n" +
@@ -2690,7 +3432,7 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\x06run_id\x18\x01 \x01(\tB\x06\xbaH\x03\xc8\x01\x01R\x05runId\x12\x1b\n" +
 	"\tafter_seq\x18\x02 \x01(\x04R\bafterSeq\">\n" +
 	"\x10WatchJobResponse\x12*\n" +
-	"\x05event\x18\x01 \x01(\v2\x14.handoff.v1.JobEventR\x05event\"\x8f\t\n" +
+	"\x05event\x18\x01 \x01(\v2\x14.handoff.v1.JobEventR\x05event\"\xdb\t\n" +
 	"\x03Job\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x15\n" +
 	"\x06job_id\x18\x02 \x01(\tR\x05jobId\x12\x1a\n" +
@@ -2730,7 +3472,11 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\vescalations\x18\x1a \x01(\rR\vescalations\x122\n" +
 	"\ttransfers\x18\x1b \x03(\v2\x14.handoff.v1.TransferR\ttransfers\x126\n" +
 	"\bdeadline\x18\x1c \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline\x12'\n" +
-	"\x05claim\x18\x1d \x01(\v2\x11.handoff.v1.ClaimR\x05claim\"\xc1\x01\n" +
+	"\x05claim\x18\x1d \x01(\v2\x11.handoff.v1.ClaimR\x05claim\x12\x1e\n" +
+	"\n" +
+	"tracestate\x18\x1e \x01(\tR\n" +
+	"tracestate\x12*\n" +
+	"\x11stage_memory_refs\x18\x1f \x03(\tR\x0fstageMemoryRefs\"\xc1\x01\n" +
 	"\bTransfer\x12\x1d\n" +
 	"\n" +
 	"from_stage\x18\x01 \x01(\tR\tfromStage\x12\x19\n" +
@@ -2758,7 +3504,7 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\x05error\x18\x05 \x01(\tR\x05error\x12\x1f\n" +
 	"\vstatus_code\x18\x06 \x01(\x05R\n" +
 	"statusCode\x12*\n" +
-	"\x02at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"\xbb\x05\n" +
+	"\x02at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"\xac\x06\n" +
 	"\bJobEvent\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x15\n" +
 	"\x06run_id\x18\x02 \x01(\tR\x05runId\x12\x15\n" +
@@ -2782,7 +3528,10 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"resolution\x120\n" +
 	"\btransfer\x18\x10 \x01(\v2\x14.handoff.v1.TransferR\btransfer\x12\x16\n" +
 	"\x06schema\x18\x11 \x01(\tR\x06schema\x120\n" +
-	"\bdelivery\x18\x12 \x01(\v2\x14.handoff.v1.DeliveryR\bdelivery\"`\n" +
+	"\bdelivery\x18\x12 \x01(\v2\x14.handoff.v1.DeliveryR\bdelivery\x124\n" +
+	"\apackage\x18\x13 \x01(\v2\x1a.handoff.v1.HandoffPackageR\apackage\x129\n" +
+	"\n" +
+	"package_v2\x18\x14 \x01(\v2\x1a.handoff.v2.HandoffPackageR\tpackageV2\"`\n" +
 	"\x16ListEscalationsRequest\x12'\n" +
 	"\tpage_size\x18\x01 \x01(\x05B\n" +
 	"\xbaH\a\x1a\x05\x18\xe8\a(\x00R\bpageSize\x12\x1d\n" +
@@ -2844,13 +3593,33 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\tduplicate\x18\x03 \x01(\bR\tduplicate\x126\n" +
 	"\n" +
 	"resolution\x18\x04 \x01(\v2\x16.handoff.v1.ResolutionR\n" +
-	"resolution*\x84\x01\n" +
+	"resolution*\xa8\x01\n" +
+	"\bQuestion\x12\x18\n" +
+	"\x14QUESTION_UNSPECIFIED\x10\x00\x12\x15\n" +
+	"\x11QUESTION_SAME_JOB\x10\x01\x12\x1b\n" +
+	"\x17QUESTION_REQUIRED_FIELD\x10\x02\x12\x16\n" +
+	"\x12QUESTION_EVALUATOR\x10\x03\x12\x19\n" +
+	"\x15QUESTION_BURNED_TOOLS\x10\x04\x12\x1b\n" +
+	"\x17QUESTION_ARTIFACTS_READ\x10\x05*z\n" +
+	"\aFinding\x12\x17\n" +
+	"\x13FINDING_UNSPECIFIED\x10\x00\x12\x0e\n" +
+	"\n" +
+	"FINDING_OK\x10\x01\x12\x15\n" +
+	"\x11FINDING_VIOLATION\x10\x02\x12\x1a\n" +
+	"\x16FINDING_NOT_APPLICABLE\x10\x03\x12\x13\n" +
+	"\x0fFINDING_UNKNOWN\x10\x04*\xb8\x01\n" +
+	"\rViolationKind\x12\x1e\n" +
+	"\x1aVIOLATION_KIND_UNSPECIFIED\x10\x00\x12\x1f\n" +
+	"\x1bVIOLATION_KIND_SILENT_RESET\x10\x01\x12\x1d\n" +
+	"\x19VIOLATION_KIND_STALE_PLAN\x10\x02\x12&\n" +
+	"\"VIOLATION_KIND_BURNED_TOOL_RETRIED\x10\x03\x12\x1f\n" +
+	"\x1bVIOLATION_KIND_GOAL_CHANGED\x10\x04*\x84\x01\n" +
 	"\bJobState\x12\x19\n" +
 	"\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11JOB_STATE_RUNNING\x10\x01\x12\x17\n" +
 	"\x13JOB_STATE_COMPLETED\x10\x02\x12\x17\n" +
 	"\x13JOB_STATE_ESCALATED\x10\x03\x12\x14\n" +
-	"\x10JOB_STATE_FAILED\x10\x04*\xf8\x03\n" +
+	"\x10JOB_STATE_FAILED\x10\x04*\x99\x04\n" +
 	"\x0fEscalationCause\x12 \n" +
 	"\x1cESCALATION_CAUSE_UNSPECIFIED\x10\x00\x12$\n" +
 	" ESCALATION_CAUSE_REJECTED_SCHEMA\x10\x01\x12\"\n" +
@@ -2866,7 +3635,8 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\x12\x1b\n" +
 	"\x17ESCALATION_CAUSE_ROUTED\x10\v\x12\x1d\n" +
 	"\x19ESCALATION_CAUSE_DEADLINE\x10\f\x12\x1e\n" +
-	"\x1aESCALATION_CAUSE_DESK_FULL\x10\r*\xc7\x02\n" +
+	"\x1aESCALATION_CAUSE_DESK_FULL\x10\r\x12\x1f\n" +
+	"\x1bESCALATION_CAUSE_STALE_PLAN\x10\x0e*\xc7\x02\n" +
 	"\tEventKind\x12\x1a\n" +
 	"\x16EVENT_KIND_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14EVENT_KIND_SUBMITTED\x10\x01\x12\x1b\n" +
@@ -2886,7 +3656,7 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\x19RESOLUTION_ACTION_APPROVE\x10\x01\x12%\n" +
 	"!RESOLUTION_ACTION_RETURN_TO_STAGE\x10\x02\x12\x1a\n" +
 	"\x16RESOLUTION_ACTION_FAIL\x10\x03\x12&\n" +
-	"\"RESOLUTION_ACTION_REJECT_MALFORMED\x10\x042\xc9\x04\n" +
+	"\"RESOLUTION_ACTION_REJECT_MALFORMED\x10\x042\x96\x05\n" +
 	"\x12CoordinatorService\x12H\n" +
 	"\tSubmitJob\x12\x1c.handoff.v1.SubmitJobRequest\x1a\x1d.handoff.v1.SubmitJobResponse\x12?\n" +
 	"\x06GetJob\x12\x19.handoff.v1.GetJobRequest\x1a\x1a.handoff.v1.GetJobResponse\x12E\n" +
@@ -2894,7 +3664,9 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\bWatchJob\x12\x1b.handoff.v1.WatchJobRequest\x1a\x1c.handoff.v1.WatchJobResponse0\x01\x12Z\n" +
 	"\x0fListEscalations\x12\".handoff.v1.ListEscalationsRequest\x1a#.handoff.v1.ListEscalationsResponse\x12`\n" +
 	"\x11ResolveEscalation\x12$.handoff.v1.ResolveEscalationRequest\x1a%.handoff.v1.ResolveEscalationResponse\x12Z\n" +
-	"\x0fClaimEscalation\x12\".handoff.v1.ClaimEscalationRequest\x1a#.handoff.v1.ClaimEscalationResponseB7Z5github.com/handoffhq/handoff/gen/handoff/v1;handoffv1b\x06proto3"
+	"\x0fClaimEscalation\x12\".handoff.v1.ClaimEscalationRequest\x1a#.handoff.v1.ClaimEscalationResponse\x12K\n" +
+	"\n" +
+	"ExplainJob\x12\x1d.handoff.v1.ExplainJobRequest\x1a\x1e.handoff.v1.ExplainJobResponseB7Z5github.com/handoffhq/handoff/gen/handoff/v1;handoffv1b\x06proto3"
 
 var (
 	file_handoff_v1_coordinator_proto_rawDescOnce sync.Once
@@ -2908,142 +3680,169 @@ func file_handoff_v1_coordinator_proto_rawDescGZIP() []byte {
 	return file_handoff_v1_coordinator_proto_rawDescData
 }
 
-var file_handoff_v1_coordinator_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_handoff_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_handoff_v1_coordinator_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
+var file_handoff_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
 var file_handoff_v1_coordinator_proto_goTypes = []any{
-	(JobState)(0),                     // 0: handoff.v1.JobState
-	(EscalationCause)(0),              // 1: handoff.v1.EscalationCause
-	(EventKind)(0),                    // 2: handoff.v1.EventKind
-	(ResolutionAction)(0),             // 3: handoff.v1.ResolutionAction
-	(*ClaimEscalationRequest)(nil),    // 4: handoff.v1.ClaimEscalationRequest
-	(*ClaimEscalationResponse)(nil),   // 5: handoff.v1.ClaimEscalationResponse
-	(*Claim)(nil),                     // 6: handoff.v1.Claim
-	(*SubmitJobRequest)(nil),          // 7: handoff.v1.SubmitJobRequest
-	(*SubmitJobResponse)(nil),         // 8: handoff.v1.SubmitJobResponse
-	(*GetJobRequest)(nil),             // 9: handoff.v1.GetJobRequest
-	(*GetJobResponse)(nil),            // 10: handoff.v1.GetJobResponse
-	(*HopRecord)(nil),                 // 11: handoff.v1.HopRecord
-	(*ListJobsRequest)(nil),           // 12: handoff.v1.ListJobsRequest
-	(*ListJobsResponse)(nil),          // 13: handoff.v1.ListJobsResponse
-	(*WatchJobRequest)(nil),           // 14: handoff.v1.WatchJobRequest
-	(*WatchJobResponse)(nil),          // 15: handoff.v1.WatchJobResponse
-	(*Job)(nil),                       // 16: handoff.v1.Job
-	(*Transfer)(nil),                  // 17: handoff.v1.Transfer
-	(*Escalation)(nil),                // 18: handoff.v1.Escalation
-	(*Delivery)(nil),                  // 19: handoff.v1.Delivery
-	(*JobEvent)(nil),                  // 20: handoff.v1.JobEvent
-	(*ListEscalationsRequest)(nil),    // 21: handoff.v1.ListEscalationsRequest
-	(*ListEscalationsResponse)(nil),   // 22: handoff.v1.ListEscalationsResponse
-	(*ResolveEscalationRequest)(nil),  // 23: handoff.v1.ResolveEscalationRequest
-	(*ApproveAction)(nil),             // 24: handoff.v1.ApproveAction
-	(*ReturnToStageAction)(nil),       // 25: handoff.v1.ReturnToStageAction
-	(*Grant)(nil),                     // 26: handoff.v1.Grant
-	(*FailAction)(nil),                // 27: handoff.v1.FailAction
-	(*RejectMalformedAction)(nil),     // 28: handoff.v1.RejectMalformedAction
-	(*Resolution)(nil),                // 29: handoff.v1.Resolution
-	(*ResolveEscalationResponse)(nil), // 30: handoff.v1.ResolveEscalationResponse
-	(*timestamppb.Timestamp)(nil),     // 31: google.protobuf.Timestamp
-	(*Budget)(nil),                    // 32: handoff.v1.Budget
-	(*Artifact)(nil),                  // 33: handoff.v1.Artifact
-	(*Trace)(nil),                     // 34: handoff.v1.Trace
-	(AckStatus)(0),                    // 35: handoff.v1.AckStatus
-	(Verdict)(0),                      // 36: handoff.v1.Verdict
-	(*durationpb.Duration)(nil),       // 37: google.protobuf.Duration
-	(*Receipt)(nil),                   // 38: handoff.v1.Receipt
-	(*Evaluator)(nil),                 // 39: handoff.v1.Evaluator
-	(*ToolAttempt)(nil),               // 40: handoff.v1.ToolAttempt
-	(Move)(0),                         // 41: handoff.v1.Move
-	(*RouteChoice)(nil),               // 42: handoff.v1.RouteChoice
-	(*Reason)(nil),                    // 43: handoff.v1.Reason
-	(*Ack)(nil),                       // 44: handoff.v1.Ack
-	(*StageResult)(nil),               // 45: handoff.v1.StageResult
+	(Question)(0),                     // 0: handoff.v1.Question
+	(Finding)(0),                      // 1: handoff.v1.Finding
+	(ViolationKind)(0),                // 2: handoff.v1.ViolationKind
+	(JobState)(0),                     // 3: handoff.v1.JobState
+	(EscalationCause)(0),              // 4: handoff.v1.EscalationCause
+	(EventKind)(0),                    // 5: handoff.v1.EventKind
+	(ResolutionAction)(0),             // 6: handoff.v1.ResolutionAction
+	(*ExplainJobRequest)(nil),         // 7: handoff.v1.ExplainJobRequest
+	(*ExplainJobResponse)(nil),        // 8: handoff.v1.ExplainJobResponse
+	(*Explanation)(nil),               // 9: handoff.v1.Explanation
+	(*HopExplanation)(nil),            // 10: handoff.v1.HopExplanation
+	(*Answer)(nil),                    // 11: handoff.v1.Answer
+	(*Evidence)(nil),                  // 12: handoff.v1.Evidence
+	(*Violation)(nil),                 // 13: handoff.v1.Violation
+	(*ClaimEscalationRequest)(nil),    // 14: handoff.v1.ClaimEscalationRequest
+	(*ClaimEscalationResponse)(nil),   // 15: handoff.v1.ClaimEscalationResponse
+	(*Claim)(nil),                     // 16: handoff.v1.Claim
+	(*SubmitJobRequest)(nil),          // 17: handoff.v1.SubmitJobRequest
+	(*SubmitJobResponse)(nil),         // 18: handoff.v1.SubmitJobResponse
+	(*GetJobRequest)(nil),             // 19: handoff.v1.GetJobRequest
+	(*GetJobResponse)(nil),            // 20: handoff.v1.GetJobResponse
+	(*HopRecord)(nil),                 // 21: handoff.v1.HopRecord
+	(*ListJobsRequest)(nil),           // 22: handoff.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),          // 23: handoff.v1.ListJobsResponse
+	(*WatchJobRequest)(nil),           // 24: handoff.v1.WatchJobRequest
+	(*WatchJobResponse)(nil),          // 25: handoff.v1.WatchJobResponse
+	(*Job)(nil),                       // 26: handoff.v1.Job
+	(*Transfer)(nil),                  // 27: handoff.v1.Transfer
+	(*Escalation)(nil),                // 28: handoff.v1.Escalation
+	(*Delivery)(nil),                  // 29: handoff.v1.Delivery
+	(*JobEvent)(nil),                  // 30: handoff.v1.JobEvent
+	(*ListEscalationsRequest)(nil),    // 31: handoff.v1.ListEscalationsRequest
+	(*ListEscalationsResponse)(nil),   // 32: handoff.v1.ListEscalationsResponse
+	(*ResolveEscalationRequest)(nil),  // 33: handoff.v1.ResolveEscalationRequest
+	(*ApproveAction)(nil),             // 34: handoff.v1.ApproveAction
+	(*ReturnToStageAction)(nil),       // 35: handoff.v1.ReturnToStageAction
+	(*Grant)(nil),                     // 36: handoff.v1.Grant
+	(*FailAction)(nil),                // 37: handoff.v1.FailAction
+	(*RejectMalformedAction)(nil),     // 38: handoff.v1.RejectMalformedAction
+	(*Resolution)(nil),                // 39: handoff.v1.Resolution
+	(*ResolveEscalationResponse)(nil), // 40: handoff.v1.ResolveEscalationResponse
+	(AckStatus)(0),                    // 41: handoff.v1.AckStatus
+	(*timestamppb.Timestamp)(nil),     // 42: google.protobuf.Timestamp
+	(*Budget)(nil),                    // 43: handoff.v1.Budget
+	(*Artifact)(nil),                  // 44: handoff.v1.Artifact
+	(*Trace)(nil),                     // 45: handoff.v1.Trace
+	(Verdict)(0),                      // 46: handoff.v1.Verdict
+	(*durationpb.Duration)(nil),       // 47: google.protobuf.Duration
+	(*Receipt)(nil),                   // 48: handoff.v1.Receipt
+	(*Evaluator)(nil),                 // 49: handoff.v1.Evaluator
+	(*ToolAttempt)(nil),               // 50: handoff.v1.ToolAttempt
+	(Move)(0),                         // 51: handoff.v1.Move
+	(*RouteChoice)(nil),               // 52: handoff.v1.RouteChoice
+	(*Reason)(nil),                    // 53: handoff.v1.Reason
+	(*Ack)(nil),                       // 54: handoff.v1.Ack
+	(*StageResult)(nil),               // 55: handoff.v1.StageResult
+	(*HandoffPackage)(nil),            // 56: handoff.v1.HandoffPackage
+	(*v2.HandoffPackage)(nil),         // 57: handoff.v2.HandoffPackage
 }
 var file_handoff_v1_coordinator_proto_depIdxs = []int32{
-	6,  // 0: handoff.v1.ClaimEscalationResponse.claim:type_name -> handoff.v1.Claim
-	31, // 1: handoff.v1.Claim.at:type_name -> google.protobuf.Timestamp
-	31, // 2: handoff.v1.Claim.expires_at:type_name -> google.protobuf.Timestamp
-	32, // 3: handoff.v1.SubmitJobRequest.budget:type_name -> handoff.v1.Budget
-	33, // 4: handoff.v1.SubmitJobRequest.inputs:type_name -> handoff.v1.Artifact
-	34, // 5: handoff.v1.SubmitJobRequest.trace:type_name -> handoff.v1.Trace
-	31, // 6: handoff.v1.SubmitJobRequest.deadline:type_name -> google.protobuf.Timestamp
-	16, // 7: handoff.v1.SubmitJobResponse.job:type_name -> handoff.v1.Job
-	16, // 8: handoff.v1.GetJobResponse.job:type_name -> handoff.v1.Job
-	11, // 9: handoff.v1.GetJobResponse.timeline:type_name -> handoff.v1.HopRecord
-	35, // 10: handoff.v1.HopRecord.ack:type_name -> handoff.v1.AckStatus
-	17, // 11: handoff.v1.HopRecord.transfer:type_name -> handoff.v1.Transfer
-	36, // 12: handoff.v1.HopRecord.verdict:type_name -> handoff.v1.Verdict
-	37, // 13: handoff.v1.HopRecord.duration:type_name -> google.protobuf.Duration
-	31, // 14: handoff.v1.HopRecord.at:type_name -> google.protobuf.Timestamp
-	2,  // 15: handoff.v1.HopRecord.end:type_name -> handoff.v1.EventKind
-	18, // 16: handoff.v1.HopRecord.escalation:type_name -> handoff.v1.Escalation
-	38, // 17: handoff.v1.HopRecord.receipt:type_name -> handoff.v1.Receipt
-	29, // 18: handoff.v1.HopRecord.resolution:type_name -> handoff.v1.Resolution
-	0,  // 19: handoff.v1.ListJobsRequest.state:type_name -> handoff.v1.JobState
-	16, // 20: handoff.v1.ListJobsResponse.jobs:type_name -> handoff.v1.Job
-	20, // 21: handoff.v1.WatchJobResponse.event:type_name -> handoff.v1.JobEvent
-	0,  // 22: handoff.v1.Job.state:type_name -> handoff.v1.JobState
-	32, // 23: handoff.v1.Job.wallet:type_name -> handoff.v1.Budget
-	39, // 24: handoff.v1.Job.evaluator:type_name -> handoff.v1.Evaluator
-	33, // 25: handoff.v1.Job.artifacts:type_name -> handoff.v1.Artifact
-	40, // 26: handoff.v1.Job.tools_tried:type_name -> handoff.v1.ToolAttempt
-	38, // 27: handoff.v1.Job.receipt:type_name -> handoff.v1.Receipt
-	18, // 28: handoff.v1.Job.escalation:type_name -> handoff.v1.Escalation
-	31, // 29: handoff.v1.Job.created_at:type_name -> google.protobuf.Timestamp
-	31, // 30: handoff.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
-	29, // 31: handoff.v1.Job.resolution:type_name -> handoff.v1.Resolution
-	17, // 32: handoff.v1.Job.transfers:type_name -> handoff.v1.Transfer
-	31, // 33: handoff.v1.Job.deadline:type_name -> google.protobuf.Timestamp
-	6,  // 34: handoff.v1.Job.claim:type_name -> handoff.v1.Claim
-	41, // 35: handoff.v1.Transfer.move:type_name -> handoff.v1.Move
-	42, // 36: handoff.v1.Transfer.route:type_name -> handoff.v1.RouteChoice
-	1,  // 37: handoff.v1.Escalation.cause:type_name -> handoff.v1.EscalationCause
-	43, // 38: handoff.v1.Escalation.reasons:type_name -> handoff.v1.Reason
-	31, // 39: handoff.v1.Escalation.at:type_name -> google.protobuf.Timestamp
-	31, // 40: handoff.v1.Delivery.at:type_name -> google.protobuf.Timestamp
-	2,  // 41: handoff.v1.JobEvent.kind:type_name -> handoff.v1.EventKind
-	31, // 42: handoff.v1.JobEvent.at:type_name -> google.protobuf.Timestamp
-	32, // 43: handoff.v1.JobEvent.wallet:type_name -> handoff.v1.Budget
-	44, // 44: handoff.v1.JobEvent.ack:type_name -> handoff.v1.Ack
-	45, // 45: handoff.v1.JobEvent.result:type_name -> handoff.v1.StageResult
-	39, // 46: handoff.v1.JobEvent.evaluator:type_name -> handoff.v1.Evaluator
-	38, // 47: handoff.v1.JobEvent.receipt:type_name -> handoff.v1.Receipt
-	18, // 48: handoff.v1.JobEvent.escalation:type_name -> handoff.v1.Escalation
-	29, // 49: handoff.v1.JobEvent.resolution:type_name -> handoff.v1.Resolution
-	17, // 50: handoff.v1.JobEvent.transfer:type_name -> handoff.v1.Transfer
-	19, // 51: handoff.v1.JobEvent.delivery:type_name -> handoff.v1.Delivery
-	16, // 52: handoff.v1.ListEscalationsResponse.jobs:type_name -> handoff.v1.Job
-	24, // 53: handoff.v1.ResolveEscalationRequest.approve:type_name -> handoff.v1.ApproveAction
-	25, // 54: handoff.v1.ResolveEscalationRequest.return_to_stage:type_name -> handoff.v1.ReturnToStageAction
-	27, // 55: handoff.v1.ResolveEscalationRequest.fail:type_name -> handoff.v1.FailAction
-	28, // 56: handoff.v1.ResolveEscalationRequest.reject_malformed:type_name -> handoff.v1.RejectMalformedAction
-	26, // 57: handoff.v1.ReturnToStageAction.grant:type_name -> handoff.v1.Grant
-	3,  // 58: handoff.v1.Resolution.action:type_name -> handoff.v1.ResolutionAction
-	33, // 59: handoff.v1.Resolution.edited_artifact:type_name -> handoff.v1.Artifact
-	18, // 60: handoff.v1.Resolution.escalation:type_name -> handoff.v1.Escalation
-	31, // 61: handoff.v1.Resolution.at:type_name -> google.protobuf.Timestamp
-	26, // 62: handoff.v1.Resolution.grant:type_name -> handoff.v1.Grant
-	16, // 63: handoff.v1.ResolveEscalationResponse.job:type_name -> handoff.v1.Job
-	38, // 64: handoff.v1.ResolveEscalationResponse.receipt:type_name -> handoff.v1.Receipt
-	29, // 65: handoff.v1.ResolveEscalationResponse.resolution:type_name -> handoff.v1.Resolution
-	7,  // 66: handoff.v1.CoordinatorService.SubmitJob:input_type -> handoff.v1.SubmitJobRequest
-	9,  // 67: handoff.v1.CoordinatorService.GetJob:input_type -> handoff.v1.GetJobRequest
-	12, // 68: handoff.v1.CoordinatorService.ListJobs:input_type -> handoff.v1.ListJobsRequest
-	14, // 69: handoff.v1.CoordinatorService.WatchJob:input_type -> handoff.v1.WatchJobRequest
-	21, // 70: handoff.v1.CoordinatorService.ListEscalations:input_type -> handoff.v1.ListEscalationsRequest
-	23, // 71: handoff.v1.CoordinatorService.ResolveEscalation:input_type -> handoff.v1.ResolveEscalationRequest
-	4,  // 72: handoff.v1.CoordinatorService.ClaimEscalation:input_type -> handoff.v1.ClaimEscalationRequest
-	8,  // 73: handoff.v1.CoordinatorService.SubmitJob:output_type -> handoff.v1.SubmitJobResponse
-	10, // 74: handoff.v1.CoordinatorService.GetJob:output_type -> handoff.v1.GetJobResponse
-	13, // 75: handoff.v1.CoordinatorService.ListJobs:output_type -> handoff.v1.ListJobsResponse
-	15, // 76: handoff.v1.CoordinatorService.WatchJob:output_type -> handoff.v1.WatchJobResponse
-	22, // 77: handoff.v1.CoordinatorService.ListEscalations:output_type -> handoff.v1.ListEscalationsResponse
-	30, // 78: handoff.v1.CoordinatorService.ResolveEscalation:output_type -> handoff.v1.ResolveEscalationResponse
-	5,  // 79: handoff.v1.CoordinatorService.ClaimEscalation:output_type -> handoff.v1.ClaimEscalationResponse
-	73, // [73:80] is the sub-list for method output_type
-	66, // [66:73] is the sub-list for method input_type
-	66, // [66:66] is the sub-list for extension type_name
-	66, // [66:66] is the sub-list for extension extendee
-	0,  // [0:66] is the sub-list for field type_name
+	9,  // 0: handoff.v1.ExplainJobResponse.explanation:type_name -> handoff.v1.Explanation
+	3,  // 1: handoff.v1.Explanation.state:type_name -> handoff.v1.JobState
+	10, // 2: handoff.v1.Explanation.hops:type_name -> handoff.v1.HopExplanation
+	13, // 3: handoff.v1.Explanation.violations:type_name -> handoff.v1.Violation
+	41, // 4: handoff.v1.HopExplanation.ack:type_name -> handoff.v1.AckStatus
+	11, // 5: handoff.v1.HopExplanation.answers:type_name -> handoff.v1.Answer
+	0,  // 6: handoff.v1.Answer.question:type_name -> handoff.v1.Question
+	1,  // 7: handoff.v1.Answer.finding:type_name -> handoff.v1.Finding
+	12, // 8: handoff.v1.Answer.evidence:type_name -> handoff.v1.Evidence
+	2,  // 9: handoff.v1.Violation.kind:type_name -> handoff.v1.ViolationKind
+	12, // 10: handoff.v1.Violation.evidence:type_name -> handoff.v1.Evidence
+	16, // 11: handoff.v1.ClaimEscalationResponse.claim:type_name -> handoff.v1.Claim
+	42, // 12: handoff.v1.Claim.at:type_name -> google.protobuf.Timestamp
+	42, // 13: handoff.v1.Claim.expires_at:type_name -> google.protobuf.Timestamp
+	43, // 14: handoff.v1.SubmitJobRequest.budget:type_name -> handoff.v1.Budget
+	44, // 15: handoff.v1.SubmitJobRequest.inputs:type_name -> handoff.v1.Artifact
+	45, // 16: handoff.v1.SubmitJobRequest.trace:type_name -> handoff.v1.Trace
+	42, // 17: handoff.v1.SubmitJobRequest.deadline:type_name -> google.protobuf.Timestamp
+	26, // 18: handoff.v1.SubmitJobResponse.job:type_name -> handoff.v1.Job
+	26, // 19: handoff.v1.GetJobResponse.job:type_name -> handoff.v1.Job
+	21, // 20: handoff.v1.GetJobResponse.timeline:type_name -> handoff.v1.HopRecord
+	41, // 21: handoff.v1.HopRecord.ack:type_name -> handoff.v1.AckStatus
+	27, // 22: handoff.v1.HopRecord.transfer:type_name -> handoff.v1.Transfer
+	46, // 23: handoff.v1.HopRecord.verdict:type_name -> handoff.v1.Verdict
+	47, // 24: handoff.v1.HopRecord.duration:type_name -> google.protobuf.Duration
+	42, // 25: handoff.v1.HopRecord.at:type_name -> google.protobuf.Timestamp
+	5,  // 26: handoff.v1.HopRecord.end:type_name -> handoff.v1.EventKind
+	28, // 27: handoff.v1.HopRecord.escalation:type_name -> handoff.v1.Escalation
+	48, // 28: handoff.v1.HopRecord.receipt:type_name -> handoff.v1.Receipt
+	39, // 29: handoff.v1.HopRecord.resolution:type_name -> handoff.v1.Resolution
+	3,  // 30: handoff.v1.ListJobsRequest.state:type_name -> handoff.v1.JobState
+	26, // 31: handoff.v1.ListJobsResponse.jobs:type_name -> handoff.v1.Job
+	30, // 32: handoff.v1.WatchJobResponse.event:type_name -> handoff.v1.JobEvent
+	3,  // 33: handoff.v1.Job.state:type_name -> handoff.v1.JobState
+	43, // 34: handoff.v1.Job.wallet:type_name -> handoff.v1.Budget
+	49, // 35: handoff.v1.Job.evaluator:type_name -> handoff.v1.Evaluator
+	44, // 36: handoff.v1.Job.artifacts:type_name -> handoff.v1.Artifact
+	50, // 37: handoff.v1.Job.tools_tried:type_name -> handoff.v1.ToolAttempt
+	48, // 38: handoff.v1.Job.receipt:type_name -> handoff.v1.Receipt
+	28, // 39: handoff.v1.Job.escalation:type_name -> handoff.v1.Escalation
+	42, // 40: handoff.v1.Job.created_at:type_name -> google.protobuf.Timestamp
+	42, // 41: handoff.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
+	39, // 42: handoff.v1.Job.resolution:type_name -> handoff.v1.Resolution
+	27, // 43: handoff.v1.Job.transfers:type_name -> handoff.v1.Transfer
+	42, // 44: handoff.v1.Job.deadline:type_name -> google.protobuf.Timestamp
+	16, // 45: handoff.v1.Job.claim:type_name -> handoff.v1.Claim
+	51, // 46: handoff.v1.Transfer.move:type_name -> handoff.v1.Move
+	52, // 47: handoff.v1.Transfer.route:type_name -> handoff.v1.RouteChoice
+	4,  // 48: handoff.v1.Escalation.cause:type_name -> handoff.v1.EscalationCause
+	53, // 49: handoff.v1.Escalation.reasons:type_name -> handoff.v1.Reason
+	42, // 50: handoff.v1.Escalation.at:type_name -> google.protobuf.Timestamp
+	42, // 51: handoff.v1.Delivery.at:type_name -> google.protobuf.Timestamp
+	5,  // 52: handoff.v1.JobEvent.kind:type_name -> handoff.v1.EventKind
+	42, // 53: handoff.v1.JobEvent.at:type_name -> google.protobuf.Timestamp
+	43, // 54: handoff.v1.JobEvent.wallet:type_name -> handoff.v1.Budget
+	54, // 55: handoff.v1.JobEvent.ack:type_name -> handoff.v1.Ack
+	55, // 56: handoff.v1.JobEvent.result:type_name -> handoff.v1.StageResult
+	49, // 57: handoff.v1.JobEvent.evaluator:type_name -> handoff.v1.Evaluator
+	48, // 58: handoff.v1.JobEvent.receipt:type_name -> handoff.v1.Receipt
+	28, // 59: handoff.v1.JobEvent.escalation:type_name -> handoff.v1.Escalation
+	39, // 60: handoff.v1.JobEvent.resolution:type_name -> handoff.v1.Resolution
+	27, // 61: handoff.v1.JobEvent.transfer:type_name -> handoff.v1.Transfer
+	29, // 62: handoff.v1.JobEvent.delivery:type_name -> handoff.v1.Delivery
+	56, // 63: handoff.v1.JobEvent.package:type_name -> handoff.v1.HandoffPackage
+	57, // 64: handoff.v1.JobEvent.package_v2:type_name -> handoff.v2.HandoffPackage
+	26, // 65: handoff.v1.ListEscalationsResponse.jobs:type_name -> handoff.v1.Job
+	34, // 66: handoff.v1.ResolveEscalationRequest.approve:type_name -> handoff.v1.ApproveAction
+	35, // 67: handoff.v1.ResolveEscalationRequest.return_to_stage:type_name -> handoff.v1.ReturnToStageAction
+	37, // 68: handoff.v1.ResolveEscalationRequest.fail:type_name -> handoff.v1.FailAction
+	38, // 69: handoff.v1.ResolveEscalationRequest.reject_malformed:type_name -> handoff.v1.RejectMalformedAction
+	36, // 70: handoff.v1.ReturnToStageAction.grant:type_name -> handoff.v1.Grant
+	6,  // 71: handoff.v1.Resolution.action:type_name -> handoff.v1.ResolutionAction
+	44, // 72: handoff.v1.Resolution.edited_artifact:type_name -> handoff.v1.Artifact
+	28, // 73: handoff.v1.Resolution.escalation:type_name -> handoff.v1.Escalation
+	42, // 74: handoff.v1.Resolution.at:type_name -> google.protobuf.Timestamp
+	36, // 75: handoff.v1.Resolution.grant:type_name -> handoff.v1.Grant
+	26, // 76: handoff.v1.ResolveEscalationResponse.job:type_name -> handoff.v1.Job
+	48, // 77: handoff.v1.ResolveEscalationResponse.receipt:type_name -> handoff.v1.Receipt
+	39, // 78: handoff.v1.ResolveEscalationResponse.resolution:type_name -> handoff.v1.Resolution
+	17, // 79: handoff.v1.CoordinatorService.SubmitJob:input_type -> handoff.v1.SubmitJobRequest
+	19, // 80: handoff.v1.CoordinatorService.GetJob:input_type -> handoff.v1.GetJobRequest
+	22, // 81: handoff.v1.CoordinatorService.ListJobs:input_type -> handoff.v1.ListJobsRequest
+	24, // 82: handoff.v1.CoordinatorService.WatchJob:input_type -> handoff.v1.WatchJobRequest
+	31, // 83: handoff.v1.CoordinatorService.ListEscalations:input_type -> handoff.v1.ListEscalationsRequest
+	33, // 84: handoff.v1.CoordinatorService.ResolveEscalation:input_type -> handoff.v1.ResolveEscalationRequest
+	14, // 85: handoff.v1.CoordinatorService.ClaimEscalation:input_type -> handoff.v1.ClaimEscalationRequest
+	7,  // 86: handoff.v1.CoordinatorService.ExplainJob:input_type -> handoff.v1.ExplainJobRequest
+	18, // 87: handoff.v1.CoordinatorService.SubmitJob:output_type -> handoff.v1.SubmitJobResponse
+	20, // 88: handoff.v1.CoordinatorService.GetJob:output_type -> handoff.v1.GetJobResponse
+	23, // 89: handoff.v1.CoordinatorService.ListJobs:output_type -> handoff.v1.ListJobsResponse
+	25, // 90: handoff.v1.CoordinatorService.WatchJob:output_type -> handoff.v1.WatchJobResponse
+	32, // 91: handoff.v1.CoordinatorService.ListEscalations:output_type -> handoff.v1.ListEscalationsResponse
+	40, // 92: handoff.v1.CoordinatorService.ResolveEscalation:output_type -> handoff.v1.ResolveEscalationResponse
+	15, // 93: handoff.v1.CoordinatorService.ClaimEscalation:output_type -> handoff.v1.ClaimEscalationResponse
+	8,  // 94: handoff.v1.CoordinatorService.ExplainJob:output_type -> handoff.v1.ExplainJobResponse
+	87, // [87:95] is the sub-list for method output_type
+	79, // [79:87] is the sub-list for method input_type
+	79, // [79:79] is the sub-list for extension type_name
+	79, // [79:79] is the sub-list for extension extendee
+	0,  // [0:79] is the sub-list for field type_name
 }
 
 func init() { file_handoff_v1_coordinator_proto_init() }
@@ -3053,21 +3852,21 @@ func file_handoff_v1_coordinator_proto_init() {
 	}
 	file_handoff_v1_agentrunner_proto_init()
 	file_handoff_v1_handoff_proto_init()
-	file_handoff_v1_coordinator_proto_msgTypes[19].OneofWrappers = []any{
+	file_handoff_v1_coordinator_proto_msgTypes[26].OneofWrappers = []any{
 		(*ResolveEscalationRequest_Approve)(nil),
 		(*ResolveEscalationRequest_ReturnToStage)(nil),
 		(*ResolveEscalationRequest_Fail)(nil),
 		(*ResolveEscalationRequest_RejectMalformed)(nil),
 	}
-	file_handoff_v1_coordinator_proto_msgTypes[20].OneofWrappers = []any{}
-	file_handoff_v1_coordinator_proto_msgTypes[21].OneofWrappers = []any{}
+	file_handoff_v1_coordinator_proto_msgTypes[27].OneofWrappers = []any{}
+	file_handoff_v1_coordinator_proto_msgTypes[28].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_handoff_v1_coordinator_proto_rawDesc), len(file_handoff_v1_coordinator_proto_rawDesc)),
-			NumEnums:      4,
-			NumMessages:   27,
+			NumEnums:      7,
+			NumMessages:   34,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -29,6 +29,7 @@ const (
 	CoordinatorService_ListEscalations_FullMethodName   = "/handoff.v1.CoordinatorService/ListEscalations"
 	CoordinatorService_ResolveEscalation_FullMethodName = "/handoff.v1.CoordinatorService/ResolveEscalation"
 	CoordinatorService_ClaimEscalation_FullMethodName   = "/handoff.v1.CoordinatorService/ClaimEscalation"
+	CoordinatorService_ExplainJob_FullMethodName        = "/handoff.v1.CoordinatorService/ExplainJob"
 )
 
 // CoordinatorServiceClient is the client API for CoordinatorService service.
@@ -61,6 +62,13 @@ type CoordinatorServiceClient interface {
 	// while (claim_ttl): the others see who holds it, and only the holder resolves it (another
 	// resolver may override, which is recorded). Claiming again renews; release gives it up.
 	ClaimEscalation(ctx context.Context, in *ClaimEscalationRequest, opts ...grpc.CallOption) (*ClaimEscalationResponse, error)
+	// ExplainJob answers, for each hop of a run, the five questions of a hop that lost its
+	// context (same job_id? which required field was missing? which evaluator state did the
+	// stage start with? did it call a tool an earlier stage had burned? which artifacts did
+	// it read against the ones it was given?), each with a finding and its evidence (field
+	// paths, stages, artifact URIs), read from the run's events and never by printing a
+	// package; and it lists the run's violations. Same callers as GetJob.
+	ExplainJob(ctx context.Context, in *ExplainJobRequest, opts ...grpc.CallOption) (*ExplainJobResponse, error)
 }
 
 type coordinatorServiceClient struct {
@@ -150,6 +158,16 @@ func (c *coordinatorServiceClient) ClaimEscalation(ctx context.Context, in *Clai
 	return out, nil
 }
 
+func (c *coordinatorServiceClient) ExplainJob(ctx context.Context, in *ExplainJobRequest, opts ...grpc.CallOption) (*ExplainJobResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ExplainJobResponse)
+	err := c.cc.Invoke(ctx, CoordinatorService_ExplainJob_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // CoordinatorServiceServer is the server API for CoordinatorService service.
 // All implementations must embed UnimplementedCoordinatorServiceServer
 // for forward compatibility.
@@ -180,6 +198,13 @@ type CoordinatorServiceServer interface {
 	// while (claim_ttl): the others see who holds it, and only the holder resolves it (another
 	// resolver may override, which is recorded). Claiming again renews; release gives it up.
 	ClaimEscalation(context.Context, *ClaimEscalationRequest) (*ClaimEscalationResponse, error)
+	// ExplainJob answers, for each hop of a run, the five questions of a hop that lost its
+	// context (same job_id? which required field was missing? which evaluator state did the
+	// stage start with? did it call a tool an earlier stage had burned? which artifacts did
+	// it read against the ones it was given?), each with a finding and its evidence (field
+	// paths, stages, artifact URIs), read from the run's events and never by printing a
+	// package; and it lists the run's violations. Same callers as GetJob.
+	ExplainJob(context.Context, *ExplainJobRequest) (*ExplainJobResponse, error)
 	mustEmbedUnimplementedCoordinatorServiceServer()
 }
 
@@ -210,6 +235,9 @@ func (UnimplementedCoordinatorServiceServer) ResolveEscalation(context.Context, 
 }
 func (UnimplementedCoordinatorServiceServer) ClaimEscalation(context.Context, *ClaimEscalationRequest) (*ClaimEscalationResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ClaimEscalation not implemented")
+}
+func (UnimplementedCoordinatorServiceServer) ExplainJob(context.Context, *ExplainJobRequest) (*ExplainJobResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ExplainJob not implemented")
 }
 func (UnimplementedCoordinatorServiceServer) mustEmbedUnimplementedCoordinatorServiceServer() {}
 func (UnimplementedCoordinatorServiceServer) testEmbeddedByValue()                            {}
@@ -351,6 +379,24 @@ func _CoordinatorService_ClaimEscalation_Handler(srv interface{}, ctx context.Co
 	return interceptor(ctx, in, info, handler)
 }
 
+func _CoordinatorService_ExplainJob_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ExplainJobRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CoordinatorServiceServer).ExplainJob(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: CoordinatorService_ExplainJob_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CoordinatorServiceServer).ExplainJob(ctx, req.(*ExplainJobRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // CoordinatorService_ServiceDesc is the grpc.ServiceDesc for CoordinatorService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -381,6 +427,10 @@ var CoordinatorService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ClaimEscalation",
 			Handler:    _CoordinatorService_ClaimEscalation_Handler,
+		},
+		{
+			MethodName: "ExplainJob",
+			Handler:    _CoordinatorService_ExplainJob_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -222,6 +222,10 @@ const (
 	Move_MOVE_REROUTE Move = 5
 	// A person resolving an escalation sent the job here.
 	Move_MOVE_OPERATOR Move = 6
+	// The stage's revision was byte-identical (same sha256) to the draft the judge rejected:
+	// the rail sent it back to the same stage once, not to the judge, with the failure
+	// "revision identical to the rejected draft" added to the evaluator.
+	Move_MOVE_STALE_REVISION Move = 7
 )
 
 // Enum value maps for Move.
@@ -234,15 +238,17 @@ var (
 		4: "MOVE_PASS",
 		5: "MOVE_REROUTE",
 		6: "MOVE_OPERATOR",
+		7: "MOVE_STALE_REVISION",
 	}
 	Move_value = map[string]int32{
-		"MOVE_UNSPECIFIED": 0,
-		"MOVE_ROUTE":       1,
-		"MOVE_NEXT":        2,
-		"MOVE_REVISE":      3,
-		"MOVE_PASS":        4,
-		"MOVE_REROUTE":     5,
-		"MOVE_OPERATOR":    6,
+		"MOVE_UNSPECIFIED":    0,
+		"MOVE_ROUTE":          1,
+		"MOVE_NEXT":           2,
+		"MOVE_REVISE":         3,
+		"MOVE_PASS":           4,
+		"MOVE_REROUTE":        5,
+		"MOVE_OPERATOR":       6,
+		"MOVE_STALE_REVISION": 7,
 	}
 )
 
@@ -1204,8 +1210,11 @@ type Receipt struct {
 	ExternalId string                 `protobuf:"bytes,3,opt,name=external_id,json=externalId,proto3" json:"external_id,omitempty"`
 	WrittenAt  *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=written_at,json=writtenAt,proto3" json:"written_at,omitempty"`
 	// The trace of the job that caused the write.
-	Traceparent   string `protobuf:"bytes,5,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
-	JobId         string `protobuf:"bytes,6,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	Traceparent string `protobuf:"bytes,5,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
+	JobId       string `protobuf:"bytes,6,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	// The W3C tracestate of the job's trace, as submitted (vendor entries untouched), so the
+	// write carries the whole trace context, not only its traceparent.
+	Tracestate    string `protobuf:"bytes,7,opt,name=tracestate,proto3" json:"tracestate,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1278,6 +1287,13 @@ func (x *Receipt) GetTraceparent() string {
 func (x *Receipt) GetJobId() string {
 	if x != nil {
 		return x.JobId
+	}
+	return ""
+}
+
+func (x *Receipt) GetTracestate() string {
+	if x != nil {
+		return x.Tracestate
 	}
 	return ""
 }
@@ -1500,7 +1516,7 @@ const file_handoff_v1_handoff_proto_rawDesc = "" +
 	"\tevaluator\x18\x04 \x01(\v2\x15.handoff.v1.EvaluatorR\tevaluator\x12\x1b\n" +
 	"\tnext_hint\x18\x05 \x01(\tR\bnextHint\x12%\n" +
 	"\twallet_id\x18\x06 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x01R\bwalletId\x12-\n" +
-	"\x05route\x18\a \x01(\v2\x17.handoff.v1.RouteChoiceR\x05route\"\xdf\x01\n" +
+	"\x05route\x18\a \x01(\v2\x17.handoff.v1.RouteChoiceR\x05route\"\x89\x02\n" +
 	"\aReceipt\x12'\n" +
 	"\x0fidempotency_key\x18\x01 \x01(\tR\x0eidempotencyKey\x12\x16\n" +
 	"\x06target\x18\x02 \x01(\tR\x06target\x12\x1f\n" +
@@ -1509,7 +1525,10 @@ const file_handoff_v1_handoff_proto_rawDesc = "" +
 	"\n" +
 	"written_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\twrittenAt\x12 \n" +
 	"\vtraceparent\x18\x05 \x01(\tR\vtraceparent\x12\x15\n" +
-	"\x06job_id\x18\x06 \x01(\tR\x05jobId\"\xa4\x01\n" +
+	"\x06job_id\x18\x06 \x01(\tR\x05jobId\x12(\n" +
+	"\n" +
+	"tracestate\x18\a \x01(\tB\b\xbaH\x05r\x03\x18\x80\x04R\n" +
+	"tracestate\"\xa4\x01\n" +
 	"\vRouteChoice\x122\n" +
 	"\x04name\x18\x01 \x01(\tB\x1e\xbaH\x1b\xc8\x01\x01r\x16\x18@2\x12^[a-z][a-z0-9_-]*$R\x04name\x12 \n" +
 	"\x06reason\x18\x02 \x01(\tB\b\xbaH\x05r\x03\x18\xf4\x03R\x06reason\x12?\n" +
@@ -1534,7 +1553,7 @@ const file_handoff_v1_handoff_proto_rawDesc = "" +
 	"\x12ROUTE_PRIORITY_LOW\x10\x01\x12\x19\n" +
 	"\x15ROUTE_PRIORITY_NORMAL\x10\x02\x12\x17\n" +
 	"\x13ROUTE_PRIORITY_HIGH\x10\x03\x12\x19\n" +
-	"\x15ROUTE_PRIORITY_URGENT\x10\x04*\x80\x01\n" +
+	"\x15ROUTE_PRIORITY_URGENT\x10\x04*\x99\x01\n" +
 	"\x04Move\x12\x14\n" +
 	"\x10MOVE_UNSPECIFIED\x10\x00\x12\x0e\n" +
 	"\n" +
@@ -1543,7 +1562,8 @@ const file_handoff_v1_handoff_proto_rawDesc = "" +
 	"\vMOVE_REVISE\x10\x03\x12\r\n" +
 	"\tMOVE_PASS\x10\x04\x12\x10\n" +
 	"\fMOVE_REROUTE\x10\x05\x12\x11\n" +
-	"\rMOVE_OPERATOR\x10\x06B7Z5github.com/handoffhq/handoff/gen/handoff/v1;handoffv1b\x06proto3"
+	"\rMOVE_OPERATOR\x10\x06\x12\x17\n" +
+	"\x13MOVE_STALE_REVISION\x10\aB7Z5github.com/handoffhq/handoff/gen/handoff/v1;handoffv1b\x06proto3"
 
 var (
 	file_handoff_v1_handoff_proto_rawDescOnce sync.Once

@@ -229,6 +229,10 @@ const (
 	Move_MOVE_REROUTE Move = 5
 	// A person resolving an escalation sent the job here.
 	Move_MOVE_OPERATOR Move = 6
+	// The stage's revision was byte-identical (same sha256) to the draft the judge rejected:
+	// the rail sent it back to the same stage once, not to the judge, with the failure
+	// "revision identical to the rejected draft" added to the evaluator.
+	Move_MOVE_STALE_REVISION Move = 7
 )
 
 // Enum value maps for Move.
@@ -241,15 +245,17 @@ var (
 		4: "MOVE_PASS",
 		5: "MOVE_REROUTE",
 		6: "MOVE_OPERATOR",
+		7: "MOVE_STALE_REVISION",
 	}
 	Move_value = map[string]int32{
-		"MOVE_UNSPECIFIED": 0,
-		"MOVE_ROUTE":       1,
-		"MOVE_NEXT":        2,
-		"MOVE_REVISE":      3,
-		"MOVE_PASS":        4,
-		"MOVE_REROUTE":     5,
-		"MOVE_OPERATOR":    6,
+		"MOVE_UNSPECIFIED":    0,
+		"MOVE_ROUTE":          1,
+		"MOVE_NEXT":           2,
+		"MOVE_REVISE":         3,
+		"MOVE_PASS":           4,
+		"MOVE_REROUTE":        5,
+		"MOVE_OPERATOR":       6,
+		"MOVE_STALE_REVISION": 7,
 	}
 )
 
@@ -1584,7 +1590,7 @@ const file_handoff_v2_handoff_proto_rawDesc = "" +
 	"\x12ROUTE_PRIORITY_LOW\x10\x01\x12\x19\n" +
 	"\x15ROUTE_PRIORITY_NORMAL\x10\x02\x12\x17\n" +
 	"\x13ROUTE_PRIORITY_HIGH\x10\x03\x12\x19\n" +
-	"\x15ROUTE_PRIORITY_URGENT\x10\x04*\x80\x01\n" +
+	"\x15ROUTE_PRIORITY_URGENT\x10\x04*\x99\x01\n" +
 	"\x04Move\x12\x14\n" +
 	"\x10MOVE_UNSPECIFIED\x10\x00\x12\x0e\n" +
 	"\n" +
@@ -1593,7 +1599,8 @@ const file_handoff_v2_handoff_proto_rawDesc = "" +
 	"\vMOVE_REVISE\x10\x03\x12\r\n" +
 	"\tMOVE_PASS\x10\x04\x12\x10\n" +
 	"\fMOVE_REROUTE\x10\x05\x12\x11\n" +
-	"\rMOVE_OPERATOR\x10\x06B7Z5github.com/handoffhq/handoff/gen/handoff/v2;handoffv2b\x06proto3"
+	"\rMOVE_OPERATOR\x10\x06\x12\x17\n" +
+	"\x13MOVE_STALE_REVISION\x10\aB7Z5github.com/handoffhq/handoff/gen/handoff/v2;handoffv2b\x06proto3"
 
 var (
 	file_handoff_v2_handoff_proto_rawDescOnce sync.Once

@@ -85,7 +85,14 @@ func HopFor(job string) store.Debit {
 const (
 	RuleEmpty  = "budget.empty"
 	RuleWallet = "budget.wallet"
+	// RuleReset: after a FAIL in the job, the package lacks evaluator.last_verdict or claims
+	// a PASS no judge gave (store.ErrSilentReset). Answered REJECTED_SCHEMA, not
+	// REJECTED_BUDGET: the package is malformed for the job, not short of money.
+	RuleReset = "evaluator.reset"
 )
+
+// FieldVerdict is the field a silent reset names.
+const FieldVerdict = "evaluator.last_verdict"
 
 // Field paths of the budget reasons, relative to the package.
 const (
@@ -295,8 +302,19 @@ func check(ctx context.Context, w store.Wallets, pkg *handoffv1.HandoffPackage, 
 		return nil, reasons, nil
 	case errors.Is(err, store.ErrNotFound), errors.Is(err, store.ErrWrongJob):
 		return nil, notJobs(id, job), nil
+	case errors.Is(err, store.ErrSilentReset):
+		return nil, []*handoffv1.Reason{resetReason(pkg)}, nil
 	}
 	return nil, nil, storeError(err)
+}
+
+// resetReason names what a package that resets a failed verdict got wrong.
+func resetReason(pkg *handoffv1.HandoffPackage) *handoffv1.Reason {
+	msg := "a judge failed this job and the package carries no evaluator.last_verdict: a stage may not start as if the FAIL had not happened"
+	if pkg.GetEvaluator().GetLastVerdict() == handoffv1.Verdict_VERDICT_PASS {
+		msg = "the package claims a PASS no judge gave: the job's last recorded verdict is not PASS"
+	}
+	return &handoffv1.Reason{Field: FieldVerdict, Rule: RuleReset, Message: msg}
 }
 
 // notJobs is the reason for a wallet_id that is not a wallet of the package's job in this
@@ -413,6 +431,19 @@ func stamp(m any, wallet *handoffv1.Budget) any {
 // reasons...) with the reasons renamed relative to the package ("budget.hops_remaining",
 // rule "budget.empty"); ack.wallet is nil (nothing was debited). It declines for any other
 // method.
+//
+// A silent reset (rule RuleReset, field evaluator.last_verdict) is answered REJECTED_SCHEMA
+// instead: it is found in the same store round trip as the hop's debit, but it is the
+// package, not the wallet, that is wrong.
 func PackageAckRejecter() Rejecter {
-	return hop.AckRejecter(handoffv1.AckStatus_ACK_STATUS_REJECTED_BUDGET, nil)
+	budgetAck := hop.AckRejecter(handoffv1.AckStatus_ACK_STATUS_REJECTED_BUDGET, nil)
+	schemaAck := hop.AckRejecter(handoffv1.AckStatus_ACK_STATUS_REJECTED_SCHEMA, nil)
+	return func(fullMethod string, req proto.Message, reasons []*handoffv1.Reason) (proto.Message, bool) {
+		for _, r := range reasons {
+			if r.GetRule() == RuleReset {
+				return schemaAck(fullMethod, req, reasons)
+			}
+		}
+		return budgetAck(fullMethod, req, reasons)
+	}
 }

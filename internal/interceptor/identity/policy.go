@@ -49,6 +49,8 @@ func DefaultPolicy() Policy {
 		"/handoff.v1.CoordinatorService/GetJob":   {AnyIdentity},
 		"/handoff.v1.CoordinatorService/ListJobs": {AnyIdentity},
 		"/handoff.v1.CoordinatorService/WatchJob": {AnyIdentity},
+		// An explanation is a reading of the run's events, packages included: GetJob's rule.
+		"/handoff.v1.CoordinatorService/ExplainJob": {AnyIdentity},
 		// Escalations are decisions of people: only an operator (an operator token, or an
 		// operator certificate under mTLS) lists and resolves them. No service identity
 		// may, so a compromised runner cannot approve its own write. Any operator reads the

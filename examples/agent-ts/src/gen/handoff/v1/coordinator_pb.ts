@@ -12,15 +12,256 @@ import type { Duration, Timestamp } from "@bufbuild/protobuf/wkt";
 import { file_google_protobuf_duration, file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
 import type { StageResult } from "./agentrunner_pb.js";
 import { file_handoff_v1_agentrunner } from "./agentrunner_pb.js";
-import type { Ack, AckStatus, Artifact, Budget, Evaluator, Move, Reason, Receipt, RouteChoice, ToolAttempt, Trace, Verdict } from "./handoff_pb.js";
+import type { Ack, AckStatus, Artifact, Budget, Evaluator, HandoffPackage, Move, Reason, Receipt, RouteChoice, ToolAttempt, Trace, Verdict } from "./handoff_pb.js";
 import { file_handoff_v1_handoff } from "./handoff_pb.js";
+import type { HandoffPackage as HandoffPackage$1 } from "../v2/handoff_pb.js";
+import { file_handoff_v2_handoff } from "../v2/handoff_pb.js";
 import type { Message } from "@bufbuild/protobuf";
 
 /**
  * Describes the file handoff/v1/coordinator.proto.
  */
 export const file_handoff_v1_coordinator: GenFile = /*@__PURE__*/
-  fileDesc("ChxoYW5kb2ZmL3YxL2Nvb3JkaW5hdG9yLnByb3RvEgpoYW5kb2ZmLnYxImMKFkNsYWltRXNjYWxhdGlvblJlcXVlc3QSGwoGcnVuX2lkGAEgASgJQgu6SAjIAQFyAxiAARIbCgplc2NhbGF0aW9uGAIgASgNQge6SAQqAiAAEg8KB3JlbGVhc2UYAyABKAgiOwoXQ2xhaW1Fc2NhbGF0aW9uUmVzcG9uc2USIAoFY2xhaW0YASABKAsyES5oYW5kb2ZmLnYxLkNsYWltIoQBCgVDbGFpbRIPCgdhY2NvdW50GAEgASgJEhIKCmVzY2FsYXRpb24YAiABKA0SJgoCYXQYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCmV4cGlyZXNfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wItADChBTdWJtaXRKb2JSZXF1ZXN0EjMKCnJlcXVlc3RfaWQYASABKAlCH7pIHHIaGIABMhVeKFtBLVphLXowLTlfLjotXSspPyQSOgoGam9iX2lkGAIgASgJQiq6SCfIAQFyIhiAATIdXltBLVphLXowLTldW0EtWmEtejAtOV8uOi1dKiQSHAoIcGlwZWxpbmUYAyABKAlCCrpIB8gBAXICGEASGQoEZ29hbBgEIAEoCUILukgIyAEBcgMY0A8SJgoLY29uc3RyYWludHMYBSADKAlCEbpIDpIBCxAgIgdyBRABGPQDEioKBmJ1ZGdldBgGIAEoCzISLmhhbmRvZmYudjEuQnVkZ2V0Qga6SAPIAQESLgoGaW5wdXRzGAcgAygLMhQuaGFuZG9mZi52MS5BcnRpZmFjdEIIukgFkgECEEASPgoLbWVtb3J5X3JlZnMYCCADKAlCKbpIJpIBIxBAIh9yHRiAAjIYXlthLXpdW2EtejAtOV9dKjpbXlxzXSskEiAKBXRyYWNlGAkgASgLMhEuaGFuZG9mZi52MS5UcmFjZRIsCghkZWFkbGluZRgKIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiQwoRU3VibWl0Sm9iUmVzcG9uc2USHAoDam9iGAEgASgLMg8uaGFuZG9mZi52MS5Kb2ISEAoIZXhpc3RpbmcYAiABKAgiJwoNR2V0Sm9iUmVxdWVzdBIWCgZydW5faWQYASABKAlCBrpIA8gBASJXCg5HZXRKb2JSZXNwb25zZRIcCgNqb2IYASABKAsyDy5oYW5kb2ZmLnYxLkpvYhInCgh0aW1lbGluZRgCIAMoCzIVLmhhbmRvZmYudjEuSG9wUmVjb3JkIqoDCglIb3BSZWNvcmQSCwoDaG9wGAEgASgNEg0KBXN0YWdlGAIgASgJEiIKA2FjaxgDIAEoDjIVLmhhbmRvZmYudjEuQWNrU3RhdHVzEiYKCHRyYW5zZmVyGAQgASgLMhQuaGFuZG9mZi52MS5UcmFuc2ZlchIYChBzcGVudF91c2RfbWljcm9zGAUgASgDEiQKB3ZlcmRpY3QYBiABKA4yEy5oYW5kb2ZmLnYxLlZlcmRpY3QSKwoIZHVyYXRpb24YByABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SJgoCYXQYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiIKA2VuZBgJIAEoDjIVLmhhbmRvZmYudjEuRXZlbnRLaW5kEioKCmVzY2FsYXRpb24YCiABKAsyFi5oYW5kb2ZmLnYxLkVzY2FsYXRpb24SJAoHcmVjZWlwdBgLIAEoCzITLmhhbmRvZmYudjEuUmVjZWlwdBIqCgpyZXNvbHV0aW9uGAwgASgLMhYuaGFuZG9mZi52MS5SZXNvbHV0aW9uInMKD0xpc3RKb2JzUmVxdWVzdBItCgVzdGF0ZRgBIAEoDjIULmhhbmRvZmYudjEuSm9iU3RhdGVCCLpIBYIBAhABEh0KCXBhZ2Vfc2l6ZRgCIAEoBUIKukgHGgUY6AcoABISCgpwYWdlX3Rva2VuGAMgASgJIkoKEExpc3RKb2JzUmVzcG9uc2USHQoEam9icxgBIAMoCzIPLmhhbmRvZmYudjEuSm9iEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSI8Cg9XYXRjaEpvYlJlcXVlc3QSFgoGcnVuX2lkGAEgASgJQga6SAPIAQESEQoJYWZ0ZXJfc2VxGAIgASgEIjcKEFdhdGNoSm9iUmVzcG9uc2USIwoFZXZlbnQYASABKAsyFC5oYW5kb2ZmLnYxLkpvYkV2ZW50It0GCgNKb2ISDgoGcnVuX2lkGAEgASgJEg4KBmpvYl9pZBgCIAEoCRIQCghwaXBlbGluZRgDIAEoCRIjCgVzdGF0ZRgEIAEoDjIULmhhbmRvZmYudjEuSm9iU3RhdGUSDAoEZ29hbBgFIAEoCRITCgtjb25zdHJhaW50cxgGIAMoCRIiCgZ3YWxsZXQYByABKAsyEi5oYW5kb2ZmLnYxLkJ1ZGdldBINCgVzdGFnZRgIIAEoCRIMCgRob3BzGAkgASgNEhEKCXJldmlzaW9ucxgKIAEoDRIoCglldmFsdWF0b3IYCyABKAsyFS5oYW5kb2ZmLnYxLkV2YWx1YXRvchInCglhcnRpZmFjdHMYDCADKAsyFC5oYW5kb2ZmLnYxLkFydGlmYWN0EiwKC3Rvb2xzX3RyaWVkGA0gAygLMhcuaGFuZG9mZi52MS5Ub29sQXR0ZW1wdBITCgttZW1vcnlfcmVmcxgOIAMoCRIWCg5vcGVuX3F1ZXN0aW9ucxgPIAMoCRIRCgluZXh0X2hpbnQYECABKAkSJAoHcmVjZWlwdBgRIAEoCzITLmhhbmRvZmYudjEuUmVjZWlwdBIqCgplc2NhbGF0aW9uGBIgASgLMhYuaGFuZG9mZi52MS5Fc2NhbGF0aW9uEhMKC3RyYWNlcGFyZW50GBMgASgJEi4KCmNyZWF0ZWRfYXQYFCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnVwZGF0ZWRfYXQYFSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhIKCnJlcXVlc3RfaWQYFiABKAkSGAoQc3BlbnRfdXNkX21pY3JvcxgXIAEoAxIqCgpyZXNvbHV0aW9uGBggASgLMhYuaGFuZG9mZi52MS5SZXNvbHV0aW9uEhgKEG9wZXJhdG9yX3JldHVybnMYGSABKA0SEwoLZXNjYWxhdGlvbnMYGiABKA0SJwoJdHJhbnNmZXJzGBsgAygLMhQuaGFuZG9mZi52MS5UcmFuc2ZlchIsCghkZWFkbGluZRgcIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASIAoFY2xhaW0YHSABKAsyES5oYW5kb2ZmLnYxLkNsYWltIpQBCghUcmFuc2ZlchISCgpmcm9tX3N0YWdlGAEgASgJEhAKCHRvX3N0YWdlGAIgASgJEh4KBG1vdmUYAyABKA4yEC5oYW5kb2ZmLnYxLk1vdmUSJgoFcm91dGUYBCABKAsyFy5oYW5kb2ZmLnYxLlJvdXRlQ2hvaWNlEgsKA2hvcBgFIAEoDRINCgV2aXNpdBgGIAEoDSLDAQoKRXNjYWxhdGlvbhIqCgVjYXVzZRgBIAEoDjIbLmhhbmRvZmYudjEuRXNjYWxhdGlvbkNhdXNlEg0KBXN0YWdlGAIgASgJEg4KBmRldGFpbBgDIAEoCRIjCgdyZWFzb25zGAQgAygLMhIuaGFuZG9mZi52MS5SZWFzb24SDQoFcm91dGUYBSABKAkSJgoCYXQYBiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg4KBm51bWJlchgHIAEoDSKcAQoIRGVsaXZlcnkSCwoDdXJsGAEgASgJEhIKCmVzY2FsYXRpb24YAiABKA0SEAoIYXR0ZW1wdHMYAyABKA0SEQoJZGVsaXZlcmVkGAQgASgIEg0KBWVycm9yGAUgASgJEhMKC3N0YXR1c19jb2RlGAYgASgFEiYKAmF0GAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCKoBAoISm9iRXZlbnQSCwoDc2VxGAEgASgEEg4KBnJ1bl9pZBgCIAEoCRIOCgZqb2JfaWQYAyABKAkSIwoEa2luZBgEIAEoDjIVLmhhbmRvZmYudjEuRXZlbnRLaW5kEg0KBXN0YWdlGAUgASgJEiYKAmF0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBITCgt0cmFjZXBhcmVudBgHIAEoCRIiCgZ3YWxsZXQYCCABKAsyEi5oYW5kb2ZmLnYxLkJ1ZGdldBIcCgNhY2sYCSABKAsyDy5oYW5kb2ZmLnYxLkFjaxInCgZyZXN1bHQYCiABKAsyFy5oYW5kb2ZmLnYxLlN0YWdlUmVzdWx0EigKCWV2YWx1YXRvchgLIAEoCzIVLmhhbmRvZmYudjEuRXZhbHVhdG9yEiQKB3JlY2VpcHQYDCABKAsyEy5oYW5kb2ZmLnYxLlJlY2VpcHQSKgoKZXNjYWxhdGlvbhgNIAEoCzIWLmhhbmRvZmYudjEuRXNjYWxhdGlvbhILCgNob3AYDiABKA0SKgoKcmVzb2x1dGlvbhgPIAEoCzIWLmhhbmRvZmYudjEuUmVzb2x1dGlvbhImCgh0cmFuc2ZlchgQIAEoCzIULmhhbmRvZmYudjEuVHJhbnNmZXISDgoGc2NoZW1hGBEgASgJEiYKCGRlbGl2ZXJ5GBIgASgLMhQuaGFuZG9mZi52MS5EZWxpdmVyeSJLChZMaXN0RXNjYWxhdGlvbnNSZXF1ZXN0Eh0KCXBhZ2Vfc2l6ZRgBIAEoBUIKukgHGgUY6AcoABISCgpwYWdlX3Rva2VuGAIgASgJIlEKF0xpc3RFc2NhbGF0aW9uc1Jlc3BvbnNlEh0KBGpvYnMYASADKAsyDy5oYW5kb2ZmLnYxLkpvYhIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiggMKGFJlc29sdmVFc2NhbGF0aW9uUmVxdWVzdBIbCgZydW5faWQYASABKAlCC7pICMgBAXIDGIABEh0KCG9wZXJhdG9yGAIgASgJQgu6SAjIAQFyAxiAARIZCgdjb21tZW50GAMgASgJQgi6SAVyAxjQDxIsCgdhcHByb3ZlGAQgASgLMhkuaGFuZG9mZi52MS5BcHByb3ZlQWN0aW9uSAASOgoPcmV0dXJuX3RvX3N0YWdlGAUgASgLMh8uaGFuZG9mZi52MS5SZXR1cm5Ub1N0YWdlQWN0aW9uSAASJgoEZmFpbBgGIAEoCzIWLmhhbmRvZmYudjEuRmFpbEFjdGlvbkgAEj0KEHJlamVjdF9tYWxmb3JtZWQYByABKAsyIS5oYW5kb2ZmLnYxLlJlamVjdE1hbGZvcm1lZEFjdGlvbkgAEhsKCmVzY2FsYXRpb24YCCABKA1CB7pIBCoCIAASEAoIb3ZlcnJpZGUYCSABKAhCDwoGYWN0aW9uEgW6SAIIASJICg1BcHByb3ZlQWN0aW9uEiUKDWFydGlmYWN0X3RleHQYASABKAlCCbpIBnIEKICAQEgAiAEBQhAKDl9hcnRpZmFjdF90ZXh0Ip8BChNSZXR1cm5Ub1N0YWdlQWN0aW9uEi0KBXN0YWdlGAEgASgJQh66SBvIAQFyFhhAMhJeW2Etel1bYS16MC05Xy1dKiQSJQoNYXJ0aWZhY3RfdGV4dBgCIAEoCUIJukgGcgQogIBASACIAQESIAoFZ3JhbnQYAyABKAsyES5oYW5kb2ZmLnYxLkdyYW50QhAKDl9hcnRpZmFjdF90ZXh0IlgKBUdyYW50EhYKBGhvcHMYASABKA1CCLpIBSoDGOgHEhoKCXJldmlzaW9ucxgCIAEoDUIHukgEKgIYZBIbCgp1c2RfbWljcm9zGAMgASgDQge6SAQiAigAIikKCkZhaWxBY3Rpb24SGwoGcmVhc29uGAEgASgJQgu6SAjIAQFyAxjQDyI0ChVSZWplY3RNYWxmb3JtZWRBY3Rpb24SGwoGcmVhc29uGAEgASgJQgu6SAjIAQFyAxjQDyLEAgoKUmVzb2x1dGlvbhIsCgZhY3Rpb24YASABKA4yHC5oYW5kb2ZmLnYxLlJlc29sdXRpb25BY3Rpb24SEAoIb3BlcmF0b3IYAiABKAkSDwoHY29tbWVudBgDIAEoCRINCgVzdGFnZRgEIAEoCRIOCgZyZWFzb24YBSABKAkSLQoPZWRpdGVkX2FydGlmYWN0GAYgASgLMhQuaGFuZG9mZi52MS5BcnRpZmFjdBIqCgplc2NhbGF0aW9uGAcgASgLMhYuaGFuZG9mZi52MS5Fc2NhbGF0aW9uEiYKAmF0GAggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIPCgdhY2NvdW50GAkgASgJEiAKBWdyYW50GAogASgLMhEuaGFuZG9mZi52MS5HcmFudBIQCghvdmVycm9kZRgLIAEoCSKeAQoZUmVzb2x2ZUVzY2FsYXRpb25SZXNwb25zZRIcCgNqb2IYASABKAsyDy5oYW5kb2ZmLnYxLkpvYhIkCgdyZWNlaXB0GAIgASgLMhMuaGFuZG9mZi52MS5SZWNlaXB0EhEKCWR1cGxpY2F0ZRgDIAEoCBIqCgpyZXNvbHV0aW9uGAQgASgLMhYuaGFuZG9mZi52MS5SZXNvbHV0aW9uKoQBCghKb2JTdGF0ZRIZChVKT0JfU1RBVEVfVU5TUEVDSUZJRUQQABIVChFKT0JfU1RBVEVfUlVOTklORxABEhcKE0pPQl9TVEFURV9DT01QTEVURUQQAhIXChNKT0JfU1RBVEVfRVNDQUxBVEVEEAMSFAoQSk9CX1NUQVRFX0ZBSUxFRBAEKvgDCg9Fc2NhbGF0aW9uQ2F1c2USIAocRVNDQUxBVElPTl9DQVVTRV9VTlNQRUNJRklFRBAAEiQKIEVTQ0FMQVRJT05fQ0FVU0VfUkVKRUNURURfU0NIRU1BEAESIgoeRVNDQUxBVElPTl9DQVVTRV9SRUpFQ1RFRF9ST0xFEAISJAogRVNDQUxBVElPTl9DQVVTRV9SRUpFQ1RFRF9CVURHRVQQAxIoCiRFU0NBTEFUSU9OX0NBVVNFX1JFVklTSU9OU19FWEhBVVNURUQQBBIcChhFU0NBTEFUSU9OX0NBVVNFX0hPUF9DQVAQBRIhCh1FU0NBTEFUSU9OX0NBVVNFX1dBTExFVF9FTVBUWRAGEiEKHUVTQ0FMQVRJT05fQ0FVU0VfU1RBR0VfRkFJTEVEEAcSIgoeRVNDQUxBVElPTl9DQVVTRV9XUklURV9SRUZVU0VEEAgSJQohRVNDQUxBVElPTl9DQVVTRV9ST1VURV9VTkRFQ0xBUkVEEAkSHgoaRVNDQUxBVElPTl9DQVVTRV9QSU5HX1BPTkcQChIbChdFU0NBTEFUSU9OX0NBVVNFX1JPVVRFRBALEh0KGUVTQ0FMQVRJT05fQ0FVU0VfREVBRExJTkUQDBIeChpFU0NBTEFUSU9OX0NBVVNFX0RFU0tfRlVMTBANKscCCglFdmVudEtpbmQSGgoWRVZFTlRfS0lORF9VTlNQRUNJRklFRBAAEhgKFEVWRU5UX0tJTkRfU1VCTUlUVEVEEAESGwoXRVZFTlRfS0lORF9QQUNLQUdFX1NFTlQQAhISCg5FVkVOVF9LSU5EX0FDSxADEhsKF0VWRU5UX0tJTkRfU1RBR0VfUkVTVUxUEAQSFgoSRVZFTlRfS0lORF9WRVJESUNUEAUSFgoSRVZFTlRfS0lORF9SRUNFSVBUEAYSGAoURVZFTlRfS0lORF9FU0NBTEFURUQQBxIYChRFVkVOVF9LSU5EX0NPTVBMRVRFRBAIEhUKEUVWRU5UX0tJTkRfRkFJTEVEEAkSFwoTRVZFTlRfS0lORF9SRVNPTFZFRBAKEiIKHkVWRU5UX0tJTkRfRVNDQUxBVElPTl9ERUxJVkVSWRALKr8BChBSZXNvbHV0aW9uQWN0aW9uEiEKHVJFU09MVVRJT05fQUNUSU9OX1VOU1BFQ0lGSUVEEAASHQoZUkVTT0xVVElPTl9BQ1RJT05fQVBQUk9WRRABEiUKIVJFU09MVVRJT05fQUNUSU9OX1JFVFVSTl9UT19TVEFHRRACEhoKFlJFU09MVVRJT05fQUNUSU9OX0ZBSUwQAxImCiJSRVNPTFVUSU9OX0FDVElPTl9SRUpFQ1RfTUFMRk9STUVEEAQyyQQKEkNvb3JkaW5hdG9yU2VydmljZRJICglTdWJtaXRKb2ISHC5oYW5kb2ZmLnYxLlN1Ym1pdEpvYlJlcXVlc3QaHS5oYW5kb2ZmLnYxLlN1Ym1pdEpvYlJlc3BvbnNlEj8KBkdldEpvYhIZLmhhbmRvZmYudjEuR2V0Sm9iUmVxdWVzdBoaLmhhbmRvZmYudjEuR2V0Sm9iUmVzcG9uc2USRQoITGlzdEpvYnMSGy5oYW5kb2ZmLnYxLkxpc3RKb2JzUmVxdWVzdBocLmhhbmRvZmYudjEuTGlzdEpvYnNSZXNwb25zZRJHCghXYXRjaEpvYhIbLmhhbmRvZmYudjEuV2F0Y2hKb2JSZXF1ZXN0GhwuaGFuZG9mZi52MS5XYXRjaEpvYlJlc3BvbnNlMAESWgoPTGlzdEVzY2FsYXRpb25zEiIuaGFuZG9mZi52MS5MaXN0RXNjYWxhdGlvbnNSZXF1ZXN0GiMuaGFuZG9mZi52MS5MaXN0RXNjYWxhdGlvbnNSZXNwb25zZRJgChFSZXNvbHZlRXNjYWxhdGlvbhIkLmhhbmRvZmYudjEuUmVzb2x2ZUVzY2FsYXRpb25SZXF1ZXN0GiUuaGFuZG9mZi52MS5SZXNvbHZlRXNjYWxhdGlvblJlc3BvbnNlEloKD0NsYWltRXNjYWxhdGlvbhIiLmhhbmRvZmYudjEuQ2xhaW1Fc2NhbGF0aW9uUmVxdWVzdBojLmhhbmRvZmYudjEuQ2xhaW1Fc2NhbGF0aW9uUmVzcG9uc2VCN1o1Z2l0aHViLmNvbS9oYW5kb2ZmaHEvaGFuZG9mZi9nZW4vaGFuZG9mZi92MTtoYW5kb2ZmdjFiBnByb3RvMw", [file_buf_validate_validate, file_google_protobuf_duration, file_google_protobuf_timestamp, file_handoff_v1_agentrunner, file_handoff_v1_handoff]);
+  fileDesc("ChxoYW5kb2ZmL3YxL2Nvb3JkaW5hdG9yLnByb3RvEgpoYW5kb2ZmLnYxIk8KEUV4cGxhaW5Kb2JSZXF1ZXN0EjoKBnJ1bl9pZBgBIAEoCUIqukgnyAEBciIYgAEyHV5bQS1aYS16MC05XVtBLVphLXowLTlfLjotXSokIkIKEkV4cGxhaW5Kb2JSZXNwb25zZRIsCgtleHBsYW5hdGlvbhgBIAEoCzIXLmhhbmRvZmYudjEuRXhwbGFuYXRpb24iuQEKC0V4cGxhbmF0aW9uEg4KBnJ1bl9pZBgBIAEoCRIOCgZqb2JfaWQYAiABKAkSEAoIcGlwZWxpbmUYAyABKAkSIwoFc3RhdGUYBCABKA4yFC5oYW5kb2ZmLnYxLkpvYlN0YXRlEigKBGhvcHMYBSADKAsyGi5oYW5kb2ZmLnYxLkhvcEV4cGxhbmF0aW9uEikKCnZpb2xhdGlvbnMYBiADKAsyFS5oYW5kb2ZmLnYxLlZpb2xhdGlvbiKFAQoOSG9wRXhwbGFuYXRpb24SCwoDaG9wGAEgASgNEg0KBXN0YWdlGAIgASgJEiIKA2FjaxgDIAEoDjIVLmhhbmRvZmYudjEuQWNrU3RhdHVzEg4KBnNjaGVtYRgEIAEoCRIjCgdhbnN3ZXJzGAUgAygLMhIuaGFuZG9mZi52MS5BbnN3ZXIijwEKBkFuc3dlchImCghxdWVzdGlvbhgBIAEoDjIULmhhbmRvZmYudjEuUXVlc3Rpb24SJAoHZmluZGluZxgCIAEoDjITLmhhbmRvZmYudjEuRmluZGluZxIPCgdzdW1tYXJ5GAMgASgJEiYKCGV2aWRlbmNlGAQgAygLMhQuaGFuZG9mZi52MS5FdmlkZW5jZSJDCghFdmlkZW5jZRINCgVmaWVsZBgBIAEoCRINCgVzdGFnZRgCIAEoCRILCgN1cmkYAyABKAkSDAoEbm90ZRgEIAEoCSKIAQoJVmlvbGF0aW9uEicKBGtpbmQYASABKA4yGS5oYW5kb2ZmLnYxLlZpb2xhdGlvbktpbmQSCwoDaG9wGAIgASgNEg0KBXN0YWdlGAMgASgJEg4KBmRldGFpbBgEIAEoCRImCghldmlkZW5jZRgFIAMoCzIULmhhbmRvZmYudjEuRXZpZGVuY2UiYwoWQ2xhaW1Fc2NhbGF0aW9uUmVxdWVzdBIbCgZydW5faWQYASABKAlCC7pICMgBAXIDGIABEhsKCmVzY2FsYXRpb24YAiABKA1CB7pIBCoCIAASDwoHcmVsZWFzZRgDIAEoCCI7ChdDbGFpbUVzY2FsYXRpb25SZXNwb25zZRIgCgVjbGFpbRgBIAEoCzIRLmhhbmRvZmYudjEuQ2xhaW0ihAEKBUNsYWltEg8KB2FjY291bnQYASABKAkSEgoKZXNjYWxhdGlvbhgCIAEoDRImCgJhdBgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKZXhwaXJlc19hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAi0AMKEFN1Ym1pdEpvYlJlcXVlc3QSMwoKcmVxdWVzdF9pZBgBIAEoCUIfukgcchoYgAEyFV4oW0EtWmEtejAtOV8uOi1dKyk/JBI6CgZqb2JfaWQYAiABKAlCKrpIJ8gBAXIiGIABMh1eW0EtWmEtejAtOV1bQS1aYS16MC05Xy46LV0qJBIcCghwaXBlbGluZRgDIAEoCUIKukgHyAEBcgIYQBIZCgRnb2FsGAQgASgJQgu6SAjIAQFyAxjQDxImCgtjb25zdHJhaW50cxgFIAMoCUIRukgOkgELECAiB3IFEAEY9AMSKgoGYnVkZ2V0GAYgASgLMhIuaGFuZG9mZi52MS5CdWRnZXRCBrpIA8gBARIuCgZpbnB1dHMYByADKAsyFC5oYW5kb2ZmLnYxLkFydGlmYWN0Qgi6SAWSAQIQQBI+CgttZW1vcnlfcmVmcxgIIAMoCUIpukgmkgEjEEAiH3IdGIACMhheW2Etel1bYS16MC05X10qOlteXHNdKyQSIAoFdHJhY2UYCSABKAsyES5oYW5kb2ZmLnYxLlRyYWNlEiwKCGRlYWRsaW5lGAogASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJDChFTdWJtaXRKb2JSZXNwb25zZRIcCgNqb2IYASABKAsyDy5oYW5kb2ZmLnYxLkpvYhIQCghleGlzdGluZxgCIAEoCCInCg1HZXRKb2JSZXF1ZXN0EhYKBnJ1bl9pZBgBIAEoCUIGukgDyAEBIlcKDkdldEpvYlJlc3BvbnNlEhwKA2pvYhgBIAEoCzIPLmhhbmRvZmYudjEuSm9iEicKCHRpbWVsaW5lGAIgAygLMhUuaGFuZG9mZi52MS5Ib3BSZWNvcmQiqgMKCUhvcFJlY29yZBILCgNob3AYASABKA0SDQoFc3RhZ2UYAiABKAkSIgoDYWNrGAMgASgOMhUuaGFuZG9mZi52MS5BY2tTdGF0dXMSJgoIdHJhbnNmZXIYBCABKAsyFC5oYW5kb2ZmLnYxLlRyYW5zZmVyEhgKEHNwZW50X3VzZF9taWNyb3MYBSABKAMSJAoHdmVyZGljdBgGIAEoDjITLmhhbmRvZmYudjEuVmVyZGljdBIrCghkdXJhdGlvbhgHIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhImCgJhdBgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASIgoDZW5kGAkgASgOMhUuaGFuZG9mZi52MS5FdmVudEtpbmQSKgoKZXNjYWxhdGlvbhgKIAEoCzIWLmhhbmRvZmYudjEuRXNjYWxhdGlvbhIkCgdyZWNlaXB0GAsgASgLMhMuaGFuZG9mZi52MS5SZWNlaXB0EioKCnJlc29sdXRpb24YDCABKAsyFi5oYW5kb2ZmLnYxLlJlc29sdXRpb24icwoPTGlzdEpvYnNSZXF1ZXN0Ei0KBXN0YXRlGAEgASgOMhQuaGFuZG9mZi52MS5Kb2JTdGF0ZUIIukgFggECEAESHQoJcGFnZV9zaXplGAIgASgFQgq6SAcaBRjoBygAEhIKCnBhZ2VfdG9rZW4YAyABKAkiSgoQTGlzdEpvYnNSZXNwb25zZRIdCgRqb2JzGAEgAygLMg8uaGFuZG9mZi52MS5Kb2ISFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIjwKD1dhdGNoSm9iUmVxdWVzdBIWCgZydW5faWQYASABKAlCBrpIA8gBARIRCglhZnRlcl9zZXEYAiABKAQiNwoQV2F0Y2hKb2JSZXNwb25zZRIjCgVldmVudBgBIAEoCzIULmhhbmRvZmYudjEuSm9iRXZlbnQijAcKA0pvYhIOCgZydW5faWQYASABKAkSDgoGam9iX2lkGAIgASgJEhAKCHBpcGVsaW5lGAMgASgJEiMKBXN0YXRlGAQgASgOMhQuaGFuZG9mZi52MS5Kb2JTdGF0ZRIMCgRnb2FsGAUgASgJEhMKC2NvbnN0cmFpbnRzGAYgAygJEiIKBndhbGxldBgHIAEoCzISLmhhbmRvZmYudjEuQnVkZ2V0Eg0KBXN0YWdlGAggASgJEgwKBGhvcHMYCSABKA0SEQoJcmV2aXNpb25zGAogASgNEigKCWV2YWx1YXRvchgLIAEoCzIVLmhhbmRvZmYudjEuRXZhbHVhdG9yEicKCWFydGlmYWN0cxgMIAMoCzIULmhhbmRvZmYudjEuQXJ0aWZhY3QSLAoLdG9vbHNfdHJpZWQYDSADKAsyFy5oYW5kb2ZmLnYxLlRvb2xBdHRlbXB0EhMKC21lbW9yeV9yZWZzGA4gAygJEhYKDm9wZW5fcXVlc3Rpb25zGA8gAygJEhEKCW5leHRfaGludBgQIAEoCRIkCgdyZWNlaXB0GBEgASgLMhMuaGFuZG9mZi52MS5SZWNlaXB0EioKCmVzY2FsYXRpb24YEiABKAsyFi5oYW5kb2ZmLnYxLkVzY2FsYXRpb24SEwoLdHJhY2VwYXJlbnQYEyABKAkSLgoKY3JlYXRlZF9hdBgUIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKdXBkYXRlZF9hdBgVIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEgoKcmVxdWVzdF9pZBgWIAEoCRIYChBzcGVudF91c2RfbWljcm9zGBcgASgDEioKCnJlc29sdXRpb24YGCABKAsyFi5oYW5kb2ZmLnYxLlJlc29sdXRpb24SGAoQb3BlcmF0b3JfcmV0dXJucxgZIAEoDRITCgtlc2NhbGF0aW9ucxgaIAEoDRInCgl0cmFuc2ZlcnMYGyADKAsyFC5oYW5kb2ZmLnYxLlRyYW5zZmVyEiwKCGRlYWRsaW5lGBwgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIgCgVjbGFpbRgdIAEoCzIRLmhhbmRvZmYudjEuQ2xhaW0SEgoKdHJhY2VzdGF0ZRgeIAEoCRIZChFzdGFnZV9tZW1vcnlfcmVmcxgfIAMoCSKUAQoIVHJhbnNmZXISEgoKZnJvbV9zdGFnZRgBIAEoCRIQCgh0b19zdGFnZRgCIAEoCRIeCgRtb3ZlGAMgASgOMhAuaGFuZG9mZi52MS5Nb3ZlEiYKBXJvdXRlGAQgASgLMhcuaGFuZG9mZi52MS5Sb3V0ZUNob2ljZRILCgNob3AYBSABKA0SDQoFdmlzaXQYBiABKA0iwwEKCkVzY2FsYXRpb24SKgoFY2F1c2UYASABKA4yGy5oYW5kb2ZmLnYxLkVzY2FsYXRpb25DYXVzZRINCgVzdGFnZRgCIAEoCRIOCgZkZXRhaWwYAyABKAkSIwoHcmVhc29ucxgEIAMoCzISLmhhbmRvZmYudjEuUmVhc29uEg0KBXJvdXRlGAUgASgJEiYKAmF0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIOCgZudW1iZXIYByABKA0inAEKCERlbGl2ZXJ5EgsKA3VybBgBIAEoCRISCgplc2NhbGF0aW9uGAIgASgNEhAKCGF0dGVtcHRzGAMgASgNEhEKCWRlbGl2ZXJlZBgEIAEoCBINCgVlcnJvchgFIAEoCRITCgtzdGF0dXNfY29kZRgGIAEoBRImCgJhdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAihQUKCEpvYkV2ZW50EgsKA3NlcRgBIAEoBBIOCgZydW5faWQYAiABKAkSDgoGam9iX2lkGAMgASgJEiMKBGtpbmQYBCABKA4yFS5oYW5kb2ZmLnYxLkV2ZW50S2luZBINCgVzdGFnZRgFIAEoCRImCgJhdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEwoLdHJhY2VwYXJlbnQYByABKAkSIgoGd2FsbGV0GAggASgLMhIuaGFuZG9mZi52MS5CdWRnZXQSHAoDYWNrGAkgASgLMg8uaGFuZG9mZi52MS5BY2sSJwoGcmVzdWx0GAogASgLMhcuaGFuZG9mZi52MS5TdGFnZVJlc3VsdBIoCglldmFsdWF0b3IYCyABKAsyFS5oYW5kb2ZmLnYxLkV2YWx1YXRvchIkCgdyZWNlaXB0GAwgASgLMhMuaGFuZG9mZi52MS5SZWNlaXB0EioKCmVzY2FsYXRpb24YDSABKAsyFi5oYW5kb2ZmLnYxLkVzY2FsYXRpb24SCwoDaG9wGA4gASgNEioKCnJlc29sdXRpb24YDyABKAsyFi5oYW5kb2ZmLnYxLlJlc29sdXRpb24SJgoIdHJhbnNmZXIYECABKAsyFC5oYW5kb2ZmLnYxLlRyYW5zZmVyEg4KBnNjaGVtYRgRIAEoCRImCghkZWxpdmVyeRgSIAEoCzIULmhhbmRvZmYudjEuRGVsaXZlcnkSKwoHcGFja2FnZRgTIAEoCzIaLmhhbmRvZmYudjEuSGFuZG9mZlBhY2thZ2USLgoKcGFja2FnZV92MhgUIAEoCzIaLmhhbmRvZmYudjIuSGFuZG9mZlBhY2thZ2UiSwoWTGlzdEVzY2FsYXRpb25zUmVxdWVzdBIdCglwYWdlX3NpemUYASABKAVCCrpIBxoFGOgHKAASEgoKcGFnZV90b2tlbhgCIAEoCSJRChdMaXN0RXNjYWxhdGlvbnNSZXNwb25zZRIdCgRqb2JzGAEgAygLMg8uaGFuZG9mZi52MS5Kb2ISFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIoIDChhSZXNvbHZlRXNjYWxhdGlvblJlcXVlc3QSGwoGcnVuX2lkGAEgASgJQgu6SAjIAQFyAxiAARIdCghvcGVyYXRvchgCIAEoCUILukgIyAEBcgMYgAESGQoHY29tbWVudBgDIAEoCUIIukgFcgMY0A8SLAoHYXBwcm92ZRgEIAEoCzIZLmhhbmRvZmYudjEuQXBwcm92ZUFjdGlvbkgAEjoKD3JldHVybl90b19zdGFnZRgFIAEoCzIfLmhhbmRvZmYudjEuUmV0dXJuVG9TdGFnZUFjdGlvbkgAEiYKBGZhaWwYBiABKAsyFi5oYW5kb2ZmLnYxLkZhaWxBY3Rpb25IABI9ChByZWplY3RfbWFsZm9ybWVkGAcgASgLMiEuaGFuZG9mZi52MS5SZWplY3RNYWxmb3JtZWRBY3Rpb25IABIbCgplc2NhbGF0aW9uGAggASgNQge6SAQqAiAAEhAKCG92ZXJyaWRlGAkgASgIQg8KBmFjdGlvbhIFukgCCAEiSAoNQXBwcm92ZUFjdGlvbhIlCg1hcnRpZmFjdF90ZXh0GAEgASgJQgm6SAZyBCiAgEBIAIgBAUIQCg5fYXJ0aWZhY3RfdGV4dCKfAQoTUmV0dXJuVG9TdGFnZUFjdGlvbhItCgVzdGFnZRgBIAEoCUIeukgbyAEBchYYQDISXlthLXpdW2EtejAtOV8tXSokEiUKDWFydGlmYWN0X3RleHQYAiABKAlCCbpIBnIEKICAQEgAiAEBEiAKBWdyYW50GAMgASgLMhEuaGFuZG9mZi52MS5HcmFudEIQCg5fYXJ0aWZhY3RfdGV4dCJYCgVHcmFudBIWCgRob3BzGAEgASgNQgi6SAUqAxjoBxIaCglyZXZpc2lvbnMYAiABKA1CB7pIBCoCGGQSGwoKdXNkX21pY3JvcxgDIAEoA0IHukgEIgIoACIpCgpGYWlsQWN0aW9uEhsKBnJlYXNvbhgBIAEoCUILukgIyAEBcgMY0A8iNAoVUmVqZWN0TWFsZm9ybWVkQWN0aW9uEhsKBnJlYXNvbhgBIAEoCUILukgIyAEBcgMY0A8ixAIKClJlc29sdXRpb24SLAoGYWN0aW9uGAEgASgOMhwuaGFuZG9mZi52MS5SZXNvbHV0aW9uQWN0aW9uEhAKCG9wZXJhdG9yGAIgASgJEg8KB2NvbW1lbnQYAyABKAkSDQoFc3RhZ2UYBCABKAkSDgoGcmVhc29uGAUgASgJEi0KD2VkaXRlZF9hcnRpZmFjdBgGIAEoCzIULmhhbmRvZmYudjEuQXJ0aWZhY3QSKgoKZXNjYWxhdGlvbhgHIAEoCzIWLmhhbmRvZmYudjEuRXNjYWxhdGlvbhImCgJhdBgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDwoHYWNjb3VudBgJIAEoCRIgCgVncmFudBgKIAEoCzIRLmhhbmRvZmYudjEuR3JhbnQSEAoIb3ZlcnJvZGUYCyABKAkingEKGVJlc29sdmVFc2NhbGF0aW9uUmVzcG9uc2USHAoDam9iGAEgASgLMg8uaGFuZG9mZi52MS5Kb2ISJAoHcmVjZWlwdBgCIAEoCzITLmhhbmRvZmYudjEuUmVjZWlwdBIRCglkdXBsaWNhdGUYAyABKAgSKgoKcmVzb2x1dGlvbhgEIAEoCzIWLmhhbmRvZmYudjEuUmVzb2x1dGlvbiqoAQoIUXVlc3Rpb24SGAoUUVVFU1RJT05fVU5TUEVDSUZJRUQQABIVChFRVUVTVElPTl9TQU1FX0pPQhABEhsKF1FVRVNUSU9OX1JFUVVJUkVEX0ZJRUxEEAISFgoSUVVFU1RJT05fRVZBTFVBVE9SEAMSGQoVUVVFU1RJT05fQlVSTkVEX1RPT0xTEAQSGwoXUVVFU1RJT05fQVJUSUZBQ1RTX1JFQUQQBSp6CgdGaW5kaW5nEhcKE0ZJTkRJTkdfVU5TUEVDSUZJRUQQABIOCgpGSU5ESU5HX09LEAESFQoRRklORElOR19WSU9MQVRJT04QAhIaChZGSU5ESU5HX05PVF9BUFBMSUNBQkxFEAMSEwoPRklORElOR19VTktOT1dOEAQquAEKDVZpb2xhdGlvbktpbmQSHgoaVklPTEFUSU9OX0tJTkRfVU5TUEVDSUZJRUQQABIfChtWSU9MQVRJT05fS0lORF9TSUxFTlRfUkVTRVQQARIdChlWSU9MQVRJT05fS0lORF9TVEFMRV9QTEFOEAISJgoiVklPTEFUSU9OX0tJTkRfQlVSTkVEX1RPT0xfUkVUUklFRBADEh8KG1ZJT0xBVElPTl9LSU5EX0dPQUxfQ0hBTkdFRBAEKoQBCghKb2JTdGF0ZRIZChVKT0JfU1RBVEVfVU5TUEVDSUZJRUQQABIVChFKT0JfU1RBVEVfUlVOTklORxABEhcKE0pPQl9TVEFURV9DT01QTEVURUQQAhIXChNKT0JfU1RBVEVfRVNDQUxBVEVEEAMSFAoQSk9CX1NUQVRFX0ZBSUxFRBAEKpkECg9Fc2NhbGF0aW9uQ2F1c2USIAocRVNDQUxBVElPTl9DQVVTRV9VTlNQRUNJRklFRBAAEiQKIEVTQ0FMQVRJT05fQ0FVU0VfUkVKRUNURURfU0NIRU1BEAESIgoeRVNDQUxBVElPTl9DQVVTRV9SRUpFQ1RFRF9ST0xFEAISJAogRVNDQUxBVElPTl9DQVVTRV9SRUpFQ1RFRF9CVURHRVQQAxIoCiRFU0NBTEFUSU9OX0NBVVNFX1JFVklTSU9OU19FWEhBVVNURUQQBBIcChhFU0NBTEFUSU9OX0NBVVNFX0hPUF9DQVAQBRIhCh1FU0NBTEFUSU9OX0NBVVNFX1dBTExFVF9FTVBUWRAGEiEKHUVTQ0FMQVRJT05fQ0FVU0VfU1RBR0VfRkFJTEVEEAcSIgoeRVNDQUxBVElPTl9DQVVTRV9XUklURV9SRUZVU0VEEAgSJQohRVNDQUxBVElPTl9DQVVTRV9ST1VURV9VTkRFQ0xBUkVEEAkSHgoaRVNDQUxBVElPTl9DQVVTRV9QSU5HX1BPTkcQChIbChdFU0NBTEFUSU9OX0NBVVNFX1JPVVRFRBALEh0KGUVTQ0FMQVRJT05fQ0FVU0VfREVBRExJTkUQDBIeChpFU0NBTEFUSU9OX0NBVVNFX0RFU0tfRlVMTBANEh8KG0VTQ0FMQVRJT05fQ0FVU0VfU1RBTEVfUExBThAOKscCCglFdmVudEtpbmQSGgoWRVZFTlRfS0lORF9VTlNQRUNJRklFRBAAEhgKFEVWRU5UX0tJTkRfU1VCTUlUVEVEEAESGwoXRVZFTlRfS0lORF9QQUNLQUdFX1NFTlQQAhISCg5FVkVOVF9LSU5EX0FDSxADEhsKF0VWRU5UX0tJTkRfU1RBR0VfUkVTVUxUEAQSFgoSRVZFTlRfS0lORF9WRVJESUNUEAUSFgoSRVZFTlRfS0lORF9SRUNFSVBUEAYSGAoURVZFTlRfS0lORF9FU0NBTEFURUQQBxIYChRFVkVOVF9LSU5EX0NPTVBMRVRFRBAIEhUKEUVWRU5UX0tJTkRfRkFJTEVEEAkSFwoTRVZFTlRfS0lORF9SRVNPTFZFRBAKEiIKHkVWRU5UX0tJTkRfRVNDQUxBVElPTl9ERUxJVkVSWRALKr8BChBSZXNvbHV0aW9uQWN0aW9uEiEKHVJFU09MVVRJT05fQUNUSU9OX1VOU1BFQ0lGSUVEEAASHQoZUkVTT0xVVElPTl9BQ1RJT05fQVBQUk9WRRABEiUKIVJFU09MVVRJT05fQUNUSU9OX1JFVFVSTl9UT19TVEFHRRACEhoKFlJFU09MVVRJT05fQUNUSU9OX0ZBSUwQAxImCiJSRVNPTFVUSU9OX0FDVElPTl9SRUpFQ1RfTUFMRk9STUVEEAQylgUKEkNvb3JkaW5hdG9yU2VydmljZRJICglTdWJtaXRKb2ISHC5oYW5kb2ZmLnYxLlN1Ym1pdEpvYlJlcXVlc3QaHS5oYW5kb2ZmLnYxLlN1Ym1pdEpvYlJlc3BvbnNlEj8KBkdldEpvYhIZLmhhbmRvZmYudjEuR2V0Sm9iUmVxdWVzdBoaLmhhbmRvZmYudjEuR2V0Sm9iUmVzcG9uc2USRQoITGlzdEpvYnMSGy5oYW5kb2ZmLnYxLkxpc3RKb2JzUmVxdWVzdBocLmhhbmRvZmYudjEuTGlzdEpvYnNSZXNwb25zZRJHCghXYXRjaEpvYhIbLmhhbmRvZmYudjEuV2F0Y2hKb2JSZXF1ZXN0GhwuaGFuZG9mZi52MS5XYXRjaEpvYlJlc3BvbnNlMAESWgoPTGlzdEVzY2FsYXRpb25zEiIuaGFuZG9mZi52MS5MaXN0RXNjYWxhdGlvbnNSZXF1ZXN0GiMuaGFuZG9mZi52MS5MaXN0RXNjYWxhdGlvbnNSZXNwb25zZRJgChFSZXNvbHZlRXNjYWxhdGlvbhIkLmhhbmRvZmYudjEuUmVzb2x2ZUVzY2FsYXRpb25SZXF1ZXN0GiUuaGFuZG9mZi52MS5SZXNvbHZlRXNjYWxhdGlvblJlc3BvbnNlEloKD0NsYWltRXNjYWxhdGlvbhIiLmhhbmRvZmYudjEuQ2xhaW1Fc2NhbGF0aW9uUmVxdWVzdBojLmhhbmRvZmYudjEuQ2xhaW1Fc2NhbGF0aW9uUmVzcG9uc2USSwoKRXhwbGFpbkpvYhIdLmhhbmRvZmYudjEuRXhwbGFpbkpvYlJlcXVlc3QaHi5oYW5kb2ZmLnYxLkV4cGxhaW5Kb2JSZXNwb25zZUI3WjVnaXRodWIuY29tL2hhbmRvZmZocS9oYW5kb2ZmL2dlbi9oYW5kb2ZmL3YxO2hhbmRvZmZ2MWIGcHJvdG8z", [file_buf_validate_validate, file_google_protobuf_duration, file_google_protobuf_timestamp, file_handoff_v1_agentrunner, file_handoff_v1_handoff, file_handoff_v2_handoff]);
+
+/**
+ * @generated from message handoff.v1.ExplainJobRequest
+ */
+export type ExplainJobRequest = Message<"handoff.v1.ExplainJobRequest"> & {
+  /**
+   * @generated from field: string run_id = 1;
+   */
+  runId: string;
+};
+
+/**
+ * Describes the message handoff.v1.ExplainJobRequest.
+ * Use `create(ExplainJobRequestSchema)` to create a new message.
+ */
+export const ExplainJobRequestSchema: GenMessage<ExplainJobRequest> = /*@__PURE__*/
+  messageDesc(file_handoff_v1_coordinator, 0);
+
+/**
+ * @generated from message handoff.v1.ExplainJobResponse
+ */
+export type ExplainJobResponse = Message<"handoff.v1.ExplainJobResponse"> & {
+  /**
+   * @generated from field: handoff.v1.Explanation explanation = 1;
+   */
+  explanation?: Explanation | undefined;
+};
+
+/**
+ * Describes the message handoff.v1.ExplainJobResponse.
+ * Use `create(ExplainJobResponseSchema)` to create a new message.
+ */
+export const ExplainJobResponseSchema: GenMessage<ExplainJobResponse> = /*@__PURE__*/
+  messageDesc(file_handoff_v1_coordinator, 1);
+
+/**
+ * Explanation is a run read hop by hop against the five questions.
+ *
+ * @generated from message handoff.v1.Explanation
+ */
+export type Explanation = Message<"handoff.v1.Explanation"> & {
+  /**
+   * @generated from field: string run_id = 1;
+   */
+  runId: string;
+
+  /**
+   * @generated from field: string job_id = 2;
+   */
+  jobId: string;
+
+  /**
+   * @generated from field: string pipeline = 3;
+   */
+  pipeline: string;
+
+  /**
+   * @generated from field: handoff.v1.JobState state = 4;
+   */
+  state: JobState;
+
+  /**
+   * @generated from field: repeated handoff.v1.HopExplanation hops = 5;
+   */
+  hops: HopExplanation[];
+
+  /**
+   * Every violation found, in hop order.
+   *
+   * @generated from field: repeated handoff.v1.Violation violations = 6;
+   */
+  violations: Violation[];
+};
+
+/**
+ * Describes the message handoff.v1.Explanation.
+ * Use `create(ExplanationSchema)` to create a new message.
+ */
+export const ExplanationSchema: GenMessage<Explanation> = /*@__PURE__*/
+  messageDesc(file_handoff_v1_coordinator, 2);
+
+/**
+ * HopExplanation is one hop's five answers.
+ *
+ * @generated from message handoff.v1.HopExplanation
+ */
+export type HopExplanation = Message<"handoff.v1.HopExplanation"> & {
+  /**
+   * @generated from field: uint32 hop = 1;
+   */
+  hop: number;
+
+  /**
+   * @generated from field: string stage = 2;
+   */
+  stage: string;
+
+  /**
+   * @generated from field: handoff.v1.AckStatus ack = 3;
+   */
+  ack: AckStatus;
+
+  /**
+   * The contract version of the package sent ("handoff.v1", "handoff.v2").
+   *
+   * @generated from field: string schema = 4;
+   */
+  schema: string;
+
+  /**
+   * One per Question, in the Question's order.
+   *
+   * @generated from field: repeated handoff.v1.Answer answers = 5;
+   */
+  answers: Answer[];
+};
+
+/**
+ * Describes the message handoff.v1.HopExplanation.
+ * Use `create(HopExplanationSchema)` to create a new message.
+ */
+export const HopExplanationSchema: GenMessage<HopExplanation> = /*@__PURE__*/
+  messageDesc(file_handoff_v1_coordinator, 3);
+
+/**
+ * Answer is one question's finding on a hop, with its evidence.
+ *
+ * @generated from message handoff.v1.Answer
+ */
+export type Answer = Message<"handoff.v1.Answer"> & {
+  /**
+   * @generated from field: handoff.v1.Question question = 1;
+   */
+  question: Question;
+
+  /**
+   * @generated from field: handoff.v1.Finding finding = 2;
+   */
+  finding: Finding;
+
+  /**
+   * One line saying what was found.
+   *
+   * @generated from field: string summary = 3;
+   */
+  summary: string;
+
+  /**
+   * @generated from field: repeated handoff.v1.Evidence evidence = 4;
+   */
+  evidence: Evidence[];
+};
+
+/**
+ * Describes the message handoff.v1.Answer.
+ * Use `create(AnswerSchema)` to create a new message.
+ */
+export const AnswerSchema: GenMessage<Answer> = /*@__PURE__*/
+  messageDesc(file_handoff_v1_coordinator, 4);
+
+/**
+ * Evidence points at what an answer rests on: a field path, a stage, an artifact URI.
+ * Never a field's value from the package (goal, constraints, questions are not shown).
+ *
+ * @generated from message handoff.v1.Evidence
+ */
+export type Evidence = Message<"handoff.v1.Evidence"> & {
+  /**
+   * A field path ("evaluator.last_verdict", "tools_tried[2]").
+   *
+   * @generated from field: string field = 1;
+   */
+  field: string;
+
+  /**
+   * The stage it concerns (the stage that burned a tool, the judge that gave a verdict).
+   *
+   * @generated from field: string stage = 2;
+   */
+  stage: string;
+
+  /**
+   * An artifact URI.
+   *
+   * @generated from field: string uri = 3;
+   */
+  uri: string;
+
+  /**
+   * A short note (a tool name, a verdict, a rule id).
+   *
+   * @generated from field: string note = 4;
+   */
+  note: string;
+};
+
+/**
+ * Describes the message handoff.v1.Evidence.
+ * Use `create(EvidenceSchema)` to create a new message.
+ */
+export const EvidenceSchema: GenMessage<Evidence> = /*@__PURE__*/
+  messageDesc(file_handoff_v1_coordinator, 5);
+
+/**
+ * @generated from message handoff.v1.Violation
+ */
+export type Violation = Message<"handoff.v1.Violation"> & {
+  /**
+   * @generated from field: handoff.v1.ViolationKind kind = 1;
+   */
+  kind: ViolationKind;
+
+  /**
+   * @generated from field: uint32 hop = 2;
+   */
+  hop: number;
+
+  /**
+   * @generated from field: string stage = 3;
+   */
+  stage: string;
+
+  /**
+   * @generated from field: string detail = 4;
+   */
+  detail: string;
+
+  /**
+   * @generated from field: repeated handoff.v1.Evidence evidence = 5;
+   */
+  evidence: Evidence[];
+};
+
+/**
+ * Describes the message handoff.v1.Violation.
+ * Use `create(ViolationSchema)` to create a new message.
+ */
+export const ViolationSchema: GenMessage<Violation> = /*@__PURE__*/
+  messageDesc(file_handoff_v1_coordinator, 6);
 
 /**
  * @generated from message handoff.v1.ClaimEscalationRequest
@@ -51,7 +292,7 @@ export type ClaimEscalationRequest = Message<"handoff.v1.ClaimEscalationRequest"
  * Use `create(ClaimEscalationRequestSchema)` to create a new message.
  */
 export const ClaimEscalationRequestSchema: GenMessage<ClaimEscalationRequest> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 0);
+  messageDesc(file_handoff_v1_coordinator, 7);
 
 /**
  * @generated from message handoff.v1.ClaimEscalationResponse
@@ -70,7 +311,7 @@ export type ClaimEscalationResponse = Message<"handoff.v1.ClaimEscalationRespons
  * Use `create(ClaimEscalationResponseSchema)` to create a new message.
  */
 export const ClaimEscalationResponseSchema: GenMessage<ClaimEscalationResponse> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 1);
+  messageDesc(file_handoff_v1_coordinator, 8);
 
 /**
  * Claim is who owns a run's escalation, until when.
@@ -108,7 +349,7 @@ export type Claim = Message<"handoff.v1.Claim"> & {
  * Use `create(ClaimSchema)` to create a new message.
  */
 export const ClaimSchema: GenMessage<Claim> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 2);
+  messageDesc(file_handoff_v1_coordinator, 9);
 
 /**
  * @generated from message handoff.v1.SubmitJobRequest
@@ -189,7 +430,7 @@ export type SubmitJobRequest = Message<"handoff.v1.SubmitJobRequest"> & {
  * Use `create(SubmitJobRequestSchema)` to create a new message.
  */
 export const SubmitJobRequestSchema: GenMessage<SubmitJobRequest> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 3);
+  messageDesc(file_handoff_v1_coordinator, 10);
 
 /**
  * @generated from message handoff.v1.SubmitJobResponse
@@ -213,7 +454,7 @@ export type SubmitJobResponse = Message<"handoff.v1.SubmitJobResponse"> & {
  * Use `create(SubmitJobResponseSchema)` to create a new message.
  */
 export const SubmitJobResponseSchema: GenMessage<SubmitJobResponse> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 4);
+  messageDesc(file_handoff_v1_coordinator, 11);
 
 /**
  * @generated from message handoff.v1.GetJobRequest
@@ -230,7 +471,7 @@ export type GetJobRequest = Message<"handoff.v1.GetJobRequest"> & {
  * Use `create(GetJobRequestSchema)` to create a new message.
  */
 export const GetJobRequestSchema: GenMessage<GetJobRequest> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 5);
+  messageDesc(file_handoff_v1_coordinator, 12);
 
 /**
  * @generated from message handoff.v1.GetJobResponse
@@ -255,7 +496,7 @@ export type GetJobResponse = Message<"handoff.v1.GetJobResponse"> & {
  * Use `create(GetJobResponseSchema)` to create a new message.
  */
 export const GetJobResponseSchema: GenMessage<GetJobResponse> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 6);
+  messageDesc(file_handoff_v1_coordinator, 13);
 
 /**
  * HopRecord is one line of a run's hop timeline: a hop to a stage, or a person's decision.
@@ -347,7 +588,7 @@ export type HopRecord = Message<"handoff.v1.HopRecord"> & {
  * Use `create(HopRecordSchema)` to create a new message.
  */
 export const HopRecordSchema: GenMessage<HopRecord> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 7);
+  messageDesc(file_handoff_v1_coordinator, 14);
 
 /**
  * @generated from message handoff.v1.ListJobsRequest
@@ -376,7 +617,7 @@ export type ListJobsRequest = Message<"handoff.v1.ListJobsRequest"> & {
  * Use `create(ListJobsRequestSchema)` to create a new message.
  */
 export const ListJobsRequestSchema: GenMessage<ListJobsRequest> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 8);
+  messageDesc(file_handoff_v1_coordinator, 15);
 
 /**
  * @generated from message handoff.v1.ListJobsResponse
@@ -398,7 +639,7 @@ export type ListJobsResponse = Message<"handoff.v1.ListJobsResponse"> & {
  * Use `create(ListJobsResponseSchema)` to create a new message.
  */
 export const ListJobsResponseSchema: GenMessage<ListJobsResponse> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 9);
+  messageDesc(file_handoff_v1_coordinator, 16);
 
 /**
  * @generated from message handoff.v1.WatchJobRequest
@@ -422,7 +663,7 @@ export type WatchJobRequest = Message<"handoff.v1.WatchJobRequest"> & {
  * Use `create(WatchJobRequestSchema)` to create a new message.
  */
 export const WatchJobRequestSchema: GenMessage<WatchJobRequest> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 10);
+  messageDesc(file_handoff_v1_coordinator, 17);
 
 /**
  * @generated from message handoff.v1.WatchJobResponse
@@ -439,7 +680,7 @@ export type WatchJobResponse = Message<"handoff.v1.WatchJobResponse"> & {
  * Use `create(WatchJobResponseSchema)` to create a new message.
  */
 export const WatchJobResponseSchema: GenMessage<WatchJobResponse> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 11);
+  messageDesc(file_handoff_v1_coordinator, 18);
 
 /**
  * Job is one run of a job through a pipeline, as the rail's durable state has it.
@@ -620,6 +861,23 @@ export type Job = Message<"handoff.v1.Job"> & {
    * @generated from field: handoff.v1.Claim claim = 29;
    */
   claim?: Claim | undefined;
+
+  /**
+   * W3C tracestate given at submit (SubmitJobRequest.trace.tracestate): it travels with the
+   * traceparent on every package and on the receipt.
+   *
+   * @generated from field: string tracestate = 30;
+   */
+  tracestate: string;
+
+  /**
+   * Memory refs the stages added (StageResult.memory_refs), in order, without repeats:
+   * carried on every package after memory_refs, which stay as submitted (the job's
+   * content).
+   *
+   * @generated from field: repeated string stage_memory_refs = 31;
+   */
+  stageMemoryRefs: string[];
 };
 
 /**
@@ -627,7 +885,7 @@ export type Job = Message<"handoff.v1.Job"> & {
  * Use `create(JobSchema)` to create a new message.
  */
 export const JobSchema: GenMessage<Job> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 12);
+  messageDesc(file_handoff_v1_coordinator, 19);
 
 /**
  * Transfer is one move of a run from one stage to another: a one-way hand-over of the
@@ -683,7 +941,7 @@ export type Transfer = Message<"handoff.v1.Transfer"> & {
  * Use `create(TransferSchema)` to create a new message.
  */
 export const TransferSchema: GenMessage<Transfer> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 13);
+  messageDesc(file_handoff_v1_coordinator, 20);
 
 /**
  * Escalation says why the rail stopped and handed the run to a person.
@@ -742,7 +1000,7 @@ export type Escalation = Message<"handoff.v1.Escalation"> & {
  * Use `create(EscalationSchema)` to create a new message.
  */
 export const EscalationSchema: GenMessage<Escalation> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 14);
+  messageDesc(file_handoff_v1_coordinator, 21);
 
 /**
  * Delivery is the outcome of POSTing an escalation to its route's webhook.
@@ -797,7 +1055,7 @@ export type Delivery = Message<"handoff.v1.Delivery"> & {
  * Use `create(DeliverySchema)` to create a new message.
  */
 export const DeliverySchema: GenMessage<Delivery> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 15);
+  messageDesc(file_handoff_v1_coordinator, 22);
 
 /**
  * JobEvent is one entry on a run's timeline.
@@ -909,6 +1167,20 @@ export type JobEvent = Message<"handoff.v1.JobEvent"> & {
    * @generated from field: handoff.v1.Delivery delivery = 18;
    */
   delivery?: Delivery | undefined;
+
+  /**
+   * On EVENT_KIND_PACKAGE_SENT: the exact package sent, the one the stage started from
+   * (at most 64 KiB by contract): package for handoff.v1 and for the writeback,
+   * package_v2 for a handoff.v2 hop. Kept once, on this event only.
+   *
+   * @generated from field: handoff.v1.HandoffPackage package = 19;
+   */
+  package?: HandoffPackage | undefined;
+
+  /**
+   * @generated from field: handoff.v2.HandoffPackage package_v2 = 20;
+   */
+  packageV2?: HandoffPackage$1 | undefined;
 };
 
 /**
@@ -916,7 +1188,7 @@ export type JobEvent = Message<"handoff.v1.JobEvent"> & {
  * Use `create(JobEventSchema)` to create a new message.
  */
 export const JobEventSchema: GenMessage<JobEvent> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 16);
+  messageDesc(file_handoff_v1_coordinator, 23);
 
 /**
  * @generated from message handoff.v1.ListEscalationsRequest
@@ -938,7 +1210,7 @@ export type ListEscalationsRequest = Message<"handoff.v1.ListEscalationsRequest"
  * Use `create(ListEscalationsRequestSchema)` to create a new message.
  */
 export const ListEscalationsRequestSchema: GenMessage<ListEscalationsRequest> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 17);
+  messageDesc(file_handoff_v1_coordinator, 24);
 
 /**
  * @generated from message handoff.v1.ListEscalationsResponse
@@ -960,7 +1232,7 @@ export type ListEscalationsResponse = Message<"handoff.v1.ListEscalationsRespons
  * Use `create(ListEscalationsResponseSchema)` to create a new message.
  */
 export const ListEscalationsResponseSchema: GenMessage<ListEscalationsResponse> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 18);
+  messageDesc(file_handoff_v1_coordinator, 25);
 
 /**
  * @generated from message handoff.v1.ResolveEscalationRequest
@@ -1043,7 +1315,7 @@ export type ResolveEscalationRequest = Message<"handoff.v1.ResolveEscalationRequ
  * Use `create(ResolveEscalationRequestSchema)` to create a new message.
  */
 export const ResolveEscalationRequestSchema: GenMessage<ResolveEscalationRequest> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 19);
+  messageDesc(file_handoff_v1_coordinator, 26);
 
 /**
  * Edited artifact text: stored as a new version of the run's latest artifact of the stage's
@@ -1063,7 +1335,7 @@ export type ApproveAction = Message<"handoff.v1.ApproveAction"> & {
  * Use `create(ApproveActionSchema)` to create a new message.
  */
 export const ApproveActionSchema: GenMessage<ApproveAction> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 20);
+  messageDesc(file_handoff_v1_coordinator, 27);
 
 /**
  * @generated from message handoff.v1.ReturnToStageAction
@@ -1094,7 +1366,7 @@ export type ReturnToStageAction = Message<"handoff.v1.ReturnToStageAction"> & {
  * Use `create(ReturnToStageActionSchema)` to create a new message.
  */
 export const ReturnToStageActionSchema: GenMessage<ReturnToStageAction> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 21);
+  messageDesc(file_handoff_v1_coordinator, 28);
 
 /**
  * Grant is what a person adds to a run's wallet: the only way a wallet grows.
@@ -1125,7 +1397,7 @@ export type Grant = Message<"handoff.v1.Grant"> & {
  * Use `create(GrantSchema)` to create a new message.
  */
 export const GrantSchema: GenMessage<Grant> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 22);
+  messageDesc(file_handoff_v1_coordinator, 29);
 
 /**
  * @generated from message handoff.v1.FailAction
@@ -1142,7 +1414,7 @@ export type FailAction = Message<"handoff.v1.FailAction"> & {
  * Use `create(FailActionSchema)` to create a new message.
  */
 export const FailActionSchema: GenMessage<FailAction> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 23);
+  messageDesc(file_handoff_v1_coordinator, 30);
 
 /**
  * @generated from message handoff.v1.RejectMalformedAction
@@ -1159,7 +1431,7 @@ export type RejectMalformedAction = Message<"handoff.v1.RejectMalformedAction"> 
  * Use `create(RejectMalformedActionSchema)` to create a new message.
  */
 export const RejectMalformedActionSchema: GenMessage<RejectMalformedAction> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 24);
+  messageDesc(file_handoff_v1_coordinator, 31);
 
 /**
  * Resolution is the record of a person's decision on an escalated run.
@@ -1244,7 +1516,7 @@ export type Resolution = Message<"handoff.v1.Resolution"> & {
  * Use `create(ResolutionSchema)` to create a new message.
  */
 export const ResolutionSchema: GenMessage<Resolution> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 25);
+  messageDesc(file_handoff_v1_coordinator, 32);
 
 /**
  * @generated from message handoff.v1.ResolveEscalationResponse
@@ -1283,7 +1555,155 @@ export type ResolveEscalationResponse = Message<"handoff.v1.ResolveEscalationRes
  * Use `create(ResolveEscalationResponseSchema)` to create a new message.
  */
 export const ResolveEscalationResponseSchema: GenMessage<ResolveEscalationResponse> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 26);
+  messageDesc(file_handoff_v1_coordinator, 33);
+
+/**
+ * Question is one of the five.
+ *
+ * @generated from enum handoff.v1.Question
+ */
+export enum Question {
+  /**
+   * @generated from enum value: QUESTION_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * Was job_id the same on the package, its ack and its result as on the run?
+   *
+   * @generated from enum value: QUESTION_SAME_JOB = 1;
+   */
+  SAME_JOB = 1,
+
+  /**
+   * Which required field was missing (from the ack's reasons)?
+   *
+   * @generated from enum value: QUESTION_REQUIRED_FIELD = 2;
+   */
+  REQUIRED_FIELD = 2,
+
+  /**
+   * Which evaluator state did the stage start with; did it start as if a failed judge had
+   * passed?
+   *
+   * @generated from enum value: QUESTION_EVALUATOR = 3;
+   */
+  EVALUATOR = 3,
+
+  /**
+   * Did the stage call a tool that an earlier stage had already burned?
+   *
+   * @generated from enum value: QUESTION_BURNED_TOOLS = 4;
+   */
+  BURNED_TOOLS = 4,
+
+  /**
+   * Which artifacts did the stage read, against the ones it was given?
+   *
+   * @generated from enum value: QUESTION_ARTIFACTS_READ = 5;
+   */
+  ARTIFACTS_READ = 5,
+}
+
+/**
+ * Describes the enum handoff.v1.Question.
+ */
+export const QuestionSchema: GenEnum<Question> = /*@__PURE__*/
+  enumDesc(file_handoff_v1_coordinator, 0);
+
+/**
+ * Finding is the verdict of one answer.
+ *
+ * @generated from enum handoff.v1.Finding
+ */
+export enum Finding {
+  /**
+   * @generated from enum value: FINDING_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * The hop is fine on this question.
+   *
+   * @generated from enum value: FINDING_OK = 1;
+   */
+  OK = 1,
+
+  /**
+   * The hop broke the rule the question asks about.
+   *
+   * @generated from enum value: FINDING_VIOLATION = 2;
+   */
+  VIOLATION = 2,
+
+  /**
+   * The question does not arise for the hop (no result, no tools, a writeback).
+   *
+   * @generated from enum value: FINDING_NOT_APPLICABLE = 3;
+   */
+  NOT_APPLICABLE = 3,
+
+  /**
+   * The events do not hold what the answer needs (an event written before packages were
+   * kept).
+   *
+   * @generated from enum value: FINDING_UNKNOWN = 4;
+   */
+  UNKNOWN = 4,
+}
+
+/**
+ * Describes the enum handoff.v1.Finding.
+ */
+export const FindingSchema: GenEnum<Finding> = /*@__PURE__*/
+  enumDesc(file_handoff_v1_coordinator, 1);
+
+/**
+ * ViolationKind is what a hop broke.
+ *
+ * @generated from enum handoff.v1.ViolationKind
+ */
+export enum ViolationKind {
+  /**
+   * @generated from enum value: VIOLATION_KIND_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * The stage started without the failed verdict a judge had given, or with a PASS no
+   * judge gave.
+   *
+   * @generated from enum value: VIOLATION_KIND_SILENT_RESET = 1;
+   */
+  SILENT_RESET = 1,
+
+  /**
+   * A revision byte-identical to the draft the judge rejected.
+   *
+   * @generated from enum value: VIOLATION_KIND_STALE_PLAN = 2;
+   */
+  STALE_PLAN = 2,
+
+  /**
+   * The stage called again a tool an earlier stage had recorded as failed.
+   *
+   * @generated from enum value: VIOLATION_KIND_BURNED_TOOL_RETRIED = 3;
+   */
+  BURNED_TOOL_RETRIED = 3,
+
+  /**
+   * The package's goal or constraints differ from the run's, fixed at submit.
+   *
+   * @generated from enum value: VIOLATION_KIND_GOAL_CHANGED = 4;
+   */
+  GOAL_CHANGED = 4,
+}
+
+/**
+ * Describes the enum handoff.v1.ViolationKind.
+ */
+export const ViolationKindSchema: GenEnum<ViolationKind> = /*@__PURE__*/
+  enumDesc(file_handoff_v1_coordinator, 2);
 
 /**
  * @generated from enum handoff.v1.JobState
@@ -1323,7 +1743,7 @@ export enum JobState {
  * Describes the enum handoff.v1.JobState.
  */
 export const JobStateSchema: GenEnum<JobState> = /*@__PURE__*/
-  enumDesc(file_handoff_v1_coordinator, 0);
+  enumDesc(file_handoff_v1_coordinator, 3);
 
 /**
  * @generated from enum handoff.v1.EscalationCause
@@ -1413,13 +1833,22 @@ export enum EscalationCause {
    * @generated from enum value: ESCALATION_CAUSE_DESK_FULL = 13;
    */
   DESK_FULL = 13,
+
+  /**
+   * The stage's revision was byte-identical to the draft the judge rejected, and the
+   * pipeline escalates such a stale plan (stale_revision: escalate), or the stage sent the
+   * same bytes again after the rail sent it back once.
+   *
+   * @generated from enum value: ESCALATION_CAUSE_STALE_PLAN = 14;
+   */
+  STALE_PLAN = 14,
 }
 
 /**
  * Describes the enum handoff.v1.EscalationCause.
  */
 export const EscalationCauseSchema: GenEnum<EscalationCause> = /*@__PURE__*/
-  enumDesc(file_handoff_v1_coordinator, 1);
+  enumDesc(file_handoff_v1_coordinator, 4);
 
 /**
  * @generated from enum handoff.v1.EventKind
@@ -1494,7 +1923,7 @@ export enum EventKind {
  * Describes the enum handoff.v1.EventKind.
  */
 export const EventKindSchema: GenEnum<EventKind> = /*@__PURE__*/
-  enumDesc(file_handoff_v1_coordinator, 2);
+  enumDesc(file_handoff_v1_coordinator, 5);
 
 /**
  * @generated from enum handoff.v1.ResolutionAction
@@ -1530,7 +1959,7 @@ export enum ResolutionAction {
  * Describes the enum handoff.v1.ResolutionAction.
  */
 export const ResolutionActionSchema: GenEnum<ResolutionAction> = /*@__PURE__*/
-  enumDesc(file_handoff_v1_coordinator, 3);
+  enumDesc(file_handoff_v1_coordinator, 6);
 
 /**
  * @generated from service handoff.v1.CoordinatorService
@@ -1617,6 +2046,21 @@ export const CoordinatorService: GenService<{
     methodKind: "unary";
     input: typeof ClaimEscalationRequestSchema;
     output: typeof ClaimEscalationResponseSchema;
+  },
+  /**
+   * ExplainJob answers, for each hop of a run, the five questions of a hop that lost its
+   * context (same job_id? which required field was missing? which evaluator state did the
+   * stage start with? did it call a tool an earlier stage had burned? which artifacts did
+   * it read against the ones it was given?), each with a finding and its evidence (field
+   * paths, stages, artifact URIs), read from the run's events and never by printing a
+   * package; and it lists the run's violations. Same callers as GetJob.
+   *
+   * @generated from rpc handoff.v1.CoordinatorService.ExplainJob
+   */
+  explainJob: {
+    methodKind: "unary";
+    input: typeof ExplainJobRequestSchema;
+    output: typeof ExplainJobResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_handoff_v1_coordinator, 0);
