@@ -132,6 +132,9 @@ func (l *linter) pipeline() {
 	case p.MaxRevisions > 0 && !hasJudge && len(p.Stages) > 0:
 		l.warnAt("max-revisions", fmt.Sprintf("max_revisions is %d but no stage is a judge: nothing ever sends work back for revision", p.MaxRevisions), "max_revisions")
 	}
+	if p.StaleRevision != "" && p.StaleRevision != StaleRevise && p.StaleRevision != StaleEscalate {
+		l.errorAt("stale-revision", fmt.Sprintf("stale_revision is %q: it must be %q (back to the reviser once, the default) or %q (escalate STALE_PLAN at once)", p.StaleRevision, StaleRevise, StaleEscalate), "stale_revision")
+	}
 	if p.MaxBounces < 0 {
 		l.errorAt("max-bounces", fmt.Sprintf("max_bounces is %d: it must be 0 or more (how often a job may be handed back between the same two stages before it escalates; default %d)", p.MaxBounces, DefaultMaxBounces), "max_bounces")
 	}

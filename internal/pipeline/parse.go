@@ -19,7 +19,7 @@ type position struct{ line, col int }
 
 // The fields each mapping may have, in the order the messages list them.
 var (
-	pipelineFields   = []string{"name", "description", "max_hops", "max_revisions", "max_bounces", "escalation", "mcp_servers", "prices", "tools", "stages"}
+	pipelineFields   = []string{"name", "description", "max_hops", "max_revisions", "max_bounces", "stale_revision", "escalation", "mcp_servers", "prices", "tools", "stages"}
 	escalationFields = []string{"route", "max_grant", "max_open_escalations", "when_full", "webhook"}
 	grantFields      = []string{"hops", "revisions", "usd_micros"}
 	toolFields       = []string{"name", "access", "system", "mcp"}
@@ -39,7 +39,7 @@ var (
 // problems, sorted by position, next to the pipeline as far as it could be read; use
 // HasErrors to decide whether it may run.
 func Parse(name string, data []byte) (*Pipeline, []Problem, error) {
-	p := &Pipeline{Source: name, MaxBounces: DefaultMaxBounces, pos: map[string]position{}, bad: map[string]bool{}}
+	p := &Pipeline{Source: name, MaxBounces: DefaultMaxBounces, StaleRevision: StaleRevise, pos: map[string]position{}, bad: map[string]bool{}}
 	d := &decoder{p: p, file: name}
 
 	dec := yaml.NewDecoder(bytes.NewReader(data))
@@ -126,6 +126,8 @@ func (d *decoder) pipeline(root *yaml.Node) {
 			p.MaxRevisions = d.int(v, "max_revisions", "max_revisions")
 		case "max_bounces":
 			p.MaxBounces = d.int(v, "max_bounces", "max_bounces")
+		case "stale_revision":
+			p.StaleRevision = d.str(v, "stale_revision", "stale_revision")
 		case "escalation":
 			d.mapping(v, "escalation", "escalation", escalationFields, func(key string, v *yaml.Node) {
 				switch key {

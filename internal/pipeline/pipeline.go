@@ -68,7 +68,13 @@ type Pipeline struct {
 	// it escalates (PING_PONG): A to B is a transfer, each further transfer between A and B
 	// a bounce. Parse sets DefaultMaxBounces when the file leaves it out.
 	MaxBounces int
-	Escalation Escalation
+	// StaleRevision is what the rail does with a revision byte-identical (same sha256) to
+	// the draft the judge rejected: StaleRevise (the default) sends it back to the reviser
+	// once with the failure "revision identical to the rejected draft", and escalates
+	// STALE_PLAN if it comes back identical again; StaleEscalate escalates STALE_PLAN at
+	// once ("" is StaleRevise). Either way it never goes to the judge again.
+	StaleRevision string
+	Escalation    Escalation
 	// MCPServers are the tool servers the catalogue's tools are served by.
 	MCPServers []MCPServer
 	// Prices is the model price table of its model stages, in integer micro-USD.
@@ -201,6 +207,12 @@ const (
 	ToEscalate = "escalate"
 	// ToEnd completes the job: only where no write is owed.
 	ToEnd = "end"
+)
+
+// StaleRevision values (stale_revision:).
+const (
+	StaleRevise   = "revise"
+	StaleEscalate = "escalate"
 )
 
 // DefaultMaxBounces is MaxBounces when a file does not set it.

@@ -398,6 +398,9 @@ func (s *Server) apply(ctx context.Context, job *handoffv1.Job, p *pipeline.Pipe
 			return err
 		}
 	}
+	if t.Stale {
+		job.Evaluator = withStaleFailure(job.GetEvaluator())
+	}
 	if t.Transfer != nil {
 		job.Transfers = append(job.Transfers, t.Transfer)
 		if ev != nil {

@@ -66,8 +66,14 @@ type recorder struct {
 	failFirst int
 	// proceed, when set, holds every call until it is closed.
 	proceed chan struct{}
-	mu      sync.Mutex
-	got     []*handoffv1.HandoffPackage
+	// same: the first same calls write the same bytes (a reviser that changes nothing);
+	// every other call writes a note of its own.
+	same int
+	// questions, resolved and refs are the result's open_questions, resolved_questions
+	// and memory_refs.
+	questions, resolved, refs []string
+	mu                        sync.Mutex
+	got                       []*handoffv1.HandoffPackage
 }
 
 func (r *recorder) Card() agentrunner.RoleCard { return agentrunner.RoleCard{Name: r.name} }
@@ -90,12 +96,16 @@ func (r *recorder) Run(ctx context.Context, in agentrunner.Input) (*handoffv1.St
 			return nil, ctx.Err()
 		}
 	}
-	res := &handoffv1.StageResult{SpentUsdMicros: r.spend}
+	res := &handoffv1.StageResult{SpentUsdMicros: r.spend, OpenQuestions: r.questions, ResolvedQuestions: r.resolved, MemoryRefs: r.refs}
 	if n < r.failFirst {
 		return &handoffv1.StageResult{Status: handoffv1.StageStatus_STAGE_STATUS_FAILED, Error: "model timed out"}, nil
 	}
 	if r.verdicts == nil {
-		a, err := in.Artifacts.Put(ctx, artifact.Ref{JobID: in.Package.GetJobId(), Stage: r.name, Round: in.Round, Type: "note", SchemaVersion: "note.v1", MediaType: "text/plain"}, []byte("a note"))
+		note := []byte(fmt.Sprintf("a note (call %d)", n+1))
+		if n < r.same {
+			note = []byte("the same note")
+		}
+		a, err := in.Artifacts.Put(ctx, artifact.Ref{JobID: in.Package.GetJobId(), Stage: r.name, Round: in.Round, Type: "note", SchemaVersion: "note.v1", MediaType: "text/plain"}, note)
 		if err != nil {
 			return nil, err
 		}

@@ -78,6 +78,9 @@ type transition struct {
 	Reasons    []*handoffv1.Reason
 	// Artifact is what a writeback hop writes (actSend at a writeback stage).
 	Artifact *handoffv1.Artifact
+	// Stale: the move sends an identical revision back to its reviser (stale.go); the
+	// evaluator gets the failure that says so.
+	Stale bool
 }
 
 // stepWallet is one step's wallet arithmetic. The run's wallet (job.wallet) mirrors the
@@ -215,6 +218,9 @@ func afterAgent(p *pipeline.Pipeline, st *pipeline.Stage, job *handoffv1.Job, w 
 	}
 	if st.IsJudge() {
 		return afterJudge(p, st, job, w, res)
+	}
+	if t, stale := staleRevision(p, st, job, res); stale {
+		return t
 	}
 	r := res.GetRoute()
 	if len(st.Routes) == 0 {

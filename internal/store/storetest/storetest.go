@@ -38,6 +38,7 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 	t.Run("IdempotencyEdges", func(t *testing.T) { testIdempotencyEdges(t, newStore(t)) })
 	t.Run("Admit", func(t *testing.T) { testAdmit(t, newStore(t)) })
 	t.Run("ConcurrentAdmit", func(t *testing.T) { testConcurrentAdmit(t, newStore(t)) })
+	t.Run("Verdicts", func(t *testing.T) { testVerdicts(t, newStore(t)) })
 	t.Run("Leases", func(t *testing.T) { s := newStore(t); RunLeases(t, s, s) })
 	t.Run("Fence", func(t *testing.T) { testFence(t, newStore(t)) })
 }
