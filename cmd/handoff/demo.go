@@ -26,7 +26,9 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 	}
 	var f stackFlags
 	var pipelineName, v2Stages string
+	var explain bool
 	b := config.New(fs)
+	fs.BoolVar(&explain, "explain", false, "after the demo, explain its first run hop by hop (handoff explain): five answers per hop, no package printed")
 	b.String(&pipelineName, "pipeline", "HANDOFF_DEMO_PIPELINE", demo.Pipeline, "the shipped pipeline to run: "+demo.Pipeline+" or "+demo.TriagePipeline)
 	b.String(&v2Stages, "v2-stage", "HANDOFF_DEMO_V2_STAGE", "", "comma-separated agents (stages) of the runner that also read handoff.v2, e.g. draft")
 	// Free ports and a fresh folder by default, so the demo runs beside `handoff up`.
@@ -87,6 +89,15 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 	if res.First.GetState() != handoffv1.JobState_JOB_STATE_COMPLETED || len(writes) != 1 {
 		fmt.Fprintf(stderr, "handoff demo: expected a completed job and exactly one write; got %s and %d writes\n", res.First.GetState(), len(writes))
 		return 1
+	}
+	if explain {
+		resp, err := handoffv1.NewCoordinatorServiceClient(cc).ExplainJob(ctx, &handoffv1.ExplainJobRequest{RunId: res.First.GetRunId()})
+		if err != nil {
+			fmt.Fprintln(stderr, "handoff demo: explain:", err)
+			return 1
+		}
+		fmt.Fprintln(stdout)
+		printExplanation(stdout, resp.GetExplanation())
 	}
 	return 0
 }

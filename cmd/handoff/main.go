@@ -22,6 +22,7 @@ var commands = []struct{ name, synopsis, what string }{
 	{"chaos", "[--jobs N] [--kills N] [--json]", "break a multi-process deployment while jobs run; count lost jobs and double writes"},
 	{"replay", "[--n 1000] [--invalid 0.10] [--duplicate 0.05] [--runner ADDR] [--json]", "replay generated packages as hops; check every ack, write, trace"},
 	{"bench", "[--duration 3s] [--redis ADDR] [--json]", "measure a hop with and without the platform, and the targets"},
+	{"explain", "[--coordinator ADDR] [--json] RUN_ID", "answer the five questions of every hop of a run, with evidence; flag violations"},
 	{"contract", "check-data --store URL --rule FILE.proto", "report stored package values a candidate rule would reject"},
 	{"store", "migrate --store redis://HOST:PORT", "move a Redis store of an older release to the hash-tagged key layout"},
 }
@@ -73,6 +74,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return runUp(rest, stdout, stderr)
 	case "demo":
 		return runDemo(rest, stdout, stderr)
+	case "explain":
+		return runExplain(rest, stdout, stderr)
 	case "certs":
 		return runCerts(rest, stdout, stderr)
 	case "keys":
