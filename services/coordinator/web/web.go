@@ -319,6 +319,10 @@ func (h *Handler) job(w http.ResponseWriter, r *http.Request) {
 	if aerr != nil {
 		d["ArtifactError"] = aerr.Error()
 	}
+	// The five questions per hop (ExplainJob: GetJob's callers, from the same events).
+	if ex, err := h.srv.ExplainJob(c, &handoffv1.ExplainJobRequest{RunId: job.GetRunId()}); err == nil {
+		d["Explanation"] = ex.GetExplanation()
+	}
 	if dl, err := h.srv.Delivery(c, job); err == nil && dl != nil {
 		d["Delivery"] = dl
 	}

@@ -245,7 +245,10 @@ func TestJobPageShowsTheRoute(t *testing.T) {
 	if r.StatusCode != http.StatusOK {
 		t.Fatalf("job page: %d %s", r.StatusCode, body)
 	}
-	for _, want := range []string{`<table id="route">`, "<td>intake</td><td><code>unclear</code></td><td>escalate</td>", "neither a billing nor a technical ticket", "<td>NORMAL</td>", "ROUTED"} {
+	for _, want := range []string{`<table id="route">`, "<td>intake</td><td><code>unclear</code></td><td>escalate</td>", "neither a billing nor a technical ticket", "<td>NORMAL</td>", "ROUTED",
+		// The hop explained: five answers, with the artifact it read as evidence.
+		`<table id="explanation">`, `<td>1</td><td>intake</td><td>SAME_JOB</td><td class="ok">OK</td>`, "<td>ARTIFACTS_READ</td>",
+		"<code>result.artifacts_read</code> <code>" + in.GetUri() + "</code> (read, given)", `<p id="violations" class="ok">`} {
 		if !strings.Contains(body, want) {
 			t.Errorf("job page lacks %q:\n%s", want, body)
 		}
