@@ -58,8 +58,11 @@ import (
 //     not done, not in flight) pays. An empty wallet -> REJECTED_BUDGET (rule
 //     "budget.empty"); a wallet_id that is not a wallet of the package's job in this
 //     store (unknown, another job's) -> REJECTED_BUDGET (field "budget.wallet_id", rule
-//     "budget.wallet"), checked in the same Admit as the claim. Either way the agent is
-//     not called and the claim above is released.
+//     "budget.wallet"), checked in the same Admit as the claim. So is a silent reset: after
+//     a FAIL recorded for the wallet, a package without evaluator.last_verdict or claiming
+//     a PASS no judge gave -> REJECTED_SCHEMA (field "evaluator.last_verdict", rule
+//     "evaluator.reset"), also when its completion key is done (an earlier round's). Either
+//     way the agent is not called and the claim above is released.
 //
 // Then the handler: Deliver sends ACCEPTED and runs the agent; Check looks the completion
 // key up (DUPLICATE / Aborted / ACCEPTED). Check's chain is the same without step 3.

@@ -31,6 +31,9 @@
 //   - No wallet_id (a package sent by hand): the package's own numbers are checked
 //     (usd_remaining_micros == 0, hops_remaining == 0: one reason per empty field); nothing
 //     is debited and ack.wallet is left nil.
+//   - The context's debit was refused as a silent reset (store.ErrSilentReset, found by
+//     the runner's Admit in the same round trip): the package is rejected REJECTED_SCHEMA
+//     (field "evaluator.last_verdict", rule RuleReset) by PackageAckRejecter.
 //   - Any other store error is codes.Unavailable ("wallet store: ..."), a cancelled or
 //     expired call its context's code: the interceptor fails closed and never lets a package
 //     through unchecked.
