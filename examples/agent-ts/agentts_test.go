@@ -283,10 +283,9 @@ func TestTypeScriptDrafter(t *testing.T) {
 
 		var draftAcks, verdicts []string
 		var drafts []*handoffv1.StageResult
-		// What each draft package carried besides the artifacts: the open questions of the
-		// result before it and the judge's evaluator (for the Go drafter to redo the draft).
-		var lastResult *handoffv1.StageResult
-		var lastEval *handoffv1.Evaluator
+		// What each draft package carried besides the artifacts: its open questions and the
+		// judge's evaluator, read from the package its PACKAGE_SENT event kept (for the Go
+		// drafter to redo the draft).
 		type carried struct {
 			open []string
 			ev   *handoffv1.Evaluator
@@ -294,13 +293,7 @@ func TestTypeScriptDrafter(t *testing.T) {
 		var draftIn []carried
 		for _, ev := range evs {
 			if ev.GetKind() == handoffv1.EventKind_EVENT_KIND_PACKAGE_SENT && ev.GetStage() == "draft" {
-				draftIn = append(draftIn, carried{lastResult.GetOpenQuestions(), lastEval})
-			}
-			if ev.GetKind() == handoffv1.EventKind_EVENT_KIND_STAGE_RESULT {
-				lastResult = ev.GetResult()
-			}
-			if ev.GetKind() == handoffv1.EventKind_EVENT_KIND_VERDICT {
-				lastEval = ev.GetEvaluator()
+				draftIn = append(draftIn, carried{ev.GetPackage().GetOpenQuestions(), ev.GetPackage().GetEvaluator()})
 			}
 			switch {
 			case ev.GetStage() == "draft" && ev.GetKind() == handoffv1.EventKind_EVENT_KIND_ACK:

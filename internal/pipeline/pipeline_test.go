@@ -118,6 +118,7 @@ func TestLintFixtures(t *testing.T) {
 		{file: "limits.yaml", errors: []want{
 			{"escalation", 2, "escalation.route is required"},
 			{"max-revisions", 4, "max_revisions is -1"},
+			{"stale-revision", 5, `stale_revision is "sometimes": it must be "revise"`},
 		}},
 		{file: "no_stages.yaml", errors: []want{
 			{"no-stages", 10, "the pipeline has no stages"},
