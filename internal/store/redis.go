@@ -37,8 +37,11 @@ package store
 //	{<id>}:wallet           hash    fields usd, revisions, hops: decimal integers, so the
 //	                                Debit script does exact integer arithmetic on them; job:
 //	                                the job_id the wallet belongs to (absent in wallets
-//	                                opened before wallets recorded it); and a field
-//	                                paid:<idempotency key> for each hop Admit debited.
+//	                                opened before wallets recorded it); a field
+//	                                paid:<idempotency key> for each hop Admit debited;
+//	                                and the run's verdicts (RecordVerdict, verdicts.go):
+//	                                vfailed "1" once a FAIL was recorded, vlast the last
+//	                                verdict's number, which Admit checks (ErrSilentReset).
 //	{<name>}:lease          string  a lease's owner, expiring with the lease (redis_lease.go).
 //	{<run_id>}:fence        string  the run's fence epoch (INCR by FenceRun), checked by
 //	                                PutRunFenced in the script that saves the run.
