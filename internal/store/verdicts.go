@@ -25,6 +25,11 @@ type Verdicts interface {
 	// run's last verdict, and that it failed once if v is FAIL. ErrNotFound when there is
 	// no such wallet. Recording the same verdict again changes nothing.
 	RecordVerdict(ctx context.Context, id string, v handoffv1.Verdict) error
+	// ResetsVerdict reports, in one read, whether a package of job claiming verdict
+	// claimed is a silent reset for wallet id (what Admit's check refuses): false for a
+	// wallet that is not job's, or none. AgentRunnerService/Check asks it, so Check answers
+	// what Deliver would.
+	ResetsVerdict(ctx context.Context, id, job string, claimed handoffv1.Verdict) (bool, error)
 }
 
 // verdictState is what is kept per wallet: whether a FAIL was ever recorded, and the last
@@ -54,6 +59,18 @@ func boltVerdicts(tx *bolt.Tx, id string) verdictState {
 		return verdictState{}
 	}
 	return verdictState{failed: b[0] == 1, last: handoffv1.Verdict(b[1])}
+}
+
+func (s *Bolt) ResetsVerdict(_ context.Context, id, job string, claimed handoffv1.Verdict) (bool, error) {
+	var reset bool
+	err := s.db.View(func(tx *bolt.Tx) error {
+		if walletJobOK(tx, id, job) != nil {
+			return nil
+		}
+		reset = boltVerdicts(tx, id).resets(claimed)
+		return nil
+	})
+	return reset, err
 }
 
 func (s *Bolt) RecordVerdict(_ context.Context, id string, v handoffv1.Verdict) error {
@@ -92,14 +109,22 @@ redis.call('HSET', KEYS[1], 'vlast', ARGV[1])
 return 1
 `)
 
-// checkVerdictScript is the verdict check alone, for a held key on Redis Cluster (where the
-// claim's script cannot read the wallet's slot). KEYS wallet; ARGV claimed, job. Reply 1
+// checkVerdictScript is the verdict check alone: for a held key on Redis Cluster (where the
+// claim's script cannot read the wallet's slot), and for Check (ResetsVerdict). KEYS wallet; ARGV claimed, job. Reply 1
 // when the package resets, 0 otherwise (also for another job's wallet: nothing is said).
 var checkVerdictScript = redis.NewScript(debitLua + verdictLua + `
 if jobRefused(KEYS[1], ARGV[2]) then return 0 end
 if resets(KEYS[1], ARGV[1], '1') then return 1 end
 return 0
 `)
+
+func (s *Redis) ResetsVerdict(ctx context.Context, id, job string, claimed handoffv1.Verdict) (bool, error) {
+	n, err := checkVerdictScript.Run(ctx, s.rdb, []string{s.key("wallet", id)}, int32(claimed), job).Int()
+	if err != nil {
+		return false, s.errf("check the verdicts of wallet %s: %w", id, err)
+	}
+	return n == 1, nil
+}
 
 func (s *Redis) RecordVerdict(ctx context.Context, id string, v handoffv1.Verdict) error {
 	n, err := recordVerdictScript.Run(ctx, s.rdb, []string{s.key("wallet", id)}, int32(v)).Int()

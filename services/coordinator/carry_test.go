@@ -240,6 +240,25 @@ func TestSilentResetRefused(t *testing.T) {
 					"draft:PACKAGE_SENT", "draft:ACK:ACCEPTED", "draft:STAGE_RESULT", "judge:PACKAGE_SENT", "judge:ACK:ACCEPTED",
 					"judge:STAGE_RESULT", "judge:VERDICT:FAIL", "draft:PACKAGE_SENT", "draft:ACK:REJECTED_SCHEMA", "draft:ESCALATED:REJECTED_SCHEMA"}
 				testkit.Equal(t, kinds(evs), want, "timeline")
+				// Check answers what Deliver did: the refused package, as its PACKAGE_SENT
+				// kept it, is REJECTED_SCHEMA naming evaluator.last_verdict, and costs nothing.
+				var refused *handoffv1.HandoffPackage
+				for _, ev := range evs {
+					if ev.GetKind() == handoffv1.EventKind_EVENT_KIND_PACKAGE_SENT {
+						refused = ev.GetPackage()
+					}
+				}
+				cc, err := e.st.DialAs(e.st.RunnerAddr, "coordinator")
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp, err := handoffv1.NewAgentRunnerServiceClient(cc).Check(context.Background(), &handoffv1.CheckRequest{Package: refused})
+				if err != nil || resp.GetAck().GetStatus() != handoffv1.AckStatus_ACK_STATUS_REJECTED_SCHEMA || resp.GetAck().GetReasons()[0].GetField() != "evaluator.last_verdict" {
+					t.Errorf("Check of the refused package = %v, %v; want REJECTED_SCHEMA naming evaluator.last_verdict", resp.GetAck(), err)
+				}
+				if draft.calls() != 1 {
+					t.Errorf("Check ran the agent: %d draft calls", draft.calls())
+				}
 			})
 		})
 	}

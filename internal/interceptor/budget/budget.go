@@ -20,7 +20,9 @@
 //     again, not even to name the empty part of a refused debit.
 //   - The wallet is the job's and the method does not debit (AgentRunnerService/Check):
 //     the stored wallet is read (WalletFor) and the package rejected when it has no hops or
-//     no money; nothing is taken and ack.wallet is left alone.
+//     no money, or, when the store keeps verdicts (store.Verdicts), when it is a silent
+//     reset (REJECTED_SCHEMA, as Deliver answers it); nothing is taken and ack.wallet is
+//     left alone.
 //   - budget.wallet_id names a wallet this store does not hold (store.ErrNotFound), or one
 //     of another job, or one that records no job (store.ErrWrongJob): the package is
 //     rejected (REJECTED_BUDGET, field "budget.wallet_id", rule "budget.wallet"), fail
@@ -268,6 +270,16 @@ func check(ctx context.Context, w store.Wallets, pkg *handoffv1.HandoffPackage, 
 		cur, err := w.WalletFor(ctx, id, job)
 		switch {
 		case err == nil:
+			// What Deliver's admission would refuse first: a silent reset.
+			if v, ok := w.(store.Verdicts); ok {
+				reset, err := v.ResetsVerdict(ctx, id, job, pkg.GetEvaluator().GetLastVerdict())
+				if err != nil {
+					return nil, nil, storeError(err)
+				}
+				if reset {
+					return nil, []*handoffv1.Reason{resetReason(pkg)}, nil
+				}
+			}
 			return nil, emptyParts(cur, fmt.Sprintf("wallet %q", id)), nil
 		case errors.Is(err, store.ErrNotFound), errors.Is(err, store.ErrWrongJob):
 			return nil, notJobs(id, job), nil

@@ -84,6 +84,17 @@ func testVerdicts(t *testing.T, s store.Store) {
 	if a, err := s.Admit(ctx, "kv-done", time.Minute, "wv", d); err != nil || a.State != store.Done || a.DebitErr != nil {
 		t.Fatalf("a carried FAIL on a done key: %+v, %v; want Done, no error", a, err)
 	}
+	// The same rule read alone (Check): a reset for this job, nothing for another job's
+	// wallet or a missing one.
+	for _, tc := range []struct {
+		id, job string
+		claimed handoffv1.Verdict
+		want    bool
+	}{{"wv", "job-v", none, true}, {"wv", "job-v", fail, false}, {"wv", "job-other", none, false}, {"no-such-wallet", "job-v", none, false}} {
+		if got, err := s.ResetsVerdict(ctx, tc.id, tc.job, tc.claimed); err != nil || got != tc.want {
+			t.Fatalf("ResetsVerdict(%s, %s, %s) = %v, %v; want %v", tc.id, tc.job, tc.claimed, got, err, tc.want)
+		}
+	}
 	// Another job's wallet: refused as another job's, never as a reset.
 	if a := admit(none, "job-other"); !errors.Is(a.DebitErr, store.ErrWrongJob) {
 		t.Fatalf("another job claiming none: %+v; want ErrWrongJob", a)
