@@ -62,8 +62,11 @@ func each(r protoreflect.Message, fn func(path, s string, set func(string))) {
 
 // Reasons turns findings into contract reasons: field = the path under prefix ("" for a
 // package's own paths, "package" for a request's), rule "pii", and a message naming the kind
-// and what to do, never the value.
+// and what to do, never the value. No findings, nil.
 func Reasons(prefix string, fs []Finding) []*handoffv1.Reason {
+	if len(fs) == 0 {
+		return nil
+	}
 	out := make([]*handoffv1.Reason, 0, len(fs))
 	for _, f := range fs {
 		field := f.Field

@@ -28,6 +28,7 @@ import (
 	"github.com/handoffhq/handoff/internal/artifact"
 	"github.com/handoffhq/handoff/internal/contract"
 	"github.com/handoffhq/handoff/internal/interceptor/budget"
+	"github.com/handoffhq/handoff/internal/pii"
 	"github.com/handoffhq/handoff/internal/server"
 	"github.com/handoffhq/handoff/internal/store"
 )
@@ -434,8 +435,20 @@ func (s *Server) finish(p *handoffv1.HandoffPackage, res *handoffv1.StageResult)
 	if err := s.v.Validate(res); err != nil {
 		return fmt.Errorf("agent result is invalid: %w", err)
 	}
+	// The result is recorded under the completion key in the shared store and goes into the
+	// next packages: personal data in its free text fails the stage here, before either.
+	if fs := resultPII.Scan(res); len(fs) > 0 {
+		var where []string
+		for _, f := range fs {
+			where = append(where, f.Field+" ("+pii.Describe(f.Kind)+")")
+		}
+		return fmt.Errorf("agent result holds personal data in %s: agents pass memory refs, never the data", strings.Join(where, ", "))
+	}
 	return nil
 }
+
+// resultPII is the check on every agent result (the built-in detectors).
+var resultPII = pii.Builtin()
 
 // clip makes s valid UTF-8 and shortens it to at most n bytes without splitting a rune.
 func clip(s string, n int) string {
