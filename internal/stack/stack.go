@@ -63,6 +63,9 @@ type Config struct {
 	Logger            *slog.Logger
 	// Tamper is passed to the coordinator: fault injection for tests only.
 	Tamper func(*handoffv1.HandoffPackage)
+	// GenAISpans turns on the agent runner's OpenTelemetry GenAI spans
+	// (agentrunner.Options.GenAISpans).
+	GenAISpans bool
 	// WrapRunner, when set, wraps the coordinator's client of the agent runner: fault
 	// injection for tests only (a runner that answers what this one never would).
 	WrapRunner func(handoffv1.AgentRunnerServiceClient) handoffv1.AgentRunnerServiceClient
@@ -226,7 +229,7 @@ func Start(ctx context.Context, cfg Config) (st *Stack, err error) {
 	if err != nil {
 		return nil, err
 	}
-	s.Runner, err = agentrunner.New(agentrunner.Options{Validator: v1, Store: s.Store, Artifacts: s.Artifacts, Agents: agents, Logger: log.With("service", "agentrunner")})
+	s.Runner, err = agentrunner.New(agentrunner.Options{Validator: v1, Store: s.Store, Artifacts: s.Artifacts, Agents: agents, Logger: log.With("service", "agentrunner"), GenAISpans: cfg.GenAISpans})
 	if err != nil {
 		return nil, err
 	}

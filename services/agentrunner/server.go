@@ -31,6 +31,7 @@ import (
 	"github.com/handoffhq/handoff/internal/pii"
 	"github.com/handoffhq/handoff/internal/server"
 	"github.com/handoffhq/handoff/internal/store"
+	"github.com/handoffhq/handoff/internal/telemetry"
 )
 
 // DefaultStageTimeout bounds one agent run when Options.StageTimeout is zero.
@@ -80,6 +81,10 @@ type Options struct {
 	ResultTTL time.Duration
 	// Logger receives one line per package (default slog.Default()).
 	Logger *slog.Logger
+	// GenAISpans adds the OpenTelemetry GenAI spans (invoke_agent per agent run, and the
+	// execute_tool spans LLM agents start) under the handoff.ack span; off by default, the
+	// conventions being of Development stability (telemetry.StartAgent).
+	GenAISpans bool
 }
 
 // Server implements handoffv1.AgentRunnerServiceServer. Its handlers rely on the interceptors
@@ -96,6 +101,7 @@ type Server struct {
 	timeout   time.Duration
 	claimTTL  time.Duration
 	resultTTL time.Duration
+	genai     bool
 	log       *slog.Logger
 
 	unary  []grpc.UnaryServerInterceptor
@@ -139,6 +145,7 @@ func New(opts Options) (*Server, error) {
 		timeout:   opts.StageTimeout,
 		claimTTL:  opts.ClaimTTL,
 		resultTTL: opts.ResultTTL,
+		genai:     opts.GenAISpans,
 		log:       opts.Logger,
 	}
 	if s.now == nil {
@@ -282,11 +289,16 @@ func (s *Server) Deliver(req *handoffv1.DeliverRequest, stream grpc.ServerStream
 	runCtx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	start := time.Now()
+	var agentSpan *telemetry.AgentSpan
+	if s.genai {
+		runCtx, agentSpan = telemetry.StartAgent(runCtx, ag.Card().Name, AgentID(ag.Card().Name))
+	}
 	res, runErr := s.run(runCtx, ag, Input{Package: p, V2: v2From(ctx), Round: round, Routes: req.GetRoutes(),
 		Artifacts: artifact.WithCompletion(s.artifacts, p.GetOperatorReturns(), p.GetVisit())})
 	if runErr == nil {
 		runErr = s.finish(p, res)
 	}
+	agentSpan.End(runErr)
 	if runErr != nil {
 		failed := &handoffv1.StageResult{
 			JobId: p.GetJobId(), Stage: p.GetStage(),
@@ -446,6 +458,10 @@ func (s *Server) finish(p *handoffv1.HandoffPackage, res *handoffv1.StageResult)
 	}
 	return nil
 }
+
+// AgentID is an agent's gen_ai.agent.id: "agentrunner/<card name>", the name the rail
+// addresses it by on its runner (DeliverRequest.agent).
+func AgentID(name string) string { return "agentrunner/" + name }
 
 // resultPII is the check on every agent result (the built-in detectors).
 var resultPII = pii.Builtin()
