@@ -120,15 +120,24 @@ var (
 // then longer, match wins).
 func (d *Detector) Find(s string) []Match {
 	var ms []Match
-	for _, loc := range cardRE.FindAllStringIndex(s, -1) {
-		ms = append(ms, cards(s, loc[0], loc[1])...)
+	// Every hop runs this on clean text: a regex runs only when the text has what its
+	// match needs (enough digits, an '@').
+	n := digits(s)
+	if n >= 13 {
+		for _, loc := range cardRE.FindAllStringIndex(s, -1) {
+			ms = append(ms, cards(s, loc[0], loc[1])...)
+		}
 	}
-	for _, loc := range emailRE.FindAllStringIndex(s, -1) {
-		ms = append(ms, Match{KindEmail, loc[0], loc[1]})
+	if strings.IndexByte(s, '@') >= 0 {
+		for _, loc := range emailRE.FindAllStringIndex(s, -1) {
+			ms = append(ms, Match{KindEmail, loc[0], loc[1]})
+		}
 	}
-	for _, loc := range phoneRE.FindAllStringIndex(s, -1) {
-		if n := digits(s[loc[0]:loc[1]]); n >= 7 && n <= 15 {
-			ms = append(ms, Match{KindPhone, loc[0], loc[1]})
+	if n >= 7 {
+		for _, loc := range phoneRE.FindAllStringIndex(s, -1) {
+			if n := digits(s[loc[0]:loc[1]]); n >= 7 && n <= 15 {
+				ms = append(ms, Match{KindPhone, loc[0], loc[1]})
+			}
 		}
 	}
 	for _, c := range d.custom {

@@ -257,3 +257,19 @@ func FuzzFind(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkScan is the check every receiver adds to each hop: a clean package of the
+// demo's size.
+func BenchmarkScan(b *testing.B) {
+	p := testkit.Package(func(p *handoffv1.HandoffPackage) {
+		p.OpenQuestions = []string{"customer timezone unknown", "which order 1234567812345678 was charged twice?"}
+		p.NextHint = "cite the refund policy for the second claim"
+	})
+	d := pii.Builtin()
+	b.ReportAllocs()
+	for b.Loop() {
+		if fs := d.Scan(p); fs != nil {
+			b.Fatal(fs)
+		}
+	}
+}

@@ -154,7 +154,7 @@ type piiEnv struct {
 	prefix  string
 }
 
-func startPII(t *testing.T, s store.Store, prefix, policy string, verdicts []handoffv1.Verdict, tamper func(*handoffv1.HandoffPackage), wrap ...func(handoffv1.AgentRunnerServiceClient) handoffv1.AgentRunnerServiceClient) *piiEnv {
+func startPII(t *testing.T, s store.Store, prefix, policy string, verdicts []handoffv1.Verdict, tamper func(*handoffv1.HandoffPackage), mods ...func(*stack.Config)) *piiEnv {
 	t.Helper()
 	e := &piiEnv{env: &env{defaultBudget: &handoffv1.Budget{UsdRemainingMicros: 1_000_000}}, logs: &logBuffer{}, dataDir: t.TempDir(), store: s, prefix: prefix}
 	e.draft = &recorder{name: "draft", spend: 1000}
@@ -162,8 +162,8 @@ func startPII(t *testing.T, s store.Store, prefix, policy string, verdicts []han
 	log := slog.New(slog.NewTextHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	cfg := stack.Config{Store: s, DataDir: e.dataDir, Logger: log, Tamper: tamper,
 		Pipelines: piiPipeline(t, policy), Agents: []agentrunner.Agent{e.draft, e.judge}}
-	if len(wrap) > 0 {
-		cfg.WrapRunner = wrap[0]
+	for _, m := range mods {
+		m(&cfg)
 	}
 	e.st, e.client = startStack(t, cfg)
 	e.input = mustInput(t, e.st)
@@ -335,9 +335,19 @@ func TestPIIRedacted(t *testing.T) {
 // after the coordinator built it): the runner answers REJECTED_SCHEMA with rule pii naming
 // the field, the agent is never called, and the run escalates.
 func TestPIIRefusedByTheRunner(t *testing.T) {
+	for _, v2 := range []bool{false, true} {
+		t.Run(map[bool]string{false: "handoff.v1", true: "handoff.v2"}[v2], func(t *testing.T) { refusedByTheRunner(t, v2) })
+	}
+}
+
+func refusedByTheRunner(t *testing.T, v2 bool) {
 	e := startPII(t, nil, "", "", []handoffv1.Verdict{handoffv1.Verdict_VERDICT_PASS}, func(p *handoffv1.HandoffPackage) {
 		if p.GetStage() == "judge" {
 			p.OpenQuestions = append(p.OpenQuestions, "is "+piiEmail+" hers?")
+		}
+	}, func(c *stack.Config) {
+		if v2 {
+			c.V2Agents = []string{"judge"}
 		}
 	})
 	resp, err := e.client.SubmitJob(context.Background(), e.request("relay", "tkt_1", "", e.defaultBudget))
@@ -360,6 +370,13 @@ func TestPIIRefusedByTheRunner(t *testing.T) {
 	if ack.GetStatus() != handoffv1.AckStatus_ACK_STATUS_REJECTED_SCHEMA || len(ack.GetReasons()) != 1 ||
 		ack.GetReasons()[0].GetField() != fmt.Sprintf("open_questions[%d]", 0) || ack.GetReasons()[0].GetRule() != pii.Rule {
 		t.Fatalf("judge's ack %v, want REJECTED_SCHEMA open_questions[0] pii", ack)
+	}
+	want := contract.V1
+	if v2 {
+		want = contract.V2
+	}
+	if got := sentVersions(evs); len(got) < 2 || got[1] != "judge:"+want {
+		t.Fatalf("versions sent %v, want judge sent %q", got, want)
 	}
 	e.scan(t, evs)
 }
@@ -395,7 +412,9 @@ func (s leakyStream) Recv() (*handoffv1.DeliverResponse, error) {
 // the result is invalid (the run escalates naming next_hint), under redact the hint the
 // draft gets back holds a ref to the vault.
 func TestPIIInAStageResult(t *testing.T) {
-	wrap := func(c handoffv1.AgentRunnerServiceClient) handoffv1.AgentRunnerServiceClient { return leaky{c} }
+	wrap := func(c *stack.Config) {
+		c.WrapRunner = func(c handoffv1.AgentRunnerServiceClient) handoffv1.AgentRunnerServiceClient { return leaky{c} }
+	}
 	verdicts := []handoffv1.Verdict{handoffv1.Verdict_VERDICT_FAIL, handoffv1.Verdict_VERDICT_PASS}
 	piiStores(t, func(t *testing.T, s store.Store, prefix string) {
 		t.Run("reject", func(t *testing.T) {
