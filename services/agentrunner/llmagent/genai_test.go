@@ -158,7 +158,7 @@ func TestGenAISpans(t *testing.T) {
 		"gen_ai.usage.output_tokens": attribute.Int64Value(wantOut),
 	} {
 		if got, ok := ra[k]; !ok || got != want {
-			t.Errorf("invoke_agent retrieve: %s = %v (set %v), want %v", k, got.Emit(), ok, want.Emit())
+			t.Errorf("invoke_agent retrieve: %s = %v (set %v), want %v", k, got.String(), ok, want.String())
 		}
 	}
 	if got := parentName(retrieve[0]); got != "handoff.ack retrieve" {
