@@ -11,9 +11,11 @@ import (
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 )
 
-// freeText names the fields that hold prose a stage or a person wrote. Every other field of
-// a package is an id, a ref, a number or an enum, checked by the contract's own rules.
-var freeText = []protoreflect.Name{"goal", "constraints", "open_questions", "next_hint", "resolved_questions"}
+// freeText names the fields that hold prose a stage or a person wrote: a package's, and an
+// operator's comment or reason (ResolveEscalationRequest) and a route's reason. Every other
+// field of a package is an id, a ref, a number or an enum, checked by the contract's own
+// rules.
+var freeText = []protoreflect.Name{"goal", "constraints", "open_questions", "next_hint", "resolved_questions", "comment", "reason"}
 
 // Finding is one field holding personal data: its path ("goal", "open_questions[1]") and
 // the kind of the first piece found. It never holds the value.
@@ -38,8 +40,13 @@ func (d *Detector) Scan(m proto.Message) []Finding {
 	return out
 }
 
-// each calls fn for every set free-text string of r with its path and a setter.
+// each calls fn for every set free-text string of r with its path and a setter, and of the
+// singular messages r holds ("fail.reason", "route.reason"), to a depth of 4.
 func each(r protoreflect.Message, fn func(path, s string, set func(string))) {
+	eachAt(r, "", 4, fn)
+}
+
+func eachAt(r protoreflect.Message, prefix string, depth int, fn func(path, s string, set func(string))) {
 	fields := r.Descriptor().Fields()
 	for _, name := range freeText {
 		fd := fields.ByName(name)
@@ -48,15 +55,26 @@ func each(r protoreflect.Message, fn func(path, s string, set func(string))) {
 		}
 		if !fd.IsList() {
 			if s := r.Get(fd).String(); s != "" {
-				fn(string(name), s, func(v string) { r.Set(fd, protoreflect.ValueOfString(v)) })
+				fn(prefix+string(name), s, func(v string) { r.Set(fd, protoreflect.ValueOfString(v)) })
 			}
 			continue
 		}
 		l := r.Get(fd).List()
 		for i := 0; i < l.Len(); i++ {
 			i := i
-			fn(fmt.Sprintf("%s[%d]", name, i), l.Get(i).String(), func(v string) { l.Set(i, protoreflect.ValueOfString(v)) })
+			fn(fmt.Sprintf("%s%s[%d]", prefix, name, i), l.Get(i).String(), func(v string) { l.Set(i, protoreflect.ValueOfString(v)) })
 		}
+	}
+	if depth == 0 {
+		return
+	}
+	for i := 0; i < fields.Len(); i++ {
+		fd := fields.Get(i)
+		if fd.Kind() != protoreflect.MessageKind || fd.IsList() || fd.IsMap() || !r.Has(fd) ||
+			fd.Message().FullName().Parent() == "google.protobuf" {
+			continue
+		}
+		eachAt(r.Get(fd).Message(), prefix+string(fd.Name())+".", depth-1, fn)
 	}
 }
 

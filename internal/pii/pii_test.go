@@ -101,7 +101,10 @@ func TestLuhn(t *testing.T) {
 	}
 }
 
-const card = "4111111111111111"
+const (
+	card      = "4111111111111111"
+	piiPhoneT = "+1 415 555 0134"
+)
 
 func TestScanNamesTheFieldNeverTheValue(t *testing.T) {
 	p := testkit.Package(func(p *handoffv1.HandoffPackage) {
@@ -134,6 +137,12 @@ func TestScanNamesTheFieldNeverTheValue(t *testing.T) {
 	testkit.Equal(t, pii.Builtin().Scan(v2), []pii.Finding{{Field: "next_hint", Kind: pii.KindCard}}, "v2 findings")
 	req := &handoffv1.SubmitJobRequest{Goal: "ok", Constraints: []string{"x", "y " + card}}
 	testkit.Equal(t, pii.Builtin().Scan(req), []pii.Finding{{Field: "constraints[1]", Kind: pii.KindCard}}, "submit findings")
+	// An operator's words and a route's reason are prose too, in the messages they are held by.
+	res := &handoffv1.ResolveEscalationRequest{Operator: "ana@example.com", Comment: "called " + piiPhoneT,
+		Action: &handoffv1.ResolveEscalationRequest_Fail{Fail: &handoffv1.FailAction{Reason: "card " + card + " is stolen"}}}
+	testkit.Equal(t, pii.Builtin().Scan(res), []pii.Finding{{Field: "comment", Kind: pii.KindPhone}, {Field: "fail.reason", Kind: pii.KindCard}}, "resolve findings (the operator's own login is no finding)")
+	sr := &handoffv1.StageResult{Route: &handoffv1.RouteChoice{Name: "billing", Reason: "mail jane@example.com"}}
+	testkit.Equal(t, pii.Builtin().Scan(sr), []pii.Finding{{Field: "route.reason", Kind: pii.KindEmail}}, "route findings")
 	if fs := pii.Builtin().Scan(testkit.Package()); fs != nil {
 		t.Errorf("a clean package has findings: %v", fs)
 	}

@@ -16,7 +16,7 @@ import (
 )
 
 // Personal data is kept out of packages by the pipeline's pii policy (pipeline.PII), at the
-// three places free text enters a run:
+// places free text enters a run:
 //
 //   - SubmitJob (goal, constraints): reject answers InvalidArgument naming each field
 //     (BadRequest reason PII); redact keeps each value in the vault and submits the job
@@ -25,6 +25,7 @@ import (
 //   - a stage's result (open_questions, next_hint), before any of it is recorded: reject
 //     treats the result as invalid (the run escalates STAGE_FAILED naming the fields),
 //     redact replaces the values.
+//   - ResolveEscalation (the operator's comment, a fail reason): as SubmitJob.
 //   - before each hop, the run's own state (which predates the policy when the pipeline file
 //     changed): reject escalates REJECTED_SCHEMA naming the fields, redact replaces them.
 //
@@ -72,14 +73,24 @@ func (s *Server) screen(ctx context.Context, p *pipeline.Pipeline, jobID string,
 // piiSubmit is SubmitJob's screen: the request to go on with (a redacted copy under
 // redact), or InvalidArgument naming each field that holds personal data.
 func (s *Server) piiSubmit(ctx context.Context, p *pipeline.Pipeline, req *handoffv1.SubmitJobRequest) (*handoffv1.SubmitJobRequest, error) {
-	out := proto.Clone(req).(*handoffv1.SubmitJobRequest)
-	reasons, err := s.screen(ctx, p, req.GetJobId(), out)
+	return screenRequest(ctx, s, p, req.GetJobId(), req)
+}
+
+// piiResolve is ResolveEscalation's: an operator's comment and reason become the run's next
+// hint and its stored resolution, so they are screened as a job's own text is.
+func (s *Server) piiResolve(ctx context.Context, p *pipeline.Pipeline, jobID string, req *handoffv1.ResolveEscalationRequest) (*handoffv1.ResolveEscalationRequest, error) {
+	return screenRequest(ctx, s, p, jobID, req)
+}
+
+func screenRequest[M proto.Message](ctx context.Context, s *Server, p *pipeline.Pipeline, jobID string, req M) (M, error) {
+	out := proto.Clone(req).(M)
+	reasons, err := s.screen(ctx, p, jobID, out)
 	if err != nil {
-		return nil, err
+		return out, err
 	}
 	if len(reasons) > 0 {
-		s.log.Info("job refused: personal data in its free text", "job_id", req.GetJobId(), "pipeline", p.Name, "fields", reasonFields(reasons))
-		return nil, validate.InvalidArgument(reasons)
+		s.log.Info("request refused: personal data in its free text", "job_id", jobID, "pipeline", p.Name, "fields", reasonFields(reasons))
+		return out, validate.InvalidArgument(reasons)
 	}
 	return out, nil
 }

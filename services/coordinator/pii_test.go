@@ -527,3 +527,78 @@ func TestPIIRedactNeedsAVault(t *testing.T) {
 		t.Fatalf("New without a vault = %v, want the refusal", err)
 	}
 }
+
+// An operator's comment becomes the run's next hint and its stored resolution, so it is
+// screened as a job's own text: under reject a comment or a fail reason holding personal
+// data is InvalidArgument naming it (and the run stays escalated); under redact the hint the
+// draft gets back holds the ref.
+func TestPIIInAnOperatorsWords(t *testing.T) {
+	verdicts := []handoffv1.Verdict{handoffv1.Verdict_VERDICT_FAIL, handoffv1.Verdict_VERDICT_PASS}
+	escalated := func(t *testing.T, e *piiEnv) *handoffv1.Job {
+		t.Helper()
+		resp, err := e.client.SubmitJob(context.Background(), e.request("relay", "tkt_1", "", e.defaultBudget))
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The judge's FAIL hint holds a phone number: the runner fails the stage, and the
+		// run escalates.
+		return waitState(t, e.env, resp.GetJob().GetRunId(), handoffv1.JobState_JOB_STATE_ESCALATED)
+	}
+	back := func(job *handoffv1.Job, comment string) *handoffv1.ResolveEscalationRequest {
+		return &handoffv1.ResolveEscalationRequest{RunId: job.GetRunId(), Operator: "ana", Escalation: 1, Comment: comment,
+			Action: &handoffv1.ResolveEscalationRequest_ReturnToStage{ReturnToStage: &handoffv1.ReturnToStageAction{Stage: "draft"}}}
+	}
+	t.Run("reject", func(t *testing.T) {
+		e := startPII(t, nil, "", "", verdicts, nil)
+		job := escalated(t, e)
+		fail := &handoffv1.ResolveEscalationRequest{RunId: job.GetRunId(), Operator: "ana", Escalation: 1,
+			Action: &handoffv1.ResolveEscalationRequest_Fail{Fail: &handoffv1.FailAction{Reason: "customer " + piiEmail + " asked to stop"}}}
+		for _, c := range []struct {
+			req   *handoffv1.ResolveEscalationRequest
+			field string
+		}{{back(job, "refund to "+piiCard), "comment"}, {fail, "fail.reason"}} {
+			_, err := e.client.ResolveEscalation(op(), c.req)
+			if status.Code(err) != codes.InvalidArgument {
+				t.Fatalf("ResolveEscalation = %v, want InvalidArgument", err)
+			}
+			if fvs := badRequest(t, err); len(fvs) != 1 || fvs[0].GetField() != c.field || fvs[0].GetReason() != "PII" {
+				t.Fatalf("violations %v, want %s PII", fvs, c.field)
+			}
+			assertNoPII(t, "the error", []byte(err.Error()))
+		}
+		got, err := e.client.GetJob(context.Background(), &handoffv1.GetJobRequest{RunId: job.GetRunId()})
+		if err != nil || got.GetJob().GetState() != handoffv1.JobState_JOB_STATE_ESCALATED || got.GetJob().GetResolution() != nil {
+			t.Fatalf("after the refusals: %v %v, want the run still escalated, unresolved", got.GetJob(), err)
+		}
+		_, evs := e.run(t, job.GetRunId())
+		e.scan(t, evs)
+	})
+	t.Run("redact", func(t *testing.T) {
+		e := startPII(t, nil, "", pipeline.PIIRedact, verdicts, nil)
+		job := escalated(t, e)
+		if _, err := e.client.ResolveEscalation(op(), back(job, "refund to "+piiCard)); err != nil {
+			t.Fatal(err)
+		}
+		done := waitState(t, e.env, job.GetRunId(), handoffv1.JobState_JOB_STATE_COMPLETED)
+		if e.draft.calls() != 2 {
+			t.Fatalf("draft called %d times, want 2", e.draft.calls())
+		}
+		hint := e.draft.got[1].GetNextHint()
+		ref, ok := strings.CutPrefix(hint, "operator: refund to ")
+		if !ok || !strings.HasPrefix(ref, pii.RefKind+":") {
+			t.Fatalf("the draft's hint = %q, want the card replaced by a ref", hint)
+		}
+		vault, err := pii.OpenVault(filepath.Join(e.dataDir, "pii-vault"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, _, v, err := vault.Get(ref); err != nil || v != piiCard {
+			t.Fatalf("vault.Get(%s) = %q %v, want the card", ref, v, err)
+		}
+		if c := done.GetResolution().GetComment(); strings.Contains(c, "4111") {
+			t.Fatalf("the stored resolution's comment %q holds the card", c)
+		}
+		_, evs := e.run(t, job.GetRunId())
+		e.scan(t, evs)
+	})
+}
