@@ -15,8 +15,10 @@
 //     and pass the Luhn check, so a random digit run trips it rarely and an order number
 //     almost never.
 //
-// Which fields are free text is fixed here (FreeText): goal, constraints, open_questions,
-// next_hint, and resolved_questions where a message has it, in both contract versions.
+// Which fields are free text is fixed here (Scan): goal, constraints, open_questions,
+// next_hint and resolved_questions (a package, in both contract versions; a SubmitJobRequest;
+// a StageResult; a Job), comment and reason (an operator's ResolveEscalationRequest, a
+// route's reason), in the message and in the singular messages it holds.
 // What happens to a finding (refused or replaced by a ref into a Vault) is the caller's
 // policy. Nothing in this package puts a found value into an error, a Finding or a log line:
 // a finding names the field and the kind, never the value.
