@@ -167,6 +167,25 @@ func (d *Detector) Find(s string) []Match {
 	return out
 }
 
+// Mask returns s with every piece of personal data replaced by its kind in brackets
+// ("[card]"): for text that must be kept or logged but whose values need no ref, such as an
+// agent's error message.
+func (d *Detector) Mask(s string) string {
+	ms := d.Find(s)
+	if len(ms) == 0 {
+		return s
+	}
+	var b strings.Builder
+	prev := 0
+	for _, m := range ms {
+		b.WriteString(s[prev:m.Start])
+		b.WriteString("[" + m.Kind + "]")
+		prev = m.End
+	}
+	b.WriteString(s[prev:])
+	return b.String()
+}
+
 // First returns the kind of the first piece of personal data in s; ok is false when there is
 // none.
 func (d *Detector) First(s string) (kind string, ok bool) {

@@ -90,6 +90,16 @@ func TestPatterns(t *testing.T) {
 	}
 }
 
+func TestMask(t *testing.T) {
+	got := pii.Builtin().Mask("model refused: card " + card + " of jane@example.com")
+	if want := "model refused: card [card] of [email]"; got != want {
+		t.Fatalf("Mask = %q, want %q", got, want)
+	}
+	if s := "nothing here 1234567812345678"; pii.Builtin().Mask(s) != s {
+		t.Fatalf("Mask changed clean text %q", s)
+	}
+}
+
 func TestLuhn(t *testing.T) {
 	for s, want := range map[string]bool{
 		"79927398713": true, "79927398710": false, "4111111111111111": true,

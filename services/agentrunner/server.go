@@ -298,12 +298,18 @@ func (s *Server) Deliver(req *handoffv1.DeliverRequest, stream grpc.ServerStream
 	if runErr == nil {
 		runErr = s.finish(p, res)
 	}
-	agentSpan.End(runErr)
+	// An agent's error may quote what it read (a model's refusal): it is recorded, sent,
+	// logged and put on the span with personal data masked.
+	var masked error
+	if runErr != nil {
+		masked = errors.New(resultPII.Mask(runErr.Error()))
+	}
+	agentSpan.End(masked)
 	if runErr != nil {
 		failed := &handoffv1.StageResult{
 			JobId: p.GetJobId(), Stage: p.GetStage(),
 			Status:      handoffv1.StageStatus_STAGE_STATUS_FAILED,
-			Error:       clip(runErr.Error(), 2000),
+			Error:       clip(masked.Error(), 2000),
 			Traceparent: p.GetTrace().GetTraceparent(),
 		}
 		// What a failed run still spent travels with the failure, so the wallet stays honest.
@@ -316,7 +322,7 @@ func (s *Server) Deliver(req *handoffv1.DeliverRequest, stream grpc.ServerStream
 			failed.ToolsTried = s.validTools(res.GetToolsTried())
 		}
 		s.log.WarnContext(ctx, "agentrunner: stage failed", "job_id", p.GetJobId(), "stage", p.GetStage(), "round", round,
-			"agent", ag.Card().Name, "status", failed.Status.String(), "duration", time.Since(start), "err", runErr)
+			"agent", ag.Card().Name, "status", failed.Status.String(), "duration", time.Since(start), "err", masked)
 		return stream.Send(&handoffv1.DeliverResponse{Event: &handoffv1.DeliverResponse_Result{Result: failed}})
 	}
 	if err := stream.Send(&handoffv1.DeliverResponse{Event: &handoffv1.DeliverResponse_Result{Result: res}}); err != nil {

@@ -602,3 +602,32 @@ func TestPIIInAnOperatorsWords(t *testing.T) {
 		e.scan(t, evs)
 	})
 }
+
+// refuser is a draft agent whose error quotes what it read, as a model's refusal may.
+type refuser struct{}
+
+func (refuser) Card() agentrunner.RoleCard { return agentrunner.RoleCard{Name: "draft"} }
+
+func (refuser) Run(context.Context, agentrunner.Input) (*handoffv1.StageResult, error) {
+	return nil, fmt.Errorf("model refused: I will not write to %s about card %s", piiEmail, piiCard)
+}
+
+// An agent's error is kept (the failed result, the escalation, the runner's log line) with
+// its personal data masked.
+func TestPIIInAnAgentsError(t *testing.T) {
+	e := startPII(t, nil, "", "", []handoffv1.Verdict{handoffv1.Verdict_VERDICT_PASS}, nil, func(c *stack.Config) { c.Agents[0] = refuser{} })
+	resp, err := e.client.SubmitJob(context.Background(), e.request("relay", "tkt_1", "", e.defaultBudget))
+	if err != nil {
+		t.Fatal(err)
+	}
+	job, evs := e.run(t, resp.GetJob().GetRunId())
+	d := job.GetEscalation().GetDetail()
+	if job.GetEscalation().GetCause() != handoffv1.EscalationCause_ESCALATION_CAUSE_STAGE_FAILED ||
+		!strings.Contains(d, "I will not write to [email] about card [card]") {
+		t.Fatalf("escalation %v, want STAGE_FAILED with the error masked", job.GetEscalation())
+	}
+	if !strings.Contains(e.logs.String(), "[email]") {
+		t.Fatal("the runner did not log the (masked) failure")
+	}
+	e.scan(t, evs)
+}
