@@ -75,6 +75,7 @@ type settings struct {
 	llmPipeline                                string
 	llmPrice                                   int
 	execAgents                                 []string
+	otelGenAI                                  bool
 	sec                                        rpc.Security
 }
 
@@ -94,6 +95,7 @@ func (s *settings) Bind(b *config.Binder) {
 	b.Int(&s.llmPrice, "llm-price", "HANDOFF_LLM_PRICE_MICROS_PER_1K", 0, "micro-USD per 1000 tokens, for a model the --llm-pipeline's prices: table does not list")
 	b.Secret(&s.llmAPIKey, "HANDOFF_LLM_API_KEY", "the model API's key, for --llm-stages (never a flag: it would show in the process list)")
 	b.List(&s.execAgents, "exec", "HANDOFF_EXEC_AGENTS", ";", `serve a role by a program: "name[:tool,tool]=/path/to/program arg..."`)
+	b.Bool(&s.otelGenAI, "otel-genai", "HANDOFF_OTEL_GENAI", false, "add the OpenTelemetry GenAI spans (invoke_agent per agent run, execute_tool per tool call of an LLM stage; Development-stability conventions) beside the handoff.* spans")
 	s.sec.Bind(b)
 }
 
@@ -188,7 +190,7 @@ func run(args []string, log *slog.Logger) error {
 	}
 	srv, err := agentrunner.New(agentrunner.Options{
 		Validator: v, Store: st, Artifacts: arts, Agents: agents,
-		StageTimeout: s.stageTimeout, ResultTTL: s.resultTTL, Logger: log,
+		StageTimeout: s.stageTimeout, ResultTTL: s.resultTTL, Logger: log, GenAISpans: s.otelGenAI,
 	})
 	if err != nil {
 		return err

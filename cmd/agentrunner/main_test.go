@@ -107,6 +107,7 @@ func TestValidateNamesTheFlag(t *testing.T) {
 		{[]string{"--stage-timeout", "later"}, "--stage-timeout"},
 		{[]string{"--result-ttl", "-1h"}, "--result-ttl"},
 		{[]string{"--llm-price", "-3"}, "--llm-price"},
+		{[]string{"--otel-genai=maybe"}, "otel-genai"}, // the flag package names it -otel-genai
 	} {
 		if _, err := parse(c.args, io.Discard); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("parse(%v) = %v; want an error naming %s", c.args, err, c.want)
@@ -123,9 +124,28 @@ func TestHelpSaysWhatItIs(t *testing.T) {
 	if !strings.HasPrefix(first, "agentrunner: hosts stage agents") {
 		t.Errorf("first line %q; want it to say what the agent runner is", first)
 	}
-	for _, want := range []string{"--exec value", "HANDOFF_EXEC_AGENTS", "Environment only:", "HANDOFF_LLM_API_KEY", "--stage-timeout duration"} {
+	for _, want := range []string{"--exec value", "HANDOFF_EXEC_AGENTS", "Environment only:", "HANDOFF_LLM_API_KEY", "--stage-timeout duration", "--otel-genai", "HANDOFF_OTEL_GENAI"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("--help lacks %q:\n%s", want, out.String())
 		}
+	}
+}
+
+// The GenAI spans are off unless the flag or its variable turns them on.
+func TestOtelGenAISetting(t *testing.T) {
+	s, err := parse(nil, io.Discard)
+	if err != nil || s.otelGenAI {
+		t.Fatalf("default otel-genai = %v (%v), want off", s.otelGenAI, err)
+	}
+	if s, err = parse([]string{"--otel-genai"}, io.Discard); err != nil || !s.otelGenAI {
+		t.Fatalf("--otel-genai = %v (%v), want on", s.otelGenAI, err)
+	}
+	t.Setenv("HANDOFF_OTEL_GENAI", "true")
+	if s, err = parse(nil, io.Discard); err != nil || !s.otelGenAI {
+		t.Fatalf("HANDOFF_OTEL_GENAI=true = %v (%v), want on", s.otelGenAI, err)
+	}
+	t.Setenv("HANDOFF_OTEL_GENAI", "sometimes")
+	if _, err = parse(nil, io.Discard); err == nil || !strings.Contains(err.Error(), "HANDOFF_OTEL_GENAI") {
+		t.Fatalf("HANDOFF_OTEL_GENAI=sometimes = %v, want an error naming it", err)
 	}
 }

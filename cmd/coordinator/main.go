@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -51,6 +52,7 @@ const (
 	defaultHopRetryFor  = 3 * time.Minute
 	defaultLeaseTTL     = 10 * time.Second
 	defaultDrainTimeout = 30 * time.Second
+	defaultPIIVault     = "handoff-data/pii-vault"
 )
 
 // settings are the coordinator's configuration, from flags with HANDOFF_* fallbacks.
@@ -62,6 +64,7 @@ type settings struct {
 	security                                        rpc.Security
 	operatorToken, operators, operatorsFile         string
 	escalationWebhook, deskURL                      string
+	piiVault                                        string
 }
 
 // Bind registers every setting with its variable and default.
@@ -82,6 +85,7 @@ func (s *settings) Bind(b *config.Binder) {
 	b.String(&s.escalationWebhook, "escalation-webhook", "HANDOFF_ESCALATION_WEBHOOK", "", "POST each escalation (run, job, cause, link; Idempotency-Key run:escalation; retried) to this URL, for pipelines naming no escalation.webhook")
 	b.String(&s.deskURL, "desk-url", "HANDOFF_DESK_URL", "", "base URL of the operator page, for the link in an escalation's webhook body")
 	b.String(&s.operators, "operators", "HANDOFF_OPERATORS", "", identity.AccountsHelp)
+	b.String(&s.piiVault, "pii-vault", "HANDOFF_PII_VAULT", defaultPIIVault, "folder (mode 0700) where pipelines with pii.policy redact keep the personal data they take out of jobs; opened only when one does; replicas must share it")
 	b.String(&s.operatorsFile, "operators-file", "HANDOFF_OPERATORS_FILE", "", "file of operator accounts, in the format of --operators")
 }
 
@@ -114,6 +118,9 @@ func (s *settings) Validate() error {
 	}
 	if s.drainTimeout <= 0 {
 		return fmt.Errorf("--drain-timeout must be positive, got %s", s.drainTimeout)
+	}
+	if strings.TrimSpace(s.piiVault) == "" {
+		return errors.New("--pii-vault must name a folder")
 	}
 	if s.healthInterval < 100*time.Millisecond {
 		return fmt.Errorf("--health-interval must be at least 100ms, got %s", s.healthInterval)
@@ -194,6 +201,10 @@ func run(ctx context.Context, args []string, log *slog.Logger, ready func(net.Ad
 	if err != nil {
 		return err
 	}
+	vault, err := stack.OpenPIIVault(pls, s.piiVault, defaultPIIVault)
+	if err != nil {
+		return fmt.Errorf("--pii-vault: %w", err)
+	}
 	dial := func(addr string) (grpc.ClientConnInterface, error) { return rpc.Dial(addr, dc) }
 	rc, err := rpc.Dial(s.runner, dc)
 	if err != nil {
@@ -208,7 +219,7 @@ func run(ctx context.Context, args []string, log *slog.Logger, ready func(net.Ad
 	srv, err := coordinator.New(coordinator.Options{
 		Store: st, Pipelines: pls, Validator: val, Logger: log, HopTimeout: s.hopTimeout, Dial: dial, TracerProvider: tp,
 		RetryFor: s.hopRetryFor, LeaseTTL: s.leaseTTL, DrainTimeout: s.drainTimeout,
-		EscalationWebhook: s.escalationWebhook, DeskURL: s.deskURL,
+		EscalationWebhook: s.escalationWebhook, DeskURL: s.deskURL, PIIVault: vault,
 		Runner:    handoffv1.NewAgentRunnerServiceClient(rc),
 		Writeback: handoffv1.NewWritebackServiceClient(wc),
 	})

@@ -68,6 +68,7 @@ func TestValidateNamesTheFlag(t *testing.T) {
 		{nil, map[string]string{"HANDOFF_LEASE_TTL": "-5s"}, "--lease-ttl"},
 		{[]string{"--operator-token", "short"}, nil, "--operator-token"},
 		{[]string{"--escalation-webhook", "ftp://x"}, nil, "--escalation-webhook"},
+		{[]string{"--pii-vault", " "}, nil, "--pii-vault"},
 	} {
 		t.Run(strings.Join(c.args, " ")+c.want, func(t *testing.T) {
 			for k, v := range c.env {
@@ -90,7 +91,7 @@ func TestHelpSaysWhatItIs(t *testing.T) {
 	if !strings.HasPrefix(first, "coordinator: runs the rail") {
 		t.Errorf("first line %q; want it to say what the coordinator is", first)
 	}
-	for _, f := range []string{"--operator-token", "--lease-ttl duration", "HANDOFF_HOP_TIMEOUT", "--plaintext-loopback"} {
+	for _, f := range []string{"--operator-token", "--lease-ttl duration", "HANDOFF_HOP_TIMEOUT", "--plaintext-loopback", "--pii-vault", "HANDOFF_PII_VAULT"} {
 		if !strings.Contains(out.String(), f) {
 			t.Errorf("--help lacks %q:\n%s", f, out.String())
 		}

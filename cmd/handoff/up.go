@@ -22,7 +22,7 @@ import (
 // stackFlags are the settings `up` and `demo` share.
 type stackFlags struct {
 	data, coordinator, runner, writeback, webhook, metrics string
-	verbose                                                bool
+	verbose, otelGenAI                                     bool
 }
 
 func bindStack(b *config.Binder, f *stackFlags, defData, defCoord, defRunner, defWB, defMetrics string) {
@@ -33,6 +33,7 @@ func bindStack(b *config.Binder, f *stackFlags, defData, defCoord, defRunner, de
 	b.String(&f.webhook, "webhook-url", "HANDOFF_WEBHOOK_URL", "", "add a 'webhook' writeback target posting to this URL")
 	b.String(&f.metrics, "metrics-listen", "HANDOFF_METRICS_LISTEN", defMetrics, "serve Prometheus metrics at http://ADDR/metrics (empty: off)")
 	b.Bool(&f.verbose, "v", "HANDOFF_VERBOSE", false, "log every call (JSON on stderr)")
+	b.Bool(&f.otelGenAI, "otel-genai", "HANDOFF_OTEL_GENAI", false, "add the OpenTelemetry GenAI spans (invoke_agent per agent run, execute_tool per tool call of an LLM stage; Development-stability conventions) beside the handoff.* spans")
 }
 
 func (f *stackFlags) config(stderr io.Writer) stack.Config {
@@ -42,8 +43,8 @@ func (f *stackFlags) config(stderr io.Writer) stack.Config {
 	}
 	return stack.Config{
 		DataDir: f.data, CoordinatorAddr: f.coordinator, RunnerAddr: f.runner, WritebackAddr: f.writeback,
-		WebhookURL: f.webhook,
-		Logger:     slog.New(telemetry.LogHandler(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))),
+		WebhookURL: f.webhook, GenAISpans: f.otelGenAI,
+		Logger: slog.New(telemetry.LogHandler(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))),
 	}
 }
 

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"flag"
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -16,6 +18,8 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+	"github.com/handoffhq/handoff/internal/config"
+	"github.com/handoffhq/handoff/internal/stack"
 )
 
 // syncBuffer is a bytes.Buffer safe to write from up and read from the test.
@@ -112,5 +116,33 @@ func TestUpEmptyOperatorTokenMakesOne(t *testing.T) {
 	out := startUp(t, "--operator-token", "")
 	if tok := field(t, out, `operator token (\S+) \(made for this run`); len(tok) < 16 || strings.Contains(out, "token-from-the-environment") {
 		t.Fatalf("up --operator-token \"\" printed:\n%s\nwant a token made for the run", out)
+	}
+}
+
+// up and demo share the --otel-genai setting: off by default, on from the flag or
+// HANDOFF_OTEL_GENAI, and it reaches the stack's config; a bad value is refused naming it.
+func TestStackOtelGenAI(t *testing.T) {
+	parse := func(args ...string) (stack.Config, error) {
+		fs := flag.NewFlagSet("t", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		var f stackFlags
+		b := config.New(fs)
+		bindStack(b, &f, "d", "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0", "")
+		err := b.Parse(args)
+		return f.config(io.Discard), err
+	}
+	if cfg, err := parse(); err != nil || cfg.GenAISpans {
+		t.Fatalf("default: GenAISpans %v (%v), want off", cfg.GenAISpans, err)
+	}
+	if cfg, err := parse("--otel-genai"); err != nil || !cfg.GenAISpans {
+		t.Fatalf("--otel-genai: GenAISpans %v (%v), want on", cfg.GenAISpans, err)
+	}
+	t.Setenv("HANDOFF_OTEL_GENAI", "1")
+	if cfg, err := parse(); err != nil || !cfg.GenAISpans {
+		t.Fatalf("HANDOFF_OTEL_GENAI=1: GenAISpans %v (%v), want on", cfg.GenAISpans, err)
+	}
+	t.Setenv("HANDOFF_OTEL_GENAI", "yes please")
+	if _, err := parse(); err == nil || !strings.Contains(err.Error(), "HANDOFF_OTEL_GENAI") {
+		t.Fatalf("HANDOFF_OTEL_GENAI=yes please: %v, want an error naming it", err)
 	}
 }

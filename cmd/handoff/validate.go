@@ -12,13 +12,15 @@ import (
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/contract"
+	"github.com/handoffhq/handoff/internal/pii"
 )
 
 var validateUsage = about("validate") + `Usage: handoff validate [--accept VERSIONS] FILE|-
 
 Checks one handoff package in its JSON form (protojson, snake_case or lowerCamelCase names)
 the way a receiving stage does before any work: the version gate, then every rule of the
-contract. FILE - reads standard input. At most 64 KiB is read: a bigger package is rejected.
+contract, then the personal-data check (an e-mail address, phone or card number in goal,
+constraints, open_questions or next_hint is REJECTED_SCHEMA, rule pii). FILE - reads standard input. At most 64 KiB is read: a bigger package is rejected.
 
 Prints the Ack as one line of JSON (proto field names) on standard output.
 
@@ -70,7 +72,14 @@ func runValidate(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "handoff validate: %v\n", err)
 		return 2
 	}
-	_, ack := v.AckJSON(data)
+	m, ack := v.AckJSON(data)
+	if ack.GetStatus() == handoffv1.AckStatus_ACK_STATUS_ACCEPTED {
+		// As every receiver does: personal data in the free text is refused, naming the
+		// field, never the value.
+		if fs := pii.Builtin().Scan(m); fs != nil {
+			ack = contract.AckForMessage(m, handoffv1.AckStatus_ACK_STATUS_REJECTED_SCHEMA, pii.Reasons("", fs)...)
+		}
+	}
 	out, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(ack)
 	if err != nil {
 		fmt.Fprintf(stderr, "handoff validate: encoding the ack: %v\n", err)

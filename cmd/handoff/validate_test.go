@@ -41,6 +41,21 @@ func withoutMember(t *testing.T, data []byte, member string) []byte {
 	return out
 }
 
+// withMember returns a JSON object with one top-level member set to value.
+func withMember(t *testing.T, data []byte, member string, value any) []byte {
+	t.Helper()
+	var m map[string]any
+	if err := json.Unmarshal(data, &m); err != nil {
+		t.Fatal(err)
+	}
+	m[member] = value
+	out, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
 // endless yields 'x' forever and counts what was read from it.
 type endless struct{ n int64 }
 
@@ -74,6 +89,7 @@ func TestRunValidate(t *testing.T) {
 		rule     string
 		stderr   string // substring of stderr when code is 2
 		ackJobID string
+		absent   string // a value the Ack must not echo
 	}{
 		{name: "valid", args: []string{packageFile("valid.json")}, code: 0,
 			status: handoffv1.AckStatus_ACK_STATUS_ACCEPTED, ackJobID: "tkt_18422"},
@@ -85,6 +101,12 @@ func TestRunValidate(t *testing.T) {
 			status: handoffv1.AckStatus_ACK_STATUS_ACCEPTED},
 		{name: "job_id removed", args: []string{"-"}, stdin: bytes.NewReader(withoutMember(t, readPackageFixture(t, "valid.json"), "job_id")), code: 1,
 			status: handoffv1.AckStatus_ACK_STATUS_REJECTED_SCHEMA, field: "job_id", rule: "required"},
+		{name: "card number in the goal", args: []string{"-"}, stdin: bytes.NewReader(withMember(t, readPackageFixture(t, "valid.json"), "goal", "refund card 4111 1111 1111 1111")), code: 1,
+			status: handoffv1.AckStatus_ACK_STATUS_REJECTED_SCHEMA, field: "goal", rule: "pii", ackJobID: "tkt_18422", absent: "4111"},
+		{name: "e-mail in a v2 open question", args: []string{"-"}, stdin: bytes.NewReader(withMember(t, readPackageFixture(t, "valid_v2.json"), "open_questions", []string{"tz?", "is jane@example.com hers?"})), code: 1,
+			status: handoffv1.AckStatus_ACK_STATUS_REJECTED_SCHEMA, field: "open_questions[1]", rule: "pii", absent: "jane@"},
+		{name: "an order number is no card", args: []string{"-"}, stdin: bytes.NewReader(withMember(t, readPackageFixture(t, "valid.json"), "goal", "refund order 1234567812345678")), code: 0,
+			status: handoffv1.AckStatus_ACK_STATUS_ACCEPTED},
 		{name: "unknown version", args: []string{packageFile("unknown_version.json")}, code: 1,
 			status: handoffv1.AckStatus_ACK_STATUS_REJECTED_SCHEMA, field: "schema", rule: "version.accepted", ackJobID: "tkt_18422"},
 		{name: "v1-only consumer, v2 package", args: []string{"--accept", "handoff.v1", packageFile("valid_v2.json")}, code: 1,
@@ -151,6 +173,9 @@ func TestRunValidate(t *testing.T) {
 				if !found {
 					t.Fatalf("no reason with field %q rule %q: %s", tc.field, tc.rule, out)
 				}
+			}
+			if tc.absent != "" && strings.Contains(out, tc.absent) {
+				t.Errorf("the Ack echoes %q: %s", tc.absent, out)
 			}
 			if code == 0 && len(ack.GetReasons()) != 0 {
 				t.Errorf("accepted with reasons: %s", out)

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/handoffhq/handoff/internal/pii"
 )
 
 // Name patterns, aligned with the handoff.v1 contract where a name crosses the wire
@@ -34,6 +36,7 @@ func Lint(p *Pipeline) []Problem {
 	}
 	l := &linter{p: p}
 	l.pipeline()
+	l.pii()
 	l.mcpServers()
 	l.catalogue()
 	l.stages()
@@ -655,4 +658,32 @@ func article(word string) string {
 		return "n"
 	}
 	return ""
+}
+
+// pii checks the pii block: a known policy, patterns with unique, well-formed names and
+// regexes that compile and match something.
+func (l *linter) pii() {
+	p := l.p
+	switch p.PII.Policy {
+	case "", PIIReject, PIIRedact:
+	default:
+		l.errorAt("pii", fmt.Sprintf("pii.policy is %q: use %s (refuse a job or stage result holding personal data, the default) or %s (keep the value in the coordinator's vault and pass a pii: ref)", p.PII.Policy, PIIReject, PIIRedact), "pii.policy", "pii")
+	}
+	first := map[string]int{}
+	for i, pt := range p.PII.Patterns {
+		path := fmt.Sprintf("pii.patterns[%d]", i)
+		why := pii.CheckPattern(pt)
+		if strings.HasPrefix(why, "name") {
+			l.errorAt("pii", fmt.Sprintf("pii.patterns[%d]: %s", i, why), path+".name", path)
+			continue
+		}
+		if j, dup := first[pt.Name]; dup {
+			l.errorAt("pii", fmt.Sprintf("pii pattern name %q is used twice (first as pii.patterns[%d])", pt.Name, j), path+".name", path)
+			continue
+		}
+		first[pt.Name] = i
+		if why != "" {
+			l.errorAt("pii", fmt.Sprintf("pii.patterns[%d] (%s): %s", i, pt.Name, why), path+".regex", path)
+		}
+	}
 }

@@ -12,6 +12,8 @@ import (
 	"strings"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/handoffhq/handoff/internal/pii"
 )
 
 // position is a 1-based line and column in the source file.
@@ -19,7 +21,9 @@ type position struct{ line, col int }
 
 // The fields each mapping may have, in the order the messages list them.
 var (
-	pipelineFields   = []string{"name", "description", "max_hops", "max_revisions", "max_bounces", "stale_revision", "escalation", "mcp_servers", "prices", "tools", "stages"}
+	pipelineFields   = []string{"name", "description", "max_hops", "max_revisions", "max_bounces", "stale_revision", "escalation", "pii", "mcp_servers", "prices", "tools", "stages"}
+	piiFields        = []string{"policy", "patterns"}
+	piiPatternFields = []string{"name", "regex"}
 	escalationFields = []string{"route", "max_grant", "max_open_escalations", "when_full", "webhook"}
 	grantFields      = []string{"hops", "revisions", "usd_micros"}
 	toolFields       = []string{"name", "access", "system", "mcp"}
@@ -218,6 +222,27 @@ func (d *decoder) pipeline(root *yaml.Node) {
 					}
 				})
 				p.MCPServers = append(p.MCPServers, m)
+			})
+		case "pii":
+			d.mapping(v, "pii", "pii", piiFields, func(key string, v *yaml.Node) {
+				switch key {
+				case "policy":
+					p.PII.Policy = d.str(v, "pii.policy", "pii.policy")
+				case "patterns":
+					d.sequence(v, "pii.patterns", "pii.patterns", func(i int, item *yaml.Node) {
+						path := fmt.Sprintf("pii.patterns[%d]", i)
+						var pt pii.Pattern
+						d.mapping(item, path, fmt.Sprintf("pii pattern %d", i+1), piiPatternFields, func(key string, v *yaml.Node) {
+							switch key {
+							case "name":
+								pt.Name = d.str(v, path+".name", "pii pattern name")
+							case "regex":
+								pt.Regex = d.str(v, path+".regex", "pii pattern regex")
+							}
+						})
+						p.PII.Patterns = append(p.PII.Patterns, pt)
+					})
+				}
 			})
 		case "stages":
 			d.sequence(v, "stages", "stages", func(i int, item *yaml.Node) {

@@ -34,6 +34,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/handoffhq/handoff/internal/pii"
 )
 
 // Stage kinds.
@@ -75,6 +77,8 @@ type Pipeline struct {
 	// once ("" is StaleRevise). Either way it never goes to the judge again.
 	StaleRevision string
 	Escalation    Escalation
+	// PII is what the coordinator does with personal data in a job's free text (pii:).
+	PII PII
 	// MCPServers are the tool servers the catalogue's tools are served by.
 	MCPServers []MCPServer
 	// Prices is the model price table of its model stages, in integer micro-USD.
@@ -111,6 +115,37 @@ type Escalation struct {
 	// Webhook, when set, is POSTed each escalation (escalation.webhook, an http(s) URL).
 	Webhook string
 }
+
+// PII is a pipeline's personal-data policy (the pii: block). The built-in detectors (e-mail,
+// phone, Luhn-checked card numbers; package pii) always run; Patterns add the pipeline's own.
+type PII struct {
+	// Policy is PIIReject (the default) or PIIRedact.
+	Policy string
+	// Patterns are extra detectors: name (the finding's kind) and an RE2 regex.
+	Patterns []pii.Pattern
+}
+
+// PII.Policy values.
+const (
+	// PIIReject refuses a job (SubmitJob InvalidArgument) or a stage result whose free text
+	// holds personal data, naming the field, never the value.
+	PIIReject = "reject"
+	// PIIRedact keeps each value in the coordinator's vault and puts its ref ("pii:<id>") in
+	// its place.
+	PIIRedact = "redact"
+)
+
+// PIIPolicy is the policy in force: Policy, or PIIReject when the file leaves it out.
+func (p *Pipeline) PIIPolicy() string {
+	if p.PII.Policy == "" {
+		return PIIReject
+	}
+	return p.PII.Policy
+}
+
+// PIIDetector is the detector of the pipeline's pii block: the built-in detectors and its
+// patterns. A pipeline that passed Lint always has one; the error is for one built in code.
+func (p *Pipeline) PIIDetector() (*pii.Detector, error) { return pii.New(p.PII.Patterns...) }
 
 // Escalation.WhenFull values.
 const (

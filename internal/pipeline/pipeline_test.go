@@ -69,6 +69,15 @@ func TestLintFixtures(t *testing.T) {
 			{"escalation-webhook", 9, `escalation.webhook "ftp://nope" is not an http(s) URL`},
 			{"when-full", 10, `escalation.when_full is "drop"`},
 		}},
+		{file: "pii.yaml"},
+		{file: "pii_bad.yaml", errors: []want{
+			{"pii", 8, `pii.policy is "mask": use reject`},
+			{"pii", 10, "pii.patterns[0] (employee_id): regex does not compile"},
+			{"pii", 11, "pii.patterns[1] (badge): regex matches the empty text"},
+			{"pii", 12, `pii pattern name "badge" is used twice (first as pii.patterns[1])`},
+			{"pii", 14, `pii.patterns[4]: name "Card" must be a lower-case word`},
+			{"unknown-field", 15, `unknown field "notify" in pii; its fields are policy, patterns`},
+		}},
 		{file: "max_hops_zero.yaml", errors: []want{
 			{"max-hops", 3, "must be greater than 0"},
 		}},

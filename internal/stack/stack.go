@@ -25,6 +25,7 @@ import (
 	"github.com/handoffhq/handoff/internal/artifact"
 	"github.com/handoffhq/handoff/internal/contract"
 	"github.com/handoffhq/handoff/internal/interceptor/identity"
+	"github.com/handoffhq/handoff/internal/pii"
 	"github.com/handoffhq/handoff/internal/pipeline"
 	"github.com/handoffhq/handoff/internal/rpc"
 	"github.com/handoffhq/handoff/internal/server"
@@ -62,6 +63,12 @@ type Config struct {
 	Logger            *slog.Logger
 	// Tamper is passed to the coordinator: fault injection for tests only.
 	Tamper func(*handoffv1.HandoffPackage)
+	// GenAISpans turns on the agent runner's OpenTelemetry GenAI spans
+	// (agentrunner.Options.GenAISpans).
+	GenAISpans bool
+	// WrapRunner, when set, wraps the coordinator's client of the agent runner: fault
+	// injection for tests only (a runner that answers what this one never would).
+	WrapRunner func(handoffv1.AgentRunnerServiceClient) handoffv1.AgentRunnerServiceClient
 	// Store, when set, is used instead of the embedded store in DataDir (for example a
 	// Redis store); the caller keeps it and closes it after the stack.
 	Store store.Store
@@ -79,6 +86,9 @@ type Config struct {
 	// Operators are more operator accounts (named people with a role, their tokens as
 	// hashes), beside the OperatorToken's account "operator" (a resolver).
 	Operators []identity.Account
+	// PIIVault is the folder of the coordinator's personal-data vault, opened only when a
+	// pipeline has pii.policy redact; default DataDir/pii-vault.
+	PIIVault string
 	// HealthInterval is how often each service's health pings the store, as in the
 	// binaries (default server.DefaultHealthInterval): NOT_SERVING while the ping fails.
 	HealthInterval time.Duration
@@ -219,7 +229,7 @@ func Start(ctx context.Context, cfg Config) (st *Stack, err error) {
 	if err != nil {
 		return nil, err
 	}
-	s.Runner, err = agentrunner.New(agentrunner.Options{Validator: v1, Store: s.Store, Artifacts: s.Artifacts, Agents: agents, Logger: log.With("service", "agentrunner")})
+	s.Runner, err = agentrunner.New(agentrunner.Options{Validator: v1, Store: s.Store, Artifacts: s.Artifacts, Agents: agents, Logger: log.With("service", "agentrunner"), GenAISpans: cfg.GenAISpans})
 	if err != nil {
 		return nil, err
 	}
@@ -254,9 +264,18 @@ func Start(ctx context.Context, cfg Config) (st *Stack, err error) {
 	if err != nil {
 		return nil, err
 	}
+	runnerClient := handoffv1.NewAgentRunnerServiceClient(runnerConn)
+	if cfg.WrapRunner != nil {
+		runnerClient = cfg.WrapRunner(runnerClient)
+	}
+	vault, err := OpenPIIVault(cfg.Pipelines, cfg.PIIVault, filepath.Join(cfg.DataDir, "pii-vault"))
+	if err != nil {
+		return nil, fmt.Errorf("stack: %w", err)
+	}
 	s.Coordinator, err = coordinator.New(coordinator.Options{
-		Store: s.Store, Pipelines: cfg.Pipelines, Validator: val, Logger: log.With("service", "coordinator"), DescribeTTL: cfg.DescribeTTL,
-		Runner:         handoffv1.NewAgentRunnerServiceClient(runnerConn),
+		PIIVault: vault,
+		Store:    s.Store, Pipelines: cfg.Pipelines, Validator: val, Logger: log.With("service", "coordinator"), DescribeTTL: cfg.DescribeTTL,
+		Runner:         runnerClient,
 		Writeback:      handoffv1.NewWritebackServiceClient(wbConn),
 		Dial:           func(addr string) (grpc.ClientConnInterface, error) { return s.DialAs(addr, "coordinator") },
 		Tamper:         cfg.Tamper,
@@ -424,4 +443,25 @@ func upgraded(agents []agentrunner.Agent, v2 []string) ([]agentrunner.Agent, err
 		out[i] = agentrunner.Accepting(out[i], contract.V1, contract.V2)
 	}
 	return out, nil
+}
+
+// OpenPIIVault opens the personal-data vault in dir (def when dir is empty) when one of
+// pipelines redacts (pii.policy redact), and returns nil otherwise: a folder for values
+// nobody redacts is not made.
+func OpenPIIVault(pipelines map[string]*pipeline.Pipeline, dir, def string) (pii.Keeper, error) {
+	need := false
+	for _, p := range pipelines {
+		need = need || p.PIIPolicy() == pipeline.PIIRedact
+	}
+	if !need {
+		return nil, nil
+	}
+	if dir == "" {
+		dir = def
+	}
+	v, err := pii.OpenVault(dir)
+	if err != nil {
+		return nil, err
+	}
+	return v, nil
 }

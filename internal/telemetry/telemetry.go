@@ -1,6 +1,7 @@
 // Package telemetry sets up tracing and metrics for a service: an OpenTelemetry tracer
 // provider (exporting over OTLP/gRPC when OTEL_EXPORTER_OTLP_ENDPOINT is set) and a
-// Prometheus registry with the gRPC and ack metrics.
+// Prometheus registry with the gRPC and ack metrics. genai.go adds the OpenTelemetry GenAI
+// agent and tool spans (invoke_agent, execute_tool) an agent runner starts when asked to.
 package telemetry
 
 import (

@@ -28,8 +28,10 @@ import (
 	"github.com/handoffhq/handoff/internal/artifact"
 	"github.com/handoffhq/handoff/internal/contract"
 	"github.com/handoffhq/handoff/internal/interceptor/budget"
+	"github.com/handoffhq/handoff/internal/pii"
 	"github.com/handoffhq/handoff/internal/server"
 	"github.com/handoffhq/handoff/internal/store"
+	"github.com/handoffhq/handoff/internal/telemetry"
 )
 
 // DefaultStageTimeout bounds one agent run when Options.StageTimeout is zero.
@@ -79,6 +81,10 @@ type Options struct {
 	ResultTTL time.Duration
 	// Logger receives one line per package (default slog.Default()).
 	Logger *slog.Logger
+	// GenAISpans adds the OpenTelemetry GenAI spans (invoke_agent per agent run, and the
+	// execute_tool spans LLM agents start) under the handoff.ack span; off by default, the
+	// conventions being of Development stability (telemetry.StartAgent).
+	GenAISpans bool
 }
 
 // Server implements handoffv1.AgentRunnerServiceServer. Its handlers rely on the interceptors
@@ -95,6 +101,7 @@ type Server struct {
 	timeout   time.Duration
 	claimTTL  time.Duration
 	resultTTL time.Duration
+	genai     bool
 	log       *slog.Logger
 
 	unary  []grpc.UnaryServerInterceptor
@@ -138,6 +145,7 @@ func New(opts Options) (*Server, error) {
 		timeout:   opts.StageTimeout,
 		claimTTL:  opts.ClaimTTL,
 		resultTTL: opts.ResultTTL,
+		genai:     opts.GenAISpans,
 		log:       opts.Logger,
 	}
 	if s.now == nil {
@@ -282,17 +290,28 @@ func (s *Server) Deliver(req *handoffv1.DeliverRequest, stream grpc.ServerStream
 	defer cancel()
 	start := time.Now()
 	reads := artifact.Recording(artifact.WithCompletion(s.artifacts, p.GetOperatorReturns(), p.GetVisit()))
+	var agentSpan *telemetry.AgentSpan
+	if s.genai {
+		runCtx, agentSpan = telemetry.StartAgent(runCtx, ag.Card().Name, AgentID(ag.Card().Name))
+	}
 	res, runErr := s.run(runCtx, ag, Input{Package: p, V2: v2From(ctx), Round: round, Routes: req.GetRoutes(), Artifacts: reads})
 	if runErr == nil {
 		// What the stage read is the runtime's record, never the agent's word.
 		res.ArtifactsRead = reads.Reads()
 		runErr = s.finish(p, res)
 	}
+	// An agent's error may quote what it read (a model's refusal): it is recorded, sent,
+	// logged and put on the span with personal data masked.
+	var masked error
+	if runErr != nil {
+		masked = errors.New(resultPII.Mask(runErr.Error()))
+	}
+	agentSpan.End(masked)
 	if runErr != nil {
 		failed := &handoffv1.StageResult{
 			JobId: p.GetJobId(), Stage: p.GetStage(),
 			Status:      handoffv1.StageStatus_STAGE_STATUS_FAILED,
-			Error:       clip(runErr.Error(), 2000),
+			Error:       clip(masked.Error(), 2000),
 			Traceparent: p.GetTrace().GetTraceparent(),
 		}
 		// What a failed run still spent travels with the failure, so the wallet stays honest.
@@ -305,7 +324,7 @@ func (s *Server) Deliver(req *handoffv1.DeliverRequest, stream grpc.ServerStream
 			failed.ToolsTried = s.validTools(res.GetToolsTried())
 		}
 		s.log.WarnContext(ctx, "agentrunner: stage failed", "job_id", p.GetJobId(), "stage", p.GetStage(), "round", round,
-			"agent", ag.Card().Name, "status", failed.Status.String(), "duration", time.Since(start), "err", runErr)
+			"agent", ag.Card().Name, "status", failed.Status.String(), "duration", time.Since(start), "err", masked)
 		return stream.Send(&handoffv1.DeliverResponse{Event: &handoffv1.DeliverResponse_Result{Result: failed}})
 	}
 	if err := stream.Send(&handoffv1.DeliverResponse{Event: &handoffv1.DeliverResponse_Result{Result: res}}); err != nil {
@@ -436,8 +455,24 @@ func (s *Server) finish(p *handoffv1.HandoffPackage, res *handoffv1.StageResult)
 	if err := s.v.Validate(res); err != nil {
 		return fmt.Errorf("agent result is invalid: %w", err)
 	}
+	// The result is recorded under the completion key in the shared store and goes into the
+	// next packages: personal data in its free text fails the stage here, before either.
+	if fs := resultPII.Scan(res); len(fs) > 0 {
+		var where []string
+		for _, f := range fs {
+			where = append(where, f.Field+" ("+pii.Describe(f.Kind)+")")
+		}
+		return fmt.Errorf("agent result holds personal data in %s: agents pass memory refs, never the data", strings.Join(where, ", "))
+	}
 	return nil
 }
+
+// AgentID is an agent's gen_ai.agent.id: "agentrunner/<card name>", the name the rail
+// addresses it by on its runner (DeliverRequest.agent).
+func AgentID(name string) string { return "agentrunner/" + name }
+
+// resultPII is the check on every agent result (the built-in detectors).
+var resultPII = pii.Builtin()
 
 // clip makes s valid UTF-8 and shortens it to at most n bytes without splitting a rune.
 func clip(s string, n int) string {

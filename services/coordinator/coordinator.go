@@ -34,6 +34,7 @@ import (
 	"github.com/handoffhq/handoff/internal/contract"
 	hoptrace "github.com/handoffhq/handoff/internal/interceptor/trace"
 	"github.com/handoffhq/handoff/internal/interceptor/validate"
+	"github.com/handoffhq/handoff/internal/pii"
 	"github.com/handoffhq/handoff/internal/pipeline"
 	"github.com/handoffhq/handoff/internal/store"
 	"github.com/handoffhq/handoff/internal/traceparent"
@@ -110,6 +111,9 @@ type Options struct {
 	// DefaultDeadline is the deadline of a job submitted without one, from its submit.
 	// Default 24h.
 	DefaultDeadline time.Duration
+	// PIIVault keeps the personal data a pipeline with pii.policy redact takes out of a job
+	// (see pii.go). Required when a pipeline redacts.
+	PIIVault pii.Keeper
 }
 
 // Server implements handoffv1.CoordinatorServiceServer.
@@ -135,6 +139,8 @@ type Server struct {
 	stopOnce  sync.Once
 	scanOnce  sync.Once
 	scanEvery time.Duration
+
+	pii map[string]*pii.Detector // each pipeline's personal-data detector, by pipeline name
 }
 
 // New checks the options and returns a Server. Call Resume to pick up runs left in flight.
@@ -219,6 +225,9 @@ func New(opts Options) (*Server, error) {
 			s.runners[st.Runner] = handoffv1.NewAgentRunnerServiceClient(cc)
 		}
 	}
+	if err := s.piiSetup(); err != nil {
+		return nil, err
+	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	return s, nil
 }
@@ -300,6 +309,10 @@ func (s *Server) SubmitJob(ctx context.Context, req *handoffv1.SubmitJobRequest)
 	}
 	if field, why := inputsProblem(s.artifactRoot(), req.GetJobId(), req.GetInputs()); field != "" {
 		return nil, fieldError(codes.InvalidArgument, field, why)
+	}
+	req, err := s.piiSubmit(ctx, p, req)
+	if err != nil {
+		return nil, err
 	}
 	deadline := req.GetDeadline()
 	if deadline == nil {

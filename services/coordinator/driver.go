@@ -139,6 +139,11 @@ func (s *Server) step(ctx context.Context, job *handoffv1.Job, w stepWallet) err
 		return s.apply(ctx, job, p, w, t, nil)
 	}
 	st, _, _ := p.Stage(job.GetStage())
+	if t, stop, err := s.piiBeforeSend(ctx, p, job); err != nil {
+		return err
+	} else if stop {
+		return s.apply(ctx, job, p, w, t, nil)
+	}
 	// The hop's send span: a child of the job's trace, and the parent of the receiver's
 	// ack span through the package's traceparent (and of the gRPC client span). Hop calls
 	// run under the span (so gRPC metadata carries it); saving state does not depend on it.
@@ -294,7 +299,14 @@ func (s *Server) agentHop(ctx context.Context, job *handoffv1.Job, p *pipeline.P
 		result = nil
 	}
 	if result != nil {
-		if err := s.opts.Validator.Validate(result); err != nil {
+		// Personal data in the result is refused or redacted before any of it is recorded.
+		piiReasons, err := s.screen(ctx, p, job.GetJobId(), result)
+		if err != nil {
+			return err
+		}
+		if piiReasons != nil {
+			out.Invalid = piiReasons
+		} else if err := s.opts.Validator.Validate(result); err != nil {
 			out.Invalid = contract.Reasons(err) // nothing of an invalid result enters the run
 		} else {
 			out.Result = result

@@ -293,6 +293,9 @@ func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEs
 	if !ok {
 		return nil, status.Errorf(codes.FailedPrecondition, "pipeline %q of run %s is not loaded", job.GetPipeline(), runID)
 	}
+	if req, err = s.piiResolve(ctx, p, job.GetJobId(), req); err != nil {
+		return nil, err
+	}
 	if _, isApprove := req.GetAction().(*handoffv1.ResolveEscalationRequest_Approve); isApprove &&
 		job.GetState() == handoffv1.JobState_JOB_STATE_COMPLETED &&
 		job.GetResolution().GetAction() == handoffv1.ResolutionAction_RESOLUTION_ACTION_APPROVE {

@@ -24,6 +24,12 @@
 // A validation that cannot run (protovalidate compilation or runtime error) is codes.Internal:
 // it is no verdict on the request, and the request is not let through either.
 //
+// Personal data. A valid package whose free text (goal, constraints, open_questions,
+// next_hint) holds an e-mail address, a phone number or a payment card number (package pii)
+// is rejected too, one reason per field with rule "pii" ("package.goal"), the message naming
+// the kind of data and never the value: the coordinator keeps it out by its pipeline's
+// policy, and a receiver fails closed when some still arrives.
+//
 // Chain order: install these interceptors before (outside of) every interceptor that reads
 // the package (budget, idempotency), so those only ever see schema-valid packages.
 package validate
@@ -42,7 +48,12 @@ import (
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/contract"
 	"github.com/handoffhq/handoff/internal/interceptor/hop"
+	"github.com/handoffhq/handoff/internal/pii"
 )
+
+// builtin is the pii check every receiver runs: the built-in detectors (a pipeline's own
+// patterns are the coordinator's business, applied before it sends).
+var builtin = pii.Builtin()
 
 // RulePackageOne is the id of the request rule "exactly one of package and package_v2"
 // (DeliverRequest, CheckRequest).
@@ -180,6 +191,9 @@ func check(v *contract.Validator, m proto.Message) ([]*handoffv1.Reason, error) 
 			// cap: nothing else is interpreted.
 			return out, nil
 		}
+		// Personal data that reached a receiver got past the coordinator's pii policy (or
+		// was never sent by it): refuse it here too, naming the field, never the value.
+		out = append(out, pii.Reasons(string(fd.Name()), builtin.Scan(pkg))...)
 		pkgChecked = true
 	}
 	var err error

@@ -13,8 +13,13 @@ import (
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/artifact"
+	"github.com/handoffhq/handoff/internal/telemetry"
 	"github.com/handoffhq/handoff/services/agentrunner"
 )
+
+// Provider is this agent's gen_ai.provider.name: it speaks the OpenAI chat completions API
+// (to OpenAI or to a server compatible with it).
+const Provider = "openai"
 
 // maxAttempts is ToolAttempt's cap in a StageResult (tools_tried max_items).
 const maxAttempts = 64
@@ -55,6 +60,9 @@ func (a *Agent) Run(ctx context.Context, in agentrunner.Input) (*handoffv1.Stage
 		openai.UserMessage(user),
 	}
 	tools := a.tools(in.Routes)
+	// The runner's invoke_agent span, when the GenAI spans are on: this agent speaks the
+	// OpenAI chat completions API.
+	telemetry.GenAIModel(ctx, Provider, a.cfg.Model)
 	for round := 0; ; round++ {
 		resp, err := r.complete(ctx, msgs, tools)
 		if err != nil {
@@ -73,7 +81,7 @@ func (a *Agent) Run(ctx context.Context, in agentrunner.Input) (*handoffv1.Stage
 			if len(r.tried) == maxAttempts {
 				return nil, r.fail("the model made more than %d tool calls", maxAttempts)
 			}
-			out, err := r.call(ctx, c.Function.Name, c.Function.Arguments, &route)
+			out, err := r.call(ctx, c.ID, c.Function.Name, c.Function.Arguments, &route)
 			if err != nil {
 				return nil, err
 			}
@@ -139,6 +147,7 @@ func (r *run) complete(ctx context.Context, msgs []openai.ChatCompletionMessageP
 		}
 		return nil, r.fail("chat completion failed: %v", err)
 	}
+	telemetry.GenAIUsage(ctx, resp.Usage.PromptTokens, resp.Usage.CompletionTokens)
 	cost := a.spend(resp.Usage)
 	r.spent += cost
 	if cost > r.reserve {
@@ -162,7 +171,7 @@ func (r *run) complete(ctx context.Context, msgs []openai.ChatCompletionMessageP
 // call runs one tool call of the model and records it; it returns what the model is told.
 // A transfer sets *route (the first of a turn; later ones are ignored). Only an error that
 // ends the stage is returned as an error.
-func (r *run) call(ctx context.Context, name, args string, route **handoffv1.RouteChoice) (string, error) {
+func (r *run) call(ctx context.Context, callID, name, args string, route **handoffv1.RouteChoice) (string, error) {
 	if opt, ok := r.routes[name]; ok {
 		if *route != nil {
 			r.record(name, CodeTransferIgnored, 0, "the turn already transferred to "+(*route).GetName())
@@ -205,9 +214,11 @@ func (r *run) call(ctx context.Context, name, args string, route **handoffv1.Rou
 		return "", r.fail("%s: %s %v", CodeBadArguments, t.Name, err)
 	}
 	cctx, cancel := context.WithTimeout(ctx, r.a.cfg.ToolTimeout)
+	end := telemetry.StartTool(cctx, t.Name, callID)
 	start := time.Now()
 	out, err := t.Call(cctx, raw)
 	d := time.Since(start)
+	end(err)
 	cancel()
 	if err != nil {
 		code := CodeToolError

@@ -1,0 +1,143 @@
+package pii
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+
+	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+)
+
+// freeText names the fields that hold prose a stage or a person wrote: a package's, and an
+// operator's comment or reason (ResolveEscalationRequest) and a route's reason. Every other
+// field of a package is an id, a ref, a number or an enum, checked by the contract's own
+// rules.
+var freeText = []protoreflect.Name{"goal", "constraints", "open_questions", "next_hint", "resolved_questions", "comment", "reason"}
+
+// Finding is one field holding personal data: its path ("goal", "open_questions[1]") and
+// the kind of the first piece found. It never holds the value.
+type Finding struct {
+	Field string
+	Kind  string
+}
+
+// Scan returns the free-text fields of m (a handoff.v1 or v2 package, a SubmitJobRequest, a
+// StageResult: any message with fields of those names) that hold personal data, in field
+// order. A nil message has none.
+func (d *Detector) Scan(m proto.Message) []Finding {
+	if m == nil {
+		return nil
+	}
+	var out []Finding
+	each(m.ProtoReflect(), func(path string, s string, _ func(string)) {
+		if k, ok := d.First(s); ok {
+			out = append(out, Finding{Field: path, Kind: k})
+		}
+	})
+	return out
+}
+
+// each calls fn for every set free-text string of r with its path and a setter, and of the
+// singular messages r holds ("fail.reason", "route.reason"), to a depth of 4.
+func each(r protoreflect.Message, fn func(path, s string, set func(string))) {
+	eachAt(r, "", 4, fn)
+}
+
+func eachAt(r protoreflect.Message, prefix string, depth int, fn func(path, s string, set func(string))) {
+	fields := r.Descriptor().Fields()
+	for _, name := range freeText {
+		fd := fields.ByName(name)
+		if fd == nil || fd.Kind() != protoreflect.StringKind || fd.IsMap() {
+			continue
+		}
+		if !fd.IsList() {
+			if s := r.Get(fd).String(); s != "" {
+				fn(prefix+string(name), s, func(v string) { r.Set(fd, protoreflect.ValueOfString(v)) })
+			}
+			continue
+		}
+		l := r.Get(fd).List()
+		for i := 0; i < l.Len(); i++ {
+			i := i
+			fn(fmt.Sprintf("%s%s[%d]", prefix, name, i), l.Get(i).String(), func(v string) { l.Set(i, protoreflect.ValueOfString(v)) })
+		}
+	}
+	if depth == 0 {
+		return
+	}
+	for i := 0; i < fields.Len(); i++ {
+		fd := fields.Get(i)
+		if fd.Kind() != protoreflect.MessageKind || fd.IsList() || fd.IsMap() || !r.Has(fd) ||
+			fd.Message().FullName().Parent() == "google.protobuf" {
+			continue
+		}
+		eachAt(r.Get(fd).Message(), prefix+string(fd.Name())+".", depth-1, fn)
+	}
+}
+
+// Reasons turns findings into contract reasons: field = the path under prefix ("" for a
+// package's own paths, "package" for a request's), rule "pii", and a message naming the kind
+// and what to do, never the value. No findings, nil.
+func Reasons(prefix string, fs []Finding) []*handoffv1.Reason {
+	if len(fs) == 0 {
+		return nil
+	}
+	out := make([]*handoffv1.Reason, 0, len(fs))
+	for _, f := range fs {
+		field := f.Field
+		if prefix != "" {
+			field = prefix + "." + field
+		}
+		out = append(out, &handoffv1.Reason{
+			Field: field, Rule: Rule,
+			Message: fmt.Sprintf("%s holds %s: personal data does not travel in packages; keep it in the system of record and pass a memory ref", f.Field, Describe(f.Kind)),
+		})
+	}
+	return out
+}
+
+// Keeper stores a found value apart and answers the memory ref ("pii:<id>") that replaces
+// it. The same value of the same job must get the same ref, so that a job submitted twice
+// is the same job.
+type Keeper interface {
+	Keep(ctx context.Context, jobID, kind, value string) (ref string, err error)
+}
+
+// Redact replaces, in place, every piece of personal data in m's free-text fields by the
+// ref k keeps it under, and returns the findings it replaced (empty: m is unchanged). On an
+// error m may be partly redacted and must not be used; the error never holds a value.
+func (d *Detector) Redact(ctx context.Context, m proto.Message, jobID string, k Keeper) ([]Finding, error) {
+	if m == nil {
+		return nil, nil
+	}
+	var out []Finding
+	var failed error
+	each(m.ProtoReflect(), func(path, s string, set func(string)) {
+		if failed != nil {
+			return
+		}
+		ms := d.Find(s)
+		if len(ms) == 0 {
+			return
+		}
+		var b strings.Builder
+		prev := 0
+		for _, mt := range ms {
+			ref, err := k.Keep(ctx, jobID, mt.Kind, s[mt.Start:mt.End])
+			if err != nil {
+				failed = fmt.Errorf("pii: keeping %s of %s: %w", Describe(mt.Kind), path, err)
+				return
+			}
+			b.WriteString(s[prev:mt.Start])
+			b.WriteString(ref)
+			prev = mt.End
+		}
+		b.WriteString(s[prev:])
+		set(b.String())
+		out = append(out, Finding{Field: path, Kind: ms[0].Kind})
+	})
+	return out, failed
+}
