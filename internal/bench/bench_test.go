@@ -113,3 +113,32 @@ func BenchmarkJob(b *testing.B) {
 		})
 	}
 }
+
+func floorRigFor(b *testing.B, redisAddr string) *floorRig {
+	b.Helper()
+	v, err := contract.NewValidator()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var shape hopShape
+	if redisAddr != "" {
+		if shape, err = hopRigFor(b, StoreRedis).captureShape(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+	}
+	r, err := newFloorRig(context.Background(), redisAddr, 1, v, shape)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(r.close)
+	return r
+}
+
+// BenchmarkFloorHop is figure A2.
+func BenchmarkFloorHop(b *testing.B) {
+	needRedis(b)
+	loop(b, floorRigFor(b, DefaultRedisAddr).hop)
+}
+
+// BenchmarkRejectedFloor is figure R_floor.
+func BenchmarkRejectedFloor(b *testing.B) { loop(b, floorRigFor(b, "").rejected) }
