@@ -3,7 +3,9 @@ package bench
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -199,3 +201,31 @@ func TestFloorFigures(t *testing.T) {
 		t.Error("A2 ran without Redis")
 	}
 }
+
+// TestHopWritesNoWarning: B's and R's client sends each hop on its package's trace, as the
+// coordinator does, so the runner logs nothing at warn for a valid hop (a client on a trace
+// of its own made every hop log a trace mismatch, which the platform's hops do not pay).
+func TestHopWritesNoWarning(t *testing.T) {
+	var buf strings.Builder
+	var mu sync.Mutex
+	log := slog.New(slog.NewJSONHandler(writerFunc(func(p []byte) (int, error) { mu.Lock(); defer mu.Unlock(); return buf.Write(p) }), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	r, err := newHopRig(context.Background(), hopConfig{Store: StoreBolt, BaseDir: t.TempDir(), Workers: 1, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.close)
+	for range 3 {
+		if err := r.hop(context.Background(), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if strings.Contains(buf.String(), "trace mismatch") {
+		t.Fatalf("valid hops logged a trace mismatch:\n%s", buf.String())
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }

@@ -70,7 +70,7 @@ func (r *hopRig) captureShape(ctx context.Context) (hopShape, error) {
 	tp := newTraceparent(nil)
 	p := r.tmpl.make(r.jobPrefix, tp, w.walletID)
 	p.Stage = r.nextStage()
-	ack, res, err := rpc.Deliver(ctx, r.client, &handoffv1.DeliverRequest{Package: p, Agent: benchStage})
+	ack, res, err := rpc.Deliver(onTrace(ctx, tp), r.client, &handoffv1.DeliverRequest{Package: p, Agent: benchStage})
 	if err != nil {
 		return hopShape{}, err
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/handoffhq/handoff/internal/artifact"
 	"github.com/handoffhq/handoff/internal/contract"
 	"github.com/handoffhq/handoff/internal/interceptor/identity"
+	hoptrace "github.com/handoffhq/handoff/internal/interceptor/trace"
 	"github.com/handoffhq/handoff/internal/rpc"
 	"github.com/handoffhq/handoff/internal/server"
 	"github.com/handoffhq/handoff/internal/store"
@@ -191,7 +192,7 @@ func (r *hopRig) hop(ctx context.Context, worker int) error {
 	tp := newTraceparent(nil)
 	p := r.tmpl.make(r.jobPrefix, tp, w.walletID)
 	p.Stage = r.nextStage()
-	ack, res, err := rpc.Deliver(ctx, r.client, &handoffv1.DeliverRequest{Package: p, Agent: benchStage})
+	ack, res, err := rpc.Deliver(onTrace(ctx, tp), r.client, &handoffv1.DeliverRequest{Package: p, Agent: benchStage})
 	if err != nil {
 		return err
 	}
@@ -231,12 +232,21 @@ func saveHop(ctx context.Context, st store.Store, run *handoffv1.Job, p *handoff
 		&handoffv1.JobEvent{RunId: run.GetRunId(), JobId: p.GetJobId(), Kind: handoffv1.EventKind_EVENT_KIND_STAGE_RESULT, Stage: benchStage, Result: res, Traceparent: tp, At: run.UpdatedAt, Hop: run.GetHops()})
 }
 
+// onTrace is ctx on the trace of traceparent tp, as the coordinator sends a hop from its
+// span on the package's trace: the call's metadata then carries the package's trace, and
+// the runner's trace interceptor has no mismatch to warn about (a client on a trace of its
+// own would make every hop write that warning).
+func onTrace(ctx context.Context, tp string) context.Context {
+	pctx, _ := hoptrace.Parse(ctx, tp, "")
+	return pctx
+}
+
 // rejected is figure R: a package without a goal; the Ack must be REJECTED_SCHEMA.
 func (r *hopRig) rejected(ctx context.Context, _ int) error {
 	tp := newTraceparent(nil)
 	p := r.tmpl.make(r.nextJob(), tp, "")
 	p.Goal = ""
-	ack, _, err := rpc.Deliver(ctx, r.client, &handoffv1.DeliverRequest{Package: p})
+	ack, _, err := rpc.Deliver(onTrace(ctx, tp), r.client, &handoffv1.DeliverRequest{Package: p})
 	if err != nil {
 		return err
 	}
