@@ -142,3 +142,17 @@ func BenchmarkFloorHop(b *testing.B) {
 
 // BenchmarkRejectedFloor is figure R_floor.
 func BenchmarkRejectedFloor(b *testing.B) { loop(b, floorRigFor(b, "").rejected) }
+
+// BenchmarkJobRoutes is figure J_routes (on bbolt when Redis does not answer).
+func BenchmarkJobRoutes(b *testing.B) {
+	kind := StoreRedis
+	if RedisReachable(context.Background(), DefaultRedisAddr) != nil {
+		kind = StoreBolt
+	}
+	r, err := newJobsRigFor(context.Background(), RoutesPipeline, kind, DefaultRedisAddr, "", nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(r.close)
+	loop(b, r.job)
+}

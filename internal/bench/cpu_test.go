@@ -229,3 +229,18 @@ func TestHopWritesNoWarning(t *testing.T) {
 type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+// TestRoutesJob: figure J_routes' job completes through five declared routes; the rail
+// moved it along each (an undeclared or missing route would have escalated it).
+func TestRoutesJob(t *testing.T) {
+	r, err := newJobsRigFor(context.Background(), RoutesPipeline, StoreBolt, "", t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.close)
+	for range 2 {
+		if err := r.job(context.Background(), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -150,12 +150,12 @@ type figure struct {
 }
 
 // FigureKeys are the keys of every figure Run reports (C_tmpfs only with Config.TmpfsBolt).
-var FigureKeys = []string{"A", "A2", "B", "C", "W_bolt", "R", "R_floor", "echo", "V", "J_redis", "J_bolt"}
+var FigureKeys = []string{"A", "A2", "B", "C", "W_bolt", "R", "R_floor", "echo", "V", "J_redis", "J_bolt", "J_routes"}
 
 // RatioKeys are the ratios a report may carry, in the order the text prints them
 // (C_tmpfs/A_p50 only with Config.TmpfsBolt).
 var RatioKeys = []string{"B/A2_p50", "B/A2_throughput", "CPU_B/A2", "R/R_floor_p50", "R/R_floor_throughput",
-	"B/A_p50", "C/A_p50", "C_tmpfs/A_p50", "B/A_throughput", "C/A_throughput", "CPU_B/A", "R/echo_p50"}
+	"B/A_p50", "C/A_p50", "C_tmpfs/A_p50", "B/A_throughput", "C/A_throughput", "CPU_B/A", "R/echo_p50", "J_routes/J_redis_p50", "J_routes/J_redis_throughput"}
 
 // Run measures every figure, interleaved, and reports them with the ratios and targets.
 // A figure whose setup fails for want of Redis is reported skipped; any other failure
@@ -245,6 +245,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	fE := add("echo", "bare gRPC unary echo, 1 KiB each way over 127.0.0.1 TCP; no interceptors, no Redis", cfg.Concurrency)
 	fV := add("V", "contract.Validator.CheckV1 of the ~2 KB package, in process", runtime.GOMAXPROCS(0))
 	fJR := add("J_redis", "5-stage Noop job through the coordinator on Redis: SubmitJob + WatchJob until COMPLETED", cfg.JobsConcurrency)
+	fJRt := add("J_routes", "J_redis with routes: each of the 5 stages declares two routes, its agent answers with one, the rail checks it and moves the job along it", cfg.JobsConcurrency)
 	fJB := add("J_bolt", "5-stage Noop job through the coordinator on bbolt (stack.Start, as `handoff up`): SubmitJob + WatchJob until COMPLETED", cfg.JobsConcurrency)
 
 	// One bare server serves A (Hop, needs Redis) and echo.
@@ -328,7 +329,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	})
 	jobsRigFor := func(f *figure, kind string) func() error {
 		return func() error {
-			r, err := newJobsRig(ctx, kind, cfg.RedisAddr, cfg.BoltDir, cfg.Logger)
+			pipe := JobsPipeline
+			if f.Key == "J_routes" {
+				pipe = RoutesPipeline
+			}
+			r, err := newJobsRigFor(ctx, pipe, kind, cfg.RedisAddr, cfg.BoltDir, cfg.Logger)
 			if err != nil {
 				return err
 			}
@@ -343,6 +348,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	setup(fJR, true, jobsRigFor(fJR, StoreRedis))
 	setup(fJB, false, jobsRigFor(fJB, StoreBolt))
+	setup(fJRt, true, jobsRigFor(fJRt, StoreRedis))
 
 	// Redis's CPU for the CPU per operation (INFO cpu).
 	var cpuRedis *redis.Client
@@ -584,6 +590,8 @@ func (rep *Report) ratiosAndTargets() {
 		return r
 	}
 	cB := cpuRatio("CPU_B/A2", "B", "A2")
+	ratio("J_routes/J_redis_p50", "J_routes", "J_redis", p50)
+	ratio("J_routes/J_redis_throughput", "J_routes", "J_redis", ops)
 	cpuRatio("CPU_B/A", "B", "A")
 	target("B/A2 at p50", "<= 1.5 (goal 1.3)", bA2, func(v float64) bool { return v <= 1.5 })
 	target("throughput B/A2", ">= 0.60", bA2t, func(v float64) bool { return v >= 0.60 })
