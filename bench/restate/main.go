@@ -229,7 +229,7 @@ func run(ctx context.Context, o options) error {
 		return func(ctx context.Context, _ int) error {
 			got, err := req.Request(ctx, 0)
 			if err == nil && got != stages {
-				err = fmt.Errorf("Relay/%s returned %d, want %d (every stage once, in order)", handler, got, stages)
+				err = fmt.Errorf("the relay handler %s returned %d, want %d (every stage once, in order)", handler, got, stages)
 			}
 			return err
 		}

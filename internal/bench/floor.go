@@ -200,7 +200,7 @@ func (r *floorRig) rejected(ctx context.Context, _ int) error {
 		return err
 	}
 	if ack.GetStatus() != handoffv1.AckStatus_ACK_STATUS_REJECTED_SCHEMA || ack.GetTraceparent() != tp {
-		return fmt.Errorf("R_floor: ack %s on %s, want REJECTED_SCHEMA on %s", ack.GetStatus(), ack.GetTraceparent(), tp)
+		return fmt.Errorf("rejected on the floor: ack %s on %s, want REJECTED_SCHEMA on %s", ack.GetStatus(), ack.GetTraceparent(), tp)
 	}
 	return nil
 }

@@ -279,7 +279,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		} else {
 			var err error
 			if shape, err = fB.shapeOf(ctx); err != nil {
-				return fmt.Errorf("B's shape: %w", err)
+				return fmt.Errorf("the shape of figure B's hop: %w", err)
 			}
 		}
 		r, err := newFloorRig(ctx, addr, cfg.Concurrency, val, shape)
