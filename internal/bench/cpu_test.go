@@ -3,7 +3,9 @@ package bench
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"log/slog"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -241,6 +243,42 @@ func TestRoutesJob(t *testing.T) {
 	for range 2 {
 		if err := r.job(context.Background(), 0); err != nil {
 			t.Fatal(err)
+		}
+	}
+}
+
+// TestNewBenchmarksRun is a smoke test of the Go benchmarks of issue 22's figures: each runs
+// a few iterations without failing (testing.Benchmark reports N == 0 for a benchmark that
+// failed or skipped).
+func TestNewBenchmarksRun(t *testing.T) {
+	bt := flag.Lookup("test.benchtime")
+	if bt == nil {
+		t.Fatal("no -test.benchtime flag")
+	}
+	old := bt.Value.String()
+	if err := bt.Value.Set("3x"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { bt.Value.Set(old) })
+	redis := RedisReachable(context.Background(), DefaultRedisAddr) == nil
+	if !redis && os.Getenv("CI") != "" {
+		t.Fatalf("no Redis at %s under CI", DefaultRedisAddr)
+	}
+	for _, bm := range []struct {
+		name       string
+		fn         func(*testing.B)
+		needsRedis bool
+	}{
+		{"FloorHop (A2)", BenchmarkFloorHop, true},
+		{"RejectedFloor (R_floor)", BenchmarkRejectedFloor, false},
+		{"JobRoutes (J_routes)", BenchmarkJobRoutes, false},
+	} {
+		if bm.needsRedis && !redis {
+			t.Logf("%s skipped: no Redis at %s", bm.name, DefaultRedisAddr)
+			continue
+		}
+		if r := testing.Benchmark(bm.fn); r.N == 0 {
+			t.Errorf("benchmark %s did not run (failed or skipped)", bm.name)
 		}
 	}
 }
