@@ -30,6 +30,7 @@ on the platform against the same hop without it:
   V        contract validation of the ~2 KB package alone
   J_redis, J_bolt   5-stage Noop job through the coordinator, SubmitJob to COMPLETED
   J_routes J_redis with a declared route chosen and checked at every stage
+  J_triage the shipped support-triage pipeline (routes, judge, one write) on bbolt
 and the ratios B/A2 and R/R_floor (p50, throughput), CPU per hop (process getrusage +
 Redis INFO cpu, per operation of A, A2 and B's throughput bursts), B/A, C/A and R/echo,
 against the issue's targets.

@@ -156,3 +156,13 @@ func BenchmarkJobRoutes(b *testing.B) {
 	b.Cleanup(r.close)
 	loop(b, r.job)
 }
+
+// BenchmarkJobTriage is figure J_triage.
+func BenchmarkJobTriage(b *testing.B) {
+	r, err := newTriageRig(context.Background(), "", nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(r.close)
+	loop(b, r.job)
+}

@@ -272,6 +272,7 @@ func TestNewBenchmarksRun(t *testing.T) {
 		{"FloorHop (A2)", BenchmarkFloorHop, true},
 		{"RejectedFloor (R_floor)", BenchmarkRejectedFloor, false},
 		{"JobRoutes (J_routes)", BenchmarkJobRoutes, false},
+		{"JobTriage (J_triage)", BenchmarkJobTriage, false},
 	} {
 		if bm.needsRedis && !redis {
 			t.Logf("%s skipped: no Redis at %s", bm.name, DefaultRedisAddr)
@@ -280,5 +281,24 @@ func TestNewBenchmarksRun(t *testing.T) {
 		if r := testing.Benchmark(bm.fn); r.N == 0 {
 			t.Errorf("benchmark %s did not run (failed or skipped)", bm.name)
 		}
+	}
+}
+
+// TestTriageJob: figure J_triage's job goes through support-triage's billing route to one
+// write, twice (two jobs, two ledger entries).
+func TestTriageJob(t *testing.T) {
+	ctx := context.Background()
+	r, err := newTriageRig(ctx, t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.close)
+	for range 2 {
+		if err := r.job(ctx, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if writes, err := r.st.Store.LedgerEntries(ctx); err != nil || len(writes) != 2 {
+		t.Fatalf("ledger: %d entries (%v), want 2", len(writes), err)
 	}
 }

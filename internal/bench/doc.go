@@ -25,7 +25,8 @@
 //	V     contract.Validator.CheckV1 of the ~2 KB package, alone.
 //	J     a 5-stage job of Noop agents through the coordinator (SubmitJob, then WatchJob
 //	      until the run ends COMPLETED), on Redis and on bbolt; J_routes is J on Redis with
-//	      a declared route chosen and checked at every stage.
+//	      a declared route chosen and checked at every stage; J_triage is the shipped
+//	      support-triage pipeline (routes, its agents, the judge, one write) on bbolt.
 //
 // A, A2 and B also report their CPU per operation in the throughput bursts: the process's
 // (getrusage) plus Redis's (INFO cpu deltas).

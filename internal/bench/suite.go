@@ -150,7 +150,7 @@ type figure struct {
 }
 
 // FigureKeys are the keys of every figure Run reports (C_tmpfs only with Config.TmpfsBolt).
-var FigureKeys = []string{"A", "A2", "B", "C", "W_bolt", "R", "R_floor", "echo", "V", "J_redis", "J_bolt", "J_routes"}
+var FigureKeys = []string{"A", "A2", "B", "C", "W_bolt", "R", "R_floor", "echo", "V", "J_redis", "J_bolt", "J_routes", "J_triage"}
 
 // RatioKeys are the ratios a report may carry, in the order the text prints them
 // (C_tmpfs/A_p50 only with Config.TmpfsBolt).
@@ -246,6 +246,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	fV := add("V", "contract.Validator.CheckV1 of the ~2 KB package, in process", runtime.GOMAXPROCS(0))
 	fJR := add("J_redis", "5-stage Noop job through the coordinator on Redis: SubmitJob + WatchJob until COMPLETED", cfg.JobsConcurrency)
 	fJRt := add("J_routes", "J_redis with routes: each of the 5 stages declares two routes, its agent answers with one, the rail checks it and moves the job along it", cfg.JobsConcurrency)
+	fJT := add("J_triage", "the shipped support-triage pipeline on bbolt (stack.Start): the billing ticket routed to its desk, retrieved, drafted, judged PASS and written once", cfg.JobsConcurrency)
 	fJB := add("J_bolt", "5-stage Noop job through the coordinator on bbolt (stack.Start, as `handoff up`): SubmitJob + WatchJob until COMPLETED", cfg.JobsConcurrency)
 
 	// One bare server serves A (Hop, needs Redis) and echo.
@@ -349,6 +350,14 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	setup(fJR, true, jobsRigFor(fJR, StoreRedis))
 	setup(fJB, false, jobsRigFor(fJB, StoreBolt))
 	setup(fJRt, true, jobsRigFor(fJRt, StoreRedis))
+	setup(fJT, false, func() error {
+		r, err := newTriageRig(ctx, cfg.BoltDir, cfg.Logger)
+		if err != nil {
+			return err
+		}
+		fJT.close, fJT.op = r.close, r.job
+		return nil
+	})
 
 	// Redis's CPU for the CPU per operation (INFO cpu).
 	var cpuRedis *redis.Client
