@@ -2,6 +2,8 @@ package rpc
 
 import (
 	"context"
+	"errors"
+	"io"
 	"log/slog"
 	"strings"
 	"time"
@@ -49,6 +51,9 @@ func logStream(log *slog.Logger) grpc.StreamServerInterceptor {
 // logCall writes the finished-call line of a call that started at start and ended with err,
 // if log writes the level its code maps to.
 func logCall(ctx context.Context, log *slog.Logger, fullMethod, typ string, start time.Time, err error) {
+	if errors.Is(err, io.EOF) { // as the middleware: a stream's io.EOF is its normal end
+		err = nil
+	}
 	code := status.Code(err)
 	lvl := slog.Level(logging.DefaultServerCodeToLevel(code))
 	if !log.Enabled(ctx, lvl) {
