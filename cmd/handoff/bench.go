@@ -18,14 +18,22 @@ var benchHelp = about("bench") + `Usage: handoff bench [flags]
 Measures, in this one process and interleaved in short round-robin bursts, what a hop costs
 on the platform against the same hop without it:
   A        bare hop: gRPC unary, 1 KiB over 127.0.0.1, handler does one Redis SET NX
+  A2       B's honest floor: the runner's Deliver on a plain gRPC server, the handler
+           running the store's Admit (claim + debit, one Lua script), sending an ack and a
+           result of B's shape, then its Complete; the client then one PutRun of B's run
   B        platform hop on Redis: ~2 KB package from a coordinator-identity client through
            the agent runner's full interceptor chain to a Noop agent, Ack + StageResult
            received, then one PutRun of the run (as the coordinator records a hop)
   C        the same on the embedded bbolt store (fsync per write transaction)
   R        a REJECTED_SCHEMA round trip (the agent must not run); echo: bare 1 KiB gRPC echo
+  R_floor  R's floor: the bare Deliver stream returning one message, its handler running V
   V        contract validation of the ~2 KB package alone
   J_redis, J_bolt   5-stage Noop job through the coordinator, SubmitJob to COMPLETED
-and the ratios B/A and C/A (p50, throughput) and R/echo, against the issue's targets.
+  J_routes J_redis with a declared route chosen and checked at every stage
+  J_triage the shipped support-triage pipeline (routes, judge, one write) on bbolt
+and the ratios B/A2 and R/R_floor (p50, throughput), CPU per hop (process getrusage +
+Redis INFO cpu, per operation of A, A2 and B's throughput bursts), B/A, C/A and R/echo,
+against the issue's targets.
 Figures needing Redis are reported skipped (with the reason) when it does not answer.
 Exits 1 when a figure fails to run (missed targets do not fail it).
 

@@ -17,10 +17,11 @@ func TestBenchJSON(t *testing.T) {
 	code := run([]string{"bench", "--duration", "200ms", "--json", "--jobs-concurrency", "4", "--bolt-dir", t.TempDir()}, nil, &out, &errb)
 	var rep struct {
 		Figures map[string]struct {
-			P50us          float64 `json:"p50_us"`
-			OpsPerSec      float64 `json:"ops_per_sec"`
-			LatencySamples int     `json:"latency_samples"`
-			AgentCalls     *int64  `json:"agent_calls"`
+			P50us          float64  `json:"p50_us"`
+			OpsPerSec      float64  `json:"ops_per_sec"`
+			LatencySamples int      `json:"latency_samples"`
+			AgentCalls     *int64   `json:"agent_calls"`
+			CPUUs          *float64 `json:"cpu_us_per_op"`
 			Skipped, Error string
 		} `json:"figures"`
 		Ratios  map[string]json.RawMessage `json:"ratios"`
@@ -50,12 +51,18 @@ func TestBenchJSON(t *testing.T) {
 	if r := rep.Figures["R"]; r.Skipped == "" && (r.AgentCalls == nil || *r.AgentCalls != 0) {
 		t.Errorf("R made agent calls: %v", r.AgentCalls)
 	}
-	for _, k := range []string{"B/A_p50", "C/A_p50", "B/A_throughput", "R/echo_p50"} {
+	for _, k := range []string{"B/A2_p50", "B/A2_throughput", "CPU_B/A2", "R/R_floor_p50", "R/R_floor_throughput", "B/A_p50", "C/A_p50", "B/A_throughput", "R/echo_p50"} {
 		if _, ok := rep.Ratios[k]; !ok {
 			t.Errorf("ratio %s is missing", k)
 		}
 	}
-	if len(rep.Targets) != 5 || rep.Machine.NumCPU == 0 || rep.Machine.Go == "" {
-		t.Errorf("targets %d (want 5), machine %+v", len(rep.Targets), rep.Machine)
+	if len(rep.Targets) != 6 || rep.Machine.NumCPU == 0 || rep.Machine.Go == "" {
+		t.Errorf("targets %d (want 6), machine %+v", len(rep.Targets), rep.Machine)
+	}
+	// A, A2 and B carry the CPU per operation of their throughput bursts.
+	for _, k := range []string{"A", "A2", "B"} {
+		if f := rep.Figures[k]; f.Skipped == "" && (f.CPUUs == nil || *f.CPUUs <= 0) {
+			t.Errorf("figure %s: CPU per operation %v, want > 0", k, f.CPUUs)
+		}
 	}
 }

@@ -113,3 +113,56 @@ func BenchmarkJob(b *testing.B) {
 		})
 	}
 }
+
+func floorRigFor(b *testing.B, redisAddr string) *floorRig {
+	b.Helper()
+	v, err := contract.NewValidator()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var shape hopShape
+	if redisAddr != "" {
+		if shape, err = hopRigFor(b, StoreRedis).captureShape(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+	}
+	r, err := newFloorRig(context.Background(), redisAddr, 1, v, shape)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(r.close)
+	return r
+}
+
+// BenchmarkFloorHop is figure A2.
+func BenchmarkFloorHop(b *testing.B) {
+	needRedis(b)
+	loop(b, floorRigFor(b, DefaultRedisAddr).hop)
+}
+
+// BenchmarkRejectedFloor is figure R_floor.
+func BenchmarkRejectedFloor(b *testing.B) { loop(b, floorRigFor(b, "").rejected) }
+
+// BenchmarkJobRoutes is figure J_routes (on bbolt when Redis does not answer).
+func BenchmarkJobRoutes(b *testing.B) {
+	kind := StoreRedis
+	if RedisReachable(context.Background(), DefaultRedisAddr) != nil {
+		kind = StoreBolt
+	}
+	r, err := newJobsRigFor(context.Background(), RoutesPipeline, kind, DefaultRedisAddr, "", nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(r.close)
+	loop(b, r.job)
+}
+
+// BenchmarkJobTriage is figure J_triage.
+func BenchmarkJobTriage(b *testing.B) {
+	r, err := newTriageRig(context.Background(), "", nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(r.close)
+	loop(b, r.job)
+}

@@ -21,6 +21,7 @@ import (
 	"github.com/handoffhq/handoff/internal/artifact"
 	"github.com/handoffhq/handoff/internal/contract"
 	"github.com/handoffhq/handoff/internal/interceptor/identity"
+	hoptrace "github.com/handoffhq/handoff/internal/interceptor/trace"
 	"github.com/handoffhq/handoff/internal/rpc"
 	"github.com/handoffhq/handoff/internal/server"
 	"github.com/handoffhq/handoff/internal/store"
@@ -168,12 +169,7 @@ func newHopRig(ctx context.Context, cfg hopConfig) (_ *hopRig, err error) {
 		if _, err := r.st.OpenWallet(ctx, w.walletID, r.jobPrefix, &handoffv1.Budget{UsdRemainingMicros: math.MaxInt64 / 2, HopsRemaining: math.MaxUint32}); err != nil {
 			return nil, err
 		}
-		w.run = &handoffv1.Job{
-			RunId: w.walletID, JobId: r.jobPrefix, Pipeline: "bench", State: handoffv1.JobState_JOB_STATE_RUNNING,
-			Goal: r.tmpl.goal, Constraints: r.tmpl.constraints, Artifacts: r.tmpl.artifacts, ToolsTried: r.tmpl.toolsTried,
-			MemoryRefs: r.tmpl.memoryRefs, Stage: benchStage, CreatedAt: now, UpdatedAt: now,
-			Wallet: &handoffv1.Budget{UsdRemainingMicros: 1_196_500, RevisionsRemaining: 2, HopsRemaining: 10, WalletId: w.walletID},
-		}
+		w.run = newBenchRun(r.tmpl, w.walletID, r.jobPrefix, now)
 		if _, _, err := r.st.CreateRun(ctx, w.run); err != nil {
 			return nil, err
 		}
@@ -196,7 +192,7 @@ func (r *hopRig) hop(ctx context.Context, worker int) error {
 	tp := newTraceparent(nil)
 	p := r.tmpl.make(r.jobPrefix, tp, w.walletID)
 	p.Stage = r.nextStage()
-	ack, res, err := rpc.Deliver(ctx, r.client, &handoffv1.DeliverRequest{Package: p, Agent: benchStage})
+	ack, res, err := rpc.Deliver(onTrace(ctx, tp), r.client, &handoffv1.DeliverRequest{Package: p, Agent: benchStage})
 	if err != nil {
 		return err
 	}
@@ -206,19 +202,43 @@ func (r *hopRig) hop(ctx context.Context, worker int) error {
 	if ack.GetTraceparent() != tp || res.GetTraceparent() != tp {
 		return fmt.Errorf("hop %s: trace break: sent %s, ack %s, result %s", p.GetJobId(), tp, ack.GetTraceparent(), res.GetTraceparent())
 	}
-	// Record the hop the way the coordinator does after a result: mirror the wallet the
-	// runner debited into the run and save the run (one store write).
-	run := w.run
+	return saveHop(ctx, r.st, w.run, p, ack, res)
+}
+
+// newBenchRun is the run one in-flight slot records its hops in (one run per job, as the
+// coordinator keeps).
+func newBenchRun(t *template, runID, job string, now *timestamppb.Timestamp) *handoffv1.Job {
+	return &handoffv1.Job{
+		RunId: runID, JobId: job, Pipeline: "bench", State: handoffv1.JobState_JOB_STATE_RUNNING,
+		Goal: t.goal, Constraints: t.constraints, Artifacts: t.artifacts, ToolsTried: t.toolsTried,
+		MemoryRefs: t.memoryRefs, Stage: benchStage, CreatedAt: now, UpdatedAt: now,
+		Wallet: &handoffv1.Budget{UsdRemainingMicros: 1_196_500, RevisionsRemaining: 2, HopsRemaining: 10, WalletId: runID},
+	}
+}
+
+// saveHop records a hop the way the coordinator does after a result: it mirrors the
+// wallet the runner debited into the run and saves the run with the hop's ACK and
+// STAGE_RESULT events, in one write.
+func saveHop(ctx context.Context, st store.Store, run *handoffv1.Job, p *handoffv1.HandoffPackage, ack *handoffv1.Ack, res *handoffv1.StageResult) error {
 	run.Hops++
 	if aw := ack.GetWallet(); aw != nil {
 		run.Wallet = aw
 	}
 	run.NextHint = res.GetNextHint()
 	run.UpdatedAt = timestamppb.Now()
-	// As the coordinator saves a hop: the run with the events it learned, in one write.
-	return r.st.PutRun(ctx, run,
+	tp := p.GetTrace().GetTraceparent()
+	return st.PutRun(ctx, run,
 		&handoffv1.JobEvent{RunId: run.GetRunId(), JobId: p.GetJobId(), Kind: handoffv1.EventKind_EVENT_KIND_ACK, Stage: benchStage, Ack: ack, Traceparent: tp, At: run.UpdatedAt, Hop: run.GetHops()},
 		&handoffv1.JobEvent{RunId: run.GetRunId(), JobId: p.GetJobId(), Kind: handoffv1.EventKind_EVENT_KIND_STAGE_RESULT, Stage: benchStage, Result: res, Traceparent: tp, At: run.UpdatedAt, Hop: run.GetHops()})
+}
+
+// onTrace is ctx on the trace of traceparent tp, as the coordinator sends a hop from its
+// span on the package's trace: the call's metadata then carries the package's trace, and
+// the runner's trace interceptor has no mismatch to warn about (a client on a trace of its
+// own would make every hop write that warning).
+func onTrace(ctx context.Context, tp string) context.Context {
+	pctx, _ := hoptrace.Parse(ctx, tp, "")
+	return pctx
 }
 
 // rejected is figure R: a package without a goal; the Ack must be REJECTED_SCHEMA.
@@ -226,7 +246,7 @@ func (r *hopRig) rejected(ctx context.Context, _ int) error {
 	tp := newTraceparent(nil)
 	p := r.tmpl.make(r.nextJob(), tp, "")
 	p.Goal = ""
-	ack, _, err := rpc.Deliver(ctx, r.client, &handoffv1.DeliverRequest{Package: p})
+	ack, _, err := rpc.Deliver(onTrace(ctx, tp), r.client, &handoffv1.DeliverRequest{Package: p})
 	if err != nil {
 		return err
 	}

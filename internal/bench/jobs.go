@@ -142,16 +142,26 @@ type jobsRig struct {
 	missedEnd atomic.Int64
 	closers   []func()
 	jobPrefix string
+	pipeline  string
 	seq       atomic.Uint64
 }
 
 // newJobsRig starts a platform on store kind; its files go in a new folder under baseDir
 // ("" = os.TempDir()).
 func newJobsRig(ctx context.Context, kind, redisAddr, baseDir string, log *slog.Logger) (_ *jobsRig, err error) {
+	return newJobsRigFor(ctx, JobsPipeline, kind, redisAddr, baseDir, log)
+}
+
+// newJobsRigFor is newJobsRig running pipeline (JobsPipeline or RoutesPipeline).
+func newJobsRigFor(ctx context.Context, pipe, kind, redisAddr, baseDir string, log *slog.Logger) (_ *jobsRig, err error) {
 	if log == nil {
 		log = quietLogger()
 	}
-	pipes, agents, err := jobsPipelines()
+	build := jobsPipelines
+	if pipe == RoutesPipeline {
+		build = routesPipelines
+	}
+	pipes, agents, err := build()
 	if err != nil {
 		return nil, err
 	}
@@ -159,7 +169,7 @@ func newJobsRig(ctx context.Context, kind, redisAddr, baseDir string, log *slog.
 	if err != nil {
 		return nil, err
 	}
-	r := &jobsRig{jobPrefix: "job-" + randomHex(4)}
+	r := &jobsRig{jobPrefix: "job-" + randomHex(4), pipeline: pipe}
 	r.closers = append(r.closers, func() { os.RemoveAll(dir) })
 	defer func() {
 		if err != nil {
@@ -211,7 +221,7 @@ func newJobsRig(ctx context.Context, kind, redisAddr, baseDir string, log *slog.
 func (r *jobsRig) job(ctx context.Context, _ int) error {
 	id := fmt.Sprintf("%s-%d", r.jobPrefix, r.seq.Add(1))
 	resp, err := r.client.SubmitJob(ctx, &handoffv1.SubmitJobRequest{
-		JobId: id, Pipeline: JobsPipeline, Goal: "measure the rail", Budget: &handoffv1.Budget{UsdRemainingMicros: 1_000_000},
+		JobId: id, Pipeline: r.pipeline, Goal: "measure the rail", Budget: &handoffv1.Budget{UsdRemainingMicros: 1_000_000},
 	})
 	if err != nil {
 		return fmt.Errorf("submit %s: %w", id, err)

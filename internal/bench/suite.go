@@ -7,11 +7,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"runtime"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/handoffhq/handoff/internal/contract"
 )
@@ -55,6 +58,12 @@ type Figure struct {
 	Concurrency    int     `json:"concurrency"`
 	LatencySamples int     `json:"latency_samples"`
 	ThroughputOps  int     `json:"throughput_ops"`
+	// CPU per operation in the throughput bursts (A, A2 and B): the process's (every server
+	// and client of the figures, from getrusage), Redis's (INFO cpu deltas: all of its
+	// clients, so other users of that Redis inflate it) and their sum, in microseconds.
+	CPUProcessUs *float64 `json:"cpu_process_us_per_op,omitempty"`
+	CPURedisUs   *float64 `json:"cpu_redis_us_per_op,omitempty"`
+	CPUUs        *float64 `json:"cpu_us_per_op,omitempty"`
 	// AgentCalls is how many times the figure's agent ran (R: must be 0).
 	AgentCalls *int64 `json:"agent_calls,omitempty"`
 	// Anomaly reports something the figure saw that is not a failure of the measurement.
@@ -131,6 +140,9 @@ type figure struct {
 	agent *CountingAgent
 	close func()
 	after func() // called once the figure is measured
+	// shapeOf, on B's rig, returns what its runner sends (for A2).
+	shapeOf func(context.Context) (hopShape, error)
+	cpu     *cpuMeter // non-nil: CPU per operation is measured in the throughput bursts
 
 	lat     []time.Duration
 	ops     int
@@ -138,7 +150,12 @@ type figure struct {
 }
 
 // FigureKeys are the keys of every figure Run reports (C_tmpfs only with Config.TmpfsBolt).
-var FigureKeys = []string{"A", "B", "C", "W_bolt", "R", "echo", "V", "J_redis", "J_bolt"}
+var FigureKeys = []string{"A", "A2", "B", "C", "W_bolt", "R", "R_floor", "echo", "V", "J_redis", "J_bolt", "J_routes", "J_triage"}
+
+// RatioKeys are the ratios a report may carry, in the order the text prints them
+// (C_tmpfs/A_p50 only with Config.TmpfsBolt).
+var RatioKeys = []string{"B/A2_p50", "B/A2_throughput", "CPU_B/A2", "R/R_floor_p50", "R/R_floor_throughput",
+	"B/A_p50", "C/A_p50", "C_tmpfs/A_p50", "B/A_throughput", "C/A_throughput", "CPU_B/A", "R/echo_p50", "J_routes/J_redis_p50", "J_routes/J_redis_throughput"}
 
 // Run measures every figure, interleaved, and reports them with the ratios and targets.
 // A figure whose setup fails for want of Redis is reported skipped; any other failure
@@ -205,7 +222,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 				return err
 			}
 			f.close, f.agent = r.close, r.agent
-			f.op = r.hop
+			f.op, f.shapeOf = r.hop, r.captureShape
 			if f.Key == "R" {
 				f.op = r.rejected
 			}
@@ -214,6 +231,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 
 	fA := add("A", "bare hop: gRPC unary, 1 KiB over 127.0.0.1 TCP, handler does one Redis SET NX PX; no interceptors", cfg.Concurrency)
+	fA2 := add("A2", "honest floor of B: the runner's Deliver on a plain gRPC server (no interceptors), handler runs the store's Admit (claim + debit, one Lua script), sends an ack and a result of B's shape, then Completes; client then one PutRun of B's run", cfg.Concurrency)
 	fB := add("B", "platform hop on Redis: ~2 KB package, coordinator token, full agent-runner chain, Noop agent, Ack+StageResult received, then one PutRun", cfg.Concurrency)
 	fC := add("C", "platform hop on bbolt (fsync per write transaction): as B", cfg.Concurrency)
 	fW := add("W_bolt", "one bbolt write transaction (a Claim of a fresh key) in the same folder as C's file: the unit C's store writes cost (2 transactions in sequence per hop)", cfg.Concurrency)
@@ -223,9 +241,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		fCT.Label = "NOT DURABLE: bbolt on tmpfs, for attributing C's cost to the disk only"
 	}
 	fR := add("R", "rejected package (no goal): REJECTED_SCHEMA Ack round trip through the full chain; agent must not run", cfg.Concurrency)
+	fRF := add("R_floor", "floor of R: the bare Deliver stream returning one message (REJECTED_SCHEMA), its handler running V on the package", cfg.Concurrency)
 	fE := add("echo", "bare gRPC unary echo, 1 KiB each way over 127.0.0.1 TCP; no interceptors, no Redis", cfg.Concurrency)
 	fV := add("V", "contract.Validator.CheckV1 of the ~2 KB package, in process", runtime.GOMAXPROCS(0))
 	fJR := add("J_redis", "5-stage Noop job through the coordinator on Redis: SubmitJob + WatchJob until COMPLETED", cfg.JobsConcurrency)
+	fJRt := add("J_routes", "J_redis with routes: each of the 5 stages declares two routes, its agent answers with one, the rail checks it and moves the job along it", cfg.JobsConcurrency)
+	fJT := add("J_triage", "the shipped support-triage pipeline on bbolt (stack.Start): the billing ticket routed to its desk, retrieved, drafted, judged PASS and written once", cfg.JobsConcurrency)
 	fJB := add("J_bolt", "5-stage Noop job through the coordinator on bbolt (stack.Start, as `handoff up`): SubmitJob + WatchJob until COMPLETED", cfg.JobsConcurrency)
 
 	// One bare server serves A (Hop, needs Redis) and echo.
@@ -250,6 +271,35 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil
 	})
 	setup(fB, true, hopRigFor(fB, StoreRedis, ""))
+	// A2 and R_floor share one bare Deliver server. A2 sends what B's runner sends, so it
+	// takes its shape from one B hop (without B, A2 is skipped with it).
+	setup(fRF, false, func() error {
+		addr, shape := cfg.RedisAddr, hopShape{}
+		if redisSkip != "" || fB.op == nil {
+			addr = ""
+		} else {
+			var err error
+			if shape, err = fB.shapeOf(ctx); err != nil {
+				return fmt.Errorf("the shape of figure B's hop: %w", err)
+			}
+		}
+		r, err := newFloorRig(ctx, addr, cfg.Concurrency, val, shape)
+		if err != nil {
+			return err
+		}
+		fRF.close, fRF.op = r.close, r.rejected
+		if addr != "" {
+			fA2.op = r.hop
+		}
+		return nil
+	})
+	setup(fA2, true, func() error {
+		if fA2.op == nil {
+			return fmt.Errorf("A2 needs figure B's rig, which did not start")
+		}
+		return nil
+	})
+	fA.cpu, fA2.cpu, fB.cpu = &cpuMeter{}, &cpuMeter{}, &cpuMeter{}
 	setup(fC, false, hopRigFor(fC, StoreBolt, cfg.BoltDir))
 	if fCT != nil {
 		setup(fCT, false, func() error {
@@ -280,7 +330,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	})
 	jobsRigFor := func(f *figure, kind string) func() error {
 		return func() error {
-			r, err := newJobsRig(ctx, kind, cfg.RedisAddr, cfg.BoltDir, cfg.Logger)
+			pipe := JobsPipeline
+			if f.Key == "J_routes" {
+				pipe = RoutesPipeline
+			}
+			r, err := newJobsRigFor(ctx, pipe, kind, cfg.RedisAddr, cfg.BoltDir, cfg.Logger)
 			if err != nil {
 				return err
 			}
@@ -295,6 +349,24 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	setup(fJR, true, jobsRigFor(fJR, StoreRedis))
 	setup(fJB, false, jobsRigFor(fJB, StoreBolt))
+	setup(fJRt, true, jobsRigFor(fJRt, StoreRedis))
+	setup(fJT, false, func() error {
+		r, err := newTriageRig(ctx, cfg.BoltDir, cfg.Logger)
+		if err != nil {
+			return err
+		}
+		fJT.close, fJT.op = r.close, r.job
+		return nil
+	})
+
+	// Redis's CPU for the CPU per operation (INFO cpu).
+	var cpuRedis *redis.Client
+	if redisSkip == "" {
+		if cpuRedis, err = newRedis(ctx, cfg.RedisAddr); err != nil {
+			return nil, err
+		}
+		defer cpuRedis.Close()
+	}
 
 	// Warm up: connections, Lua scripts, bbolt buckets, CEL programs.
 	var active []*figure
@@ -336,7 +408,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 				f.Error = err.Error()
 				continue
 			}
-			if err := f.throughputBurst(ctx, burst); err != nil {
+			if err := f.meteredThroughputBurst(ctx, burst, cpuRedis); err != nil {
 				f.Error = err.Error()
 				continue
 			}
@@ -367,6 +439,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		f.LatencySamples, f.ThroughputOps = len(f.lat), f.ops
 		if f.elapsed > 0 {
 			f.OpsPerSec = round2(float64(f.ops) / f.elapsed.Seconds())
+		}
+		if f.cpu != nil {
+			if f.cpu.err != nil {
+				f.Anomaly = "CPU per operation not measured: " + f.cpu.err.Error()
+			} else if proc, rd, total, ok := f.cpu.perOp(); ok {
+				f.CPUProcessUs, f.CPURedisUs, f.CPUUs = &proc, &rd, &total
+			}
 		}
 	}
 	rep.ratiosAndTargets()
@@ -435,6 +514,30 @@ func (f *figure) throughputBurst(ctx context.Context, d time.Duration) error {
 	return nil
 }
 
+// meteredThroughputBurst is throughputBurst, adding the CPU the process and Redis (when
+// rdb is set) used during it to the figure's meter, if it has one.
+func (f *figure) meteredThroughputBurst(ctx context.Context, d time.Duration, rdb *redis.Client) error {
+	if f.cpu == nil {
+		return f.throughputBurst(ctx, d)
+	}
+	var r0, r1 time.Duration
+	var rerr error
+	if rdb != nil {
+		r0, rerr = redisCPU(ctx, rdb)
+	}
+	ops0, p0 := f.ops, processCPU()
+	err := f.throughputBurst(ctx, d)
+	p1 := processCPU()
+	if rdb != nil && rerr == nil {
+		r1, rerr = redisCPU(ctx, rdb)
+	}
+	if rerr != nil && f.cpu.err == nil {
+		f.cpu.err = rerr
+	}
+	f.cpu.add(p1-p0, r1-r0, f.ops-ops0)
+	return err
+}
+
 func (rep *Report) ratiosAndTargets() {
 	fig := func(k string) *Figure { return rep.Figures[k] }
 	usable := func(k string) string {
@@ -468,18 +571,41 @@ func (rep *Report) ratiosAndTargets() {
 		t.Met = r.Skipped == "" && met(r.Value)
 		rep.Targets = append(rep.Targets, t)
 	}
-	bA := ratio("B/A_p50", "B", "A", p50)
+	ratio("B/A_p50", "B", "A", p50)
 	ratio("C/A_p50", "C", "A", p50)
 	if fig("C_tmpfs") != nil {
 		ratio("C_tmpfs/A_p50", "C_tmpfs", "A", p50)
 	}
-	bAt := ratio("B/A_throughput", "B", "A", ops)
+	ratio("B/A_throughput", "B", "A", ops)
 	ratio("C/A_throughput", "C", "A", ops)
-	rE := ratio("R/echo_p50", "R", "echo", p50)
+	ratio("R/echo_p50", "R", "echo", p50)
 
-	target("B/A at p50", "<= 1.5 (goal 1.2)", bA, func(v float64) bool { return v <= 1.5 })
-	target("throughput B/A", ">= 0.60", bAt, func(v float64) bool { return v >= 0.60 })
-	target("R/echo at p50", "<= 1.2", rE, func(v float64) bool { return v <= 1.2 })
+	// Issue 22's targets are stated against the floors (A2, R_floor), not against A and echo,
+	// which lack the durable work the hop keeps.
+	bA2 := ratio("B/A2_p50", "B", "A2", p50)
+	bA2t := ratio("B/A2_throughput", "B", "A2", ops)
+	rF := ratio("R/R_floor_p50", "R", "R_floor", p50)
+	ratio("R/R_floor_throughput", "R", "R_floor", ops)
+	cpuRatio := func(name, a, b string) *Ratio {
+		r := ratio(name, a, b, func(f *Figure) float64 {
+			if f.CPUUs == nil {
+				return math.NaN()
+			}
+			return *f.CPUUs
+		})
+		if r.Skipped == "" && math.IsNaN(r.Value) {
+			*r = Ratio{Skipped: "CPU per operation not measured for " + a + " or " + b}
+		}
+		return r
+	}
+	cB := cpuRatio("CPU_B/A2", "B", "A2")
+	ratio("J_routes/J_redis_p50", "J_routes", "J_redis", p50)
+	ratio("J_routes/J_redis_throughput", "J_routes", "J_redis", ops)
+	cpuRatio("CPU_B/A", "B", "A")
+	target("B/A2 at p50", "<= 1.5 (goal 1.3)", bA2, func(v float64) bool { return v <= 1.5 })
+	target("throughput B/A2", ">= 0.60", bA2t, func(v float64) bool { return v >= 0.60 })
+	target("CPU per hop B/A2", "<= 2.0", cB, func(v float64) bool { return v <= 2 })
+	target("R/R_floor at p50", "<= 1.3", rF, func(v float64) bool { return v <= 1.3 })
 	calls := &Ratio{Skipped: usable("R")}
 	if f := fig("R"); calls.Skipped == "" && f.AgentCalls != nil {
 		calls.Value = float64(*f.AgentCalls)
@@ -553,18 +679,21 @@ func (rep *Report) WriteText(w io.Writer) {
 			if f.Label != "" {
 				what = "[" + f.Label + "] " + what
 			}
+			if f.CPUUs != nil {
+				what += fmt.Sprintf(" [CPU/op %.1fµs = process %.1f + Redis %.1f]", *f.CPUUs, *f.CPUProcessUs, *f.CPURedisUs)
+			}
 			fmt.Fprintf(w, "%-8s %11s %11s %11.0f %5d  %s\n", k, dur(f.p50), dur(f.p99), f.OpsPerSec, f.Concurrency, what)
 		}
 	}
 	fmt.Fprintln(w, "\nratios")
-	for _, k := range []string{"B/A_p50", "C/A_p50", "C_tmpfs/A_p50", "B/A_throughput", "C/A_throughput", "R/echo_p50"} {
+	for _, k := range RatioKeys {
 		r, ok := rep.Ratios[k]
 		switch {
 		case !ok:
 		case r.Skipped != "":
-			fmt.Fprintf(w, "  %-16s skipped (%s)\n", k, r.Skipped)
+			fmt.Fprintf(w, "  %-20s skipped (%s)\n", k, r.Skipped)
 		default:
-			fmt.Fprintf(w, "  %-16s %.2f\n", k, r.Value)
+			fmt.Fprintf(w, "  %-20s %.2f\n", k, r.Value)
 		}
 	}
 	fmt.Fprintln(w, "\ntargets")

@@ -12,7 +12,8 @@
 //	               everything that can refuse a call, so refusals are counted too.
 //	2 ack counter  one count per Ack sent, whoever sends it: the handler or an interceptor
 //	               below that rejects the package.
-//	3 logging      one line per finished call with its code, duration and trace id.
+//	3 logging      one line per finished call with its code, duration and trace id, built
+//	               only when the logger writes its level (calllog.go).
 //	4 identity     who is calling (mTLS or service token) and whether the method allows
 //	               them; unauthenticated callers stop here, before any package is read.
 //	  utf8         a request with invalid UTF-8 in a string field is InvalidArgument naming
@@ -29,7 +30,6 @@ import (
 	"log/slog"
 	"runtime/debug"
 
-	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"go.opentelemetry.io/otel/propagation"
@@ -73,19 +73,6 @@ type ServerConfig struct {
 
 var propagators = propagation.TraceContext{}
 
-func slogLogger(l *slog.Logger) logging.Logger {
-	return logging.LoggerFunc(func(ctx context.Context, lvl logging.Level, msg string, fields ...any) {
-		l.Log(ctx, slog.Level(lvl), msg, fields...)
-	})
-}
-
-func traceFields(ctx context.Context) logging.Fields {
-	if sc := oteltrace.SpanContextFromContext(ctx); sc.IsValid() {
-		return logging.Fields{"trace_id", sc.TraceID().String()}
-	}
-	return nil
-}
-
 // NewServer returns a gRPC server with the chain above and cfg.Limits (streams capped per
 // connection and server-wide, keepalive enforced). Register services, health and
 // reflection on it.
@@ -99,7 +86,6 @@ func NewServer(cfg ServerConfig) *grpc.Server {
 	if tp == nil {
 		tp = noop.NewTracerProvider()
 	}
-	logOpts := []logging.Option{logging.WithLogOnEvents(logging.FinishCall), logging.WithFieldsFromContext(traceFields)}
 	recoverOpts := []recovery.Option{recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
 		log.ErrorContext(ctx, "panic in handler", "panic", p, "stack", string(debug.Stack()))
 		return status.Error(codes.Internal, "internal error (the panic is in the server log)")
@@ -112,8 +98,8 @@ func NewServer(cfg ServerConfig) *grpc.Server {
 		unary = append(unary, cfg.Metrics.RPC.UnaryServerInterceptor(), cfg.Metrics.AckUnaryInterceptor())
 		stream = append(stream, cfg.Metrics.RPC.StreamServerInterceptor(), cfg.Metrics.AckStreamInterceptor())
 	}
-	unary = append(unary, logging.UnaryServerInterceptor(slogLogger(log), logOpts...))
-	stream = append(stream, logging.StreamServerInterceptor(slogLogger(log), logOpts...))
+	unary = append(unary, logUnary(log))
+	stream = append(stream, logStream(log))
 	if cfg.IdentityUnary != nil {
 		unary = append(unary, cfg.IdentityUnary)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"path"
 	"slices"
 	"strings"
@@ -365,6 +366,9 @@ func (s *Server) logged(r validate.Rejecter) validate.Rejecter {
 }
 
 func (s *Server) logAck(ctx context.Context, ack *handoffv1.Ack, rpc string) {
+	if !s.log.Enabled(ctx, slog.LevelInfo) {
+		return // the line's attributes are built only when it is written
+	}
 	attrs := []any{"rpc", rpc, "job_id", ack.GetJobId(), "stage", ack.GetStage(), "status", ack.GetStatus().String()}
 	if len(ack.GetReasons()) > 0 {
 		r := ack.GetReasons()[0]

@@ -123,8 +123,8 @@ func (o *options) join(ctx context.Context, fullMethod string, req any) (context
 // sends none. Not the context's span: for a call without a traceparent the stats handler
 // starts a new trace of this server, which disagrees with every package and is no mismatch.
 func metadataTrace(ctx context.Context) oteltrace.TraceID {
-	md, _ := metadata.FromIncomingContext(ctx)
-	v := md.Get("traceparent")
+	// The one key, not FromIncomingContext's copy of the whole metadata map.
+	v := metadata.ValueFromIncomingContext(ctx, "traceparent")
 	if len(v) == 0 {
 		return oteltrace.TraceID{}
 	}

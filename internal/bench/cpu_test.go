@@ -1,0 +1,304 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+	"github.com/handoffhq/handoff/internal/contract"
+	"github.com/handoffhq/handoff/internal/rpc"
+	"github.com/handoffhq/handoff/internal/store/storetest"
+)
+
+// testRedis is the test Redis's address (the rigs make and delete their own prefixes);
+// without it the test fails under CI and skips otherwise.
+func testRedis(t *testing.T) string {
+	t.Helper()
+	storetest.RedisClient(t)
+	return storetest.RedisAddr()
+}
+
+func TestParseRedisCPU(t *testing.T) {
+	for _, tc := range []struct {
+		name, info string
+		want       time.Duration
+		err        string
+	}{
+		{"both fields summed", "# CPU\r\nused_cpu_sys:1.500000\r\nused_cpu_user:2.250000\r\nused_cpu_sys_children:9.0\r\n", 3750 * time.Millisecond, ""},
+		{"children and main thread ignored", "used_cpu_sys_main_thread:7\nused_cpu_user:0.5\nused_cpu_sys:0.25\nused_cpu_user_children:8\n", 750 * time.Millisecond, ""},
+		{"user missing", "used_cpu_sys:1.0\n", 0, "found 1 of them"},
+		{"empty", "", 0, "found 0 of them"},
+		{"not a number", "used_cpu_sys:abc\nused_cpu_user:1\n", 0, `used_cpu_sys is "abc"`},
+		{"negative", "used_cpu_sys:-1\nused_cpu_user:1\n", 0, `used_cpu_sys is "-1"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := parseRedisCPU(tc.info)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("parseRedisCPU = %v, %v; want an error containing %q", got, err, tc.err)
+				}
+				return
+			}
+			if err != nil || got != tc.want {
+				t.Fatalf("parseRedisCPU = %v, %v; want %v", got, err, tc.want)
+			}
+		})
+	}
+}
+
+func TestCPUMeterPerOp(t *testing.T) {
+	var m cpuMeter
+	if _, _, _, ok := m.perOp(); ok {
+		t.Fatal("a meter without operations must not report a figure")
+	}
+	m.add(3*time.Millisecond, time.Millisecond, 10)
+	m.add(time.Millisecond, -time.Second, 30) // a Redis restart makes a negative delta: counted as 0
+	proc, rd, total, ok := m.perOp()
+	if !ok || proc != 100 || rd != 25 || total != 125 {
+		t.Fatalf("perOp = %v, %v, %v, %v; want 100, 25, 125 µs", proc, rd, total, ok)
+	}
+}
+
+func TestProcessCPUAdvances(t *testing.T) {
+	before := processCPU()
+	x := 0
+	for i := range 50_000_000 {
+		x += i % 7
+	}
+	if after := processCPU(); after <= before || x == 0 {
+		t.Fatalf("process CPU went from %v to %v over a busy loop", before, after)
+	}
+}
+
+// TestRatiosAndTargetsFromFigures checks the issue-22 ratios and their JSON from figures
+// with known values.
+func TestRatiosAndTargetsFromFigures(t *testing.T) {
+	cpu := func(v float64) *float64 { return &v }
+	fig := func(key string, p50 time.Duration, ops float64, cpuUs *float64) *Figure {
+		return &Figure{Key: key, p50: p50, P50us: micros(p50), OpsPerSec: ops, LatencySamples: 10, CPUUs: cpuUs}
+	}
+	rep := &Report{Figures: map[string]*Figure{
+		"A":       fig("A", 100*time.Microsecond, 10000, cpu(100)),
+		"A2":      fig("A2", 300*time.Microsecond, 4000, cpu(200)),
+		"B":       fig("B", 390*time.Microsecond, 2000, cpu(500)),
+		"R":       fig("R", 130*time.Microsecond, 9000, nil),
+		"R_floor": fig("R_floor", 100*time.Microsecond, 10000, nil),
+		"echo":    fig("echo", 50*time.Microsecond, 20000, nil),
+		"V":       fig("V", 15*time.Microsecond, 1e5, nil),
+	}, Ratios: map[string]*Ratio{}}
+	zero := int64(0)
+	rep.Figures["R"].AgentCalls = &zero
+	rep.ratiosAndTargets()
+	want := map[string]float64{"B/A2_p50": 1.3, "B/A2_throughput": 0.5, "CPU_B/A2": 2.5, "R/R_floor_p50": 1.3, "R/R_floor_throughput": 0.9, "CPU_B/A": 5, "B/A_p50": 3.9}
+	for k, v := range want {
+		if r := rep.Ratios[k]; r == nil || r.Skipped != "" || r.Value != v {
+			t.Errorf("ratio %s = %+v, want %v", k, r, v)
+		}
+	}
+	if r := rep.Ratios["C/A_p50"]; r == nil || r.Skipped != "C not measured" {
+		t.Errorf("C/A_p50 = %+v, want skipped: C not measured", r)
+	}
+	met := map[string]bool{}
+	for _, tg := range rep.Targets {
+		met[tg.Name] = tg.Met
+	}
+	for name, m := range map[string]bool{"B/A2 at p50": true, "throughput B/A2": false, "CPU per hop B/A2": false, "R/R_floor at p50": true, "agent calls for rejected packages (R)": true, "V p50 (µs)": true} {
+		if got, ok := met[name]; !ok || got != m {
+			t.Errorf("target %q met=%v (present %v), want %v", name, got, ok, m)
+		}
+	}
+	// The CPU figures are in the JSON under their documented names.
+	b, err := json.Marshal(&Figure{Key: "B", CPUProcessUs: cpu(1.5), CPURedisUs: cpu(0.5), CPUUs: cpu(2)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back map[string]any
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	if back["cpu_process_us_per_op"] != 1.5 || back["cpu_redis_us_per_op"] != 0.5 || back["cpu_us_per_op"] != 2.0 {
+		t.Errorf("CPU JSON = %s", b)
+	}
+	// Without a CPU figure the CPU ratio is skipped, not NaN (which JSON cannot carry).
+	rep2 := &Report{Figures: map[string]*Figure{"A2": fig("A2", 1, 1, nil), "B": fig("B", 1, 1, cpu(1))}, Ratios: map[string]*Ratio{}}
+	rep2.ratiosAndTargets()
+	if r := rep2.Ratios["CPU_B/A2"]; r.Skipped == "" {
+		t.Errorf("CPU_B/A2 without A2's CPU = %+v, want skipped", r)
+	}
+	if _, err := json.Marshal(rep2); err != nil {
+		t.Errorf("report JSON: %v", err)
+	}
+}
+
+// TestFloorFigures runs A2 and R_floor against a real Redis: A2 admits, debits and saves;
+// the same stage again is refused (the claim holds); R_floor refuses the goal-less package.
+func TestFloorFigures(t *testing.T) {
+	ctx := context.Background()
+	addr := testRedis(t)
+	hr, err := newHopRig(ctx, hopConfig{Store: StoreRedis, RedisAddr: addr, Workers: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(hr.close)
+	shape, err := hr.captureShape(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if shape.schema == "" {
+		t.Fatalf("B's shape lacks the ack's schema: %+v", shape)
+	}
+	val, err := contract.NewValidator()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fr, err := newFloorRig(ctx, addr, 2, val, shape)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(fr.close)
+	for i := range 4 {
+		if err := fr.hop(ctx, i); err != nil {
+			t.Fatalf("A2 hop %d: %v", i, err)
+		}
+		if err := fr.rejected(ctx, i); err != nil {
+			t.Fatalf("R_floor %d: %v", i, err)
+		}
+	}
+	w, err := fr.st.Wallet(ctx, fr.workers[0].walletID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if spent := uint32(0xFFFFFFFF) - w.GetHopsRemaining(); spent != 2 {
+		t.Errorf("worker 0's wallet paid %d hops, want 2", spent)
+	}
+	if got, err := fr.st.GetRun(ctx, fr.workers[0].run.GetRunId()); err != nil || got.GetHops() != 2 {
+		t.Errorf("worker 0's run: %d hops saved (%v), want 2", got.GetHops(), err)
+	}
+	// A repeat of a stage the floor admitted is refused by the claim, as the runner's is.
+	p := fr.tmpl.make(fr.jobPrefix, newTraceparent(nil), fr.workers[0].walletID)
+	p.Stage = benchStage + "-1"
+	if ack, _, err := rpc.Deliver(ctx, fr.client, &handoffv1.DeliverRequest{Package: p, Agent: benchStage}); status.Code(err) != codes.FailedPrecondition {
+		t.Errorf("a repeated stage: ack %v, error %v; want FailedPrecondition from the held claim", ack.GetStatus(), err)
+	}
+	// Without Redis the floor serves R_floor only.
+	bare, err := newFloorRig(ctx, "", 1, val, hopShape{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(bare.close)
+	if err := bare.rejected(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := bare.hop(ctx, 0); err == nil {
+		t.Error("A2 ran without Redis")
+	}
+}
+
+// TestHopWritesNoWarning: B's and R's client sends each hop on its package's trace, as the
+// coordinator does, so the runner logs nothing at warn for a valid hop (a client on a trace
+// of its own made every hop log a trace mismatch, which the platform's hops do not pay).
+func TestHopWritesNoWarning(t *testing.T) {
+	var buf strings.Builder
+	var mu sync.Mutex
+	log := slog.New(slog.NewJSONHandler(writerFunc(func(p []byte) (int, error) { mu.Lock(); defer mu.Unlock(); return buf.Write(p) }), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	r, err := newHopRig(context.Background(), hopConfig{Store: StoreBolt, BaseDir: t.TempDir(), Workers: 1, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.close)
+	for range 3 {
+		if err := r.hop(context.Background(), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if strings.Contains(buf.String(), "trace mismatch") {
+		t.Fatalf("valid hops logged a trace mismatch:\n%s", buf.String())
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+// TestRoutesJob: figure J_routes' job completes through five declared routes; the rail
+// moved it along each (an undeclared or missing route would have escalated it).
+func TestRoutesJob(t *testing.T) {
+	r, err := newJobsRigFor(context.Background(), RoutesPipeline, StoreBolt, "", t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.close)
+	for range 2 {
+		if err := r.job(context.Background(), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestNewBenchmarksRun is a smoke test of the Go benchmarks of issue 22's figures: each runs
+// a few iterations without failing (testing.Benchmark reports N == 0 for a benchmark that
+// failed or skipped).
+func TestNewBenchmarksRun(t *testing.T) {
+	bt := flag.Lookup("test.benchtime")
+	if bt == nil {
+		t.Fatal("no -test.benchtime flag")
+	}
+	old := bt.Value.String()
+	if err := bt.Value.Set("3x"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { bt.Value.Set(old) })
+	redis := RedisReachable(context.Background(), DefaultRedisAddr) == nil
+	if !redis && os.Getenv("CI") != "" {
+		t.Fatalf("no Redis at %s under CI", DefaultRedisAddr)
+	}
+	for _, bm := range []struct {
+		name       string
+		fn         func(*testing.B)
+		needsRedis bool
+	}{
+		{"FloorHop (A2)", BenchmarkFloorHop, true},
+		{"RejectedFloor (R_floor)", BenchmarkRejectedFloor, false},
+		{"JobRoutes (J_routes)", BenchmarkJobRoutes, false},
+		{"JobTriage (J_triage)", BenchmarkJobTriage, false},
+	} {
+		if bm.needsRedis && !redis {
+			t.Logf("%s skipped: no Redis at %s", bm.name, DefaultRedisAddr)
+			continue
+		}
+		if r := testing.Benchmark(bm.fn); r.N == 0 {
+			t.Errorf("benchmark %s did not run (failed or skipped)", bm.name)
+		}
+	}
+}
+
+// TestTriageJob: figure J_triage's job goes through support-triage's billing route to one
+// write, twice (two jobs, two ledger entries).
+func TestTriageJob(t *testing.T) {
+	ctx := context.Background()
+	r, err := newTriageRig(ctx, t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.close)
+	for range 2 {
+		if err := r.job(ctx, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if writes, err := r.st.Store.LedgerEntries(ctx); err != nil || len(writes) != 2 {
+		t.Fatalf("ledger: %d entries (%v), want 2", len(writes), err)
+	}
+}
