@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/contract"
@@ -341,11 +342,10 @@ func TestPIIRefusedByTheRunner(t *testing.T) {
 }
 
 func refusedByTheRunner(t *testing.T, v2 bool) {
-	e := startPII(t, nil, "", "", []handoffv1.Verdict{handoffv1.Verdict_VERDICT_PASS}, func(p *handoffv1.HandoffPackage) {
-		if p.GetStage() == "judge" {
-			p.OpenQuestions = append(p.OpenQuestions, "is "+piiEmail+" hers?")
-		}
-	}, func(c *stack.Config) {
+	// The personal data is put in on the wire, after the coordinator built and recorded its
+	// package: a broken or hostile sender between the rail and the runner.
+	e := startPII(t, nil, "", "", []handoffv1.Verdict{handoffv1.Verdict_VERDICT_PASS}, nil, func(c *stack.Config) {
+		c.WrapRunner = func(c handoffv1.AgentRunnerServiceClient) handoffv1.AgentRunnerServiceClient { return onTheWire{c} }
 		if v2 {
 			c.V2Agents = []string{"judge"}
 		}
@@ -379,6 +379,23 @@ func refusedByTheRunner(t *testing.T, v2 bool) {
 		t.Fatalf("versions sent %v, want judge sent %q", got, want)
 	}
 	e.scan(t, evs)
+}
+
+// onTheWire adds an e-mail address to the judge's package (v1 or v2) in a copy of the
+// request, so only the runner sees it.
+type onTheWire struct {
+	handoffv1.AgentRunnerServiceClient
+}
+
+func (w onTheWire) Deliver(ctx context.Context, req *handoffv1.DeliverRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[handoffv1.DeliverResponse], error) {
+	req = proto.Clone(req).(*handoffv1.DeliverRequest)
+	if p := req.GetPackage(); p.GetStage() == "judge" {
+		p.OpenQuestions = append(p.OpenQuestions, "is "+piiEmail+" hers?")
+	}
+	if p := req.GetPackageV2(); p.GetStage() == "judge" {
+		p.OpenQuestions = append(p.OpenQuestions, "is "+piiEmail+" hers?")
+	}
+	return w.AgentRunnerServiceClient.Deliver(ctx, req, opts...)
 }
 
 // leaky is a runner that does not check its agents' results (as a runner of another
