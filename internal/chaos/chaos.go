@@ -133,7 +133,7 @@ func (c *Config) defaults() {
 
 // Service timings of a chaos run: short, so a fault costs seconds rather than minutes.
 const (
-	stageTimeout   = 2 * time.Second // runner: a crashed stage's claim lapses after 2*2s+30s
+	stageTimeout   = 2 * time.Second // runner: bounds an agent run (its claim, 3s, is renewed while it runs)
 	pendingTTL     = 6 * time.Second // writeback: a crashed write's claim lapses after 6s
 	webhookTimeout = 2 * time.Second // under pendingTTL/2, as the writeback requires
 	hopRetryFor    = 90 * time.Second

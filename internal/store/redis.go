@@ -795,6 +795,24 @@ func (s *Redis) Release(ctx context.Context, key string) error {
 	return nil
 }
 
+// renewClaimScript moves a pending marker's expiry (compare, then PEXPIRE): one command of
+// the server's per renewal. KEYS: idem. ARGV: ttl ms. Reply 1 when renewed, else 0.
+var renewClaimScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) == 'P' then return redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
+return 0
+`)
+
+func (s *Redis) RenewClaim(ctx context.Context, key string, pendingTTL time.Duration) (bool, error) {
+	if key == "" || pendingTTL <= 0 {
+		return false, fmt.Errorf("store: renew claim %q: the key must not be empty and the ttl must be positive (got %s)", key, pendingTTL)
+	}
+	n, err := renewClaimScript.Run(ctx, s.rdb, []string{s.key("idem", key)}, ttlMillis(pendingTTL)).Int64()
+	if err != nil {
+		return false, s.errf("renew claim %q: %w", key, err)
+	}
+	return n == 1, nil
+}
+
 func (s *Redis) Lookup(ctx context.Context, key string) (ClaimState, []byte, error) {
 	v, err := s.rdb.Get(ctx, s.key("idem", key)).Result()
 	if errors.Is(err, redis.Nil) {

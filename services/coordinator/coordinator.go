@@ -59,7 +59,7 @@ type Options struct {
 	Retry int
 	// RetryFor keeps a hop retrying past Retry attempts until this long has passed since its
 	// first attempt. A peer that crashed mid-hop leaves the hop's idempotency claim pending
-	// until its TTL lapses (the agent runner's is 2*stage timeout+30s, 150s by default; the
+	// until its TTL lapses (the agent runner's is 3s, renewed while its agent works; the
 	// writeback's pending TTL is 2m), and every attempt before then is answered Aborted: a
 	// hop gives up, failing or escalating its run, only after that window. Default 3m.
 	RetryFor time.Duration
