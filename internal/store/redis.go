@@ -150,6 +150,12 @@ func OpenRedis(ctx context.Context, o RedisOptions) (*Redis, error) {
 			// Retries off, as for one server. Redirects (MOVED, ASK) are still followed:
 			// a node that redirects has not run the command.
 			MaxRetries: -1,
+			// The slot map is reloaded on MOVED, and otherwise once it is older than this
+			// (go-redis's default is 60s). A master that died answers nothing, not MOVED,
+			// so after a failover only the map's age brings its promoted replica in: a
+			// short interval keeps the store's outage to the failover itself. A reload is
+			// one CLUSTER SLOTS, made only when a command comes.
+			ClusterStateReloadInterval: time.Second,
 		})
 		s.addr, s.owned = strings.Join(o.Cluster, ","), true
 	default:
