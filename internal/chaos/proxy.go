@@ -154,15 +154,25 @@ func (rp runnerProxy) Deliver(req *handoffv1.DeliverRequest, down grpc.ServerStr
 	if p.h.hop(fmt.Sprintf("%s/%s/%d", pkg.GetJobId(), pkg.GetStage(), pkg.GetEvaluator().GetRounds())) && p.redeliverNow() {
 		p.redeliverDeliver(req)
 	}
+	job := pkg.GetJobId()
 	up, err := p.runner.Deliver(forward(down.Context()), req)
 	if err != nil {
+		p.h.resumes.failed(job)
 		return err
 	}
 	first, err := up.Recv()
 	if err != nil {
+		if status.Code(err) != codes.Aborted { // in flight elsewhere: no failure of its own
+			p.h.resumes.failed(job)
+		}
 		return err
 	}
+	switch first.GetAck().GetStatus() {
+	case handoffv1.AckStatus_ACK_STATUS_ACCEPTED, handoffv1.AckStatus_ACK_STATUS_DUPLICATE:
+		p.h.resumes.progressed(job)
+	}
 	if err := down.Send(first); err != nil {
+		p.h.resumes.failed(job)
 		return err
 	}
 	if first.GetAck().GetStatus() == handoffv1.AckStatus_ACK_STATUS_ACCEPTED && p.h.due(faultRunner) {
@@ -175,9 +185,11 @@ func (rp runnerProxy) Deliver(req *handoffv1.DeliverRequest, down grpc.ServerStr
 			return nil
 		}
 		if err != nil {
+			p.h.resumes.failed(job)
 			return err
 		}
 		if err := down.Send(msg); err != nil {
+			p.h.resumes.failed(job)
 			return err
 		}
 	}
@@ -242,5 +254,12 @@ func (wp writebackProxy) Write(ctx context.Context, req *handoffv1.WriteRequest)
 			return resp.GetDuplicate(), "", err
 		})
 	}
-	return p.wb.Write(forward(ctx), req)
+	resp, err := p.wb.Write(forward(ctx), req)
+	switch {
+	case err == nil && ctx.Err() == nil:
+		p.h.resumes.progressed(req.GetPackage().GetJobId())
+	case status.Code(err) != codes.Aborted:
+		p.h.resumes.failed(req.GetPackage().GetJobId())
+	}
+	return resp, err
 }

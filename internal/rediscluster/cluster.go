@@ -104,6 +104,23 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 	if err := c.WaitOK(ctx); err != nil {
 		return nil, err
 	}
+	// Replication too: a replica still in its first sync acknowledges nothing (WAIT).
+	for _, n := range c.nodes {
+		err := waitFor(ctx, n.addr(), func(r *redis.Client) error {
+			info, err := r.Info(ctx, "replication").Result()
+			if err != nil {
+				return err
+			}
+			if strings.Contains(info, "role:master") && strings.Contains(info, "state=online") ||
+				strings.Contains(info, "role:slave") && strings.Contains(info, "master_link_status:up") {
+				return nil
+			}
+			return errors.New("replication not up yet")
+		})
+		if err != nil {
+			return nil, fmt.Errorf("replication at %s: %w", n.addr(), err)
+		}
+	}
 	return c, nil
 }
 

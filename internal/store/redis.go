@@ -105,7 +105,19 @@ type RedisOptions struct {
 	// users) can share one connection pool. Close leaves it open: its owner closes it.
 	// It should have retries disabled (MaxRetries -1), for the reason given in OpenRedis.
 	Client redis.UniversalClient
+	// WaitReplicas, when positive, makes every idempotency claim, receipt and ledger write
+	// WAIT until that many replicas acknowledged it (at most WaitTimeout, default 2s)
+	// before the call returns; a write not replicated in time is an error
+	// (ErrNotReplicated). Redis replicates asynchronously, so without it a write the
+	// caller was told of can vanish with its master in a failover: a claim (and the
+	// external write it guards is made again), or a ledger entry. URL: ?wait=N.
+	WaitReplicas int
+	WaitTimeout  time.Duration
 }
+
+// ErrNotReplicated: a write WaitReplicas asked to be replicated was not acknowledged by
+// enough replicas within WaitTimeout. It was made on the master and may still be lost.
+var ErrNotReplicated = errors.New("the write was not acknowledged by enough replicas in time")
 
 // Redis is the Store on a Redis server (see the key layout above). It is safe for concurrent
 // use, and any number of processes may share one server and prefix.
@@ -119,6 +131,43 @@ type Redis struct {
 	addr    string // for error messages
 	prefix  string
 	now     func() time.Time
+	// waitReplicas and waitTimeout: RedisOptions.WaitReplicas and WaitTimeout.
+	waitReplicas int
+	waitTimeout  time.Duration
+}
+
+// replicated runs f on the connection of the master that holds key and, with WaitReplicas,
+// WAITs on that same connection (WAIT counts the writes of its own connection) for the
+// replicas to acknowledge what f wrote. Without WaitReplicas it is f on the shared client.
+func (s *Redis) replicated(ctx context.Context, key string, f func(c redis.Cmdable) error) error {
+	if s.waitReplicas <= 0 {
+		return f(s.rdb)
+	}
+	var conn *redis.Conn
+	switch c := s.rdb.(type) {
+	case *redis.ClusterClient:
+		m, err := c.MasterForKey(ctx, key)
+		if err != nil {
+			return err
+		}
+		conn = m.Conn()
+	case *redis.Client:
+		conn = c.Conn()
+	default:
+		return fmt.Errorf("wait for replicas: unsupported client %T", s.rdb)
+	}
+	defer conn.Close()
+	if err := f(conn); err != nil {
+		return err
+	}
+	n, err := conn.Wait(ctx, s.waitReplicas, s.waitTimeout).Result()
+	if err != nil {
+		return fmt.Errorf("wait for %d replica(s): %w", s.waitReplicas, err)
+	}
+	if n < int64(s.waitReplicas) {
+		return fmt.Errorf("%w: %d of %d replicas within %s", ErrNotReplicated, n, s.waitReplicas, s.waitTimeout)
+	}
+	return nil
 }
 
 // OpenRedis connects to Redis and checks that it answers a PING, so a wrong address fails at
@@ -132,7 +181,7 @@ func OpenRedis(ctx context.Context, o RedisOptions) (*Redis, error) {
 	if o.Prefix == "" {
 		o.Prefix = "handoff:"
 	}
-	s := &Redis{prefix: o.Prefix, now: time.Now}
+	s := &Redis{prefix: o.Prefix, now: time.Now, waitReplicas: o.WaitReplicas, waitTimeout: orDefault(o.WaitTimeout, 2*time.Second)}
 	switch {
 	case o.Client != nil:
 		s.rdb, s.addr = o.Client, clientAddr(o.Client)
@@ -719,12 +768,18 @@ func (s *Redis) Admit(ctx context.Context, key string, pendingTTL time.Duration,
 		if d.USDMicros < 0 {
 			return Admission{}, errors.New("store: a debit cannot add money")
 		}
-		res, err = admitScript.Run(ctx, s.rdb, keys[:1], args...).StringSlice()
+		err = s.replicated(ctx, keys[0], func(c redis.Cmdable) error {
+			res, err = admitScript.Run(ctx, c, keys[:1], args...).StringSlice()
+			return err
+		})
 		if err == nil && len(res) == 1 && res[0] == "claimed" {
 			res, err = payScript.Run(ctx, s.rdb, keys[1:], args...).StringSlice()
 		}
 	} else {
-		res, err = admitScript.Run(ctx, s.rdb, keys, args...).StringSlice()
+		err = s.replicated(ctx, keys[0], func(c redis.Cmdable) error {
+			res, err = admitScript.Run(ctx, c, keys, args...).StringSlice()
+			return err
+		})
 	}
 	if err != nil {
 		return Admission{}, s.errf("claim %q: %w", key, err)
@@ -788,7 +843,10 @@ func (s *Redis) Unpay(ctx context.Context, walletID, key string) error {
 func (s *Redis) Complete(ctx context.Context, key string, value []byte, ttl time.Duration) error {
 	rec := make([]byte, 0, len(idemDone)+len(value))
 	rec = append(append(rec, idemDone...), value...)
-	if err := s.rdb.Set(ctx, s.key("idem", key), rec, time.Duration(ttlMillis(ttl))*time.Millisecond).Err(); err != nil {
+	k := s.key("idem", key)
+	if err := s.replicated(ctx, k, func(c redis.Cmdable) error {
+		return c.Set(ctx, k, rec, time.Duration(ttlMillis(ttl))*time.Millisecond).Err()
+	}); err != nil {
 		return s.errf("complete %q: %w", key, err)
 	}
 	return nil

@@ -1,0 +1,106 @@
+package chaos
+
+import (
+	"slices"
+	"sync"
+	"time"
+)
+
+// Time to resume: how long after a kill the work it interrupted goes on. At each kill the
+// harness opens an outage of that kind. A job whose call through the hop proxy fails while
+// an outage is open (the dead coordinator's calls are cut, the dead runner's or writeback's
+// answers never come, a dead master's shard refuses) is stalled by it; the first call of
+// that job that makes progress afterwards (an ACCEPTED or DUPLICATE ack, a write answered)
+// is its resume, and kill-to-resume is one sample of the outage's kind.
+
+// outageWindow is how long after a kill a failed call is still blamed on it.
+const outageWindow = 10 * time.Second
+
+// kill kinds, as the report names them.
+const (
+	kindCoordinator = "coordinator"
+	kindRunner      = "agentrunner"
+	kindWriteback   = "writeback"
+	kindMaster      = "redis-master"
+	kindRedis       = "redis-restart"
+)
+
+type outage struct {
+	kind string
+	at   time.Time
+}
+
+type resumes struct {
+	mu      sync.Mutex
+	last    *outage
+	stalled map[string]*outage         // job -> the outage that stalled it
+	samples map[string][]time.Duration // kind -> kill-to-resume
+}
+
+func newResumes() *resumes {
+	return &resumes{stalled: map[string]*outage{}, samples: map[string][]time.Duration{}}
+}
+
+// killed opens an outage of kind now.
+func (r *resumes) killed(kind string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.last = &outage{kind: kind, at: time.Now()}
+	if _, ok := r.samples[kind]; !ok {
+		r.samples[kind] = nil
+	}
+}
+
+// failed records that a call of job failed: it is stalled by the latest outage, if recent.
+func (r *resumes) failed(job string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.last == nil || time.Since(r.last.at) > outageWindow || r.stalled[job] != nil {
+		return
+	}
+	r.stalled[job] = r.last
+}
+
+// progressed records that a call of job made progress: a stalled job has resumed.
+func (r *resumes) progressed(job string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	o := r.stalled[job]
+	if o == nil {
+		return
+	}
+	delete(r.stalled, job)
+	r.samples[o.kind] = append(r.samples[o.kind], time.Since(o.at))
+}
+
+// ResumeStats are the kill-to-resume times of one kind of kill, in milliseconds.
+type ResumeStats struct {
+	Samples int   `json:"samples"`
+	P50ms   int64 `json:"p50_ms"`
+	P99ms   int64 `json:"p99_ms"`
+	MaxMs   int64 `json:"max_ms"`
+}
+
+func (r *resumes) report() map[string]ResumeStats {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := map[string]ResumeStats{}
+	for kind, ds := range r.samples {
+		ds = slices.Clone(ds)
+		slices.Sort(ds)
+		st := ResumeStats{Samples: len(ds)}
+		if len(ds) > 0 {
+			st.P50ms = quantile(ds, 0.50).Milliseconds()
+			st.P99ms = quantile(ds, 0.99).Milliseconds()
+			st.MaxMs = ds[len(ds)-1].Milliseconds()
+		}
+		out[kind] = st
+	}
+	return out
+}
+
+// quantile is the nearest-rank quantile q of sorted ds.
+func quantile(ds []time.Duration, q float64) time.Duration {
+	i := int(q*float64(len(ds))+0.999999) - 1
+	return ds[min(max(i, 0), len(ds)-1)]
+}
