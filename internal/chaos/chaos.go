@@ -45,6 +45,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -188,6 +189,9 @@ type Report struct {
 	// redis-restart), the time from the kill until each job it stalled made progress again
 	// (resume.go).
 	TimeToResume map[string]ResumeStats `json:"time_to_resume"`
+	// ReplicationProbe (cluster only) is the replication hole measured at each master kill
+	// (probe.go): acknowledged writes to the victim, and how many the failover lost.
+	ReplicationProbe *ProbeReport `json:"replication_probe,omitempty"`
 	// Hops counts distinct hops (job, stage, judge round); Calls every call the proxy
 	// forwarded, retries included (re-delivered copies are not counted).
 	Hops       int64            `json:"hops"`
@@ -261,6 +265,7 @@ type harness struct {
 	restarts  atomic.Int32          // Redis faults done: restarts, or master kills
 	failovers []time.Duration       // master kill to a whole cluster again (under planMu)
 	resumes   *resumes
+	probe     ProbeReport // under planMu
 	coords    []*proc
 	runner    *proc
 	writeback *proc
@@ -740,12 +745,23 @@ func (h *harness) killMaster() {
 	}
 	slices.Sort(masters)
 	victim := masters[int(h.restarts.Load())%len(masters)]
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: h.cluster.Addrs(), MaxRetries: -1, ClusterStateReloadInterval: time.Second})
+	defer rdb.Close()
+	pr, err := startProbe(ctx, rdb, victim, h.cfg.Wait, int(h.restarts.Load()))
+	if err != nil {
+		h.say("replication probe on %s: %v", victim, err)
+	}
+	time.Sleep(200 * time.Millisecond) // the probe writes up to the kill
 	h.say("SIGKILL redis master %s at hop %d", victim, h.hops.Load())
 	h.resumes.killed(kindMaster)
 	t0 := time.Now()
 	if err := h.cluster.Kill(victim); err != nil {
 		h.say("kill master %s: %v", victim, err)
 		return
+	}
+	var acked []string
+	if pr != nil {
+		acked = pr.end()
 	}
 	h.restarts.Add(1)
 	if err := h.cluster.WaitFailover(ctx, victim); err != nil {
@@ -756,6 +772,15 @@ func (h *harness) killMaster() {
 		h.failovers = append(h.failovers, d)
 		h.planMu.Unlock()
 		h.say("replica of %s promoted: the cluster is whole %s after the kill", victim, d.Round(time.Millisecond))
+		if lost, err := countLost(ctx, rdb, acked); err != nil {
+			h.say("replication probe: count: %v", err)
+		} else {
+			h.planMu.Lock()
+			h.probe.Acknowledged += len(acked)
+			h.probe.Lost += lost
+			h.planMu.Unlock()
+			h.say("replication probe: %d of %d acknowledged writes to %s lost in the failover (wait for replica: %v)", lost, len(acked), victim, h.cfg.Wait)
+		}
 	}
 	time.Sleep(redisDown)
 	if err := h.cluster.Restart(victim); err != nil {
@@ -913,6 +938,10 @@ func (h *harness) finish(rep *Report, results []*jobResult, ledger *ledgerBook) 
 	rep.RedisRestarts = int(h.restarts.Load())
 	rep.TimeToResume = h.resumes.report()
 	h.planMu.Lock()
+	if h.cluster != nil {
+		pr := h.probe
+		rep.ReplicationProbe = &pr
+	}
 	for _, d := range h.failovers {
 		rep.FailoverMs = append(rep.FailoverMs, d.Milliseconds())
 	}

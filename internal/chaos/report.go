@@ -44,6 +44,9 @@ func (r *Report) WriteText(w io.Writer) {
 	}
 	if r.Store == "redis-cluster" {
 		p("  redis masters killed      %d (asked %d), failovers %v ms, wait for replica %v", r.RedisRestarts, r.RedisRestartsAsked, r.FailoverMs, r.Wait)
+		if r.ReplicationProbe != nil {
+			p("  replication probe         %d of %d acknowledged writes lost with their master", r.ReplicationProbe.Lost, r.ReplicationProbe.Acknowledged)
+		}
 	} else {
 		p("  redis restarts            %d (asked %d)", r.RedisRestarts, r.RedisRestartsAsked)
 	}
