@@ -7,11 +7,13 @@ import (
 )
 
 // Time to resume: how long after a kill the work it interrupted goes on. At each kill the
-// harness opens an outage of that kind. A job whose call through the hop proxy fails while
-// an outage is open (the dead coordinator's calls are cut, the dead runner's or writeback's
-// answers never come, a dead master's shard refuses) is stalled by it; the first call of
-// that job that makes progress afterwards (an ACCEPTED or DUPLICATE ack, a write answered)
-// is its resume, and kill-to-resume is one sample of the outage's kind.
+// harness opens an outage of that kind. A job whose call through the hop proxy fails in
+// the way that kind of kill fails it, while such an outage is open, is stalled by it: its
+// caller hung up (a coordinator died), the runner's or the writeback's connection broke
+// (that service died), the service answered Unavailable naming its store (a master or the
+// Redis died). The first call of that job that makes progress afterwards (an ACCEPTED or
+// DUPLICATE ack, a write answered) is its resume, and kill-to-resume is one sample of the
+// outage's kind. A job stalled by one outage is not blamed on another until it resumed.
 
 // outageWindow is how long after a kill a failed call is still blamed on it.
 const outageWindow = 10 * time.Second
@@ -32,33 +34,42 @@ type outage struct {
 
 type resumes struct {
 	mu      sync.Mutex
-	last    *outage
+	last    map[string]*outage         // kind -> its latest outage
 	stalled map[string]*outage         // job -> the outage that stalled it
 	samples map[string][]time.Duration // kind -> kill-to-resume
 }
 
 func newResumes() *resumes {
-	return &resumes{stalled: map[string]*outage{}, samples: map[string][]time.Duration{}}
+	return &resumes{last: map[string]*outage{}, stalled: map[string]*outage{}, samples: map[string][]time.Duration{}}
 }
 
 // killed opens an outage of kind now.
 func (r *resumes) killed(kind string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.last = &outage{kind: kind, at: time.Now()}
+	r.last[kind] = &outage{kind: kind, at: time.Now()}
 	if _, ok := r.samples[kind]; !ok {
 		r.samples[kind] = nil
 	}
 }
 
-// failed records that a call of job failed: it is stalled by the latest outage, if recent.
-func (r *resumes) failed(job string) {
+// failed records that a call of job failed as a kill of one of kinds fails it: the job is
+// stalled by the latest recent outage of those kinds.
+func (r *resumes) failed(job string, kinds ...string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.last == nil || time.Since(r.last.at) > outageWindow || r.stalled[job] != nil {
+	if r.stalled[job] != nil {
 		return
 	}
-	r.stalled[job] = r.last
+	var o *outage
+	for _, k := range kinds {
+		if l := r.last[k]; l != nil && time.Since(l.at) <= outageWindow && (o == nil || l.at.After(o.at)) {
+			o = l
+		}
+	}
+	if o != nil {
+		r.stalled[job] = o
+	}
 }
 
 // progressed records that a call of job made progress: a stalled job has resumed.
