@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/handoffhq/handoff/internal/bench"
@@ -57,5 +58,21 @@ func TestBenchJSON(t *testing.T) {
 	}
 	if len(rep.Targets) != 5 || rep.Machine.NumCPU == 0 || rep.Machine.Go == "" {
 		t.Errorf("targets %d (want 5), machine %+v", len(rep.Targets), rep.Machine)
+	}
+}
+
+// TestBenchShardsUsage: --shards and --cluster refuse bad values before anything runs.
+func TestBenchShardsUsage(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"bench", "--shards", "-1"}, "--shards must not be negative, got -1"},
+		{[]string{"bench", "--cluster", "127.0.0.1:7000"}, "--cluster needs --shards"},
+	} {
+		var out, errb bytes.Buffer
+		if code := run(c.args, nil, &out, &errb); code != 2 || !strings.Contains(errb.String(), c.want) {
+			t.Errorf("%v: exit %d, stderr %q; want exit 2 mentioning %q", c.args, code, errb.String(), c.want)
+		}
 	}
 }
