@@ -40,6 +40,10 @@ package store
 //	                                opened before wallets recorded it); and a field
 //	                                paid:<idempotency key> for each hop Admit debited.
 //	{<name>}:lease          string  a lease's owner, expiring with the lease (redis_lease.go).
+//	{leases:<b>}:index      zset    bucket b (0-15, FNV of the name) of the lease index:
+//	                                member a lease name, score its expiry (server ms), so
+//	                                LapsedLeases finds the leases of a dead holder in one
+//	                                pipelined read; a release removes the member.
 //	{<run_id>}:fence        string  the run's fence epoch (INCR by FenceRun), checked by
 //	                                PutRunFenced in the script that saves the run.
 //	{ledger}:entries        list    JSON {Key, Payload, At}; the element at index i is entry
