@@ -44,7 +44,7 @@ At the end it prints the jobs by state, the faults injected and what the ledger 
 sink saw, the time from each kill to the resume of the jobs it stalled (p50/p99 per kind
 of kill) and, on a cluster, each failover's duration. Must be 0: jobs lost (not terminal by --deadline), double writes (a job written
 under a second key or without one), re-sent sink keys with another body, ledger keys
-offered twice, completed ledger jobs whose receipt names another entry, completed jobs
+offered twice (on one Redis; on a cluster re-offers are counted), completed ledger jobs whose receipt names another entry, completed jobs
 without a write; and every asked fault must have been injected.
 
 Needs redis-server (apt-get install redis-server) and, unless --bin is given, the Go

@@ -22,7 +22,7 @@
 // number of hops made so far. At the end every job must have reached a terminal state
 // (completed, escalated or failed) before the deadline, no job may have been written twice
 // (under two keys, or without a key), a re-sent key must carry the body first applied, no
-// ledger key may have been offered twice, every completed job must have its write in its
+// ledger key may have been offered twice (on one Redis), every completed job must have its write in its
 // external system, and a ledger job's receipt must name its entry. Run returns a Report whose Violations
 // list each of those that failed; `handoff chaos` prints it.
 package chaos
