@@ -50,7 +50,7 @@ const (
 	defaultStore        = "handoff-data/coordinator.db"
 	defaultHopTimeout   = 2 * time.Minute
 	defaultHopRetryFor  = 3 * time.Minute
-	defaultLeaseTTL     = 10 * time.Second
+	defaultLeaseTTL     = coordinator.DefaultLeaseTTL
 	defaultDrainTimeout = 30 * time.Second
 	defaultPIIVault     = "handoff-data/pii-vault"
 )

@@ -41,7 +41,7 @@ func TestParseLeaseAndDrainSettings(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.leaseTTL != 10*time.Second || s.hopRetryFor != 3*time.Minute || s.drainTimeout != 30*time.Second || s.healthInterval != time.Second {
+	if s.leaseTTL != 1500*time.Millisecond || s.hopRetryFor != 3*time.Minute || s.drainTimeout != 30*time.Second || s.healthInterval != time.Second {
 		t.Fatalf("defaults: lease %s, retry-for %s, drain %s, health %s", s.leaseTTL, s.hopRetryFor, s.drainTimeout, s.healthInterval)
 	}
 	for _, args := range [][]string{{"--lease-ttl", "100ms"}, {"--hop-retry-for", "-1s"}, {"--drain-timeout", "0s"}, {"--health-interval", "1ms"}} {

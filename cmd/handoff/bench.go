@@ -2,11 +2,13 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -37,6 +39,12 @@ against the issue's targets.
 Figures needing Redis are reported skipped (with the reason) when it does not answer.
 Exits 1 when a figure fails to run (missed targets do not fail it).
 
+With --shards N it measures instead J on one Redis (its own redis-server, or --redis)
+beside J on a Redis Cluster
+(--cluster nodes, or a local one of 3 masters and 3 replicas it starts), N jobs each, and
+the Redis server CPU per job from INFO cpu deltas (summed over the cluster's masters),
+with the shards a job rate needs at 70% of a master's core.
+
 Flags:`
 
 func runBench(args []string, stdout, stderr io.Writer) int {
@@ -55,6 +63,8 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cfg.JobsConcurrency, "jobs-concurrency", 0, "jobs in flight in J's throughput bursts (default --concurrency)")
 	fs.StringVar(&cfg.BoltDir, "bolt-dir", "", "folder for the bbolt files (default: the OS temp folder)")
 	fs.BoolVar(&cfg.TmpfsBolt, "tmpfs-bolt", false, "also measure C_tmpfs: C with bbolt on /dev/shm, where fsync does nothing (labelled NOT DURABLE)")
+	shards := fs.Int("shards", 0, "measure J on one Redis beside J on a Redis Cluster, this many jobs each (0: the usual figures)")
+	clusterAddrs := fs.String("cluster", "", "with --shards: host:port,... of a Redis Cluster (default: start a local one)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -65,11 +75,24 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "handoff bench: --duration and --concurrency must be positive, and no arguments are taken")
 		return 2
 	}
+	if *shards < 0 {
+		fmt.Fprintf(stderr, "handoff bench: --shards must not be negative, got %d\n", *shards)
+		return 2
+	}
+	if *clusterAddrs != "" && *shards == 0 {
+		fmt.Fprintln(stderr, "handoff bench: --cluster needs --shards")
+		return 2
+	}
 	if isTerminal(stderr) {
 		cfg.Progress = stderr
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	if *shards > 0 {
+		redisSet := false // --shards starts a redis-server of its own unless --redis names one
+		fs.Visit(func(f *flag.Flag) { redisSet = redisSet || f.Name == "redis" })
+		return runShards(ctx, *shards, cfg, redisSet, *clusterAddrs, jsonOut, stdout, stderr)
+	}
 	rep, err := bench.Run(ctx, cfg)
 	if rep != nil {
 		if jsonOut {
@@ -81,6 +104,45 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintln(stderr, "handoff bench:", err)
 		return 1
+	}
+	return 0
+}
+
+// runShards is `handoff bench --shards N`.
+func runShards(ctx context.Context, n int, cfg bench.Config, redisSet bool, cluster string, jsonOut bool, stdout, stderr io.Writer) int {
+	sc := bench.ShardsConfig{Jobs: n, Concurrency: cfg.Concurrency}
+	if redisSet {
+		sc.RedisAddr = cfg.RedisAddr
+	}
+	if cfg.JobsConcurrency > 0 {
+		sc.Concurrency = cfg.JobsConcurrency
+	}
+	if cluster != "" {
+		sc.ClusterAddrs = strings.Split(cluster, ",")
+	}
+	res, err := bench.RunShards(ctx, sc)
+	if err != nil {
+		fmt.Fprintln(stderr, "handoff bench:", err)
+		return 1
+	}
+	if jsonOut {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		enc.Encode(res)
+		return 0
+	}
+	fmt.Fprintf(stdout, "J: %d five-stage Noop jobs per side, %d in flight\n", n, sc.Concurrency)
+	fmt.Fprintf(stdout, "%-16s %8s %10s %10s %8s %14s %14s\n", "store", "masters", "jobs/s", "p50", "p99", "redis cpu/job", "jobs/s/shard")
+	for _, s := range []struct {
+		name string
+		side bench.ShardSide
+	}{{"one redis", res.One}, {"redis cluster", res.Cluster}} {
+		fmt.Fprintf(stdout, "%-16s %8d %10.1f %10s %8s %14s %14.0f\n", s.name, s.side.Masters, s.side.Jobs.JobsPerSec,
+			s.side.Jobs.P50.Round(time.Microsecond), s.side.Jobs.P99.Round(time.Microsecond), s.side.CPUPerJob.Round(time.Microsecond), s.side.JobsPerShard)
+	}
+	fmt.Fprintln(stdout, "shards needed (each master at 70% of one core): ceil(rate x cpu/job / 0.7s)")
+	for _, rate := range []float64{100, 1000, 10000} {
+		fmt.Fprintf(stdout, "  %6.0f jobs/s: %d (at the cluster's %s/job)\n", rate, bench.ShardsFor(rate, res.Cluster), res.Cluster.CPUPerJob.Round(time.Microsecond))
 	}
 	return 0
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/handoffhq/handoff/internal/bench"
@@ -63,6 +64,22 @@ func TestBenchJSON(t *testing.T) {
 	for _, k := range []string{"A", "A2", "B"} {
 		if f := rep.Figures[k]; f.Skipped == "" && (f.CPUUs == nil || *f.CPUUs <= 0) {
 			t.Errorf("figure %s: CPU per operation %v, want > 0", k, f.CPUUs)
+		}
+	}
+}
+
+// TestBenchShardsUsage: --shards and --cluster refuse bad values before anything runs.
+func TestBenchShardsUsage(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"bench", "--shards", "-1"}, "--shards must not be negative, got -1"},
+		{[]string{"bench", "--cluster", "127.0.0.1:7000"}, "--cluster needs --shards"},
+	} {
+		var out, errb bytes.Buffer
+		if code := run(c.args, nil, &out, &errb); code != 2 || !strings.Contains(errb.String(), c.want) {
+			t.Errorf("%v: exit %d, stderr %q; want exit 2 mentioning %q", c.args, code, errb.String(), c.want)
 		}
 	}
 }

@@ -17,7 +17,7 @@ import (
 	"github.com/handoffhq/handoff/internal/chaos"
 )
 
-var chaosUsage = about("chaos") + `Usage: handoff chaos [--jobs 500] [--kills 10] [--redis-restarts 1] [--redeliver 0.05] [--target both] [--json] [flags]
+var chaosUsage = about("chaos") + `Usage: handoff chaos [--jobs 500] [--kills 10] [--redis-restarts 1] [--redeliver 0.05] [--target both] [--store redis] [--json] [flags]
 
 Runs the platform as deployed (coordinator x2, agent runner and writeback as separate
 processes built from this source tree, on a redis-server of its own) and breaks it while
@@ -33,10 +33,18 @@ the write, after the receipt); or an HTTP sink behind the webhook target, which 
 every write and honours Idempotency-Key (the writeback is killed after the sink applied a
 write and before it answered); or both, every other job to each.
 
+With --store redis-cluster the services share a local Redis Cluster (3 masters, 3
+replicas, each node append-only) instead of one redis-server, and each Redis fault
+SIGKILLs a master: its replica is promoted, and the killed node is started again as a
+replica. --wait makes the services' store WAIT for a replica's acknowledgement of each
+claim, receipt and ledger write (redis-cluster://...?wait=1); without it an acknowledged
+write can be lost with its master.
+
 At the end it prints the jobs by state, the faults injected and what the ledger and the
-sink saw. Must be 0: jobs lost (not terminal by --deadline), double writes (a job written
+sink saw, the time from each kill to the resume of the jobs it stalled (p50/p99 per kind
+of kill) and, on a cluster, each failover's duration. Must be 0: jobs lost (not terminal by --deadline), double writes (a job written
 under a second key or without one), re-sent sink keys with another body, ledger keys
-offered twice, completed ledger jobs whose receipt names another entry, completed jobs
+offered twice (on one Redis; on a cluster re-offers are counted), completed ledger jobs whose receipt names another entry, completed jobs
 without a write; and every asked fault must have been injected.
 
 Needs redis-server (apt-get install redis-server) and, unless --bin is given, the Go
@@ -50,7 +58,10 @@ Flags:
   --target T           where the jobs write: ledger, sink or both (default both)
   --concurrency N      jobs in flight at once (default 32)
   --deadline D         every job must be terminal within D of the first submission (default 15m)
-  --lease-ttl D        the coordinators' run lease (default 3s)
+  --lease-ttl D        the coordinators' run lease (default 1.5s)
+  --store S            redis (one redis-server) or redis-cluster (default redis)
+  --wait               on redis-cluster: WAIT for one replica before each claim,
+                       receipt and ledger write returns
   --seed N             seed of the re-delivery choice (default random)
   --bin DIR            prebuilt coordinator, agentrunner and writeback binaries (the
                        writeback built with -tags crashpoints unless --target sink)
@@ -77,7 +88,9 @@ func runChaos(args []string, stdout, stderr io.Writer) int {
 	redeliver := fs.Float64("redeliver", 0.05, "")
 	fs.IntVar(&cfg.Concurrency, "concurrency", 32, "")
 	fs.DurationVar(&cfg.Deadline, "deadline", 15*time.Minute, "")
-	fs.DurationVar(&cfg.LeaseTTL, "lease-ttl", 3*time.Second, "")
+	fs.DurationVar(&cfg.LeaseTTL, "lease-ttl", 1500*time.Millisecond, "")
+	fs.StringVar(&cfg.Store, "store", chaos.StoreRedis, "")
+	fs.BoolVar(&cfg.Wait, "wait", false, "")
 	fs.Uint64Var(&cfg.Seed, "seed", 0, "")
 	fs.StringVar(&cfg.BinDir, "bin", "", "")
 	fs.StringVar(&cfg.RedisServer, "redis-server", "", "")
@@ -110,6 +123,12 @@ func runChaos(args []string, stdout, stderr io.Writer) int {
 		return 2
 	case !slices.Contains(chaos.Targets, cfg.Target):
 		fmt.Fprintf(stderr, "handoff chaos: --target must be one of %s, got %q\n", strings.Join(chaos.Targets, ", "), cfg.Target)
+		return 2
+	case !slices.Contains(chaos.Stores, cfg.Store):
+		fmt.Fprintf(stderr, "handoff chaos: --store must be one of %s, got %q (bbolt is one process's file: the services here are separate processes)\n", strings.Join(chaos.Stores, ", "), cfg.Store)
+		return 2
+	case cfg.Wait && cfg.Store != chaos.StoreCluster:
+		fmt.Fprintf(stderr, "handoff chaos: --wait needs --store %s (one redis-server has no replica to wait for)\n", chaos.StoreCluster)
 		return 2
 	case cfg.Concurrency <= 0 || cfg.Deadline <= 0 || cfg.LeaseTTL < time.Second:
 		fmt.Fprintln(stderr, "handoff chaos: --concurrency and --deadline must be positive, --lease-ttl at least 1s")

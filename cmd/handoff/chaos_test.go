@@ -20,6 +20,8 @@ func TestChaosUsage(t *testing.T) {
 		{[]string{"chaos", "--kills", "-1"}, 2, "--kills"},
 		{[]string{"chaos", "--lease-ttl", "10ms"}, 2, "--lease-ttl"},
 		{[]string{"chaos", "--target", "crm"}, 2, `--target must be one of ledger, sink, both, got "crm"`},
+		{[]string{"chaos", "--store", "bbolt"}, 2, `--store must be one of redis, redis-cluster, got "bbolt"`},
+		{[]string{"chaos", "--wait"}, 2, "--wait needs --store redis-cluster"},
 		{[]string{"chaos", "extra"}, 2, "unexpected argument"},
 		{[]string{"chaos", "--nope"}, 2, "nope"},
 	} {

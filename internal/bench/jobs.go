@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -198,8 +199,22 @@ func newJobsRigFor(ctx context.Context, pipe, kind, redisAddr, baseDir string, l
 			cancel()
 		})
 		cfg.Store = rs
+	case StoreCluster: // redisAddr: the nodes, comma-separated
+		prefix := newPrefix("jobs")
+		addrs := strings.Split(redisAddr, ",")
+		rs, err := store.OpenRedis(ctx, store.RedisOptions{Cluster: addrs, Prefix: prefix})
+		if err != nil {
+			return nil, err
+		}
+		r.closers = append(r.closers, func() {
+			rs.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			deleteClusterPrefix(ctx, addrs, prefix)
+			cancel()
+		})
+		cfg.Store = rs
 	default:
-		return nil, fmt.Errorf("bench: unknown store %q (want %q or %q)", kind, StoreBolt, StoreRedis)
+		return nil, fmt.Errorf("bench: unknown store %q (want %q, %q or %q)", kind, StoreBolt, StoreRedis, StoreCluster)
 	}
 	st, err := stack.Start(ctx, cfg)
 	if err != nil {

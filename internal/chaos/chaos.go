@@ -22,7 +22,7 @@
 // number of hops made so far. At the end every job must have reached a terminal state
 // (completed, escalated or failed) before the deadline, no job may have been written twice
 // (under two keys, or without a key), a re-sent key must carry the body first applied, no
-// ledger key may have been offered twice, every completed job must have its write in its
+// ledger key may have been offered twice (on one Redis), every completed job must have its write in its
 // external system, and a ledger job's receipt must name its entry. Run returns a Report whose Violations
 // list each of those that failed; `handoff chaos` prints it.
 package chaos
@@ -45,6 +45,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -54,6 +55,7 @@ import (
 	"github.com/handoffhq/handoff/internal/demo"
 	"github.com/handoffhq/handoff/internal/interceptor/identity"
 	"github.com/handoffhq/handoff/internal/pipeline"
+	"github.com/handoffhq/handoff/internal/rediscluster"
 	"github.com/handoffhq/handoff/internal/store"
 	"github.com/handoffhq/handoff/pipelines"
 	"github.com/handoffhq/handoff/services/agentrunner/support"
@@ -72,7 +74,7 @@ type Config struct {
 	// Deadline bounds the run from the first submission: every job must be terminal by
 	// then [15m].
 	Deadline time.Duration
-	// LeaseTTL is the coordinators' --lease-ttl [3s]: how soon a killed replica's runs are
+	// LeaseTTL is the coordinators' --lease-ttl [1.5s]: how soon a killed replica's runs are
 	// taken over.
 	LeaseTTL time.Duration
 	// WorkDir holds binaries, logs, Redis's files, artifacts and the sink's record of every
@@ -92,7 +94,25 @@ type Config struct {
 	Target string
 	// Progress receives a line per phase and every 5 seconds of the run (nil: quiet).
 	Progress io.Writer
+	// Store is the shared store the services run on: StoreRedis, one redis-server whose
+	// restarts are the Redis faults, or StoreCluster, a local Redis Cluster of 3 masters and
+	// 3 replicas (internal/rediscluster) whose Redis faults SIGKILL a master, so its
+	// replica is promoted, and start it again later [redis].
+	Store string
+	// Wait makes the services' cluster store WAIT for one replica's acknowledgement of each
+	// claim, receipt and ledger write before going on (redis-cluster://...?wait=1), closing
+	// the window in which an acknowledged write is lost with its master. Cluster only.
+	Wait bool
 }
+
+// The stores a chaos run can use.
+const (
+	StoreRedis   = "redis"
+	StoreCluster = "redis-cluster"
+)
+
+// Stores lists the Config.Store values.
+var Stores = []string{StoreRedis, StoreCluster}
 
 func (c *Config) defaults() {
 	if c.Jobs <= 0 {
@@ -117,10 +137,13 @@ func (c *Config) defaults() {
 		c.Deadline = 15 * time.Minute
 	}
 	if c.LeaseTTL <= 0 {
-		c.LeaseTTL = 3 * time.Second
+		c.LeaseTTL = 1500 * time.Millisecond
 	}
 	if c.Target == "" {
 		c.Target = TargetBoth
+	}
+	if c.Store == "" {
+		c.Store = StoreRedis
 	}
 	if c.Seed == 0 {
 		var b [8]byte
@@ -133,12 +156,15 @@ func (c *Config) defaults() {
 
 // Service timings of a chaos run: short, so a fault costs seconds rather than minutes.
 const (
-	stageTimeout   = 2 * time.Second // runner: a crashed stage's claim lapses after 2*2s+30s
+	stageTimeout   = 2 * time.Second // runner: bounds an agent run (its claim, 3s, is renewed while it runs)
 	pendingTTL     = 6 * time.Second // writeback: a crashed write's claim lapses after 6s
 	webhookTimeout = 2 * time.Second // under pendingTTL/2, as the writeback requires
 	hopRetryFor    = 90 * time.Second
 	hopTimeout     = 20 * time.Second
-	redisDown      = 2 * time.Second // how long Redis stays down at a restart
+	// clusterNodeTimeout is the cluster's cluster-node-timeout: a killed master's replica
+	// is promoted a little after it.
+	clusterNodeTimeout = time.Second
+	redisDown          = 2 * time.Second // how long Redis stays down at a restart
 )
 
 // Report is the outcome of a chaos run.
@@ -149,9 +175,23 @@ type Report struct {
 	KillsAsked int            `json:"kills_asked_per_service"`
 	// Crashes are exits the harness did not cause (a service that cannot reach Redis at
 	// start exits and is restarted), by service.
-	Crashes            map[string]int `json:"crashes"`
-	RedisRestarts      int            `json:"redis_restarts"`
-	RedisRestartsAsked int            `json:"redis_restarts_asked"`
+	Crashes map[string]int `json:"crashes"`
+	// RedisRestarts are the Redis faults made: restarts of the one redis-server, or on a
+	// cluster SIGKILLs of a master (its replica promoted; FailoverMs is each kill to the
+	// cluster whole again).
+	RedisRestarts      int     `json:"redis_restarts"`
+	RedisRestartsAsked int     `json:"redis_restarts_asked"`
+	FailoverMs         []int64 `json:"failover_ms,omitempty"`
+	// Store is Config.Store; Wait, Config.Wait (WAIT for a replica before going on).
+	Store string `json:"store"`
+	Wait  bool   `json:"wait_for_replica"`
+	// TimeToResume is, per kind of kill (coordinator, agentrunner, writeback, redis-master,
+	// redis-restart), the time from the kill until each job it stalled made progress again
+	// (resume.go).
+	TimeToResume map[string]ResumeStats `json:"time_to_resume"`
+	// ReplicationProbe (cluster only) is the replication hole measured at each master kill
+	// (probe.go): acknowledged writes to the victim, and how many the failover lost.
+	ReplicationProbe *ProbeReport `json:"replication_probe,omitempty"`
 	// Hops counts distinct hops (job, stage, judge round); Calls every call the proxy
 	// forwarded, retries included (re-delivered copies are not counted).
 	Hops       int64            `json:"hops"`
@@ -220,13 +260,19 @@ type harness struct {
 	rngMu sync.Mutex
 	rng   *mrand.Rand
 
-	redis     *redisProc
+	redis     *redisProc            // StoreRedis
+	cluster   *rediscluster.Cluster // StoreCluster
+	restarts  atomic.Int32          // Redis faults done: restarts, or master kills
+	failovers []time.Duration       // master kill to a whole cluster again (under planMu)
+	resumes   *resumes
+	probe     ProbeReport // under planMu
 	coords    []*proc
 	runner    *proc
 	writeback *proc
 	procs     []*proc
 	sink      *sink
 	proxy     *proxy
+	storeURL  string
 
 	maxHops int // the pipeline's max_hops: each job's wallet starts with it
 
@@ -256,8 +302,14 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if !slices.Contains(Targets, cfg.Target) {
 		return nil, fmt.Errorf("chaos: target %q: want one of %s", cfg.Target, strings.Join(Targets, ", "))
 	}
+	if !slices.Contains(Stores, cfg.Store) {
+		return nil, fmt.Errorf("chaos: store %q: want one of %s", cfg.Store, strings.Join(Stores, ", "))
+	}
+	if cfg.Wait && cfg.Store != StoreCluster {
+		return nil, fmt.Errorf("chaos: wait is for the %s store only (one Redis has no replica to wait for)", StoreCluster)
+	}
 	h := &harness{cfg: cfg, rng: mrand.New(mrand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
-		jobTarget: map[string]string{}, killsAt: map[string]int{}}
+		jobTarget: map[string]string{}, killsAt: map[string]int{}, resumes: newResumes()}
 	var sayMu sync.Mutex // lines come from the proxy, the sink and the supervisors at once
 	h.say = func(format string, args ...any) {
 		if cfg.Progress != nil {
@@ -283,7 +335,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	} else {
 		h.dir = cfg.WorkDir
 	}
-	rep := &Report{WorkDir: h.dir, Seed: cfg.Seed, KillsAsked: cfg.Kills, RedisRestartsAsked: cfg.RedisRestarts, Jobs: JobsReport{Asked: cfg.Jobs}, Target: cfg.Target}
+	rep := &Report{WorkDir: h.dir, Seed: cfg.Seed, KillsAsked: cfg.Kills, RedisRestartsAsked: cfg.RedisRestarts, Jobs: JobsReport{Asked: cfg.Jobs}, Target: cfg.Target,
+		Store: cfg.Store, Wait: cfg.Wait}
 	keep := cfg.Keep || !ownDir
 	defer func() {
 		if !keep && len(rep.Violations) == 0 {
@@ -320,18 +373,39 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 	}
 
-	// Redis, with an fsynced append-only file so a restart keeps every acknowledged write.
-	rport, err := freePort()
-	if err != nil {
-		return nil, err
+	// Redis, with an fsynced append-only file so a restart keeps every acknowledged write;
+	// or a cluster whose nodes keep one each.
+	var storeURL string
+	if cfg.Store == StoreCluster {
+		cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		h.cluster, err = rediscluster.Start(cctx, rediscluster.Options{Dir: filepath.Join(h.dir, "redis"), NodeTimeout: clusterNodeTimeout,
+			AppendOnly: true, Server: redisPath})
+		cancel()
+		if err != nil {
+			keep = true
+			return nil, fmt.Errorf("chaos: start the Redis Cluster: %w", err)
+		}
+		defer h.cluster.Stop()
+		storeURL = "redis-cluster://" + strings.Join(h.cluster.Addrs(), ",")
+		if cfg.Wait {
+			storeURL += "?wait=1"
+		}
+		h.say("redis cluster (3 masters, 3 replicas, node timeout %s) on %s", clusterNodeTimeout, strings.Join(h.cluster.Addrs(), " "))
+	} else {
+		rport, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		h.redis = &redisProc{bin: redisPath, dir: filepath.Join(h.dir, "redis"), port: rport, addr: fmt.Sprintf("127.0.0.1:%d", rport), restarts: &h.restarts}
+		if err := h.redis.start(); err != nil {
+			keep = true
+			return nil, err
+		}
+		defer h.redis.stop()
+		storeURL = "redis://" + h.redis.addr + "/0"
+		h.say("redis-server on %s (append-only, fsync always) in %s", h.redis.addr, h.redis.dir)
 	}
-	h.redis = &redisProc{bin: redisPath, dir: filepath.Join(h.dir, "redis"), port: rport, addr: fmt.Sprintf("127.0.0.1:%d", rport)}
-	if err := h.redis.start(); err != nil {
-		keep = true
-		return nil, err
-	}
-	defer h.redis.stop()
-	h.say("redis-server on %s (append-only, fsync always) in %s", h.redis.addr, h.redis.dir)
+	h.storeURL = storeURL
 
 	// The deployment's service-token keys (plaintext on loopback): one private key per
 	// service, as `handoff keys` makes them, and the folder of public keys they all verify
@@ -417,7 +491,6 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	defer h.proxy.close()
 
 	// The services.
-	storeURL := "redis://" + h.redis.addr + "/0"
 	common := []string{"--plaintext-loopback", "--token-public-keys", filepath.Join(keyDir, identity.PublicDir), "--store", storeURL}
 	logDir := filepath.Join(h.dir, "logs")
 	mk := func(name, kind, listen string, args ...string) error {
@@ -641,9 +714,14 @@ func (h *harness) hop(key string) (first bool) {
 	if h.dueLocked(faultRedis) {
 		h.busy[faultRedis] = true
 		go func() {
-			h.say("restarting redis-server (SIGKILL, down %s) at hop %d", redisDown, h.hops.Load())
-			if err := h.redis.restart(redisDown); err != nil {
-				h.say("redis-server did not come back: %v", err)
+			if h.cluster != nil {
+				h.killMaster()
+			} else {
+				h.say("restarting redis-server (SIGKILL, down %s) at hop %d", redisDown, h.hops.Load())
+				h.resumes.killed(kindRedis)
+				if err := h.redis.restart(redisDown); err != nil {
+					h.say("redis-server did not come back: %v", err)
+				}
 			}
 			h.planMu.Lock()
 			h.busy[faultRedis] = false
@@ -655,7 +733,63 @@ func (h *harness) hop(key string) (first bool) {
 
 func (h *harness) killRunner() { h.killProc(h.runner, "mid-stage (after ACCEPTED, before the result)") }
 
+// killMaster SIGKILLs a master of the cluster (the next in turn), waits for its replica's
+// promotion, and starts the killed node again (it rejoins as a replica).
+func (h *harness) killMaster() {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	masters, err := h.cluster.Masters(ctx)
+	if err != nil || len(masters) == 0 {
+		h.say("no master to kill: %v", err)
+		return
+	}
+	slices.Sort(masters)
+	victim := masters[int(h.restarts.Load())%len(masters)]
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: h.cluster.Addrs(), MaxRetries: -1, ClusterStateReloadInterval: time.Second})
+	defer rdb.Close()
+	pr, err := startProbe(ctx, rdb, victim, h.cfg.Wait, int(h.restarts.Load()))
+	if err != nil {
+		h.say("replication probe on %s: %v", victim, err)
+	}
+	time.Sleep(200 * time.Millisecond) // the probe writes up to the kill
+	h.say("SIGKILL redis master %s at hop %d", victim, h.hops.Load())
+	h.resumes.killed(kindMaster)
+	t0 := time.Now()
+	if err := h.cluster.Kill(victim); err != nil {
+		h.say("kill master %s: %v", victim, err)
+		return
+	}
+	var acked []string
+	if pr != nil {
+		acked = pr.end()
+	}
+	h.restarts.Add(1)
+	if err := h.cluster.WaitFailover(ctx, victim); err != nil {
+		h.say("%v", err)
+	} else {
+		d := time.Since(t0)
+		h.planMu.Lock()
+		h.failovers = append(h.failovers, d)
+		h.planMu.Unlock()
+		h.say("replica of %s promoted: the cluster is whole %s after the kill", victim, d.Round(time.Millisecond))
+		if lost, err := countLost(ctx, rdb, acked); err != nil {
+			h.say("replication probe: count: %v", err)
+		} else {
+			h.planMu.Lock()
+			h.probe.Acknowledged += len(acked)
+			h.probe.Lost += lost
+			h.planMu.Unlock()
+			h.say("replication probe: %d of %d acknowledged writes to %s lost in the failover (wait for replica: %v)", lost, len(acked), victim, h.cfg.Wait)
+		}
+	}
+	time.Sleep(redisDown)
+	if err := h.cluster.Restart(victim); err != nil {
+		h.say("restart %s: %v", victim, err)
+	}
+}
+
 func (h *harness) killProc(p *proc, when string) bool {
+	h.resumes.killed(p.kind)
 	if p.kill() {
 		h.say("SIGKILL %s %s at hop %d", p.name, when, h.hops.Load())
 		return true
@@ -690,7 +824,7 @@ func (h *harness) runJobs(ctx context.Context, clients []handoffv1.CoordinatorSe
 				return
 			case <-t.C:
 				h.say("%4ds: %d/%d jobs ended, %d hops (%d calls), kills %s, redis restarts %d", int(time.Since(start).Seconds()),
-					ended.Load(), h.cfg.Jobs, h.hops.Load(), h.calls.Load(), h.killSummary(), h.redis.restarts.Load())
+					ended.Load(), h.cfg.Jobs, h.hops.Load(), h.calls.Load(), h.killSummary(), h.restarts.Load())
 			}
 		}
 	}()
@@ -801,7 +935,17 @@ func (h *harness) finish(rep *Report, results []*jobResult, ledger *ledgerBook) 
 		rep.Crashes[p.kind] += p.crashes
 		rep.Stops[p.name] = p.stopped
 	}
-	rep.RedisRestarts = int(h.redis.restarts.Load())
+	rep.RedisRestarts = int(h.restarts.Load())
+	rep.TimeToResume = h.resumes.report()
+	h.planMu.Lock()
+	if h.cluster != nil {
+		pr := h.probe
+		rep.ReplicationProbe = &pr
+	}
+	for _, d := range h.failovers {
+		rep.FailoverMs = append(rep.FailoverMs, d.Milliseconds())
+	}
+	h.planMu.Unlock()
 	rep.Hops, rep.Calls = h.hops.Load(), h.calls.Load()
 	rep.Redelivery = h.proxy.report()
 	rep.Sink = h.sink.report()
@@ -865,7 +1009,13 @@ func (h *harness) finish(rep *Report, results []*jobResult, ledger *ledgerBook) 
 	if rep.Ledger.DoubleWrites > 0 {
 		*v = append(*v, fmt.Sprintf("%d ledger double writes: a job with more than one entry", rep.Ledger.DoubleWrites))
 	}
-	if rep.Ledger.Reoffered > 0 {
+	// On one Redis the ledger entry and its receipt are one script, so a writeback killed
+	// anywhere leaves both or neither and a re-offer is the writeback's fault. On a cluster
+	// they are in two slots, two steps (store.Redis.AppendLedgerComplete): a kill, or a
+	// master's failover, between them leaves the entry without its receipt, and the retry
+	// offers it again, absorbed by the ledger's key. That is the design there (the target's
+	// key closes the gap), so it is reported, not a violation.
+	if rep.Ledger.Reoffered > 0 && h.cluster == nil {
 		*v = append(*v, fmt.Sprintf("%d ledger writes offered again for a key already written (absorbed by the ledger, but let through by the writeback)", rep.Ledger.Reoffered))
 	}
 	if rep.Ledger.ReceiptMismatches > 0 {

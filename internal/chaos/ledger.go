@@ -144,7 +144,7 @@ type LedgerReport struct {
 
 // readLedger reads the services' ledger from the run's Redis (the default key prefix).
 func (h *harness) readLedger(ctx context.Context) ([]store.LedgerEntry, error) {
-	rs, err := store.OpenRedis(ctx, store.RedisOptions{Addr: h.redis.addr})
+	rs, err := store.OpenURL(ctx, h.storeURL)
 	if err != nil {
 		return nil, fmt.Errorf("chaos: read the ledger: %w", err)
 	}

@@ -275,7 +275,7 @@ type redisProc struct {
 	port           int
 	cmd            *exec.Cmd
 	exited         chan struct{}
-	restarts       atomic.Int32
+	restarts       *atomic.Int32
 }
 
 func (r *redisProc) start() error {

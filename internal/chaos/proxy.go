@@ -7,6 +7,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"strings"
 	"sync"
 	"time"
 
@@ -154,16 +155,25 @@ func (rp runnerProxy) Deliver(req *handoffv1.DeliverRequest, down grpc.ServerStr
 	if p.h.hop(fmt.Sprintf("%s/%s/%d", pkg.GetJobId(), pkg.GetStage(), pkg.GetEvaluator().GetRounds())) && p.redeliverNow() {
 		p.redeliverDeliver(req)
 	}
+	job := pkg.GetJobId()
+	fail := func(err error) error {
+		p.h.resumes.failed(job, blame(down.Context(), err, kindRunner)...)
+		return err
+	}
 	up, err := p.runner.Deliver(forward(down.Context()), req)
 	if err != nil {
-		return err
+		return fail(err)
 	}
 	first, err := up.Recv()
 	if err != nil {
-		return err
+		return fail(err)
+	}
+	switch first.GetAck().GetStatus() {
+	case handoffv1.AckStatus_ACK_STATUS_ACCEPTED, handoffv1.AckStatus_ACK_STATUS_DUPLICATE:
+		p.h.resumes.progressed(job)
 	}
 	if err := down.Send(first); err != nil {
-		return err
+		return fail(err)
 	}
 	if first.GetAck().GetStatus() == handoffv1.AckStatus_ACK_STATUS_ACCEPTED && p.h.due(faultRunner) {
 		// Mid-stage: the runner took the package and is running (or finishing) the stage.
@@ -175,10 +185,10 @@ func (rp runnerProxy) Deliver(req *handoffv1.DeliverRequest, down grpc.ServerStr
 			return nil
 		}
 		if err != nil {
-			return err
+			return fail(err)
 		}
 		if err := down.Send(msg); err != nil {
-			return err
+			return fail(err)
 		}
 	}
 }
@@ -242,5 +252,28 @@ func (wp writebackProxy) Write(ctx context.Context, req *handoffv1.WriteRequest)
 			return resp.GetDuplicate(), "", err
 		})
 	}
-	return p.wb.Write(forward(ctx), req)
+	resp, err := p.wb.Write(forward(ctx), req)
+	if err == nil && ctx.Err() == nil {
+		p.h.resumes.progressed(req.GetPackage().GetJobId())
+	} else {
+		p.h.resumes.failed(req.GetPackage().GetJobId(), blame(ctx, err, kindWriteback)...)
+	}
+	return resp, err
+}
+
+// blame is the kinds of kill that fail a call the way it failed: its caller gone (a
+// coordinator), the service's connection broken (the service itself), or Unavailable from
+// the service's store (a master, or the one Redis). Aborted (in flight elsewhere) and
+// other answers blame none.
+func blame(callerCtx context.Context, err error, service string) []string {
+	switch {
+	case callerCtx.Err() != nil:
+		return []string{kindCoordinator}
+	case status.Code(err) != codes.Unavailable:
+		return nil
+	case strings.Contains(status.Convert(err).Message(), "store"), strings.Contains(status.Convert(err).Message(), "redis"):
+		return []string{kindMaster, kindRedis}
+	default:
+		return []string{service}
+	}
 }

@@ -17,7 +17,7 @@ func (r *Report) WriteText(w io.Writer) {
 		}
 		return fmt.Sprintf("%d (must be 0: VIOLATION)", n)
 	}
-	p("handoff chaos: %d jobs in %s (build %s), seed %d, target %s", r.Jobs.Asked, r.Duration, orDash(r.Build), r.Seed, orDash(r.Target))
+	p("handoff chaos: %d jobs in %s (build %s), seed %d, target %s, store %s", r.Jobs.Asked, r.Duration, orDash(r.Build), r.Seed, orDash(r.Target), orDash(r.Store))
 	p("jobs")
 	p("  submitted                 %d", r.Jobs.Submitted)
 	p("  completed                 %d", r.Jobs.Completed)
@@ -42,7 +42,14 @@ func (r *Report) WriteText(w io.Writer) {
 		}
 		p("  writeback killed at       %s", strings.Join(at, ", "))
 	}
-	p("  redis restarts            %d (asked %d)", r.RedisRestarts, r.RedisRestartsAsked)
+	if r.Store == "redis-cluster" {
+		p("  redis masters killed      %d (asked %d), failovers %v ms, wait for replica %v", r.RedisRestarts, r.RedisRestartsAsked, r.FailoverMs, r.Wait)
+		if r.ReplicationProbe != nil {
+			p("  replication probe         %d of %d acknowledged writes lost with their master", r.ReplicationProbe.Lost, r.ReplicationProbe.Acknowledged)
+		}
+	} else {
+		p("  redis restarts            %d (asked %d)", r.RedisRestarts, r.RedisRestartsAsked)
+	}
 	p("  crashes (not ours)        coordinator %d, agentrunner %d, writeback %d", r.Crashes["coordinator"], r.Crashes["agentrunner"], r.Crashes["writeback"])
 	p("  hops (calls with retries) %d (%d)", r.Hops, r.Calls)
 	p("  re-delivered hops         %d: %d answered duplicate, %d in flight, %d ran the hop first, %d other",
@@ -63,7 +70,11 @@ func (r *Report) WriteText(w io.Writer) {
 		p("  entries                   %d", r.Ledger.Entries)
 		p("  distinct keys             %d", r.Ledger.Keys)
 		p("  double writes             %s", mark(r.Ledger.DoubleWrites))
-		p("  offered again, absorbed   %s", mark(r.Ledger.Reoffered))
+		if r.Store == "redis-cluster" { // two slots: see finish
+			p("  offered again, absorbed   %d (on a cluster entry and receipt are two steps; the ledger's key absorbs it)", r.Ledger.Reoffered)
+		} else {
+			p("  offered again, absorbed   %s", mark(r.Ledger.Reoffered))
+		}
 		p("  receipt names another     %s", mark(r.Ledger.ReceiptMismatches))
 	}
 	p("writes")
@@ -71,6 +82,11 @@ func (r *Report) WriteText(w io.Writer) {
 	p("  written, not completed    %d", r.WrittenNotCompleted)
 	p("wallets")
 	p("  jobs charged extra hops   %d (%d hops beyond those made)", r.OverchargedJobs, r.ExtraHopDebits)
+	p("time to resume (kill to the next progress of each job it stalled)")
+	for _, k := range sortedKeys(r.TimeToResume) {
+		st := r.TimeToResume[k]
+		p("  %-25s p50 %5d ms  p99 %5d ms  max %5d ms  (%d jobs)", k, st.P50ms, st.P99ms, st.MaxMs, st.Samples)
+	}
 	p("shutdown (SIGTERM)")
 	for _, k := range sortedKeys(r.Stops) {
 		p("  %-25s %s", k, r.Stops[k])

@@ -631,6 +631,27 @@ func (s *Bolt) Release(_ context.Context, key string) error {
 	})
 }
 
+func (s *Bolt) RenewClaim(_ context.Context, key string, pendingTTL time.Duration) (bool, error) {
+	if key == "" || pendingTTL <= 0 {
+		return false, fmt.Errorf("store: renew claim %q: the key must not be empty and the ttl must be positive (got %s)", key, pendingTTL)
+	}
+	ok := false
+	err := s.update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketIdem)
+		now := s.now()
+		ok = false
+		if st, _, live := decodeIdem(b.Get([]byte(key)), now); !live || st != Pending {
+			return nil
+		}
+		ok = true
+		return b.Put([]byte(key), encodeIdem(Pending, now.Add(pendingTTL), nil))
+	})
+	if err != nil {
+		return false, fmt.Errorf("store: renew claim %q: %w", key, err)
+	}
+	return ok, nil
+}
+
 func (s *Bolt) Lookup(_ context.Context, key string) (ClaimState, []byte, error) {
 	var state ClaimState
 	var value []byte

@@ -73,6 +73,32 @@ func (s *Bolt) ReleaseLease(_ context.Context, name, owner string) error {
 	return nil
 }
 
+// LapsedLeases reads the leases bucket: on bbolt it holds only the leases of this file's one
+// process, so a scan of it is cheap, and released leases are deleted from it.
+func (s *Bolt) LapsedLeases(_ context.Context, limit int) ([]string, error) {
+	if limit <= 0 {
+		limit = 100
+	}
+	var out []string
+	err := s.db.View(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketLeases)
+		if b == nil {
+			return nil
+		}
+		now := s.now()
+		return b.ForEach(func(k, v []byte) error {
+			if len(out) < limit && len(v) >= 8 && decodeLease(v, now) == "" {
+				out = append(out, string(k))
+			}
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store: lapsed leases: %w", err)
+	}
+	return out, nil
+}
+
 // bucketFences: run id -> its fence epoch (big endian uint64). Created on the first
 // FenceRun, so older files need no migration.
 var bucketFences = []byte("fences")

@@ -225,3 +225,49 @@ func TestRedisCreateRunCrashWindows(t *testing.T) {
 		})
 	}
 }
+
+// TestClusterWait: the contract suite again with every claim, receipt and ledger write
+// waiting for one replica (?wait=1): each such write is on a replica when the call returns.
+func TestClusterWait(t *testing.T) {
+	open := func(t *testing.T) *store.Redis {
+		prefix := storetest.ClusterPrefix(t)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		s, err := store.OpenRedis(ctx, store.RedisOptions{Cluster: storetest.ClusterAddrs(t), Prefix: prefix, WaitReplicas: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	}
+	storetest.Run(t, func(t *testing.T) store.Store { return open(t) })
+	t.Run("OnTheReplica", func(t *testing.T) {
+		ctx := context.Background()
+		prefix := storetest.ClusterPrefix(t)
+		s, err := store.OpenRedis(ctx, store.RedisOptions{Cluster: storetest.ClusterAddrs(t), Prefix: prefix, WaitReplicas: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		if st, _, err := s.Claim(ctx, "k-waited", time.Minute); err != nil || st != store.Claimed {
+			t.Fatalf("Claim = %v, %v", st, err)
+		}
+		// Every node's own view, replicas included: the key must be on two of the six (its
+		// master and its replica) the moment Claim returned.
+		on := 0
+		for _, a := range storetest.ClusterAddrs(t) {
+			c := redis.NewClient(&redis.Options{Addr: a, MaxRetries: -1})
+			pipe := c.Pipeline()
+			pipe.ReadOnly(ctx)
+			ex := pipe.Exists(ctx, prefix+"{k-waited}:idem")
+			pipe.Exec(ctx)
+			if ex.Val() == 1 {
+				on++
+			}
+			c.Close()
+		}
+		if on != 2 {
+			t.Fatalf("the waited claim is on %d nodes, want 2 (its master and its replica)", on)
+		}
+	})
+}

@@ -28,6 +28,12 @@ type Leases interface {
 	// ReleaseLease frees lease name if owner holds it, so another owner can take it at once;
 	// a lease held by someone else (or by nobody) is left as it is.
 	ReleaseLease(ctx context.Context, name, owner string) error
+	// LapsedLeases lists up to limit names of leases whose ttl has passed since their last
+	// acquire or renewal and that nobody released: the leases of a holder that died. It is
+	// cheap enough to poll several times a second (an index of expiries, not a scan of the
+	// leases), so a lease is taken over when it lapses rather than on a slow scan. A name
+	// may still be listed a moment after another owner took it again; AcquireLease decides.
+	LapsedLeases(ctx context.Context, limit int) ([]string, error)
 }
 
 // checkLease checks AcquireLease's and ReleaseLease's arguments.

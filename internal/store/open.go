@@ -33,10 +33,11 @@ const openRedisTimeout = 10 * time.Second
 //     RedisOptions has none); host and port are required; db is a number from 0 (default 0);
 //     prefix starts every key (default "handoff:") and is the only query parameter; a
 //     fragment is refused. Connecting is bounded by 10s on top of ctx.
-//   - redis-cluster://[:password@]host:port,host:port,...[?prefix=P] is Redis Cluster
+//   - redis-cluster://[:password@]host:port,host:port,...[?prefix=P&wait=N] is Redis Cluster
 //     (go-redis ClusterClient): some of its nodes, from which the client learns the rest.
 //     Each is host:port; there is no database (a cluster has only 0); password and prefix
-//     are as for redis://.
+//     are as for redis://; wait=N (0 to 5, default 0) makes each claim, receipt and ledger
+//     write wait for N replicas (RedisOptions.WaitReplicas).
 //   - anything without "://" is a bbolt file path (one process); its parent folder is
 //     created.
 //
@@ -213,7 +214,7 @@ func prefixParam(q url.Values) (string, error) {
 // parseClusterURL reads what follows "redis-cluster://": [:password@]host:port,...[?query].
 // (net/url takes one host only, so the node list is split here.)
 func parseClusterURL(rest string, fail func(string, ...any) (*RedisOptions, error)) (*RedisOptions, error) {
-	const want = "want redis-cluster://[:password@]host:port,host:port,...[?prefix=P]"
+	const want = "want redis-cluster://[:password@]host:port,host:port,...[?prefix=P&wait=N]"
 	if strings.Contains(rest, "#") {
 		return fail("a fragment is not supported")
 	}
@@ -247,8 +248,17 @@ func parseClusterURL(rest string, fail func(string, ...any) (*RedisOptions, erro
 	if err != nil {
 		return fail("query: %v", err)
 	}
+	wait := q["wait"]
+	q.Del("wait")
 	if o.Prefix, err = prefixParam(q); err != nil {
 		return fail("%v", err)
+	}
+	if wait != nil {
+		n, err := strconv.Atoi(wait[0])
+		if len(wait) != 1 || err != nil || n < 0 || n > 5 {
+			return fail("wait wants one number of replicas from 0 to 5, got %q", strings.Join(wait, ","))
+		}
+		o.WaitReplicas = n
 	}
 	return o, nil
 }

@@ -53,6 +53,11 @@ func TestParseURL(t *testing.T) {
 		{spec: "redis-cluster://h:1/0", err: true},
 		{spec: "redis-cluster://h:1?db=0", err: true},
 		{spec: "redis-cluster://h:1#f", err: true},
+		{spec: "redis-cluster://h:1?wait=1&prefix=p:", want: &store.RedisOptions{Cluster: []string{"h:1"}, Prefix: "p:", WaitReplicas: 1}},
+		{spec: "redis-cluster://h:1?wait=-1", err: true},
+		{spec: "redis-cluster://h:1?wait=x", err: true},
+		{spec: "redis-cluster://h:1?wait=1&wait=2", err: true},
+		{spec: "redis-cluster://h:1?wait=6", err: true},
 		{spec: "redis-cluster://bob:s3cret-user@h:1,h:2", err: true, secret: "s3cret-user"},
 		{spec: "redis-cluster://:s3cret-node@h:1,h", err: true, secret: "s3cret-node"},
 

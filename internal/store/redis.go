@@ -43,6 +43,10 @@ package store
 //	                                vfailed "1" once a FAIL was recorded, vlast the last
 //	                                verdict's number, which Admit checks (ErrSilentReset).
 //	{<name>}:lease          string  a lease's owner, expiring with the lease (redis_lease.go).
+//	{leases:<b>}:index      zset    bucket b (0-15, FNV of the name) of the lease index:
+//	                                member a lease name, score its expiry (server ms), so
+//	                                LapsedLeases finds the leases of a dead holder in one
+//	                                pipelined read; a release removes the member.
 //	{<run_id>}:fence        string  the run's fence epoch (INCR by FenceRun), checked by
 //	                                PutRunFenced in the script that saves the run.
 //	{ledger}:entries        list    JSON {Key, Payload, At}; the element at index i is entry
@@ -108,7 +112,19 @@ type RedisOptions struct {
 	// users) can share one connection pool. Close leaves it open: its owner closes it.
 	// It should have retries disabled (MaxRetries -1), for the reason given in OpenRedis.
 	Client redis.UniversalClient
+	// WaitReplicas, when positive, makes every idempotency claim, receipt and ledger write
+	// WAIT until that many replicas acknowledged it (at most WaitTimeout, default 2s)
+	// before the call returns; a write not replicated in time is an error
+	// (ErrNotReplicated). Redis replicates asynchronously, so without it a write the
+	// caller was told of can vanish with its master in a failover: a claim (and the
+	// external write it guards is made again), or a ledger entry. URL: ?wait=N.
+	WaitReplicas int
+	WaitTimeout  time.Duration
 }
+
+// ErrNotReplicated: a write WaitReplicas asked to be replicated was not acknowledged by
+// enough replicas within WaitTimeout. It was made on the master and may still be lost.
+var ErrNotReplicated = errors.New("the write was not acknowledged by enough replicas in time")
 
 // Redis is the Store on a Redis server (see the key layout above). It is safe for concurrent
 // use, and any number of processes may share one server and prefix.
@@ -122,6 +138,43 @@ type Redis struct {
 	addr    string // for error messages
 	prefix  string
 	now     func() time.Time
+	// waitReplicas and waitTimeout: RedisOptions.WaitReplicas and WaitTimeout.
+	waitReplicas int
+	waitTimeout  time.Duration
+}
+
+// replicated runs f on the connection of the master that holds key and, with WaitReplicas,
+// WAITs on that same connection (WAIT counts the writes of its own connection) for the
+// replicas to acknowledge what f wrote. Without WaitReplicas it is f on the shared client.
+func (s *Redis) replicated(ctx context.Context, key string, f func(c redis.Cmdable) error) error {
+	if s.waitReplicas <= 0 {
+		return f(s.rdb)
+	}
+	var conn *redis.Conn
+	switch c := s.rdb.(type) {
+	case *redis.ClusterClient:
+		m, err := c.MasterForKey(ctx, key)
+		if err != nil {
+			return err
+		}
+		conn = m.Conn()
+	case *redis.Client:
+		conn = c.Conn()
+	default:
+		return fmt.Errorf("wait for replicas: unsupported client %T", s.rdb)
+	}
+	defer conn.Close()
+	if err := f(conn); err != nil {
+		return err
+	}
+	n, err := conn.Wait(ctx, s.waitReplicas, s.waitTimeout).Result()
+	if err != nil {
+		return fmt.Errorf("wait for %d replica(s): %w", s.waitReplicas, err)
+	}
+	if n < int64(s.waitReplicas) {
+		return fmt.Errorf("%w: %d of %d replicas within %s", ErrNotReplicated, n, s.waitReplicas, s.waitTimeout)
+	}
+	return nil
 }
 
 // OpenRedis connects to Redis and checks that it answers a PING, so a wrong address fails at
@@ -135,7 +188,7 @@ func OpenRedis(ctx context.Context, o RedisOptions) (*Redis, error) {
 	if o.Prefix == "" {
 		o.Prefix = "handoff:"
 	}
-	s := &Redis{prefix: o.Prefix, now: time.Now}
+	s := &Redis{prefix: o.Prefix, now: time.Now, waitReplicas: o.WaitReplicas, waitTimeout: orDefault(o.WaitTimeout, 2*time.Second)}
 	switch {
 	case o.Client != nil:
 		s.rdb, s.addr = o.Client, clientAddr(o.Client)
@@ -153,6 +206,12 @@ func OpenRedis(ctx context.Context, o RedisOptions) (*Redis, error) {
 			// Retries off, as for one server. Redirects (MOVED, ASK) are still followed:
 			// a node that redirects has not run the command.
 			MaxRetries: -1,
+			// The slot map is reloaded on MOVED, and otherwise once it is older than this
+			// (go-redis's default is 60s). A master that died answers nothing, not MOVED,
+			// so after a failover only the map's age brings its promoted replica in: a
+			// short interval keeps the store's outage to the failover itself. A reload is
+			// one CLUSTER SLOTS, made only when a command comes.
+			ClusterStateReloadInterval: time.Second,
 		})
 		s.addr, s.owned = strings.Join(o.Cluster, ","), true
 	default:
@@ -731,7 +790,10 @@ func (s *Redis) Admit(ctx context.Context, key string, pendingTTL time.Duration,
 		if d.USDMicros < 0 {
 			return Admission{}, errors.New("store: a debit cannot add money")
 		}
-		res, err = admitScript.Run(ctx, s.rdb, keys[:1], args...).StringSlice()
+		err = s.replicated(ctx, keys[0], func(c redis.Cmdable) error {
+			res, err = admitScript.Run(ctx, c, keys[:1], args...).StringSlice()
+			return err
+		})
 		if err == nil && len(res) == 1 && res[0] == "claimed" {
 			res, err = payScript.Run(ctx, s.rdb, keys[1:], args...).StringSlice()
 		}
@@ -744,7 +806,10 @@ func (s *Redis) Admit(ctx context.Context, key string, pendingTTL time.Duration,
 			}
 		}
 	} else {
-		res, err = admitScript.Run(ctx, s.rdb, keys, args...).StringSlice()
+		err = s.replicated(ctx, keys[0], func(c redis.Cmdable) error {
+			res, err = admitScript.Run(ctx, c, keys, args...).StringSlice()
+			return err
+		})
 	}
 	if err != nil {
 		return Admission{}, s.errf("claim %q: %w", key, err)
@@ -814,7 +879,10 @@ func (s *Redis) Unpay(ctx context.Context, walletID, key string) error {
 func (s *Redis) Complete(ctx context.Context, key string, value []byte, ttl time.Duration) error {
 	rec := make([]byte, 0, len(idemDone)+len(value))
 	rec = append(append(rec, idemDone...), value...)
-	if err := s.rdb.Set(ctx, s.key("idem", key), rec, time.Duration(ttlMillis(ttl))*time.Millisecond).Err(); err != nil {
+	k := s.key("idem", key)
+	if err := s.replicated(ctx, k, func(c redis.Cmdable) error {
+		return c.Set(ctx, k, rec, time.Duration(ttlMillis(ttl))*time.Millisecond).Err()
+	}); err != nil {
 		return s.errf("complete %q: %w", key, err)
 	}
 	return nil
@@ -825,6 +893,24 @@ func (s *Redis) Release(ctx context.Context, key string) error {
 		return s.errf("release %q: %w", key, err)
 	}
 	return nil
+}
+
+// renewClaimScript moves a pending marker's expiry (compare, then PEXPIRE): one command of
+// the server's per renewal. KEYS: idem. ARGV: ttl ms. Reply 1 when renewed, else 0.
+var renewClaimScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) == 'P' then return redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
+return 0
+`)
+
+func (s *Redis) RenewClaim(ctx context.Context, key string, pendingTTL time.Duration) (bool, error) {
+	if key == "" || pendingTTL <= 0 {
+		return false, fmt.Errorf("store: renew claim %q: the key must not be empty and the ttl must be positive (got %s)", key, pendingTTL)
+	}
+	n, err := renewClaimScript.Run(ctx, s.rdb, []string{s.key("idem", key)}, ttlMillis(pendingTTL)).Int64()
+	if err != nil {
+		return false, s.errf("renew claim %q: %w", key, err)
+	}
+	return n == 1, nil
 }
 
 func (s *Redis) Lookup(ctx context.Context, key string) (ClaimState, []byte, error) {

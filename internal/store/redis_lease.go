@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"hash/fnv"
 	"strconv"
 	"time"
 
@@ -12,20 +13,47 @@ import (
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 )
 
-// Leases on Redis live under lease:<name> (after the prefix): a string holding the owner,
+// Leases on Redis live under {<name>}:lease (after the prefix): a string holding the owner,
 // with the lease's ttl as its expiry (PX), so an expired lease is simply absent.
+//
+// Beside them, an index of expiries lets a replica find lapsed leases without scanning:
+// {leases:<b>}:index, 16 sorted sets (bucket by an FNV hash of the name, as the run index),
+// member the lease name, score its expiry in the server's milliseconds. Each acquire or
+// renewal writes its expiry there after the lease itself, and a release removes it. The
+// lease and its bucket are in different slots, so on a cluster they are two steps: the
+// index is a hint (a holder that died between the two has an older expiry listed, which
+// lapses sooner; AcquireLease decides), and the lease key alone decides who holds it.
 
 // acquireLeaseScript takes a free lease (SET NX PX) or renews one the caller holds (compare,
-// then PEXPIRE), in one step. Reply 1 when the caller holds the lease afterwards, else 0.
-// KEYS: lease. ARGV: owner, ttl in ms.
+// then PEXPIRE), in one step. Reply: the lease's new expiry (server time in ms) when the
+// caller holds the lease afterwards, else 0. KEYS: lease. ARGV: owner, ttl in ms.
 var acquireLeaseScript = redis.NewScript(`
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+local t = redis.call('TIME')
+local exp = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[2])
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return exp end
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
+  return exp
 end
 return 0
 `)
+
+// lapsedScript lists the members of one bucket of the lease index whose expiry is past, by
+// the clock of the server holding the bucket. KEYS: bucket. ARGV: limit.
+var lapsedScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+return redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
+`)
+
+// leaseBucket is the bucket of the lease index that lists lease name.
+func (s *Redis) leaseBucket(name string) string {
+	h := fnv.New32a()
+	h.Write([]byte(name))
+	return s.leaseIndex(int(h.Sum32() % runBuckets))
+}
+
+func (s *Redis) leaseIndex(b int) string { return s.key("index", "leases:"+strconv.Itoa(b)) }
 
 // releaseLeaseScript deletes the lease only while the caller holds it (compare-and-delete).
 // KEYS: lease. ARGV: owner. Reply 1 when it deleted, else 0.
@@ -38,21 +66,64 @@ func (s *Redis) AcquireLease(ctx context.Context, name, owner string, ttl time.D
 	if err := checkLease(name, owner, ttl, true); err != nil {
 		return false, err
 	}
-	n, err := acquireLeaseScript.Run(ctx, s.rdb, []string{s.key("lease", name)}, owner, ttlMillis(ttl)).Int64()
+	exp, err := acquireLeaseScript.Run(ctx, s.rdb, []string{s.key("lease", name)}, owner, ttlMillis(ttl)).Int64()
 	if err != nil {
 		return false, s.errf("acquire lease %s for %s: %w", name, owner, err)
 	}
-	return n == 1, nil
+	if exp == 0 {
+		return false, nil
+	}
+	// The lease is held whatever the index says. A failed index write is no error of the
+	// acquire: it only hides this lease's lapse from LapsedLeases until the holder's next
+	// renewal writes it (the coordinator's slow scan still finds the run meanwhile), and
+	// reporting it would make the caller give up a lease it holds.
+	s.rdb.ZAdd(ctx, s.leaseBucket(name), redis.Z{Score: float64(exp), Member: name})
+	return true, nil
 }
 
 func (s *Redis) ReleaseLease(ctx context.Context, name, owner string) error {
 	if err := checkLease(name, owner, 0, false); err != nil {
 		return err
 	}
-	if err := releaseLeaseScript.Run(ctx, s.rdb, []string{s.key("lease", name)}, owner).Err(); err != nil {
+	n, err := releaseLeaseScript.Run(ctx, s.rdb, []string{s.key("lease", name)}, owner).Int64()
+	if err != nil {
 		return s.errf("release lease %s for %s: %w", name, owner, err)
 	}
+	if n == 1 { // only the holder's release unlists it: another holder's entry stays
+		if err := s.rdb.ZRem(ctx, s.leaseBucket(name), name).Err(); err != nil {
+			return s.errf("release lease %s for %s: unindex it: %w", name, owner, err)
+		}
+	}
 	return nil
+}
+
+// LapsedLeases reads the 16 buckets of the lease index in one pipelined round trip (one per
+// shard on a cluster): a few hundred bytes when nothing lapsed, whatever the number of
+// leases held.
+func (s *Redis) LapsedLeases(ctx context.Context, limit int) ([]string, error) {
+	if limit <= 0 {
+		limit = 100
+	}
+	pipe := s.rdb.Pipeline()
+	cmds := make([]*redis.Cmd, runBuckets)
+	for b := range runBuckets {
+		cmds[b] = lapsedScript.Eval(ctx, pipe, []string{s.leaseIndex(b)}, limit)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, s.errf("lapsed leases: %w", err)
+	}
+	var out []string
+	for _, c := range cmds {
+		names, err := c.StringSlice()
+		if err != nil {
+			return nil, s.errf("lapsed leases: %w", err)
+		}
+		out = append(out, names...)
+	}
+	if len(out) > limit {
+		out = out[:limit]
+	}
+	return out, nil
 }
 
 // Fences on Redis: {<run_id>}:fence, a counter in the run's slot (so a save checks it in its

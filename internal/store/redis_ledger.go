@@ -116,7 +116,11 @@ func (s *Redis) AppendLedger(ctx context.Context, key string, payload []byte) (L
 	if err != nil {
 		return LedgerEntry{}, false, err
 	}
-	res, err := appendLedgerScript.Run(ctx, s.rdb, s.ledgerKeys(), key, data).StringSlice()
+	var res []string
+	err = s.replicated(ctx, s.ledgerKeys()[0], func(c redis.Cmdable) error {
+		res, err = appendLedgerScript.Run(ctx, c, s.ledgerKeys(), key, data).StringSlice()
+		return err
+	})
 	if err != nil {
 		return LedgerEntry{}, false, s.errf("append ledger %q: %w", key, err)
 	}
@@ -185,7 +189,10 @@ func (s *Redis) AppendLedgerComplete(ctx context.Context, key string, payload []
 			}
 			rec = append(append(rec[:0], idemDone...), value...)
 		}
-		reply, err = appendLedgerCompleteScript.Run(ctx, s.rdb, keys, key, data, want, rec, ttlMillis(ttl)).StringSlice()
+		err = s.replicated(ctx, keys[0], func(c redis.Cmdable) error {
+			reply, err = appendLedgerCompleteScript.Run(ctx, c, keys, key, data, want, rec, ttlMillis(ttl)).StringSlice()
+			return err
+		})
 		if err != nil {
 			return fail(err)
 		}

@@ -250,6 +250,12 @@ type Idempotency interface {
 	Release(ctx context.Context, key string) error
 	// Lookup reads a key without claiming it; state 0 means no record.
 	Lookup(ctx context.Context, key string) (ClaimState, []byte, error)
+	// RenewClaim gives a pending claim a new pendingTTL from now, so a holder still at work
+	// keeps a short claim, one that lapses soon after its holder died. It reports false,
+	// changing nothing, when key is not pending (done, released or lapsed). A pending marker
+	// names no holder, so a holder must stop renewing once it settled the key or saw a
+	// renewal fail.
+	RenewClaim(ctx context.Context, key string, pendingTTL time.Duration) (bool, error)
 }
 
 // Admission is what Admit found and did.

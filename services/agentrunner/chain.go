@@ -52,8 +52,9 @@ import (
 //     StageResult is recorded (done) just after it is sent (WithStreamRecordAfterSend); a
 //     FAILED StageResult or any Ack other than ACCEPTED (a budget rejection below)
 //     releases the claim before it is sent, so a later delivery runs the stage. The
-//     claim's TTL is at least 2*StageTimeout+30s, since the interceptor bounds the handler
-//     by TTL/2.
+//     claim is short (ClaimTTL, 3s) and renewed every third of it while the agent works
+//     (WithClaimRenewal), the work bounded by StageTimeout plus a slack: a runner killed
+//     mid-stage frees the stage within ClaimTTL, and the retry runs elsewhere.
 //  4. budget (Deliver debits one hop from the wallet in the store and stamps ack.wallet;
 //     Check only reads it): last, so only a package that will really run (valid, routed,
 //     not done, not in flight) pays. An empty wallet -> REJECTED_BUDGET (rule
@@ -97,6 +98,7 @@ func (s *Server) buildInterceptors() ([]grpc.UnaryServerInterceptor, []grpc.Stre
 			// not ahead of it: one store round trip less on every hop's path.
 			idempotency.WithStreamRecordAfterSend(handoffv1.AgentRunnerService_Deliver_FullMethodName),
 			idempotency.WithPendingTTL(s.claimTTL),
+			idempotency.WithClaimRenewal(s.timeout+workSlack),
 			idempotency.WithResultTTL(s.resultTTL),
 			idempotency.WithLogger(s.log),
 		),

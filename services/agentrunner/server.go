@@ -71,11 +71,11 @@ type Options struct {
 	Agents []Agent
 	// StageTimeout bounds one agent run (default 60s).
 	StageTimeout time.Duration
-	// ClaimTTL is how long a pending claim blocks other deliveries of the same stage before
-	// it counts as abandoned (a runner that died mid-stage). Default and minimum
-	// 2*StageTimeout+30s: the idempotency interceptor bounds the handler by ClaimTTL/2, which
-	// must leave the whole stage timeout (plus sending the ack and the result) to the agent.
-	// A smaller value is raised to the minimum (New logs a warning).
+	// ClaimTTL is how long a pending claim blocks other deliveries of the same stage after
+	// its runner stopped renewing it: the claim is renewed every ClaimTTL/3 while the agent
+	// works, so a runner that died mid-stage frees the stage within ClaimTTL and the
+	// coordinator's retry runs it on another runner. Default DefaultClaimTTL; at least
+	// MinClaimTTL (a smaller value is raised, with a warning).
 	ClaimTTL time.Duration
 	// ResultTTL is how long stage-completion records are kept (0 = forever).
 	ResultTTL time.Duration
@@ -110,10 +110,17 @@ type Server struct {
 
 var roleName = regexp.MustCompile(`^[a-z][a-z0-9_-]*$`)
 
-// MinClaimTTL is the smallest claim TTL for a stage timeout: 2*stageTimeout+30s.
-func MinClaimTTL(stageTimeout time.Duration) time.Duration {
-	return 2*stageTimeout + 30*time.Second
-}
+// DefaultClaimTTL is Options.ClaimTTL's default: a killed runner's stage is free again
+// within 3s, for one renewal a second (one store command) per stage in flight.
+const DefaultClaimTTL = 3 * time.Second
+
+// MinClaimTTL is the smallest ClaimTTL: a renewal every third of it must fit a store round
+// trip with room to spare.
+const MinClaimTTL = 300 * time.Millisecond
+
+// workSlack is what a stage's work may take beyond the agent's StageTimeout: sending the
+// ack and the result, and storing the completion.
+const workSlack = 15 * time.Second
 
 // New builds a Server. It fails on a missing store, artifact store, or an agent whose card
 // name is empty, malformed or taken by another agent.
@@ -157,12 +164,12 @@ func New(opts Options) (*Server, error) {
 	if s.log == nil {
 		s.log = slog.Default()
 	}
-	if minTTL := MinClaimTTL(s.timeout); s.claimTTL <= 0 {
-		s.claimTTL = minTTL
-	} else if s.claimTTL < minTTL {
-		s.log.Warn("agentrunner: ClaimTTL is below 2*StageTimeout+30s; raised, so a claim cannot lapse while its stage still runs",
-			"claim_ttl", s.claimTTL, "stage_timeout", s.timeout, "raised_to", minTTL)
-		s.claimTTL = minTTL
+	if s.claimTTL <= 0 {
+		s.claimTTL = DefaultClaimTTL
+	} else if s.claimTTL < MinClaimTTL {
+		s.log.Warn("agentrunner: ClaimTTL is below the minimum; raised, so its renewals fit store round trips",
+			"claim_ttl", s.claimTTL, "raised_to", MinClaimTTL)
+		s.claimTTL = MinClaimTTL
 	}
 	if s.resultTTL < 0 {
 		s.resultTTL = 0

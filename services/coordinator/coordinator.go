@@ -60,7 +60,7 @@ type Options struct {
 	Retry int
 	// RetryFor keeps a hop retrying past Retry attempts until this long has passed since its
 	// first attempt. A peer that crashed mid-hop leaves the hop's idempotency claim pending
-	// until its TTL lapses (the agent runner's is 2*stage timeout+30s, 150s by default; the
+	// until its TTL lapses (the agent runner's is 3s, renewed while its agent works; the
 	// writeback's pending TTL is 2m), and every attempt before then is answered Aborted: a
 	// hop gives up, failing or escalating its run, only after that window. Default 3m.
 	RetryFor time.Duration
@@ -69,9 +69,10 @@ type Options struct {
 	// for its own.
 	Owner string
 	// LeaseTTL is how long a run's lease outlives its holder's last renewal: a replica that
-	// dies is replaced on its runs within about LeaseTTL (plus half of it for the next
-	// takeover scan). The holder renews every LeaseTTL/3 (and before a hop when it has not
-	// for that long), and stops driving when it cannot renew for LeaseTTL/2. Default 10s.
+	// dies is replaced on its runs within about LeaseTTL (plus LeaseTTL/10 for the next
+	// poll of lapsed leases). The holder renews every LeaseTTL/3 (and before a hop when it
+	// has not for that long), and stops driving when it cannot renew for LeaseTTL/2.
+	// Default DefaultLeaseTTL.
 	LeaseTTL time.Duration
 	// ClaimTTL is how long an operator's claim of an escalation lasts (ClaimEscalation);
 	// claiming again renews it. Default DefaultClaimTTL.
@@ -132,16 +133,22 @@ type Server struct {
 	feeds   map[string]*feed                 // runs watched here: the events this process wrote
 	pending map[string][]*handoffv1.JobEvent // events waiting for their run's next save (later)
 
-	wg        sync.WaitGroup
-	ctx       context.Context // cancelled when Close gives up draining
-	cancel    context.CancelFunc
-	stopping  chan struct{} // closed when Close starts: no new drivers, none starts a new hop
-	stopOnce  sync.Once
-	scanOnce  sync.Once
-	scanEvery time.Duration
+	wg         sync.WaitGroup
+	ctx        context.Context // cancelled when Close gives up draining
+	cancel     context.CancelFunc
+	stopping   chan struct{} // closed when Close starts: no new drivers, none starts a new hop
+	stopOnce   sync.Once
+	scanOnce   sync.Once
+	scanEvery  time.Duration // the backstop scan of RUNNING runs
+	watchEvery time.Duration // the poll of lapsed leases
 
 	pii map[string]*pii.Detector // each pipeline's personal-data detector, by pipeline name
 }
+
+// DefaultLeaseTTL is Options.LeaseTTL's default: short, so a dead replica's runs resume
+// elsewhere in about a second and a half. Each run in flight costs its store about three
+// lease renewals a second (two Redis commands each: the lease and its index entry).
+const DefaultLeaseTTL = 1500 * time.Millisecond
 
 // New checks the options and returns a Server. Call Resume to pick up runs left in flight.
 func New(opts Options) (*Server, error) {
@@ -179,7 +186,7 @@ func New(opts Options) (*Server, error) {
 		opts.ClaimTTL = DefaultClaimTTL
 	}
 	if opts.LeaseTTL <= 0 {
-		opts.LeaseTTL = 10 * time.Second
+		opts.LeaseTTL = DefaultLeaseTTL
 	}
 	if opts.DrainTimeout <= 0 {
 		opts.DrainTimeout = 30 * time.Second
@@ -207,8 +214,9 @@ func New(opts Options) (*Server, error) {
 		feeds:   map[string]*feed{},
 		pending: map[string][]*handoffv1.JobEvent{},
 
-		stopping:  make(chan struct{}),
-		scanEvery: opts.LeaseTTL / 2,
+		stopping:   make(chan struct{}),
+		scanEvery:  max(10*opts.LeaseTTL, 10*time.Second),
+		watchEvery: min(max(opts.LeaseTTL/10, 10*time.Millisecond), 250*time.Millisecond),
 	}
 	for _, p := range opts.Pipelines {
 		for _, st := range p.Stages {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -24,10 +25,18 @@ import (
 //     context is cancelled: it stops before its next hop, and a hop in flight is abandoned.
 //   - A driver releases the lease when its run ends or Close drains it; a replica that dies
 //     does not, and its leases expire LeaseTTL after their last renewal.
-//   - Resume, then a takeover scan every LeaseTTL/2, lists the RUNNING runs and drives each
-//     whose lease it can take: the runs of a dead replica are taken over within about
-//     1.5*LeaseTTL, and runs that lost their driver to a store outage are picked up again
-//     when the store is back.
+//   - Takeover when a lease lapses: from Resume on, every LeaseTTL/10 (at most 250ms) the
+//     replica asks the store for lapsed leases (store.Leases.LapsedLeases: an index of
+//     expiries, one round trip however many runs are held) and drives each such run whose
+//     lease it can take. A dead replica's leases lapse between 2/3 and all of LeaseTTL
+//     after it died (it renewed every LeaseTTL/3), so its runs resume on another replica
+//     about 0.9*LeaseTTL after the kill: 1.4s at the default 1.5s. Runs that lost their
+//     driver to a store outage lapse the same way and are picked up again when the store
+//     is back.
+//   - Resume also lists the RUNNING runs once, and again every 10*LeaseTTL (at least 10s),
+//     and drives each whose lease it can take: the backstop for a lease the index does not
+//     list (its holder died between taking it and indexing it, or a store written before
+//     the index).
 //
 // The new driver loads the run as last saved, so the hop the dead replica had in flight is
 // sent once more. That repeat is harmless: the agent runner answers it DUPLICATE (or
@@ -61,7 +70,10 @@ func epochOf(ctx context.Context) (uint64, bool) {
 // leaseTimeout bounds one lease call.
 const leaseTimeout = 3 * time.Second
 
-func leaseName(runID string) string { return "run:" + runID }
+// leasePrefix starts the name of every run lease.
+const leasePrefix = "run:"
+
+func leaseName(runID string) string { return leasePrefix + runID }
 
 // defaultOwner is hostname/pid/random: unique per process, readable in the store.
 func defaultOwner() string {
@@ -221,21 +233,23 @@ func (s *Server) drive(ctx context.Context, runID string, start *handoffv1.Job) 
 	return true, nil
 }
 
-// Resume drives every RUNNING run whose lease this replica can take, and from then on scans
-// for such runs every LeaseTTL/2 until Close (the takeover of a dead replica's runs). It
-// returns how many drivers the first scan started.
+// Resume drives every RUNNING run whose lease this replica can take, and from then on
+// watches for lapsed leases every watchEvery and scans for such runs every scanEvery until
+// Close (the takeover of a dead replica's runs). It returns how many drivers the first scan
+// started.
 func (s *Server) Resume(ctx context.Context) (int, error) {
 	n, err := s.scan(ctx)
 	s.scanOnce.Do(func() {
-		s.wg.Add(1)
+		s.wg.Add(2)
 		go s.takeover()
+		go s.watch()
 	})
 	return n, err
 }
 
-func (s *Server) takeover() {
-	defer s.wg.Done()
-	tick := time.NewTicker(s.scanEvery)
+// every calls f every d until Close.
+func (s *Server) every(d time.Duration, f func()) {
+	tick := time.NewTicker(d)
 	defer tick.Stop()
 	for {
 		select {
@@ -245,15 +259,59 @@ func (s *Server) takeover() {
 			return
 		case <-tick.C:
 		}
+		f()
+	}
+}
+
+func (s *Server) takeover() {
+	defer s.wg.Done()
+	s.every(s.scanEvery, func() {
 		ctx, cancel := context.WithTimeout(s.ctx, max(s.scanEvery, 5*time.Second))
 		n, err := s.scan(ctx)
 		cancel()
 		if err != nil {
 			s.log.Warn("takeover scan failed; next scan in "+s.scanEvery.String(), "err", err)
 		} else if n > 0 {
-			s.log.Info("took over runs", "runs", n, "owner", s.opts.Owner)
+			s.log.Info("took over runs (scan)", "runs", n, "owner", s.opts.Owner)
 		}
-	}
+	})
+}
+
+// watch takes over the runs whose leases lapsed, as soon as the store lists them.
+func (s *Server) watch() {
+	defer s.wg.Done()
+	failing := false
+	s.every(s.watchEvery, func() {
+		ctx, cancel := context.WithTimeout(s.ctx, leaseTimeout)
+		defer cancel()
+		names, err := s.opts.Store.LapsedLeases(ctx, 200)
+		if err != nil {
+			if !failing { // once per outage, not every poll
+				s.log.Warn("lapsed-lease watch failed; retrying", "every", s.watchEvery.String(), "err", err)
+			}
+			failing = true
+			return
+		}
+		failing = false
+		n := 0
+		for _, name := range names {
+			runID, ok := strings.CutPrefix(name, leasePrefix)
+			if !ok || s.stopped() {
+				continue
+			}
+			started, err := s.drive(ctx, runID, nil)
+			if err != nil {
+				s.log.Warn("take over a lapsed run lease", "run_id", runID, "err", err)
+				continue
+			}
+			if started {
+				n++
+			}
+		}
+		if n > 0 {
+			s.log.Info("took over runs whose lease lapsed", "runs", n, "owner", s.opts.Owner)
+		}
+	})
 }
 
 // scan starts a driver for each RUNNING run not driven here whose lease is free.

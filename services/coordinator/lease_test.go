@@ -112,6 +112,12 @@ func (f *faultyStore) ReleaseLease(ctx context.Context, name, owner string) erro
 	}
 	return f.Store.ReleaseLease(ctx, name, owner)
 }
+func (f *faultyStore) LapsedLeases(ctx context.Context, limit int) ([]string, error) {
+	if err := f.cut(); err != nil {
+		return nil, err
+	}
+	return f.Store.LapsedLeases(ctx, limit)
+}
 func (f *faultyStore) Ping(ctx context.Context) error {
 	if err := f.cut(); err != nil {
 		return err
@@ -295,8 +301,13 @@ func TestTakeoverWhenReplicaCutOff(t *testing.T) {
 		}
 	}
 	fa.down.Store(true)
+	cut := time.Now()
 	r.g.release() // the drafts finish; A cannot record them
 	jobs := r.waitTerminal(t, ids, 15*time.Second)
+	// B finds the lapsed leases by polling the store's lease index, not by its scan of
+	// RUNNING runs (every 10s): the figure is logged, not asserted.
+	t.Logf("4 runs cut off from their replica resumed on the other and ended %s after the cut (lease ttl %s)",
+		time.Since(cut).Round(time.Millisecond), r.opts.LeaseTTL)
 	for _, j := range jobs {
 		if j.GetState() != handoffv1.JobState_JOB_STATE_COMPLETED {
 			t.Errorf("run %s ended %s (%v); want COMPLETED", j.GetRunId(), j.GetState(), j.GetEscalation())
@@ -318,6 +329,34 @@ func TestTakeoverWhenReplicaCutOff(t *testing.T) {
 	fa.down.Store(false)
 	if n, err := a.Resume(context.Background()); err != nil || n != 0 {
 		t.Fatalf("A's Resume after the takeover = %d, %v; want 0 runs", n, err)
+	}
+}
+
+// TestLongHopKeepsLease: a hop that takes many lease ttls keeps its run's lease, renewed in
+// the background while the hop is in flight: the other replica, watching for lapsed leases
+// all along, never takes the run, and the stage runs once.
+func TestLongHopKeepsLease(t *testing.T) {
+	r := startReplicas(t)
+	a := r.replica(t, "replica-a", r.st.Store)
+	id := r.submit(t, a, "tkt_long")
+	b := r.replica(t, "replica-b", r.st.Store)
+	_ = b
+	for r.g.waits.Load() < 1 {
+		time.Sleep(10 * time.Millisecond)
+	}
+	// Five ttls with the draft held: without renewal the lease would lapse three times over.
+	for range 10 {
+		time.Sleep(r.opts.LeaseTTL / 2)
+		if ok, err := r.st.Store.AcquireLease(context.Background(), "run:"+id, "probe", time.Millisecond); err != nil || ok {
+			t.Fatalf("the run's lease was free (or unreadable: %v) while its long hop was in flight", err)
+		}
+	}
+	r.g.release()
+	if j := r.waitTerminal(t, []string{id}, 15*time.Second)[0]; j.GetState() != handoffv1.JobState_JOB_STATE_COMPLETED {
+		t.Fatalf("run ended %s, want COMPLETED", j.GetState())
+	}
+	if r.draft.calls() != 1 || r.g.waits.Load() != 1 {
+		t.Fatalf("draft ran %d times (%d reached the agent); want once: the lease was never lost", r.draft.calls(), r.g.waits.Load())
 	}
 }
 

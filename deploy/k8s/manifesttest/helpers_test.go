@@ -36,6 +36,7 @@ const (
 	metricsPort     = int32(9464)
 	redisPort       = int32(6379)
 	storeURL        = "redis://redis:6379"
+	clusterStoreURL = "redis-cluster://redis-cluster-0.redis.example.internal:6379,redis-cluster-1.redis.example.internal:6379,redis-cluster-2.redis.example.internal:6379?wait=1"
 	serviceUID      = int64(65532)
 	nameLabel       = "app.kubernetes.io/name"
 	monitoringLabel = "handoff.io/monitoring"
@@ -53,9 +54,19 @@ var services = []service{{"coordinator", 50051}, {"agentrunner", 50052}, {"write
 // overlay is a kustomize overlay under deploy/k8s/overlays.
 type overlay struct {
 	name, namespace string
+	// scale is the scaling rules the overlay follows (checkScaling): "dev" or "prod".
+	scale string
+	// store is every service's HANDOFF_STORE; ownRedis, whether the overlay runs the
+	// base's Redis StatefulSet for it (prod-redis-cluster uses an external cluster).
+	store    string
+	ownRedis bool
 }
 
-var overlays = []overlay{{"dev", "handoff-dev"}, {"prod", "handoff-prod"}}
+var overlays = []overlay{
+	{"dev", "handoff-dev", "dev", storeURL, true},
+	{"prod", "handoff-prod", "prod", storeURL, true},
+	{"prod-redis-cluster", "handoff-prod", "prod", clusterStoreURL, false},
+}
 
 // repoRoot walks up from the working directory to the go.mod that declares rootModule.
 func repoRoot(t testing.TB) string {
@@ -190,6 +201,8 @@ func splitDocs(stream []byte) ([][]byte, error) {
 // manifests is a rendered overlay, by kind and name.
 type manifests struct {
 	namespace       string
+	store           string // the HANDOFF_STORE every service must have
+	ownRedis        bool   // a redis StatefulSet is part of the overlay
 	deployments     map[string]*appsv1.Deployment
 	statefulSets    map[string]*appsv1.StatefulSet
 	services        map[string]*corev1.Service
@@ -272,6 +285,7 @@ func renderParsed(t testing.TB, o overlay) *manifests {
 	if err != nil {
 		t.Fatalf("overlay %s: %v", o.name, err)
 	}
+	m.store, m.ownRedis = o.store, o.ownRedis
 	return m
 }
 

@@ -28,7 +28,7 @@ func TestOverlays(t *testing.T) {
 			t.Run("wiring", func(t *testing.T) { checkWiring(m).report(t) })
 			t.Run("networkpolicy", func(t *testing.T) { checkNetworkPolicies(m).report(t) })
 			t.Run("pipelines", func(t *testing.T) { checkPipelines(m, repoRoot(t)).report(t) })
-			t.Run("scaling", func(t *testing.T) { checkScaling(m, o.name).report(t) })
+			t.Run("scaling", func(t *testing.T) { checkScaling(m, o.scale).report(t) })
 		})
 	}
 }
@@ -45,15 +45,22 @@ func checkInventory(m *manifests) problems {
 	}
 	svcNames := []string{"coordinator", "agentrunner", "writeback"}
 	want("Deployment", sortedKeys(m.deployments), svcNames...)
-	want("StatefulSet", sortedKeys(m.statefulSets), "redis")
-	want("Service", sortedKeys(m.services), append(svcNames, "redis")...)
-	want("ServiceAccount", sortedKeys(m.serviceAccounts), append(svcNames, "redis")...)
+	withRedis, statefulSets := svcNames, 0
+	if m.ownRedis {
+		withRedis, statefulSets = append(slices.Clone(svcNames), "redis"), 1
+		want("StatefulSet", sortedKeys(m.statefulSets), "redis")
+	} else if _, ok := m.services["redis"]; ok || len(m.serviceAccounts) > 3 || m.netpols["redis-ingress"] != nil {
+		p.add("an overlay on an external store still has the base's Redis objects: services %v, service accounts %v",
+			sortedKeys(m.services), sortedKeys(m.serviceAccounts))
+	}
+	want("Service", sortedKeys(m.services), withRedis...)
+	want("ServiceAccount", sortedKeys(m.serviceAccounts), withRedis...)
 	want("PodDisruptionBudget", sortedKeys(m.pdbs), svcNames...)
 	want("HorizontalPodAutoscaler", sortedKeys(m.hpas), "agentrunner")
 	want("PersistentVolumeClaim", sortedKeys(m.pvcs), artifactsClaim)
 	want("Namespace", sortedKeys(m.namespaces), m.namespace)
-	if len(m.deployments) != 3 || len(m.statefulSets) != 1 || len(m.namespaces) != 1 {
-		p.add("want 3 Deployments, 1 StatefulSet, 1 Namespace; have %v, %v, %v",
+	if len(m.deployments) != 3 || len(m.statefulSets) != statefulSets || len(m.namespaces) != 1 {
+		p.add("want 3 Deployments, %d StatefulSet, 1 Namespace; have %v, %v, %v", statefulSets,
 			sortedKeys(m.deployments), sortedKeys(m.statefulSets), sortedKeys(m.namespaces))
 	}
 	for _, sa := range m.serviceAccounts {
@@ -309,7 +316,7 @@ func checkWiring(m *manifests) problems {
 		listenEnv := "HANDOFF_" + strings.ToUpper(s.name) + "_LISTEN"
 		want := map[string]string{
 			listenEnv:                ":" + strconv.Itoa(int(s.port)),
-			"HANDOFF_STORE":          storeURL,
+			"HANDOFF_STORE":          m.store,
 			"HANDOFF_CERTS":          certsDir,
 			"HANDOFF_METRICS_LISTEN": ":" + strconv.Itoa(int(metricsPort)),
 		}

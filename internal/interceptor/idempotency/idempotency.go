@@ -54,6 +54,7 @@ package idempotency
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -123,7 +124,7 @@ func UnaryServerInterceptor(st store.Idempotency, opts ...Option) grpc.UnaryServ
 			return nil, status.FromContextError(err).Err()
 		}
 		crashpoint.Hit(crashpoint.AfterClaim, key)
-		wctx, cancel := e.workContext(ctx)
+		wctx, cancel := e.workContext(ctx, info.FullMethod, key)
 		defer cancel()
 		held := &Claim{Key: key, ResultTTL: e.resultTTL}
 		wctx = withClaim(wctx, held)
@@ -170,9 +171,65 @@ func detached(ctx context.Context, d time.Duration) (context.Context, context.Ca
 	return context.WithTimeout(context.WithoutCancel(ctx), d)
 }
 
-// workContext is the context a handler holding a claim runs under.
-func (e *engine) workContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	return detached(ctx, e.pendingTTL/2)
+// workContext is the context a handler holding key's claim runs under: detached, bounded
+// by pendingTTL/2, or with WithClaimRenewal by its work limit while renew keeps the claim.
+// Its cancel also stops the renewals.
+func (e *engine) workContext(ctx context.Context, method, key string) (context.Context, context.CancelFunc) {
+	if e.renewFor <= 0 {
+		return detached(ctx, e.pendingTTL/2)
+	}
+	wctx, cancel := detached(ctx, e.renewFor)
+	rctx, lose := context.WithCancelCause(wctx)
+	done := make(chan struct{})
+	go func() { defer close(done); e.renew(rctx, lose, method, key) }()
+	return rctx, func() {
+		lose(nil)
+		<-done
+		cancel()
+	}
+}
+
+// errClaimLost cancels a handler whose claim could not be kept.
+var errClaimLost = errors.New("idempotency: the claim could not be renewed; another caller may hold the key now")
+
+// renew renews key's claim every pendingTTL/3 until ctx ends, and cancels the work (lose)
+// when the key is no longer pending or has gone pendingTTL/2 without a renewal.
+func (e *engine) renew(ctx context.Context, lose context.CancelCauseFunc, method, key string) {
+	tick := time.NewTicker(e.pendingTTL / 3)
+	defer tick.Stop()
+	last := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		start := time.Now()
+		cctx, cancel := context.WithTimeout(ctx, e.pendingTTL/3)
+		ok, err := e.st.RenewClaim(cctx, key, e.pendingTTL)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		switch {
+		case err == nil && ok:
+			last = start
+			continue
+		case err == nil:
+			// Settled (the handler's own Complete or Release raced this tick) or lapsed:
+			// either way nothing is left to keep.
+			e.log.DebugContext(ctx, "idempotency: claim no longer pending; the handler's context is cancelled", "method", method, "key", key)
+			lose(errClaimLost)
+			return
+		case time.Since(last) >= e.pendingTTL/2:
+			e.log.ErrorContext(ctx, "idempotency: claim not renewed in time; the handler's context is cancelled",
+				"method", method, "key", key, "pending_ttl", e.pendingTTL, "error", err)
+			lose(fmt.Errorf("%w: %v", errClaimLost, err))
+			return
+		default:
+			e.log.WarnContext(ctx, "idempotency: claim renewal failed; retrying", "method", method, "key", key, "error", err)
+		}
+	}
 }
 
 // claim claims key. Its errors are gRPC statuses: Unavailable when the store failed.

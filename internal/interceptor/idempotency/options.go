@@ -47,6 +47,7 @@ func (f streamOption) applyStream(c *streamConfig) { f(c) }
 // common is what both interceptors are configured with.
 type common struct {
 	pendingTTL time.Duration
+	renewFor   time.Duration // > 0: renew the claim while the handler runs, for at most this long
 	resultTTL  time.Duration
 	retryDelay time.Duration
 	log        *slog.Logger
@@ -66,6 +67,9 @@ func (c *common) check() {
 	if c.retryDelay < 0 {
 		panic(fmt.Sprintf("idempotency: WithRetryDelay(%s): must not be negative", c.retryDelay))
 	}
+	if c.renewFor < 0 {
+		panic(fmt.Sprintf("idempotency: WithClaimRenewal(%s): must not be negative", c.renewFor))
+	}
 	if c.log == nil {
 		c.log = slog.Default()
 	}
@@ -80,6 +84,18 @@ func (c *common) check() {
 // its handler still runs.
 func WithPendingTTL(d time.Duration) SharedOption {
 	return SharedOption{func(c *common) { c.pendingTTL = d }}
+}
+
+// WithClaimRenewal keeps a short pending TTL safe for long handlers: while a handler runs,
+// its claim is renewed (store.Idempotency.RenewClaim) every pendingTTL/3, and the handler
+// runs under a deadline of work instead of pendingTTL/2. A holder that dies stops renewing,
+// so its claim lapses within pendingTTL and a repeat runs on another server, instead of
+// waiting out a TTL sized for the slowest handler. When a renewal finds the key no longer
+// pending, or none succeeds for pendingTTL/2 (from then on another caller may soon claim
+// the key), the handler's context is cancelled: two holders never run on at once. Each
+// claim in flight costs the store one renewal per pendingTTL/3 (one Redis command).
+func WithClaimRenewal(work time.Duration) SharedOption {
+	return SharedOption{func(c *common) { c.renewFor = work }}
 }
 
 // WithResultTTL sets how long a completed result answers repeats of its key; default 0,

@@ -103,7 +103,7 @@ func StreamServerInterceptor(st store.Idempotency, opts ...StreamOption) grpc.St
 		if annotate != nil {
 			ctx = annotate(ctx)
 		}
-		wctx, cancel := e.workContext(ctx)
+		wctx, cancel := e.workContext(ctx, info.FullMethod, key)
 		defer cancel()
 		ws := &claimedStream{ReplayStream: replay(ss, info.FullMethod, req), ctx: wctx, e: e, m: m, method: info.FullMethod, key: key, req: req}
 		returned := false

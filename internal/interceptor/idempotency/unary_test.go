@@ -360,6 +360,7 @@ func TestOptionPanics(t *testing.T) {
 		{"zero pending TTL", unary(idempotency.WithPendingTTL(0)), "must be positive"},
 		{"negative result TTL", unary(idempotency.WithResultTTL(-time.Second)), "must not be negative"},
 		{"negative retry delay", stream(idempotency.WithRetryDelay(-time.Second)), "must not be negative"},
+		{"negative claim renewal", stream(idempotency.WithClaimRenewal(-time.Second)), "WithClaimRenewal(-1s): must not be negative"},
 		{"unary method as stream", stream(idempotency.WithStreamKey(writeMethod, nil, writeKey)), "only server-streaming"},
 		{"stream key without replay", stream(idempotency.WithStreamKey(deliverMethod, nil, deliverKey), idempotency.WithStreamRecord(deliverMethod, deliverRecord)), "needs WithStreamReplay"},
 		{"stream key without record", stream(idempotency.WithStreamKey(deliverMethod, nil, deliverKey), idempotency.WithStreamReplay(deliverMethod, deliverReplay)), "needs WithStreamRecord"},

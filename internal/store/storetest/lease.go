@@ -24,6 +24,52 @@ func RunLeases(t *testing.T, a, b store.Leases) {
 	t.Run("ReleaseOnlyByOwner", func(t *testing.T) { t.Parallel(); testLeaseRelease(t, a, b) })
 	t.Run("Concurrent", func(t *testing.T) { t.Parallel(); testLeaseConcurrent(t, a, b) })
 	t.Run("Arguments", func(t *testing.T) { t.Parallel(); testLeaseArguments(t, a) })
+	t.Run("Lapsed", func(t *testing.T) { t.Parallel(); testLeaseLapsed(t, a, b) })
+}
+
+// testLeaseLapsed: a lease left to expire is listed by LapsedLeases (on either client) once
+// its ttl has passed; a lease held and renewed, a released one and one taken over again are
+// not.
+func testLeaseLapsed(t *testing.T, a, b store.Leases) {
+	dead, live, freed := leaseName(t, "dead"), leaseName(t, "live"), leaseName(t, "freed")
+	mustAcquire(t, a, dead, "owner-a", 150*time.Millisecond, true)
+	mustAcquire(t, a, live, "owner-a", time.Minute, true)
+	mustAcquire(t, a, freed, "owner-a", 150*time.Millisecond, true)
+	mustRelease(t, a, freed, "owner-a")
+	mine := func(l store.Leases) map[string]bool {
+		t.Helper()
+		names, err := l.LapsedLeases(context.Background(), 1000)
+		if err != nil {
+			t.Fatalf("LapsedLeases = %v", err)
+		}
+		out := map[string]bool{}
+		for _, n := range names {
+			if n == dead || n == live || n == freed {
+				out[n] = true
+			}
+		}
+		return out
+	}
+	if got := mine(b); len(got) != 0 {
+		t.Fatalf("LapsedLeases before any ttl passed lists %v", got)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !mine(b)[dead] {
+		if time.Now().After(deadline) {
+			t.Fatalf("a lease left to expire is not listed as lapsed 10s after its 150ms ttl")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := mine(a); !got[dead] || got[live] || got[freed] {
+		t.Fatalf("LapsedLeases lists %v; want only %s (not the held %s nor the released %s)", got, dead, live, freed)
+	}
+	mustAcquire(t, b, dead, "owner-b", time.Minute, true) // taken over: no longer lapsed
+	if got := mine(a); len(got) != 0 {
+		t.Fatalf("LapsedLeases after the takeover lists %v", got)
+	}
+	if _, err := a.LapsedLeases(context.Background(), 0); err != nil {
+		t.Fatalf("LapsedLeases with no limit = %v", err)
+	}
 }
 
 // leaseName is unique to the subtest, so the subtests can share one store.

@@ -26,6 +26,7 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 	t.Run("Events", func(t *testing.T) { testEvents(t, newStore(t)) })
 	t.Run("ClaimCompleteRelease", func(t *testing.T) { testClaim(t, newStore(t)) })
 	t.Run("ClaimExpiry", func(t *testing.T) { testClaimExpiry(t, newStore(t)) })
+	t.Run("RenewClaim", func(t *testing.T) { testRenewClaim(t, newStore(t)) })
 	t.Run("ConcurrentClaim", func(t *testing.T) { testConcurrentClaim(t, newStore(t)) })
 	t.Run("Ledger", func(t *testing.T) { runLedger(t, newStore) })
 	t.Run("Wallet", func(t *testing.T) { testWallet(t, newStore(t)) })
@@ -419,6 +420,57 @@ func testClaimExpiry(t *testing.T, s store.Store) {
 	time.Sleep(120 * time.Millisecond)
 	if st, _, _ := s.Lookup(ctx, "k-exp"); st != 0 {
 		t.Fatalf("record outlived its ttl: %v", st)
+	}
+}
+
+// testRenewClaim: a pending claim renewed within its ttl outlives it; a done, released or
+// lapsed key is not renewed (and not brought back); bad arguments are refused.
+func testRenewClaim(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	renew := func(key string, want bool) {
+		t.Helper()
+		ok, err := s.RenewClaim(ctx, key, 300*time.Millisecond)
+		if err != nil || ok != want {
+			t.Fatalf("RenewClaim(%s) = %v, %v; want %v", key, ok, err, want)
+		}
+	}
+	if st, _, _ := s.Claim(ctx, "k-renew", 300*time.Millisecond); st != store.Claimed {
+		t.Fatalf("claim = %v", st)
+	}
+	for range 4 { // 800ms in all: past the first ttl more than twice
+		time.Sleep(200 * time.Millisecond)
+		renew("k-renew", true)
+		if st, _, err := s.Claim(ctx, "k-renew", time.Minute); err != nil || st != store.Pending {
+			t.Fatalf("Claim of a renewed claim = %v, %v; want pending", st, err)
+		}
+	}
+	time.Sleep(450 * time.Millisecond) // no renewal: it lapses
+	renew("k-renew", false)
+	if st, _, _ := s.Lookup(ctx, "k-renew"); st != 0 {
+		t.Fatalf("a renewal of a lapsed claim brought it back: %v", st)
+	}
+	renew("k-never", false)
+	if st, _, _ := s.Lookup(ctx, "k-never"); st != 0 {
+		t.Fatalf("a renewal of no claim made one: %v", st)
+	}
+	s.Claim(ctx, "k-done", time.Minute)
+	if err := s.Complete(ctx, "k-done", []byte("r"), 0); err != nil {
+		t.Fatal(err)
+	}
+	renew("k-done", false)
+	if st, v, _ := s.Lookup(ctx, "k-done"); st != store.Done || string(v) != "r" {
+		t.Fatalf("a renewal touched a done record: %v %q", st, v)
+	}
+	s.Claim(ctx, "k-rel", time.Minute)
+	s.Release(ctx, "k-rel")
+	renew("k-rel", false)
+	for _, c := range []struct {
+		key string
+		ttl time.Duration
+	}{{"", time.Second}, {"k", 0}, {"k", -time.Second}} {
+		if ok, err := s.RenewClaim(ctx, c.key, c.ttl); err == nil || ok {
+			t.Errorf("RenewClaim(%q, %s) = %v, %v; want an error", c.key, c.ttl, ok, err)
+		}
 	}
 }
 
