@@ -34,6 +34,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 )
 
 // Stage kinds.
@@ -68,7 +69,10 @@ type Pipeline struct {
 	// it escalates (PING_PONG): A to B is a transfer, each further transfer between A and B
 	// a bounce. Parse sets DefaultMaxBounces when the file leaves it out.
 	MaxBounces int
-	Escalation Escalation
+	// OnWalletEmpty is what branches still running do when the wallet empties
+	// (WalletEmptyFinish, the default, or WalletEmptyStop).
+	OnWalletEmpty string
+	Escalation    Escalation
 	// MCPServers are the tool servers the catalogue's tools are served by.
 	MCPServers []MCPServer
 	// Prices is the model price table of its model stages, in integer micro-USD.
@@ -191,6 +195,17 @@ type Stage struct {
 	Instructions string
 	// MaxToolRounds bounds a model stage's rounds of tool calls; 0: the agent's default.
 	MaxToolRounds int
+	// Branches are a parallel stage's branches (parallel.go).
+	Branches []Branch
+	// OnBranchFailure is a parallel stage's policy for a failed or timed-out branch
+	// (BranchFailEscalate when empty; see BranchFailure).
+	OnBranchFailure string
+	// BranchTimeout bounds each branch of a parallel stage (DefaultBranchTimeout when zero).
+	BranchTimeout time.Duration
+	// Judge makes a merge stage also the judge: its verdict gates the writeback.
+	Judge bool
+	// SubJob is a subjob stage's task.
+	SubJob *SubJob
 	// Line is the stage's line in Source (0 when the stage was not parsed from a file).
 	Line int
 }
