@@ -135,6 +135,14 @@ func (s *Server) step(ctx context.Context, job *handoffv1.Job, w stepWallet) err
 		return s.apply(ctx, job, p, w, t, nil)
 	}
 	st, _, _ := p.Stage(job.GetStage())
+	switch {
+	case st.IsParallel():
+		return s.fanOut(ctx, job, p, st, w) // fanout.go
+	case st.IsSubJob():
+		return s.subJob(ctx, job, p, st, w) // subjob.go
+	case st.IsMerge():
+		return s.mergeHop(ctx, job, p, st, w) // fanout.go
+	}
 	// The hop's send span: a child of the job's trace, and the parent of the receiver's
 	// ack span through the package's traceparent (and of the gRPC client span). Hop calls
 	// run under the span (so gRPC metadata carries it); saving state does not depend on it.
@@ -299,7 +307,7 @@ func (s *Server) agentHop(ctx context.Context, job *handoffv1.Job, p *pipeline.P
 				job.ToolsTried = append(job.ToolsTried, result.GetToolsTried()...)
 				job.OpenQuestions = result.GetOpenQuestions()
 				job.NextHint = result.GetNextHint()
-				if ev := result.GetEvaluator(); st.IsJudge() && ev.GetLastVerdict() != handoffv1.Verdict_VERDICT_UNSPECIFIED {
+				if ev := result.GetEvaluator(); st.Judges() && ev.GetLastVerdict() != handoffv1.Verdict_VERDICT_UNSPECIFIED {
 					// Evaluator state travels: every later package carries this verdict.
 					job.Evaluator = ev
 					outcomeEv = &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_VERDICT, Stage: st.Name, Evaluator: ev, Traceparent: ack.GetTraceparent(), Hop: hop}

@@ -85,6 +85,65 @@ func (JobState) EnumDescriptor() ([]byte, []int) {
 	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{0}
 }
 
+type BranchStatus int32
+
+const (
+	BranchStatus_BRANCH_STATUS_UNSPECIFIED BranchStatus = 0
+	BranchStatus_BRANCH_STATUS_RUNNING     BranchStatus = 1
+	BranchStatus_BRANCH_STATUS_COMPLETED   BranchStatus = 2
+	BranchStatus_BRANCH_STATUS_FAILED      BranchStatus = 3
+	BranchStatus_BRANCH_STATUS_TIMED_OUT   BranchStatus = 4
+	// The wallet emptied: the branch made no further hop.
+	BranchStatus_BRANCH_STATUS_STOPPED BranchStatus = 5
+)
+
+// Enum value maps for BranchStatus.
+var (
+	BranchStatus_name = map[int32]string{
+		0: "BRANCH_STATUS_UNSPECIFIED",
+		1: "BRANCH_STATUS_RUNNING",
+		2: "BRANCH_STATUS_COMPLETED",
+		3: "BRANCH_STATUS_FAILED",
+		4: "BRANCH_STATUS_TIMED_OUT",
+		5: "BRANCH_STATUS_STOPPED",
+	}
+	BranchStatus_value = map[string]int32{
+		"BRANCH_STATUS_UNSPECIFIED": 0,
+		"BRANCH_STATUS_RUNNING":     1,
+		"BRANCH_STATUS_COMPLETED":   2,
+		"BRANCH_STATUS_FAILED":      3,
+		"BRANCH_STATUS_TIMED_OUT":   4,
+		"BRANCH_STATUS_STOPPED":     5,
+	}
+)
+
+func (x BranchStatus) Enum() *BranchStatus {
+	p := new(BranchStatus)
+	*p = x
+	return p
+}
+
+func (x BranchStatus) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (BranchStatus) Descriptor() protoreflect.EnumDescriptor {
+	return file_handoff_v1_coordinator_proto_enumTypes[1].Descriptor()
+}
+
+func (BranchStatus) Type() protoreflect.EnumType {
+	return &file_handoff_v1_coordinator_proto_enumTypes[1]
+}
+
+func (x BranchStatus) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use BranchStatus.Descriptor instead.
+func (BranchStatus) EnumDescriptor() ([]byte, []int) {
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{1}
+}
+
 type EscalationCause int32
 
 const (
@@ -112,6 +171,11 @@ const (
 	// pipeline degrades to human-only (when_full: human): the job went straight to a person,
 	// with no agent spend.
 	EscalationCause_ESCALATION_CAUSE_DESK_FULL EscalationCause = 13
+	// A branch of a parallel stage failed or timed out, and the stage's on_branch_failure is
+	// escalate (or continue_without left nothing to merge).
+	EscalationCause_ESCALATION_CAUSE_BRANCH_FAILED EscalationCause = 30
+	// A sub-job's nested run escalated: its parent escalates with it.
+	EscalationCause_ESCALATION_CAUSE_SUBJOB_ESCALATED EscalationCause = 31
 )
 
 // Enum value maps for EscalationCause.
@@ -131,6 +195,8 @@ var (
 		11: "ESCALATION_CAUSE_ROUTED",
 		12: "ESCALATION_CAUSE_DEADLINE",
 		13: "ESCALATION_CAUSE_DESK_FULL",
+		30: "ESCALATION_CAUSE_BRANCH_FAILED",
+		31: "ESCALATION_CAUSE_SUBJOB_ESCALATED",
 	}
 	EscalationCause_value = map[string]int32{
 		"ESCALATION_CAUSE_UNSPECIFIED":         0,
@@ -147,6 +213,8 @@ var (
 		"ESCALATION_CAUSE_ROUTED":              11,
 		"ESCALATION_CAUSE_DEADLINE":            12,
 		"ESCALATION_CAUSE_DESK_FULL":           13,
+		"ESCALATION_CAUSE_BRANCH_FAILED":       30,
+		"ESCALATION_CAUSE_SUBJOB_ESCALATED":    31,
 	}
 )
 
@@ -161,11 +229,11 @@ func (x EscalationCause) String() string {
 }
 
 func (EscalationCause) Descriptor() protoreflect.EnumDescriptor {
-	return file_handoff_v1_coordinator_proto_enumTypes[1].Descriptor()
+	return file_handoff_v1_coordinator_proto_enumTypes[2].Descriptor()
 }
 
 func (EscalationCause) Type() protoreflect.EnumType {
-	return &file_handoff_v1_coordinator_proto_enumTypes[1]
+	return &file_handoff_v1_coordinator_proto_enumTypes[2]
 }
 
 func (x EscalationCause) Number() protoreflect.EnumNumber {
@@ -174,7 +242,7 @@ func (x EscalationCause) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use EscalationCause.Descriptor instead.
 func (EscalationCause) EnumDescriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{1}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{2}
 }
 
 type EventKind int32
@@ -194,6 +262,12 @@ const (
 	EventKind_EVENT_KIND_RESOLVED EventKind = 10
 	// The escalation was delivered to its route's webhook, or could not be: delivery says how.
 	EventKind_EVENT_KIND_ESCALATION_DELIVERY EventKind = 11
+	// A branch of a parallel stage ended (JobEvent.branch; its state in Job.branches).
+	EventKind_EVENT_KIND_BRANCH_ENDED EventKind = 30
+	// A subjob stage started its nested run (JobEvent.sub_run_id).
+	EventKind_EVENT_KIND_SUBJOB_STARTED EventKind = 31
+	// A subjob stage's nested run ended; its artifact returned or it escalated.
+	EventKind_EVENT_KIND_SUBJOB_ENDED EventKind = 32
 )
 
 // Enum value maps for EventKind.
@@ -211,6 +285,9 @@ var (
 		9:  "EVENT_KIND_FAILED",
 		10: "EVENT_KIND_RESOLVED",
 		11: "EVENT_KIND_ESCALATION_DELIVERY",
+		30: "EVENT_KIND_BRANCH_ENDED",
+		31: "EVENT_KIND_SUBJOB_STARTED",
+		32: "EVENT_KIND_SUBJOB_ENDED",
 	}
 	EventKind_value = map[string]int32{
 		"EVENT_KIND_UNSPECIFIED":         0,
@@ -225,6 +302,9 @@ var (
 		"EVENT_KIND_FAILED":              9,
 		"EVENT_KIND_RESOLVED":            10,
 		"EVENT_KIND_ESCALATION_DELIVERY": 11,
+		"EVENT_KIND_BRANCH_ENDED":        30,
+		"EVENT_KIND_SUBJOB_STARTED":      31,
+		"EVENT_KIND_SUBJOB_ENDED":        32,
 	}
 )
 
@@ -239,11 +319,11 @@ func (x EventKind) String() string {
 }
 
 func (EventKind) Descriptor() protoreflect.EnumDescriptor {
-	return file_handoff_v1_coordinator_proto_enumTypes[2].Descriptor()
+	return file_handoff_v1_coordinator_proto_enumTypes[3].Descriptor()
 }
 
 func (EventKind) Type() protoreflect.EnumType {
-	return &file_handoff_v1_coordinator_proto_enumTypes[2]
+	return &file_handoff_v1_coordinator_proto_enumTypes[3]
 }
 
 func (x EventKind) Number() protoreflect.EnumNumber {
@@ -252,7 +332,7 @@ func (x EventKind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use EventKind.Descriptor instead.
 func (EventKind) EnumDescriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{2}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{3}
 }
 
 type ResolutionAction int32
@@ -294,11 +374,11 @@ func (x ResolutionAction) String() string {
 }
 
 func (ResolutionAction) Descriptor() protoreflect.EnumDescriptor {
-	return file_handoff_v1_coordinator_proto_enumTypes[3].Descriptor()
+	return file_handoff_v1_coordinator_proto_enumTypes[4].Descriptor()
 }
 
 func (ResolutionAction) Type() protoreflect.EnumType {
-	return &file_handoff_v1_coordinator_proto_enumTypes[3]
+	return &file_handoff_v1_coordinator_proto_enumTypes[4]
 }
 
 func (x ResolutionAction) Number() protoreflect.EnumNumber {
@@ -307,7 +387,7 @@ func (x ResolutionAction) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ResolutionAction.Descriptor instead.
 func (ResolutionAction) EnumDescriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{3}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{4}
 }
 
 type ClaimEscalationRequest struct {
@@ -1166,7 +1246,19 @@ type Job struct {
 	// runs submitted before deadlines existed: those are sent handoff.v1 only.
 	Deadline *timestamppb.Timestamp `protobuf:"bytes,28,opt,name=deadline,proto3" json:"deadline,omitempty"`
 	// Who owns the run's current escalation (ClaimEscalation), while the claim lasts.
-	Claim         *Claim `protobuf:"bytes,29,opt,name=claim,proto3" json:"claim,omitempty"`
+	Claim *Claim `protobuf:"bytes,29,opt,name=claim,proto3" json:"claim,omitempty"`
+	// The branches of the run's parallel stages: each one's state, hops and result. A
+	// completed branch is never run again (its result is idempotent on job, stage and branch).
+	Branches []*BranchState `protobuf:"bytes,40,rep,name=branches,proto3" json:"branches,omitempty"`
+	// For a sub-job's nested run: the run whose subjob stage started it.
+	ParentRunId string `protobuf:"bytes,41,opt,name=parent_run_id,json=parentRunId,proto3" json:"parent_run_id,omitempty"`
+	// For a sub-job's nested run: the parent's subjob stage.
+	ParentStage string `protobuf:"bytes,42,opt,name=parent_stage,json=parentStage,proto3" json:"parent_stage,omitempty"`
+	// The nested runs the run's subjob stages started, as they stand.
+	Children []*SubJobRef `protobuf:"bytes,43,rep,name=children,proto3" json:"children,omitempty"`
+	// The run whose wallet pays this run's hops (a sub-job pays from its parent's); empty:
+	// the run's own.
+	WalletRunId   string `protobuf:"bytes,44,opt,name=wallet_run_id,json=walletRunId,proto3" json:"wallet_run_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1404,6 +1496,265 @@ func (x *Job) GetClaim() *Claim {
 	return nil
 }
 
+func (x *Job) GetBranches() []*BranchState {
+	if x != nil {
+		return x.Branches
+	}
+	return nil
+}
+
+func (x *Job) GetParentRunId() string {
+	if x != nil {
+		return x.ParentRunId
+	}
+	return ""
+}
+
+func (x *Job) GetParentStage() string {
+	if x != nil {
+		return x.ParentStage
+	}
+	return ""
+}
+
+func (x *Job) GetChildren() []*SubJobRef {
+	if x != nil {
+		return x.Children
+	}
+	return nil
+}
+
+func (x *Job) GetWalletRunId() string {
+	if x != nil {
+		return x.WalletRunId
+	}
+	return ""
+}
+
+// BranchState is one branch of a parallel stage in a run.
+type BranchState struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The parallel stage.
+	Group  string       `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
+	Branch string       `protobuf:"bytes,2,opt,name=branch,proto3" json:"branch,omitempty"`
+	Status BranchStatus `protobuf:"varint,3,opt,name=status,proto3,enum=handoff.v1.BranchStatus" json:"status,omitempty"`
+	// The branch's stage at which it is (or ended).
+	Stage     string                 `protobuf:"bytes,4,opt,name=stage,proto3" json:"stage,omitempty"`
+	Hops      uint32                 `protobuf:"varint,5,opt,name=hops,proto3" json:"hops,omitempty"`
+	StartedAt *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
+	EndedAt   *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=ended_at,json=endedAt,proto3" json:"ended_at,omitempty"`
+	// What the branch produced (its partition's artifacts).
+	Artifacts []*Artifact `protobuf:"bytes,8,rep,name=artifacts,proto3" json:"artifacts,omitempty"`
+	// Why it failed, timed out or stopped.
+	Detail string `protobuf:"bytes,9,opt,name=detail,proto3" json:"detail,omitempty"`
+	// The branch's span, which the merge's span links.
+	Traceparent    string `protobuf:"bytes,10,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
+	SpentUsdMicros int64  `protobuf:"varint,11,opt,name=spent_usd_micros,json=spentUsdMicros,proto3" json:"spent_usd_micros,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *BranchState) Reset() {
+	*x = BranchState{}
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BranchState) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BranchState) ProtoMessage() {}
+
+func (x *BranchState) ProtoReflect() protoreflect.Message {
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BranchState.ProtoReflect.Descriptor instead.
+func (*BranchState) Descriptor() ([]byte, []int) {
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *BranchState) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *BranchState) GetBranch() string {
+	if x != nil {
+		return x.Branch
+	}
+	return ""
+}
+
+func (x *BranchState) GetStatus() BranchStatus {
+	if x != nil {
+		return x.Status
+	}
+	return BranchStatus_BRANCH_STATUS_UNSPECIFIED
+}
+
+func (x *BranchState) GetStage() string {
+	if x != nil {
+		return x.Stage
+	}
+	return ""
+}
+
+func (x *BranchState) GetHops() uint32 {
+	if x != nil {
+		return x.Hops
+	}
+	return 0
+}
+
+func (x *BranchState) GetStartedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartedAt
+	}
+	return nil
+}
+
+func (x *BranchState) GetEndedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.EndedAt
+	}
+	return nil
+}
+
+func (x *BranchState) GetArtifacts() []*Artifact {
+	if x != nil {
+		return x.Artifacts
+	}
+	return nil
+}
+
+func (x *BranchState) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
+func (x *BranchState) GetTraceparent() string {
+	if x != nil {
+		return x.Traceparent
+	}
+	return ""
+}
+
+func (x *BranchState) GetSpentUsdMicros() int64 {
+	if x != nil {
+		return x.SpentUsdMicros
+	}
+	return 0
+}
+
+// SubJobRef is a nested run a subjob stage started.
+type SubJobRef struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Stage    string                 `protobuf:"bytes,1,opt,name=stage,proto3" json:"stage,omitempty"`
+	RunId    string                 `protobuf:"bytes,2,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	Pipeline string                 `protobuf:"bytes,3,opt,name=pipeline,proto3" json:"pipeline,omitempty"`
+	State    JobState               `protobuf:"varint,4,opt,name=state,proto3,enum=handoff.v1.JobState" json:"state,omitempty"`
+	// The final artifact that returned to the parent (the only thing that does).
+	Artifact      *Artifact   `protobuf:"bytes,5,opt,name=artifact,proto3" json:"artifact,omitempty"`
+	Escalation    *Escalation `protobuf:"bytes,6,opt,name=escalation,proto3" json:"escalation,omitempty"`
+	Hops          uint32      `protobuf:"varint,7,opt,name=hops,proto3" json:"hops,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SubJobRef) Reset() {
+	*x = SubJobRef{}
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SubJobRef) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SubJobRef) ProtoMessage() {}
+
+func (x *SubJobRef) ProtoReflect() protoreflect.Message {
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SubJobRef.ProtoReflect.Descriptor instead.
+func (*SubJobRef) Descriptor() ([]byte, []int) {
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *SubJobRef) GetStage() string {
+	if x != nil {
+		return x.Stage
+	}
+	return ""
+}
+
+func (x *SubJobRef) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *SubJobRef) GetPipeline() string {
+	if x != nil {
+		return x.Pipeline
+	}
+	return ""
+}
+
+func (x *SubJobRef) GetState() JobState {
+	if x != nil {
+		return x.State
+	}
+	return JobState_JOB_STATE_UNSPECIFIED
+}
+
+func (x *SubJobRef) GetArtifact() *Artifact {
+	if x != nil {
+		return x.Artifact
+	}
+	return nil
+}
+
+func (x *SubJobRef) GetEscalation() *Escalation {
+	if x != nil {
+		return x.Escalation
+	}
+	return nil
+}
+
+func (x *SubJobRef) GetHops() uint32 {
+	if x != nil {
+		return x.Hops
+	}
+	return 0
+}
+
 // Transfer is one move of a run from one stage to another: a one-way hand-over of the
 // package (never of a transcript), which the rail chose by the pipeline's rules.
 type Transfer struct {
@@ -1426,7 +1777,7 @@ type Transfer struct {
 
 func (x *Transfer) Reset() {
 	*x = Transfer{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[13]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1438,7 +1789,7 @@ func (x *Transfer) String() string {
 func (*Transfer) ProtoMessage() {}
 
 func (x *Transfer) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[13]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1451,7 +1802,7 @@ func (x *Transfer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Transfer.ProtoReflect.Descriptor instead.
 func (*Transfer) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{13}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Transfer) GetFromStage() string {
@@ -1518,7 +1869,7 @@ type Escalation struct {
 
 func (x *Escalation) Reset() {
 	*x = Escalation{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[14]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1530,7 +1881,7 @@ func (x *Escalation) String() string {
 func (*Escalation) ProtoMessage() {}
 
 func (x *Escalation) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[14]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1543,7 +1894,7 @@ func (x *Escalation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Escalation.ProtoReflect.Descriptor instead.
 func (*Escalation) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{14}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Escalation) GetCause() EscalationCause {
@@ -1614,7 +1965,7 @@ type Delivery struct {
 
 func (x *Delivery) Reset() {
 	*x = Delivery{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[15]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1626,7 +1977,7 @@ func (x *Delivery) String() string {
 func (*Delivery) ProtoMessage() {}
 
 func (x *Delivery) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[15]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1639,7 +1990,7 @@ func (x *Delivery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Delivery.ProtoReflect.Descriptor instead.
 func (*Delivery) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{15}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Delivery) GetUrl() string {
@@ -1720,14 +2071,18 @@ type JobEvent struct {
 	// ("handoff.v1", "handoff.v2"), the newest the stage's runner declares.
 	Schema string `protobuf:"bytes,17,opt,name=schema,proto3" json:"schema,omitempty"`
 	// The webhook delivery, on an EVENT_KIND_ESCALATION_DELIVERY event.
-	Delivery      *Delivery `protobuf:"bytes,18,opt,name=delivery,proto3" json:"delivery,omitempty"`
+	Delivery *Delivery `protobuf:"bytes,18,opt,name=delivery,proto3" json:"delivery,omitempty"`
+	// The branch of a parallel stage the event is of (empty: the run's own stage).
+	Branch string `protobuf:"bytes,40,opt,name=branch,proto3" json:"branch,omitempty"`
+	// The nested run a SUBJOB_* event is about.
+	SubRunId      string `protobuf:"bytes,41,opt,name=sub_run_id,json=subRunId,proto3" json:"sub_run_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *JobEvent) Reset() {
 	*x = JobEvent{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[16]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1739,7 +2094,7 @@ func (x *JobEvent) String() string {
 func (*JobEvent) ProtoMessage() {}
 
 func (x *JobEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[16]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1752,7 +2107,7 @@ func (x *JobEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobEvent.ProtoReflect.Descriptor instead.
 func (*JobEvent) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{16}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *JobEvent) GetSeq() uint64 {
@@ -1881,6 +2236,20 @@ func (x *JobEvent) GetDelivery() *Delivery {
 	return nil
 }
 
+func (x *JobEvent) GetBranch() string {
+	if x != nil {
+		return x.Branch
+	}
+	return ""
+}
+
+func (x *JobEvent) GetSubRunId() string {
+	if x != nil {
+		return x.SubRunId
+	}
+	return ""
+}
+
 type ListEscalationsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	PageSize      int32                  `protobuf:"varint,1,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
@@ -1891,7 +2260,7 @@ type ListEscalationsRequest struct {
 
 func (x *ListEscalationsRequest) Reset() {
 	*x = ListEscalationsRequest{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[17]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1903,7 +2272,7 @@ func (x *ListEscalationsRequest) String() string {
 func (*ListEscalationsRequest) ProtoMessage() {}
 
 func (x *ListEscalationsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[17]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1916,7 +2285,7 @@ func (x *ListEscalationsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEscalationsRequest.ProtoReflect.Descriptor instead.
 func (*ListEscalationsRequest) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{17}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListEscalationsRequest) GetPageSize() int32 {
@@ -1943,7 +2312,7 @@ type ListEscalationsResponse struct {
 
 func (x *ListEscalationsResponse) Reset() {
 	*x = ListEscalationsResponse{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[18]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1955,7 +2324,7 @@ func (x *ListEscalationsResponse) String() string {
 func (*ListEscalationsResponse) ProtoMessage() {}
 
 func (x *ListEscalationsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[18]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1968,7 +2337,7 @@ func (x *ListEscalationsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEscalationsResponse.ProtoReflect.Descriptor instead.
 func (*ListEscalationsResponse) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{18}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListEscalationsResponse) GetJobs() []*Job {
@@ -2011,7 +2380,7 @@ type ResolveEscalationRequest struct {
 
 func (x *ResolveEscalationRequest) Reset() {
 	*x = ResolveEscalationRequest{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[19]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2023,7 +2392,7 @@ func (x *ResolveEscalationRequest) String() string {
 func (*ResolveEscalationRequest) ProtoMessage() {}
 
 func (x *ResolveEscalationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[19]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2036,7 +2405,7 @@ func (x *ResolveEscalationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveEscalationRequest.ProtoReflect.Descriptor instead.
 func (*ResolveEscalationRequest) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{19}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ResolveEscalationRequest) GetRunId() string {
@@ -2160,7 +2529,7 @@ type ApproveAction struct {
 
 func (x *ApproveAction) Reset() {
 	*x = ApproveAction{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[20]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2172,7 +2541,7 @@ func (x *ApproveAction) String() string {
 func (*ApproveAction) ProtoMessage() {}
 
 func (x *ApproveAction) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[20]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2185,7 +2554,7 @@ func (x *ApproveAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApproveAction.ProtoReflect.Descriptor instead.
 func (*ApproveAction) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{20}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ApproveAction) GetArtifactText() string {
@@ -2209,7 +2578,7 @@ type ReturnToStageAction struct {
 
 func (x *ReturnToStageAction) Reset() {
 	*x = ReturnToStageAction{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[21]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2221,7 +2590,7 @@ func (x *ReturnToStageAction) String() string {
 func (*ReturnToStageAction) ProtoMessage() {}
 
 func (x *ReturnToStageAction) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[21]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2234,7 +2603,7 @@ func (x *ReturnToStageAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReturnToStageAction.ProtoReflect.Descriptor instead.
 func (*ReturnToStageAction) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{21}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ReturnToStageAction) GetStage() string {
@@ -2271,7 +2640,7 @@ type Grant struct {
 
 func (x *Grant) Reset() {
 	*x = Grant{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[22]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2283,7 +2652,7 @@ func (x *Grant) String() string {
 func (*Grant) ProtoMessage() {}
 
 func (x *Grant) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[22]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2296,7 +2665,7 @@ func (x *Grant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Grant.ProtoReflect.Descriptor instead.
 func (*Grant) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{22}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Grant) GetHops() uint32 {
@@ -2329,7 +2698,7 @@ type FailAction struct {
 
 func (x *FailAction) Reset() {
 	*x = FailAction{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[23]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2341,7 +2710,7 @@ func (x *FailAction) String() string {
 func (*FailAction) ProtoMessage() {}
 
 func (x *FailAction) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[23]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2354,7 +2723,7 @@ func (x *FailAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FailAction.ProtoReflect.Descriptor instead.
 func (*FailAction) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{23}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *FailAction) GetReason() string {
@@ -2373,7 +2742,7 @@ type RejectMalformedAction struct {
 
 func (x *RejectMalformedAction) Reset() {
 	*x = RejectMalformedAction{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[24]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2385,7 +2754,7 @@ func (x *RejectMalformedAction) String() string {
 func (*RejectMalformedAction) ProtoMessage() {}
 
 func (x *RejectMalformedAction) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[24]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2398,7 +2767,7 @@ func (x *RejectMalformedAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RejectMalformedAction.ProtoReflect.Descriptor instead.
 func (*RejectMalformedAction) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{24}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RejectMalformedAction) GetReason() string {
@@ -2437,7 +2806,7 @@ type Resolution struct {
 
 func (x *Resolution) Reset() {
 	*x = Resolution{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[25]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2449,7 +2818,7 @@ func (x *Resolution) String() string {
 func (*Resolution) ProtoMessage() {}
 
 func (x *Resolution) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[25]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2462,7 +2831,7 @@ func (x *Resolution) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Resolution.ProtoReflect.Descriptor instead.
 func (*Resolution) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{25}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *Resolution) GetAction() ResolutionAction {
@@ -2558,7 +2927,7 @@ type ResolveEscalationResponse struct {
 
 func (x *ResolveEscalationResponse) Reset() {
 	*x = ResolveEscalationResponse{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[26]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2570,7 +2939,7 @@ func (x *ResolveEscalationResponse) String() string {
 func (*ResolveEscalationResponse) ProtoMessage() {}
 
 func (x *ResolveEscalationResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[26]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2583,7 +2952,7 @@ func (x *ResolveEscalationResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveEscalationResponse.ProtoReflect.Descriptor instead.
 func (*ResolveEscalationResponse) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{26}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ResolveEscalationResponse) GetJob() *Job {
@@ -2690,7 +3059,8 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\x06run_id\x18\x01 \x01(\tB\x06\xbaH\x03\xc8\x01\x01R\x05runId\x12\x1b\n" +
 	"\tafter_seq\x18\x02 \x01(\x04R\bafterSeq\">\n" +
 	"\x10WatchJobResponse\x12*\n" +
-	"\x05event\x18\x01 \x01(\v2\x14.handoff.v1.JobEventR\x05event\"\x8f\t\n" +
+	"\x05event\x18\x01 \x01(\v2\x14.handoff.v1.JobEventR\x05event\"\xe2\n" +
+	"\n" +
 	"\x03Job\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x15\n" +
 	"\x06job_id\x18\x02 \x01(\tR\x05jobId\x12\x1a\n" +
@@ -2730,7 +3100,36 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\vescalations\x18\x1a \x01(\rR\vescalations\x122\n" +
 	"\ttransfers\x18\x1b \x03(\v2\x14.handoff.v1.TransferR\ttransfers\x126\n" +
 	"\bdeadline\x18\x1c \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline\x12'\n" +
-	"\x05claim\x18\x1d \x01(\v2\x11.handoff.v1.ClaimR\x05claim\"\xc1\x01\n" +
+	"\x05claim\x18\x1d \x01(\v2\x11.handoff.v1.ClaimR\x05claim\x123\n" +
+	"\bbranches\x18( \x03(\v2\x17.handoff.v1.BranchStateR\bbranches\x12\"\n" +
+	"\rparent_run_id\x18) \x01(\tR\vparentRunId\x12!\n" +
+	"\fparent_stage\x18* \x01(\tR\vparentStage\x121\n" +
+	"\bchildren\x18+ \x03(\v2\x15.handoff.v1.SubJobRefR\bchildren\x12\"\n" +
+	"\rwallet_run_id\x18, \x01(\tR\vwalletRunId\"\xa1\x03\n" +
+	"\vBranchState\x12\x14\n" +
+	"\x05group\x18\x01 \x01(\tR\x05group\x12\x16\n" +
+	"\x06branch\x18\x02 \x01(\tR\x06branch\x120\n" +
+	"\x06status\x18\x03 \x01(\x0e2\x18.handoff.v1.BranchStatusR\x06status\x12\x14\n" +
+	"\x05stage\x18\x04 \x01(\tR\x05stage\x12\x12\n" +
+	"\x04hops\x18\x05 \x01(\rR\x04hops\x129\n" +
+	"\n" +
+	"started_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x125\n" +
+	"\bended_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\aendedAt\x122\n" +
+	"\tartifacts\x18\b \x03(\v2\x14.handoff.v1.ArtifactR\tartifacts\x12\x16\n" +
+	"\x06detail\x18\t \x01(\tR\x06detail\x12 \n" +
+	"\vtraceparent\x18\n" +
+	" \x01(\tR\vtraceparent\x12(\n" +
+	"\x10spent_usd_micros\x18\v \x01(\x03R\x0espentUsdMicros\"\xfe\x01\n" +
+	"\tSubJobRef\x12\x14\n" +
+	"\x05stage\x18\x01 \x01(\tR\x05stage\x12\x15\n" +
+	"\x06run_id\x18\x02 \x01(\tR\x05runId\x12\x1a\n" +
+	"\bpipeline\x18\x03 \x01(\tR\bpipeline\x12*\n" +
+	"\x05state\x18\x04 \x01(\x0e2\x14.handoff.v1.JobStateR\x05state\x120\n" +
+	"\bartifact\x18\x05 \x01(\v2\x14.handoff.v1.ArtifactR\bartifact\x126\n" +
+	"\n" +
+	"escalation\x18\x06 \x01(\v2\x16.handoff.v1.EscalationR\n" +
+	"escalation\x12\x12\n" +
+	"\x04hops\x18\a \x01(\rR\x04hops\"\xc1\x01\n" +
 	"\bTransfer\x12\x1d\n" +
 	"\n" +
 	"from_stage\x18\x01 \x01(\tR\tfromStage\x12\x19\n" +
@@ -2758,7 +3157,7 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\x05error\x18\x05 \x01(\tR\x05error\x12\x1f\n" +
 	"\vstatus_code\x18\x06 \x01(\x05R\n" +
 	"statusCode\x12*\n" +
-	"\x02at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"\xbb\x05\n" +
+	"\x02at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"\xf1\x05\n" +
 	"\bJobEvent\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x15\n" +
 	"\x06run_id\x18\x02 \x01(\tR\x05runId\x12\x15\n" +
@@ -2782,7 +3181,10 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"resolution\x120\n" +
 	"\btransfer\x18\x10 \x01(\v2\x14.handoff.v1.TransferR\btransfer\x12\x16\n" +
 	"\x06schema\x18\x11 \x01(\tR\x06schema\x120\n" +
-	"\bdelivery\x18\x12 \x01(\v2\x14.handoff.v1.DeliveryR\bdelivery\"`\n" +
+	"\bdelivery\x18\x12 \x01(\v2\x14.handoff.v1.DeliveryR\bdelivery\x12\x16\n" +
+	"\x06branch\x18( \x01(\tR\x06branch\x12\x1c\n" +
+	"\n" +
+	"sub_run_id\x18) \x01(\tR\bsubRunId\"`\n" +
 	"\x16ListEscalationsRequest\x12'\n" +
 	"\tpage_size\x18\x01 \x01(\x05B\n" +
 	"\xbaH\a\x1a\x05\x18\xe8\a(\x00R\bpageSize\x12\x1d\n" +
@@ -2850,7 +3252,14 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\x11JOB_STATE_RUNNING\x10\x01\x12\x17\n" +
 	"\x13JOB_STATE_COMPLETED\x10\x02\x12\x17\n" +
 	"\x13JOB_STATE_ESCALATED\x10\x03\x12\x14\n" +
-	"\x10JOB_STATE_FAILED\x10\x04*\xf8\x03\n" +
+	"\x10JOB_STATE_FAILED\x10\x04*\xb7\x01\n" +
+	"\fBranchStatus\x12\x1d\n" +
+	"\x19BRANCH_STATUS_UNSPECIFIED\x10\x00\x12\x19\n" +
+	"\x15BRANCH_STATUS_RUNNING\x10\x01\x12\x1b\n" +
+	"\x17BRANCH_STATUS_COMPLETED\x10\x02\x12\x18\n" +
+	"\x14BRANCH_STATUS_FAILED\x10\x03\x12\x1b\n" +
+	"\x17BRANCH_STATUS_TIMED_OUT\x10\x04\x12\x19\n" +
+	"\x15BRANCH_STATUS_STOPPED\x10\x05*\xc3\x04\n" +
 	"\x0fEscalationCause\x12 \n" +
 	"\x1cESCALATION_CAUSE_UNSPECIFIED\x10\x00\x12$\n" +
 	" ESCALATION_CAUSE_REJECTED_SCHEMA\x10\x01\x12\"\n" +
@@ -2866,7 +3275,9 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\x12\x1b\n" +
 	"\x17ESCALATION_CAUSE_ROUTED\x10\v\x12\x1d\n" +
 	"\x19ESCALATION_CAUSE_DEADLINE\x10\f\x12\x1e\n" +
-	"\x1aESCALATION_CAUSE_DESK_FULL\x10\r*\xc7\x02\n" +
+	"\x1aESCALATION_CAUSE_DESK_FULL\x10\r\x12\"\n" +
+	"\x1eESCALATION_CAUSE_BRANCH_FAILED\x10\x1e\x12%\n" +
+	"!ESCALATION_CAUSE_SUBJOB_ESCALATED\x10\x1f*\xa0\x03\n" +
 	"\tEventKind\x12\x1a\n" +
 	"\x16EVENT_KIND_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14EVENT_KIND_SUBMITTED\x10\x01\x12\x1b\n" +
@@ -2880,7 +3291,10 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\x11EVENT_KIND_FAILED\x10\t\x12\x17\n" +
 	"\x13EVENT_KIND_RESOLVED\x10\n" +
 	"\x12\"\n" +
-	"\x1eEVENT_KIND_ESCALATION_DELIVERY\x10\v*\xbf\x01\n" +
+	"\x1eEVENT_KIND_ESCALATION_DELIVERY\x10\v\x12\x1b\n" +
+	"\x17EVENT_KIND_BRANCH_ENDED\x10\x1e\x12\x1d\n" +
+	"\x19EVENT_KIND_SUBJOB_STARTED\x10\x1f\x12\x1b\n" +
+	"\x17EVENT_KIND_SUBJOB_ENDED\x10 *\xbf\x01\n" +
 	"\x10ResolutionAction\x12!\n" +
 	"\x1dRESOLUTION_ACTION_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19RESOLUTION_ACTION_APPROVE\x10\x01\x12%\n" +
@@ -2908,142 +3322,154 @@ func file_handoff_v1_coordinator_proto_rawDescGZIP() []byte {
 	return file_handoff_v1_coordinator_proto_rawDescData
 }
 
-var file_handoff_v1_coordinator_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_handoff_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_handoff_v1_coordinator_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
+var file_handoff_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_handoff_v1_coordinator_proto_goTypes = []any{
 	(JobState)(0),                     // 0: handoff.v1.JobState
-	(EscalationCause)(0),              // 1: handoff.v1.EscalationCause
-	(EventKind)(0),                    // 2: handoff.v1.EventKind
-	(ResolutionAction)(0),             // 3: handoff.v1.ResolutionAction
-	(*ClaimEscalationRequest)(nil),    // 4: handoff.v1.ClaimEscalationRequest
-	(*ClaimEscalationResponse)(nil),   // 5: handoff.v1.ClaimEscalationResponse
-	(*Claim)(nil),                     // 6: handoff.v1.Claim
-	(*SubmitJobRequest)(nil),          // 7: handoff.v1.SubmitJobRequest
-	(*SubmitJobResponse)(nil),         // 8: handoff.v1.SubmitJobResponse
-	(*GetJobRequest)(nil),             // 9: handoff.v1.GetJobRequest
-	(*GetJobResponse)(nil),            // 10: handoff.v1.GetJobResponse
-	(*HopRecord)(nil),                 // 11: handoff.v1.HopRecord
-	(*ListJobsRequest)(nil),           // 12: handoff.v1.ListJobsRequest
-	(*ListJobsResponse)(nil),          // 13: handoff.v1.ListJobsResponse
-	(*WatchJobRequest)(nil),           // 14: handoff.v1.WatchJobRequest
-	(*WatchJobResponse)(nil),          // 15: handoff.v1.WatchJobResponse
-	(*Job)(nil),                       // 16: handoff.v1.Job
-	(*Transfer)(nil),                  // 17: handoff.v1.Transfer
-	(*Escalation)(nil),                // 18: handoff.v1.Escalation
-	(*Delivery)(nil),                  // 19: handoff.v1.Delivery
-	(*JobEvent)(nil),                  // 20: handoff.v1.JobEvent
-	(*ListEscalationsRequest)(nil),    // 21: handoff.v1.ListEscalationsRequest
-	(*ListEscalationsResponse)(nil),   // 22: handoff.v1.ListEscalationsResponse
-	(*ResolveEscalationRequest)(nil),  // 23: handoff.v1.ResolveEscalationRequest
-	(*ApproveAction)(nil),             // 24: handoff.v1.ApproveAction
-	(*ReturnToStageAction)(nil),       // 25: handoff.v1.ReturnToStageAction
-	(*Grant)(nil),                     // 26: handoff.v1.Grant
-	(*FailAction)(nil),                // 27: handoff.v1.FailAction
-	(*RejectMalformedAction)(nil),     // 28: handoff.v1.RejectMalformedAction
-	(*Resolution)(nil),                // 29: handoff.v1.Resolution
-	(*ResolveEscalationResponse)(nil), // 30: handoff.v1.ResolveEscalationResponse
-	(*timestamppb.Timestamp)(nil),     // 31: google.protobuf.Timestamp
-	(*Budget)(nil),                    // 32: handoff.v1.Budget
-	(*Artifact)(nil),                  // 33: handoff.v1.Artifact
-	(*Trace)(nil),                     // 34: handoff.v1.Trace
-	(AckStatus)(0),                    // 35: handoff.v1.AckStatus
-	(Verdict)(0),                      // 36: handoff.v1.Verdict
-	(*durationpb.Duration)(nil),       // 37: google.protobuf.Duration
-	(*Receipt)(nil),                   // 38: handoff.v1.Receipt
-	(*Evaluator)(nil),                 // 39: handoff.v1.Evaluator
-	(*ToolAttempt)(nil),               // 40: handoff.v1.ToolAttempt
-	(Move)(0),                         // 41: handoff.v1.Move
-	(*RouteChoice)(nil),               // 42: handoff.v1.RouteChoice
-	(*Reason)(nil),                    // 43: handoff.v1.Reason
-	(*Ack)(nil),                       // 44: handoff.v1.Ack
-	(*StageResult)(nil),               // 45: handoff.v1.StageResult
+	(BranchStatus)(0),                 // 1: handoff.v1.BranchStatus
+	(EscalationCause)(0),              // 2: handoff.v1.EscalationCause
+	(EventKind)(0),                    // 3: handoff.v1.EventKind
+	(ResolutionAction)(0),             // 4: handoff.v1.ResolutionAction
+	(*ClaimEscalationRequest)(nil),    // 5: handoff.v1.ClaimEscalationRequest
+	(*ClaimEscalationResponse)(nil),   // 6: handoff.v1.ClaimEscalationResponse
+	(*Claim)(nil),                     // 7: handoff.v1.Claim
+	(*SubmitJobRequest)(nil),          // 8: handoff.v1.SubmitJobRequest
+	(*SubmitJobResponse)(nil),         // 9: handoff.v1.SubmitJobResponse
+	(*GetJobRequest)(nil),             // 10: handoff.v1.GetJobRequest
+	(*GetJobResponse)(nil),            // 11: handoff.v1.GetJobResponse
+	(*HopRecord)(nil),                 // 12: handoff.v1.HopRecord
+	(*ListJobsRequest)(nil),           // 13: handoff.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),          // 14: handoff.v1.ListJobsResponse
+	(*WatchJobRequest)(nil),           // 15: handoff.v1.WatchJobRequest
+	(*WatchJobResponse)(nil),          // 16: handoff.v1.WatchJobResponse
+	(*Job)(nil),                       // 17: handoff.v1.Job
+	(*BranchState)(nil),               // 18: handoff.v1.BranchState
+	(*SubJobRef)(nil),                 // 19: handoff.v1.SubJobRef
+	(*Transfer)(nil),                  // 20: handoff.v1.Transfer
+	(*Escalation)(nil),                // 21: handoff.v1.Escalation
+	(*Delivery)(nil),                  // 22: handoff.v1.Delivery
+	(*JobEvent)(nil),                  // 23: handoff.v1.JobEvent
+	(*ListEscalationsRequest)(nil),    // 24: handoff.v1.ListEscalationsRequest
+	(*ListEscalationsResponse)(nil),   // 25: handoff.v1.ListEscalationsResponse
+	(*ResolveEscalationRequest)(nil),  // 26: handoff.v1.ResolveEscalationRequest
+	(*ApproveAction)(nil),             // 27: handoff.v1.ApproveAction
+	(*ReturnToStageAction)(nil),       // 28: handoff.v1.ReturnToStageAction
+	(*Grant)(nil),                     // 29: handoff.v1.Grant
+	(*FailAction)(nil),                // 30: handoff.v1.FailAction
+	(*RejectMalformedAction)(nil),     // 31: handoff.v1.RejectMalformedAction
+	(*Resolution)(nil),                // 32: handoff.v1.Resolution
+	(*ResolveEscalationResponse)(nil), // 33: handoff.v1.ResolveEscalationResponse
+	(*timestamppb.Timestamp)(nil),     // 34: google.protobuf.Timestamp
+	(*Budget)(nil),                    // 35: handoff.v1.Budget
+	(*Artifact)(nil),                  // 36: handoff.v1.Artifact
+	(*Trace)(nil),                     // 37: handoff.v1.Trace
+	(AckStatus)(0),                    // 38: handoff.v1.AckStatus
+	(Verdict)(0),                      // 39: handoff.v1.Verdict
+	(*durationpb.Duration)(nil),       // 40: google.protobuf.Duration
+	(*Receipt)(nil),                   // 41: handoff.v1.Receipt
+	(*Evaluator)(nil),                 // 42: handoff.v1.Evaluator
+	(*ToolAttempt)(nil),               // 43: handoff.v1.ToolAttempt
+	(Move)(0),                         // 44: handoff.v1.Move
+	(*RouteChoice)(nil),               // 45: handoff.v1.RouteChoice
+	(*Reason)(nil),                    // 46: handoff.v1.Reason
+	(*Ack)(nil),                       // 47: handoff.v1.Ack
+	(*StageResult)(nil),               // 48: handoff.v1.StageResult
 }
 var file_handoff_v1_coordinator_proto_depIdxs = []int32{
-	6,  // 0: handoff.v1.ClaimEscalationResponse.claim:type_name -> handoff.v1.Claim
-	31, // 1: handoff.v1.Claim.at:type_name -> google.protobuf.Timestamp
-	31, // 2: handoff.v1.Claim.expires_at:type_name -> google.protobuf.Timestamp
-	32, // 3: handoff.v1.SubmitJobRequest.budget:type_name -> handoff.v1.Budget
-	33, // 4: handoff.v1.SubmitJobRequest.inputs:type_name -> handoff.v1.Artifact
-	34, // 5: handoff.v1.SubmitJobRequest.trace:type_name -> handoff.v1.Trace
-	31, // 6: handoff.v1.SubmitJobRequest.deadline:type_name -> google.protobuf.Timestamp
-	16, // 7: handoff.v1.SubmitJobResponse.job:type_name -> handoff.v1.Job
-	16, // 8: handoff.v1.GetJobResponse.job:type_name -> handoff.v1.Job
-	11, // 9: handoff.v1.GetJobResponse.timeline:type_name -> handoff.v1.HopRecord
-	35, // 10: handoff.v1.HopRecord.ack:type_name -> handoff.v1.AckStatus
-	17, // 11: handoff.v1.HopRecord.transfer:type_name -> handoff.v1.Transfer
-	36, // 12: handoff.v1.HopRecord.verdict:type_name -> handoff.v1.Verdict
-	37, // 13: handoff.v1.HopRecord.duration:type_name -> google.protobuf.Duration
-	31, // 14: handoff.v1.HopRecord.at:type_name -> google.protobuf.Timestamp
-	2,  // 15: handoff.v1.HopRecord.end:type_name -> handoff.v1.EventKind
-	18, // 16: handoff.v1.HopRecord.escalation:type_name -> handoff.v1.Escalation
-	38, // 17: handoff.v1.HopRecord.receipt:type_name -> handoff.v1.Receipt
-	29, // 18: handoff.v1.HopRecord.resolution:type_name -> handoff.v1.Resolution
+	7,  // 0: handoff.v1.ClaimEscalationResponse.claim:type_name -> handoff.v1.Claim
+	34, // 1: handoff.v1.Claim.at:type_name -> google.protobuf.Timestamp
+	34, // 2: handoff.v1.Claim.expires_at:type_name -> google.protobuf.Timestamp
+	35, // 3: handoff.v1.SubmitJobRequest.budget:type_name -> handoff.v1.Budget
+	36, // 4: handoff.v1.SubmitJobRequest.inputs:type_name -> handoff.v1.Artifact
+	37, // 5: handoff.v1.SubmitJobRequest.trace:type_name -> handoff.v1.Trace
+	34, // 6: handoff.v1.SubmitJobRequest.deadline:type_name -> google.protobuf.Timestamp
+	17, // 7: handoff.v1.SubmitJobResponse.job:type_name -> handoff.v1.Job
+	17, // 8: handoff.v1.GetJobResponse.job:type_name -> handoff.v1.Job
+	12, // 9: handoff.v1.GetJobResponse.timeline:type_name -> handoff.v1.HopRecord
+	38, // 10: handoff.v1.HopRecord.ack:type_name -> handoff.v1.AckStatus
+	20, // 11: handoff.v1.HopRecord.transfer:type_name -> handoff.v1.Transfer
+	39, // 12: handoff.v1.HopRecord.verdict:type_name -> handoff.v1.Verdict
+	40, // 13: handoff.v1.HopRecord.duration:type_name -> google.protobuf.Duration
+	34, // 14: handoff.v1.HopRecord.at:type_name -> google.protobuf.Timestamp
+	3,  // 15: handoff.v1.HopRecord.end:type_name -> handoff.v1.EventKind
+	21, // 16: handoff.v1.HopRecord.escalation:type_name -> handoff.v1.Escalation
+	41, // 17: handoff.v1.HopRecord.receipt:type_name -> handoff.v1.Receipt
+	32, // 18: handoff.v1.HopRecord.resolution:type_name -> handoff.v1.Resolution
 	0,  // 19: handoff.v1.ListJobsRequest.state:type_name -> handoff.v1.JobState
-	16, // 20: handoff.v1.ListJobsResponse.jobs:type_name -> handoff.v1.Job
-	20, // 21: handoff.v1.WatchJobResponse.event:type_name -> handoff.v1.JobEvent
+	17, // 20: handoff.v1.ListJobsResponse.jobs:type_name -> handoff.v1.Job
+	23, // 21: handoff.v1.WatchJobResponse.event:type_name -> handoff.v1.JobEvent
 	0,  // 22: handoff.v1.Job.state:type_name -> handoff.v1.JobState
-	32, // 23: handoff.v1.Job.wallet:type_name -> handoff.v1.Budget
-	39, // 24: handoff.v1.Job.evaluator:type_name -> handoff.v1.Evaluator
-	33, // 25: handoff.v1.Job.artifacts:type_name -> handoff.v1.Artifact
-	40, // 26: handoff.v1.Job.tools_tried:type_name -> handoff.v1.ToolAttempt
-	38, // 27: handoff.v1.Job.receipt:type_name -> handoff.v1.Receipt
-	18, // 28: handoff.v1.Job.escalation:type_name -> handoff.v1.Escalation
-	31, // 29: handoff.v1.Job.created_at:type_name -> google.protobuf.Timestamp
-	31, // 30: handoff.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
-	29, // 31: handoff.v1.Job.resolution:type_name -> handoff.v1.Resolution
-	17, // 32: handoff.v1.Job.transfers:type_name -> handoff.v1.Transfer
-	31, // 33: handoff.v1.Job.deadline:type_name -> google.protobuf.Timestamp
-	6,  // 34: handoff.v1.Job.claim:type_name -> handoff.v1.Claim
-	41, // 35: handoff.v1.Transfer.move:type_name -> handoff.v1.Move
-	42, // 36: handoff.v1.Transfer.route:type_name -> handoff.v1.RouteChoice
-	1,  // 37: handoff.v1.Escalation.cause:type_name -> handoff.v1.EscalationCause
-	43, // 38: handoff.v1.Escalation.reasons:type_name -> handoff.v1.Reason
-	31, // 39: handoff.v1.Escalation.at:type_name -> google.protobuf.Timestamp
-	31, // 40: handoff.v1.Delivery.at:type_name -> google.protobuf.Timestamp
-	2,  // 41: handoff.v1.JobEvent.kind:type_name -> handoff.v1.EventKind
-	31, // 42: handoff.v1.JobEvent.at:type_name -> google.protobuf.Timestamp
-	32, // 43: handoff.v1.JobEvent.wallet:type_name -> handoff.v1.Budget
-	44, // 44: handoff.v1.JobEvent.ack:type_name -> handoff.v1.Ack
-	45, // 45: handoff.v1.JobEvent.result:type_name -> handoff.v1.StageResult
-	39, // 46: handoff.v1.JobEvent.evaluator:type_name -> handoff.v1.Evaluator
-	38, // 47: handoff.v1.JobEvent.receipt:type_name -> handoff.v1.Receipt
-	18, // 48: handoff.v1.JobEvent.escalation:type_name -> handoff.v1.Escalation
-	29, // 49: handoff.v1.JobEvent.resolution:type_name -> handoff.v1.Resolution
-	17, // 50: handoff.v1.JobEvent.transfer:type_name -> handoff.v1.Transfer
-	19, // 51: handoff.v1.JobEvent.delivery:type_name -> handoff.v1.Delivery
-	16, // 52: handoff.v1.ListEscalationsResponse.jobs:type_name -> handoff.v1.Job
-	24, // 53: handoff.v1.ResolveEscalationRequest.approve:type_name -> handoff.v1.ApproveAction
-	25, // 54: handoff.v1.ResolveEscalationRequest.return_to_stage:type_name -> handoff.v1.ReturnToStageAction
-	27, // 55: handoff.v1.ResolveEscalationRequest.fail:type_name -> handoff.v1.FailAction
-	28, // 56: handoff.v1.ResolveEscalationRequest.reject_malformed:type_name -> handoff.v1.RejectMalformedAction
-	26, // 57: handoff.v1.ReturnToStageAction.grant:type_name -> handoff.v1.Grant
-	3,  // 58: handoff.v1.Resolution.action:type_name -> handoff.v1.ResolutionAction
-	33, // 59: handoff.v1.Resolution.edited_artifact:type_name -> handoff.v1.Artifact
-	18, // 60: handoff.v1.Resolution.escalation:type_name -> handoff.v1.Escalation
-	31, // 61: handoff.v1.Resolution.at:type_name -> google.protobuf.Timestamp
-	26, // 62: handoff.v1.Resolution.grant:type_name -> handoff.v1.Grant
-	16, // 63: handoff.v1.ResolveEscalationResponse.job:type_name -> handoff.v1.Job
-	38, // 64: handoff.v1.ResolveEscalationResponse.receipt:type_name -> handoff.v1.Receipt
-	29, // 65: handoff.v1.ResolveEscalationResponse.resolution:type_name -> handoff.v1.Resolution
-	7,  // 66: handoff.v1.CoordinatorService.SubmitJob:input_type -> handoff.v1.SubmitJobRequest
-	9,  // 67: handoff.v1.CoordinatorService.GetJob:input_type -> handoff.v1.GetJobRequest
-	12, // 68: handoff.v1.CoordinatorService.ListJobs:input_type -> handoff.v1.ListJobsRequest
-	14, // 69: handoff.v1.CoordinatorService.WatchJob:input_type -> handoff.v1.WatchJobRequest
-	21, // 70: handoff.v1.CoordinatorService.ListEscalations:input_type -> handoff.v1.ListEscalationsRequest
-	23, // 71: handoff.v1.CoordinatorService.ResolveEscalation:input_type -> handoff.v1.ResolveEscalationRequest
-	4,  // 72: handoff.v1.CoordinatorService.ClaimEscalation:input_type -> handoff.v1.ClaimEscalationRequest
-	8,  // 73: handoff.v1.CoordinatorService.SubmitJob:output_type -> handoff.v1.SubmitJobResponse
-	10, // 74: handoff.v1.CoordinatorService.GetJob:output_type -> handoff.v1.GetJobResponse
-	13, // 75: handoff.v1.CoordinatorService.ListJobs:output_type -> handoff.v1.ListJobsResponse
-	15, // 76: handoff.v1.CoordinatorService.WatchJob:output_type -> handoff.v1.WatchJobResponse
-	22, // 77: handoff.v1.CoordinatorService.ListEscalations:output_type -> handoff.v1.ListEscalationsResponse
-	30, // 78: handoff.v1.CoordinatorService.ResolveEscalation:output_type -> handoff.v1.ResolveEscalationResponse
-	5,  // 79: handoff.v1.CoordinatorService.ClaimEscalation:output_type -> handoff.v1.ClaimEscalationResponse
-	73, // [73:80] is the sub-list for method output_type
-	66, // [66:73] is the sub-list for method input_type
-	66, // [66:66] is the sub-list for extension type_name
-	66, // [66:66] is the sub-list for extension extendee
-	0,  // [0:66] is the sub-list for field type_name
+	35, // 23: handoff.v1.Job.wallet:type_name -> handoff.v1.Budget
+	42, // 24: handoff.v1.Job.evaluator:type_name -> handoff.v1.Evaluator
+	36, // 25: handoff.v1.Job.artifacts:type_name -> handoff.v1.Artifact
+	43, // 26: handoff.v1.Job.tools_tried:type_name -> handoff.v1.ToolAttempt
+	41, // 27: handoff.v1.Job.receipt:type_name -> handoff.v1.Receipt
+	21, // 28: handoff.v1.Job.escalation:type_name -> handoff.v1.Escalation
+	34, // 29: handoff.v1.Job.created_at:type_name -> google.protobuf.Timestamp
+	34, // 30: handoff.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
+	32, // 31: handoff.v1.Job.resolution:type_name -> handoff.v1.Resolution
+	20, // 32: handoff.v1.Job.transfers:type_name -> handoff.v1.Transfer
+	34, // 33: handoff.v1.Job.deadline:type_name -> google.protobuf.Timestamp
+	7,  // 34: handoff.v1.Job.claim:type_name -> handoff.v1.Claim
+	18, // 35: handoff.v1.Job.branches:type_name -> handoff.v1.BranchState
+	19, // 36: handoff.v1.Job.children:type_name -> handoff.v1.SubJobRef
+	1,  // 37: handoff.v1.BranchState.status:type_name -> handoff.v1.BranchStatus
+	34, // 38: handoff.v1.BranchState.started_at:type_name -> google.protobuf.Timestamp
+	34, // 39: handoff.v1.BranchState.ended_at:type_name -> google.protobuf.Timestamp
+	36, // 40: handoff.v1.BranchState.artifacts:type_name -> handoff.v1.Artifact
+	0,  // 41: handoff.v1.SubJobRef.state:type_name -> handoff.v1.JobState
+	36, // 42: handoff.v1.SubJobRef.artifact:type_name -> handoff.v1.Artifact
+	21, // 43: handoff.v1.SubJobRef.escalation:type_name -> handoff.v1.Escalation
+	44, // 44: handoff.v1.Transfer.move:type_name -> handoff.v1.Move
+	45, // 45: handoff.v1.Transfer.route:type_name -> handoff.v1.RouteChoice
+	2,  // 46: handoff.v1.Escalation.cause:type_name -> handoff.v1.EscalationCause
+	46, // 47: handoff.v1.Escalation.reasons:type_name -> handoff.v1.Reason
+	34, // 48: handoff.v1.Escalation.at:type_name -> google.protobuf.Timestamp
+	34, // 49: handoff.v1.Delivery.at:type_name -> google.protobuf.Timestamp
+	3,  // 50: handoff.v1.JobEvent.kind:type_name -> handoff.v1.EventKind
+	34, // 51: handoff.v1.JobEvent.at:type_name -> google.protobuf.Timestamp
+	35, // 52: handoff.v1.JobEvent.wallet:type_name -> handoff.v1.Budget
+	47, // 53: handoff.v1.JobEvent.ack:type_name -> handoff.v1.Ack
+	48, // 54: handoff.v1.JobEvent.result:type_name -> handoff.v1.StageResult
+	42, // 55: handoff.v1.JobEvent.evaluator:type_name -> handoff.v1.Evaluator
+	41, // 56: handoff.v1.JobEvent.receipt:type_name -> handoff.v1.Receipt
+	21, // 57: handoff.v1.JobEvent.escalation:type_name -> handoff.v1.Escalation
+	32, // 58: handoff.v1.JobEvent.resolution:type_name -> handoff.v1.Resolution
+	20, // 59: handoff.v1.JobEvent.transfer:type_name -> handoff.v1.Transfer
+	22, // 60: handoff.v1.JobEvent.delivery:type_name -> handoff.v1.Delivery
+	17, // 61: handoff.v1.ListEscalationsResponse.jobs:type_name -> handoff.v1.Job
+	27, // 62: handoff.v1.ResolveEscalationRequest.approve:type_name -> handoff.v1.ApproveAction
+	28, // 63: handoff.v1.ResolveEscalationRequest.return_to_stage:type_name -> handoff.v1.ReturnToStageAction
+	30, // 64: handoff.v1.ResolveEscalationRequest.fail:type_name -> handoff.v1.FailAction
+	31, // 65: handoff.v1.ResolveEscalationRequest.reject_malformed:type_name -> handoff.v1.RejectMalformedAction
+	29, // 66: handoff.v1.ReturnToStageAction.grant:type_name -> handoff.v1.Grant
+	4,  // 67: handoff.v1.Resolution.action:type_name -> handoff.v1.ResolutionAction
+	36, // 68: handoff.v1.Resolution.edited_artifact:type_name -> handoff.v1.Artifact
+	21, // 69: handoff.v1.Resolution.escalation:type_name -> handoff.v1.Escalation
+	34, // 70: handoff.v1.Resolution.at:type_name -> google.protobuf.Timestamp
+	29, // 71: handoff.v1.Resolution.grant:type_name -> handoff.v1.Grant
+	17, // 72: handoff.v1.ResolveEscalationResponse.job:type_name -> handoff.v1.Job
+	41, // 73: handoff.v1.ResolveEscalationResponse.receipt:type_name -> handoff.v1.Receipt
+	32, // 74: handoff.v1.ResolveEscalationResponse.resolution:type_name -> handoff.v1.Resolution
+	8,  // 75: handoff.v1.CoordinatorService.SubmitJob:input_type -> handoff.v1.SubmitJobRequest
+	10, // 76: handoff.v1.CoordinatorService.GetJob:input_type -> handoff.v1.GetJobRequest
+	13, // 77: handoff.v1.CoordinatorService.ListJobs:input_type -> handoff.v1.ListJobsRequest
+	15, // 78: handoff.v1.CoordinatorService.WatchJob:input_type -> handoff.v1.WatchJobRequest
+	24, // 79: handoff.v1.CoordinatorService.ListEscalations:input_type -> handoff.v1.ListEscalationsRequest
+	26, // 80: handoff.v1.CoordinatorService.ResolveEscalation:input_type -> handoff.v1.ResolveEscalationRequest
+	5,  // 81: handoff.v1.CoordinatorService.ClaimEscalation:input_type -> handoff.v1.ClaimEscalationRequest
+	9,  // 82: handoff.v1.CoordinatorService.SubmitJob:output_type -> handoff.v1.SubmitJobResponse
+	11, // 83: handoff.v1.CoordinatorService.GetJob:output_type -> handoff.v1.GetJobResponse
+	14, // 84: handoff.v1.CoordinatorService.ListJobs:output_type -> handoff.v1.ListJobsResponse
+	16, // 85: handoff.v1.CoordinatorService.WatchJob:output_type -> handoff.v1.WatchJobResponse
+	25, // 86: handoff.v1.CoordinatorService.ListEscalations:output_type -> handoff.v1.ListEscalationsResponse
+	33, // 87: handoff.v1.CoordinatorService.ResolveEscalation:output_type -> handoff.v1.ResolveEscalationResponse
+	6,  // 88: handoff.v1.CoordinatorService.ClaimEscalation:output_type -> handoff.v1.ClaimEscalationResponse
+	82, // [82:89] is the sub-list for method output_type
+	75, // [75:82] is the sub-list for method input_type
+	75, // [75:75] is the sub-list for extension type_name
+	75, // [75:75] is the sub-list for extension extendee
+	0,  // [0:75] is the sub-list for field type_name
 }
 
 func init() { file_handoff_v1_coordinator_proto_init() }
@@ -3053,21 +3479,21 @@ func file_handoff_v1_coordinator_proto_init() {
 	}
 	file_handoff_v1_agentrunner_proto_init()
 	file_handoff_v1_handoff_proto_init()
-	file_handoff_v1_coordinator_proto_msgTypes[19].OneofWrappers = []any{
+	file_handoff_v1_coordinator_proto_msgTypes[21].OneofWrappers = []any{
 		(*ResolveEscalationRequest_Approve)(nil),
 		(*ResolveEscalationRequest_ReturnToStage)(nil),
 		(*ResolveEscalationRequest_Fail)(nil),
 		(*ResolveEscalationRequest_RejectMalformed)(nil),
 	}
-	file_handoff_v1_coordinator_proto_msgTypes[20].OneofWrappers = []any{}
-	file_handoff_v1_coordinator_proto_msgTypes[21].OneofWrappers = []any{}
+	file_handoff_v1_coordinator_proto_msgTypes[22].OneofWrappers = []any{}
+	file_handoff_v1_coordinator_proto_msgTypes[23].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_handoff_v1_coordinator_proto_rawDesc), len(file_handoff_v1_coordinator_proto_rawDesc)),
-			NumEnums:      4,
-			NumMessages:   27,
+			NumEnums:      5,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

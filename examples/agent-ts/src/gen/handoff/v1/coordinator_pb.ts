@@ -20,7 +20,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file handoff/v1/coordinator.proto.
  */
 export const file_handoff_v1_coordinator: GenFile = /*@__PURE__*/
-  fileDesc("ChxoYW5kb2ZmL3YxL2Nvb3JkaW5hdG9yLnByb3RvEgpoYW5kb2ZmLnYxImMKFkNsYWltRXNjYWxhdGlvblJlcXVlc3QSGwoGcnVuX2lkGAEgASgJQgu6SAjIAQFyAxiAARIbCgplc2NhbGF0aW9uGAIgASgNQge6SAQqAiAAEg8KB3JlbGVhc2UYAyABKAgiOwoXQ2xhaW1Fc2NhbGF0aW9uUmVzcG9uc2USIAoFY2xhaW0YASABKAsyES5oYW5kb2ZmLnYxLkNsYWltIoQBCgVDbGFpbRIPCgdhY2NvdW50GAEgASgJEhIKCmVzY2FsYXRpb24YAiABKA0SJgoCYXQYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCmV4cGlyZXNfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wItADChBTdWJtaXRKb2JSZXF1ZXN0EjMKCnJlcXVlc3RfaWQYASABKAlCH7pIHHIaGIABMhVeKFtBLVphLXowLTlfLjotXSspPyQSOgoGam9iX2lkGAIgASgJQiq6SCfIAQFyIhiAATIdXltBLVphLXowLTldW0EtWmEtejAtOV8uOi1dKiQSHAoIcGlwZWxpbmUYAyABKAlCCrpIB8gBAXICGEASGQoEZ29hbBgEIAEoCUILukgIyAEBcgMY0A8SJgoLY29uc3RyYWludHMYBSADKAlCEbpIDpIBCxAgIgdyBRABGPQDEioKBmJ1ZGdldBgGIAEoCzISLmhhbmRvZmYudjEuQnVkZ2V0Qga6SAPIAQESLgoGaW5wdXRzGAcgAygLMhQuaGFuZG9mZi52MS5BcnRpZmFjdEIIukgFkgECEEASPgoLbWVtb3J5X3JlZnMYCCADKAlCKbpIJpIBIxBAIh9yHRiAAjIYXlthLXpdW2EtejAtOV9dKjpbXlxzXSskEiAKBXRyYWNlGAkgASgLMhEuaGFuZG9mZi52MS5UcmFjZRIsCghkZWFkbGluZRgKIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiQwoRU3VibWl0Sm9iUmVzcG9uc2USHAoDam9iGAEgASgLMg8uaGFuZG9mZi52MS5Kb2ISEAoIZXhpc3RpbmcYAiABKAgiJwoNR2V0Sm9iUmVxdWVzdBIWCgZydW5faWQYASABKAlCBrpIA8gBASJXCg5HZXRKb2JSZXNwb25zZRIcCgNqb2IYASABKAsyDy5oYW5kb2ZmLnYxLkpvYhInCgh0aW1lbGluZRgCIAMoCzIVLmhhbmRvZmYudjEuSG9wUmVjb3JkIqoDCglIb3BSZWNvcmQSCwoDaG9wGAEgASgNEg0KBXN0YWdlGAIgASgJEiIKA2FjaxgDIAEoDjIVLmhhbmRvZmYudjEuQWNrU3RhdHVzEiYKCHRyYW5zZmVyGAQgASgLMhQuaGFuZG9mZi52MS5UcmFuc2ZlchIYChBzcGVudF91c2RfbWljcm9zGAUgASgDEiQKB3ZlcmRpY3QYBiABKA4yEy5oYW5kb2ZmLnYxLlZlcmRpY3QSKwoIZHVyYXRpb24YByABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SJgoCYXQYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiIKA2VuZBgJIAEoDjIVLmhhbmRvZmYudjEuRXZlbnRLaW5kEioKCmVzY2FsYXRpb24YCiABKAsyFi5oYW5kb2ZmLnYxLkVzY2FsYXRpb24SJAoHcmVjZWlwdBgLIAEoCzITLmhhbmRvZmYudjEuUmVjZWlwdBIqCgpyZXNvbHV0aW9uGAwgASgLMhYuaGFuZG9mZi52MS5SZXNvbHV0aW9uInMKD0xpc3RKb2JzUmVxdWVzdBItCgVzdGF0ZRgBIAEoDjIULmhhbmRvZmYudjEuSm9iU3RhdGVCCLpIBYIBAhABEh0KCXBhZ2Vfc2l6ZRgCIAEoBUIKukgHGgUY6AcoABISCgpwYWdlX3Rva2VuGAMgASgJIkoKEExpc3RKb2JzUmVzcG9uc2USHQoEam9icxgBIAMoCzIPLmhhbmRvZmYudjEuSm9iEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSI8Cg9XYXRjaEpvYlJlcXVlc3QSFgoGcnVuX2lkGAEgASgJQga6SAPIAQESEQoJYWZ0ZXJfc2VxGAIgASgEIjcKEFdhdGNoSm9iUmVzcG9uc2USIwoFZXZlbnQYASABKAsyFC5oYW5kb2ZmLnYxLkpvYkV2ZW50It0GCgNKb2ISDgoGcnVuX2lkGAEgASgJEg4KBmpvYl9pZBgCIAEoCRIQCghwaXBlbGluZRgDIAEoCRIjCgVzdGF0ZRgEIAEoDjIULmhhbmRvZmYudjEuSm9iU3RhdGUSDAoEZ29hbBgFIAEoCRITCgtjb25zdHJhaW50cxgGIAMoCRIiCgZ3YWxsZXQYByABKAsyEi5oYW5kb2ZmLnYxLkJ1ZGdldBINCgVzdGFnZRgIIAEoCRIMCgRob3BzGAkgASgNEhEKCXJldmlzaW9ucxgKIAEoDRIoCglldmFsdWF0b3IYCyABKAsyFS5oYW5kb2ZmLnYxLkV2YWx1YXRvchInCglhcnRpZmFjdHMYDCADKAsyFC5oYW5kb2ZmLnYxLkFydGlmYWN0EiwKC3Rvb2xzX3RyaWVkGA0gAygLMhcuaGFuZG9mZi52MS5Ub29sQXR0ZW1wdBITCgttZW1vcnlfcmVmcxgOIAMoCRIWCg5vcGVuX3F1ZXN0aW9ucxgPIAMoCRIRCgluZXh0X2hpbnQYECABKAkSJAoHcmVjZWlwdBgRIAEoCzITLmhhbmRvZmYudjEuUmVjZWlwdBIqCgplc2NhbGF0aW9uGBIgASgLMhYuaGFuZG9mZi52MS5Fc2NhbGF0aW9uEhMKC3RyYWNlcGFyZW50GBMgASgJEi4KCmNyZWF0ZWRfYXQYFCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnVwZGF0ZWRfYXQYFSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhIKCnJlcXVlc3RfaWQYFiABKAkSGAoQc3BlbnRfdXNkX21pY3JvcxgXIAEoAxIqCgpyZXNvbHV0aW9uGBggASgLMhYuaGFuZG9mZi52MS5SZXNvbHV0aW9uEhgKEG9wZXJhdG9yX3JldHVybnMYGSABKA0SEwoLZXNjYWxhdGlvbnMYGiABKA0SJwoJdHJhbnNmZXJzGBsgAygLMhQuaGFuZG9mZi52MS5UcmFuc2ZlchIsCghkZWFkbGluZRgcIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASIAoFY2xhaW0YHSABKAsyES5oYW5kb2ZmLnYxLkNsYWltIpQBCghUcmFuc2ZlchISCgpmcm9tX3N0YWdlGAEgASgJEhAKCHRvX3N0YWdlGAIgASgJEh4KBG1vdmUYAyABKA4yEC5oYW5kb2ZmLnYxLk1vdmUSJgoFcm91dGUYBCABKAsyFy5oYW5kb2ZmLnYxLlJvdXRlQ2hvaWNlEgsKA2hvcBgFIAEoDRINCgV2aXNpdBgGIAEoDSLDAQoKRXNjYWxhdGlvbhIqCgVjYXVzZRgBIAEoDjIbLmhhbmRvZmYudjEuRXNjYWxhdGlvbkNhdXNlEg0KBXN0YWdlGAIgASgJEg4KBmRldGFpbBgDIAEoCRIjCgdyZWFzb25zGAQgAygLMhIuaGFuZG9mZi52MS5SZWFzb24SDQoFcm91dGUYBSABKAkSJgoCYXQYBiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg4KBm51bWJlchgHIAEoDSKcAQoIRGVsaXZlcnkSCwoDdXJsGAEgASgJEhIKCmVzY2FsYXRpb24YAiABKA0SEAoIYXR0ZW1wdHMYAyABKA0SEQoJZGVsaXZlcmVkGAQgASgIEg0KBWVycm9yGAUgASgJEhMKC3N0YXR1c19jb2RlGAYgASgFEiYKAmF0GAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCKoBAoISm9iRXZlbnQSCwoDc2VxGAEgASgEEg4KBnJ1bl9pZBgCIAEoCRIOCgZqb2JfaWQYAyABKAkSIwoEa2luZBgEIAEoDjIVLmhhbmRvZmYudjEuRXZlbnRLaW5kEg0KBXN0YWdlGAUgASgJEiYKAmF0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBITCgt0cmFjZXBhcmVudBgHIAEoCRIiCgZ3YWxsZXQYCCABKAsyEi5oYW5kb2ZmLnYxLkJ1ZGdldBIcCgNhY2sYCSABKAsyDy5oYW5kb2ZmLnYxLkFjaxInCgZyZXN1bHQYCiABKAsyFy5oYW5kb2ZmLnYxLlN0YWdlUmVzdWx0EigKCWV2YWx1YXRvchgLIAEoCzIVLmhhbmRvZmYudjEuRXZhbHVhdG9yEiQKB3JlY2VpcHQYDCABKAsyEy5oYW5kb2ZmLnYxLlJlY2VpcHQSKgoKZXNjYWxhdGlvbhgNIAEoCzIWLmhhbmRvZmYudjEuRXNjYWxhdGlvbhILCgNob3AYDiABKA0SKgoKcmVzb2x1dGlvbhgPIAEoCzIWLmhhbmRvZmYudjEuUmVzb2x1dGlvbhImCgh0cmFuc2ZlchgQIAEoCzIULmhhbmRvZmYudjEuVHJhbnNmZXISDgoGc2NoZW1hGBEgASgJEiYKCGRlbGl2ZXJ5GBIgASgLMhQuaGFuZG9mZi52MS5EZWxpdmVyeSJLChZMaXN0RXNjYWxhdGlvbnNSZXF1ZXN0Eh0KCXBhZ2Vfc2l6ZRgBIAEoBUIKukgHGgUY6AcoABISCgpwYWdlX3Rva2VuGAIgASgJIlEKF0xpc3RFc2NhbGF0aW9uc1Jlc3BvbnNlEh0KBGpvYnMYASADKAsyDy5oYW5kb2ZmLnYxLkpvYhIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiggMKGFJlc29sdmVFc2NhbGF0aW9uUmVxdWVzdBIbCgZydW5faWQYASABKAlCC7pICMgBAXIDGIABEh0KCG9wZXJhdG9yGAIgASgJQgu6SAjIAQFyAxiAARIZCgdjb21tZW50GAMgASgJQgi6SAVyAxjQDxIsCgdhcHByb3ZlGAQgASgLMhkuaGFuZG9mZi52MS5BcHByb3ZlQWN0aW9uSAASOgoPcmV0dXJuX3RvX3N0YWdlGAUgASgLMh8uaGFuZG9mZi52MS5SZXR1cm5Ub1N0YWdlQWN0aW9uSAASJgoEZmFpbBgGIAEoCzIWLmhhbmRvZmYudjEuRmFpbEFjdGlvbkgAEj0KEHJlamVjdF9tYWxmb3JtZWQYByABKAsyIS5oYW5kb2ZmLnYxLlJlamVjdE1hbGZvcm1lZEFjdGlvbkgAEhsKCmVzY2FsYXRpb24YCCABKA1CB7pIBCoCIAASEAoIb3ZlcnJpZGUYCSABKAhCDwoGYWN0aW9uEgW6SAIIASJICg1BcHByb3ZlQWN0aW9uEiUKDWFydGlmYWN0X3RleHQYASABKAlCCbpIBnIEKICAQEgAiAEBQhAKDl9hcnRpZmFjdF90ZXh0Ip8BChNSZXR1cm5Ub1N0YWdlQWN0aW9uEi0KBXN0YWdlGAEgASgJQh66SBvIAQFyFhhAMhJeW2Etel1bYS16MC05Xy1dKiQSJQoNYXJ0aWZhY3RfdGV4dBgCIAEoCUIJukgGcgQogIBASACIAQESIAoFZ3JhbnQYAyABKAsyES5oYW5kb2ZmLnYxLkdyYW50QhAKDl9hcnRpZmFjdF90ZXh0IlgKBUdyYW50EhYKBGhvcHMYASABKA1CCLpIBSoDGOgHEhoKCXJldmlzaW9ucxgCIAEoDUIHukgEKgIYZBIbCgp1c2RfbWljcm9zGAMgASgDQge6SAQiAigAIikKCkZhaWxBY3Rpb24SGwoGcmVhc29uGAEgASgJQgu6SAjIAQFyAxjQDyI0ChVSZWplY3RNYWxmb3JtZWRBY3Rpb24SGwoGcmVhc29uGAEgASgJQgu6SAjIAQFyAxjQDyLEAgoKUmVzb2x1dGlvbhIsCgZhY3Rpb24YASABKA4yHC5oYW5kb2ZmLnYxLlJlc29sdXRpb25BY3Rpb24SEAoIb3BlcmF0b3IYAiABKAkSDwoHY29tbWVudBgDIAEoCRINCgVzdGFnZRgEIAEoCRIOCgZyZWFzb24YBSABKAkSLQoPZWRpdGVkX2FydGlmYWN0GAYgASgLMhQuaGFuZG9mZi52MS5BcnRpZmFjdBIqCgplc2NhbGF0aW9uGAcgASgLMhYuaGFuZG9mZi52MS5Fc2NhbGF0aW9uEiYKAmF0GAggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIPCgdhY2NvdW50GAkgASgJEiAKBWdyYW50GAogASgLMhEuaGFuZG9mZi52MS5HcmFudBIQCghvdmVycm9kZRgLIAEoCSKeAQoZUmVzb2x2ZUVzY2FsYXRpb25SZXNwb25zZRIcCgNqb2IYASABKAsyDy5oYW5kb2ZmLnYxLkpvYhIkCgdyZWNlaXB0GAIgASgLMhMuaGFuZG9mZi52MS5SZWNlaXB0EhEKCWR1cGxpY2F0ZRgDIAEoCBIqCgpyZXNvbHV0aW9uGAQgASgLMhYuaGFuZG9mZi52MS5SZXNvbHV0aW9uKoQBCghKb2JTdGF0ZRIZChVKT0JfU1RBVEVfVU5TUEVDSUZJRUQQABIVChFKT0JfU1RBVEVfUlVOTklORxABEhcKE0pPQl9TVEFURV9DT01QTEVURUQQAhIXChNKT0JfU1RBVEVfRVNDQUxBVEVEEAMSFAoQSk9CX1NUQVRFX0ZBSUxFRBAEKvgDCg9Fc2NhbGF0aW9uQ2F1c2USIAocRVNDQUxBVElPTl9DQVVTRV9VTlNQRUNJRklFRBAAEiQKIEVTQ0FMQVRJT05fQ0FVU0VfUkVKRUNURURfU0NIRU1BEAESIgoeRVNDQUxBVElPTl9DQVVTRV9SRUpFQ1RFRF9ST0xFEAISJAogRVNDQUxBVElPTl9DQVVTRV9SRUpFQ1RFRF9CVURHRVQQAxIoCiRFU0NBTEFUSU9OX0NBVVNFX1JFVklTSU9OU19FWEhBVVNURUQQBBIcChhFU0NBTEFUSU9OX0NBVVNFX0hPUF9DQVAQBRIhCh1FU0NBTEFUSU9OX0NBVVNFX1dBTExFVF9FTVBUWRAGEiEKHUVTQ0FMQVRJT05fQ0FVU0VfU1RBR0VfRkFJTEVEEAcSIgoeRVNDQUxBVElPTl9DQVVTRV9XUklURV9SRUZVU0VEEAgSJQohRVNDQUxBVElPTl9DQVVTRV9ST1VURV9VTkRFQ0xBUkVEEAkSHgoaRVNDQUxBVElPTl9DQVVTRV9QSU5HX1BPTkcQChIbChdFU0NBTEFUSU9OX0NBVVNFX1JPVVRFRBALEh0KGUVTQ0FMQVRJT05fQ0FVU0VfREVBRExJTkUQDBIeChpFU0NBTEFUSU9OX0NBVVNFX0RFU0tfRlVMTBANKscCCglFdmVudEtpbmQSGgoWRVZFTlRfS0lORF9VTlNQRUNJRklFRBAAEhgKFEVWRU5UX0tJTkRfU1VCTUlUVEVEEAESGwoXRVZFTlRfS0lORF9QQUNLQUdFX1NFTlQQAhISCg5FVkVOVF9LSU5EX0FDSxADEhsKF0VWRU5UX0tJTkRfU1RBR0VfUkVTVUxUEAQSFgoSRVZFTlRfS0lORF9WRVJESUNUEAUSFgoSRVZFTlRfS0lORF9SRUNFSVBUEAYSGAoURVZFTlRfS0lORF9FU0NBTEFURUQQBxIYChRFVkVOVF9LSU5EX0NPTVBMRVRFRBAIEhUKEUVWRU5UX0tJTkRfRkFJTEVEEAkSFwoTRVZFTlRfS0lORF9SRVNPTFZFRBAKEiIKHkVWRU5UX0tJTkRfRVNDQUxBVElPTl9ERUxJVkVSWRALKr8BChBSZXNvbHV0aW9uQWN0aW9uEiEKHVJFU09MVVRJT05fQUNUSU9OX1VOU1BFQ0lGSUVEEAASHQoZUkVTT0xVVElPTl9BQ1RJT05fQVBQUk9WRRABEiUKIVJFU09MVVRJT05fQUNUSU9OX1JFVFVSTl9UT19TVEFHRRACEhoKFlJFU09MVVRJT05fQUNUSU9OX0ZBSUwQAxImCiJSRVNPTFVUSU9OX0FDVElPTl9SRUpFQ1RfTUFMRk9STUVEEAQyyQQKEkNvb3JkaW5hdG9yU2VydmljZRJICglTdWJtaXRKb2ISHC5oYW5kb2ZmLnYxLlN1Ym1pdEpvYlJlcXVlc3QaHS5oYW5kb2ZmLnYxLlN1Ym1pdEpvYlJlc3BvbnNlEj8KBkdldEpvYhIZLmhhbmRvZmYudjEuR2V0Sm9iUmVxdWVzdBoaLmhhbmRvZmYudjEuR2V0Sm9iUmVzcG9uc2USRQoITGlzdEpvYnMSGy5oYW5kb2ZmLnYxLkxpc3RKb2JzUmVxdWVzdBocLmhhbmRvZmYudjEuTGlzdEpvYnNSZXNwb25zZRJHCghXYXRjaEpvYhIbLmhhbmRvZmYudjEuV2F0Y2hKb2JSZXF1ZXN0GhwuaGFuZG9mZi52MS5XYXRjaEpvYlJlc3BvbnNlMAESWgoPTGlzdEVzY2FsYXRpb25zEiIuaGFuZG9mZi52MS5MaXN0RXNjYWxhdGlvbnNSZXF1ZXN0GiMuaGFuZG9mZi52MS5MaXN0RXNjYWxhdGlvbnNSZXNwb25zZRJgChFSZXNvbHZlRXNjYWxhdGlvbhIkLmhhbmRvZmYudjEuUmVzb2x2ZUVzY2FsYXRpb25SZXF1ZXN0GiUuaGFuZG9mZi52MS5SZXNvbHZlRXNjYWxhdGlvblJlc3BvbnNlEloKD0NsYWltRXNjYWxhdGlvbhIiLmhhbmRvZmYudjEuQ2xhaW1Fc2NhbGF0aW9uUmVxdWVzdBojLmhhbmRvZmYudjEuQ2xhaW1Fc2NhbGF0aW9uUmVzcG9uc2VCN1o1Z2l0aHViLmNvbS9oYW5kb2ZmaHEvaGFuZG9mZi9nZW4vaGFuZG9mZi92MTtoYW5kb2ZmdjFiBnByb3RvMw", [file_buf_validate_validate, file_google_protobuf_duration, file_google_protobuf_timestamp, file_handoff_v1_agentrunner, file_handoff_v1_handoff]);
+  fileDesc("ChxoYW5kb2ZmL3YxL2Nvb3JkaW5hdG9yLnByb3RvEgpoYW5kb2ZmLnYxImMKFkNsYWltRXNjYWxhdGlvblJlcXVlc3QSGwoGcnVuX2lkGAEgASgJQgu6SAjIAQFyAxiAARIbCgplc2NhbGF0aW9uGAIgASgNQge6SAQqAiAAEg8KB3JlbGVhc2UYAyABKAgiOwoXQ2xhaW1Fc2NhbGF0aW9uUmVzcG9uc2USIAoFY2xhaW0YASABKAsyES5oYW5kb2ZmLnYxLkNsYWltIoQBCgVDbGFpbRIPCgdhY2NvdW50GAEgASgJEhIKCmVzY2FsYXRpb24YAiABKA0SJgoCYXQYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCmV4cGlyZXNfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wItADChBTdWJtaXRKb2JSZXF1ZXN0EjMKCnJlcXVlc3RfaWQYASABKAlCH7pIHHIaGIABMhVeKFtBLVphLXowLTlfLjotXSspPyQSOgoGam9iX2lkGAIgASgJQiq6SCfIAQFyIhiAATIdXltBLVphLXowLTldW0EtWmEtejAtOV8uOi1dKiQSHAoIcGlwZWxpbmUYAyABKAlCCrpIB8gBAXICGEASGQoEZ29hbBgEIAEoCUILukgIyAEBcgMY0A8SJgoLY29uc3RyYWludHMYBSADKAlCEbpIDpIBCxAgIgdyBRABGPQDEioKBmJ1ZGdldBgGIAEoCzISLmhhbmRvZmYudjEuQnVkZ2V0Qga6SAPIAQESLgoGaW5wdXRzGAcgAygLMhQuaGFuZG9mZi52MS5BcnRpZmFjdEIIukgFkgECEEASPgoLbWVtb3J5X3JlZnMYCCADKAlCKbpIJpIBIxBAIh9yHRiAAjIYXlthLXpdW2EtejAtOV9dKjpbXlxzXSskEiAKBXRyYWNlGAkgASgLMhEuaGFuZG9mZi52MS5UcmFjZRIsCghkZWFkbGluZRgKIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiQwoRU3VibWl0Sm9iUmVzcG9uc2USHAoDam9iGAEgASgLMg8uaGFuZG9mZi52MS5Kb2ISEAoIZXhpc3RpbmcYAiABKAgiJwoNR2V0Sm9iUmVxdWVzdBIWCgZydW5faWQYASABKAlCBrpIA8gBASJXCg5HZXRKb2JSZXNwb25zZRIcCgNqb2IYASABKAsyDy5oYW5kb2ZmLnYxLkpvYhInCgh0aW1lbGluZRgCIAMoCzIVLmhhbmRvZmYudjEuSG9wUmVjb3JkIqoDCglIb3BSZWNvcmQSCwoDaG9wGAEgASgNEg0KBXN0YWdlGAIgASgJEiIKA2FjaxgDIAEoDjIVLmhhbmRvZmYudjEuQWNrU3RhdHVzEiYKCHRyYW5zZmVyGAQgASgLMhQuaGFuZG9mZi52MS5UcmFuc2ZlchIYChBzcGVudF91c2RfbWljcm9zGAUgASgDEiQKB3ZlcmRpY3QYBiABKA4yEy5oYW5kb2ZmLnYxLlZlcmRpY3QSKwoIZHVyYXRpb24YByABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SJgoCYXQYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiIKA2VuZBgJIAEoDjIVLmhhbmRvZmYudjEuRXZlbnRLaW5kEioKCmVzY2FsYXRpb24YCiABKAsyFi5oYW5kb2ZmLnYxLkVzY2FsYXRpb24SJAoHcmVjZWlwdBgLIAEoCzITLmhhbmRvZmYudjEuUmVjZWlwdBIqCgpyZXNvbHV0aW9uGAwgASgLMhYuaGFuZG9mZi52MS5SZXNvbHV0aW9uInMKD0xpc3RKb2JzUmVxdWVzdBItCgVzdGF0ZRgBIAEoDjIULmhhbmRvZmYudjEuSm9iU3RhdGVCCLpIBYIBAhABEh0KCXBhZ2Vfc2l6ZRgCIAEoBUIKukgHGgUY6AcoABISCgpwYWdlX3Rva2VuGAMgASgJIkoKEExpc3RKb2JzUmVzcG9uc2USHQoEam9icxgBIAMoCzIPLmhhbmRvZmYudjEuSm9iEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSI8Cg9XYXRjaEpvYlJlcXVlc3QSFgoGcnVuX2lkGAEgASgJQga6SAPIAQESEQoJYWZ0ZXJfc2VxGAIgASgEIjcKEFdhdGNoSm9iUmVzcG9uc2USIwoFZXZlbnQYASABKAsyFC5oYW5kb2ZmLnYxLkpvYkV2ZW50IvUHCgNKb2ISDgoGcnVuX2lkGAEgASgJEg4KBmpvYl9pZBgCIAEoCRIQCghwaXBlbGluZRgDIAEoCRIjCgVzdGF0ZRgEIAEoDjIULmhhbmRvZmYudjEuSm9iU3RhdGUSDAoEZ29hbBgFIAEoCRITCgtjb25zdHJhaW50cxgGIAMoCRIiCgZ3YWxsZXQYByABKAsyEi5oYW5kb2ZmLnYxLkJ1ZGdldBINCgVzdGFnZRgIIAEoCRIMCgRob3BzGAkgASgNEhEKCXJldmlzaW9ucxgKIAEoDRIoCglldmFsdWF0b3IYCyABKAsyFS5oYW5kb2ZmLnYxLkV2YWx1YXRvchInCglhcnRpZmFjdHMYDCADKAsyFC5oYW5kb2ZmLnYxLkFydGlmYWN0EiwKC3Rvb2xzX3RyaWVkGA0gAygLMhcuaGFuZG9mZi52MS5Ub29sQXR0ZW1wdBITCgttZW1vcnlfcmVmcxgOIAMoCRIWCg5vcGVuX3F1ZXN0aW9ucxgPIAMoCRIRCgluZXh0X2hpbnQYECABKAkSJAoHcmVjZWlwdBgRIAEoCzITLmhhbmRvZmYudjEuUmVjZWlwdBIqCgplc2NhbGF0aW9uGBIgASgLMhYuaGFuZG9mZi52MS5Fc2NhbGF0aW9uEhMKC3RyYWNlcGFyZW50GBMgASgJEi4KCmNyZWF0ZWRfYXQYFCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnVwZGF0ZWRfYXQYFSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhIKCnJlcXVlc3RfaWQYFiABKAkSGAoQc3BlbnRfdXNkX21pY3JvcxgXIAEoAxIqCgpyZXNvbHV0aW9uGBggASgLMhYuaGFuZG9mZi52MS5SZXNvbHV0aW9uEhgKEG9wZXJhdG9yX3JldHVybnMYGSABKA0SEwoLZXNjYWxhdGlvbnMYGiABKA0SJwoJdHJhbnNmZXJzGBsgAygLMhQuaGFuZG9mZi52MS5UcmFuc2ZlchIsCghkZWFkbGluZRgcIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASIAoFY2xhaW0YHSABKAsyES5oYW5kb2ZmLnYxLkNsYWltEikKCGJyYW5jaGVzGCggAygLMhcuaGFuZG9mZi52MS5CcmFuY2hTdGF0ZRIVCg1wYXJlbnRfcnVuX2lkGCkgASgJEhQKDHBhcmVudF9zdGFnZRgqIAEoCRInCghjaGlsZHJlbhgrIAMoCzIVLmhhbmRvZmYudjEuU3ViSm9iUmVmEhUKDXdhbGxldF9ydW5faWQYLCABKAkiuQIKC0JyYW5jaFN0YXRlEg0KBWdyb3VwGAEgASgJEg4KBmJyYW5jaBgCIAEoCRIoCgZzdGF0dXMYAyABKA4yGC5oYW5kb2ZmLnYxLkJyYW5jaFN0YXR1cxINCgVzdGFnZRgEIAEoCRIMCgRob3BzGAUgASgNEi4KCnN0YXJ0ZWRfYXQYBiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiwKCGVuZGVkX2F0GAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBInCglhcnRpZmFjdHMYCCADKAsyFC5oYW5kb2ZmLnYxLkFydGlmYWN0Eg4KBmRldGFpbBgJIAEoCRITCgt0cmFjZXBhcmVudBgKIAEoCRIYChBzcGVudF91c2RfbWljcm9zGAsgASgDIsMBCglTdWJKb2JSZWYSDQoFc3RhZ2UYASABKAkSDgoGcnVuX2lkGAIgASgJEhAKCHBpcGVsaW5lGAMgASgJEiMKBXN0YXRlGAQgASgOMhQuaGFuZG9mZi52MS5Kb2JTdGF0ZRImCghhcnRpZmFjdBgFIAEoCzIULmhhbmRvZmYudjEuQXJ0aWZhY3QSKgoKZXNjYWxhdGlvbhgGIAEoCzIWLmhhbmRvZmYudjEuRXNjYWxhdGlvbhIMCgRob3BzGAcgASgNIpQBCghUcmFuc2ZlchISCgpmcm9tX3N0YWdlGAEgASgJEhAKCHRvX3N0YWdlGAIgASgJEh4KBG1vdmUYAyABKA4yEC5oYW5kb2ZmLnYxLk1vdmUSJgoFcm91dGUYBCABKAsyFy5oYW5kb2ZmLnYxLlJvdXRlQ2hvaWNlEgsKA2hvcBgFIAEoDRINCgV2aXNpdBgGIAEoDSLDAQoKRXNjYWxhdGlvbhIqCgVjYXVzZRgBIAEoDjIbLmhhbmRvZmYudjEuRXNjYWxhdGlvbkNhdXNlEg0KBXN0YWdlGAIgASgJEg4KBmRldGFpbBgDIAEoCRIjCgdyZWFzb25zGAQgAygLMhIuaGFuZG9mZi52MS5SZWFzb24SDQoFcm91dGUYBSABKAkSJgoCYXQYBiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg4KBm51bWJlchgHIAEoDSKcAQoIRGVsaXZlcnkSCwoDdXJsGAEgASgJEhIKCmVzY2FsYXRpb24YAiABKA0SEAoIYXR0ZW1wdHMYAyABKA0SEQoJZGVsaXZlcmVkGAQgASgIEg0KBWVycm9yGAUgASgJEhMKC3N0YXR1c19jb2RlGAYgASgFEiYKAmF0GAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCLMBAoISm9iRXZlbnQSCwoDc2VxGAEgASgEEg4KBnJ1bl9pZBgCIAEoCRIOCgZqb2JfaWQYAyABKAkSIwoEa2luZBgEIAEoDjIVLmhhbmRvZmYudjEuRXZlbnRLaW5kEg0KBXN0YWdlGAUgASgJEiYKAmF0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBITCgt0cmFjZXBhcmVudBgHIAEoCRIiCgZ3YWxsZXQYCCABKAsyEi5oYW5kb2ZmLnYxLkJ1ZGdldBIcCgNhY2sYCSABKAsyDy5oYW5kb2ZmLnYxLkFjaxInCgZyZXN1bHQYCiABKAsyFy5oYW5kb2ZmLnYxLlN0YWdlUmVzdWx0EigKCWV2YWx1YXRvchgLIAEoCzIVLmhhbmRvZmYudjEuRXZhbHVhdG9yEiQKB3JlY2VpcHQYDCABKAsyEy5oYW5kb2ZmLnYxLlJlY2VpcHQSKgoKZXNjYWxhdGlvbhgNIAEoCzIWLmhhbmRvZmYudjEuRXNjYWxhdGlvbhILCgNob3AYDiABKA0SKgoKcmVzb2x1dGlvbhgPIAEoCzIWLmhhbmRvZmYudjEuUmVzb2x1dGlvbhImCgh0cmFuc2ZlchgQIAEoCzIULmhhbmRvZmYudjEuVHJhbnNmZXISDgoGc2NoZW1hGBEgASgJEiYKCGRlbGl2ZXJ5GBIgASgLMhQuaGFuZG9mZi52MS5EZWxpdmVyeRIOCgZicmFuY2gYKCABKAkSEgoKc3ViX3J1bl9pZBgpIAEoCSJLChZMaXN0RXNjYWxhdGlvbnNSZXF1ZXN0Eh0KCXBhZ2Vfc2l6ZRgBIAEoBUIKukgHGgUY6AcoABISCgpwYWdlX3Rva2VuGAIgASgJIlEKF0xpc3RFc2NhbGF0aW9uc1Jlc3BvbnNlEh0KBGpvYnMYASADKAsyDy5oYW5kb2ZmLnYxLkpvYhIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiggMKGFJlc29sdmVFc2NhbGF0aW9uUmVxdWVzdBIbCgZydW5faWQYASABKAlCC7pICMgBAXIDGIABEh0KCG9wZXJhdG9yGAIgASgJQgu6SAjIAQFyAxiAARIZCgdjb21tZW50GAMgASgJQgi6SAVyAxjQDxIsCgdhcHByb3ZlGAQgASgLMhkuaGFuZG9mZi52MS5BcHByb3ZlQWN0aW9uSAASOgoPcmV0dXJuX3RvX3N0YWdlGAUgASgLMh8uaGFuZG9mZi52MS5SZXR1cm5Ub1N0YWdlQWN0aW9uSAASJgoEZmFpbBgGIAEoCzIWLmhhbmRvZmYudjEuRmFpbEFjdGlvbkgAEj0KEHJlamVjdF9tYWxmb3JtZWQYByABKAsyIS5oYW5kb2ZmLnYxLlJlamVjdE1hbGZvcm1lZEFjdGlvbkgAEhsKCmVzY2FsYXRpb24YCCABKA1CB7pIBCoCIAASEAoIb3ZlcnJpZGUYCSABKAhCDwoGYWN0aW9uEgW6SAIIASJICg1BcHByb3ZlQWN0aW9uEiUKDWFydGlmYWN0X3RleHQYASABKAlCCbpIBnIEKICAQEgAiAEBQhAKDl9hcnRpZmFjdF90ZXh0Ip8BChNSZXR1cm5Ub1N0YWdlQWN0aW9uEi0KBXN0YWdlGAEgASgJQh66SBvIAQFyFhhAMhJeW2Etel1bYS16MC05Xy1dKiQSJQoNYXJ0aWZhY3RfdGV4dBgCIAEoCUIJukgGcgQogIBASACIAQESIAoFZ3JhbnQYAyABKAsyES5oYW5kb2ZmLnYxLkdyYW50QhAKDl9hcnRpZmFjdF90ZXh0IlgKBUdyYW50EhYKBGhvcHMYASABKA1CCLpIBSoDGOgHEhoKCXJldmlzaW9ucxgCIAEoDUIHukgEKgIYZBIbCgp1c2RfbWljcm9zGAMgASgDQge6SAQiAigAIikKCkZhaWxBY3Rpb24SGwoGcmVhc29uGAEgASgJQgu6SAjIAQFyAxjQDyI0ChVSZWplY3RNYWxmb3JtZWRBY3Rpb24SGwoGcmVhc29uGAEgASgJQgu6SAjIAQFyAxjQDyLEAgoKUmVzb2x1dGlvbhIsCgZhY3Rpb24YASABKA4yHC5oYW5kb2ZmLnYxLlJlc29sdXRpb25BY3Rpb24SEAoIb3BlcmF0b3IYAiABKAkSDwoHY29tbWVudBgDIAEoCRINCgVzdGFnZRgEIAEoCRIOCgZyZWFzb24YBSABKAkSLQoPZWRpdGVkX2FydGlmYWN0GAYgASgLMhQuaGFuZG9mZi52MS5BcnRpZmFjdBIqCgplc2NhbGF0aW9uGAcgASgLMhYuaGFuZG9mZi52MS5Fc2NhbGF0aW9uEiYKAmF0GAggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIPCgdhY2NvdW50GAkgASgJEiAKBWdyYW50GAogASgLMhEuaGFuZG9mZi52MS5HcmFudBIQCghvdmVycm9kZRgLIAEoCSKeAQoZUmVzb2x2ZUVzY2FsYXRpb25SZXNwb25zZRIcCgNqb2IYASABKAsyDy5oYW5kb2ZmLnYxLkpvYhIkCgdyZWNlaXB0GAIgASgLMhMuaGFuZG9mZi52MS5SZWNlaXB0EhEKCWR1cGxpY2F0ZRgDIAEoCBIqCgpyZXNvbHV0aW9uGAQgASgLMhYuaGFuZG9mZi52MS5SZXNvbHV0aW9uKoQBCghKb2JTdGF0ZRIZChVKT0JfU1RBVEVfVU5TUEVDSUZJRUQQABIVChFKT0JfU1RBVEVfUlVOTklORxABEhcKE0pPQl9TVEFURV9DT01QTEVURUQQAhIXChNKT0JfU1RBVEVfRVNDQUxBVEVEEAMSFAoQSk9CX1NUQVRFX0ZBSUxFRBAEKrcBCgxCcmFuY2hTdGF0dXMSHQoZQlJBTkNIX1NUQVRVU19VTlNQRUNJRklFRBAAEhkKFUJSQU5DSF9TVEFUVVNfUlVOTklORxABEhsKF0JSQU5DSF9TVEFUVVNfQ09NUExFVEVEEAISGAoUQlJBTkNIX1NUQVRVU19GQUlMRUQQAxIbChdCUkFOQ0hfU1RBVFVTX1RJTUVEX09VVBAEEhkKFUJSQU5DSF9TVEFUVVNfU1RPUFBFRBAFKsMECg9Fc2NhbGF0aW9uQ2F1c2USIAocRVNDQUxBVElPTl9DQVVTRV9VTlNQRUNJRklFRBAAEiQKIEVTQ0FMQVRJT05fQ0FVU0VfUkVKRUNURURfU0NIRU1BEAESIgoeRVNDQUxBVElPTl9DQVVTRV9SRUpFQ1RFRF9ST0xFEAISJAogRVNDQUxBVElPTl9DQVVTRV9SRUpFQ1RFRF9CVURHRVQQAxIoCiRFU0NBTEFUSU9OX0NBVVNFX1JFVklTSU9OU19FWEhBVVNURUQQBBIcChhFU0NBTEFUSU9OX0NBVVNFX0hPUF9DQVAQBRIhCh1FU0NBTEFUSU9OX0NBVVNFX1dBTExFVF9FTVBUWRAGEiEKHUVTQ0FMQVRJT05fQ0FVU0VfU1RBR0VfRkFJTEVEEAcSIgoeRVNDQUxBVElPTl9DQVVTRV9XUklURV9SRUZVU0VEEAgSJQohRVNDQUxBVElPTl9DQVVTRV9ST1VURV9VTkRFQ0xBUkVEEAkSHgoaRVNDQUxBVElPTl9DQVVTRV9QSU5HX1BPTkcQChIbChdFU0NBTEFUSU9OX0NBVVNFX1JPVVRFRBALEh0KGUVTQ0FMQVRJT05fQ0FVU0VfREVBRExJTkUQDBIeChpFU0NBTEFUSU9OX0NBVVNFX0RFU0tfRlVMTBANEiIKHkVTQ0FMQVRJT05fQ0FVU0VfQlJBTkNIX0ZBSUxFRBAeEiUKIUVTQ0FMQVRJT05fQ0FVU0VfU1VCSk9CX0VTQ0FMQVRFRBAfKqADCglFdmVudEtpbmQSGgoWRVZFTlRfS0lORF9VTlNQRUNJRklFRBAAEhgKFEVWRU5UX0tJTkRfU1VCTUlUVEVEEAESGwoXRVZFTlRfS0lORF9QQUNLQUdFX1NFTlQQAhISCg5FVkVOVF9LSU5EX0FDSxADEhsKF0VWRU5UX0tJTkRfU1RBR0VfUkVTVUxUEAQSFgoSRVZFTlRfS0lORF9WRVJESUNUEAUSFgoSRVZFTlRfS0lORF9SRUNFSVBUEAYSGAoURVZFTlRfS0lORF9FU0NBTEFURUQQBxIYChRFVkVOVF9LSU5EX0NPTVBMRVRFRBAIEhUKEUVWRU5UX0tJTkRfRkFJTEVEEAkSFwoTRVZFTlRfS0lORF9SRVNPTFZFRBAKEiIKHkVWRU5UX0tJTkRfRVNDQUxBVElPTl9ERUxJVkVSWRALEhsKF0VWRU5UX0tJTkRfQlJBTkNIX0VOREVEEB4SHQoZRVZFTlRfS0lORF9TVUJKT0JfU1RBUlRFRBAfEhsKF0VWRU5UX0tJTkRfU1VCSk9CX0VOREVEECAqvwEKEFJlc29sdXRpb25BY3Rpb24SIQodUkVTT0xVVElPTl9BQ1RJT05fVU5TUEVDSUZJRUQQABIdChlSRVNPTFVUSU9OX0FDVElPTl9BUFBST1ZFEAESJQohUkVTT0xVVElPTl9BQ1RJT05fUkVUVVJOX1RPX1NUQUdFEAISGgoWUkVTT0xVVElPTl9BQ1RJT05fRkFJTBADEiYKIlJFU09MVVRJT05fQUNUSU9OX1JFSkVDVF9NQUxGT1JNRUQQBDLJBAoSQ29vcmRpbmF0b3JTZXJ2aWNlEkgKCVN1Ym1pdEpvYhIcLmhhbmRvZmYudjEuU3VibWl0Sm9iUmVxdWVzdBodLmhhbmRvZmYudjEuU3VibWl0Sm9iUmVzcG9uc2USPwoGR2V0Sm9iEhkuaGFuZG9mZi52MS5HZXRKb2JSZXF1ZXN0GhouaGFuZG9mZi52MS5HZXRKb2JSZXNwb25zZRJFCghMaXN0Sm9icxIbLmhhbmRvZmYudjEuTGlzdEpvYnNSZXF1ZXN0GhwuaGFuZG9mZi52MS5MaXN0Sm9ic1Jlc3BvbnNlEkcKCFdhdGNoSm9iEhsuaGFuZG9mZi52MS5XYXRjaEpvYlJlcXVlc3QaHC5oYW5kb2ZmLnYxLldhdGNoSm9iUmVzcG9uc2UwARJaCg9MaXN0RXNjYWxhdGlvbnMSIi5oYW5kb2ZmLnYxLkxpc3RFc2NhbGF0aW9uc1JlcXVlc3QaIy5oYW5kb2ZmLnYxLkxpc3RFc2NhbGF0aW9uc1Jlc3BvbnNlEmAKEVJlc29sdmVFc2NhbGF0aW9uEiQuaGFuZG9mZi52MS5SZXNvbHZlRXNjYWxhdGlvblJlcXVlc3QaJS5oYW5kb2ZmLnYxLlJlc29sdmVFc2NhbGF0aW9uUmVzcG9uc2USWgoPQ2xhaW1Fc2NhbGF0aW9uEiIuaGFuZG9mZi52MS5DbGFpbUVzY2FsYXRpb25SZXF1ZXN0GiMuaGFuZG9mZi52MS5DbGFpbUVzY2FsYXRpb25SZXNwb25zZUI3WjVnaXRodWIuY29tL2hhbmRvZmZocS9oYW5kb2ZmL2dlbi9oYW5kb2ZmL3YxO2hhbmRvZmZ2MWIGcHJvdG8z", [file_buf_validate_validate, file_google_protobuf_duration, file_google_protobuf_timestamp, file_handoff_v1_agentrunner, file_handoff_v1_handoff]);
 
 /**
  * @generated from message handoff.v1.ClaimEscalationRequest
@@ -620,6 +620,43 @@ export type Job = Message<"handoff.v1.Job"> & {
    * @generated from field: handoff.v1.Claim claim = 29;
    */
   claim?: Claim | undefined;
+
+  /**
+   * The branches of the run's parallel stages: each one's state, hops and result. A
+   * completed branch is never run again (its result is idempotent on job, stage and branch).
+   *
+   * @generated from field: repeated handoff.v1.BranchState branches = 40;
+   */
+  branches: BranchState[];
+
+  /**
+   * For a sub-job's nested run: the run whose subjob stage started it.
+   *
+   * @generated from field: string parent_run_id = 41;
+   */
+  parentRunId: string;
+
+  /**
+   * For a sub-job's nested run: the parent's subjob stage.
+   *
+   * @generated from field: string parent_stage = 42;
+   */
+  parentStage: string;
+
+  /**
+   * The nested runs the run's subjob stages started, as they stand.
+   *
+   * @generated from field: repeated handoff.v1.SubJobRef children = 43;
+   */
+  children: SubJobRef[];
+
+  /**
+   * The run whose wallet pays this run's hops (a sub-job pays from its parent's); empty:
+   * the run's own.
+   *
+   * @generated from field: string wallet_run_id = 44;
+   */
+  walletRunId: string;
 };
 
 /**
@@ -628,6 +665,136 @@ export type Job = Message<"handoff.v1.Job"> & {
  */
 export const JobSchema: GenMessage<Job> = /*@__PURE__*/
   messageDesc(file_handoff_v1_coordinator, 12);
+
+/**
+ * BranchState is one branch of a parallel stage in a run.
+ *
+ * @generated from message handoff.v1.BranchState
+ */
+export type BranchState = Message<"handoff.v1.BranchState"> & {
+  /**
+   * The parallel stage.
+   *
+   * @generated from field: string group = 1;
+   */
+  group: string;
+
+  /**
+   * @generated from field: string branch = 2;
+   */
+  branch: string;
+
+  /**
+   * @generated from field: handoff.v1.BranchStatus status = 3;
+   */
+  status: BranchStatus;
+
+  /**
+   * The branch's stage at which it is (or ended).
+   *
+   * @generated from field: string stage = 4;
+   */
+  stage: string;
+
+  /**
+   * @generated from field: uint32 hops = 5;
+   */
+  hops: number;
+
+  /**
+   * @generated from field: google.protobuf.Timestamp started_at = 6;
+   */
+  startedAt?: Timestamp | undefined;
+
+  /**
+   * @generated from field: google.protobuf.Timestamp ended_at = 7;
+   */
+  endedAt?: Timestamp | undefined;
+
+  /**
+   * What the branch produced (its partition's artifacts).
+   *
+   * @generated from field: repeated handoff.v1.Artifact artifacts = 8;
+   */
+  artifacts: Artifact[];
+
+  /**
+   * Why it failed, timed out or stopped.
+   *
+   * @generated from field: string detail = 9;
+   */
+  detail: string;
+
+  /**
+   * The branch's span, which the merge's span links.
+   *
+   * @generated from field: string traceparent = 10;
+   */
+  traceparent: string;
+
+  /**
+   * @generated from field: int64 spent_usd_micros = 11;
+   */
+  spentUsdMicros: bigint;
+};
+
+/**
+ * Describes the message handoff.v1.BranchState.
+ * Use `create(BranchStateSchema)` to create a new message.
+ */
+export const BranchStateSchema: GenMessage<BranchState> = /*@__PURE__*/
+  messageDesc(file_handoff_v1_coordinator, 13);
+
+/**
+ * SubJobRef is a nested run a subjob stage started.
+ *
+ * @generated from message handoff.v1.SubJobRef
+ */
+export type SubJobRef = Message<"handoff.v1.SubJobRef"> & {
+  /**
+   * @generated from field: string stage = 1;
+   */
+  stage: string;
+
+  /**
+   * @generated from field: string run_id = 2;
+   */
+  runId: string;
+
+  /**
+   * @generated from field: string pipeline = 3;
+   */
+  pipeline: string;
+
+  /**
+   * @generated from field: handoff.v1.JobState state = 4;
+   */
+  state: JobState;
+
+  /**
+   * The final artifact that returned to the parent (the only thing that does).
+   *
+   * @generated from field: handoff.v1.Artifact artifact = 5;
+   */
+  artifact?: Artifact | undefined;
+
+  /**
+   * @generated from field: handoff.v1.Escalation escalation = 6;
+   */
+  escalation?: Escalation | undefined;
+
+  /**
+   * @generated from field: uint32 hops = 7;
+   */
+  hops: number;
+};
+
+/**
+ * Describes the message handoff.v1.SubJobRef.
+ * Use `create(SubJobRefSchema)` to create a new message.
+ */
+export const SubJobRefSchema: GenMessage<SubJobRef> = /*@__PURE__*/
+  messageDesc(file_handoff_v1_coordinator, 14);
 
 /**
  * Transfer is one move of a run from one stage to another: a one-way hand-over of the
@@ -683,7 +850,7 @@ export type Transfer = Message<"handoff.v1.Transfer"> & {
  * Use `create(TransferSchema)` to create a new message.
  */
 export const TransferSchema: GenMessage<Transfer> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 13);
+  messageDesc(file_handoff_v1_coordinator, 15);
 
 /**
  * Escalation says why the rail stopped and handed the run to a person.
@@ -742,7 +909,7 @@ export type Escalation = Message<"handoff.v1.Escalation"> & {
  * Use `create(EscalationSchema)` to create a new message.
  */
 export const EscalationSchema: GenMessage<Escalation> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 14);
+  messageDesc(file_handoff_v1_coordinator, 16);
 
 /**
  * Delivery is the outcome of POSTing an escalation to its route's webhook.
@@ -797,7 +964,7 @@ export type Delivery = Message<"handoff.v1.Delivery"> & {
  * Use `create(DeliverySchema)` to create a new message.
  */
 export const DeliverySchema: GenMessage<Delivery> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 15);
+  messageDesc(file_handoff_v1_coordinator, 17);
 
 /**
  * JobEvent is one entry on a run's timeline.
@@ -909,6 +1076,20 @@ export type JobEvent = Message<"handoff.v1.JobEvent"> & {
    * @generated from field: handoff.v1.Delivery delivery = 18;
    */
   delivery?: Delivery | undefined;
+
+  /**
+   * The branch of a parallel stage the event is of (empty: the run's own stage).
+   *
+   * @generated from field: string branch = 40;
+   */
+  branch: string;
+
+  /**
+   * The nested run a SUBJOB_* event is about.
+   *
+   * @generated from field: string sub_run_id = 41;
+   */
+  subRunId: string;
 };
 
 /**
@@ -916,7 +1097,7 @@ export type JobEvent = Message<"handoff.v1.JobEvent"> & {
  * Use `create(JobEventSchema)` to create a new message.
  */
 export const JobEventSchema: GenMessage<JobEvent> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 16);
+  messageDesc(file_handoff_v1_coordinator, 18);
 
 /**
  * @generated from message handoff.v1.ListEscalationsRequest
@@ -938,7 +1119,7 @@ export type ListEscalationsRequest = Message<"handoff.v1.ListEscalationsRequest"
  * Use `create(ListEscalationsRequestSchema)` to create a new message.
  */
 export const ListEscalationsRequestSchema: GenMessage<ListEscalationsRequest> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 17);
+  messageDesc(file_handoff_v1_coordinator, 19);
 
 /**
  * @generated from message handoff.v1.ListEscalationsResponse
@@ -960,7 +1141,7 @@ export type ListEscalationsResponse = Message<"handoff.v1.ListEscalationsRespons
  * Use `create(ListEscalationsResponseSchema)` to create a new message.
  */
 export const ListEscalationsResponseSchema: GenMessage<ListEscalationsResponse> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 18);
+  messageDesc(file_handoff_v1_coordinator, 20);
 
 /**
  * @generated from message handoff.v1.ResolveEscalationRequest
@@ -1043,7 +1224,7 @@ export type ResolveEscalationRequest = Message<"handoff.v1.ResolveEscalationRequ
  * Use `create(ResolveEscalationRequestSchema)` to create a new message.
  */
 export const ResolveEscalationRequestSchema: GenMessage<ResolveEscalationRequest> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 19);
+  messageDesc(file_handoff_v1_coordinator, 21);
 
 /**
  * Edited artifact text: stored as a new version of the run's latest artifact of the stage's
@@ -1063,7 +1244,7 @@ export type ApproveAction = Message<"handoff.v1.ApproveAction"> & {
  * Use `create(ApproveActionSchema)` to create a new message.
  */
 export const ApproveActionSchema: GenMessage<ApproveAction> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 20);
+  messageDesc(file_handoff_v1_coordinator, 22);
 
 /**
  * @generated from message handoff.v1.ReturnToStageAction
@@ -1094,7 +1275,7 @@ export type ReturnToStageAction = Message<"handoff.v1.ReturnToStageAction"> & {
  * Use `create(ReturnToStageActionSchema)` to create a new message.
  */
 export const ReturnToStageActionSchema: GenMessage<ReturnToStageAction> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 21);
+  messageDesc(file_handoff_v1_coordinator, 23);
 
 /**
  * Grant is what a person adds to a run's wallet: the only way a wallet grows.
@@ -1125,7 +1306,7 @@ export type Grant = Message<"handoff.v1.Grant"> & {
  * Use `create(GrantSchema)` to create a new message.
  */
 export const GrantSchema: GenMessage<Grant> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 22);
+  messageDesc(file_handoff_v1_coordinator, 24);
 
 /**
  * @generated from message handoff.v1.FailAction
@@ -1142,7 +1323,7 @@ export type FailAction = Message<"handoff.v1.FailAction"> & {
  * Use `create(FailActionSchema)` to create a new message.
  */
 export const FailActionSchema: GenMessage<FailAction> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 23);
+  messageDesc(file_handoff_v1_coordinator, 25);
 
 /**
  * @generated from message handoff.v1.RejectMalformedAction
@@ -1159,7 +1340,7 @@ export type RejectMalformedAction = Message<"handoff.v1.RejectMalformedAction"> 
  * Use `create(RejectMalformedActionSchema)` to create a new message.
  */
 export const RejectMalformedActionSchema: GenMessage<RejectMalformedAction> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 24);
+  messageDesc(file_handoff_v1_coordinator, 26);
 
 /**
  * Resolution is the record of a person's decision on an escalated run.
@@ -1244,7 +1425,7 @@ export type Resolution = Message<"handoff.v1.Resolution"> & {
  * Use `create(ResolutionSchema)` to create a new message.
  */
 export const ResolutionSchema: GenMessage<Resolution> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 25);
+  messageDesc(file_handoff_v1_coordinator, 27);
 
 /**
  * @generated from message handoff.v1.ResolveEscalationResponse
@@ -1283,7 +1464,7 @@ export type ResolveEscalationResponse = Message<"handoff.v1.ResolveEscalationRes
  * Use `create(ResolveEscalationResponseSchema)` to create a new message.
  */
 export const ResolveEscalationResponseSchema: GenMessage<ResolveEscalationResponse> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 26);
+  messageDesc(file_handoff_v1_coordinator, 28);
 
 /**
  * @generated from enum handoff.v1.JobState
@@ -1324,6 +1505,49 @@ export enum JobState {
  */
 export const JobStateSchema: GenEnum<JobState> = /*@__PURE__*/
   enumDesc(file_handoff_v1_coordinator, 0);
+
+/**
+ * @generated from enum handoff.v1.BranchStatus
+ */
+export enum BranchStatus {
+  /**
+   * @generated from enum value: BRANCH_STATUS_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * @generated from enum value: BRANCH_STATUS_RUNNING = 1;
+   */
+  RUNNING = 1,
+
+  /**
+   * @generated from enum value: BRANCH_STATUS_COMPLETED = 2;
+   */
+  COMPLETED = 2,
+
+  /**
+   * @generated from enum value: BRANCH_STATUS_FAILED = 3;
+   */
+  FAILED = 3,
+
+  /**
+   * @generated from enum value: BRANCH_STATUS_TIMED_OUT = 4;
+   */
+  TIMED_OUT = 4,
+
+  /**
+   * The wallet emptied: the branch made no further hop.
+   *
+   * @generated from enum value: BRANCH_STATUS_STOPPED = 5;
+   */
+  STOPPED = 5,
+}
+
+/**
+ * Describes the enum handoff.v1.BranchStatus.
+ */
+export const BranchStatusSchema: GenEnum<BranchStatus> = /*@__PURE__*/
+  enumDesc(file_handoff_v1_coordinator, 1);
 
 /**
  * @generated from enum handoff.v1.EscalationCause
@@ -1413,13 +1637,28 @@ export enum EscalationCause {
    * @generated from enum value: ESCALATION_CAUSE_DESK_FULL = 13;
    */
   DESK_FULL = 13,
+
+  /**
+   * A branch of a parallel stage failed or timed out, and the stage's on_branch_failure is
+   * escalate (or continue_without left nothing to merge).
+   *
+   * @generated from enum value: ESCALATION_CAUSE_BRANCH_FAILED = 30;
+   */
+  BRANCH_FAILED = 30,
+
+  /**
+   * A sub-job's nested run escalated: its parent escalates with it.
+   *
+   * @generated from enum value: ESCALATION_CAUSE_SUBJOB_ESCALATED = 31;
+   */
+  SUBJOB_ESCALATED = 31,
 }
 
 /**
  * Describes the enum handoff.v1.EscalationCause.
  */
 export const EscalationCauseSchema: GenEnum<EscalationCause> = /*@__PURE__*/
-  enumDesc(file_handoff_v1_coordinator, 1);
+  enumDesc(file_handoff_v1_coordinator, 2);
 
 /**
  * @generated from enum handoff.v1.EventKind
@@ -1488,13 +1727,34 @@ export enum EventKind {
    * @generated from enum value: EVENT_KIND_ESCALATION_DELIVERY = 11;
    */
   ESCALATION_DELIVERY = 11,
+
+  /**
+   * A branch of a parallel stage ended (JobEvent.branch; its state in Job.branches).
+   *
+   * @generated from enum value: EVENT_KIND_BRANCH_ENDED = 30;
+   */
+  BRANCH_ENDED = 30,
+
+  /**
+   * A subjob stage started its nested run (JobEvent.sub_run_id).
+   *
+   * @generated from enum value: EVENT_KIND_SUBJOB_STARTED = 31;
+   */
+  SUBJOB_STARTED = 31,
+
+  /**
+   * A subjob stage's nested run ended; its artifact returned or it escalated.
+   *
+   * @generated from enum value: EVENT_KIND_SUBJOB_ENDED = 32;
+   */
+  SUBJOB_ENDED = 32,
 }
 
 /**
  * Describes the enum handoff.v1.EventKind.
  */
 export const EventKindSchema: GenEnum<EventKind> = /*@__PURE__*/
-  enumDesc(file_handoff_v1_coordinator, 2);
+  enumDesc(file_handoff_v1_coordinator, 3);
 
 /**
  * @generated from enum handoff.v1.ResolutionAction
@@ -1530,7 +1790,7 @@ export enum ResolutionAction {
  * Describes the enum handoff.v1.ResolutionAction.
  */
 export const ResolutionActionSchema: GenEnum<ResolutionAction> = /*@__PURE__*/
-  enumDesc(file_handoff_v1_coordinator, 3);
+  enumDesc(file_handoff_v1_coordinator, 4);
 
 /**
  * @generated from service handoff.v1.CoordinatorService
