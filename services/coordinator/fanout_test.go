@@ -12,15 +12,18 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/artifact"
+	"github.com/handoffhq/handoff/internal/contract"
 	"github.com/handoffhq/handoff/internal/pipeline"
 	"github.com/handoffhq/handoff/internal/stack"
 	"github.com/handoffhq/handoff/internal/store"
 	"github.com/handoffhq/handoff/services/agentrunner"
+	"github.com/handoffhq/handoff/services/coordinator"
 )
 
 // fanYAML is a pipeline of one parallel stage with n one-stage branches (b1..bn, stages
@@ -58,6 +61,7 @@ type branchAgent struct {
 	hang    bool
 	fail    bool
 	release chan struct{}
+	gate    *gate // when set, every call waits for it
 
 	mu    sync.Mutex
 	calls int
@@ -75,6 +79,14 @@ func (a *branchAgent) Run(ctx context.Context, in agentrunner.Input) (*handoffv1
 	a.mu.Lock()
 	a.calls++
 	a.mu.Unlock()
+	if a.gate != nil {
+		a.gate.waits.Add(1)
+		select {
+		case <-a.gate.open:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
 	if a.barrier != nil {
 		if err := a.barrier.wait(ctx); err != nil {
 			return nil, err
@@ -395,4 +407,127 @@ func TestBranchTimeout(t *testing.T) {
 	if !strings.Contains(job.GetEscalation().GetDetail(), "timeout") {
 		t.Errorf("detail %q does not say timeout", job.GetEscalation().GetDetail())
 	}
+}
+
+// TestFanOutTakeoverRunsOnlyUnfinishedBranches: replica A drives a fan-out of three
+// branches; b1 and b2 complete and are saved, b3's hop is in flight when A is cut off from
+// the store (as a killed coordinator is). Replica B takes the run over once A's lease lapses
+// and resumes only b3: b1 and b2 are never delivered again (one ACK each in the run's
+// events), b3's re-sent hop answers DUPLICATE (its agent had finished), and the merge and
+// the write happen once.
+func TestFanOutTakeoverRunsOnlyUnfinishedBranches(t *testing.T) {
+	eachStore(t, func(t *testing.T, s store.Store) {
+		ctx := context.Background()
+		agents := agentsNamed(3)
+		g := newGate()
+		agents[2].gate = g
+		p, problems, err := pipeline.Parse("fan.yaml", []byte(fanYAML(3, "escalate", "finish_in_flight", "1m")))
+		if err != nil || pipeline.HasErrors(problems) {
+			t.Fatalf("fan pipeline: %v %v", err, problems)
+		}
+		pls := map[string]*pipeline.Pipeline{p.Name: p}
+		merge := &mergeAgent{}
+		st, _ := startStack(t, stack.Config{Store: s, Pipelines: pls, Agents: []agentrunner.Agent{merge, agents[0], agents[1], agents[2]}})
+		t.Cleanup(g.release)
+		st.Coordinator.Close() // the test's replicas are the only coordinators
+		rc, err := st.DialAs(st.RunnerAddr, "coordinator")
+		if err != nil {
+			t.Fatal(err)
+		}
+		wc, err := st.DialAs(st.WritebackAddr, "coordinator")
+		if err != nil {
+			t.Fatal(err)
+		}
+		val, err := contract.NewValidator()
+		if err != nil {
+			t.Fatal(err)
+		}
+		replica := func(owner string, s store.Store) *coordinator.Server {
+			c, err := coordinator.New(coordinator.Options{
+				Pipelines: pls, Validator: val, Logger: testLogger(t), Store: s, Owner: owner,
+				Runner: handoffv1.NewAgentRunnerServiceClient(rc), Writeback: handoffv1.NewWritebackServiceClient(wc),
+				LeaseTTL: 600 * time.Millisecond, HopTimeout: 10 * time.Second, RetryFor: 10 * time.Second,
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(c.Close)
+			if _, err := c.Resume(ctx); err != nil {
+				t.Fatal(err)
+			}
+			return c
+		}
+		fa := &faultyStore{Store: st.Store}
+		a := replica("replica-a", fa)
+		input := mustInput(t, st)
+		resp, err := a.SubmitJob(ctx, &handoffv1.SubmitJobRequest{JobId: "tkt_1", RequestId: "tkt_1", Pipeline: "fan", Goal: "g",
+			Budget: &handoffv1.Budget{UsdRemainingMicros: 1_000_000}, Inputs: []*handoffv1.Artifact{input}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		runID := resp.GetJob().GetRunId()
+		// Wait until b1 and b2 are saved COMPLETED and b3's agent is running.
+		deadline := time.Now().Add(15 * time.Second)
+		for {
+			j, err := st.Store.GetRun(ctx, runID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			bs := branchStatuses(j)
+			if bs["b1"] == handoffv1.BranchStatus_BRANCH_STATUS_COMPLETED && bs["b2"] == handoffv1.BranchStatus_BRANCH_STATUS_COMPLETED && g.waits.Load() == 1 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("branches %v, b3 waiting %d: the fan-out did not reach the cut", bs, g.waits.Load())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		fa.down.Store(true) // A can no longer save or renew: as good as killed
+		replica("replica-b", st.Store)
+		g.release() // b3's agent finishes; A cannot record it
+		var job *handoffv1.Job
+		for deadline := time.Now().Add(20 * time.Second); ; {
+			if job, err = st.Store.GetRun(ctx, runID); err != nil {
+				t.Fatal(err)
+			}
+			if job.GetState() != handoffv1.JobState_JOB_STATE_RUNNING {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the run did not end after the takeover: branches %v", branchStatuses(job))
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if job.GetState() != handoffv1.JobState_JOB_STATE_COMPLETED {
+			t.Fatalf("state %s escalation %v", job.GetState(), job.GetEscalation())
+		}
+		evs, err := st.Store.Events(ctx, runID, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		acks := map[string][]string{}
+		for _, ev := range evs {
+			if ev.GetKind() == handoffv1.EventKind_EVENT_KIND_ACK && ev.GetBranch() != "" {
+				acks[ev.GetStage()] = append(acks[ev.GetStage()], strings.TrimPrefix(ev.GetAck().GetStatus().String(), "ACK_STATUS_"))
+			}
+		}
+		if !slices.Equal(acks["s1"], []string{"ACCEPTED"}) || !slices.Equal(acks["s2"], []string{"ACCEPTED"}) {
+			t.Errorf("branch acks %v: completed branches b1, b2 must be delivered once, never re-run", acks)
+		}
+		if !slices.Equal(acks["s3"], []string{"DUPLICATE"}) {
+			t.Errorf("b3 acks %v: want B's re-sent hop only, answered DUPLICATE", acks["s3"])
+		}
+		for _, ag := range agents {
+			if ag.n() != 1 {
+				t.Errorf("agent %s ran %d times, want 1", ag.name, ag.n())
+			}
+		}
+		es, err := st.Store.LedgerEntries(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(merge.calls()) != 1 || len(es) != 1 {
+			t.Errorf("merge ran %d times, %d writes; want 1 and 1", len(merge.calls()), len(es))
+		}
+	})
 }
