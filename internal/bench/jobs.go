@@ -48,7 +48,11 @@ func jobsPipelines() (map[string]*pipeline.Pipeline, []agentrunner.Agent, error)
 	for _, st := range p.Stages {
 		agents = append(agents, agentrunner.NewNoop(st.AgentName()))
 	}
-	return map[string]*pipeline.Pipeline{p.Name: p}, agents, nil
+	pipes := map[string]*pipeline.Pipeline{p.Name: p}
+	if agents, err = addFanout(pipes, agents); err != nil { // figure J_fanout's (fanout.go)
+		return nil, nil, err
+	}
+	return pipes, agents, nil
 }
 
 // JobsConfig configures RunJobs.
@@ -143,6 +147,8 @@ type jobsRig struct {
 	closers   []func()
 	jobPrefix string
 	seq       atomic.Uint64
+	// pipeline is the pipeline each job runs: JobsPipeline, or FanoutPipeline for J_fanout.
+	pipeline string
 }
 
 // newJobsRig starts a platform on store kind; its files go in a new folder under baseDir
@@ -159,7 +165,7 @@ func newJobsRig(ctx context.Context, kind, redisAddr, baseDir string, log *slog.
 	if err != nil {
 		return nil, err
 	}
-	r := &jobsRig{jobPrefix: "job-" + randomHex(4)}
+	r := &jobsRig{jobPrefix: "job-" + randomHex(4), pipeline: JobsPipeline}
 	r.closers = append(r.closers, func() { os.RemoveAll(dir) })
 	defer func() {
 		if err != nil {
@@ -211,7 +217,7 @@ func newJobsRig(ctx context.Context, kind, redisAddr, baseDir string, log *slog.
 func (r *jobsRig) job(ctx context.Context, _ int) error {
 	id := fmt.Sprintf("%s-%d", r.jobPrefix, r.seq.Add(1))
 	resp, err := r.client.SubmitJob(ctx, &handoffv1.SubmitJobRequest{
-		JobId: id, Pipeline: JobsPipeline, Goal: "measure the rail", Budget: &handoffv1.Budget{UsdRemainingMicros: 1_000_000},
+		JobId: id, Pipeline: r.pipeline, Goal: "measure the rail", Budget: &handoffv1.Budget{UsdRemainingMicros: 1_000_000},
 	})
 	if err != nil {
 		return fmt.Errorf("submit %s: %w", id, err)

@@ -138,7 +138,7 @@ type figure struct {
 }
 
 // FigureKeys are the keys of every figure Run reports (C_tmpfs only with Config.TmpfsBolt).
-var FigureKeys = []string{"A", "B", "C", "W_bolt", "R", "echo", "V", "J_redis", "J_bolt"}
+var FigureKeys = []string{"A", "B", "C", "W_bolt", "R", "echo", "V", "J_redis", "J_bolt", "J_fanout"}
 
 // Run measures every figure, interleaved, and reports them with the ratios and targets.
 // A figure whose setup fails for want of Redis is reported skipped; any other failure
@@ -227,6 +227,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	fV := add("V", "contract.Validator.CheckV1 of the ~2 KB package, in process", runtime.GOMAXPROCS(0))
 	fJR := add("J_redis", "5-stage Noop job through the coordinator on Redis: SubmitJob + WatchJob until COMPLETED", cfg.JobsConcurrency)
 	fJB := add("J_bolt", "5-stage Noop job through the coordinator on bbolt (stack.Start, as `handoff up`): SubmitJob + WatchJob until COMPLETED", cfg.JobsConcurrency)
+	fJF := add("J_fanout", "fan-out job on bbolt: three parallel Noop branches and a Noop merge through the coordinator (stack.Start): SubmitJob + WatchJob until COMPLETED", cfg.JobsConcurrency)
 
 	// One bare server serves A (Hop, needs Redis) and echo.
 	var bareR *bareRig
@@ -280,7 +281,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	})
 	jobsRigFor := func(f *figure, kind string) func() error {
 		return func() error {
-			r, err := newJobsRig(ctx, kind, cfg.RedisAddr, cfg.BoltDir, cfg.Logger)
+			newRig := newJobsRig
+			if f.Key == "J_fanout" {
+				newRig = newFanoutRig
+			}
+			r, err := newRig(ctx, kind, cfg.RedisAddr, cfg.BoltDir, cfg.Logger)
 			if err != nil {
 				return err
 			}
@@ -295,6 +300,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	setup(fJR, true, jobsRigFor(fJR, StoreRedis))
 	setup(fJB, false, jobsRigFor(fJB, StoreBolt))
+	setup(fJF, false, jobsRigFor(fJF, StoreBolt))
 
 	// Warm up: connections, Lua scripts, bbolt buckets, CEL programs.
 	var active []*figure
