@@ -26,6 +26,11 @@
 //     does, which max_bounces and the hop cap bound at run time);
 //   - route-end: a route ends the job only where no write is owed.
 //
+// Parallel stages, merges and sub-jobs (parallel.go) have their own rules: hard partitions
+// between branches (partition-output, partition-write-tool, partition-writer,
+// branch-writes, partition), a merge right after each parallel stage (merge), and a
+// self-contained sub-job task (subjob; CheckSubJobs against the pipeline it names).
+//
 // Parse returns every problem at once with its file, line and column; Load and LoadFS
 // refuse a pipeline that has any error-severity problem.
 package pipeline
