@@ -523,11 +523,14 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		defer cc.Close()
 		clients = append(clients, handoffv1.NewCoordinatorServiceClient(cc))
 	}
+	ledgerJobs := 0
 	for i := range cfg.Jobs {
 		h.jobTarget[jobID(i)] = cfg.targetOf(i)
 		// Every fourth ledger job fans out (research-brief: two branches, a merge, a sub-job).
-		if h.jobTarget[jobID(i)] == TargetLedger && i%4 == 3 {
-			h.fanJobs[jobID(i)] = true
+		if h.jobTarget[jobID(i)] == TargetLedger {
+			if ledgerJobs++; ledgerJobs%4 == 0 {
+				h.fanJobs[jobID(i)] = true
+			}
 		}
 	}
 	start := time.Now()
