@@ -5,7 +5,9 @@
 // in one transaction; and an HTTP sink behind its webhook target, which records every
 // write it receives and honours Idempotency-Key as a real downstream does.
 //
-// While jobs of the shipped support-ticket pipeline run, the harness
+// While jobs of the shipped support-ticket pipeline run (and, on the ledger target, every
+// fourth one of research-brief: a fan-out of two branches, a merge and a sub-job), the
+// harness
 //
 //   - SIGKILLs the writeback right after the sink applied a write and before the sink
 //     answered it (the write happened, its receipt is lost), and, writing to the ledger, at
@@ -23,7 +25,8 @@
 // (completed, escalated or failed) before the deadline, no job may have been written twice
 // (under two keys, or without a key), a re-sent key must carry the body first applied, no
 // ledger key may have been offered twice, every completed job must have its write in its
-// external system, and a ledger job's receipt must name its entry. Run returns a Report whose Violations
+// external system, a ledger job's receipt must name its entry, and no branch of a fan-out
+// job may be delivered again after it completed. Run returns a Report whose Violations
 // list each of those that failed; `handoff chaos` prints it.
 package chaos
 
