@@ -38,11 +38,11 @@ var errBranchStop = errors.New("the job's wallet is empty")
 func (s *Server) fanOut(ctx context.Context, job *handoffv1.Job, p *pipeline.Pipeline, st *pipeline.Stage, w stepWallet) error {
 	// The fan-out span: every branch's span is its child, and its hops theirs.
 	parent, _ := hoptrace.Parse(ctx, job.GetTraceparent(), "")
-	fctx, span := s.tracer.Start(parent, "handoff.fanout "+st.Name,
+	_, span := s.tracer.Start(parent, "handoff.fanout "+st.Name,
 		oteltrace.WithAttributes(attribute.String("handoff.job_id", job.GetJobId()), attribute.String("handoff.stage", st.Name), attribute.String("handoff.run_id", job.GetRunId())))
 	defer span.End()
 	// Cancel the lease's context, not the span's: a lost lease stops every branch.
-	fctx = oteltrace.ContextWithSpan(ctx, span)
+	fctx := oteltrace.ContextWithSpan(ctx, span)
 
 	var mu sync.Mutex // one writer of job at a time: branch hops and saves
 	start := s.opts.Now()
@@ -278,10 +278,11 @@ func (s *Server) mergeHop(ctx context.Context, job *handoffv1.Job, p *pipeline.P
 		}
 	}
 	parent, _ := hoptrace.Parse(ctx, job.GetTraceparent(), "")
-	hctx, span := s.tracer.Start(parent, "handoff.send "+st.Name, oteltrace.WithSpanKind(oteltrace.SpanKindProducer), oteltrace.WithLinks(links...),
+	_, span := s.tracer.Start(parent, "handoff.send "+st.Name, oteltrace.WithSpanKind(oteltrace.SpanKindProducer), oteltrace.WithLinks(links...),
 		oteltrace.WithAttributes(attribute.String("handoff.job_id", job.GetJobId()), attribute.String("handoff.stage", st.Name), attribute.String("handoff.run_id", job.GetRunId())))
 	defer span.End()
-	hctx = oteltrace.ContextWithSpan(ctx, span)
+	// The lease's context carries the span: a lost lease still stops the hop.
+	hctx := oteltrace.ContextWithSpan(ctx, span)
 	pkg := s.buildPackage(job, st, hoptrace.Format(hctx))
 	pkg.BranchResults = results
 	return s.agentHop(hctx, job, p, st, pkg, w)

@@ -96,7 +96,7 @@ func TestFanOutTrace(t *testing.T) {
 		t.Fatalf("job %s: %v; timeline %v", job.GetState(), job.GetEscalation(), kinds(evs))
 	}
 	want := traceparent.TraceID(job.GetTraceparent())
-	byName := map[string][]sdktrace.ReadOnlySpan{}
+	var byName map[string][]sdktrace.ReadOnlySpan
 	for deadline := time.Now().Add(2 * time.Second); ; {
 		byName = map[string][]sdktrace.ReadOnlySpan{}
 		for _, s := range exp.GetSpans().Snapshots() {
