@@ -9,13 +9,16 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+	"github.com/handoffhq/handoff/internal/contract"
 	"github.com/handoffhq/handoff/internal/demo"
 	"github.com/handoffhq/handoff/internal/pipeline"
 	"github.com/handoffhq/handoff/internal/stack"
 	"github.com/handoffhq/handoff/internal/store"
 	"github.com/handoffhq/handoff/services/agentrunner"
+	"github.com/handoffhq/handoff/services/coordinator"
 )
 
 // innerYAML: gather then work, no writes; the sub-job returns work's note.v1.
@@ -163,4 +166,128 @@ func TestSubJobEscalationEscalatesParent(t *testing.T) {
 	if e.work.calls() != 0 || e.polish.calls() != 0 || e.writes(t) != 0 {
 		t.Errorf("work %d, polish %d, writes %d: want none past the sub-job's cap", e.work.calls(), e.polish.calls(), e.writes(t))
 	}
+}
+
+// gatedAgent holds every call of its agent until the gate opens.
+type gatedAgent struct {
+	agentrunner.Agent
+	g *gate
+}
+
+func (a gatedAgent) Run(ctx context.Context, in agentrunner.Input) (*handoffv1.StageResult, error) {
+	a.g.waits.Add(1)
+	select {
+	case <-a.g.open:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return a.Agent.Run(ctx, in)
+}
+
+// TestSubJobTakeover: replica A drives a sub-job whose second hop (work) is in flight when A
+// is cut off from the store. Replica B takes the parent over, resumes the nested run where it
+// was saved (gather is not run again; work's re-sent hop answers DUPLICATE), and the parent
+// completes with one write.
+func TestSubJobTakeover(t *testing.T) {
+	eachStore(t, func(t *testing.T, s store.Store) {
+		ctx := context.Background()
+		pls := map[string]*pipeline.Pipeline{}
+		for name, y := range map[string]string{"inner.yaml": innerYAML, "outer.yaml": fmt.Sprintf(outerYAML, 5)} {
+			p, problems, err := pipeline.Parse(name, []byte(y))
+			if err != nil || pipeline.HasErrors(problems) {
+				t.Fatalf("%s: %v %v", name, err, problems)
+			}
+			pls[p.Name] = p
+		}
+		g := newGate()
+		gather, work := &router{name: "gather", out: "facts"}, &router{name: "work", out: "note"}
+		judge := &router{name: "judge", verdict: handoffv1.Verdict_VERDICT_PASS}
+		st, _ := startStack(t, stack.Config{Store: s, Pipelines: pls, Agents: []agentrunner.Agent{gather, gatedAgent{work, g}, &router{name: "polish", out: "note"}, judge}})
+		t.Cleanup(g.release)
+		st.Coordinator.Close()
+		rc, err := st.DialAs(st.RunnerAddr, "coordinator")
+		if err != nil {
+			t.Fatal(err)
+		}
+		wc, err := st.DialAs(st.WritebackAddr, "coordinator")
+		if err != nil {
+			t.Fatal(err)
+		}
+		val, err := contract.NewValidator()
+		if err != nil {
+			t.Fatal(err)
+		}
+		replica := func(owner string, s store.Store) *coordinator.Server {
+			c, err := coordinator.New(coordinator.Options{
+				Pipelines: pls, Validator: val, Logger: testLogger(t), Store: s, Owner: owner,
+				Runner: handoffv1.NewAgentRunnerServiceClient(rc), Writeback: handoffv1.NewWritebackServiceClient(wc),
+				LeaseTTL: 600 * time.Millisecond, HopTimeout: 10 * time.Second, RetryFor: 10 * time.Second,
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(c.Close)
+			if _, err := c.Resume(ctx); err != nil {
+				t.Fatal(err)
+			}
+			return c
+		}
+		fa := &faultyStore{Store: st.Store}
+		a := replica("replica-a", fa)
+		resp, err := a.SubmitJob(ctx, &handoffv1.SubmitJobRequest{JobId: "tkt_1", RequestId: "tkt_1", Pipeline: "outer", Goal: "g",
+			Budget: &handoffv1.Budget{UsdRemainingMicros: 1_000_000}, Inputs: []*handoffv1.Artifact{mustInput(t, st)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		runID := resp.GetJob().GetRunId()
+		for deadline := time.Now().Add(15 * time.Second); g.waits.Load() < 1; {
+			if time.Now().After(deadline) {
+				t.Fatal("the sub-job's work hop never started")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		fa.down.Store(true) // A is as good as killed
+		replica("replica-b", st.Store)
+		g.release()
+		var job *handoffv1.Job
+		for deadline := time.Now().Add(20 * time.Second); ; {
+			if job, err = st.Store.GetRun(ctx, runID); err != nil {
+				t.Fatal(err)
+			}
+			if job.GetState() != handoffv1.JobState_JOB_STATE_RUNNING {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the run did not end after the takeover (stage %s)", job.GetStage())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if job.GetState() != handoffv1.JobState_JOB_STATE_COMPLETED || len(job.GetChildren()) != 1 || job.GetChildren()[0].GetArtifact() == nil {
+			t.Fatalf("state %s escalation %v children %v", job.GetState(), job.GetEscalation(), job.GetChildren())
+		}
+		// Resumed where it was saved: gather's hop is in the nested run's timeline once.
+		cevs, err := st.Store.Events(ctx, job.GetChildren()[0].GetRunId(), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var acks []string
+		for _, ev := range cevs {
+			if ev.GetKind() == handoffv1.EventKind_EVENT_KIND_ACK {
+				acks = append(acks, ev.GetStage()+":"+strings.TrimPrefix(ev.GetAck().GetStatus().String(), "ACK_STATUS_"))
+			}
+		}
+		if !slices.Equal(acks, []string{"gather:ACCEPTED", "work:DUPLICATE"}) {
+			t.Errorf("nested run acks %v, want gather:ACCEPTED (A's, not re-sent) then work:DUPLICATE (B's re-sent hop)", acks)
+		}
+		if gather.calls() != 1 || work.calls() != 1 {
+			t.Errorf("gather ran %d times, work %d; want 1 each (the nested run resumed, its re-sent hop answered DUPLICATE)", gather.calls(), work.calls())
+		}
+		es, err := st.Store.LedgerEntries(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(es) != 1 {
+			t.Errorf("%d writes, want 1", len(es))
+		}
+	})
 }
