@@ -12,7 +12,6 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
-	"github.com/handoffhq/handoff/internal/contract"
 	hoptrace "github.com/handoffhq/handoff/internal/interceptor/trace"
 	"github.com/handoffhq/handoff/internal/pipeline"
 	"github.com/handoffhq/handoff/internal/rpc"
@@ -119,13 +118,15 @@ func (s *Server) runBranch(ctx context.Context, mu *sync.Mutex, job, base *hando
 		hctx, hspan := s.tracer.Start(bctx, "handoff.send "+bst.Name, oteltrace.WithSpanKind(oteltrace.SpanKindProducer),
 			oteltrace.WithAttributes(attribute.String("handoff.stage", bst.Name), attribute.String("handoff.branch", b.Name), attribute.String("handoff.run_id", job.GetRunId())))
 		pkg.Trace = &handoffv1.Trace{Traceparent: hoptrace.Format(hctx)}
-		req, _ := deliverRequest(pkg, contract.V1, job)
+		// The newest version the branch stage's agent declares, as for any hop.
+		runner := s.runners[bst.Runner]
+		req, _ := deliverRequest(pkg, chooseVersion(s.decl.accepts(hctx, bst.Runner, bst.AgentName(), runner, s.opts.HopTimeout), job.GetDeadline() != nil), job)
 		req.Agent, req.RequiredTools = bst.AgentName(), bst.Tools
 		var ack *handoffv1.Ack
 		var result *handoffv1.StageResult
 		err := s.retry(hctx, job, bst.Name, func(ctx context.Context) error {
 			var err error
-			ack, result, err = rpc.Deliver(ctx, s.runners[bst.Runner], req)
+			ack, result, err = rpc.Deliver(ctx, runner, req)
 			return err
 		})
 		hspan.End()

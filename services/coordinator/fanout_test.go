@@ -531,3 +531,32 @@ func TestFanOutTakeoverRunsOnlyUnfinishedBranches(t *testing.T) {
 		}
 	})
 }
+
+// TestFanOutBranchGetsDeclaredVersion: a branch hop is sent the newest version its agent
+// declares, as any hop is: b1's agent declares handoff.v2 and is sent v2, b2's v1 only.
+func TestFanOutBranchGetsDeclaredVersion(t *testing.T) {
+	agents := agentsNamed(2)
+	p, problems, err := pipeline.Parse("fan.yaml", []byte(fanYAML(2, "escalate", "finish_in_flight", "1m")))
+	if err != nil || pipeline.HasErrors(problems) {
+		t.Fatalf("fan pipeline: %v %v", err, problems)
+	}
+	v2 := newSpy(agents[0], contract.V1, contract.V2)
+	v1 := newSpy(agents[1], contract.V1)
+	e := &env{defaultBudget: &handoffv1.Budget{UsdRemainingMicros: 1_000_000}}
+	e.st, e.client = startStack(t, stack.Config{Pipelines: map[string]*pipeline.Pipeline{p.Name: p}, Agents: []agentrunner.Agent{&mergeAgent{}, v2, v1}})
+	e.input = mustInput(t, e.st)
+	job, evs := e.submit(t, "fan", "tkt_1", "", e.defaultBudget)
+	if job.GetState() != handoffv1.JobState_JOB_STATE_COMPLETED {
+		t.Fatalf("state %s escalation %v; timeline %v", job.GetState(), job.GetEscalation(), kinds(evs))
+	}
+	v2.mu.Lock()
+	defer v2.mu.Unlock()
+	v1.mu.Lock()
+	defer v1.mu.Unlock()
+	if len(v2.v2) != 1 || v2.v2[0] == nil {
+		t.Errorf("b1's agent declares handoff.v2 but was sent %v", v2.v2)
+	}
+	if len(v1.v2) != 1 || v1.v2[0] != nil {
+		t.Errorf("b2's agent declares handoff.v1 only but was sent v2")
+	}
+}
