@@ -21,7 +21,7 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("handoff demo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, about("demo")+"Usage: handoff demo [flags]\n\nStarts the platform in-process on the embedded store, runs the sample support ticket\nthrough intake, retrieve, draft, judge (one FAIL, a revision, a PASS) and writeback,\nprints the hop timeline, then submits the same job again to show DUPLICATE and no\nsecond write. Exits 0 when the job completed and exactly one write happened.\n\nWith --pipeline support-triage it runs a billing, a technical and an unclear ticket\nthrough the pipeline with routes instead, printing the route the rail took after each\nhop: the first two go to their desks and are written once each, the third is handed\nto a person by intake's route. Exits 0 when exactly that happened.\n\nThe runner's agents declare handoff.v1 only; --v2-stage names agents that also read\nhandoff.v2 (a rolling upgrade, one stage at a time): the rail sends them v2, converted\nfrom the run, and their hop lines show [handoff.v2].\n\nWith --explain it then prints the first run explained hop by hop, as 'handoff explain'\ndoes: five answers per hop with their evidence, no package printed.\n\nFlags:")
+		fmt.Fprintln(stderr, about("demo")+"Usage: handoff demo [flags]\n\nStarts the platform in-process on the embedded store, runs the sample support ticket\nthrough intake, retrieve, draft, judge (one FAIL, a revision, a PASS) and writeback,\nprints the hop timeline, then submits the same job again to show DUPLICATE and no\nsecond write. Exits 0 when the job completed and exactly one write happened.\n\nWith --pipeline support-triage it runs a billing, a technical and an unclear ticket\nthrough the pipeline with routes instead, printing the route the rail took after each\nhop: the first two go to their desks and are written once each, the third is handed\nto a person by intake's route. Exits 0 when exactly that happened.\n\nWith --pipeline research-brief it runs the sample ticket through a policy lookup and an\naccount-history lookup in parallel, a merge that judges both results, a sub-job of\nsupport-ticket that drafts the summary on the job's wallet, and one write. It prints the\nbranches side by side and exits 0 when they overlapped, the merge passed, the sub-job\nreturned its artifact and exactly one write happened.\n\nThe runner's agents declare handoff.v1 only; --v2-stage names agents that also read\nhandoff.v2 (a rolling upgrade, one stage at a time): the rail sends them v2, converted\nfrom the run, and their hop lines show [handoff.v2].\n\nWith --explain it then prints the first run explained hop by hop, as 'handoff explain'\ndoes: five answers per hop with their evidence, no package printed.\n\nFlags:")
 		fs.PrintDefaults()
 	}
 	var f stackFlags
@@ -29,7 +29,7 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 	var explain bool
 	b := config.New(fs)
 	fs.BoolVar(&explain, "explain", false, "after the demo, explain its first run hop by hop (handoff explain): five answers per hop, no package printed")
-	b.String(&pipelineName, "pipeline", "HANDOFF_DEMO_PIPELINE", demo.Pipeline, "the shipped pipeline to run: "+demo.Pipeline+" or "+demo.TriagePipeline)
+	b.String(&pipelineName, "pipeline", "HANDOFF_DEMO_PIPELINE", demo.Pipeline, "the shipped pipeline to run: "+demo.Pipeline+", "+demo.TriagePipeline+" or "+demo.ResearchPipeline)
 	b.String(&v2Stages, "v2-stage", "HANDOFF_DEMO_V2_STAGE", "", "comma-separated agents (stages) of the runner that also read handoff.v2, e.g. draft")
 	// Free ports and a fresh folder by default, so the demo runs beside `handoff up`.
 	bindStack(b, &f, "", "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0", "")
@@ -40,8 +40,8 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "handoff demo:", err)
 		return 2
 	}
-	if pipelineName != demo.Pipeline && pipelineName != demo.TriagePipeline {
-		fmt.Fprintf(stderr, "handoff demo: --pipeline %q: the demo runs %s or %s\n", pipelineName, demo.Pipeline, demo.TriagePipeline)
+	if pipelineName != demo.Pipeline && pipelineName != demo.TriagePipeline && pipelineName != demo.ResearchPipeline {
+		fmt.Fprintf(stderr, "handoff demo: --pipeline %q: the demo runs %s, %s or %s\n", pipelineName, demo.Pipeline, demo.TriagePipeline, demo.ResearchPipeline)
 		return 2
 	}
 	if f.data == "" {
@@ -74,6 +74,9 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 	}
 	if pipelineName == demo.TriagePipeline {
 		return triageDemo(ctx, stdout, stderr, st, cc)
+	}
+	if pipelineName == demo.ResearchPipeline {
+		return researchDemo(ctx, stdout, stderr, st, cc)
 	}
 	res, err := demo.Run(ctx, stdout, cc, st.Artifacts)
 	if err != nil {
@@ -132,6 +135,55 @@ func triageDemo(ctx context.Context, stdout, stderr io.Writer, st *stack.Stack, 
 			got = append(got, r.Ticket+" "+r.Job.GetState().String())
 		}
 		fmt.Fprintf(stderr, "handoff demo: expected billing and technical COMPLETED, unclear ESCALATED by its route, and two writes; got %v and %d writes\n", got, len(writes))
+		return 1
+	}
+	return 0
+}
+
+// researchDemo runs research-brief and checks what the demo promises: both branches ran at
+// overlapping times and completed, the merge ran once, the sub-job returned its artifact,
+// the job completed, and exactly one write happened.
+func researchDemo(ctx context.Context, stdout, stderr io.Writer, st *stack.Stack, cc grpc.ClientConnInterface) int {
+	run, err := demo.RunResearch(ctx, stdout, cc, st.Artifacts)
+	if err != nil {
+		fmt.Fprintln(stderr, "handoff demo:", err)
+		return 1
+	}
+	writes, err := st.Store.LedgerEntries(ctx)
+	if err != nil {
+		fmt.Fprintln(stderr, "handoff demo:", err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "\nexternal writes in the ledger: %d\n", len(writes))
+	merges := 0
+	for _, ev := range run.Events {
+		if ev.GetKind() == handoffv1.EventKind_EVENT_KIND_VERDICT && ev.GetStage() == "brief" {
+			merges++
+		}
+	}
+	var problems []string
+	if run.Job.GetState() != handoffv1.JobState_JOB_STATE_COMPLETED {
+		problems = append(problems, "the job ended "+run.Job.GetState().String())
+	}
+	if !demo.Overlap(run.Job) {
+		problems = append(problems, "the branches did not run at overlapping times")
+	}
+	for _, b := range run.Job.GetBranches() {
+		if b.GetStatus() != handoffv1.BranchStatus_BRANCH_STATUS_COMPLETED {
+			problems = append(problems, "branch "+b.GetBranch()+" ended "+b.GetStatus().String())
+		}
+	}
+	if merges != 1 {
+		problems = append(problems, fmt.Sprintf("the merge judged %d times", merges))
+	}
+	if c := run.Job.GetChildren(); len(c) != 1 || c[0].GetArtifact() == nil {
+		problems = append(problems, "the sub-job returned no artifact")
+	}
+	if len(writes) != 1 {
+		problems = append(problems, fmt.Sprintf("%d writes", len(writes)))
+	}
+	if len(problems) > 0 {
+		fmt.Fprintf(stderr, "handoff demo: research-brief: %s\n", strings.Join(problems, "; "))
 		return 1
 	}
 	return 0

@@ -5,6 +5,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestDemo runs the README's first command in-process and checks what it promises: the
@@ -136,5 +137,51 @@ func TestDemoTriage(t *testing.T) {
 	}
 	if code := runDemo([]string{"--data", t.TempDir(), "--pipeline", "nope"}, &out, &errb); code != 2 || !strings.Contains(errb.String(), `--pipeline "nope"`) {
 		t.Errorf("--pipeline nope: exit %d, stderr %q; want 2 naming the value", code, errb.String())
+	}
+}
+
+// TestDemoResearchBrief: `handoff demo --pipeline research-brief` exits 0 and shows both
+// branches with overlapping times, the merge's verdict, the sub-job returning its artifact
+// and one write.
+func TestDemoResearchBrief(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := runDemo([]string{"--data", t.TempDir(), "--pipeline", "research-brief"}, &out, &errb); code != 0 {
+		t.Fatalf("demo exit %d\nstdout:\n%s\nstderr:\n%s", code, out.String(), errb.String())
+	}
+	text := out.String()
+	// The branches side by side: each one's start and end, from the fan-out's start.
+	row := regexp.MustCompile(`(?m)^ (policy|history)\s+(\S+)\s+COMPLETED\s+1\s+(\S+)\s+(\S+)$`)
+	rows := row.FindAllStringSubmatch(text, -1)
+	if len(rows) != 2 {
+		t.Fatalf("want the two branches side by side, got:\n%s", text)
+	}
+	span := func(r []string) (time.Duration, time.Duration) {
+		s, err1 := time.ParseDuration(r[3])
+		e, err2 := time.ParseDuration(r[4])
+		if err1 != nil || err2 != nil {
+			t.Fatalf("branch row %q: times %v %v", r[0], err1, err2)
+		}
+		return s, e
+	}
+	s1, e1 := span(rows[0])
+	s2, e2 := span(rows[1])
+	if !(s1 < e2 && s2 < e1) {
+		t.Errorf("branches %v and %v did not overlap", rows[0], rows[1])
+	}
+	for _, want := range []string{
+		`policy-lookup\s+policy\s+STAGE_RESULT\s+policy_notes\.v1`,
+		`history-lookup\s+history\s+STAGE_RESULT\s+account_history\.v1`,
+		`brief\s+VERDICT\s+verdict PASS`,
+		`draft\s+SUBJOB_ENDED\s+run run_\S+-draft-0`,
+		`sub-job draft: run \S+ of pipeline support-ticket, COMPLETED after \d+ hops on the parent's wallet; returned summary_md\.v1`,
+		`RECEIPT\s+receipt ledger-000001 key tkt_18422:writeback:summary_md`,
+		`external writes in the ledger: 1\n`,
+	} {
+		if !regexp.MustCompile(want).MatchString(text) {
+			t.Errorf("output misses %s:\n%s", want, text)
+		}
+	}
+	if n := strings.Count(text, "RECEIPT "); n != 1 {
+		t.Errorf("%d receipts shown, want one write", n)
 	}
 }

@@ -21,6 +21,8 @@ func TestLintExitCodesAndOutput(t *testing.T) {
 	twoWriters := filepath.Join(fixtures, "two_writers.yaml")
 	structure := filepath.Join(fixtures, "structure.yaml")
 	syntax := filepath.Join(fixtures, "syntax_error.yaml")
+	sharedTool := filepath.Join(fixtures, "parallel_shared_write_tool.yaml")
+	sharedOutput := filepath.Join(fixtures, "parallel_shared_output.yaml")
 
 	dir := t.TempDir()
 	warnOnly := filepath.Join(dir, "warn.yaml")
@@ -79,6 +81,16 @@ func TestLintExitCodesAndOutput(t *testing.T) {
 		{name: "directory", args: []string{fixtures}, code: 1, stdout: []string{
 			"ok: " + good, "one-stage", "judge-no-write", "max-hops", "one-writer", "unknown-field", "artifact-version",
 		}},
+		// Fan-out: branches must be hard partitions.
+		{name: "branches share a write tool", args: []string{sharedTool}, code: 1, stdout: []string{
+			sharedTool + `:19:17: partition-write-tool: branch "history" of stage "lookups" owns write tool crm.patch, which branch "policy" also owns`,
+		}, stdoutNot: []string{"ok:"}},
+		{name: "branches share an output type", args: []string{sharedOutput}, code: 1, stdout: []string{
+			sharedOutput + `:19:19: partition-output: branch "history" of stage "lookups" owns output type notes, which branch "policy" also owns`,
+			"\n1 problem\n",
+		}, stdoutNot: []string{"ok:"}, exactLines: 2},
+		{name: "shipped research-brief", args: []string{"../../pipelines/research-brief.yaml"}, code: 0,
+			stdout: []string{"ok: ../../pipelines/research-brief.yaml (4 stages)\n"}, exactLines: 1},
 		{name: "empty directory", args: []string{t.TempDir()}, code: 2, stderr: "no *.yaml or *.yml files"},
 	}
 	for _, tt := range tests {

@@ -7,6 +7,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/contract"
 )
 
@@ -48,5 +49,30 @@ func TestRunJobs(t *testing.T) {
 	}
 	if _, err := RunJobs(context.Background(), JobsConfig{N: 1, Store: "etcd"}); err == nil {
 		t.Fatal("an unknown store must be an error")
+	}
+}
+
+// TestFanoutRig: figure J_fanout's job completes: its three branches and its merge ran, one
+// hop each.
+func TestFanoutRig(t *testing.T) {
+	ctx := context.Background()
+	r, err := newFanoutRig(ctx, StoreBolt, "", t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.close()
+	for i := range 3 {
+		if err := r.job(ctx, i); err != nil {
+			t.Fatalf("job %d: %v", i, err)
+		}
+	}
+	resp, err := r.client.ListJobs(ctx, &handoffv1.ListJobsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, j := range resp.GetJobs() {
+		if j.GetPipeline() != FanoutPipeline || len(j.GetBranches()) != 3 || j.GetHops() != 4 {
+			t.Errorf("run %s: pipeline %s, %d branches, %d hops; want %s, 3 branches, 4 hops", j.GetRunId(), j.GetPipeline(), len(j.GetBranches()), j.GetHops(), FanoutPipeline)
+		}
 	}
 }

@@ -49,7 +49,11 @@ func jobsPipelines() (map[string]*pipeline.Pipeline, []agentrunner.Agent, error)
 	for _, st := range p.Stages {
 		agents = append(agents, agentrunner.NewNoop(st.AgentName()))
 	}
-	return map[string]*pipeline.Pipeline{p.Name: p}, agents, nil
+	pipes := map[string]*pipeline.Pipeline{p.Name: p}
+	if agents, err = addFanout(pipes, agents); err != nil { // figure J_fanout's (fanout.go)
+		return nil, nil, err
+	}
+	return pipes, agents, nil
 }
 
 // JobsConfig configures RunJobs.
@@ -143,8 +147,10 @@ type jobsRig struct {
 	missedEnd atomic.Int64
 	closers   []func()
 	jobPrefix string
-	pipeline  string
 	seq       atomic.Uint64
+	// pipeline is the pipeline each job runs: JobsPipeline, RoutesPipeline, or FanoutPipeline
+	// for J_fanout.
+	pipeline string
 }
 
 // newJobsRig starts a platform on store kind; its files go in a new folder under baseDir

@@ -150,7 +150,7 @@ type figure struct {
 }
 
 // FigureKeys are the keys of every figure Run reports (C_tmpfs only with Config.TmpfsBolt).
-var FigureKeys = []string{"A", "A2", "B", "C", "W_bolt", "R", "R_floor", "echo", "V", "J_redis", "J_bolt", "J_routes", "J_triage"}
+var FigureKeys = []string{"A", "A2", "B", "C", "W_bolt", "R", "R_floor", "echo", "V", "J_redis", "J_bolt", "J_routes", "J_triage", "J_fanout"}
 
 // RatioKeys are the ratios a report may carry, in the order the text prints them
 // (C_tmpfs/A_p50 only with Config.TmpfsBolt).
@@ -248,6 +248,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	fJRt := add("J_routes", "J_redis with routes: each of the 5 stages declares two routes, its agent answers with one, the rail checks it and moves the job along it", cfg.JobsConcurrency)
 	fJT := add("J_triage", "the shipped support-triage pipeline on bbolt (stack.Start): the billing ticket routed to its desk, retrieved, drafted, judged PASS and written once", cfg.JobsConcurrency)
 	fJB := add("J_bolt", "5-stage Noop job through the coordinator on bbolt (stack.Start, as `handoff up`): SubmitJob + WatchJob until COMPLETED", cfg.JobsConcurrency)
+	fJF := add("J_fanout", "fan-out job on bbolt: three parallel Noop branches and a Noop merge through the coordinator (stack.Start): SubmitJob + WatchJob until COMPLETED", cfg.JobsConcurrency)
 
 	// One bare server serves A (Hop, needs Redis) and echo.
 	var bareR *bareRig
@@ -334,7 +335,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			if f.Key == "J_routes" {
 				pipe = RoutesPipeline
 			}
-			r, err := newJobsRigFor(ctx, pipe, kind, cfg.RedisAddr, cfg.BoltDir, cfg.Logger)
+			newRig := func(ctx context.Context, kind, addr, dir string, log *slog.Logger) (*jobsRig, error) {
+				return newJobsRigFor(ctx, pipe, kind, addr, dir, log)
+			}
+			if f.Key == "J_fanout" {
+				newRig = newFanoutRig
+			}
+			r, err := newRig(ctx, kind, cfg.RedisAddr, cfg.BoltDir, cfg.Logger)
 			if err != nil {
 				return err
 			}
@@ -349,6 +356,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	setup(fJR, true, jobsRigFor(fJR, StoreRedis))
 	setup(fJB, false, jobsRigFor(fJB, StoreBolt))
+	setup(fJF, false, jobsRigFor(fJF, StoreBolt))
 	setup(fJRt, true, jobsRigFor(fJRt, StoreRedis))
 	setup(fJT, false, func() error {
 		r, err := newTriageRig(ctx, cfg.BoltDir, cfg.Logger)

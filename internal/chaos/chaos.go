@@ -5,7 +5,9 @@
 // in one transaction; and an HTTP sink behind its webhook target, which records every
 // write it receives and honours Idempotency-Key as a real downstream does.
 //
-// While jobs of the shipped support-ticket pipeline run, the harness
+// While jobs of the shipped support-ticket pipeline run (and, on the ledger target, every
+// fourth one of research-brief: a fan-out of two branches, a merge and a sub-job), the
+// harness
 //
 //   - SIGKILLs the writeback right after the sink applied a write and before the sink
 //     answered it (the write happened, its receipt is lost), and, writing to the ledger, at
@@ -23,7 +25,8 @@
 // (completed, escalated or failed) before the deadline, no job may have been written twice
 // (under two keys, or without a key), a re-sent key must carry the body first applied, no
 // ledger key may have been offered twice (on one Redis), every completed job must have its write in its
-// external system, and a ledger job's receipt must name its entry. Run returns a Report whose Violations
+// external system, a ledger job's receipt must name its entry, and no branch of a fan-out
+// job may be delivered again after it completed. Run returns a Report whose Violations
 // list each of those that failed; `handoff chaos` prints it.
 package chaos
 
@@ -215,7 +218,11 @@ type Report struct {
 	// ExtraHopDebits those hops: a stage answered DUPLICATE to a re-delivery or a takeover's
 	// repeat is debited by the coordinator although its first delivery already paid.
 	OverchargedJobs int `json:"overcharged_jobs"`
-	ExtraHopDebits  int `json:"extra_hop_debits"`
+	// FanoutJobs ran research-brief: a fan-out of two branches, a merge and a sub-job.
+	FanoutJobs int `json:"fanout_jobs"`
+	// BranchesRerun counts branches delivered again after they had completed (must be 0).
+	BranchesRerun  int `json:"branches_rerun"`
+	ExtraHopDebits int `json:"extra_hop_debits"`
 	// Escalations and Failures count the non-completed outcomes by cause.
 	Escalations map[string]int `json:"escalations,omitempty"`
 	Failures    map[string]int `json:"failures,omitempty"`
@@ -275,6 +282,10 @@ type harness struct {
 	storeURL  string
 
 	maxHops int // the pipeline's max_hops: each job's wallet starts with it
+	// fanHops is research-brief's max_hops; fanJobs the jobs that run it (a fan-out and a
+	// sub-job on the ledger target).
+	fanHops int
+	fanJobs map[string]bool
 
 	jobTarget map[string]string // job id -> TargetLedger or TargetSink (read-only in the run)
 	killsAt   map[string]int    // writeback kills by where (under planMu)
@@ -309,7 +320,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, fmt.Errorf("chaos: wait is for the %s store only (one Redis has no replica to wait for)", StoreCluster)
 	}
 	h := &harness{cfg: cfg, rng: mrand.New(mrand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
-		jobTarget: map[string]string{}, killsAt: map[string]int{}, resumes: newResumes()}
+		jobTarget: map[string]string{}, killsAt: map[string]int{}, resumes: newResumes(), fanJobs: map[string]bool{}}
 	var sayMu sync.Mutex // lines come from the proxy, the sink and the supervisors at once
 	h.say = func(format string, args ...any) {
 		if cfg.Progress != nil {
@@ -443,6 +454,20 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		variants[sinkPipeline] = []byte(strings.Replace(v, "\nname: "+ledgerPipeline+"\n", "\nname: "+sinkPipeline+"\n", 1))
 	}
 	plDir := filepath.Join(h.dir, "pipelines")
+	if cfg.uses(TargetLedger) {
+		fan, err := pipelines.FS.ReadFile(fanPipeline + ".yaml")
+		if err != nil {
+			return nil, err
+		}
+		parsed, problems, err := pipeline.Parse(fanPipeline+".yaml", fan)
+		if err != nil || pipeline.HasErrors(problems) || !strings.Contains(string(fan), "target: ledger") {
+			return nil, fmt.Errorf("chaos: the shipped %s pipeline does not load or no longer writes to target ledger: %v %v", fanPipeline, err, problems)
+		}
+		h.fanHops = parsed.MaxHops
+		if err := os.WriteFile(filepath.Join(plDir, fanPipeline+".yaml"), fan, 0o644); err != nil {
+			return nil, err
+		}
+	}
 	for name, text := range variants {
 		parsed, problems, err := pipeline.Parse(name+".yaml", text)
 		if err != nil || pipeline.HasErrors(problems) {
@@ -574,8 +599,15 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		defer cc.Close()
 		clients = append(clients, handoffv1.NewCoordinatorServiceClient(cc))
 	}
+	ledgerJobs := 0
 	for i := range cfg.Jobs {
 		h.jobTarget[jobID(i)] = cfg.targetOf(i)
+		// Every fourth ledger job fans out (research-brief: two branches, a merge, a sub-job).
+		if h.jobTarget[jobID(i)] == TargetLedger {
+			if ledgerJobs++; ledgerJobs%4 == 0 {
+				h.fanJobs[jobID(i)] = true
+			}
+		}
 	}
 	start := time.Now()
 	results := h.runJobs(ctx, clients, arts)
@@ -803,6 +835,8 @@ type jobResult struct {
 	runID string
 	job   *handoffv1.Job
 	err   error
+	// rerun counts the branches of a fan-out job delivered again after they completed.
+	rerun int
 }
 
 // runJobs submits the jobs, at most Concurrency in flight, and waits for each to end.
@@ -861,6 +895,9 @@ func (h *harness) runJob(ctx context.Context, clients []handoffv1.CoordinatorSer
 	if h.jobTarget[r.id] == TargetSink {
 		pl = sinkPipeline
 	}
+	if h.fanJobs[r.id] {
+		pl = fanPipeline
+	}
 	req := &handoffv1.SubmitJobRequest{
 		RequestId: r.id, JobId: r.id, Pipeline: pl, Goal: demo.Goal, Constraints: demo.Constraints,
 		Budget: &handoffv1.Budget{UsdRemainingMicros: 1_200_000}, Inputs: []*handoffv1.Artifact{input},
@@ -900,6 +937,9 @@ func (h *harness) runJob(ctx context.Context, clients []handoffv1.CoordinatorSer
 		r.job = resp.GetJob()
 		switch r.job.GetState() {
 		case handoffv1.JobState_JOB_STATE_COMPLETED, handoffv1.JobState_JOB_STATE_ESCALATED, handoffv1.JobState_JOB_STATE_FAILED:
+			if h.fanJobs[r.id] {
+				h.countReruns(ctx, clients[(i+attempt)%len(clients)], r)
+			}
 			return
 		}
 	}
@@ -918,6 +958,27 @@ func (h *harness) kills() map[string]int {
 		p.mu.Unlock()
 	}
 	return out
+}
+
+// countReruns reads a fan-out job's events and counts the branches the rail delivered again
+// after their BRANCH_ENDED: a completed branch is never run again, whoever drives the run.
+func (h *harness) countReruns(ctx context.Context, client handoffv1.CoordinatorServiceClient, r *jobResult) {
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	evs, err := demo.Watch(cctx, client, r.runID, nil)
+	if err != nil {
+		return // the run is terminal: its job is counted; its events are best effort
+	}
+	ended := map[string]bool{}
+	for _, ev := range evs {
+		switch {
+		case ev.GetBranch() == "":
+		case ev.GetKind() == handoffv1.EventKind_EVENT_KIND_BRANCH_ENDED:
+			ended[ev.GetBranch()] = true
+		case ev.GetKind() == handoffv1.EventKind_EVENT_KIND_ACK && ended[ev.GetBranch()]:
+			r.rerun++
+		}
+	}
 }
 
 // jobID is job i's id.
@@ -959,8 +1020,20 @@ func (h *harness) finish(rep *Report, results []*jobResult, ledger *ledgerBook) 
 		if h.jobTarget[r.id] == TargetLedger {
 			written = ledger.perJob[r.id] > 0
 		}
+		rep.BranchesRerun += r.rerun
+		if h.fanJobs[r.id] {
+			rep.FanoutJobs++
+		}
 		if r.job != nil && r.err == nil {
-			if extra := h.maxHops - int(r.job.GetWallet().GetHopsRemaining()) - int(r.job.GetHops()); extra > 0 {
+			// The wallet paid the run's own hops and its sub-jobs'.
+			made, max := int(r.job.GetHops()), h.maxHops
+			if h.fanJobs[r.id] {
+				max = h.fanHops
+				for _, c := range r.job.GetChildren() {
+					made += int(c.GetHops())
+				}
+			}
+			if extra := max - int(r.job.GetWallet().GetHopsRemaining()) - made; extra > 0 {
 				rep.OverchargedJobs++
 				rep.ExtraHopDebits += extra
 			}
@@ -1020,6 +1093,9 @@ func (h *harness) finish(rep *Report, results []*jobResult, ledger *ledgerBook) 
 	}
 	if rep.Ledger.ReceiptMismatches > 0 {
 		*v = append(*v, fmt.Sprintf("%d completed ledger jobs hold a receipt that names another entry than their key's", rep.Ledger.ReceiptMismatches))
+	}
+	if rep.BranchesRerun > 0 {
+		*v = append(*v, fmt.Sprintf("%d branches delivered again after they had completed", rep.BranchesRerun))
 	}
 	if rep.CompletedWithoutWrite > 0 {
 		*v = append(*v, fmt.Sprintf("%d completed jobs have no write in their external system", rep.CompletedWithoutWrite))

@@ -41,6 +41,8 @@ var ledgerKillPoints = []string{crashpoint.InWrite, crashpoint.AfterWrite, crash
 const (
 	ledgerPipeline = "support-ticket"
 	sinkPipeline   = "support-ticket-webhook"
+	// fanPipeline is the shipped pipeline with a fan-out and a sub-job (ledger target).
+	fanPipeline = "research-brief"
 )
 
 // targetOf is job i's target.

@@ -80,6 +80,8 @@ func (r *Report) WriteText(w io.Writer) {
 	p("writes")
 	p("  completed without write   %s", mark(r.CompletedWithoutWrite))
 	p("  written, not completed    %d", r.WrittenNotCompleted)
+	p("fan-out (%d research-brief jobs: two branches, a merge, a sub-job)", r.FanoutJobs)
+	p("  branches re-run after completing %s", mark(r.BranchesRerun))
 	p("wallets")
 	p("  jobs charged extra hops   %d (%d hops beyond those made)", r.OverchargedJobs, r.ExtraHopDebits)
 	p("time to resume (kill to the next progress of each job it stalled)")

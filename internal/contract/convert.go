@@ -66,6 +66,16 @@ func V1ToV2(p *handoffv1.HandoffPackage, deadline time.Time) (*handoffv2.Handoff
 			MediaType: a.GetMediaType(), Sha256: a.GetSha256(), ProducedBy: a.GetProducedBy(),
 		})
 	}
+	for _, b := range p.GetBranchResults() {
+		r := &handoffv2.BranchResult{Branch: b.GetBranch()}
+		for _, a := range b.GetArtifacts() {
+			r.Artifacts = append(r.Artifacts, &handoffv2.Artifact{
+				Type: a.GetType(), SchemaVersion: a.GetSchemaVersion(), Uri: a.GetUri(),
+				MediaType: a.GetMediaType(), Sha256: a.GetSha256(), ProducedBy: a.GetProducedBy(),
+			})
+		}
+		out.BranchResults = append(out.BranchResults, r)
+	}
 	for i, t := range p.GetToolsTried() {
 		if t == nil {
 			return nil, fmt.Errorf("contract: V1ToV2: tools_tried[%d]: nil", i)
@@ -142,6 +152,16 @@ func V2ToV1(p *handoffv2.HandoffPackage) (*handoffv1.HandoffPackage, error) {
 			Type: a.GetType(), SchemaVersion: a.GetSchemaVersion(), Uri: a.GetUri(),
 			MediaType: a.GetMediaType(), Sha256: a.GetSha256(), ProducedBy: a.GetProducedBy(),
 		})
+	}
+	for _, b := range p.GetBranchResults() {
+		r := &handoffv1.BranchResult{Branch: b.GetBranch()}
+		for _, a := range b.GetArtifacts() {
+			r.Artifacts = append(r.Artifacts, &handoffv1.Artifact{
+				Type: a.GetType(), SchemaVersion: a.GetSchemaVersion(), Uri: a.GetUri(),
+				MediaType: a.GetMediaType(), Sha256: a.GetSha256(), ProducedBy: a.GetProducedBy(),
+			})
+		}
+		out.BranchResults = append(out.BranchResults, r)
 	}
 	for i, t := range p.GetToolAttempts() {
 		if t == nil {

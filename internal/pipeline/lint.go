@@ -40,6 +40,7 @@ func Lint(p *Pipeline) []Problem {
 	l.mcpServers()
 	l.catalogue()
 	l.stages()
+	l.fanout()
 	l.writers()
 	l.oneStage()
 	l.graph()
@@ -128,7 +129,7 @@ func (l *linter) pipeline() {
 		l.warnAt("max-hops", fmt.Sprintf("max_hops is %d but the pipeline has %d stages: every job escalates before it reaches the last stage", p.MaxHops, len(p.Stages)), "max_hops")
 	}
 
-	hasJudge := slices.ContainsFunc(p.Stages, func(s Stage) bool { return s.Kind == KindJudge })
+	hasJudge := slices.ContainsFunc(p.Stages, func(s Stage) bool { return s.Judges() })
 	switch {
 	case p.MaxRevisions < 0:
 		l.errorAt("max-revisions", fmt.Sprintf("max_revisions is %d: it must be 0 or more (how many judge FAILs go back for revision before the job escalates)", p.MaxRevisions), "max_revisions")
@@ -207,7 +208,7 @@ func (l *linter) catalogue() {
 		case !systemNameRE.MatchString(t.System) || len(t.System) > maxNameLen:
 			l.errorAt("tool-decl", fmt.Sprintf("%s has system %q, which is not a valid name: use lowercase letters, digits, '_' and '-', starting with a letter", label, t.System), path+".system", path)
 		}
-		if t.Name != "" && len(p.Stages) > 0 && !unreadTools && !slices.ContainsFunc(p.Stages, func(s Stage) bool { return slices.Contains(s.Tools, t.Name) }) {
+		if t.Name != "" && len(p.Stages) > 0 && !unreadTools && !p.holds(t.Name) {
 			l.warnAt("unused-tool", fmt.Sprintf("tool %q is in the catalogue but no stage holds it", t.Name), path+".name", path)
 		}
 	}
@@ -305,8 +306,13 @@ func (l *linter) stages() {
 			fallbackInputs[s.RejectedRole] = append(fallbackInputs[s.RejectedRole], s.Input)
 		}
 	}
-	var outputs []string     // schema versions output by the stages so far
-	var unversioned []string // types of earlier outputs with no usable version
+	var outputs []string       // schema versions output by the stages so far
+	var unversioned []string   // types of earlier outputs with no usable version
+	names := map[string]bool{} // every stage name, top-level and in branches
+	for _, s := range p.Stages {
+		names[s.Name] = true
+	}
+	var branchOutputs []string // what the last parallel stage's branches output
 	for i := range p.Stages {
 		s := &p.Stages[i]
 		path := stagePath(i)
@@ -333,18 +339,33 @@ func (l *linter) stages() {
 
 		// Kind.
 		kind := kindOf(s)
-		if kind != KindAgent && kind != KindJudge && kind != KindWriteback {
-			l.errorAt("stage-kind", fmt.Sprintf("%s has kind %q: use agent (the default), judge or writeback", lbl, s.Kind), path+".kind", path)
+		switch kind {
+		case KindAgent, KindJudge, KindWriteback, KindParallel, KindMerge, KindSubJob:
+		default:
+			l.errorAt("stage-kind", fmt.Sprintf("%s has kind %q: use agent (the default), judge, writeback, parallel, merge or subjob", lbl, s.Kind), path+".kind", path)
 		}
 
 		// Input.
 		switch {
+		case kind == KindMerge:
+			// A merge reads every branch's result; input: names one of them, if any.
+			l.merge(i, s, branchOutputs)
 		case s.Input == "":
 			l.errorAt("stage-input", fmt.Sprintf("%s has no input: name the schema version of the artifact it reads (e.g. input: chunks.v1)", lbl), path+".input", path)
 		case !schemaVersionRE.MatchString(s.Input):
 			l.errorAt("stage-input", fmt.Sprintf("%s reads %q, which is not a schema version: use type.vN (e.g. chunks.v1)", lbl, s.Input), path+".input", path)
 		case i > 0 && !slices.Contains(outputs, s.Input) && !slices.Contains(unversioned, versionType(s.Input)) && !slices.Contains(unversioned, "") && !slices.Contains(fallbackInputs[s.Name], s.Input):
 			l.errorAt("stage-input", fmt.Sprintf("%s reads %s, but no stage before it outputs %s (earlier outputs: %s)", lbl, s.Input, s.Input, orWord(strings.Join(outputs, ", "), "none")), path+".input", path)
+		}
+
+		if kind == KindParallel {
+			branchOutputs = l.parallel(i, s, names)
+			outputs = append(outputs, branchOutputs...)
+			l.routes(i, s)
+			continue
+		}
+		if kind == KindSubJob {
+			l.subjob(i, s)
 		}
 
 		// Output artifact: a type, and a schema version of that type.
@@ -497,7 +518,7 @@ func (l *linter) writer(i int, s *Stage) {
 	// last judge and this stage, so what is written is what the judge passed.
 	judge := -1
 	for j := i - 1; j >= 0; j-- {
-		if kindOf(&p.Stages[j]) == KindJudge {
+		if p.Stages[j].Judges() {
 			judge = j
 			break
 		}

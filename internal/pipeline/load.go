@@ -84,6 +84,11 @@ func loadAll(fsys fs.FS, display func(string) string) (map[string]*Pipeline, err
 	for _, pr := range CheckNames(loaded) {
 		errs = append(errs, errors.New(pr.String()))
 	}
+	for _, pr := range CheckSubJobs(out) {
+		if pr.IsError() {
+			errs = append(errs, errors.New(pr.String()))
+		}
+	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}

@@ -21,7 +21,7 @@ type position struct{ line, col int }
 
 // The fields each mapping may have, in the order the messages list them.
 var (
-	pipelineFields   = []string{"name", "description", "max_hops", "max_revisions", "max_bounces", "stale_revision", "escalation", "pii", "mcp_servers", "prices", "tools", "stages"}
+	pipelineFields   = []string{"name", "description", "max_hops", "max_revisions", "max_bounces", "stale_revision", "on_wallet_empty", "escalation", "pii", "mcp_servers", "prices", "tools", "stages"}
 	piiFields        = []string{"policy", "patterns"}
 	piiPatternFields = []string{"name", "regex"}
 	escalationFields = []string{"route", "max_grant", "max_open_escalations", "when_full", "webhook"}
@@ -30,7 +30,7 @@ var (
 	mcpFields        = []string{"server", "tool"}
 	mcpServerFields  = []string{"name", "command", "url"}
 	priceFields      = []string{"model", "prompt_micros_per_1k", "completion_micros_per_1k"}
-	stageFields      = []string{"name", "agent", "kind", "input", "output", "tools", "criteria", "runner", "revise", "writer", "routes", "next", "rejected_role", "instructions", "max_tool_rounds"}
+	stageFields      = []string{"name", "agent", "kind", "input", "output", "tools", "criteria", "runner", "revise", "writer", "routes", "next", "rejected_role", "instructions", "max_tool_rounds", "branches", "on_branch_failure", "branch_timeout", "judge", "subjob"}
 	routeFields      = []string{"name", "description", "to"}
 	outputFields     = []string{"type", "schema_version", "json_schema"}
 	writerFields     = []string{"system", "target"}
@@ -132,6 +132,8 @@ func (d *decoder) pipeline(root *yaml.Node) {
 			p.MaxBounces = d.int(v, "max_bounces", "max_bounces")
 		case "stale_revision":
 			p.StaleRevision = d.str(v, "stale_revision", "stale_revision")
+		case "on_wallet_empty":
+			p.OnWalletEmpty = d.str(v, "on_wallet_empty", "on_wallet_empty")
 		case "escalation":
 			d.mapping(v, "escalation", "escalation", escalationFields, func(key string, v *yaml.Node) {
 				switch key {
@@ -253,7 +255,11 @@ func (d *decoder) pipeline(root *yaml.Node) {
 }
 
 func (d *decoder) stage(i int, n *yaml.Node) Stage {
-	path := fmt.Sprintf("stages[%d]", i)
+	return d.stageAt(fmt.Sprintf("stages[%d]", i), i, n)
+}
+
+// stageAt reads the stage at path (a top-level stage, or one of a parallel branch's).
+func (d *decoder) stageAt(path string, i int, n *yaml.Node) Stage {
 	s := Stage{Line: pos(n).line}
 	what := fmt.Sprintf("stage %d", i+1)
 	if name := mappingValue(n, "name"); name != nil && name.Kind == yaml.ScalarNode && name.Value != "" {
@@ -335,6 +341,8 @@ func (d *decoder) stage(i int, n *yaml.Node) Stage {
 				}
 			})
 			s.Writer = w
+		default:
+			d.fanoutField(&s, path, what, key, v)
 		}
 	})
 	if s.Kind == "" && !d.p.bad[path+".kind"] {

@@ -26,6 +26,11 @@
 //     does, which max_bounces and the hop cap bound at run time);
 //   - route-end: a route ends the job only where no write is owed.
 //
+// Parallel stages, merges and sub-jobs (parallel.go) have their own rules: hard partitions
+// between branches (partition-output, partition-write-tool, partition-writer,
+// branch-writes, partition), a merge right after each parallel stage (merge), and a
+// self-contained sub-job task (subjob; CheckSubJobs against the pipeline it names).
+//
 // Parse returns every problem at once with its file, line and column; Load and LoadFS
 // refuse a pipeline that has any error-severity problem.
 package pipeline
@@ -34,6 +39,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/handoffhq/handoff/internal/pii"
 )
@@ -76,6 +82,9 @@ type Pipeline struct {
 	// STALE_PLAN if it comes back identical again; StaleEscalate escalates STALE_PLAN at
 	// once ("" is StaleRevise). Either way it never goes to the judge again.
 	StaleRevision string
+	// OnWalletEmpty is what branches still running do when the wallet empties
+	// (WalletEmptyFinish, the default, or WalletEmptyStop).
+	OnWalletEmpty string
 	Escalation    Escalation
 	// PII is what the coordinator does with personal data in a job's free text (pii:).
 	PII PII
@@ -232,6 +241,17 @@ type Stage struct {
 	Instructions string
 	// MaxToolRounds bounds a model stage's rounds of tool calls; 0: the agent's default.
 	MaxToolRounds int
+	// Branches are a parallel stage's branches (parallel.go).
+	Branches []Branch
+	// OnBranchFailure is a parallel stage's policy for a failed or timed-out branch
+	// (BranchFailEscalate when empty; see BranchFailure).
+	OnBranchFailure string
+	// BranchTimeout bounds each branch of a parallel stage (DefaultBranchTimeout when zero).
+	BranchTimeout time.Duration
+	// Judge makes a merge stage also the judge: its verdict gates the writeback.
+	Judge bool
+	// SubJob is a subjob stage's task.
+	SubJob *SubJob
 	// Line is the stage's line in Source (0 when the stage was not parsed from a file).
 	Line int
 }

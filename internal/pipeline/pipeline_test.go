@@ -177,6 +177,35 @@ func TestLintFixtures(t *testing.T) {
 			{"reachable", 23, `stage "end" is not reachable`},
 			{"routes", 38, `judge "judge" has routes`},
 		}},
+		// Fan-out: hard partitions, declared failure and wallet policies, merges, sub-jobs.
+		{file: "parallel_good.yaml"},
+		{file: "parallel_shared_output.yaml", errors: []want{
+			{"partition-output", 19, `branch "history" of stage "lookups" owns output type notes, which branch "policy" also owns`},
+		}},
+		{file: "parallel_shared_write_tool.yaml", errors: []want{
+			{"branch-writes", 14, `branch "policy" of stage "lookups" owns write tool crm.patch (system crm): no branch writes externally`},
+			{"partition-write-tool", 19, `branch "history" of stage "lookups" owns write tool crm.patch, which branch "policy" also owns`},
+			{"branch-writes", 19, `branch "history" of stage "lookups" owns write tool crm.patch`},
+		}},
+		{file: "parallel_shared_writer.yaml", errors: []want{
+			{"branch-writes", 16, `stage "crm-a" of branch "a" of stage "lookups" is a writer`},
+			{"partition-writer", 22, `stage "crm-b" of branch "b" of stage "lookups" writes system "crm", which branch "a" also writes`},
+			{"branch-writes", 22, `stage "crm-b" of branch "b" of stage "lookups" is a writer`},
+		}},
+		{file: "parallel_bad.yaml", errors: []want{
+			{"on-wallet-empty", 3, `on_wallet_empty is "shrug"`},
+			{"merge", 9, `parallel stage "lookups" is not followed by a merge`},
+			{"on-branch-failure", 11, `on_branch_failure "ignore"`},
+			{"field-type", 12, `branch_timeout "soon" is not a positive duration`},
+			{"parallel", 14, `stage "lookups" has 1 branches`},
+			{"partition", 18, `outputs other, which its branch does not own (outputs: policy_notes)`},
+			{"duplicate-stage", 19, `stage name "lookups" is used twice`},
+			{"subjob", 29, `runs its own pipeline parallel-bad as a sub-job`},
+			{"subjob", 29, `subjob.objective is empty`},
+			{"subjob", 29, `outputs summary_md.v1 but its sub-job returns summary.v1`},
+			{"subjob", 29, `subjob.stop "never"`},
+			{"subjob", 29, `subjob.max_hops must be greater than 0`},
+		}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.file, func(t *testing.T) {

@@ -11,11 +11,14 @@ package agentrunner
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"regexp"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"time"
 
@@ -243,9 +246,30 @@ func VisitKey(jobID, stage string, round, returns, visit uint32) string {
 	return key
 }
 
-// packageKey is the completion key of the stage run package p asks for.
+// packageKey is the completion key of the stage run package p asks for. A merge's key also
+// names the branch results it merges (MergeKey), so one set of them merges once.
 func packageKey(p *handoffv1.HandoffPackage) string {
-	return VisitKey(p.GetJobId(), p.GetStage(), p.GetEvaluator().GetRounds(), p.GetOperatorReturns(), p.GetVisit())
+	key := VisitKey(p.GetJobId(), p.GetStage(), p.GetEvaluator().GetRounds(), p.GetOperatorReturns(), p.GetVisit())
+	if len(p.GetBranchResults()) > 0 {
+		key += ":m" + MergeKey(p.GetBranchResults())
+	}
+	return key
+}
+
+// MergeKey names a set of branch results: a digest of each branch with the artifacts it
+// produced (type, version, uri, sha256), in branch order. The same results re-delivered give
+// the same key; another set (a branch left out, a branch's new result) another.
+func MergeKey(results []*handoffv1.BranchResult) string {
+	rs := slices.Clone(results)
+	slices.SortFunc(rs, func(a, b *handoffv1.BranchResult) int { return strings.Compare(a.GetBranch(), b.GetBranch()) })
+	h := sha256.New()
+	for _, r := range rs {
+		fmt.Fprintf(h, "b\x00%s\x00", r.GetBranch())
+		for _, a := range r.GetArtifacts() {
+			fmt.Fprintf(h, "a\x00%s\x00%s\x00%s\x00%s\x00", a.GetType(), a.GetSchemaVersion(), a.GetUri(), a.GetSha256())
+		}
+	}
+	return hex.EncodeToString(h.Sum(nil))[:16]
 }
 
 // duplicateAck decodes a stored completion into a DUPLICATE Ack.

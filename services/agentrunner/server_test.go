@@ -856,3 +856,30 @@ func TestHopStoreRoundTrips(t *testing.T) {
 		t.Fatalf("w-full holds %d hops after a failed and a repeated run of one stage; want 0", w.GetHopsRemaining())
 	}
 }
+
+// TestMergeKey: a merge's completion key names the set of branch results it merges. The
+// same results (in any order) are the same key, so a re-delivered set merges once; a set
+// without a branch, or with a branch's new result, is another.
+func TestMergeKey(t *testing.T) {
+	res := func(branch, uri string) *handoffv1.BranchResult {
+		return &handoffv1.BranchResult{Branch: branch, Artifacts: []*handoffv1.Artifact{{Type: "notes", SchemaVersion: "notes.v1", Uri: uri}}}
+	}
+	a, b := res("policy", "file:///a"), res("history", "file:///b")
+	base := agentrunner.MergeKey([]*handoffv1.BranchResult{a, b})
+	tests := []struct {
+		name string
+		set  []*handoffv1.BranchResult
+		same bool
+	}{
+		{"same set", []*handoffv1.BranchResult{res("policy", "file:///a"), res("history", "file:///b")}, true},
+		{"other order", []*handoffv1.BranchResult{b, a}, true},
+		{"a branch left out", []*handoffv1.BranchResult{a}, false},
+		{"a branch's new result", []*handoffv1.BranchResult{a, res("history", "file:///b2")}, false},
+		{"results under other branches", []*handoffv1.BranchResult{res("history", "file:///a"), res("policy", "file:///b")}, false},
+	}
+	for _, tt := range tests {
+		if got := agentrunner.MergeKey(tt.set); (got == base) != tt.same {
+			t.Errorf("%s: key %s vs %s, want same=%v", tt.name, got, base, tt.same)
+		}
+	}
+}

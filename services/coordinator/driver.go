@@ -87,12 +87,16 @@ func (s *Server) advance(ctx context.Context, runID string, job *handoffv1.Job) 
 		if terminal(job.GetState()) {
 			return nil, errDone
 		}
+		if job.GetParentRunId() != "" && !inSubJob(ctx) {
+			// A sub-job's nested run is driven by its parent's subjob stage only (subjob.go).
+			return nil, errDone
+		}
 		// The wallet lives in the store under the run id, where every receiver that shares
 		// the store debits it, for the run's job only. Opening is idempotent: it creates the
 		// wallet on the first hop (or after a crash between submit and here) and otherwise
 		// returns what is left; a wallet from before wallets recorded their job becomes this
 		// job's here, before any package names it.
-		w, err := s.opts.Store.OpenWallet(ctx, job.GetRunId(), job.GetJobId(), job.GetWallet())
+		w, err := s.opts.Store.OpenWallet(ctx, walletOf(job), job.GetJobId(), job.GetWallet())
 		if err != nil {
 			return nil, fmt.Errorf("open wallet: %w", err)
 		}
@@ -115,13 +119,13 @@ func (s *Server) advance(ctx context.Context, runID string, job *handoffv1.Job) 
 // setWallet mirrors the store's wallet into the run, tagged with its id.
 func (s *Server) setWallet(job *handoffv1.Job, w *handoffv1.Budget) {
 	w = proto.Clone(w).(*handoffv1.Budget)
-	w.WalletId = job.GetRunId()
+	w.WalletId = walletOf(job)
 	job.Wallet = w
 }
 
 // debit takes d from the run's wallet in the store and mirrors the result into the run.
 func (s *Server) debit(ctx context.Context, job *handoffv1.Job, d store.Debit) error {
-	w, err := s.opts.Store.Debit(ctx, job.GetRunId(), d)
+	w, err := s.opts.Store.Debit(ctx, walletOf(job), d)
 	if err != nil {
 		return err
 	}
@@ -143,6 +147,14 @@ func (s *Server) step(ctx context.Context, job *handoffv1.Job, w stepWallet) err
 		return err
 	} else if stop {
 		return s.apply(ctx, job, p, w, t, nil)
+	}
+	switch {
+	case st.IsParallel():
+		return s.fanOut(ctx, job, p, st, w) // fanout.go
+	case st.IsSubJob():
+		return s.subJob(ctx, job, p, st, w) // subjob.go
+	case st.IsMerge():
+		return s.mergeHop(ctx, job, p, st, w) // fanout.go
 	}
 	// The hop's send span: a child of the job's trace, and the parent of the receiver's
 	// ack span through the package's traceparent (and of the gRPC client span). Hop calls
@@ -173,6 +185,11 @@ func (s *Server) pay(ctx context.Context, job *handoffv1.Job, d store.Debit) err
 // job came to st: where from, and by which move or route; never what the stage before said.
 func (s *Server) buildPackage(job *handoffv1.Job, st *pipeline.Stage, tp string) *handoffv1.HandoffPackage {
 	pkg := PackageOf(job, st.Name, tp)
+	if ps := job.GetParentStage(); ps != "" {
+		// A sub-job's stages are its parent stage's: their completion keys never meet the
+		// parent's own stages of the same name.
+		pkg.Stage = subStage(ps, st.Name)
+	}
 	if s.opts.Tamper != nil {
 		s.opts.Tamper(pkg)
 	}
@@ -325,7 +342,7 @@ func (s *Server) agentHop(ctx context.Context, job *handoffv1.Job, p *pipeline.P
 				job.OpenQuestions = carryQuestions(job.GetOpenQuestions(), result.GetOpenQuestions(), result.GetResolvedQuestions())
 				job.StageMemoryRefs = addRefs(job.GetStageMemoryRefs(), job.GetMemoryRefs(), result.GetMemoryRefs())
 				job.NextHint = result.GetNextHint()
-				if ev := result.GetEvaluator(); st.IsJudge() && ev.GetLastVerdict() != handoffv1.Verdict_VERDICT_UNSPECIFIED {
+				if ev := result.GetEvaluator(); st.Judges() && ev.GetLastVerdict() != handoffv1.Verdict_VERDICT_UNSPECIFIED {
 					// Evaluator state travels: every later package carries this verdict, and
 					// once the run is saved with it the store keeps it beside the wallet
 					// (recordVerdict).

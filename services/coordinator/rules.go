@@ -216,7 +216,7 @@ func afterAgent(p *pipeline.Pipeline, st *pipeline.Stage, job *handoffv1.Job, w 
 	if res.GetStatus() == handoffv1.StageStatus_STAGE_STATUS_FAILED {
 		return escalation(handoffv1.EscalationCause_ESCALATION_CAUSE_STAGE_FAILED, fmt.Sprintf("stage %s failed: %s", st.Name, res.GetError()), nil)
 	}
-	if st.IsJudge() {
+	if st.Judges() {
 		return afterJudge(p, st, job, w, res)
 	}
 	if t, stale := staleRevision(p, st, job, res); stale {
@@ -265,6 +265,12 @@ func afterJudge(p *pipeline.Pipeline, st *pipeline.Stage, job *handoffv1.Job, w 
 	case handoffv1.Verdict_VERDICT_FAIL:
 	default:
 		return escalation(handoffv1.EscalationCause_ESCALATION_CAUSE_STAGE_FAILED, fmt.Sprintf("judge %s returned no verdict", st.Name), nil)
+	}
+	if len(st.ReviseStages()) == 0 {
+		// A merge that judges has no stage to send the branches' results back to: a person
+		// decides.
+		return escalation(handoffv1.EscalationCause_ESCALATION_CAUSE_STAGE_FAILED,
+			fmt.Sprintf("judge %s failed the merged branch results, and nothing revises them", st.Name), failureReasons(ev))
 	}
 	exhausted := escalation(handoffv1.EscalationCause_ESCALATION_CAUSE_REVISIONS_EXHAUSTED,
 		fmt.Sprintf("judge %s failed the work and no revisions are left", st.Name), failureReasons(ev))
@@ -426,7 +432,7 @@ func arrivedBy(job *handoffv1.Job, stage string, how handoffv1.Move) bool {
 
 func isJudge(p *pipeline.Pipeline, name string) bool {
 	st, _, ok := p.Stage(name)
-	return ok && st.IsJudge()
+	return ok && st.Judges()
 }
 
 // chooseVersion is the contract version a hop is sent in: the newest the stage's agent

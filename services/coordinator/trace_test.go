@@ -79,3 +79,71 @@ func oneTracePerJob(t *testing.T, v2 []string) {
 		}
 	}
 }
+
+// TestFanOutTrace runs research-brief with an in-memory span exporter: each branch's hop
+// spans are children of its branch span, each branch span a child of the fan-out span; the
+// merge's send span links every branch span; the sub-job's nested hops are children of the
+// subjob stage's span; all of it on the job's one trace.
+func TestFanOutTrace(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	t.Cleanup(func() { tp.Shutdown(context.Background()) })
+	e := &env{defaultBudget: &handoffv1.Budget{UsdRemainingMicros: 1_000_000}}
+	e.st, e.client = startStack(t, stack.Config{TracerProvider: tp})
+	e.input = mustInput(t, e.st)
+	job, evs := e.submit(t, "research-brief", "tkt_1", "", e.defaultBudget)
+	if job.GetState() != handoffv1.JobState_JOB_STATE_COMPLETED {
+		t.Fatalf("job %s: %v; timeline %v", job.GetState(), job.GetEscalation(), kinds(evs))
+	}
+	want := traceparent.TraceID(job.GetTraceparent())
+	var byName map[string][]sdktrace.ReadOnlySpan
+	for deadline := time.Now().Add(2 * time.Second); ; {
+		byName = map[string][]sdktrace.ReadOnlySpan{}
+		for _, s := range exp.GetSpans().Snapshots() {
+			byName[s.Name()] = append(byName[s.Name()], s)
+		}
+		if len(byName["handoff.send writeback"]) == 1 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	one := func(name string) sdktrace.ReadOnlySpan {
+		t.Helper()
+		if len(byName[name]) != 1 {
+			t.Fatalf("%d spans %q, want 1", len(byName[name]), name)
+		}
+		s := byName[name][0]
+		if s.SpanContext().TraceID().String() != want {
+			t.Errorf("span %s on trace %s, want the job's %s", name, s.SpanContext().TraceID(), want)
+		}
+		return s
+	}
+	fan := one("handoff.fanout lookups")
+	branchIDs := map[string]bool{}
+	for branch, stage := range map[string]string{"policy": "policy-lookup", "history": "history-lookup"} {
+		b := one("handoff.branch " + branch)
+		if b.Parent().SpanID() != fan.SpanContext().SpanID() {
+			t.Errorf("branch span %s is not the fan-out span's child", branch)
+		}
+		if h := one("handoff.send " + stage); h.Parent().SpanID() != b.SpanContext().SpanID() {
+			t.Errorf("hop span of %s is not its branch span's child", stage)
+		}
+		branchIDs[b.SpanContext().SpanID().String()] = true
+	}
+	merge := one("handoff.send brief")
+	linked := map[string]bool{}
+	for _, l := range merge.Links() {
+		linked[l.SpanContext.SpanID().String()] = true
+	}
+	for id := range branchIDs {
+		if !linked[id] {
+			t.Errorf("the merge's span does not link branch span %s (links %v)", id, linked)
+		}
+	}
+	sub := one("handoff.subjob draft")
+	for _, stage := range []string{"intake", "retrieve"} {
+		if h := one("handoff.send " + stage); h.Parent().SpanID() != sub.SpanContext().SpanID() {
+			t.Errorf("the sub-run's %s hop span is not a child of the subjob stage's span", stage)
+		}
+	}
+}

@@ -273,6 +273,65 @@ func (JobState) EnumDescriptor() ([]byte, []int) {
 	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{3}
 }
 
+type BranchStatus int32
+
+const (
+	BranchStatus_BRANCH_STATUS_UNSPECIFIED BranchStatus = 0
+	BranchStatus_BRANCH_STATUS_RUNNING     BranchStatus = 1
+	BranchStatus_BRANCH_STATUS_COMPLETED   BranchStatus = 2
+	BranchStatus_BRANCH_STATUS_FAILED      BranchStatus = 3
+	BranchStatus_BRANCH_STATUS_TIMED_OUT   BranchStatus = 4
+	// The wallet emptied: the branch made no further hop.
+	BranchStatus_BRANCH_STATUS_STOPPED BranchStatus = 5
+)
+
+// Enum value maps for BranchStatus.
+var (
+	BranchStatus_name = map[int32]string{
+		0: "BRANCH_STATUS_UNSPECIFIED",
+		1: "BRANCH_STATUS_RUNNING",
+		2: "BRANCH_STATUS_COMPLETED",
+		3: "BRANCH_STATUS_FAILED",
+		4: "BRANCH_STATUS_TIMED_OUT",
+		5: "BRANCH_STATUS_STOPPED",
+	}
+	BranchStatus_value = map[string]int32{
+		"BRANCH_STATUS_UNSPECIFIED": 0,
+		"BRANCH_STATUS_RUNNING":     1,
+		"BRANCH_STATUS_COMPLETED":   2,
+		"BRANCH_STATUS_FAILED":      3,
+		"BRANCH_STATUS_TIMED_OUT":   4,
+		"BRANCH_STATUS_STOPPED":     5,
+	}
+)
+
+func (x BranchStatus) Enum() *BranchStatus {
+	p := new(BranchStatus)
+	*p = x
+	return p
+}
+
+func (x BranchStatus) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (BranchStatus) Descriptor() protoreflect.EnumDescriptor {
+	return file_handoff_v1_coordinator_proto_enumTypes[4].Descriptor()
+}
+
+func (BranchStatus) Type() protoreflect.EnumType {
+	return &file_handoff_v1_coordinator_proto_enumTypes[4]
+}
+
+func (x BranchStatus) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use BranchStatus.Descriptor instead.
+func (BranchStatus) EnumDescriptor() ([]byte, []int) {
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{4}
+}
+
 type EscalationCause int32
 
 const (
@@ -304,6 +363,11 @@ const (
 	// pipeline escalates such a stale plan (stale_revision: escalate), or the stage sent the
 	// same bytes again after the rail sent it back once.
 	EscalationCause_ESCALATION_CAUSE_STALE_PLAN EscalationCause = 14
+	// A branch of a parallel stage failed or timed out, and the stage's on_branch_failure is
+	// escalate (or continue_without left nothing to merge).
+	EscalationCause_ESCALATION_CAUSE_BRANCH_FAILED EscalationCause = 30
+	// A sub-job's nested run escalated: its parent escalates with it.
+	EscalationCause_ESCALATION_CAUSE_SUBJOB_ESCALATED EscalationCause = 31
 )
 
 // Enum value maps for EscalationCause.
@@ -324,6 +388,8 @@ var (
 		12: "ESCALATION_CAUSE_DEADLINE",
 		13: "ESCALATION_CAUSE_DESK_FULL",
 		14: "ESCALATION_CAUSE_STALE_PLAN",
+		30: "ESCALATION_CAUSE_BRANCH_FAILED",
+		31: "ESCALATION_CAUSE_SUBJOB_ESCALATED",
 	}
 	EscalationCause_value = map[string]int32{
 		"ESCALATION_CAUSE_UNSPECIFIED":         0,
@@ -341,6 +407,8 @@ var (
 		"ESCALATION_CAUSE_DEADLINE":            12,
 		"ESCALATION_CAUSE_DESK_FULL":           13,
 		"ESCALATION_CAUSE_STALE_PLAN":          14,
+		"ESCALATION_CAUSE_BRANCH_FAILED":       30,
+		"ESCALATION_CAUSE_SUBJOB_ESCALATED":    31,
 	}
 )
 
@@ -355,11 +423,11 @@ func (x EscalationCause) String() string {
 }
 
 func (EscalationCause) Descriptor() protoreflect.EnumDescriptor {
-	return file_handoff_v1_coordinator_proto_enumTypes[4].Descriptor()
+	return file_handoff_v1_coordinator_proto_enumTypes[5].Descriptor()
 }
 
 func (EscalationCause) Type() protoreflect.EnumType {
-	return &file_handoff_v1_coordinator_proto_enumTypes[4]
+	return &file_handoff_v1_coordinator_proto_enumTypes[5]
 }
 
 func (x EscalationCause) Number() protoreflect.EnumNumber {
@@ -368,7 +436,7 @@ func (x EscalationCause) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use EscalationCause.Descriptor instead.
 func (EscalationCause) EnumDescriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{4}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{5}
 }
 
 type EventKind int32
@@ -388,6 +456,12 @@ const (
 	EventKind_EVENT_KIND_RESOLVED EventKind = 10
 	// The escalation was delivered to its route's webhook, or could not be: delivery says how.
 	EventKind_EVENT_KIND_ESCALATION_DELIVERY EventKind = 11
+	// A branch of a parallel stage ended (JobEvent.branch; its state in Job.branches).
+	EventKind_EVENT_KIND_BRANCH_ENDED EventKind = 30
+	// A subjob stage started its nested run (JobEvent.sub_run_id).
+	EventKind_EVENT_KIND_SUBJOB_STARTED EventKind = 31
+	// A subjob stage's nested run ended; its artifact returned or it escalated.
+	EventKind_EVENT_KIND_SUBJOB_ENDED EventKind = 32
 )
 
 // Enum value maps for EventKind.
@@ -405,6 +479,9 @@ var (
 		9:  "EVENT_KIND_FAILED",
 		10: "EVENT_KIND_RESOLVED",
 		11: "EVENT_KIND_ESCALATION_DELIVERY",
+		30: "EVENT_KIND_BRANCH_ENDED",
+		31: "EVENT_KIND_SUBJOB_STARTED",
+		32: "EVENT_KIND_SUBJOB_ENDED",
 	}
 	EventKind_value = map[string]int32{
 		"EVENT_KIND_UNSPECIFIED":         0,
@@ -419,6 +496,9 @@ var (
 		"EVENT_KIND_FAILED":              9,
 		"EVENT_KIND_RESOLVED":            10,
 		"EVENT_KIND_ESCALATION_DELIVERY": 11,
+		"EVENT_KIND_BRANCH_ENDED":        30,
+		"EVENT_KIND_SUBJOB_STARTED":      31,
+		"EVENT_KIND_SUBJOB_ENDED":        32,
 	}
 )
 
@@ -433,11 +513,11 @@ func (x EventKind) String() string {
 }
 
 func (EventKind) Descriptor() protoreflect.EnumDescriptor {
-	return file_handoff_v1_coordinator_proto_enumTypes[5].Descriptor()
+	return file_handoff_v1_coordinator_proto_enumTypes[6].Descriptor()
 }
 
 func (EventKind) Type() protoreflect.EnumType {
-	return &file_handoff_v1_coordinator_proto_enumTypes[5]
+	return &file_handoff_v1_coordinator_proto_enumTypes[6]
 }
 
 func (x EventKind) Number() protoreflect.EnumNumber {
@@ -446,7 +526,7 @@ func (x EventKind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use EventKind.Descriptor instead.
 func (EventKind) EnumDescriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{5}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{6}
 }
 
 type ResolutionAction int32
@@ -488,11 +568,11 @@ func (x ResolutionAction) String() string {
 }
 
 func (ResolutionAction) Descriptor() protoreflect.EnumDescriptor {
-	return file_handoff_v1_coordinator_proto_enumTypes[6].Descriptor()
+	return file_handoff_v1_coordinator_proto_enumTypes[7].Descriptor()
 }
 
 func (ResolutionAction) Type() protoreflect.EnumType {
-	return &file_handoff_v1_coordinator_proto_enumTypes[6]
+	return &file_handoff_v1_coordinator_proto_enumTypes[7]
 }
 
 func (x ResolutionAction) Number() protoreflect.EnumNumber {
@@ -501,7 +581,7 @@ func (x ResolutionAction) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ResolutionAction.Descriptor instead.
 func (ResolutionAction) EnumDescriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{6}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{7}
 }
 
 type ExplainJobRequest struct {
@@ -1841,8 +1921,20 @@ type Job struct {
 	// carried on every package after memory_refs, which stay as submitted (the job's
 	// content).
 	StageMemoryRefs []string `protobuf:"bytes,31,rep,name=stage_memory_refs,json=stageMemoryRefs,proto3" json:"stage_memory_refs,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The branches of the run's parallel stages: each one's state, hops and result. A
+	// completed branch is never run again (its result is idempotent on job, stage and branch).
+	Branches []*BranchState `protobuf:"bytes,40,rep,name=branches,proto3" json:"branches,omitempty"`
+	// For a sub-job's nested run: the run whose subjob stage started it.
+	ParentRunId string `protobuf:"bytes,41,opt,name=parent_run_id,json=parentRunId,proto3" json:"parent_run_id,omitempty"`
+	// For a sub-job's nested run: the parent's subjob stage.
+	ParentStage string `protobuf:"bytes,42,opt,name=parent_stage,json=parentStage,proto3" json:"parent_stage,omitempty"`
+	// The nested runs the run's subjob stages started, as they stand.
+	Children []*SubJobRef `protobuf:"bytes,43,rep,name=children,proto3" json:"children,omitempty"`
+	// The run whose wallet pays this run's hops (a sub-job pays from its parent's); empty:
+	// the run's own.
+	WalletRunId   string `protobuf:"bytes,44,opt,name=wallet_run_id,json=walletRunId,proto3" json:"wallet_run_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Job) Reset() {
@@ -2092,6 +2184,265 @@ func (x *Job) GetStageMemoryRefs() []string {
 	return nil
 }
 
+func (x *Job) GetBranches() []*BranchState {
+	if x != nil {
+		return x.Branches
+	}
+	return nil
+}
+
+func (x *Job) GetParentRunId() string {
+	if x != nil {
+		return x.ParentRunId
+	}
+	return ""
+}
+
+func (x *Job) GetParentStage() string {
+	if x != nil {
+		return x.ParentStage
+	}
+	return ""
+}
+
+func (x *Job) GetChildren() []*SubJobRef {
+	if x != nil {
+		return x.Children
+	}
+	return nil
+}
+
+func (x *Job) GetWalletRunId() string {
+	if x != nil {
+		return x.WalletRunId
+	}
+	return ""
+}
+
+// BranchState is one branch of a parallel stage in a run.
+type BranchState struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The parallel stage.
+	Group  string       `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
+	Branch string       `protobuf:"bytes,2,opt,name=branch,proto3" json:"branch,omitempty"`
+	Status BranchStatus `protobuf:"varint,3,opt,name=status,proto3,enum=handoff.v1.BranchStatus" json:"status,omitempty"`
+	// The branch's stage at which it is (or ended).
+	Stage     string                 `protobuf:"bytes,4,opt,name=stage,proto3" json:"stage,omitempty"`
+	Hops      uint32                 `protobuf:"varint,5,opt,name=hops,proto3" json:"hops,omitempty"`
+	StartedAt *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
+	EndedAt   *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=ended_at,json=endedAt,proto3" json:"ended_at,omitempty"`
+	// What the branch produced (its partition's artifacts).
+	Artifacts []*Artifact `protobuf:"bytes,8,rep,name=artifacts,proto3" json:"artifacts,omitempty"`
+	// Why it failed, timed out or stopped.
+	Detail string `protobuf:"bytes,9,opt,name=detail,proto3" json:"detail,omitempty"`
+	// The branch's span, which the merge's span links.
+	Traceparent    string `protobuf:"bytes,10,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
+	SpentUsdMicros int64  `protobuf:"varint,11,opt,name=spent_usd_micros,json=spentUsdMicros,proto3" json:"spent_usd_micros,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *BranchState) Reset() {
+	*x = BranchState{}
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BranchState) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BranchState) ProtoMessage() {}
+
+func (x *BranchState) ProtoReflect() protoreflect.Message {
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BranchState.ProtoReflect.Descriptor instead.
+func (*BranchState) Descriptor() ([]byte, []int) {
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *BranchState) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *BranchState) GetBranch() string {
+	if x != nil {
+		return x.Branch
+	}
+	return ""
+}
+
+func (x *BranchState) GetStatus() BranchStatus {
+	if x != nil {
+		return x.Status
+	}
+	return BranchStatus_BRANCH_STATUS_UNSPECIFIED
+}
+
+func (x *BranchState) GetStage() string {
+	if x != nil {
+		return x.Stage
+	}
+	return ""
+}
+
+func (x *BranchState) GetHops() uint32 {
+	if x != nil {
+		return x.Hops
+	}
+	return 0
+}
+
+func (x *BranchState) GetStartedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartedAt
+	}
+	return nil
+}
+
+func (x *BranchState) GetEndedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.EndedAt
+	}
+	return nil
+}
+
+func (x *BranchState) GetArtifacts() []*Artifact {
+	if x != nil {
+		return x.Artifacts
+	}
+	return nil
+}
+
+func (x *BranchState) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
+func (x *BranchState) GetTraceparent() string {
+	if x != nil {
+		return x.Traceparent
+	}
+	return ""
+}
+
+func (x *BranchState) GetSpentUsdMicros() int64 {
+	if x != nil {
+		return x.SpentUsdMicros
+	}
+	return 0
+}
+
+// SubJobRef is a nested run a subjob stage started.
+type SubJobRef struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Stage    string                 `protobuf:"bytes,1,opt,name=stage,proto3" json:"stage,omitempty"`
+	RunId    string                 `protobuf:"bytes,2,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	Pipeline string                 `protobuf:"bytes,3,opt,name=pipeline,proto3" json:"pipeline,omitempty"`
+	State    JobState               `protobuf:"varint,4,opt,name=state,proto3,enum=handoff.v1.JobState" json:"state,omitempty"`
+	// The final artifact that returned to the parent (the only thing that does).
+	Artifact      *Artifact   `protobuf:"bytes,5,opt,name=artifact,proto3" json:"artifact,omitempty"`
+	Escalation    *Escalation `protobuf:"bytes,6,opt,name=escalation,proto3" json:"escalation,omitempty"`
+	Hops          uint32      `protobuf:"varint,7,opt,name=hops,proto3" json:"hops,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SubJobRef) Reset() {
+	*x = SubJobRef{}
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SubJobRef) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SubJobRef) ProtoMessage() {}
+
+func (x *SubJobRef) ProtoReflect() protoreflect.Message {
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SubJobRef.ProtoReflect.Descriptor instead.
+func (*SubJobRef) Descriptor() ([]byte, []int) {
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *SubJobRef) GetStage() string {
+	if x != nil {
+		return x.Stage
+	}
+	return ""
+}
+
+func (x *SubJobRef) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *SubJobRef) GetPipeline() string {
+	if x != nil {
+		return x.Pipeline
+	}
+	return ""
+}
+
+func (x *SubJobRef) GetState() JobState {
+	if x != nil {
+		return x.State
+	}
+	return JobState_JOB_STATE_UNSPECIFIED
+}
+
+func (x *SubJobRef) GetArtifact() *Artifact {
+	if x != nil {
+		return x.Artifact
+	}
+	return nil
+}
+
+func (x *SubJobRef) GetEscalation() *Escalation {
+	if x != nil {
+		return x.Escalation
+	}
+	return nil
+}
+
+func (x *SubJobRef) GetHops() uint32 {
+	if x != nil {
+		return x.Hops
+	}
+	return 0
+}
+
 // Transfer is one move of a run from one stage to another: a one-way hand-over of the
 // package (never of a transcript), which the rail chose by the pipeline's rules.
 type Transfer struct {
@@ -2114,7 +2465,7 @@ type Transfer struct {
 
 func (x *Transfer) Reset() {
 	*x = Transfer{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[20]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2126,7 +2477,7 @@ func (x *Transfer) String() string {
 func (*Transfer) ProtoMessage() {}
 
 func (x *Transfer) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[20]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2139,7 +2490,7 @@ func (x *Transfer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Transfer.ProtoReflect.Descriptor instead.
 func (*Transfer) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{20}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Transfer) GetFromStage() string {
@@ -2206,7 +2557,7 @@ type Escalation struct {
 
 func (x *Escalation) Reset() {
 	*x = Escalation{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[21]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2218,7 +2569,7 @@ func (x *Escalation) String() string {
 func (*Escalation) ProtoMessage() {}
 
 func (x *Escalation) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[21]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2231,7 +2582,7 @@ func (x *Escalation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Escalation.ProtoReflect.Descriptor instead.
 func (*Escalation) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{21}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Escalation) GetCause() EscalationCause {
@@ -2302,7 +2653,7 @@ type Delivery struct {
 
 func (x *Delivery) Reset() {
 	*x = Delivery{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[22]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2314,7 +2665,7 @@ func (x *Delivery) String() string {
 func (*Delivery) ProtoMessage() {}
 
 func (x *Delivery) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[22]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2327,7 +2678,7 @@ func (x *Delivery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Delivery.ProtoReflect.Descriptor instead.
 func (*Delivery) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{22}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Delivery) GetUrl() string {
@@ -2412,15 +2763,19 @@ type JobEvent struct {
 	// On EVENT_KIND_PACKAGE_SENT: the exact package sent, the one the stage started from
 	// (at most 64 KiB by contract): package for handoff.v1 and for the writeback,
 	// package_v2 for a handoff.v2 hop. Kept once, on this event only.
-	Package       *HandoffPackage    `protobuf:"bytes,19,opt,name=package,proto3" json:"package,omitempty"`
-	PackageV2     *v2.HandoffPackage `protobuf:"bytes,20,opt,name=package_v2,json=packageV2,proto3" json:"package_v2,omitempty"`
+	Package   *HandoffPackage    `protobuf:"bytes,19,opt,name=package,proto3" json:"package,omitempty"`
+	PackageV2 *v2.HandoffPackage `protobuf:"bytes,20,opt,name=package_v2,json=packageV2,proto3" json:"package_v2,omitempty"`
+	// The branch of a parallel stage the event is of (empty: the run's own stage).
+	Branch string `protobuf:"bytes,40,opt,name=branch,proto3" json:"branch,omitempty"`
+	// The nested run a SUBJOB_* event is about.
+	SubRunId      string `protobuf:"bytes,41,opt,name=sub_run_id,json=subRunId,proto3" json:"sub_run_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *JobEvent) Reset() {
 	*x = JobEvent{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[23]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2432,7 +2787,7 @@ func (x *JobEvent) String() string {
 func (*JobEvent) ProtoMessage() {}
 
 func (x *JobEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[23]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2445,7 +2800,7 @@ func (x *JobEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobEvent.ProtoReflect.Descriptor instead.
 func (*JobEvent) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{23}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *JobEvent) GetSeq() uint64 {
@@ -2588,6 +2943,20 @@ func (x *JobEvent) GetPackageV2() *v2.HandoffPackage {
 	return nil
 }
 
+func (x *JobEvent) GetBranch() string {
+	if x != nil {
+		return x.Branch
+	}
+	return ""
+}
+
+func (x *JobEvent) GetSubRunId() string {
+	if x != nil {
+		return x.SubRunId
+	}
+	return ""
+}
+
 type ListEscalationsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	PageSize      int32                  `protobuf:"varint,1,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
@@ -2598,7 +2967,7 @@ type ListEscalationsRequest struct {
 
 func (x *ListEscalationsRequest) Reset() {
 	*x = ListEscalationsRequest{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[24]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2610,7 +2979,7 @@ func (x *ListEscalationsRequest) String() string {
 func (*ListEscalationsRequest) ProtoMessage() {}
 
 func (x *ListEscalationsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[24]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2623,7 +2992,7 @@ func (x *ListEscalationsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEscalationsRequest.ProtoReflect.Descriptor instead.
 func (*ListEscalationsRequest) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{24}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ListEscalationsRequest) GetPageSize() int32 {
@@ -2650,7 +3019,7 @@ type ListEscalationsResponse struct {
 
 func (x *ListEscalationsResponse) Reset() {
 	*x = ListEscalationsResponse{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[25]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2662,7 +3031,7 @@ func (x *ListEscalationsResponse) String() string {
 func (*ListEscalationsResponse) ProtoMessage() {}
 
 func (x *ListEscalationsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[25]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2675,7 +3044,7 @@ func (x *ListEscalationsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEscalationsResponse.ProtoReflect.Descriptor instead.
 func (*ListEscalationsResponse) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{25}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ListEscalationsResponse) GetJobs() []*Job {
@@ -2718,7 +3087,7 @@ type ResolveEscalationRequest struct {
 
 func (x *ResolveEscalationRequest) Reset() {
 	*x = ResolveEscalationRequest{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[26]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2730,7 +3099,7 @@ func (x *ResolveEscalationRequest) String() string {
 func (*ResolveEscalationRequest) ProtoMessage() {}
 
 func (x *ResolveEscalationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[26]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2743,7 +3112,7 @@ func (x *ResolveEscalationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveEscalationRequest.ProtoReflect.Descriptor instead.
 func (*ResolveEscalationRequest) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{26}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ResolveEscalationRequest) GetRunId() string {
@@ -2867,7 +3236,7 @@ type ApproveAction struct {
 
 func (x *ApproveAction) Reset() {
 	*x = ApproveAction{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[27]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2879,7 +3248,7 @@ func (x *ApproveAction) String() string {
 func (*ApproveAction) ProtoMessage() {}
 
 func (x *ApproveAction) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[27]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2892,7 +3261,7 @@ func (x *ApproveAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApproveAction.ProtoReflect.Descriptor instead.
 func (*ApproveAction) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{27}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ApproveAction) GetArtifactText() string {
@@ -2916,7 +3285,7 @@ type ReturnToStageAction struct {
 
 func (x *ReturnToStageAction) Reset() {
 	*x = ReturnToStageAction{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[28]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2928,7 +3297,7 @@ func (x *ReturnToStageAction) String() string {
 func (*ReturnToStageAction) ProtoMessage() {}
 
 func (x *ReturnToStageAction) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[28]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2941,7 +3310,7 @@ func (x *ReturnToStageAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReturnToStageAction.ProtoReflect.Descriptor instead.
 func (*ReturnToStageAction) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{28}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ReturnToStageAction) GetStage() string {
@@ -2978,7 +3347,7 @@ type Grant struct {
 
 func (x *Grant) Reset() {
 	*x = Grant{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[29]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2990,7 +3359,7 @@ func (x *Grant) String() string {
 func (*Grant) ProtoMessage() {}
 
 func (x *Grant) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[29]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3003,7 +3372,7 @@ func (x *Grant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Grant.ProtoReflect.Descriptor instead.
 func (*Grant) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{29}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *Grant) GetHops() uint32 {
@@ -3036,7 +3405,7 @@ type FailAction struct {
 
 func (x *FailAction) Reset() {
 	*x = FailAction{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[30]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3048,7 +3417,7 @@ func (x *FailAction) String() string {
 func (*FailAction) ProtoMessage() {}
 
 func (x *FailAction) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[30]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3061,7 +3430,7 @@ func (x *FailAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FailAction.ProtoReflect.Descriptor instead.
 func (*FailAction) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{30}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *FailAction) GetReason() string {
@@ -3080,7 +3449,7 @@ type RejectMalformedAction struct {
 
 func (x *RejectMalformedAction) Reset() {
 	*x = RejectMalformedAction{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[31]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3092,7 +3461,7 @@ func (x *RejectMalformedAction) String() string {
 func (*RejectMalformedAction) ProtoMessage() {}
 
 func (x *RejectMalformedAction) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[31]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3105,7 +3474,7 @@ func (x *RejectMalformedAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RejectMalformedAction.ProtoReflect.Descriptor instead.
 func (*RejectMalformedAction) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{31}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *RejectMalformedAction) GetReason() string {
@@ -3144,7 +3513,7 @@ type Resolution struct {
 
 func (x *Resolution) Reset() {
 	*x = Resolution{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[32]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3156,7 +3525,7 @@ func (x *Resolution) String() string {
 func (*Resolution) ProtoMessage() {}
 
 func (x *Resolution) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[32]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3169,7 +3538,7 @@ func (x *Resolution) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Resolution.ProtoReflect.Descriptor instead.
 func (*Resolution) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{32}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *Resolution) GetAction() ResolutionAction {
@@ -3265,7 +3634,7 @@ type ResolveEscalationResponse struct {
 
 func (x *ResolveEscalationResponse) Reset() {
 	*x = ResolveEscalationResponse{}
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[33]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3277,7 +3646,7 @@ func (x *ResolveEscalationResponse) String() string {
 func (*ResolveEscalationResponse) ProtoMessage() {}
 
 func (x *ResolveEscalationResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_handoff_v1_coordinator_proto_msgTypes[33]
+	mi := &file_handoff_v1_coordinator_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3290,7 +3659,7 @@ func (x *ResolveEscalationResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveEscalationResponse.ProtoReflect.Descriptor instead.
 func (*ResolveEscalationResponse) Descriptor() ([]byte, []int) {
-	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{33}
+	return file_handoff_v1_coordinator_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ResolveEscalationResponse) GetJob() *Job {
@@ -3432,7 +3801,7 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\x06run_id\x18\x01 \x01(\tB\x06\xbaH\x03\xc8\x01\x01R\x05runId\x12\x1b\n" +
 	"\tafter_seq\x18\x02 \x01(\x04R\bafterSeq\">\n" +
 	"\x10WatchJobResponse\x12*\n" +
-	"\x05event\x18\x01 \x01(\v2\x14.handoff.v1.JobEventR\x05event\"\xdb\t\n" +
+	"\x05event\x18\x01 \x01(\v2\x14.handoff.v1.JobEventR\x05event\"\xae\v\n" +
 	"\x03Job\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x15\n" +
 	"\x06job_id\x18\x02 \x01(\tR\x05jobId\x12\x1a\n" +
@@ -3476,7 +3845,36 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\n" +
 	"tracestate\x18\x1e \x01(\tR\n" +
 	"tracestate\x12*\n" +
-	"\x11stage_memory_refs\x18\x1f \x03(\tR\x0fstageMemoryRefs\"\xc1\x01\n" +
+	"\x11stage_memory_refs\x18\x1f \x03(\tR\x0fstageMemoryRefs\x123\n" +
+	"\bbranches\x18( \x03(\v2\x17.handoff.v1.BranchStateR\bbranches\x12\"\n" +
+	"\rparent_run_id\x18) \x01(\tR\vparentRunId\x12!\n" +
+	"\fparent_stage\x18* \x01(\tR\vparentStage\x121\n" +
+	"\bchildren\x18+ \x03(\v2\x15.handoff.v1.SubJobRefR\bchildren\x12\"\n" +
+	"\rwallet_run_id\x18, \x01(\tR\vwalletRunId\"\xa1\x03\n" +
+	"\vBranchState\x12\x14\n" +
+	"\x05group\x18\x01 \x01(\tR\x05group\x12\x16\n" +
+	"\x06branch\x18\x02 \x01(\tR\x06branch\x120\n" +
+	"\x06status\x18\x03 \x01(\x0e2\x18.handoff.v1.BranchStatusR\x06status\x12\x14\n" +
+	"\x05stage\x18\x04 \x01(\tR\x05stage\x12\x12\n" +
+	"\x04hops\x18\x05 \x01(\rR\x04hops\x129\n" +
+	"\n" +
+	"started_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x125\n" +
+	"\bended_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\aendedAt\x122\n" +
+	"\tartifacts\x18\b \x03(\v2\x14.handoff.v1.ArtifactR\tartifacts\x12\x16\n" +
+	"\x06detail\x18\t \x01(\tR\x06detail\x12 \n" +
+	"\vtraceparent\x18\n" +
+	" \x01(\tR\vtraceparent\x12(\n" +
+	"\x10spent_usd_micros\x18\v \x01(\x03R\x0espentUsdMicros\"\xfe\x01\n" +
+	"\tSubJobRef\x12\x14\n" +
+	"\x05stage\x18\x01 \x01(\tR\x05stage\x12\x15\n" +
+	"\x06run_id\x18\x02 \x01(\tR\x05runId\x12\x1a\n" +
+	"\bpipeline\x18\x03 \x01(\tR\bpipeline\x12*\n" +
+	"\x05state\x18\x04 \x01(\x0e2\x14.handoff.v1.JobStateR\x05state\x120\n" +
+	"\bartifact\x18\x05 \x01(\v2\x14.handoff.v1.ArtifactR\bartifact\x126\n" +
+	"\n" +
+	"escalation\x18\x06 \x01(\v2\x16.handoff.v1.EscalationR\n" +
+	"escalation\x12\x12\n" +
+	"\x04hops\x18\a \x01(\rR\x04hops\"\xc1\x01\n" +
 	"\bTransfer\x12\x1d\n" +
 	"\n" +
 	"from_stage\x18\x01 \x01(\tR\tfromStage\x12\x19\n" +
@@ -3504,7 +3902,7 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\x05error\x18\x05 \x01(\tR\x05error\x12\x1f\n" +
 	"\vstatus_code\x18\x06 \x01(\x05R\n" +
 	"statusCode\x12*\n" +
-	"\x02at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"\xac\x06\n" +
+	"\x02at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"\xe2\x06\n" +
 	"\bJobEvent\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x15\n" +
 	"\x06run_id\x18\x02 \x01(\tR\x05runId\x12\x15\n" +
@@ -3531,7 +3929,10 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\bdelivery\x18\x12 \x01(\v2\x14.handoff.v1.DeliveryR\bdelivery\x124\n" +
 	"\apackage\x18\x13 \x01(\v2\x1a.handoff.v1.HandoffPackageR\apackage\x129\n" +
 	"\n" +
-	"package_v2\x18\x14 \x01(\v2\x1a.handoff.v2.HandoffPackageR\tpackageV2\"`\n" +
+	"package_v2\x18\x14 \x01(\v2\x1a.handoff.v2.HandoffPackageR\tpackageV2\x12\x16\n" +
+	"\x06branch\x18( \x01(\tR\x06branch\x12\x1c\n" +
+	"\n" +
+	"sub_run_id\x18) \x01(\tR\bsubRunId\"`\n" +
 	"\x16ListEscalationsRequest\x12'\n" +
 	"\tpage_size\x18\x01 \x01(\x05B\n" +
 	"\xbaH\a\x1a\x05\x18\xe8\a(\x00R\bpageSize\x12\x1d\n" +
@@ -3619,7 +4020,14 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\x11JOB_STATE_RUNNING\x10\x01\x12\x17\n" +
 	"\x13JOB_STATE_COMPLETED\x10\x02\x12\x17\n" +
 	"\x13JOB_STATE_ESCALATED\x10\x03\x12\x14\n" +
-	"\x10JOB_STATE_FAILED\x10\x04*\x99\x04\n" +
+	"\x10JOB_STATE_FAILED\x10\x04*\xb7\x01\n" +
+	"\fBranchStatus\x12\x1d\n" +
+	"\x19BRANCH_STATUS_UNSPECIFIED\x10\x00\x12\x19\n" +
+	"\x15BRANCH_STATUS_RUNNING\x10\x01\x12\x1b\n" +
+	"\x17BRANCH_STATUS_COMPLETED\x10\x02\x12\x18\n" +
+	"\x14BRANCH_STATUS_FAILED\x10\x03\x12\x1b\n" +
+	"\x17BRANCH_STATUS_TIMED_OUT\x10\x04\x12\x19\n" +
+	"\x15BRANCH_STATUS_STOPPED\x10\x05*\xe4\x04\n" +
 	"\x0fEscalationCause\x12 \n" +
 	"\x1cESCALATION_CAUSE_UNSPECIFIED\x10\x00\x12$\n" +
 	" ESCALATION_CAUSE_REJECTED_SCHEMA\x10\x01\x12\"\n" +
@@ -3636,7 +4044,9 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\x17ESCALATION_CAUSE_ROUTED\x10\v\x12\x1d\n" +
 	"\x19ESCALATION_CAUSE_DEADLINE\x10\f\x12\x1e\n" +
 	"\x1aESCALATION_CAUSE_DESK_FULL\x10\r\x12\x1f\n" +
-	"\x1bESCALATION_CAUSE_STALE_PLAN\x10\x0e*\xc7\x02\n" +
+	"\x1bESCALATION_CAUSE_STALE_PLAN\x10\x0e\x12\"\n" +
+	"\x1eESCALATION_CAUSE_BRANCH_FAILED\x10\x1e\x12%\n" +
+	"!ESCALATION_CAUSE_SUBJOB_ESCALATED\x10\x1f*\xa0\x03\n" +
 	"\tEventKind\x12\x1a\n" +
 	"\x16EVENT_KIND_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14EVENT_KIND_SUBMITTED\x10\x01\x12\x1b\n" +
@@ -3650,7 +4060,10 @@ const file_handoff_v1_coordinator_proto_rawDesc = "" +
 	"\x11EVENT_KIND_FAILED\x10\t\x12\x17\n" +
 	"\x13EVENT_KIND_RESOLVED\x10\n" +
 	"\x12\"\n" +
-	"\x1eEVENT_KIND_ESCALATION_DELIVERY\x10\v*\xbf\x01\n" +
+	"\x1eEVENT_KIND_ESCALATION_DELIVERY\x10\v\x12\x1b\n" +
+	"\x17EVENT_KIND_BRANCH_ENDED\x10\x1e\x12\x1d\n" +
+	"\x19EVENT_KIND_SUBJOB_STARTED\x10\x1f\x12\x1b\n" +
+	"\x17EVENT_KIND_SUBJOB_ENDED\x10 *\xbf\x01\n" +
 	"\x10ResolutionAction\x12!\n" +
 	"\x1dRESOLUTION_ACTION_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19RESOLUTION_ACTION_APPROVE\x10\x01\x12%\n" +
@@ -3680,169 +4093,181 @@ func file_handoff_v1_coordinator_proto_rawDescGZIP() []byte {
 	return file_handoff_v1_coordinator_proto_rawDescData
 }
 
-var file_handoff_v1_coordinator_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_handoff_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
+var file_handoff_v1_coordinator_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
+var file_handoff_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_handoff_v1_coordinator_proto_goTypes = []any{
 	(Question)(0),                     // 0: handoff.v1.Question
 	(Finding)(0),                      // 1: handoff.v1.Finding
 	(ViolationKind)(0),                // 2: handoff.v1.ViolationKind
 	(JobState)(0),                     // 3: handoff.v1.JobState
-	(EscalationCause)(0),              // 4: handoff.v1.EscalationCause
-	(EventKind)(0),                    // 5: handoff.v1.EventKind
-	(ResolutionAction)(0),             // 6: handoff.v1.ResolutionAction
-	(*ExplainJobRequest)(nil),         // 7: handoff.v1.ExplainJobRequest
-	(*ExplainJobResponse)(nil),        // 8: handoff.v1.ExplainJobResponse
-	(*Explanation)(nil),               // 9: handoff.v1.Explanation
-	(*HopExplanation)(nil),            // 10: handoff.v1.HopExplanation
-	(*Answer)(nil),                    // 11: handoff.v1.Answer
-	(*Evidence)(nil),                  // 12: handoff.v1.Evidence
-	(*Violation)(nil),                 // 13: handoff.v1.Violation
-	(*ClaimEscalationRequest)(nil),    // 14: handoff.v1.ClaimEscalationRequest
-	(*ClaimEscalationResponse)(nil),   // 15: handoff.v1.ClaimEscalationResponse
-	(*Claim)(nil),                     // 16: handoff.v1.Claim
-	(*SubmitJobRequest)(nil),          // 17: handoff.v1.SubmitJobRequest
-	(*SubmitJobResponse)(nil),         // 18: handoff.v1.SubmitJobResponse
-	(*GetJobRequest)(nil),             // 19: handoff.v1.GetJobRequest
-	(*GetJobResponse)(nil),            // 20: handoff.v1.GetJobResponse
-	(*HopRecord)(nil),                 // 21: handoff.v1.HopRecord
-	(*ListJobsRequest)(nil),           // 22: handoff.v1.ListJobsRequest
-	(*ListJobsResponse)(nil),          // 23: handoff.v1.ListJobsResponse
-	(*WatchJobRequest)(nil),           // 24: handoff.v1.WatchJobRequest
-	(*WatchJobResponse)(nil),          // 25: handoff.v1.WatchJobResponse
-	(*Job)(nil),                       // 26: handoff.v1.Job
-	(*Transfer)(nil),                  // 27: handoff.v1.Transfer
-	(*Escalation)(nil),                // 28: handoff.v1.Escalation
-	(*Delivery)(nil),                  // 29: handoff.v1.Delivery
-	(*JobEvent)(nil),                  // 30: handoff.v1.JobEvent
-	(*ListEscalationsRequest)(nil),    // 31: handoff.v1.ListEscalationsRequest
-	(*ListEscalationsResponse)(nil),   // 32: handoff.v1.ListEscalationsResponse
-	(*ResolveEscalationRequest)(nil),  // 33: handoff.v1.ResolveEscalationRequest
-	(*ApproveAction)(nil),             // 34: handoff.v1.ApproveAction
-	(*ReturnToStageAction)(nil),       // 35: handoff.v1.ReturnToStageAction
-	(*Grant)(nil),                     // 36: handoff.v1.Grant
-	(*FailAction)(nil),                // 37: handoff.v1.FailAction
-	(*RejectMalformedAction)(nil),     // 38: handoff.v1.RejectMalformedAction
-	(*Resolution)(nil),                // 39: handoff.v1.Resolution
-	(*ResolveEscalationResponse)(nil), // 40: handoff.v1.ResolveEscalationResponse
-	(AckStatus)(0),                    // 41: handoff.v1.AckStatus
-	(*timestamppb.Timestamp)(nil),     // 42: google.protobuf.Timestamp
-	(*Budget)(nil),                    // 43: handoff.v1.Budget
-	(*Artifact)(nil),                  // 44: handoff.v1.Artifact
-	(*Trace)(nil),                     // 45: handoff.v1.Trace
-	(Verdict)(0),                      // 46: handoff.v1.Verdict
-	(*durationpb.Duration)(nil),       // 47: google.protobuf.Duration
-	(*Receipt)(nil),                   // 48: handoff.v1.Receipt
-	(*Evaluator)(nil),                 // 49: handoff.v1.Evaluator
-	(*ToolAttempt)(nil),               // 50: handoff.v1.ToolAttempt
-	(Move)(0),                         // 51: handoff.v1.Move
-	(*RouteChoice)(nil),               // 52: handoff.v1.RouteChoice
-	(*Reason)(nil),                    // 53: handoff.v1.Reason
-	(*Ack)(nil),                       // 54: handoff.v1.Ack
-	(*StageResult)(nil),               // 55: handoff.v1.StageResult
-	(*HandoffPackage)(nil),            // 56: handoff.v1.HandoffPackage
-	(*v2.HandoffPackage)(nil),         // 57: handoff.v2.HandoffPackage
+	(BranchStatus)(0),                 // 4: handoff.v1.BranchStatus
+	(EscalationCause)(0),              // 5: handoff.v1.EscalationCause
+	(EventKind)(0),                    // 6: handoff.v1.EventKind
+	(ResolutionAction)(0),             // 7: handoff.v1.ResolutionAction
+	(*ExplainJobRequest)(nil),         // 8: handoff.v1.ExplainJobRequest
+	(*ExplainJobResponse)(nil),        // 9: handoff.v1.ExplainJobResponse
+	(*Explanation)(nil),               // 10: handoff.v1.Explanation
+	(*HopExplanation)(nil),            // 11: handoff.v1.HopExplanation
+	(*Answer)(nil),                    // 12: handoff.v1.Answer
+	(*Evidence)(nil),                  // 13: handoff.v1.Evidence
+	(*Violation)(nil),                 // 14: handoff.v1.Violation
+	(*ClaimEscalationRequest)(nil),    // 15: handoff.v1.ClaimEscalationRequest
+	(*ClaimEscalationResponse)(nil),   // 16: handoff.v1.ClaimEscalationResponse
+	(*Claim)(nil),                     // 17: handoff.v1.Claim
+	(*SubmitJobRequest)(nil),          // 18: handoff.v1.SubmitJobRequest
+	(*SubmitJobResponse)(nil),         // 19: handoff.v1.SubmitJobResponse
+	(*GetJobRequest)(nil),             // 20: handoff.v1.GetJobRequest
+	(*GetJobResponse)(nil),            // 21: handoff.v1.GetJobResponse
+	(*HopRecord)(nil),                 // 22: handoff.v1.HopRecord
+	(*ListJobsRequest)(nil),           // 23: handoff.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),          // 24: handoff.v1.ListJobsResponse
+	(*WatchJobRequest)(nil),           // 25: handoff.v1.WatchJobRequest
+	(*WatchJobResponse)(nil),          // 26: handoff.v1.WatchJobResponse
+	(*Job)(nil),                       // 27: handoff.v1.Job
+	(*BranchState)(nil),               // 28: handoff.v1.BranchState
+	(*SubJobRef)(nil),                 // 29: handoff.v1.SubJobRef
+	(*Transfer)(nil),                  // 30: handoff.v1.Transfer
+	(*Escalation)(nil),                // 31: handoff.v1.Escalation
+	(*Delivery)(nil),                  // 32: handoff.v1.Delivery
+	(*JobEvent)(nil),                  // 33: handoff.v1.JobEvent
+	(*ListEscalationsRequest)(nil),    // 34: handoff.v1.ListEscalationsRequest
+	(*ListEscalationsResponse)(nil),   // 35: handoff.v1.ListEscalationsResponse
+	(*ResolveEscalationRequest)(nil),  // 36: handoff.v1.ResolveEscalationRequest
+	(*ApproveAction)(nil),             // 37: handoff.v1.ApproveAction
+	(*ReturnToStageAction)(nil),       // 38: handoff.v1.ReturnToStageAction
+	(*Grant)(nil),                     // 39: handoff.v1.Grant
+	(*FailAction)(nil),                // 40: handoff.v1.FailAction
+	(*RejectMalformedAction)(nil),     // 41: handoff.v1.RejectMalformedAction
+	(*Resolution)(nil),                // 42: handoff.v1.Resolution
+	(*ResolveEscalationResponse)(nil), // 43: handoff.v1.ResolveEscalationResponse
+	(AckStatus)(0),                    // 44: handoff.v1.AckStatus
+	(*timestamppb.Timestamp)(nil),     // 45: google.protobuf.Timestamp
+	(*Budget)(nil),                    // 46: handoff.v1.Budget
+	(*Artifact)(nil),                  // 47: handoff.v1.Artifact
+	(*Trace)(nil),                     // 48: handoff.v1.Trace
+	(Verdict)(0),                      // 49: handoff.v1.Verdict
+	(*durationpb.Duration)(nil),       // 50: google.protobuf.Duration
+	(*Receipt)(nil),                   // 51: handoff.v1.Receipt
+	(*Evaluator)(nil),                 // 52: handoff.v1.Evaluator
+	(*ToolAttempt)(nil),               // 53: handoff.v1.ToolAttempt
+	(Move)(0),                         // 54: handoff.v1.Move
+	(*RouteChoice)(nil),               // 55: handoff.v1.RouteChoice
+	(*Reason)(nil),                    // 56: handoff.v1.Reason
+	(*Ack)(nil),                       // 57: handoff.v1.Ack
+	(*StageResult)(nil),               // 58: handoff.v1.StageResult
+	(*HandoffPackage)(nil),            // 59: handoff.v1.HandoffPackage
+	(*v2.HandoffPackage)(nil),         // 60: handoff.v2.HandoffPackage
 }
 var file_handoff_v1_coordinator_proto_depIdxs = []int32{
-	9,  // 0: handoff.v1.ExplainJobResponse.explanation:type_name -> handoff.v1.Explanation
+	10, // 0: handoff.v1.ExplainJobResponse.explanation:type_name -> handoff.v1.Explanation
 	3,  // 1: handoff.v1.Explanation.state:type_name -> handoff.v1.JobState
-	10, // 2: handoff.v1.Explanation.hops:type_name -> handoff.v1.HopExplanation
-	13, // 3: handoff.v1.Explanation.violations:type_name -> handoff.v1.Violation
-	41, // 4: handoff.v1.HopExplanation.ack:type_name -> handoff.v1.AckStatus
-	11, // 5: handoff.v1.HopExplanation.answers:type_name -> handoff.v1.Answer
+	11, // 2: handoff.v1.Explanation.hops:type_name -> handoff.v1.HopExplanation
+	14, // 3: handoff.v1.Explanation.violations:type_name -> handoff.v1.Violation
+	44, // 4: handoff.v1.HopExplanation.ack:type_name -> handoff.v1.AckStatus
+	12, // 5: handoff.v1.HopExplanation.answers:type_name -> handoff.v1.Answer
 	0,  // 6: handoff.v1.Answer.question:type_name -> handoff.v1.Question
 	1,  // 7: handoff.v1.Answer.finding:type_name -> handoff.v1.Finding
-	12, // 8: handoff.v1.Answer.evidence:type_name -> handoff.v1.Evidence
+	13, // 8: handoff.v1.Answer.evidence:type_name -> handoff.v1.Evidence
 	2,  // 9: handoff.v1.Violation.kind:type_name -> handoff.v1.ViolationKind
-	12, // 10: handoff.v1.Violation.evidence:type_name -> handoff.v1.Evidence
-	16, // 11: handoff.v1.ClaimEscalationResponse.claim:type_name -> handoff.v1.Claim
-	42, // 12: handoff.v1.Claim.at:type_name -> google.protobuf.Timestamp
-	42, // 13: handoff.v1.Claim.expires_at:type_name -> google.protobuf.Timestamp
-	43, // 14: handoff.v1.SubmitJobRequest.budget:type_name -> handoff.v1.Budget
-	44, // 15: handoff.v1.SubmitJobRequest.inputs:type_name -> handoff.v1.Artifact
-	45, // 16: handoff.v1.SubmitJobRequest.trace:type_name -> handoff.v1.Trace
-	42, // 17: handoff.v1.SubmitJobRequest.deadline:type_name -> google.protobuf.Timestamp
-	26, // 18: handoff.v1.SubmitJobResponse.job:type_name -> handoff.v1.Job
-	26, // 19: handoff.v1.GetJobResponse.job:type_name -> handoff.v1.Job
-	21, // 20: handoff.v1.GetJobResponse.timeline:type_name -> handoff.v1.HopRecord
-	41, // 21: handoff.v1.HopRecord.ack:type_name -> handoff.v1.AckStatus
-	27, // 22: handoff.v1.HopRecord.transfer:type_name -> handoff.v1.Transfer
-	46, // 23: handoff.v1.HopRecord.verdict:type_name -> handoff.v1.Verdict
-	47, // 24: handoff.v1.HopRecord.duration:type_name -> google.protobuf.Duration
-	42, // 25: handoff.v1.HopRecord.at:type_name -> google.protobuf.Timestamp
-	5,  // 26: handoff.v1.HopRecord.end:type_name -> handoff.v1.EventKind
-	28, // 27: handoff.v1.HopRecord.escalation:type_name -> handoff.v1.Escalation
-	48, // 28: handoff.v1.HopRecord.receipt:type_name -> handoff.v1.Receipt
-	39, // 29: handoff.v1.HopRecord.resolution:type_name -> handoff.v1.Resolution
+	13, // 10: handoff.v1.Violation.evidence:type_name -> handoff.v1.Evidence
+	17, // 11: handoff.v1.ClaimEscalationResponse.claim:type_name -> handoff.v1.Claim
+	45, // 12: handoff.v1.Claim.at:type_name -> google.protobuf.Timestamp
+	45, // 13: handoff.v1.Claim.expires_at:type_name -> google.protobuf.Timestamp
+	46, // 14: handoff.v1.SubmitJobRequest.budget:type_name -> handoff.v1.Budget
+	47, // 15: handoff.v1.SubmitJobRequest.inputs:type_name -> handoff.v1.Artifact
+	48, // 16: handoff.v1.SubmitJobRequest.trace:type_name -> handoff.v1.Trace
+	45, // 17: handoff.v1.SubmitJobRequest.deadline:type_name -> google.protobuf.Timestamp
+	27, // 18: handoff.v1.SubmitJobResponse.job:type_name -> handoff.v1.Job
+	27, // 19: handoff.v1.GetJobResponse.job:type_name -> handoff.v1.Job
+	22, // 20: handoff.v1.GetJobResponse.timeline:type_name -> handoff.v1.HopRecord
+	44, // 21: handoff.v1.HopRecord.ack:type_name -> handoff.v1.AckStatus
+	30, // 22: handoff.v1.HopRecord.transfer:type_name -> handoff.v1.Transfer
+	49, // 23: handoff.v1.HopRecord.verdict:type_name -> handoff.v1.Verdict
+	50, // 24: handoff.v1.HopRecord.duration:type_name -> google.protobuf.Duration
+	45, // 25: handoff.v1.HopRecord.at:type_name -> google.protobuf.Timestamp
+	6,  // 26: handoff.v1.HopRecord.end:type_name -> handoff.v1.EventKind
+	31, // 27: handoff.v1.HopRecord.escalation:type_name -> handoff.v1.Escalation
+	51, // 28: handoff.v1.HopRecord.receipt:type_name -> handoff.v1.Receipt
+	42, // 29: handoff.v1.HopRecord.resolution:type_name -> handoff.v1.Resolution
 	3,  // 30: handoff.v1.ListJobsRequest.state:type_name -> handoff.v1.JobState
-	26, // 31: handoff.v1.ListJobsResponse.jobs:type_name -> handoff.v1.Job
-	30, // 32: handoff.v1.WatchJobResponse.event:type_name -> handoff.v1.JobEvent
+	27, // 31: handoff.v1.ListJobsResponse.jobs:type_name -> handoff.v1.Job
+	33, // 32: handoff.v1.WatchJobResponse.event:type_name -> handoff.v1.JobEvent
 	3,  // 33: handoff.v1.Job.state:type_name -> handoff.v1.JobState
-	43, // 34: handoff.v1.Job.wallet:type_name -> handoff.v1.Budget
-	49, // 35: handoff.v1.Job.evaluator:type_name -> handoff.v1.Evaluator
-	44, // 36: handoff.v1.Job.artifacts:type_name -> handoff.v1.Artifact
-	50, // 37: handoff.v1.Job.tools_tried:type_name -> handoff.v1.ToolAttempt
-	48, // 38: handoff.v1.Job.receipt:type_name -> handoff.v1.Receipt
-	28, // 39: handoff.v1.Job.escalation:type_name -> handoff.v1.Escalation
-	42, // 40: handoff.v1.Job.created_at:type_name -> google.protobuf.Timestamp
-	42, // 41: handoff.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
-	39, // 42: handoff.v1.Job.resolution:type_name -> handoff.v1.Resolution
-	27, // 43: handoff.v1.Job.transfers:type_name -> handoff.v1.Transfer
-	42, // 44: handoff.v1.Job.deadline:type_name -> google.protobuf.Timestamp
-	16, // 45: handoff.v1.Job.claim:type_name -> handoff.v1.Claim
-	51, // 46: handoff.v1.Transfer.move:type_name -> handoff.v1.Move
-	52, // 47: handoff.v1.Transfer.route:type_name -> handoff.v1.RouteChoice
-	4,  // 48: handoff.v1.Escalation.cause:type_name -> handoff.v1.EscalationCause
-	53, // 49: handoff.v1.Escalation.reasons:type_name -> handoff.v1.Reason
-	42, // 50: handoff.v1.Escalation.at:type_name -> google.protobuf.Timestamp
-	42, // 51: handoff.v1.Delivery.at:type_name -> google.protobuf.Timestamp
-	5,  // 52: handoff.v1.JobEvent.kind:type_name -> handoff.v1.EventKind
-	42, // 53: handoff.v1.JobEvent.at:type_name -> google.protobuf.Timestamp
-	43, // 54: handoff.v1.JobEvent.wallet:type_name -> handoff.v1.Budget
-	54, // 55: handoff.v1.JobEvent.ack:type_name -> handoff.v1.Ack
-	55, // 56: handoff.v1.JobEvent.result:type_name -> handoff.v1.StageResult
-	49, // 57: handoff.v1.JobEvent.evaluator:type_name -> handoff.v1.Evaluator
-	48, // 58: handoff.v1.JobEvent.receipt:type_name -> handoff.v1.Receipt
-	28, // 59: handoff.v1.JobEvent.escalation:type_name -> handoff.v1.Escalation
-	39, // 60: handoff.v1.JobEvent.resolution:type_name -> handoff.v1.Resolution
-	27, // 61: handoff.v1.JobEvent.transfer:type_name -> handoff.v1.Transfer
-	29, // 62: handoff.v1.JobEvent.delivery:type_name -> handoff.v1.Delivery
-	56, // 63: handoff.v1.JobEvent.package:type_name -> handoff.v1.HandoffPackage
-	57, // 64: handoff.v1.JobEvent.package_v2:type_name -> handoff.v2.HandoffPackage
-	26, // 65: handoff.v1.ListEscalationsResponse.jobs:type_name -> handoff.v1.Job
-	34, // 66: handoff.v1.ResolveEscalationRequest.approve:type_name -> handoff.v1.ApproveAction
-	35, // 67: handoff.v1.ResolveEscalationRequest.return_to_stage:type_name -> handoff.v1.ReturnToStageAction
-	37, // 68: handoff.v1.ResolveEscalationRequest.fail:type_name -> handoff.v1.FailAction
-	38, // 69: handoff.v1.ResolveEscalationRequest.reject_malformed:type_name -> handoff.v1.RejectMalformedAction
-	36, // 70: handoff.v1.ReturnToStageAction.grant:type_name -> handoff.v1.Grant
-	6,  // 71: handoff.v1.Resolution.action:type_name -> handoff.v1.ResolutionAction
-	44, // 72: handoff.v1.Resolution.edited_artifact:type_name -> handoff.v1.Artifact
-	28, // 73: handoff.v1.Resolution.escalation:type_name -> handoff.v1.Escalation
-	42, // 74: handoff.v1.Resolution.at:type_name -> google.protobuf.Timestamp
-	36, // 75: handoff.v1.Resolution.grant:type_name -> handoff.v1.Grant
-	26, // 76: handoff.v1.ResolveEscalationResponse.job:type_name -> handoff.v1.Job
-	48, // 77: handoff.v1.ResolveEscalationResponse.receipt:type_name -> handoff.v1.Receipt
-	39, // 78: handoff.v1.ResolveEscalationResponse.resolution:type_name -> handoff.v1.Resolution
-	17, // 79: handoff.v1.CoordinatorService.SubmitJob:input_type -> handoff.v1.SubmitJobRequest
-	19, // 80: handoff.v1.CoordinatorService.GetJob:input_type -> handoff.v1.GetJobRequest
-	22, // 81: handoff.v1.CoordinatorService.ListJobs:input_type -> handoff.v1.ListJobsRequest
-	24, // 82: handoff.v1.CoordinatorService.WatchJob:input_type -> handoff.v1.WatchJobRequest
-	31, // 83: handoff.v1.CoordinatorService.ListEscalations:input_type -> handoff.v1.ListEscalationsRequest
-	33, // 84: handoff.v1.CoordinatorService.ResolveEscalation:input_type -> handoff.v1.ResolveEscalationRequest
-	14, // 85: handoff.v1.CoordinatorService.ClaimEscalation:input_type -> handoff.v1.ClaimEscalationRequest
-	7,  // 86: handoff.v1.CoordinatorService.ExplainJob:input_type -> handoff.v1.ExplainJobRequest
-	18, // 87: handoff.v1.CoordinatorService.SubmitJob:output_type -> handoff.v1.SubmitJobResponse
-	20, // 88: handoff.v1.CoordinatorService.GetJob:output_type -> handoff.v1.GetJobResponse
-	23, // 89: handoff.v1.CoordinatorService.ListJobs:output_type -> handoff.v1.ListJobsResponse
-	25, // 90: handoff.v1.CoordinatorService.WatchJob:output_type -> handoff.v1.WatchJobResponse
-	32, // 91: handoff.v1.CoordinatorService.ListEscalations:output_type -> handoff.v1.ListEscalationsResponse
-	40, // 92: handoff.v1.CoordinatorService.ResolveEscalation:output_type -> handoff.v1.ResolveEscalationResponse
-	15, // 93: handoff.v1.CoordinatorService.ClaimEscalation:output_type -> handoff.v1.ClaimEscalationResponse
-	8,  // 94: handoff.v1.CoordinatorService.ExplainJob:output_type -> handoff.v1.ExplainJobResponse
-	87, // [87:95] is the sub-list for method output_type
-	79, // [79:87] is the sub-list for method input_type
-	79, // [79:79] is the sub-list for extension type_name
-	79, // [79:79] is the sub-list for extension extendee
-	0,  // [0:79] is the sub-list for field type_name
+	46, // 34: handoff.v1.Job.wallet:type_name -> handoff.v1.Budget
+	52, // 35: handoff.v1.Job.evaluator:type_name -> handoff.v1.Evaluator
+	47, // 36: handoff.v1.Job.artifacts:type_name -> handoff.v1.Artifact
+	53, // 37: handoff.v1.Job.tools_tried:type_name -> handoff.v1.ToolAttempt
+	51, // 38: handoff.v1.Job.receipt:type_name -> handoff.v1.Receipt
+	31, // 39: handoff.v1.Job.escalation:type_name -> handoff.v1.Escalation
+	45, // 40: handoff.v1.Job.created_at:type_name -> google.protobuf.Timestamp
+	45, // 41: handoff.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
+	42, // 42: handoff.v1.Job.resolution:type_name -> handoff.v1.Resolution
+	30, // 43: handoff.v1.Job.transfers:type_name -> handoff.v1.Transfer
+	45, // 44: handoff.v1.Job.deadline:type_name -> google.protobuf.Timestamp
+	17, // 45: handoff.v1.Job.claim:type_name -> handoff.v1.Claim
+	28, // 46: handoff.v1.Job.branches:type_name -> handoff.v1.BranchState
+	29, // 47: handoff.v1.Job.children:type_name -> handoff.v1.SubJobRef
+	4,  // 48: handoff.v1.BranchState.status:type_name -> handoff.v1.BranchStatus
+	45, // 49: handoff.v1.BranchState.started_at:type_name -> google.protobuf.Timestamp
+	45, // 50: handoff.v1.BranchState.ended_at:type_name -> google.protobuf.Timestamp
+	47, // 51: handoff.v1.BranchState.artifacts:type_name -> handoff.v1.Artifact
+	3,  // 52: handoff.v1.SubJobRef.state:type_name -> handoff.v1.JobState
+	47, // 53: handoff.v1.SubJobRef.artifact:type_name -> handoff.v1.Artifact
+	31, // 54: handoff.v1.SubJobRef.escalation:type_name -> handoff.v1.Escalation
+	54, // 55: handoff.v1.Transfer.move:type_name -> handoff.v1.Move
+	55, // 56: handoff.v1.Transfer.route:type_name -> handoff.v1.RouteChoice
+	5,  // 57: handoff.v1.Escalation.cause:type_name -> handoff.v1.EscalationCause
+	56, // 58: handoff.v1.Escalation.reasons:type_name -> handoff.v1.Reason
+	45, // 59: handoff.v1.Escalation.at:type_name -> google.protobuf.Timestamp
+	45, // 60: handoff.v1.Delivery.at:type_name -> google.protobuf.Timestamp
+	6,  // 61: handoff.v1.JobEvent.kind:type_name -> handoff.v1.EventKind
+	45, // 62: handoff.v1.JobEvent.at:type_name -> google.protobuf.Timestamp
+	46, // 63: handoff.v1.JobEvent.wallet:type_name -> handoff.v1.Budget
+	57, // 64: handoff.v1.JobEvent.ack:type_name -> handoff.v1.Ack
+	58, // 65: handoff.v1.JobEvent.result:type_name -> handoff.v1.StageResult
+	52, // 66: handoff.v1.JobEvent.evaluator:type_name -> handoff.v1.Evaluator
+	51, // 67: handoff.v1.JobEvent.receipt:type_name -> handoff.v1.Receipt
+	31, // 68: handoff.v1.JobEvent.escalation:type_name -> handoff.v1.Escalation
+	42, // 69: handoff.v1.JobEvent.resolution:type_name -> handoff.v1.Resolution
+	30, // 70: handoff.v1.JobEvent.transfer:type_name -> handoff.v1.Transfer
+	32, // 71: handoff.v1.JobEvent.delivery:type_name -> handoff.v1.Delivery
+	59, // 72: handoff.v1.JobEvent.package:type_name -> handoff.v1.HandoffPackage
+	60, // 73: handoff.v1.JobEvent.package_v2:type_name -> handoff.v2.HandoffPackage
+	27, // 74: handoff.v1.ListEscalationsResponse.jobs:type_name -> handoff.v1.Job
+	37, // 75: handoff.v1.ResolveEscalationRequest.approve:type_name -> handoff.v1.ApproveAction
+	38, // 76: handoff.v1.ResolveEscalationRequest.return_to_stage:type_name -> handoff.v1.ReturnToStageAction
+	40, // 77: handoff.v1.ResolveEscalationRequest.fail:type_name -> handoff.v1.FailAction
+	41, // 78: handoff.v1.ResolveEscalationRequest.reject_malformed:type_name -> handoff.v1.RejectMalformedAction
+	39, // 79: handoff.v1.ReturnToStageAction.grant:type_name -> handoff.v1.Grant
+	7,  // 80: handoff.v1.Resolution.action:type_name -> handoff.v1.ResolutionAction
+	47, // 81: handoff.v1.Resolution.edited_artifact:type_name -> handoff.v1.Artifact
+	31, // 82: handoff.v1.Resolution.escalation:type_name -> handoff.v1.Escalation
+	45, // 83: handoff.v1.Resolution.at:type_name -> google.protobuf.Timestamp
+	39, // 84: handoff.v1.Resolution.grant:type_name -> handoff.v1.Grant
+	27, // 85: handoff.v1.ResolveEscalationResponse.job:type_name -> handoff.v1.Job
+	51, // 86: handoff.v1.ResolveEscalationResponse.receipt:type_name -> handoff.v1.Receipt
+	42, // 87: handoff.v1.ResolveEscalationResponse.resolution:type_name -> handoff.v1.Resolution
+	18, // 88: handoff.v1.CoordinatorService.SubmitJob:input_type -> handoff.v1.SubmitJobRequest
+	20, // 89: handoff.v1.CoordinatorService.GetJob:input_type -> handoff.v1.GetJobRequest
+	23, // 90: handoff.v1.CoordinatorService.ListJobs:input_type -> handoff.v1.ListJobsRequest
+	25, // 91: handoff.v1.CoordinatorService.WatchJob:input_type -> handoff.v1.WatchJobRequest
+	34, // 92: handoff.v1.CoordinatorService.ListEscalations:input_type -> handoff.v1.ListEscalationsRequest
+	36, // 93: handoff.v1.CoordinatorService.ResolveEscalation:input_type -> handoff.v1.ResolveEscalationRequest
+	15, // 94: handoff.v1.CoordinatorService.ClaimEscalation:input_type -> handoff.v1.ClaimEscalationRequest
+	8,  // 95: handoff.v1.CoordinatorService.ExplainJob:input_type -> handoff.v1.ExplainJobRequest
+	19, // 96: handoff.v1.CoordinatorService.SubmitJob:output_type -> handoff.v1.SubmitJobResponse
+	21, // 97: handoff.v1.CoordinatorService.GetJob:output_type -> handoff.v1.GetJobResponse
+	24, // 98: handoff.v1.CoordinatorService.ListJobs:output_type -> handoff.v1.ListJobsResponse
+	26, // 99: handoff.v1.CoordinatorService.WatchJob:output_type -> handoff.v1.WatchJobResponse
+	35, // 100: handoff.v1.CoordinatorService.ListEscalations:output_type -> handoff.v1.ListEscalationsResponse
+	43, // 101: handoff.v1.CoordinatorService.ResolveEscalation:output_type -> handoff.v1.ResolveEscalationResponse
+	16, // 102: handoff.v1.CoordinatorService.ClaimEscalation:output_type -> handoff.v1.ClaimEscalationResponse
+	9,  // 103: handoff.v1.CoordinatorService.ExplainJob:output_type -> handoff.v1.ExplainJobResponse
+	96, // [96:104] is the sub-list for method output_type
+	88, // [88:96] is the sub-list for method input_type
+	88, // [88:88] is the sub-list for extension type_name
+	88, // [88:88] is the sub-list for extension extendee
+	0,  // [0:88] is the sub-list for field type_name
 }
 
 func init() { file_handoff_v1_coordinator_proto_init() }
@@ -3852,21 +4277,21 @@ func file_handoff_v1_coordinator_proto_init() {
 	}
 	file_handoff_v1_agentrunner_proto_init()
 	file_handoff_v1_handoff_proto_init()
-	file_handoff_v1_coordinator_proto_msgTypes[26].OneofWrappers = []any{
+	file_handoff_v1_coordinator_proto_msgTypes[28].OneofWrappers = []any{
 		(*ResolveEscalationRequest_Approve)(nil),
 		(*ResolveEscalationRequest_ReturnToStage)(nil),
 		(*ResolveEscalationRequest_Fail)(nil),
 		(*ResolveEscalationRequest_RejectMalformed)(nil),
 	}
-	file_handoff_v1_coordinator_proto_msgTypes[27].OneofWrappers = []any{}
-	file_handoff_v1_coordinator_proto_msgTypes[28].OneofWrappers = []any{}
+	file_handoff_v1_coordinator_proto_msgTypes[29].OneofWrappers = []any{}
+	file_handoff_v1_coordinator_proto_msgTypes[30].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_handoff_v1_coordinator_proto_rawDesc), len(file_handoff_v1_coordinator_proto_rawDesc)),
-			NumEnums:      7,
-			NumMessages:   34,
+			NumEnums:      8,
+			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -326,7 +326,10 @@ type HandoffPackage struct {
 	// operator return: non-zero only when a route sends the job back to a stage it was at.
 	// With the evaluator's rounds and operator_returns it names a stage's completion, so a
 	// stage a route sends the job back to runs again rather than answering DUPLICATE.
-	Visit         uint32 `protobuf:"varint,16,opt,name=visit,proto3" json:"visit,omitempty"`
+	Visit uint32 `protobuf:"varint,16,opt,name=visit,proto3" json:"visit,omitempty"`
+	// For a merge stage: every branch result of the parallel stage before it, keyed by
+	// branch. The merge's completion key includes them, so the same set merges once.
+	BranchResults []*BranchResult `protobuf:"bytes,30,rep,name=branch_results,json=branchResults,proto3" json:"branch_results,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -471,6 +474,13 @@ func (x *HandoffPackage) GetVisit() uint32 {
 		return x.Visit
 	}
 	return 0
+}
+
+func (x *HandoffPackage) GetBranchResults() []*BranchResult {
+	if x != nil {
+		return x.BranchResults
+	}
+	return nil
 }
 
 // Artifact is a typed output stored elsewhere; the package holds its address.
@@ -1427,12 +1437,66 @@ func (x *Origin) GetRoute() *RouteChoice {
 	return nil
 }
 
+// BranchResult is what one branch of a parallel stage produced.
+type BranchResult struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Branch string                 `protobuf:"bytes,1,opt,name=branch,proto3" json:"branch,omitempty"`
+	// The branch's artifacts.
+	Artifacts     []*Artifact `protobuf:"bytes,2,rep,name=artifacts,proto3" json:"artifacts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BranchResult) Reset() {
+	*x = BranchResult{}
+	mi := &file_handoff_v1_handoff_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BranchResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BranchResult) ProtoMessage() {}
+
+func (x *BranchResult) ProtoReflect() protoreflect.Message {
+	mi := &file_handoff_v1_handoff_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BranchResult.ProtoReflect.Descriptor instead.
+func (*BranchResult) Descriptor() ([]byte, []int) {
+	return file_handoff_v1_handoff_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *BranchResult) GetBranch() string {
+	if x != nil {
+		return x.Branch
+	}
+	return ""
+}
+
+func (x *BranchResult) GetArtifacts() []*Artifact {
+	if x != nil {
+		return x.Artifacts
+	}
+	return nil
+}
+
 var File_handoff_v1_handoff_proto protoreflect.FileDescriptor
 
 const file_handoff_v1_handoff_proto_rawDesc = "" +
 	"\n" +
 	"\x18handoff/v1/handoff.proto\x12\n" +
-	"handoff.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xcf\x06\n" +
+	"handoff.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9a\a\n" +
 	"\x0eHandoffPackage\x12,\n" +
 	"\x06schema\x18\x01 \x01(\tB\x14\xbaH\x11\xc8\x01\x01r\f\n" +
 	"\n" +
@@ -1454,7 +1518,8 @@ const file_handoff_v1_handoff_proto_rawDesc = "" +
 	"\tnext_hint\x18\r \x01(\tB\b\xbaH\x05r\x03\x18\xe8\aR\bnextHint\x123\n" +
 	"\x10operator_returns\x18\x0e \x01(\rB\b\xbaH\x05*\x03\x18\xe8\aR\x0foperatorReturns\x12*\n" +
 	"\x06origin\x18\x0f \x01(\v2\x12.handoff.v1.OriginR\x06origin\x12\x1e\n" +
-	"\x05visit\x18\x10 \x01(\rB\b\xbaH\x05*\x03\x18\xe8\aR\x05visit\"\xca\x02\n" +
+	"\x05visit\x18\x10 \x01(\rB\b\xbaH\x05*\x03\x18\xe8\aR\x05visit\x12I\n" +
+	"\x0ebranch_results\x18\x1e \x03(\v2\x18.handoff.v1.BranchResultB\b\xbaH\x05\x92\x01\x02\x10\x10R\rbranchResults\"\xca\x02\n" +
 	"\bArtifact\x121\n" +
 	"\x04type\x18\x01 \x01(\tB\x1d\xbaH\x1a\xc8\x01\x01r\x15\x18@2\x11^[a-z][a-z0-9_]*$R\x04type\x12M\n" +
 	"\x0eschema_version\x18\x02 \x01(\tB&\xbaH#\xc8\x01\x01r\x1e\x18@2\x1a^[a-z][a-z0-9_]*\\.v[0-9]+$R\rschemaVersion\x12 \n" +
@@ -1536,7 +1601,10 @@ const file_handoff_v1_handoff_proto_rawDesc = "" +
 	"\x06Origin\x124\n" +
 	"\x05stage\x18\x01 \x01(\tB\x1e\xbaH\x1br\x19\x18@2\x15^([a-z][a-z0-9_-]*)?$R\x05stage\x12.\n" +
 	"\x04move\x18\x02 \x01(\x0e2\x10.handoff.v1.MoveB\b\xbaH\x05\x82\x01\x02\x10\x01R\x04move\x12-\n" +
-	"\x05route\x18\x03 \x01(\v2\x17.handoff.v1.RouteChoiceR\x05route*F\n" +
+	"\x05route\x18\x03 \x01(\v2\x17.handoff.v1.RouteChoiceR\x05route\"\x84\x01\n" +
+	"\fBranchResult\x126\n" +
+	"\x06branch\x18\x01 \x01(\tB\x1e\xbaH\x1b\xc8\x01\x01r\x16\x18@2\x12^[a-z][a-z0-9_-]*$R\x06branch\x12<\n" +
+	"\tartifacts\x18\x02 \x03(\v2\x14.handoff.v1.ArtifactB\b\xbaH\x05\x92\x01\x02\x10\x10R\tartifacts*F\n" +
 	"\aVerdict\x12\x17\n" +
 	"\x13VERDICT_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fVERDICT_PASS\x10\x01\x12\x10\n" +
@@ -1578,7 +1646,7 @@ func file_handoff_v1_handoff_proto_rawDescGZIP() []byte {
 }
 
 var file_handoff_v1_handoff_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_handoff_v1_handoff_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_handoff_v1_handoff_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_handoff_v1_handoff_proto_goTypes = []any{
 	(Verdict)(0),                  // 0: handoff.v1.Verdict
 	(AckStatus)(0),                // 1: handoff.v1.AckStatus
@@ -1597,7 +1665,8 @@ var file_handoff_v1_handoff_proto_goTypes = []any{
 	(*Receipt)(nil),               // 14: handoff.v1.Receipt
 	(*RouteChoice)(nil),           // 15: handoff.v1.RouteChoice
 	(*Origin)(nil),                // 16: handoff.v1.Origin
-	(*timestamppb.Timestamp)(nil), // 17: google.protobuf.Timestamp
+	(*BranchResult)(nil),          // 17: handoff.v1.BranchResult
+	(*timestamppb.Timestamp)(nil), // 18: google.protobuf.Timestamp
 }
 var file_handoff_v1_handoff_proto_depIdxs = []int32{
 	5,  // 0: handoff.v1.HandoffPackage.artifacts:type_name -> handoff.v1.Artifact
@@ -1606,26 +1675,28 @@ var file_handoff_v1_handoff_proto_depIdxs = []int32{
 	9,  // 3: handoff.v1.HandoffPackage.budget:type_name -> handoff.v1.Budget
 	10, // 4: handoff.v1.HandoffPackage.trace:type_name -> handoff.v1.Trace
 	16, // 5: handoff.v1.HandoffPackage.origin:type_name -> handoff.v1.Origin
-	0,  // 6: handoff.v1.Evaluator.last_verdict:type_name -> handoff.v1.Verdict
-	8,  // 7: handoff.v1.Evaluator.failures:type_name -> handoff.v1.Failure
-	1,  // 8: handoff.v1.Ack.status:type_name -> handoff.v1.AckStatus
-	12, // 9: handoff.v1.Ack.reasons:type_name -> handoff.v1.Reason
-	13, // 10: handoff.v1.Ack.prior:type_name -> handoff.v1.PriorResult
-	9,  // 11: handoff.v1.Ack.wallet:type_name -> handoff.v1.Budget
-	5,  // 12: handoff.v1.PriorResult.artifacts:type_name -> handoff.v1.Artifact
-	14, // 13: handoff.v1.PriorResult.receipt:type_name -> handoff.v1.Receipt
-	17, // 14: handoff.v1.PriorResult.completed_at:type_name -> google.protobuf.Timestamp
-	7,  // 15: handoff.v1.PriorResult.evaluator:type_name -> handoff.v1.Evaluator
-	15, // 16: handoff.v1.PriorResult.route:type_name -> handoff.v1.RouteChoice
-	17, // 17: handoff.v1.Receipt.written_at:type_name -> google.protobuf.Timestamp
-	2,  // 18: handoff.v1.RouteChoice.priority:type_name -> handoff.v1.RoutePriority
-	3,  // 19: handoff.v1.Origin.move:type_name -> handoff.v1.Move
-	15, // 20: handoff.v1.Origin.route:type_name -> handoff.v1.RouteChoice
-	21, // [21:21] is the sub-list for method output_type
-	21, // [21:21] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	17, // 6: handoff.v1.HandoffPackage.branch_results:type_name -> handoff.v1.BranchResult
+	0,  // 7: handoff.v1.Evaluator.last_verdict:type_name -> handoff.v1.Verdict
+	8,  // 8: handoff.v1.Evaluator.failures:type_name -> handoff.v1.Failure
+	1,  // 9: handoff.v1.Ack.status:type_name -> handoff.v1.AckStatus
+	12, // 10: handoff.v1.Ack.reasons:type_name -> handoff.v1.Reason
+	13, // 11: handoff.v1.Ack.prior:type_name -> handoff.v1.PriorResult
+	9,  // 12: handoff.v1.Ack.wallet:type_name -> handoff.v1.Budget
+	5,  // 13: handoff.v1.PriorResult.artifacts:type_name -> handoff.v1.Artifact
+	14, // 14: handoff.v1.PriorResult.receipt:type_name -> handoff.v1.Receipt
+	18, // 15: handoff.v1.PriorResult.completed_at:type_name -> google.protobuf.Timestamp
+	7,  // 16: handoff.v1.PriorResult.evaluator:type_name -> handoff.v1.Evaluator
+	15, // 17: handoff.v1.PriorResult.route:type_name -> handoff.v1.RouteChoice
+	18, // 18: handoff.v1.Receipt.written_at:type_name -> google.protobuf.Timestamp
+	2,  // 19: handoff.v1.RouteChoice.priority:type_name -> handoff.v1.RoutePriority
+	3,  // 20: handoff.v1.Origin.move:type_name -> handoff.v1.Move
+	15, // 21: handoff.v1.Origin.route:type_name -> handoff.v1.RouteChoice
+	5,  // 22: handoff.v1.BranchResult.artifacts:type_name -> handoff.v1.Artifact
+	23, // [23:23] is the sub-list for method output_type
+	23, // [23:23] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_handoff_v1_handoff_proto_init() }
@@ -1639,7 +1710,7 @@ func file_handoff_v1_handoff_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_handoff_v1_handoff_proto_rawDesc), len(file_handoff_v1_handoff_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   13,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

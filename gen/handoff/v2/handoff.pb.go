@@ -335,7 +335,10 @@ type HandoffPackage struct {
 	// operator return: non-zero only when a route sends the job back to a stage it was at.
 	// With the evaluator's rounds and operator_returns it names a stage's completion, so a
 	// stage a route sends the job back to runs again rather than answering DUPLICATE.
-	Visit         uint32 `protobuf:"varint,16,opt,name=visit,proto3" json:"visit,omitempty"`
+	Visit uint32 `protobuf:"varint,16,opt,name=visit,proto3" json:"visit,omitempty"`
+	// For a merge stage: every branch result of the parallel stage before it, keyed by
+	// branch. The merge's completion key includes them, so the same set merges once.
+	BranchResults []*BranchResult `protobuf:"bytes,30,rep,name=branch_results,json=branchResults,proto3" json:"branch_results,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -480,6 +483,13 @@ func (x *HandoffPackage) GetVisit() uint32 {
 		return x.Visit
 	}
 	return 0
+}
+
+func (x *HandoffPackage) GetBranchResults() []*BranchResult {
+	if x != nil {
+		return x.BranchResults
+	}
+	return nil
 }
 
 // MemoryRef points at one durable fact ("customer_id" "cus_9").
@@ -1467,12 +1477,66 @@ func (x *Origin) GetRoute() *RouteChoice {
 	return nil
 }
 
+// BranchResult is what one branch of a parallel stage produced.
+type BranchResult struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Branch string                 `protobuf:"bytes,1,opt,name=branch,proto3" json:"branch,omitempty"`
+	// The branch's artifacts.
+	Artifacts     []*Artifact `protobuf:"bytes,2,rep,name=artifacts,proto3" json:"artifacts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BranchResult) Reset() {
+	*x = BranchResult{}
+	mi := &file_handoff_v2_handoff_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BranchResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BranchResult) ProtoMessage() {}
+
+func (x *BranchResult) ProtoReflect() protoreflect.Message {
+	mi := &file_handoff_v2_handoff_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BranchResult.ProtoReflect.Descriptor instead.
+func (*BranchResult) Descriptor() ([]byte, []int) {
+	return file_handoff_v2_handoff_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *BranchResult) GetBranch() string {
+	if x != nil {
+		return x.Branch
+	}
+	return ""
+}
+
+func (x *BranchResult) GetArtifacts() []*Artifact {
+	if x != nil {
+		return x.Artifacts
+	}
+	return nil
+}
+
 var File_handoff_v2_handoff_proto protoreflect.FileDescriptor
 
 const file_handoff_v2_handoff_proto_rawDesc = "" +
 	"\n" +
 	"\x18handoff/v2/handoff.proto\x12\n" +
-	"handoff.v2\x1a\x1bbuf/validate/validate.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc9\x06\n" +
+	"handoff.v2\x1a\x1bbuf/validate/validate.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x94\a\n" +
 	"\x0eHandoffPackage\x12,\n" +
 	"\x06schema\x18\x01 \x01(\tB\x14\xbaH\x11\xc8\x01\x01r\f\n" +
 	"\n" +
@@ -1493,7 +1557,8 @@ const file_handoff_v2_handoff_proto_rawDesc = "" +
 	"\tnext_hint\x18\r \x01(\tB\b\xbaH\x05r\x03\x18\xe8\aR\bnextHint\x123\n" +
 	"\x10operator_returns\x18\x0e \x01(\rB\b\xbaH\x05*\x03\x18\xe8\aR\x0foperatorReturns\x12*\n" +
 	"\x06origin\x18\x0f \x01(\v2\x12.handoff.v2.OriginR\x06origin\x12\x1e\n" +
-	"\x05visit\x18\x10 \x01(\rB\b\xbaH\x05*\x03\x18\xe8\aR\x05visit\"e\n" +
+	"\x05visit\x18\x10 \x01(\rB\b\xbaH\x05*\x03\x18\xe8\aR\x05visit\x12I\n" +
+	"\x0ebranch_results\x18\x1e \x03(\v2\x18.handoff.v2.BranchResultB\b\xbaH\x05\x92\x01\x02\x10\x10R\rbranchResults\"e\n" +
 	"\tMemoryRef\x121\n" +
 	"\x04kind\x18\x01 \x01(\tB\x1d\xbaH\x1a\xc8\x01\x01r\x15\x18@2\x11^[a-z][a-z0-9_]*$R\x04kind\x12%\n" +
 	"\x02id\x18\x02 \x01(\tB\x15\xbaH\x12\xc8\x01\x01r\r\x18\xbf\x012\b^[^\\s]+$R\x02id\"\xca\x02\n" +
@@ -1573,7 +1638,10 @@ const file_handoff_v2_handoff_proto_rawDesc = "" +
 	"\x06Origin\x124\n" +
 	"\x05stage\x18\x01 \x01(\tB\x1e\xbaH\x1br\x19\x18@2\x15^([a-z][a-z0-9_-]*)?$R\x05stage\x12.\n" +
 	"\x04move\x18\x02 \x01(\x0e2\x10.handoff.v2.MoveB\b\xbaH\x05\x82\x01\x02\x10\x01R\x04move\x12-\n" +
-	"\x05route\x18\x03 \x01(\v2\x17.handoff.v2.RouteChoiceR\x05route*F\n" +
+	"\x05route\x18\x03 \x01(\v2\x17.handoff.v2.RouteChoiceR\x05route\"\x84\x01\n" +
+	"\fBranchResult\x126\n" +
+	"\x06branch\x18\x01 \x01(\tB\x1e\xbaH\x1b\xc8\x01\x01r\x16\x18@2\x12^[a-z][a-z0-9_-]*$R\x06branch\x12<\n" +
+	"\tartifacts\x18\x02 \x03(\v2\x14.handoff.v2.ArtifactB\b\xbaH\x05\x92\x01\x02\x10\x10R\tartifacts*F\n" +
 	"\aVerdict\x12\x17\n" +
 	"\x13VERDICT_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fVERDICT_PASS\x10\x01\x12\x10\n" +
@@ -1615,7 +1683,7 @@ func file_handoff_v2_handoff_proto_rawDescGZIP() []byte {
 }
 
 var file_handoff_v2_handoff_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_handoff_v2_handoff_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_handoff_v2_handoff_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_handoff_v2_handoff_proto_goTypes = []any{
 	(Verdict)(0),                  // 0: handoff.v2.Verdict
 	(AckStatus)(0),                // 1: handoff.v2.AckStatus
@@ -1635,7 +1703,8 @@ var file_handoff_v2_handoff_proto_goTypes = []any{
 	(*Receipt)(nil),               // 15: handoff.v2.Receipt
 	(*RouteChoice)(nil),           // 16: handoff.v2.RouteChoice
 	(*Origin)(nil),                // 17: handoff.v2.Origin
-	(*timestamppb.Timestamp)(nil), // 18: google.protobuf.Timestamp
+	(*BranchResult)(nil),          // 18: handoff.v2.BranchResult
+	(*timestamppb.Timestamp)(nil), // 19: google.protobuf.Timestamp
 }
 var file_handoff_v2_handoff_proto_depIdxs = []int32{
 	6,  // 0: handoff.v2.HandoffPackage.artifacts:type_name -> handoff.v2.Artifact
@@ -1645,27 +1714,29 @@ var file_handoff_v2_handoff_proto_depIdxs = []int32{
 	5,  // 4: handoff.v2.HandoffPackage.memory_refs:type_name -> handoff.v2.MemoryRef
 	11, // 5: handoff.v2.HandoffPackage.trace:type_name -> handoff.v2.Trace
 	17, // 6: handoff.v2.HandoffPackage.origin:type_name -> handoff.v2.Origin
-	0,  // 7: handoff.v2.Evaluator.last_verdict:type_name -> handoff.v2.Verdict
-	9,  // 8: handoff.v2.Evaluator.failures:type_name -> handoff.v2.Failure
-	18, // 9: handoff.v2.Budget.deadline:type_name -> google.protobuf.Timestamp
-	1,  // 10: handoff.v2.Ack.status:type_name -> handoff.v2.AckStatus
-	13, // 11: handoff.v2.Ack.reasons:type_name -> handoff.v2.Reason
-	14, // 12: handoff.v2.Ack.prior:type_name -> handoff.v2.PriorResult
-	10, // 13: handoff.v2.Ack.wallet:type_name -> handoff.v2.Budget
-	6,  // 14: handoff.v2.PriorResult.artifacts:type_name -> handoff.v2.Artifact
-	15, // 15: handoff.v2.PriorResult.receipt:type_name -> handoff.v2.Receipt
-	18, // 16: handoff.v2.PriorResult.completed_at:type_name -> google.protobuf.Timestamp
-	8,  // 17: handoff.v2.PriorResult.evaluator:type_name -> handoff.v2.Evaluator
-	16, // 18: handoff.v2.PriorResult.route:type_name -> handoff.v2.RouteChoice
-	18, // 19: handoff.v2.Receipt.written_at:type_name -> google.protobuf.Timestamp
-	2,  // 20: handoff.v2.RouteChoice.priority:type_name -> handoff.v2.RoutePriority
-	3,  // 21: handoff.v2.Origin.move:type_name -> handoff.v2.Move
-	16, // 22: handoff.v2.Origin.route:type_name -> handoff.v2.RouteChoice
-	23, // [23:23] is the sub-list for method output_type
-	23, // [23:23] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	18, // 7: handoff.v2.HandoffPackage.branch_results:type_name -> handoff.v2.BranchResult
+	0,  // 8: handoff.v2.Evaluator.last_verdict:type_name -> handoff.v2.Verdict
+	9,  // 9: handoff.v2.Evaluator.failures:type_name -> handoff.v2.Failure
+	19, // 10: handoff.v2.Budget.deadline:type_name -> google.protobuf.Timestamp
+	1,  // 11: handoff.v2.Ack.status:type_name -> handoff.v2.AckStatus
+	13, // 12: handoff.v2.Ack.reasons:type_name -> handoff.v2.Reason
+	14, // 13: handoff.v2.Ack.prior:type_name -> handoff.v2.PriorResult
+	10, // 14: handoff.v2.Ack.wallet:type_name -> handoff.v2.Budget
+	6,  // 15: handoff.v2.PriorResult.artifacts:type_name -> handoff.v2.Artifact
+	15, // 16: handoff.v2.PriorResult.receipt:type_name -> handoff.v2.Receipt
+	19, // 17: handoff.v2.PriorResult.completed_at:type_name -> google.protobuf.Timestamp
+	8,  // 18: handoff.v2.PriorResult.evaluator:type_name -> handoff.v2.Evaluator
+	16, // 19: handoff.v2.PriorResult.route:type_name -> handoff.v2.RouteChoice
+	19, // 20: handoff.v2.Receipt.written_at:type_name -> google.protobuf.Timestamp
+	2,  // 21: handoff.v2.RouteChoice.priority:type_name -> handoff.v2.RoutePriority
+	3,  // 22: handoff.v2.Origin.move:type_name -> handoff.v2.Move
+	16, // 23: handoff.v2.Origin.route:type_name -> handoff.v2.RouteChoice
+	6,  // 24: handoff.v2.BranchResult.artifacts:type_name -> handoff.v2.Artifact
+	25, // [25:25] is the sub-list for method output_type
+	25, // [25:25] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_handoff_v2_handoff_proto_init() }
@@ -1679,7 +1750,7 @@ func file_handoff_v2_handoff_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_handoff_v2_handoff_proto_rawDesc), len(file_handoff_v2_handoff_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   14,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -6,6 +6,9 @@
 //	draft    chunks.v1      -> summary_md.v1 (no tools; revises on judge failures)
 //	judge    summary_md.v1  -> verdict.v1 + Evaluator (no tools; never writes externally)
 //
+// and the research-brief pipeline's (research.go): policy-lookup and history-lookup, which
+// run in parallel, and brief, the merge that judges their results.
+//
 // Offered routes (support-triage), they choose by the ticket's content: intake routes by
 // topic (billing, technical or unclear), retrieve by whether an article matched (hit or
 // no_hit). A route they answer that the stage does not declare is the rail's to refuse. The
@@ -180,9 +183,10 @@ func Ticket(name string) ([]byte, error) {
 	return data, nil
 }
 
-// Agents returns the four support agents: intake, retrieve, draft, judge.
+// Agents returns the four support agents (intake, retrieve, draft, judge) and the
+// research-brief ones (policy-lookup, history-lookup, brief; research.go).
 func Agents() []agentrunner.Agent {
-	return []agentrunner.Agent{NewIntake(), NewRetrieve(), NewDraft(), NewJudge()}
+	return append([]agentrunner.Agent{NewIntake(), NewRetrieve(), NewDraft(), NewJudge()}, ResearchAgents()...)
 }
 
 // latest returns the newest artifact of type typ in the package (the rail appends, so the

@@ -125,7 +125,7 @@ func TestSampleTicket(t *testing.T) {
 	for _, a := range support.Agents() {
 		names = append(names, a.Card().Name)
 	}
-	if !slices.Equal(names, []string{"intake", "retrieve", "draft", "judge"}) {
+	if !slices.Equal(names, []string{"intake", "retrieve", "draft", "judge", "policy-lookup", "history-lookup", "brief"}) {
 		t.Fatalf("agents %v", names)
 	}
 }

@@ -60,6 +60,8 @@ var tmpl = template.Must(template.New("").Funcs(template.FuncMap{
 		return time.Since(t.AsTime()).Round(time.Second).String()
 	},
 	"ts": func(t interface{ AsTime() time.Time }) string { return t.AsTime().UTC().Format(time.RFC3339) },
+	// clock is a time of day to the microsecond: branches side by side show their overlap.
+	"clock": func(t interface{ AsTime() time.Time }) string { return t.AsTime().UTC().Format("15:04:05.000000") },
 	"dur": func(d interface{ AsDuration() time.Duration }) string {
 		return d.AsDuration().Round(time.Millisecond).String()
 	},

@@ -255,6 +255,49 @@ func TestJobPageShowsTheRoute(t *testing.T) {
 	}
 }
 
+// TestJobPageShowsBranchesAndSubJobs: a research-brief job's page shows its two branches
+// side by side (status, stage, hops, start and end) and its sub-job with the artifact it
+// returned, linked to the nested run's page, which names its parent.
+func TestJobPageShowsBranchesAndSubJobs(t *testing.T) {
+	st, base := page(t)
+	ctx := context.Background()
+	cc, err := st.DialAs(st.CoordinatorAddr, "operator")
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := handoffv1.NewCoordinatorServiceClient(cc)
+	in, err := st.Artifacts.Put(ctx, artifact.Ref{JobID: "tkt_7", Stage: "submit", Type: "raw_ticket", SchemaVersion: "raw_ticket.v1", MediaType: "application/json"}, support.SampleTicket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := client.SubmitJob(ctx, &handoffv1.SubmitJobRequest{JobId: "tkt_7", Pipeline: "research-brief", Goal: "Draft internal triage summary",
+		Budget: &handoffv1.Budget{UsdRemainingMicros: 1_000_000}, Inputs: []*handoffv1.Artifact{in}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runID := resp.GetJob().GetRunId()
+	if _, err := demo.Watch(ctx, client, runID, nil); err != nil {
+		t.Fatal(err)
+	}
+	c := browser(t)
+	post(t, c, base+"/login", url.Values{"token": {token}})
+	r, body := get(t, c, base+"/jobs/"+runID)
+	if r.StatusCode != http.StatusOK {
+		t.Fatalf("job page: %d %s", r.StatusCode, body)
+	}
+	for _, want := range []string{`<table id="branches">`, "<th>lookups / policy</th><th>lookups / history</th>",
+		"<tr><th>Status</th><td>COMPLETED</td><td>COMPLETED</td></tr>", "<tr><th>Stage</th><td>policy-lookup</td><td>history-lookup</td></tr>",
+		`<table id="children">`, `<a href="/jobs/` + runID + `-draft-0">`, "<td>support-ticket</td><td>COMPLETED</td>", "<code>summary_md.v1</code>"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("job page lacks %q:\n%s", want, body)
+		}
+	}
+	_, body = get(t, c, base+"/jobs/"+runID+"-draft-0")
+	if !strings.Contains(body, `<p id="parent">A sub-job of run <a href="/jobs/`+runID+`">`) {
+		t.Errorf("the sub-job's page does not name its parent:\n%s", body)
+	}
+}
+
 // submitBare sends the README's submit recipe: a support-ticket job without its input
 // ticket, which intake escalates.
 func submitBare(t *testing.T, st *stack.Stack, jobID string) *handoffv1.Job {

@@ -22,7 +22,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file handoff/v1/coordinator.proto.
  */
 export const file_handoff_v1_coordinator: GenFile = /*@__PURE__*/
-  fileDesc("ChxoYW5kb2ZmL3YxL2Nvb3JkaW5hdG9yLnByb3RvEgpoYW5kb2ZmLnYxIk8KEUV4cGxhaW5Kb2JSZXF1ZXN0EjoKBnJ1bl9pZBgBIAEoCUIqukgnyAEBciIYgAEyHV5bQS1aYS16MC05XVtBLVphLXowLTlfLjotXSokIkIKEkV4cGxhaW5Kb2JSZXNwb25zZRIsCgtleHBsYW5hdGlvbhgBIAEoCzIXLmhhbmRvZmYudjEuRXhwbGFuYXRpb24iuQEKC0V4cGxhbmF0aW9uEg4KBnJ1bl9pZBgBIAEoCRIOCgZqb2JfaWQYAiABKAkSEAoIcGlwZWxpbmUYAyABKAkSIwoFc3RhdGUYBCABKA4yFC5oYW5kb2ZmLnYxLkpvYlN0YXRlEigKBGhvcHMYBSADKAsyGi5oYW5kb2ZmLnYxLkhvcEV4cGxhbmF0aW9uEikKCnZpb2xhdGlvbnMYBiADKAsyFS5oYW5kb2ZmLnYxLlZpb2xhdGlvbiKFAQoOSG9wRXhwbGFuYXRpb24SCwoDaG9wGAEgASgNEg0KBXN0YWdlGAIgASgJEiIKA2FjaxgDIAEoDjIVLmhhbmRvZmYudjEuQWNrU3RhdHVzEg4KBnNjaGVtYRgEIAEoCRIjCgdhbnN3ZXJzGAUgAygLMhIuaGFuZG9mZi52MS5BbnN3ZXIijwEKBkFuc3dlchImCghxdWVzdGlvbhgBIAEoDjIULmhhbmRvZmYudjEuUXVlc3Rpb24SJAoHZmluZGluZxgCIAEoDjITLmhhbmRvZmYudjEuRmluZGluZxIPCgdzdW1tYXJ5GAMgASgJEiYKCGV2aWRlbmNlGAQgAygLMhQuaGFuZG9mZi52MS5FdmlkZW5jZSJDCghFdmlkZW5jZRINCgVmaWVsZBgBIAEoCRINCgVzdGFnZRgCIAEoCRILCgN1cmkYAyABKAkSDAoEbm90ZRgEIAEoCSKIAQoJVmlvbGF0aW9uEicKBGtpbmQYASABKA4yGS5oYW5kb2ZmLnYxLlZpb2xhdGlvbktpbmQSCwoDaG9wGAIgASgNEg0KBXN0YWdlGAMgASgJEg4KBmRldGFpbBgEIAEoCRImCghldmlkZW5jZRgFIAMoCzIULmhhbmRvZmYudjEuRXZpZGVuY2UiYwoWQ2xhaW1Fc2NhbGF0aW9uUmVxdWVzdBIbCgZydW5faWQYASABKAlCC7pICMgBAXIDGIABEhsKCmVzY2FsYXRpb24YAiABKA1CB7pIBCoCIAASDwoHcmVsZWFzZRgDIAEoCCI7ChdDbGFpbUVzY2FsYXRpb25SZXNwb25zZRIgCgVjbGFpbRgBIAEoCzIRLmhhbmRvZmYudjEuQ2xhaW0ihAEKBUNsYWltEg8KB2FjY291bnQYASABKAkSEgoKZXNjYWxhdGlvbhgCIAEoDRImCgJhdBgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKZXhwaXJlc19hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAi0AMKEFN1Ym1pdEpvYlJlcXVlc3QSMwoKcmVxdWVzdF9pZBgBIAEoCUIfukgcchoYgAEyFV4oW0EtWmEtejAtOV8uOi1dKyk/JBI6CgZqb2JfaWQYAiABKAlCKrpIJ8gBAXIiGIABMh1eW0EtWmEtejAtOV1bQS1aYS16MC05Xy46LV0qJBIcCghwaXBlbGluZRgDIAEoCUIKukgHyAEBcgIYQBIZCgRnb2FsGAQgASgJQgu6SAjIAQFyAxjQDxImCgtjb25zdHJhaW50cxgFIAMoCUIRukgOkgELECAiB3IFEAEY9AMSKgoGYnVkZ2V0GAYgASgLMhIuaGFuZG9mZi52MS5CdWRnZXRCBrpIA8gBARIuCgZpbnB1dHMYByADKAsyFC5oYW5kb2ZmLnYxLkFydGlmYWN0Qgi6SAWSAQIQQBI+CgttZW1vcnlfcmVmcxgIIAMoCUIpukgmkgEjEEAiH3IdGIACMhheW2Etel1bYS16MC05X10qOlteXHNdKyQSIAoFdHJhY2UYCSABKAsyES5oYW5kb2ZmLnYxLlRyYWNlEiwKCGRlYWRsaW5lGAogASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJDChFTdWJtaXRKb2JSZXNwb25zZRIcCgNqb2IYASABKAsyDy5oYW5kb2ZmLnYxLkpvYhIQCghleGlzdGluZxgCIAEoCCInCg1HZXRKb2JSZXF1ZXN0EhYKBnJ1bl9pZBgBIAEoCUIGukgDyAEBIlcKDkdldEpvYlJlc3BvbnNlEhwKA2pvYhgBIAEoCzIPLmhhbmRvZmYudjEuSm9iEicKCHRpbWVsaW5lGAIgAygLMhUuaGFuZG9mZi52MS5Ib3BSZWNvcmQiqgMKCUhvcFJlY29yZBILCgNob3AYASABKA0SDQoFc3RhZ2UYAiABKAkSIgoDYWNrGAMgASgOMhUuaGFuZG9mZi52MS5BY2tTdGF0dXMSJgoIdHJhbnNmZXIYBCABKAsyFC5oYW5kb2ZmLnYxLlRyYW5zZmVyEhgKEHNwZW50X3VzZF9taWNyb3MYBSABKAMSJAoHdmVyZGljdBgGIAEoDjITLmhhbmRvZmYudjEuVmVyZGljdBIrCghkdXJhdGlvbhgHIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhImCgJhdBgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASIgoDZW5kGAkgASgOMhUuaGFuZG9mZi52MS5FdmVudEtpbmQSKgoKZXNjYWxhdGlvbhgKIAEoCzIWLmhhbmRvZmYudjEuRXNjYWxhdGlvbhIkCgdyZWNlaXB0GAsgASgLMhMuaGFuZG9mZi52MS5SZWNlaXB0EioKCnJlc29sdXRpb24YDCABKAsyFi5oYW5kb2ZmLnYxLlJlc29sdXRpb24icwoPTGlzdEpvYnNSZXF1ZXN0Ei0KBXN0YXRlGAEgASgOMhQuaGFuZG9mZi52MS5Kb2JTdGF0ZUIIukgFggECEAESHQoJcGFnZV9zaXplGAIgASgFQgq6SAcaBRjoBygAEhIKCnBhZ2VfdG9rZW4YAyABKAkiSgoQTGlzdEpvYnNSZXNwb25zZRIdCgRqb2JzGAEgAygLMg8uaGFuZG9mZi52MS5Kb2ISFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIjwKD1dhdGNoSm9iUmVxdWVzdBIWCgZydW5faWQYASABKAlCBrpIA8gBARIRCglhZnRlcl9zZXEYAiABKAQiNwoQV2F0Y2hKb2JSZXNwb25zZRIjCgVldmVudBgBIAEoCzIULmhhbmRvZmYudjEuSm9iRXZlbnQijAcKA0pvYhIOCgZydW5faWQYASABKAkSDgoGam9iX2lkGAIgASgJEhAKCHBpcGVsaW5lGAMgASgJEiMKBXN0YXRlGAQgASgOMhQuaGFuZG9mZi52MS5Kb2JTdGF0ZRIMCgRnb2FsGAUgASgJEhMKC2NvbnN0cmFpbnRzGAYgAygJEiIKBndhbGxldBgHIAEoCzISLmhhbmRvZmYudjEuQnVkZ2V0Eg0KBXN0YWdlGAggASgJEgwKBGhvcHMYCSABKA0SEQoJcmV2aXNpb25zGAogASgNEigKCWV2YWx1YXRvchgLIAEoCzIVLmhhbmRvZmYudjEuRXZhbHVhdG9yEicKCWFydGlmYWN0cxgMIAMoCzIULmhhbmRvZmYudjEuQXJ0aWZhY3QSLAoLdG9vbHNfdHJpZWQYDSADKAsyFy5oYW5kb2ZmLnYxLlRvb2xBdHRlbXB0EhMKC21lbW9yeV9yZWZzGA4gAygJEhYKDm9wZW5fcXVlc3Rpb25zGA8gAygJEhEKCW5leHRfaGludBgQIAEoCRIkCgdyZWNlaXB0GBEgASgLMhMuaGFuZG9mZi52MS5SZWNlaXB0EioKCmVzY2FsYXRpb24YEiABKAsyFi5oYW5kb2ZmLnYxLkVzY2FsYXRpb24SEwoLdHJhY2VwYXJlbnQYEyABKAkSLgoKY3JlYXRlZF9hdBgUIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKdXBkYXRlZF9hdBgVIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEgoKcmVxdWVzdF9pZBgWIAEoCRIYChBzcGVudF91c2RfbWljcm9zGBcgASgDEioKCnJlc29sdXRpb24YGCABKAsyFi5oYW5kb2ZmLnYxLlJlc29sdXRpb24SGAoQb3BlcmF0b3JfcmV0dXJucxgZIAEoDRITCgtlc2NhbGF0aW9ucxgaIAEoDRInCgl0cmFuc2ZlcnMYGyADKAsyFC5oYW5kb2ZmLnYxLlRyYW5zZmVyEiwKCGRlYWRsaW5lGBwgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIgCgVjbGFpbRgdIAEoCzIRLmhhbmRvZmYudjEuQ2xhaW0SEgoKdHJhY2VzdGF0ZRgeIAEoCRIZChFzdGFnZV9tZW1vcnlfcmVmcxgfIAMoCSKUAQoIVHJhbnNmZXISEgoKZnJvbV9zdGFnZRgBIAEoCRIQCgh0b19zdGFnZRgCIAEoCRIeCgRtb3ZlGAMgASgOMhAuaGFuZG9mZi52MS5Nb3ZlEiYKBXJvdXRlGAQgASgLMhcuaGFuZG9mZi52MS5Sb3V0ZUNob2ljZRILCgNob3AYBSABKA0SDQoFdmlzaXQYBiABKA0iwwEKCkVzY2FsYXRpb24SKgoFY2F1c2UYASABKA4yGy5oYW5kb2ZmLnYxLkVzY2FsYXRpb25DYXVzZRINCgVzdGFnZRgCIAEoCRIOCgZkZXRhaWwYAyABKAkSIwoHcmVhc29ucxgEIAMoCzISLmhhbmRvZmYudjEuUmVhc29uEg0KBXJvdXRlGAUgASgJEiYKAmF0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIOCgZudW1iZXIYByABKA0inAEKCERlbGl2ZXJ5EgsKA3VybBgBIAEoCRISCgplc2NhbGF0aW9uGAIgASgNEhAKCGF0dGVtcHRzGAMgASgNEhEKCWRlbGl2ZXJlZBgEIAEoCBINCgVlcnJvchgFIAEoCRITCgtzdGF0dXNfY29kZRgGIAEoBRImCgJhdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAihQUKCEpvYkV2ZW50EgsKA3NlcRgBIAEoBBIOCgZydW5faWQYAiABKAkSDgoGam9iX2lkGAMgASgJEiMKBGtpbmQYBCABKA4yFS5oYW5kb2ZmLnYxLkV2ZW50S2luZBINCgVzdGFnZRgFIAEoCRImCgJhdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEwoLdHJhY2VwYXJlbnQYByABKAkSIgoGd2FsbGV0GAggASgLMhIuaGFuZG9mZi52MS5CdWRnZXQSHAoDYWNrGAkgASgLMg8uaGFuZG9mZi52MS5BY2sSJwoGcmVzdWx0GAogASgLMhcuaGFuZG9mZi52MS5TdGFnZVJlc3VsdBIoCglldmFsdWF0b3IYCyABKAsyFS5oYW5kb2ZmLnYxLkV2YWx1YXRvchIkCgdyZWNlaXB0GAwgASgLMhMuaGFuZG9mZi52MS5SZWNlaXB0EioKCmVzY2FsYXRpb24YDSABKAsyFi5oYW5kb2ZmLnYxLkVzY2FsYXRpb24SCwoDaG9wGA4gASgNEioKCnJlc29sdXRpb24YDyABKAsyFi5oYW5kb2ZmLnYxLlJlc29sdXRpb24SJgoIdHJhbnNmZXIYECABKAsyFC5oYW5kb2ZmLnYxLlRyYW5zZmVyEg4KBnNjaGVtYRgRIAEoCRImCghkZWxpdmVyeRgSIAEoCzIULmhhbmRvZmYudjEuRGVsaXZlcnkSKwoHcGFja2FnZRgTIAEoCzIaLmhhbmRvZmYudjEuSGFuZG9mZlBhY2thZ2USLgoKcGFja2FnZV92MhgUIAEoCzIaLmhhbmRvZmYudjIuSGFuZG9mZlBhY2thZ2UiSwoWTGlzdEVzY2FsYXRpb25zUmVxdWVzdBIdCglwYWdlX3NpemUYASABKAVCCrpIBxoFGOgHKAASEgoKcGFnZV90b2tlbhgCIAEoCSJRChdMaXN0RXNjYWxhdGlvbnNSZXNwb25zZRIdCgRqb2JzGAEgAygLMg8uaGFuZG9mZi52MS5Kb2ISFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIoIDChhSZXNvbHZlRXNjYWxhdGlvblJlcXVlc3QSGwoGcnVuX2lkGAEgASgJQgu6SAjIAQFyAxiAARIdCghvcGVyYXRvchgCIAEoCUILukgIyAEBcgMYgAESGQoHY29tbWVudBgDIAEoCUIIukgFcgMY0A8SLAoHYXBwcm92ZRgEIAEoCzIZLmhhbmRvZmYudjEuQXBwcm92ZUFjdGlvbkgAEjoKD3JldHVybl90b19zdGFnZRgFIAEoCzIfLmhhbmRvZmYudjEuUmV0dXJuVG9TdGFnZUFjdGlvbkgAEiYKBGZhaWwYBiABKAsyFi5oYW5kb2ZmLnYxLkZhaWxBY3Rpb25IABI9ChByZWplY3RfbWFsZm9ybWVkGAcgASgLMiEuaGFuZG9mZi52MS5SZWplY3RNYWxmb3JtZWRBY3Rpb25IABIbCgplc2NhbGF0aW9uGAggASgNQge6SAQqAiAAEhAKCG92ZXJyaWRlGAkgASgIQg8KBmFjdGlvbhIFukgCCAEiSAoNQXBwcm92ZUFjdGlvbhIlCg1hcnRpZmFjdF90ZXh0GAEgASgJQgm6SAZyBCiAgEBIAIgBAUIQCg5fYXJ0aWZhY3RfdGV4dCKfAQoTUmV0dXJuVG9TdGFnZUFjdGlvbhItCgVzdGFnZRgBIAEoCUIeukgbyAEBchYYQDISXlthLXpdW2EtejAtOV8tXSokEiUKDWFydGlmYWN0X3RleHQYAiABKAlCCbpIBnIEKICAQEgAiAEBEiAKBWdyYW50GAMgASgLMhEuaGFuZG9mZi52MS5HcmFudEIQCg5fYXJ0aWZhY3RfdGV4dCJYCgVHcmFudBIWCgRob3BzGAEgASgNQgi6SAUqAxjoBxIaCglyZXZpc2lvbnMYAiABKA1CB7pIBCoCGGQSGwoKdXNkX21pY3JvcxgDIAEoA0IHukgEIgIoACIpCgpGYWlsQWN0aW9uEhsKBnJlYXNvbhgBIAEoCUILukgIyAEBcgMY0A8iNAoVUmVqZWN0TWFsZm9ybWVkQWN0aW9uEhsKBnJlYXNvbhgBIAEoCUILukgIyAEBcgMY0A8ixAIKClJlc29sdXRpb24SLAoGYWN0aW9uGAEgASgOMhwuaGFuZG9mZi52MS5SZXNvbHV0aW9uQWN0aW9uEhAKCG9wZXJhdG9yGAIgASgJEg8KB2NvbW1lbnQYAyABKAkSDQoFc3RhZ2UYBCABKAkSDgoGcmVhc29uGAUgASgJEi0KD2VkaXRlZF9hcnRpZmFjdBgGIAEoCzIULmhhbmRvZmYudjEuQXJ0aWZhY3QSKgoKZXNjYWxhdGlvbhgHIAEoCzIWLmhhbmRvZmYudjEuRXNjYWxhdGlvbhImCgJhdBgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDwoHYWNjb3VudBgJIAEoCRIgCgVncmFudBgKIAEoCzIRLmhhbmRvZmYudjEuR3JhbnQSEAoIb3ZlcnJvZGUYCyABKAkingEKGVJlc29sdmVFc2NhbGF0aW9uUmVzcG9uc2USHAoDam9iGAEgASgLMg8uaGFuZG9mZi52MS5Kb2ISJAoHcmVjZWlwdBgCIAEoCzITLmhhbmRvZmYudjEuUmVjZWlwdBIRCglkdXBsaWNhdGUYAyABKAgSKgoKcmVzb2x1dGlvbhgEIAEoCzIWLmhhbmRvZmYudjEuUmVzb2x1dGlvbiqoAQoIUXVlc3Rpb24SGAoUUVVFU1RJT05fVU5TUEVDSUZJRUQQABIVChFRVUVTVElPTl9TQU1FX0pPQhABEhsKF1FVRVNUSU9OX1JFUVVJUkVEX0ZJRUxEEAISFgoSUVVFU1RJT05fRVZBTFVBVE9SEAMSGQoVUVVFU1RJT05fQlVSTkVEX1RPT0xTEAQSGwoXUVVFU1RJT05fQVJUSUZBQ1RTX1JFQUQQBSp6CgdGaW5kaW5nEhcKE0ZJTkRJTkdfVU5TUEVDSUZJRUQQABIOCgpGSU5ESU5HX09LEAESFQoRRklORElOR19WSU9MQVRJT04QAhIaChZGSU5ESU5HX05PVF9BUFBMSUNBQkxFEAMSEwoPRklORElOR19VTktOT1dOEAQquAEKDVZpb2xhdGlvbktpbmQSHgoaVklPTEFUSU9OX0tJTkRfVU5TUEVDSUZJRUQQABIfChtWSU9MQVRJT05fS0lORF9TSUxFTlRfUkVTRVQQARIdChlWSU9MQVRJT05fS0lORF9TVEFMRV9QTEFOEAISJgoiVklPTEFUSU9OX0tJTkRfQlVSTkVEX1RPT0xfUkVUUklFRBADEh8KG1ZJT0xBVElPTl9LSU5EX0dPQUxfQ0hBTkdFRBAEKoQBCghKb2JTdGF0ZRIZChVKT0JfU1RBVEVfVU5TUEVDSUZJRUQQABIVChFKT0JfU1RBVEVfUlVOTklORxABEhcKE0pPQl9TVEFURV9DT01QTEVURUQQAhIXChNKT0JfU1RBVEVfRVNDQUxBVEVEEAMSFAoQSk9CX1NUQVRFX0ZBSUxFRBAEKpkECg9Fc2NhbGF0aW9uQ2F1c2USIAocRVNDQUxBVElPTl9DQVVTRV9VTlNQRUNJRklFRBAAEiQKIEVTQ0FMQVRJT05fQ0FVU0VfUkVKRUNURURfU0NIRU1BEAESIgoeRVNDQUxBVElPTl9DQVVTRV9SRUpFQ1RFRF9ST0xFEAISJAogRVNDQUxBVElPTl9DQVVTRV9SRUpFQ1RFRF9CVURHRVQQAxIoCiRFU0NBTEFUSU9OX0NBVVNFX1JFVklTSU9OU19FWEhBVVNURUQQBBIcChhFU0NBTEFUSU9OX0NBVVNFX0hPUF9DQVAQBRIhCh1FU0NBTEFUSU9OX0NBVVNFX1dBTExFVF9FTVBUWRAGEiEKHUVTQ0FMQVRJT05fQ0FVU0VfU1RBR0VfRkFJTEVEEAcSIgoeRVNDQUxBVElPTl9DQVVTRV9XUklURV9SRUZVU0VEEAgSJQohRVNDQUxBVElPTl9DQVVTRV9ST1VURV9VTkRFQ0xBUkVEEAkSHgoaRVNDQUxBVElPTl9DQVVTRV9QSU5HX1BPTkcQChIbChdFU0NBTEFUSU9OX0NBVVNFX1JPVVRFRBALEh0KGUVTQ0FMQVRJT05fQ0FVU0VfREVBRExJTkUQDBIeChpFU0NBTEFUSU9OX0NBVVNFX0RFU0tfRlVMTBANEh8KG0VTQ0FMQVRJT05fQ0FVU0VfU1RBTEVfUExBThAOKscCCglFdmVudEtpbmQSGgoWRVZFTlRfS0lORF9VTlNQRUNJRklFRBAAEhgKFEVWRU5UX0tJTkRfU1VCTUlUVEVEEAESGwoXRVZFTlRfS0lORF9QQUNLQUdFX1NFTlQQAhISCg5FVkVOVF9LSU5EX0FDSxADEhsKF0VWRU5UX0tJTkRfU1RBR0VfUkVTVUxUEAQSFgoSRVZFTlRfS0lORF9WRVJESUNUEAUSFgoSRVZFTlRfS0lORF9SRUNFSVBUEAYSGAoURVZFTlRfS0lORF9FU0NBTEFURUQQBxIYChRFVkVOVF9LSU5EX0NPTVBMRVRFRBAIEhUKEUVWRU5UX0tJTkRfRkFJTEVEEAkSFwoTRVZFTlRfS0lORF9SRVNPTFZFRBAKEiIKHkVWRU5UX0tJTkRfRVNDQUxBVElPTl9ERUxJVkVSWRALKr8BChBSZXNvbHV0aW9uQWN0aW9uEiEKHVJFU09MVVRJT05fQUNUSU9OX1VOU1BFQ0lGSUVEEAASHQoZUkVTT0xVVElPTl9BQ1RJT05fQVBQUk9WRRABEiUKIVJFU09MVVRJT05fQUNUSU9OX1JFVFVSTl9UT19TVEFHRRACEhoKFlJFU09MVVRJT05fQUNUSU9OX0ZBSUwQAxImCiJSRVNPTFVUSU9OX0FDVElPTl9SRUpFQ1RfTUFMRk9STUVEEAQylgUKEkNvb3JkaW5hdG9yU2VydmljZRJICglTdWJtaXRKb2ISHC5oYW5kb2ZmLnYxLlN1Ym1pdEpvYlJlcXVlc3QaHS5oYW5kb2ZmLnYxLlN1Ym1pdEpvYlJlc3BvbnNlEj8KBkdldEpvYhIZLmhhbmRvZmYudjEuR2V0Sm9iUmVxdWVzdBoaLmhhbmRvZmYudjEuR2V0Sm9iUmVzcG9uc2USRQoITGlzdEpvYnMSGy5oYW5kb2ZmLnYxLkxpc3RKb2JzUmVxdWVzdBocLmhhbmRvZmYudjEuTGlzdEpvYnNSZXNwb25zZRJHCghXYXRjaEpvYhIbLmhhbmRvZmYudjEuV2F0Y2hKb2JSZXF1ZXN0GhwuaGFuZG9mZi52MS5XYXRjaEpvYlJlc3BvbnNlMAESWgoPTGlzdEVzY2FsYXRpb25zEiIuaGFuZG9mZi52MS5MaXN0RXNjYWxhdGlvbnNSZXF1ZXN0GiMuaGFuZG9mZi52MS5MaXN0RXNjYWxhdGlvbnNSZXNwb25zZRJgChFSZXNvbHZlRXNjYWxhdGlvbhIkLmhhbmRvZmYudjEuUmVzb2x2ZUVzY2FsYXRpb25SZXF1ZXN0GiUuaGFuZG9mZi52MS5SZXNvbHZlRXNjYWxhdGlvblJlc3BvbnNlEloKD0NsYWltRXNjYWxhdGlvbhIiLmhhbmRvZmYudjEuQ2xhaW1Fc2NhbGF0aW9uUmVxdWVzdBojLmhhbmRvZmYudjEuQ2xhaW1Fc2NhbGF0aW9uUmVzcG9uc2USSwoKRXhwbGFpbkpvYhIdLmhhbmRvZmYudjEuRXhwbGFpbkpvYlJlcXVlc3QaHi5oYW5kb2ZmLnYxLkV4cGxhaW5Kb2JSZXNwb25zZUI3WjVnaXRodWIuY29tL2hhbmRvZmZocS9oYW5kb2ZmL2dlbi9oYW5kb2ZmL3YxO2hhbmRvZmZ2MWIGcHJvdG8z", [file_buf_validate_validate, file_google_protobuf_duration, file_google_protobuf_timestamp, file_handoff_v1_agentrunner, file_handoff_v1_handoff, file_handoff_v2_handoff]);
+  fileDesc("ChxoYW5kb2ZmL3YxL2Nvb3JkaW5hdG9yLnByb3RvEgpoYW5kb2ZmLnYxIk8KEUV4cGxhaW5Kb2JSZXF1ZXN0EjoKBnJ1bl9pZBgBIAEoCUIqukgnyAEBciIYgAEyHV5bQS1aYS16MC05XVtBLVphLXowLTlfLjotXSokIkIKEkV4cGxhaW5Kb2JSZXNwb25zZRIsCgtleHBsYW5hdGlvbhgBIAEoCzIXLmhhbmRvZmYudjEuRXhwbGFuYXRpb24iuQEKC0V4cGxhbmF0aW9uEg4KBnJ1bl9pZBgBIAEoCRIOCgZqb2JfaWQYAiABKAkSEAoIcGlwZWxpbmUYAyABKAkSIwoFc3RhdGUYBCABKA4yFC5oYW5kb2ZmLnYxLkpvYlN0YXRlEigKBGhvcHMYBSADKAsyGi5oYW5kb2ZmLnYxLkhvcEV4cGxhbmF0aW9uEikKCnZpb2xhdGlvbnMYBiADKAsyFS5oYW5kb2ZmLnYxLlZpb2xhdGlvbiKFAQoOSG9wRXhwbGFuYXRpb24SCwoDaG9wGAEgASgNEg0KBXN0YWdlGAIgASgJEiIKA2FjaxgDIAEoDjIVLmhhbmRvZmYudjEuQWNrU3RhdHVzEg4KBnNjaGVtYRgEIAEoCRIjCgdhbnN3ZXJzGAUgAygLMhIuaGFuZG9mZi52MS5BbnN3ZXIijwEKBkFuc3dlchImCghxdWVzdGlvbhgBIAEoDjIULmhhbmRvZmYudjEuUXVlc3Rpb24SJAoHZmluZGluZxgCIAEoDjITLmhhbmRvZmYudjEuRmluZGluZxIPCgdzdW1tYXJ5GAMgASgJEiYKCGV2aWRlbmNlGAQgAygLMhQuaGFuZG9mZi52MS5FdmlkZW5jZSJDCghFdmlkZW5jZRINCgVmaWVsZBgBIAEoCRINCgVzdGFnZRgCIAEoCRILCgN1cmkYAyABKAkSDAoEbm90ZRgEIAEoCSKIAQoJVmlvbGF0aW9uEicKBGtpbmQYASABKA4yGS5oYW5kb2ZmLnYxLlZpb2xhdGlvbktpbmQSCwoDaG9wGAIgASgNEg0KBXN0YWdlGAMgASgJEg4KBmRldGFpbBgEIAEoCRImCghldmlkZW5jZRgFIAMoCzIULmhhbmRvZmYudjEuRXZpZGVuY2UiYwoWQ2xhaW1Fc2NhbGF0aW9uUmVxdWVzdBIbCgZydW5faWQYASABKAlCC7pICMgBAXIDGIABEhsKCmVzY2FsYXRpb24YAiABKA1CB7pIBCoCIAASDwoHcmVsZWFzZRgDIAEoCCI7ChdDbGFpbUVzY2FsYXRpb25SZXNwb25zZRIgCgVjbGFpbRgBIAEoCzIRLmhhbmRvZmYudjEuQ2xhaW0ihAEKBUNsYWltEg8KB2FjY291bnQYASABKAkSEgoKZXNjYWxhdGlvbhgCIAEoDRImCgJhdBgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKZXhwaXJlc19hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAi0AMKEFN1Ym1pdEpvYlJlcXVlc3QSMwoKcmVxdWVzdF9pZBgBIAEoCUIfukgcchoYgAEyFV4oW0EtWmEtejAtOV8uOi1dKyk/JBI6CgZqb2JfaWQYAiABKAlCKrpIJ8gBAXIiGIABMh1eW0EtWmEtejAtOV1bQS1aYS16MC05Xy46LV0qJBIcCghwaXBlbGluZRgDIAEoCUIKukgHyAEBcgIYQBIZCgRnb2FsGAQgASgJQgu6SAjIAQFyAxjQDxImCgtjb25zdHJhaW50cxgFIAMoCUIRukgOkgELECAiB3IFEAEY9AMSKgoGYnVkZ2V0GAYgASgLMhIuaGFuZG9mZi52MS5CdWRnZXRCBrpIA8gBARIuCgZpbnB1dHMYByADKAsyFC5oYW5kb2ZmLnYxLkFydGlmYWN0Qgi6SAWSAQIQQBI+CgttZW1vcnlfcmVmcxgIIAMoCUIpukgmkgEjEEAiH3IdGIACMhheW2Etel1bYS16MC05X10qOlteXHNdKyQSIAoFdHJhY2UYCSABKAsyES5oYW5kb2ZmLnYxLlRyYWNlEiwKCGRlYWRsaW5lGAogASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJDChFTdWJtaXRKb2JSZXNwb25zZRIcCgNqb2IYASABKAsyDy5oYW5kb2ZmLnYxLkpvYhIQCghleGlzdGluZxgCIAEoCCInCg1HZXRKb2JSZXF1ZXN0EhYKBnJ1bl9pZBgBIAEoCUIGukgDyAEBIlcKDkdldEpvYlJlc3BvbnNlEhwKA2pvYhgBIAEoCzIPLmhhbmRvZmYudjEuSm9iEicKCHRpbWVsaW5lGAIgAygLMhUuaGFuZG9mZi52MS5Ib3BSZWNvcmQiqgMKCUhvcFJlY29yZBILCgNob3AYASABKA0SDQoFc3RhZ2UYAiABKAkSIgoDYWNrGAMgASgOMhUuaGFuZG9mZi52MS5BY2tTdGF0dXMSJgoIdHJhbnNmZXIYBCABKAsyFC5oYW5kb2ZmLnYxLlRyYW5zZmVyEhgKEHNwZW50X3VzZF9taWNyb3MYBSABKAMSJAoHdmVyZGljdBgGIAEoDjITLmhhbmRvZmYudjEuVmVyZGljdBIrCghkdXJhdGlvbhgHIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhImCgJhdBgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASIgoDZW5kGAkgASgOMhUuaGFuZG9mZi52MS5FdmVudEtpbmQSKgoKZXNjYWxhdGlvbhgKIAEoCzIWLmhhbmRvZmYudjEuRXNjYWxhdGlvbhIkCgdyZWNlaXB0GAsgASgLMhMuaGFuZG9mZi52MS5SZWNlaXB0EioKCnJlc29sdXRpb24YDCABKAsyFi5oYW5kb2ZmLnYxLlJlc29sdXRpb24icwoPTGlzdEpvYnNSZXF1ZXN0Ei0KBXN0YXRlGAEgASgOMhQuaGFuZG9mZi52MS5Kb2JTdGF0ZUIIukgFggECEAESHQoJcGFnZV9zaXplGAIgASgFQgq6SAcaBRjoBygAEhIKCnBhZ2VfdG9rZW4YAyABKAkiSgoQTGlzdEpvYnNSZXNwb25zZRIdCgRqb2JzGAEgAygLMg8uaGFuZG9mZi52MS5Kb2ISFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIjwKD1dhdGNoSm9iUmVxdWVzdBIWCgZydW5faWQYASABKAlCBrpIA8gBARIRCglhZnRlcl9zZXEYAiABKAQiNwoQV2F0Y2hKb2JSZXNwb25zZRIjCgVldmVudBgBIAEoCzIULmhhbmRvZmYudjEuSm9iRXZlbnQipAgKA0pvYhIOCgZydW5faWQYASABKAkSDgoGam9iX2lkGAIgASgJEhAKCHBpcGVsaW5lGAMgASgJEiMKBXN0YXRlGAQgASgOMhQuaGFuZG9mZi52MS5Kb2JTdGF0ZRIMCgRnb2FsGAUgASgJEhMKC2NvbnN0cmFpbnRzGAYgAygJEiIKBndhbGxldBgHIAEoCzISLmhhbmRvZmYudjEuQnVkZ2V0Eg0KBXN0YWdlGAggASgJEgwKBGhvcHMYCSABKA0SEQoJcmV2aXNpb25zGAogASgNEigKCWV2YWx1YXRvchgLIAEoCzIVLmhhbmRvZmYudjEuRXZhbHVhdG9yEicKCWFydGlmYWN0cxgMIAMoCzIULmhhbmRvZmYudjEuQXJ0aWZhY3QSLAoLdG9vbHNfdHJpZWQYDSADKAsyFy5oYW5kb2ZmLnYxLlRvb2xBdHRlbXB0EhMKC21lbW9yeV9yZWZzGA4gAygJEhYKDm9wZW5fcXVlc3Rpb25zGA8gAygJEhEKCW5leHRfaGludBgQIAEoCRIkCgdyZWNlaXB0GBEgASgLMhMuaGFuZG9mZi52MS5SZWNlaXB0EioKCmVzY2FsYXRpb24YEiABKAsyFi5oYW5kb2ZmLnYxLkVzY2FsYXRpb24SEwoLdHJhY2VwYXJlbnQYEyABKAkSLgoKY3JlYXRlZF9hdBgUIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKdXBkYXRlZF9hdBgVIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEgoKcmVxdWVzdF9pZBgWIAEoCRIYChBzcGVudF91c2RfbWljcm9zGBcgASgDEioKCnJlc29sdXRpb24YGCABKAsyFi5oYW5kb2ZmLnYxLlJlc29sdXRpb24SGAoQb3BlcmF0b3JfcmV0dXJucxgZIAEoDRITCgtlc2NhbGF0aW9ucxgaIAEoDRInCgl0cmFuc2ZlcnMYGyADKAsyFC5oYW5kb2ZmLnYxLlRyYW5zZmVyEiwKCGRlYWRsaW5lGBwgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIgCgVjbGFpbRgdIAEoCzIRLmhhbmRvZmYudjEuQ2xhaW0SEgoKdHJhY2VzdGF0ZRgeIAEoCRIZChFzdGFnZV9tZW1vcnlfcmVmcxgfIAMoCRIpCghicmFuY2hlcxgoIAMoCzIXLmhhbmRvZmYudjEuQnJhbmNoU3RhdGUSFQoNcGFyZW50X3J1bl9pZBgpIAEoCRIUCgxwYXJlbnRfc3RhZ2UYKiABKAkSJwoIY2hpbGRyZW4YKyADKAsyFS5oYW5kb2ZmLnYxLlN1YkpvYlJlZhIVCg13YWxsZXRfcnVuX2lkGCwgASgJIrkCCgtCcmFuY2hTdGF0ZRINCgVncm91cBgBIAEoCRIOCgZicmFuY2gYAiABKAkSKAoGc3RhdHVzGAMgASgOMhguaGFuZG9mZi52MS5CcmFuY2hTdGF0dXMSDQoFc3RhZ2UYBCABKAkSDAoEaG9wcxgFIAEoDRIuCgpzdGFydGVkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIsCghlbmRlZF9hdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASJwoJYXJ0aWZhY3RzGAggAygLMhQuaGFuZG9mZi52MS5BcnRpZmFjdBIOCgZkZXRhaWwYCSABKAkSEwoLdHJhY2VwYXJlbnQYCiABKAkSGAoQc3BlbnRfdXNkX21pY3JvcxgLIAEoAyLDAQoJU3ViSm9iUmVmEg0KBXN0YWdlGAEgASgJEg4KBnJ1bl9pZBgCIAEoCRIQCghwaXBlbGluZRgDIAEoCRIjCgVzdGF0ZRgEIAEoDjIULmhhbmRvZmYudjEuSm9iU3RhdGUSJgoIYXJ0aWZhY3QYBSABKAsyFC5oYW5kb2ZmLnYxLkFydGlmYWN0EioKCmVzY2FsYXRpb24YBiABKAsyFi5oYW5kb2ZmLnYxLkVzY2FsYXRpb24SDAoEaG9wcxgHIAEoDSKUAQoIVHJhbnNmZXISEgoKZnJvbV9zdGFnZRgBIAEoCRIQCgh0b19zdGFnZRgCIAEoCRIeCgRtb3ZlGAMgASgOMhAuaGFuZG9mZi52MS5Nb3ZlEiYKBXJvdXRlGAQgASgLMhcuaGFuZG9mZi52MS5Sb3V0ZUNob2ljZRILCgNob3AYBSABKA0SDQoFdmlzaXQYBiABKA0iwwEKCkVzY2FsYXRpb24SKgoFY2F1c2UYASABKA4yGy5oYW5kb2ZmLnYxLkVzY2FsYXRpb25DYXVzZRINCgVzdGFnZRgCIAEoCRIOCgZkZXRhaWwYAyABKAkSIwoHcmVhc29ucxgEIAMoCzISLmhhbmRvZmYudjEuUmVhc29uEg0KBXJvdXRlGAUgASgJEiYKAmF0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIOCgZudW1iZXIYByABKA0inAEKCERlbGl2ZXJ5EgsKA3VybBgBIAEoCRISCgplc2NhbGF0aW9uGAIgASgNEhAKCGF0dGVtcHRzGAMgASgNEhEKCWRlbGl2ZXJlZBgEIAEoCBINCgVlcnJvchgFIAEoCRITCgtzdGF0dXNfY29kZRgGIAEoBRImCgJhdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiqQUKCEpvYkV2ZW50EgsKA3NlcRgBIAEoBBIOCgZydW5faWQYAiABKAkSDgoGam9iX2lkGAMgASgJEiMKBGtpbmQYBCABKA4yFS5oYW5kb2ZmLnYxLkV2ZW50S2luZBINCgVzdGFnZRgFIAEoCRImCgJhdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEwoLdHJhY2VwYXJlbnQYByABKAkSIgoGd2FsbGV0GAggASgLMhIuaGFuZG9mZi52MS5CdWRnZXQSHAoDYWNrGAkgASgLMg8uaGFuZG9mZi52MS5BY2sSJwoGcmVzdWx0GAogASgLMhcuaGFuZG9mZi52MS5TdGFnZVJlc3VsdBIoCglldmFsdWF0b3IYCyABKAsyFS5oYW5kb2ZmLnYxLkV2YWx1YXRvchIkCgdyZWNlaXB0GAwgASgLMhMuaGFuZG9mZi52MS5SZWNlaXB0EioKCmVzY2FsYXRpb24YDSABKAsyFi5oYW5kb2ZmLnYxLkVzY2FsYXRpb24SCwoDaG9wGA4gASgNEioKCnJlc29sdXRpb24YDyABKAsyFi5oYW5kb2ZmLnYxLlJlc29sdXRpb24SJgoIdHJhbnNmZXIYECABKAsyFC5oYW5kb2ZmLnYxLlRyYW5zZmVyEg4KBnNjaGVtYRgRIAEoCRImCghkZWxpdmVyeRgSIAEoCzIULmhhbmRvZmYudjEuRGVsaXZlcnkSKwoHcGFja2FnZRgTIAEoCzIaLmhhbmRvZmYudjEuSGFuZG9mZlBhY2thZ2USLgoKcGFja2FnZV92MhgUIAEoCzIaLmhhbmRvZmYudjIuSGFuZG9mZlBhY2thZ2USDgoGYnJhbmNoGCggASgJEhIKCnN1Yl9ydW5faWQYKSABKAkiSwoWTGlzdEVzY2FsYXRpb25zUmVxdWVzdBIdCglwYWdlX3NpemUYASABKAVCCrpIBxoFGOgHKAASEgoKcGFnZV90b2tlbhgCIAEoCSJRChdMaXN0RXNjYWxhdGlvbnNSZXNwb25zZRIdCgRqb2JzGAEgAygLMg8uaGFuZG9mZi52MS5Kb2ISFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIoIDChhSZXNvbHZlRXNjYWxhdGlvblJlcXVlc3QSGwoGcnVuX2lkGAEgASgJQgu6SAjIAQFyAxiAARIdCghvcGVyYXRvchgCIAEoCUILukgIyAEBcgMYgAESGQoHY29tbWVudBgDIAEoCUIIukgFcgMY0A8SLAoHYXBwcm92ZRgEIAEoCzIZLmhhbmRvZmYudjEuQXBwcm92ZUFjdGlvbkgAEjoKD3JldHVybl90b19zdGFnZRgFIAEoCzIfLmhhbmRvZmYudjEuUmV0dXJuVG9TdGFnZUFjdGlvbkgAEiYKBGZhaWwYBiABKAsyFi5oYW5kb2ZmLnYxLkZhaWxBY3Rpb25IABI9ChByZWplY3RfbWFsZm9ybWVkGAcgASgLMiEuaGFuZG9mZi52MS5SZWplY3RNYWxmb3JtZWRBY3Rpb25IABIbCgplc2NhbGF0aW9uGAggASgNQge6SAQqAiAAEhAKCG92ZXJyaWRlGAkgASgIQg8KBmFjdGlvbhIFukgCCAEiSAoNQXBwcm92ZUFjdGlvbhIlCg1hcnRpZmFjdF90ZXh0GAEgASgJQgm6SAZyBCiAgEBIAIgBAUIQCg5fYXJ0aWZhY3RfdGV4dCKfAQoTUmV0dXJuVG9TdGFnZUFjdGlvbhItCgVzdGFnZRgBIAEoCUIeukgbyAEBchYYQDISXlthLXpdW2EtejAtOV8tXSokEiUKDWFydGlmYWN0X3RleHQYAiABKAlCCbpIBnIEKICAQEgAiAEBEiAKBWdyYW50GAMgASgLMhEuaGFuZG9mZi52MS5HcmFudEIQCg5fYXJ0aWZhY3RfdGV4dCJYCgVHcmFudBIWCgRob3BzGAEgASgNQgi6SAUqAxjoBxIaCglyZXZpc2lvbnMYAiABKA1CB7pIBCoCGGQSGwoKdXNkX21pY3JvcxgDIAEoA0IHukgEIgIoACIpCgpGYWlsQWN0aW9uEhsKBnJlYXNvbhgBIAEoCUILukgIyAEBcgMY0A8iNAoVUmVqZWN0TWFsZm9ybWVkQWN0aW9uEhsKBnJlYXNvbhgBIAEoCUILukgIyAEBcgMY0A8ixAIKClJlc29sdXRpb24SLAoGYWN0aW9uGAEgASgOMhwuaGFuZG9mZi52MS5SZXNvbHV0aW9uQWN0aW9uEhAKCG9wZXJhdG9yGAIgASgJEg8KB2NvbW1lbnQYAyABKAkSDQoFc3RhZ2UYBCABKAkSDgoGcmVhc29uGAUgASgJEi0KD2VkaXRlZF9hcnRpZmFjdBgGIAEoCzIULmhhbmRvZmYudjEuQXJ0aWZhY3QSKgoKZXNjYWxhdGlvbhgHIAEoCzIWLmhhbmRvZmYudjEuRXNjYWxhdGlvbhImCgJhdBgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDwoHYWNjb3VudBgJIAEoCRIgCgVncmFudBgKIAEoCzIRLmhhbmRvZmYudjEuR3JhbnQSEAoIb3ZlcnJvZGUYCyABKAkingEKGVJlc29sdmVFc2NhbGF0aW9uUmVzcG9uc2USHAoDam9iGAEgASgLMg8uaGFuZG9mZi52MS5Kb2ISJAoHcmVjZWlwdBgCIAEoCzITLmhhbmRvZmYudjEuUmVjZWlwdBIRCglkdXBsaWNhdGUYAyABKAgSKgoKcmVzb2x1dGlvbhgEIAEoCzIWLmhhbmRvZmYudjEuUmVzb2x1dGlvbiqoAQoIUXVlc3Rpb24SGAoUUVVFU1RJT05fVU5TUEVDSUZJRUQQABIVChFRVUVTVElPTl9TQU1FX0pPQhABEhsKF1FVRVNUSU9OX1JFUVVJUkVEX0ZJRUxEEAISFgoSUVVFU1RJT05fRVZBTFVBVE9SEAMSGQoVUVVFU1RJT05fQlVSTkVEX1RPT0xTEAQSGwoXUVVFU1RJT05fQVJUSUZBQ1RTX1JFQUQQBSp6CgdGaW5kaW5nEhcKE0ZJTkRJTkdfVU5TUEVDSUZJRUQQABIOCgpGSU5ESU5HX09LEAESFQoRRklORElOR19WSU9MQVRJT04QAhIaChZGSU5ESU5HX05PVF9BUFBMSUNBQkxFEAMSEwoPRklORElOR19VTktOT1dOEAQquAEKDVZpb2xhdGlvbktpbmQSHgoaVklPTEFUSU9OX0tJTkRfVU5TUEVDSUZJRUQQABIfChtWSU9MQVRJT05fS0lORF9TSUxFTlRfUkVTRVQQARIdChlWSU9MQVRJT05fS0lORF9TVEFMRV9QTEFOEAISJgoiVklPTEFUSU9OX0tJTkRfQlVSTkVEX1RPT0xfUkVUUklFRBADEh8KG1ZJT0xBVElPTl9LSU5EX0dPQUxfQ0hBTkdFRBAEKoQBCghKb2JTdGF0ZRIZChVKT0JfU1RBVEVfVU5TUEVDSUZJRUQQABIVChFKT0JfU1RBVEVfUlVOTklORxABEhcKE0pPQl9TVEFURV9DT01QTEVURUQQAhIXChNKT0JfU1RBVEVfRVNDQUxBVEVEEAMSFAoQSk9CX1NUQVRFX0ZBSUxFRBAEKrcBCgxCcmFuY2hTdGF0dXMSHQoZQlJBTkNIX1NUQVRVU19VTlNQRUNJRklFRBAAEhkKFUJSQU5DSF9TVEFUVVNfUlVOTklORxABEhsKF0JSQU5DSF9TVEFUVVNfQ09NUExFVEVEEAISGAoUQlJBTkNIX1NUQVRVU19GQUlMRUQQAxIbChdCUkFOQ0hfU1RBVFVTX1RJTUVEX09VVBAEEhkKFUJSQU5DSF9TVEFUVVNfU1RPUFBFRBAFKuQECg9Fc2NhbGF0aW9uQ2F1c2USIAocRVNDQUxBVElPTl9DQVVTRV9VTlNQRUNJRklFRBAAEiQKIEVTQ0FMQVRJT05fQ0FVU0VfUkVKRUNURURfU0NIRU1BEAESIgoeRVNDQUxBVElPTl9DQVVTRV9SRUpFQ1RFRF9ST0xFEAISJAogRVNDQUxBVElPTl9DQVVTRV9SRUpFQ1RFRF9CVURHRVQQAxIoCiRFU0NBTEFUSU9OX0NBVVNFX1JFVklTSU9OU19FWEhBVVNURUQQBBIcChhFU0NBTEFUSU9OX0NBVVNFX0hPUF9DQVAQBRIhCh1FU0NBTEFUSU9OX0NBVVNFX1dBTExFVF9FTVBUWRAGEiEKHUVTQ0FMQVRJT05fQ0FVU0VfU1RBR0VfRkFJTEVEEAcSIgoeRVNDQUxBVElPTl9DQVVTRV9XUklURV9SRUZVU0VEEAgSJQohRVNDQUxBVElPTl9DQVVTRV9ST1VURV9VTkRFQ0xBUkVEEAkSHgoaRVNDQUxBVElPTl9DQVVTRV9QSU5HX1BPTkcQChIbChdFU0NBTEFUSU9OX0NBVVNFX1JPVVRFRBALEh0KGUVTQ0FMQVRJT05fQ0FVU0VfREVBRExJTkUQDBIeChpFU0NBTEFUSU9OX0NBVVNFX0RFU0tfRlVMTBANEh8KG0VTQ0FMQVRJT05fQ0FVU0VfU1RBTEVfUExBThAOEiIKHkVTQ0FMQVRJT05fQ0FVU0VfQlJBTkNIX0ZBSUxFRBAeEiUKIUVTQ0FMQVRJT05fQ0FVU0VfU1VCSk9CX0VTQ0FMQVRFRBAfKqADCglFdmVudEtpbmQSGgoWRVZFTlRfS0lORF9VTlNQRUNJRklFRBAAEhgKFEVWRU5UX0tJTkRfU1VCTUlUVEVEEAESGwoXRVZFTlRfS0lORF9QQUNLQUdFX1NFTlQQAhISCg5FVkVOVF9LSU5EX0FDSxADEhsKF0VWRU5UX0tJTkRfU1RBR0VfUkVTVUxUEAQSFgoSRVZFTlRfS0lORF9WRVJESUNUEAUSFgoSRVZFTlRfS0lORF9SRUNFSVBUEAYSGAoURVZFTlRfS0lORF9FU0NBTEFURUQQBxIYChRFVkVOVF9LSU5EX0NPTVBMRVRFRBAIEhUKEUVWRU5UX0tJTkRfRkFJTEVEEAkSFwoTRVZFTlRfS0lORF9SRVNPTFZFRBAKEiIKHkVWRU5UX0tJTkRfRVNDQUxBVElPTl9ERUxJVkVSWRALEhsKF0VWRU5UX0tJTkRfQlJBTkNIX0VOREVEEB4SHQoZRVZFTlRfS0lORF9TVUJKT0JfU1RBUlRFRBAfEhsKF0VWRU5UX0tJTkRfU1VCSk9CX0VOREVEECAqvwEKEFJlc29sdXRpb25BY3Rpb24SIQodUkVTT0xVVElPTl9BQ1RJT05fVU5TUEVDSUZJRUQQABIdChlSRVNPTFVUSU9OX0FDVElPTl9BUFBST1ZFEAESJQohUkVTT0xVVElPTl9BQ1RJT05fUkVUVVJOX1RPX1NUQUdFEAISGgoWUkVTT0xVVElPTl9BQ1RJT05fRkFJTBADEiYKIlJFU09MVVRJT05fQUNUSU9OX1JFSkVDVF9NQUxGT1JNRUQQBDKWBQoSQ29vcmRpbmF0b3JTZXJ2aWNlEkgKCVN1Ym1pdEpvYhIcLmhhbmRvZmYudjEuU3VibWl0Sm9iUmVxdWVzdBodLmhhbmRvZmYudjEuU3VibWl0Sm9iUmVzcG9uc2USPwoGR2V0Sm9iEhkuaGFuZG9mZi52MS5HZXRKb2JSZXF1ZXN0GhouaGFuZG9mZi52MS5HZXRKb2JSZXNwb25zZRJFCghMaXN0Sm9icxIbLmhhbmRvZmYudjEuTGlzdEpvYnNSZXF1ZXN0GhwuaGFuZG9mZi52MS5MaXN0Sm9ic1Jlc3BvbnNlEkcKCFdhdGNoSm9iEhsuaGFuZG9mZi52MS5XYXRjaEpvYlJlcXVlc3QaHC5oYW5kb2ZmLnYxLldhdGNoSm9iUmVzcG9uc2UwARJaCg9MaXN0RXNjYWxhdGlvbnMSIi5oYW5kb2ZmLnYxLkxpc3RFc2NhbGF0aW9uc1JlcXVlc3QaIy5oYW5kb2ZmLnYxLkxpc3RFc2NhbGF0aW9uc1Jlc3BvbnNlEmAKEVJlc29sdmVFc2NhbGF0aW9uEiQuaGFuZG9mZi52MS5SZXNvbHZlRXNjYWxhdGlvblJlcXVlc3QaJS5oYW5kb2ZmLnYxLlJlc29sdmVFc2NhbGF0aW9uUmVzcG9uc2USWgoPQ2xhaW1Fc2NhbGF0aW9uEiIuaGFuZG9mZi52MS5DbGFpbUVzY2FsYXRpb25SZXF1ZXN0GiMuaGFuZG9mZi52MS5DbGFpbUVzY2FsYXRpb25SZXNwb25zZRJLCgpFeHBsYWluSm9iEh0uaGFuZG9mZi52MS5FeHBsYWluSm9iUmVxdWVzdBoeLmhhbmRvZmYudjEuRXhwbGFpbkpvYlJlc3BvbnNlQjdaNWdpdGh1Yi5jb20vaGFuZG9mZmhxL2hhbmRvZmYvZ2VuL2hhbmRvZmYvdjE7aGFuZG9mZnYxYgZwcm90bzM", [file_buf_validate_validate, file_google_protobuf_duration, file_google_protobuf_timestamp, file_handoff_v1_agentrunner, file_handoff_v1_handoff, file_handoff_v2_handoff]);
 
 /**
  * @generated from message handoff.v1.ExplainJobRequest
@@ -878,6 +878,43 @@ export type Job = Message<"handoff.v1.Job"> & {
    * @generated from field: repeated string stage_memory_refs = 31;
    */
   stageMemoryRefs: string[];
+
+  /**
+   * The branches of the run's parallel stages: each one's state, hops and result. A
+   * completed branch is never run again (its result is idempotent on job, stage and branch).
+   *
+   * @generated from field: repeated handoff.v1.BranchState branches = 40;
+   */
+  branches: BranchState[];
+
+  /**
+   * For a sub-job's nested run: the run whose subjob stage started it.
+   *
+   * @generated from field: string parent_run_id = 41;
+   */
+  parentRunId: string;
+
+  /**
+   * For a sub-job's nested run: the parent's subjob stage.
+   *
+   * @generated from field: string parent_stage = 42;
+   */
+  parentStage: string;
+
+  /**
+   * The nested runs the run's subjob stages started, as they stand.
+   *
+   * @generated from field: repeated handoff.v1.SubJobRef children = 43;
+   */
+  children: SubJobRef[];
+
+  /**
+   * The run whose wallet pays this run's hops (a sub-job pays from its parent's); empty:
+   * the run's own.
+   *
+   * @generated from field: string wallet_run_id = 44;
+   */
+  walletRunId: string;
 };
 
 /**
@@ -886,6 +923,136 @@ export type Job = Message<"handoff.v1.Job"> & {
  */
 export const JobSchema: GenMessage<Job> = /*@__PURE__*/
   messageDesc(file_handoff_v1_coordinator, 19);
+
+/**
+ * BranchState is one branch of a parallel stage in a run.
+ *
+ * @generated from message handoff.v1.BranchState
+ */
+export type BranchState = Message<"handoff.v1.BranchState"> & {
+  /**
+   * The parallel stage.
+   *
+   * @generated from field: string group = 1;
+   */
+  group: string;
+
+  /**
+   * @generated from field: string branch = 2;
+   */
+  branch: string;
+
+  /**
+   * @generated from field: handoff.v1.BranchStatus status = 3;
+   */
+  status: BranchStatus;
+
+  /**
+   * The branch's stage at which it is (or ended).
+   *
+   * @generated from field: string stage = 4;
+   */
+  stage: string;
+
+  /**
+   * @generated from field: uint32 hops = 5;
+   */
+  hops: number;
+
+  /**
+   * @generated from field: google.protobuf.Timestamp started_at = 6;
+   */
+  startedAt?: Timestamp | undefined;
+
+  /**
+   * @generated from field: google.protobuf.Timestamp ended_at = 7;
+   */
+  endedAt?: Timestamp | undefined;
+
+  /**
+   * What the branch produced (its partition's artifacts).
+   *
+   * @generated from field: repeated handoff.v1.Artifact artifacts = 8;
+   */
+  artifacts: Artifact[];
+
+  /**
+   * Why it failed, timed out or stopped.
+   *
+   * @generated from field: string detail = 9;
+   */
+  detail: string;
+
+  /**
+   * The branch's span, which the merge's span links.
+   *
+   * @generated from field: string traceparent = 10;
+   */
+  traceparent: string;
+
+  /**
+   * @generated from field: int64 spent_usd_micros = 11;
+   */
+  spentUsdMicros: bigint;
+};
+
+/**
+ * Describes the message handoff.v1.BranchState.
+ * Use `create(BranchStateSchema)` to create a new message.
+ */
+export const BranchStateSchema: GenMessage<BranchState> = /*@__PURE__*/
+  messageDesc(file_handoff_v1_coordinator, 20);
+
+/**
+ * SubJobRef is a nested run a subjob stage started.
+ *
+ * @generated from message handoff.v1.SubJobRef
+ */
+export type SubJobRef = Message<"handoff.v1.SubJobRef"> & {
+  /**
+   * @generated from field: string stage = 1;
+   */
+  stage: string;
+
+  /**
+   * @generated from field: string run_id = 2;
+   */
+  runId: string;
+
+  /**
+   * @generated from field: string pipeline = 3;
+   */
+  pipeline: string;
+
+  /**
+   * @generated from field: handoff.v1.JobState state = 4;
+   */
+  state: JobState;
+
+  /**
+   * The final artifact that returned to the parent (the only thing that does).
+   *
+   * @generated from field: handoff.v1.Artifact artifact = 5;
+   */
+  artifact?: Artifact | undefined;
+
+  /**
+   * @generated from field: handoff.v1.Escalation escalation = 6;
+   */
+  escalation?: Escalation | undefined;
+
+  /**
+   * @generated from field: uint32 hops = 7;
+   */
+  hops: number;
+};
+
+/**
+ * Describes the message handoff.v1.SubJobRef.
+ * Use `create(SubJobRefSchema)` to create a new message.
+ */
+export const SubJobRefSchema: GenMessage<SubJobRef> = /*@__PURE__*/
+  messageDesc(file_handoff_v1_coordinator, 21);
 
 /**
  * Transfer is one move of a run from one stage to another: a one-way hand-over of the
@@ -941,7 +1108,7 @@ export type Transfer = Message<"handoff.v1.Transfer"> & {
  * Use `create(TransferSchema)` to create a new message.
  */
 export const TransferSchema: GenMessage<Transfer> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 20);
+  messageDesc(file_handoff_v1_coordinator, 22);
 
 /**
  * Escalation says why the rail stopped and handed the run to a person.
@@ -1000,7 +1167,7 @@ export type Escalation = Message<"handoff.v1.Escalation"> & {
  * Use `create(EscalationSchema)` to create a new message.
  */
 export const EscalationSchema: GenMessage<Escalation> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 21);
+  messageDesc(file_handoff_v1_coordinator, 23);
 
 /**
  * Delivery is the outcome of POSTing an escalation to its route's webhook.
@@ -1055,7 +1222,7 @@ export type Delivery = Message<"handoff.v1.Delivery"> & {
  * Use `create(DeliverySchema)` to create a new message.
  */
 export const DeliverySchema: GenMessage<Delivery> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 22);
+  messageDesc(file_handoff_v1_coordinator, 24);
 
 /**
  * JobEvent is one entry on a run's timeline.
@@ -1181,6 +1348,20 @@ export type JobEvent = Message<"handoff.v1.JobEvent"> & {
    * @generated from field: handoff.v2.HandoffPackage package_v2 = 20;
    */
   packageV2?: HandoffPackage$1 | undefined;
+
+  /**
+   * The branch of a parallel stage the event is of (empty: the run's own stage).
+   *
+   * @generated from field: string branch = 40;
+   */
+  branch: string;
+
+  /**
+   * The nested run a SUBJOB_* event is about.
+   *
+   * @generated from field: string sub_run_id = 41;
+   */
+  subRunId: string;
 };
 
 /**
@@ -1188,7 +1369,7 @@ export type JobEvent = Message<"handoff.v1.JobEvent"> & {
  * Use `create(JobEventSchema)` to create a new message.
  */
 export const JobEventSchema: GenMessage<JobEvent> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 23);
+  messageDesc(file_handoff_v1_coordinator, 25);
 
 /**
  * @generated from message handoff.v1.ListEscalationsRequest
@@ -1210,7 +1391,7 @@ export type ListEscalationsRequest = Message<"handoff.v1.ListEscalationsRequest"
  * Use `create(ListEscalationsRequestSchema)` to create a new message.
  */
 export const ListEscalationsRequestSchema: GenMessage<ListEscalationsRequest> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 24);
+  messageDesc(file_handoff_v1_coordinator, 26);
 
 /**
  * @generated from message handoff.v1.ListEscalationsResponse
@@ -1232,7 +1413,7 @@ export type ListEscalationsResponse = Message<"handoff.v1.ListEscalationsRespons
  * Use `create(ListEscalationsResponseSchema)` to create a new message.
  */
 export const ListEscalationsResponseSchema: GenMessage<ListEscalationsResponse> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 25);
+  messageDesc(file_handoff_v1_coordinator, 27);
 
 /**
  * @generated from message handoff.v1.ResolveEscalationRequest
@@ -1315,7 +1496,7 @@ export type ResolveEscalationRequest = Message<"handoff.v1.ResolveEscalationRequ
  * Use `create(ResolveEscalationRequestSchema)` to create a new message.
  */
 export const ResolveEscalationRequestSchema: GenMessage<ResolveEscalationRequest> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 26);
+  messageDesc(file_handoff_v1_coordinator, 28);
 
 /**
  * Edited artifact text: stored as a new version of the run's latest artifact of the stage's
@@ -1335,7 +1516,7 @@ export type ApproveAction = Message<"handoff.v1.ApproveAction"> & {
  * Use `create(ApproveActionSchema)` to create a new message.
  */
 export const ApproveActionSchema: GenMessage<ApproveAction> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 27);
+  messageDesc(file_handoff_v1_coordinator, 29);
 
 /**
  * @generated from message handoff.v1.ReturnToStageAction
@@ -1366,7 +1547,7 @@ export type ReturnToStageAction = Message<"handoff.v1.ReturnToStageAction"> & {
  * Use `create(ReturnToStageActionSchema)` to create a new message.
  */
 export const ReturnToStageActionSchema: GenMessage<ReturnToStageAction> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 28);
+  messageDesc(file_handoff_v1_coordinator, 30);
 
 /**
  * Grant is what a person adds to a run's wallet: the only way a wallet grows.
@@ -1397,7 +1578,7 @@ export type Grant = Message<"handoff.v1.Grant"> & {
  * Use `create(GrantSchema)` to create a new message.
  */
 export const GrantSchema: GenMessage<Grant> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 29);
+  messageDesc(file_handoff_v1_coordinator, 31);
 
 /**
  * @generated from message handoff.v1.FailAction
@@ -1414,7 +1595,7 @@ export type FailAction = Message<"handoff.v1.FailAction"> & {
  * Use `create(FailActionSchema)` to create a new message.
  */
 export const FailActionSchema: GenMessage<FailAction> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 30);
+  messageDesc(file_handoff_v1_coordinator, 32);
 
 /**
  * @generated from message handoff.v1.RejectMalformedAction
@@ -1431,7 +1612,7 @@ export type RejectMalformedAction = Message<"handoff.v1.RejectMalformedAction"> 
  * Use `create(RejectMalformedActionSchema)` to create a new message.
  */
 export const RejectMalformedActionSchema: GenMessage<RejectMalformedAction> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 31);
+  messageDesc(file_handoff_v1_coordinator, 33);
 
 /**
  * Resolution is the record of a person's decision on an escalated run.
@@ -1516,7 +1697,7 @@ export type Resolution = Message<"handoff.v1.Resolution"> & {
  * Use `create(ResolutionSchema)` to create a new message.
  */
 export const ResolutionSchema: GenMessage<Resolution> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 32);
+  messageDesc(file_handoff_v1_coordinator, 34);
 
 /**
  * @generated from message handoff.v1.ResolveEscalationResponse
@@ -1555,7 +1736,7 @@ export type ResolveEscalationResponse = Message<"handoff.v1.ResolveEscalationRes
  * Use `create(ResolveEscalationResponseSchema)` to create a new message.
  */
 export const ResolveEscalationResponseSchema: GenMessage<ResolveEscalationResponse> = /*@__PURE__*/
-  messageDesc(file_handoff_v1_coordinator, 33);
+  messageDesc(file_handoff_v1_coordinator, 35);
 
 /**
  * Question is one of the five.
@@ -1746,6 +1927,49 @@ export const JobStateSchema: GenEnum<JobState> = /*@__PURE__*/
   enumDesc(file_handoff_v1_coordinator, 3);
 
 /**
+ * @generated from enum handoff.v1.BranchStatus
+ */
+export enum BranchStatus {
+  /**
+   * @generated from enum value: BRANCH_STATUS_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * @generated from enum value: BRANCH_STATUS_RUNNING = 1;
+   */
+  RUNNING = 1,
+
+  /**
+   * @generated from enum value: BRANCH_STATUS_COMPLETED = 2;
+   */
+  COMPLETED = 2,
+
+  /**
+   * @generated from enum value: BRANCH_STATUS_FAILED = 3;
+   */
+  FAILED = 3,
+
+  /**
+   * @generated from enum value: BRANCH_STATUS_TIMED_OUT = 4;
+   */
+  TIMED_OUT = 4,
+
+  /**
+   * The wallet emptied: the branch made no further hop.
+   *
+   * @generated from enum value: BRANCH_STATUS_STOPPED = 5;
+   */
+  STOPPED = 5,
+}
+
+/**
+ * Describes the enum handoff.v1.BranchStatus.
+ */
+export const BranchStatusSchema: GenEnum<BranchStatus> = /*@__PURE__*/
+  enumDesc(file_handoff_v1_coordinator, 4);
+
+/**
  * @generated from enum handoff.v1.EscalationCause
  */
 export enum EscalationCause {
@@ -1842,13 +2066,28 @@ export enum EscalationCause {
    * @generated from enum value: ESCALATION_CAUSE_STALE_PLAN = 14;
    */
   STALE_PLAN = 14,
+
+  /**
+   * A branch of a parallel stage failed or timed out, and the stage's on_branch_failure is
+   * escalate (or continue_without left nothing to merge).
+   *
+   * @generated from enum value: ESCALATION_CAUSE_BRANCH_FAILED = 30;
+   */
+  BRANCH_FAILED = 30,
+
+  /**
+   * A sub-job's nested run escalated: its parent escalates with it.
+   *
+   * @generated from enum value: ESCALATION_CAUSE_SUBJOB_ESCALATED = 31;
+   */
+  SUBJOB_ESCALATED = 31,
 }
 
 /**
  * Describes the enum handoff.v1.EscalationCause.
  */
 export const EscalationCauseSchema: GenEnum<EscalationCause> = /*@__PURE__*/
-  enumDesc(file_handoff_v1_coordinator, 4);
+  enumDesc(file_handoff_v1_coordinator, 5);
 
 /**
  * @generated from enum handoff.v1.EventKind
@@ -1917,13 +2156,34 @@ export enum EventKind {
    * @generated from enum value: EVENT_KIND_ESCALATION_DELIVERY = 11;
    */
   ESCALATION_DELIVERY = 11,
+
+  /**
+   * A branch of a parallel stage ended (JobEvent.branch; its state in Job.branches).
+   *
+   * @generated from enum value: EVENT_KIND_BRANCH_ENDED = 30;
+   */
+  BRANCH_ENDED = 30,
+
+  /**
+   * A subjob stage started its nested run (JobEvent.sub_run_id).
+   *
+   * @generated from enum value: EVENT_KIND_SUBJOB_STARTED = 31;
+   */
+  SUBJOB_STARTED = 31,
+
+  /**
+   * A subjob stage's nested run ended; its artifact returned or it escalated.
+   *
+   * @generated from enum value: EVENT_KIND_SUBJOB_ENDED = 32;
+   */
+  SUBJOB_ENDED = 32,
 }
 
 /**
  * Describes the enum handoff.v1.EventKind.
  */
 export const EventKindSchema: GenEnum<EventKind> = /*@__PURE__*/
-  enumDesc(file_handoff_v1_coordinator, 5);
+  enumDesc(file_handoff_v1_coordinator, 6);
 
 /**
  * @generated from enum handoff.v1.ResolutionAction
@@ -1959,7 +2219,7 @@ export enum ResolutionAction {
  * Describes the enum handoff.v1.ResolutionAction.
  */
 export const ResolutionActionSchema: GenEnum<ResolutionAction> = /*@__PURE__*/
-  enumDesc(file_handoff_v1_coordinator, 6);
+  enumDesc(file_handoff_v1_coordinator, 7);
 
 /**
  * @generated from service handoff.v1.CoordinatorService
