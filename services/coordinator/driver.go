@@ -370,7 +370,9 @@ func (s *Server) recordVerdict(ctx context.Context, job *handoffv1.Job, v handof
 	if v == handoffv1.Verdict_VERDICT_UNSPECIFIED {
 		return nil
 	}
-	if err := s.opts.Store.RecordVerdict(ctx, job.GetRunId(), v); err != nil {
+	// Verdicts are kept beside the wallet the hops are admitted against: a sub-job's are
+	// its parent's, whose wallet it spends.
+	if err := s.opts.Store.RecordVerdict(ctx, walletOf(job), v); err != nil {
 		return fmt.Errorf("record verdict of run %s: %w", job.GetRunId(), err)
 	}
 	return nil

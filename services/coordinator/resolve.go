@@ -460,7 +460,7 @@ func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEs
 		job.Evaluator = &handoffv1.Evaluator{LastVerdict: handoffv1.Verdict_VERDICT_PASS, Rounds: job.GetEvaluator().GetRounds()}
 		job.NextHint = ""
 		// A person's PASS is a PASS given: recorded like a judge's.
-		if err := s.opts.Store.RecordVerdict(ctx, job.GetRunId(), handoffv1.Verdict_VERDICT_PASS); err != nil && !errors.Is(err, store.ErrNotFound) {
+		if err := s.opts.Store.RecordVerdict(ctx, walletOf(job), handoffv1.Verdict_VERDICT_PASS); err != nil && !errors.Is(err, store.ErrNotFound) {
 			return nil, status.Errorf(codes.Unavailable, "record verdict: %v", err)
 		}
 		moved := s.operatorMove(job, p, target)
