@@ -40,6 +40,10 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "handoff demo:", err)
 		return 2
 	}
+	if explain && pipelineName == demo.TriagePipeline {
+		fmt.Fprintf(stderr, "handoff demo: --explain: the %s demo runs three jobs; explain one with 'handoff explain RUN_ID'\n", demo.TriagePipeline)
+		return 2
+	}
 	if pipelineName != demo.Pipeline && pipelineName != demo.TriagePipeline && pipelineName != demo.ResearchPipeline {
 		fmt.Fprintf(stderr, "handoff demo: --pipeline %q: the demo runs %s, %s or %s\n", pipelineName, demo.Pipeline, demo.TriagePipeline, demo.ResearchPipeline)
 		return 2
@@ -76,7 +80,11 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 		return triageDemo(ctx, stdout, stderr, st, cc)
 	}
 	if pipelineName == demo.ResearchPipeline {
-		return researchDemo(ctx, stdout, stderr, st, cc)
+		code, runID := researchDemo(ctx, stdout, stderr, st, cc)
+		if code == 0 && explain {
+			code = explainDemo(ctx, stdout, stderr, cc, runID)
+		}
+		return code
 	}
 	res, err := demo.Run(ctx, stdout, cc, st.Artifacts)
 	if err != nil {
@@ -94,14 +102,20 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	if explain {
-		resp, err := handoffv1.NewCoordinatorServiceClient(cc).ExplainJob(ctx, &handoffv1.ExplainJobRequest{RunId: res.First.GetRunId()})
-		if err != nil {
-			fmt.Fprintln(stderr, "handoff demo: explain:", err)
-			return 1
-		}
-		fmt.Fprintln(stdout)
-		printExplanation(stdout, resp.GetExplanation())
+		return explainDemo(ctx, stdout, stderr, cc, res.First.GetRunId())
 	}
+	return 0
+}
+
+// explainDemo prints the demo's run explained hop by hop, as handoff explain does.
+func explainDemo(ctx context.Context, stdout, stderr io.Writer, cc grpc.ClientConnInterface, runID string) int {
+	resp, err := handoffv1.NewCoordinatorServiceClient(cc).ExplainJob(ctx, &handoffv1.ExplainJobRequest{RunId: runID})
+	if err != nil {
+		fmt.Fprintln(stderr, "handoff demo: explain:", err)
+		return 1
+	}
+	fmt.Fprintln(stdout)
+	printExplanation(stdout, resp.GetExplanation())
 	return 0
 }
 
@@ -143,16 +157,16 @@ func triageDemo(ctx context.Context, stdout, stderr io.Writer, st *stack.Stack, 
 // researchDemo runs research-brief and checks what the demo promises: both branches ran at
 // overlapping times and completed, the merge ran once, the sub-job returned its artifact,
 // the job completed, and exactly one write happened.
-func researchDemo(ctx context.Context, stdout, stderr io.Writer, st *stack.Stack, cc grpc.ClientConnInterface) int {
+func researchDemo(ctx context.Context, stdout, stderr io.Writer, st *stack.Stack, cc grpc.ClientConnInterface) (int, string) {
 	run, err := demo.RunResearch(ctx, stdout, cc, st.Artifacts)
 	if err != nil {
 		fmt.Fprintln(stderr, "handoff demo:", err)
-		return 1
+		return 1, ""
 	}
 	writes, err := st.Store.LedgerEntries(ctx)
 	if err != nil {
 		fmt.Fprintln(stderr, "handoff demo:", err)
-		return 1
+		return 1, ""
 	}
 	fmt.Fprintf(stdout, "\nexternal writes in the ledger: %d\n", len(writes))
 	merges := 0
@@ -184,7 +198,7 @@ func researchDemo(ctx context.Context, stdout, stderr io.Writer, st *stack.Stack
 	}
 	if len(problems) > 0 {
 		fmt.Fprintf(stderr, "handoff demo: research-brief: %s\n", strings.Join(problems, "; "))
-		return 1
+		return 1, ""
 	}
-	return 0
+	return 0, run.Job.GetRunId()
 }

@@ -185,3 +185,28 @@ func TestDemoResearchBrief(t *testing.T) {
 		t.Errorf("%d receipts shown, want one write", n)
 	}
 }
+
+// TestDemoResearchBriefExplain: --explain on the fan-out demo answers each branch's hop
+// from its own package, ack and result, though the branches' events interleave.
+func TestDemoResearchBriefExplain(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := runDemo([]string{"--data", t.TempDir(), "--pipeline", "research-brief", "--explain"}, &out, &errb); code != 0 {
+		t.Fatalf("demo exit %d\nstdout:\n%s\nstderr:\n%s", code, out.String(), errb.String())
+	}
+	text := out.String()
+	for _, stage := range []string{"policy-lookup", "history-lookup", "brief", "writeback"} {
+		if !regexp.MustCompile(`(?m)^\s+\d+\s+` + stage + `\s+ACCEPTED\s+same job_id\s+OK`).MatchString(text) {
+			t.Errorf("no accepted hop of %s explained:\n%s", stage, text)
+		}
+	}
+	if strings.Contains(text, "UNKNOWN") || !strings.Contains(text, "violations: none") {
+		t.Errorf("an answer unknown or a violation on a clean fan-out run:\n%s", text)
+	}
+}
+
+func TestDemoExplainRefusedForTriage(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := runDemo([]string{"--data", t.TempDir(), "--pipeline", "support-triage", "--explain"}, &out, &errb); code != 2 || !strings.Contains(errb.String(), "--explain") {
+		t.Fatalf("exit %d, stderr %q; want 2 naming --explain", code, errb.String())
+	}
+}

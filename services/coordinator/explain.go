@@ -38,6 +38,7 @@ type hopEvents struct {
 	verdict  *handoffv1.Evaluator
 	transfer *handoffv1.Transfer
 	esc      *handoffv1.Escalation
+	ackHop   uint32 // the hop number the ack was counted as
 }
 
 // Explain answers the five questions for every hop of run job from its events evs.
@@ -47,12 +48,20 @@ func Explain(job *handoffv1.Job, evs []*handoffv1.JobEvent) *handoffv1.Explanati
 	var given []*handoffv1.JobEvent
 	var hops []*hopEvents
 	var cur *hopEvents
+	// The branch hops in flight, by branch and stage: branches of a parallel stage run at
+	// once, so their events interleave and a hop number is only known at the ack.
+	branches := map[string]*hopEvents{}
 	var verdicts [][]*handoffv1.JobEvent // verdicts given before each hop
 	for _, ev := range evs {
 		switch ev.GetKind() {
 		case handoffv1.EventKind_EVENT_KIND_PACKAGE_SENT:
-			cur = &hopEvents{sent: ev, pkg: sentPackage(ev)}
-			hops = append(hops, cur)
+			h := &hopEvents{sent: ev, pkg: sentPackage(ev)}
+			if b := ev.GetBranch(); b != "" {
+				branches[b+"/"+ev.GetStage()] = h
+			} else {
+				cur = h
+			}
+			hops = append(hops, h)
 			verdicts = append(verdicts, slices.Clone(given))
 			continue
 		case handoffv1.EventKind_EVENT_KIND_RESOLVED:
@@ -62,12 +71,18 @@ func Explain(job *handoffv1.Job, evs []*handoffv1.JobEvent) *handoffv1.Explanati
 			cur = nil
 			continue
 		}
-		if cur == nil || ev.GetHop() != cur.sent.GetHop() {
+		cur := cur
+		if b := ev.GetBranch(); b != "" {
+			if cur = branches[b+"/"+ev.GetStage()]; cur == nil {
+				continue
+			}
+		} else if cur == nil || ev.GetHop() != cur.sent.GetHop() {
 			continue
 		}
 		switch ev.GetKind() {
 		case handoffv1.EventKind_EVENT_KIND_ACK:
 			cur.ack = ev.GetAck()
+			cur.ackHop = ev.GetHop()
 		case handoffv1.EventKind_EVENT_KIND_STAGE_RESULT:
 			cur.result = ev.GetResult()
 		case handoffv1.EventKind_EVENT_KIND_VERDICT:
@@ -82,6 +97,9 @@ func Explain(job *handoffv1.Job, evs []*handoffv1.JobEvent) *handoffv1.Explanati
 	}
 	for i, h := range hops {
 		he := &handoffv1.HopExplanation{Hop: h.sent.GetHop(), Stage: h.sent.GetStage(), Ack: h.ack.GetStatus(), Schema: h.sent.GetSchema()}
+		if h.sent.GetBranch() != "" && h.ackHop != 0 {
+			he.Hop = h.ackHop // a branch hop is counted when its ack arrives
+		}
 		if he.Schema == "" && h.pkg != nil {
 			he.Schema = h.pkg.GetSchema()
 		}

@@ -113,6 +113,11 @@ func (s *Server) runBranch(ctx context.Context, mu *sync.Mutex, job, base *hando
 			return end(handoffv1.BranchStatus_BRANCH_STATUS_STOPPED, errBranchStop.Error())
 		}
 		pkg := s.branchPackage(job, base, bs, bst)
+		if bs.GetHops() == 0 {
+			// The branch starts when its first package goes out, so overlapping branch
+			// times on the page and in the demo are measured, not assumed.
+			bs.StartedAt = timestamppb.New(s.opts.Now())
+		}
 		mu.Unlock()
 
 		hctx, hspan := s.tracer.Start(bctx, "handoff.send "+bst.Name, oteltrace.WithSpanKind(oteltrace.SpanKindProducer),
