@@ -11,11 +11,13 @@ import (
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 )
 
-// freeText names the fields that hold prose a stage or a person wrote: a package's, and an
-// operator's comment or reason (ResolveEscalationRequest) and a route's reason. Every other
-// field of a package is an id, a ref, a number or an enum, checked by the contract's own
-// rules.
-var freeText = []protoreflect.Name{"goal", "constraints", "open_questions", "next_hint", "resolved_questions", "comment", "reason"}
+// freeText names the fields that hold text a stage, a tool or a person wrote, or a caller
+// passed through: a package's prose, a judge's failure details and a tool attempt's
+// (detail), a stage's error, an operator's comment or reason (ResolveEscalationRequest), a
+// route's reason, the submitted tracestate, and memory refs (whose id part is free). Every
+// other field is an id, a URI, a number or an enum, checked by the contract's own rules.
+var freeText = []protoreflect.Name{"goal", "constraints", "open_questions", "next_hint", "resolved_questions", "comment", "reason",
+	"detail", "error", "tracestate", "memory_refs"}
 
 // Finding is one field holding personal data: its path ("goal", "open_questions[1]") and
 // the kind of the first piece found. It never holds the value.
@@ -41,7 +43,7 @@ func (d *Detector) Scan(m proto.Message) []Finding {
 }
 
 // each calls fn for every set free-text string of r with its path and a setter, and of the
-// singular messages r holds ("fail.reason", "route.reason"), to a depth of 4.
+// messages r holds ("fail.reason", "route.reason", "tools_tried[2].detail"), to a depth of 4.
 func each(r protoreflect.Message, fn func(path, s string, set func(string))) {
 	eachAt(r, "", 4, fn)
 }
@@ -70,8 +72,17 @@ func eachAt(r protoreflect.Message, prefix string, depth int, fn func(path, s st
 	}
 	for i := 0; i < fields.Len(); i++ {
 		fd := fields.Get(i)
-		if fd.Kind() != protoreflect.MessageKind || fd.IsList() || fd.IsMap() || !r.Has(fd) ||
+		if fd.Kind() != protoreflect.MessageKind || fd.IsMap() || !r.Has(fd) ||
 			fd.Message().FullName().Parent() == "google.protobuf" {
+			continue
+		}
+		if fd.IsList() {
+			// tools_tried[i].detail, evaluator.failures[i].detail: repeated messages carry
+			// prose too.
+			l := r.Get(fd).List()
+			for j := 0; j < l.Len(); j++ {
+				eachAt(l.Get(j).Message(), fmt.Sprintf("%s%s[%d].", prefix, fd.Name(), j), depth-1, fn)
+			}
 			continue
 		}
 		eachAt(r.Get(fd).Message(), prefix+string(fd.Name())+".", depth-1, fn)

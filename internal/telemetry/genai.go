@@ -7,6 +7,8 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	semconv "go.opentelemetry.io/otel/semconv/v1.41.0"
 	oteltrace "go.opentelemetry.io/otel/trace"
+
+	"github.com/handoffhq/handoff/internal/pii"
 )
 
 // GenAI spans: the agent and tool spans of the OpenTelemetry semantic conventions for
@@ -97,7 +99,9 @@ func StartTool(ctx context.Context, name, callID string) (end func(err error)) {
 		oteltrace.WithSpanKind(oteltrace.SpanKindInternal), oteltrace.WithAttributes(attrs...))
 	return func(err error) {
 		if err != nil {
-			span.SetStatus(codes.Error, err.Error())
+			// A tool's error may quote what the system of record holds: the trace backend
+			// gets it with personal data masked, as the agent span's error is.
+			span.SetStatus(codes.Error, pii.Builtin().Mask(err.Error()))
 		}
 		span.End()
 	}

@@ -14,13 +14,16 @@ import (
 const maxQuestions = 32
 
 // carryQuestions is the job's open questions after a stage: open with the stage's new
-// questions added (each once) and only those it named in resolved removed. A stage that
-// says nothing about a question leaves it open: intake's "customer timezone unknown" is
-// still open at the judge unless some stage resolved it by name.
+// questions added (each once) and only those it named in resolved removed, and only if its
+// package carried them (a stage cannot close a question it never saw: the package carries
+// the newest maxQuestions of open). A stage that says nothing about a question leaves it
+// open: intake's "customer timezone unknown" is still open at the judge unless some stage
+// resolved it by name.
 func carryQuestions(open, added, resolved []string) []string {
+	carried := lastN(open, maxQuestions)
 	out := make([]string, 0, len(open)+len(added))
 	for _, q := range append(slices.Clone(open), added...) {
-		if slices.Contains(resolved, q) || slices.Contains(out, q) {
+		if (slices.Contains(resolved, q) && slices.Contains(carried, q)) || slices.Contains(out, q) {
 			continue
 		}
 		out = append(out, q)

@@ -158,6 +158,11 @@ func New(opts Options) (*Server, error) {
 	if len(opts.Pipelines) == 0 {
 		return nil, errors.New("coordinator: no pipelines loaded")
 	}
+	// Each pipeline was linted alone; what a sub-job stage names is checked across the set
+	// (a missing pipeline, pipelines that run each other), however the set was loaded.
+	if problems := pipeline.CheckSubJobs(opts.Pipelines); pipeline.HasErrors(problems) {
+		return nil, fmt.Errorf("coordinator: %w", &pipeline.Error{File: "pipelines", Problems: problems})
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}

@@ -190,7 +190,20 @@ func (s *Server) runBranch(ctx context.Context, mu *sync.Mutex, job, base *hando
 			defer mu.Unlock()
 			return end(handoffv1.BranchStatus_BRANCH_STATUS_FAILED, fmt.Sprintf("stage %s returned no valid completed result", bst.Name))
 		}
+		// The pipeline's pii policy applies to a branch's result as to any stage's, before
+		// anything of it is recorded (pii.go).
+		if reasons, err := s.screen(ctx, p, job.GetJobId(), result); err != nil {
+			mu.Unlock()
+			return err
+		} else if len(reasons) > 0 {
+			defer mu.Unlock()
+			return end(handoffv1.BranchStatus_BRANCH_STATUS_FAILED, fmt.Sprintf("stage %s: its result holds personal data (%s): pii.policy is reject", bst.Name, reasonFields(reasons)))
+		}
 		s.later(job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_STAGE_RESULT, Stage: bst.Name, Branch: b.Name, Result: result, Traceparent: ack.GetTraceparent(), Hop: job.GetHops()})
+		// Context is carried from branches too: their questions and memory refs reach the
+		// merge (carry.go).
+		job.OpenQuestions = carryQuestions(job.GetOpenQuestions(), result.GetOpenQuestions(), result.GetResolvedQuestions())
+		job.StageMemoryRefs = addRefs(job.GetStageMemoryRefs(), job.GetMemoryRefs(), result.GetMemoryRefs())
 		job.SpentUsdMicros += result.GetSpentUsdMicros()
 		bs.SpentUsdMicros += result.GetSpentUsdMicros()
 		if err := s.pay(ctx, job, store.Debit{USDMicros: max(result.GetSpentUsdMicros(), 0)}); err != nil {

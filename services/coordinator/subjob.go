@@ -165,6 +165,17 @@ func (s *Server) subJob(ctx context.Context, job *handoffv1.Job, p *pipeline.Pip
 		}
 		ref.Artifact = proto.Clone(art).(*handoffv1.Artifact)
 		job.Artifacts = append(job.Artifacts, ref.GetArtifact())
+		// The sub-job's judge passed what returns, on the wallet both share: the parent
+		// carries that PASS on, so its next package agrees with the wallet's verdicts
+		// (store.Admit refuses a package that drops a verdict after a FAIL).
+		if child.GetEvaluator().GetLastVerdict() == handoffv1.Verdict_VERDICT_PASS {
+			ev := &handoffv1.Evaluator{}
+			if job.GetEvaluator() != nil {
+				ev = proto.Clone(job.GetEvaluator()).(*handoffv1.Evaluator)
+			}
+			ev.LastVerdict = handoffv1.Verdict_VERDICT_PASS
+			job.Evaluator = ev
+		}
 		t = onward(p, st, job, handoffv1.Move_MOVE_NEXT, false)
 	case handoffv1.JobState_JOB_STATE_ESCALATED:
 		t = escalation(handoffv1.EscalationCause_ESCALATION_CAUSE_SUBJOB_ESCALATED,

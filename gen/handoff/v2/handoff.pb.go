@@ -1536,7 +1536,7 @@ var File_handoff_v2_handoff_proto protoreflect.FileDescriptor
 const file_handoff_v2_handoff_proto_rawDesc = "" +
 	"\n" +
 	"\x18handoff/v2/handoff.proto\x12\n" +
-	"handoff.v2\x1a\x1bbuf/validate/validate.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x94\a\n" +
+	"handoff.v2\x1a\x1bbuf/validate/validate.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8c\b\n" +
 	"\x0eHandoffPackage\x12,\n" +
 	"\x06schema\x18\x01 \x01(\tB\x14\xbaH\x11\xc8\x01\x01r\f\n" +
 	"\n" +
@@ -1557,8 +1557,9 @@ const file_handoff_v2_handoff_proto_rawDesc = "" +
 	"\tnext_hint\x18\r \x01(\tB\b\xbaH\x05r\x03\x18\xe8\aR\bnextHint\x123\n" +
 	"\x10operator_returns\x18\x0e \x01(\rB\b\xbaH\x05*\x03\x18\xe8\aR\x0foperatorReturns\x12*\n" +
 	"\x06origin\x18\x0f \x01(\v2\x12.handoff.v2.OriginR\x06origin\x12\x1e\n" +
-	"\x05visit\x18\x10 \x01(\rB\b\xbaH\x05*\x03\x18\xe8\aR\x05visit\x12I\n" +
-	"\x0ebranch_results\x18\x1e \x03(\v2\x18.handoff.v2.BranchResultB\b\xbaH\x05\x92\x01\x02\x10\x10R\rbranchResults\"e\n" +
+	"\x05visit\x18\x10 \x01(\rB\b\xbaH\x05*\x03\x18\xe8\aR\x05visit\x12\xc0\x01\n" +
+	"\x0ebranch_results\x18\x1e \x03(\v2\x18.handoff.v2.BranchResultB\x7f\xbaH|\xba\x01t\n" +
+	"\x15branch_results.unique\x12;each branch appears once: branch_results is keyed by branch\x1a\x1ethis.map(r, r.branch).unique()\x92\x01\x02\x10\x10R\rbranchResults\"e\n" +
 	"\tMemoryRef\x121\n" +
 	"\x04kind\x18\x01 \x01(\tB\x1d\xbaH\x1a\xc8\x01\x01r\x15\x18@2\x11^[a-z][a-z0-9_]*$R\x04kind\x12%\n" +
 	"\x02id\x18\x02 \x01(\tB\x15\xbaH\x12\xc8\x01\x01r\r\x18\xbf\x012\b^[^\\s]+$R\x02id\"\xca\x02\n" +

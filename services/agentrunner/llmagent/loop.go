@@ -13,6 +13,7 @@ import (
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/artifact"
+	"github.com/handoffhq/handoff/internal/pii"
 	"github.com/handoffhq/handoff/internal/telemetry"
 	"github.com/handoffhq/handoff/services/agentrunner"
 )
@@ -231,7 +232,9 @@ func (r *run) call(ctx context.Context, callID, name, args string, route **hando
 		case ctx.Err() != nil:
 			code = CodeUnavailable
 		}
-		r.record(t.Name, code, d, clip(err.Error(), 200))
+		// The attempt travels in every later package: a tool's error may quote what the
+		// system of record holds, so personal data in it is masked.
+		r.record(t.Name, code, d, clip(pii.Builtin().Mask(err.Error()), 200))
 		if fatal(code) {
 			return "", r.fail("tool %s: %v", t.Name, err)
 		}
