@@ -491,9 +491,21 @@ func (s *Server) retry(ctx context.Context, job *handoffv1.Job, stage string, ca
 			return ctx.Err()
 		case <-time.After(backoff):
 		}
-		backoff = min(2*backoff, 2*time.Second)
+		// A peer that is down (Unavailable) is retried at most every 500ms: the connection's
+		// own reconnect backoff (rpc.Reconnect) decides when it is dialled, so a retry
+		// while it is down fails in the process without traffic, and a runner restarted
+		// in a moment gets the hop within half a second. A peer that is up and asked for
+		// patience (Aborted: in flight elsewhere; ResourceExhausted) gets up to 2s.
+		ceiling := 2 * time.Second
+		if status.Code(err) == codes.Unavailable {
+			ceiling = unavailableRetryCeiling
+		}
+		backoff = min(2*backoff, ceiling)
 	}
 }
+
+// unavailableRetryCeiling bounds the pause between retries of a hop whose peer is down.
+const unavailableRetryCeiling = 500 * time.Millisecond
 
 // save writes the run together with its waiting events (later). When the write fails, the
 // events are dropped with the state they belong to.
