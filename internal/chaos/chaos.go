@@ -59,6 +59,7 @@ import (
 	"github.com/handoffhq/handoff/internal/interceptor/identity"
 	"github.com/handoffhq/handoff/internal/pipeline"
 	"github.com/handoffhq/handoff/internal/rediscluster"
+	"github.com/handoffhq/handoff/internal/rpc"
 	"github.com/handoffhq/handoff/internal/store"
 	"github.com/handoffhq/handoff/pipelines"
 	"github.com/handoffhq/handoff/services/agentrunner/support"
@@ -498,7 +499,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	addr := func(i int) string { return fmt.Sprintf("127.0.0.1:%d", ports[i]) }
 	runnerAddr, wbAddr := addr(0), addr(1)
 	h.proxy = &proxy{h: h}
-	asCoordinator := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithPerRPCCredentials(signer.PerRPCCredentials())}
+	// The proxy is the coordinators' network: it dials the services again after a restart
+	// as a coordinator does (rpc.Reconnect), so their resume times are the product's.
+	asCoordinator := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithPerRPCCredentials(signer.PerRPCCredentials()),
+		grpc.WithConnectParams(rpc.Reconnect)}
 	rc, err := grpc.NewClient(runnerAddr, asCoordinator...)
 	if err != nil {
 		return nil, err

@@ -29,6 +29,7 @@ import (
 	"context"
 	"log/slog"
 	"runtime/debug"
+	"time"
 
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
@@ -36,6 +37,7 @@ import (
 	oteltrace "go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
@@ -139,7 +141,19 @@ type DialConfig struct {
 	PerRPC credentials.PerRPCCredentials
 }
 
-// Dial returns a client connection whose calls carry the W3C trace context in metadata.
+// Reconnect is how a service's client connection dials again after its peer went away:
+// from 100ms, growing by 1.6 to at most 2s between attempts. gRPC's default starts at 1s and
+// grows to 2 minutes, so a runner or writeback that a supervisor restarts in under a second
+// would sit unreached for a second or more (and longer after a few failed attempts) while
+// every hop to it fails fast; at most one dial every 2s per connection is still cheap
+// through a long outage.
+var Reconnect = grpc.ConnectParams{
+	Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 2 * time.Second},
+	MinConnectTimeout: 5 * time.Second,
+}
+
+// Dial returns a client connection whose calls carry the W3C trace context in metadata and
+// that dials again as Reconnect says.
 func Dial(addr string, cfg DialConfig) (*grpc.ClientConn, error) {
 	tp := cfg.TracerProvider
 	if tp == nil {
@@ -151,6 +165,7 @@ func Dial(addr string, cfg DialConfig) (*grpc.ClientConn, error) {
 	}
 	opts := []grpc.DialOption{
 		grpc.WithTransportCredentials(creds),
+		grpc.WithConnectParams(Reconnect),
 		grpc.WithStatsHandler(otelgrpc.NewClientHandler(otelgrpc.WithTracerProvider(tp), otelgrpc.WithPropagators(propagators))),
 	}
 	if cfg.PerRPC != nil {

@@ -491,8 +491,23 @@ func (s *Server) retry(ctx context.Context, job *handoffv1.Job, stage string, ca
 			return ctx.Err()
 		case <-time.After(backoff):
 		}
-		backoff = min(2*backoff, 2*time.Second)
+		backoff = nextBackoff(backoff, status.Code(err))
 	}
+}
+
+// nextBackoff is the pause before the retry after one of backoff that failed with code:
+// doubled, up to a ceiling. A peer that is down (Unavailable) is retried at least every
+// 500ms: the connection's own reconnect backoff (rpc.Reconnect) decides when it is dialled,
+// so a retry while it is down fails in the process without traffic, and a runner restarted
+// in a moment gets the hop within half a second. A peer that is up and asked for patience
+// (Aborted: in flight elsewhere; ResourceExhausted) or too slow (DeadlineExceeded) waits
+// up to 2s.
+func nextBackoff(backoff time.Duration, code codes.Code) time.Duration {
+	ceiling := 2 * time.Second
+	if code == codes.Unavailable {
+		ceiling = 500 * time.Millisecond
+	}
+	return min(2*backoff, ceiling)
 }
 
 // save writes the run together with its waiting events (later). When the write fails, the

@@ -436,3 +436,26 @@ func TestNextDeadline(t *testing.T) {
 		}
 	}
 }
+
+// TestNextBackoff: a hop's retries back off by doubling; a peer that is down is tried
+// again at least every 500ms (its connection's reconnect backoff paces the dials), one
+// that is up and asks for patience waits up to 2s.
+func TestNextBackoff(t *testing.T) {
+	ms := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+	for _, c := range []struct {
+		code codes.Code
+		want []time.Duration // the pauses after 50ms, one per failed retry
+	}{
+		{codes.Unavailable, []time.Duration{ms(100), ms(200), ms(400), ms(500), ms(500)}},
+		{codes.Aborted, []time.Duration{ms(100), ms(200), ms(400), ms(800), ms(1600), ms(2000), ms(2000)}},
+		{codes.ResourceExhausted, []time.Duration{ms(100), ms(200), ms(400), ms(800), ms(1600), ms(2000)}},
+		{codes.DeadlineExceeded, []time.Duration{ms(100), ms(200), ms(400), ms(800), ms(1600), ms(2000)}},
+	} {
+		b := ms(50)
+		for i, want := range c.want {
+			if b = nextBackoff(b, c.code); b != want {
+				t.Errorf("%s: pause %d = %s, want %s", c.code, i+1, b, want)
+			}
+		}
+	}
+}
