@@ -430,33 +430,8 @@ func TestFanOutTakeoverRunsOnlyUnfinishedBranches(t *testing.T) {
 		st, _ := startStack(t, stack.Config{Store: s, Pipelines: pls, Agents: []agentrunner.Agent{merge, agents[0], agents[1], agents[2]}})
 		t.Cleanup(g.release)
 		st.Coordinator.Close() // the test's replicas are the only coordinators
-		rc, err := st.DialAs(st.RunnerAddr, "coordinator")
-		if err != nil {
-			t.Fatal(err)
-		}
-		wc, err := st.DialAs(st.WritebackAddr, "coordinator")
-		if err != nil {
-			t.Fatal(err)
-		}
-		val, err := contract.NewValidator()
-		if err != nil {
-			t.Fatal(err)
-		}
-		replica := func(owner string, s store.Store) *coordinator.Server {
-			c, err := coordinator.New(coordinator.Options{
-				Pipelines: pls, Validator: val, Logger: testLogger(t), Store: s, Owner: owner,
-				Runner: handoffv1.NewAgentRunnerServiceClient(rc), Writeback: handoffv1.NewWritebackServiceClient(wc),
-				LeaseTTL: 600 * time.Millisecond, HopTimeout: 10 * time.Second, RetryFor: 10 * time.Second,
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(c.Close)
-			if _, err := c.Resume(ctx); err != nil {
-				t.Fatal(err)
-			}
-			return c
-		}
+		opts := replicaOptions(t, st, pls)
+		replica := func(owner string, s store.Store) *coordinator.Server { return startReplica(t, opts, owner, s) }
 		fa := &faultyStore{Store: st.Store}
 		a := replica("replica-a", fa)
 		input := mustInput(t, st)

@@ -191,6 +191,14 @@ func startReplicas(t *testing.T) *replicas {
 	t.Cleanup(st.Close)
 	st.Coordinator.Close()
 	r.st = st
+	r.opts = replicaOptions(t, st, pls)
+	return r
+}
+
+// replicaOptions are the options of a test replica of pipelines pls that reaches st's runner
+// and writeback as the coordinator identity, with a short lease so takeovers come quickly.
+func replicaOptions(t *testing.T, st *stack.Stack, pls map[string]*pipeline.Pipeline) coordinator.Options {
+	t.Helper()
 	rc, err := st.DialAs(st.RunnerAddr, "coordinator")
 	if err != nil {
 		t.Fatal(err)
@@ -203,19 +211,25 @@ func startReplicas(t *testing.T) *replicas {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.opts = coordinator.Options{
+	return coordinator.Options{
 		Pipelines: pls, Validator: val, Logger: testLogger(t),
 		Runner:    handoffv1.NewAgentRunnerServiceClient(rc),
 		Writeback: handoffv1.NewWritebackServiceClient(wc),
 		LeaseTTL:  600 * time.Millisecond, HopTimeout: 10 * time.Second, RetryFor: 10 * time.Second,
 	}
-	return r
 }
 
 // replica starts a coordinator on st named owner, with its takeover scan running.
 func (r *replicas) replica(t *testing.T, owner string, st store.Store) *coordinator.Server {
 	t.Helper()
-	o := r.opts
+	return startReplica(t, r.opts, owner, st)
+}
+
+// startReplica starts a coordinator with opts on st named owner, with its takeover scan
+// running; it is closed when the test ends.
+func startReplica(t *testing.T, opts coordinator.Options, owner string, st store.Store) *coordinator.Server {
+	t.Helper()
+	o := opts
 	o.Store, o.Owner = st, owner
 	c, err := coordinator.New(o)
 	if err != nil {
