@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"fmt"
-	"math"
 	"net"
 	"sync/atomic"
 	"time"
@@ -13,7 +12,6 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/contract"
@@ -94,17 +92,8 @@ func newFloorRig(ctx context.Context, redisAddr string, workers int, val *contra
 		if r.st, err = store.OpenRedis(ctx, store.RedisOptions{Addr: redisAddr, Prefix: r.prefix}); err != nil {
 			return nil, err
 		}
-		now := timestamppb.Now()
-		for i := range max(workers, 1) {
-			w := &hopWorker{walletID: fmt.Sprintf("%s-w%02d", r.jobPrefix, i)}
-			if _, err := r.st.OpenWallet(ctx, w.walletID, r.jobPrefix, &handoffv1.Budget{UsdRemainingMicros: math.MaxInt64 / 2, HopsRemaining: math.MaxUint32}); err != nil {
-				return nil, err
-			}
-			w.run = newBenchRun(r.tmpl, w.walletID, r.jobPrefix, now)
-			if _, _, err := r.st.CreateRun(ctx, w.run); err != nil {
-				return nil, err
-			}
-			r.workers = append(r.workers, w)
+		if r.workers, err = newHopWorkers(ctx, r.st, r.tmpl, r.jobPrefix, max(workers, 1)); err != nil {
+			return nil, err
 		}
 	}
 	lis, err := net.Listen("tcp", "127.0.0.1:0")

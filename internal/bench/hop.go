@@ -161,21 +161,29 @@ func newHopRig(ctx context.Context, cfg hopConfig) (_ *hopRig, err error) {
 	}
 	r.client = handoffv1.NewAgentRunnerServiceClient(r.cc)
 
-	// One wallet and one run per in-flight slot, made before any hop is timed. They are all
-	// runs of job jobPrefix: a wallet pays only for its own job's packages.
-	now := timestamppb.Now()
-	for i := range cfg.Workers {
-		w := &hopWorker{walletID: fmt.Sprintf("%s-w%02d", r.jobPrefix, i)}
-		if _, err := r.st.OpenWallet(ctx, w.walletID, r.jobPrefix, &handoffv1.Budget{UsdRemainingMicros: math.MaxInt64 / 2, HopsRemaining: math.MaxUint32}); err != nil {
-			return nil, err
-		}
-		w.run = newBenchRun(r.tmpl, w.walletID, r.jobPrefix, now)
-		if _, _, err := r.st.CreateRun(ctx, w.run); err != nil {
-			return nil, err
-		}
-		r.workers = append(r.workers, w)
+	if r.workers, err = newHopWorkers(ctx, r.st, r.tmpl, r.jobPrefix, cfg.Workers); err != nil {
+		return nil, err
 	}
 	return r, nil
+}
+
+// newHopWorkers makes one wallet and one run per in-flight slot, before any hop is timed.
+// They are all runs of job jobPrefix: a wallet pays only for its own job's packages.
+func newHopWorkers(ctx context.Context, st store.Store, tmpl *template, jobPrefix string, n int) ([]*hopWorker, error) {
+	now := timestamppb.Now()
+	var out []*hopWorker
+	for i := range n {
+		w := &hopWorker{walletID: fmt.Sprintf("%s-w%02d", jobPrefix, i)}
+		if _, err := st.OpenWallet(ctx, w.walletID, jobPrefix, &handoffv1.Budget{UsdRemainingMicros: math.MaxInt64 / 2, HopsRemaining: math.MaxUint32}); err != nil {
+			return nil, err
+		}
+		w.run = newBenchRun(tmpl, w.walletID, jobPrefix, now)
+		if _, _, err := st.CreateRun(ctx, w.run); err != nil {
+			return nil, err
+		}
+		out = append(out, w)
+	}
+	return out, nil
 }
 
 func (r *hopRig) nextJob() string { return fmt.Sprintf("%s-%d", r.jobPrefix, r.seq.Add(1)) }
