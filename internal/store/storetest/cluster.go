@@ -8,8 +8,6 @@ package storetest
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"os"
 	"strings"
@@ -60,9 +58,7 @@ func ClusterClient(t testing.TB) *redis.ClusterClient {
 func ClusterPrefix(t testing.TB) string {
 	t.Helper()
 	rdb := ClusterClient(t)
-	b := make([]byte, 6)
-	rand.Read(b)
-	prefix := "handofftest:" + sanitize(t.Name()) + ":" + hex.EncodeToString(b) + ":"
+	prefix := uniquePrefix(t)
 	t.Cleanup(func() {
 		ctx := context.Background()
 		err := rdb.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {

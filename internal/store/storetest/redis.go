@@ -64,9 +64,7 @@ func RedisClient(t testing.TB) *redis.Client {
 func RedisPrefix(t testing.TB) string {
 	t.Helper()
 	rdb := RedisClient(t)
-	b := make([]byte, 6)
-	rand.Read(b)
-	prefix := "handofftest:" + sanitize(t.Name()) + ":" + hex.EncodeToString(b) + ":"
+	prefix := uniquePrefix(t)
 	t.Cleanup(func() {
 		ctx := context.Background()
 		keys := RedisKeys(t, rdb, prefix)
@@ -141,4 +139,12 @@ func globEscape(s string) string {
 		b.WriteRune(r)
 	}
 	return b.String()
+}
+
+// uniquePrefix is a key prefix unique to t: "handofftest:" + t.Name() (sanitized) + ":" +
+// random hex + ":".
+func uniquePrefix(t testing.TB) string {
+	b := make([]byte, 6)
+	rand.Read(b)
+	return "handofftest:" + sanitize(t.Name()) + ":" + hex.EncodeToString(b) + ":"
 }
