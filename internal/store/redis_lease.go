@@ -39,11 +39,14 @@ return 0
 `)
 
 // lapsedScript lists the members of one bucket of the lease index whose expiry is past, by
-// the clock of the server holding the bucket. KEYS: bucket. ARGV: limit.
+// the clock of the server holding the bucket. Redis keeps a key through the millisecond of
+// its expiry (it is expired once now > when), so only a score below now has lapsed: listing
+// one equal to now would offer a lease AcquireLease still finds held. KEYS: bucket. ARGV:
+// limit.
 var lapsedScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-return redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
+return redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. now, 'LIMIT', 0, tonumber(ARGV[1]))
 `)
 
 // leaseBucket is the bucket of the lease index that lists lease name.
