@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"os/signal"
+	"slices"
 	"syscall"
 
 	"github.com/handoffhq/handoff/internal/config"
@@ -60,9 +61,15 @@ func up(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, about("up")+"Usage: handoff up [flags]\n\nRuns the coordinator, agent runner and writeback on loopback in one process, on the\nembedded store (no Redis), with gRPC reflection and health on each, until Ctrl-C.\n\nFlags:")
-		fs.PrintDefaults()
+		printDefaultsExcept(fs, stderr, testOnlyUpFlags)
 	}
 	var f stackFlags
+	// Test-only, left out of --help and without an environment variable: the addresses
+	// the coordinator dials for the agent runner and the writeback, instead of their own
+	// listeners. `handoff chaos --store bbolt` puts its hop proxy there.
+	var runnerVia, wbVia string
+	fs.StringVar(&runnerVia, flagTestRunnerVia, "", "")
+	fs.StringVar(&wbVia, flagTestWritebackVia, "", "")
 	var webAddr, opToken, operators, operatorsFile, pipelines, escHook string
 	b := config.New(fs)
 	bindStack(b, &f, "handoff-data", stack.DefaultCoordinatorAddr, stack.DefaultRunnerAddr, stack.DefaultWritebackAddr, "127.0.0.1:9464")
@@ -78,6 +85,15 @@ func up(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		fmt.Fprintln(stderr, "handoff up:", err)
 		return 2
+	}
+	for name, v := range map[string]string{flagTestRunnerVia: runnerVia, flagTestWritebackVia: wbVia} {
+		if v == "" {
+			continue
+		}
+		if err := config.HostPort(name, v); err != nil {
+			fmt.Fprintln(stderr, "handoff up:", err)
+			return 2
+		}
 	}
 	accs, err := identity.LoadAccounts(operatorsFile, operators)
 	if err != nil {
@@ -104,6 +120,7 @@ func up(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		opToken, generated = hex.EncodeToString(b), true
 	}
 	cfg.WebAddr, cfg.OperatorToken, cfg.Operators, cfg.EscalationWebhook = webAddr, opToken, accs, escHook
+	cfg.RunnerDial, cfg.WritebackDial = runnerVia, wbVia
 	st, err := stack.Start(ctx, cfg)
 	if err != nil {
 		fmt.Fprintln(stderr, "handoff up:", err)
@@ -133,4 +150,26 @@ func up(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintln(stdout, "handoff up: stopping")
 	st.Close()
 	return 0
+}
+
+// The test-only flags of `handoff up` (see up): not in its --help.
+const (
+	flagTestRunnerVia    = "test-agentrunner-via"
+	flagTestWritebackVia = "test-writeback-via"
+)
+
+var testOnlyUpFlags = []string{flagTestRunnerVia, flagTestWritebackVia}
+
+// printDefaultsExcept is fs.PrintDefaults without the flags named in hidden.
+func printDefaultsExcept(fs *flag.FlagSet, w io.Writer, hidden []string) {
+	shown := flag.NewFlagSet(fs.Name(), flag.ContinueOnError)
+	shown.SetOutput(w)
+	fs.VisitAll(func(f *flag.Flag) {
+		if slices.Contains(hidden, f.Name) {
+			return
+		}
+		shown.Var(f.Value, f.Name, f.Usage)
+		shown.Lookup(f.Name).DefValue = f.DefValue
+	})
+	shown.PrintDefaults()
 }

@@ -92,6 +92,11 @@ type Config struct {
 	// HealthInterval is how often each service's health pings the store, as in the
 	// binaries (default server.DefaultHealthInterval): NOT_SERVING while the ping fails.
 	HealthInterval time.Duration
+	// RunnerDial and WritebackDial, when set, are the addresses the coordinator dials for
+	// the agent runner and the writeback instead of the stack's own listeners: for tests
+	// only, which put a proxy between them (`handoff chaos --store bbolt` puts its hop
+	// proxy there, forwarding to RunnerAddr and WritebackAddr).
+	RunnerDial, WritebackDial string
 }
 
 // Default listen addresses of `handoff up`: the binaries' defaults.
@@ -256,11 +261,11 @@ func Start(ctx context.Context, cfg Config) (st *Stack, err error) {
 		return nil, err
 	}
 
-	runnerConn, err := s.DialAs(s.RunnerAddr, "coordinator")
+	runnerConn, err := s.DialAs(or(cfg.RunnerDial, s.RunnerAddr), "coordinator")
 	if err != nil {
 		return nil, err
 	}
-	wbConn, err := s.DialAs(s.WritebackAddr, "coordinator")
+	wbConn, err := s.DialAs(or(cfg.WritebackDial, s.WritebackAddr), "coordinator")
 	if err != nil {
 		return nil, err
 	}
