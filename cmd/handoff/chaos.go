@@ -33,6 +33,16 @@ the write, after the receipt); or an HTTP sink behind the webhook target, which 
 every write and honours Idempotency-Key (the writeback is killed after the sink applied a
 write and before it answered); or both, every other job to each.
 
+With --store bbolt the deployment is handoff up: the three services in one process on one
+bbolt file (one file has one process), built from this source tree with -tags crashpoints
+and run as one supervised process whose coordinator dials the hop proxy. Every kill
+SIGKILLs that process (all three services) and starts it again on the same file; the
+report's kinds (coordinator, agentrunner, writeback) say where the kill was made: mid-job,
+mid-stage after ACCEPTED, at the writeback's crash points or after the sink applied. The
+ledger is the one in the bbolt file. There is no Redis, so no Redis restarts, and the
+timings are up's own (--lease-ttl does not apply). Opening the file releases the leases
+and pending claims the killed process left, so the restarted one resumes at once.
+
 With --store redis-cluster the services share a local Redis Cluster (3 masters, 3
 replicas, each node append-only) instead of one redis-server, and each Redis fault
 SIGKILLs a master: its replica is promoted, and the killed node is started again as a
@@ -47,24 +57,27 @@ under a second key or without one), re-sent sink keys with another body, ledger 
 offered twice (on one Redis; on a cluster re-offers are counted), completed ledger jobs whose receipt names another entry, completed jobs
 without a write; and every asked fault must have been injected.
 
-Needs redis-server (apt-get install redis-server) and, unless --bin is given, the Go
-toolchain in the handoff source tree (it runs one go build, with -tags crashpoints).
+Needs redis-server (apt-get install redis-server; not for --store bbolt) and, unless --bin
+is given, the Go toolchain in the handoff source tree (it runs one go build, with -tags
+crashpoints).
 
 Flags:
   --jobs N             jobs to run (default 500)
   --kills N            SIGKILLs of each service (default 10; 0 for none)
-  --redis-restarts N   redis-server restarts (default 1; 0 for none)
+  --redis-restarts N   redis-server restarts (default 1; 0 for none; none on bbolt)
   --redeliver F        share of hops delivered twice (default 0.05; 0 for none)
   --target T           where the jobs write: ledger, sink or both (default both)
   --concurrency N      jobs in flight at once (default 32)
   --deadline D         every job must be terminal within D of the first submission (default 15m)
-  --lease-ttl D        the coordinators' run lease (default 1.5s)
-  --store S            redis (one redis-server) or redis-cluster (default redis)
+  --lease-ttl D        the coordinators' run lease (default 1.5s; not on bbolt)
+  --store S            redis (one redis-server), redis-cluster, or bbolt (handoff up in
+                       one process) (default redis)
   --wait               on redis-cluster: WAIT for one replica before each claim,
                        receipt and ledger write returns
   --seed N             seed of the re-delivery choice (default random)
   --bin DIR            prebuilt coordinator, agentrunner and writeback binaries (the
-                       writeback built with -tags crashpoints unless --target sink)
+                       writeback built with -tags crashpoints unless --target sink); on
+                       bbolt a prebuilt handoff binary (the same way)
   --redis-server PATH  redis-server binary (default: found on PATH)
   --dir DIR            work folder, kept (default: a temporary one, removed unless --keep
                        or the run failed)
@@ -107,6 +120,8 @@ func runChaos(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stderr, "\n"+chaosUsage)
 		return 2
 	}
+	set := map[string]bool{} // the flags given
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	if fs.NArg() != 0 {
 		fmt.Fprintf(stderr, "handoff chaos: unexpected argument %q\n\n%s", fs.Arg(0), chaosUsage)
 		return 2
@@ -125,7 +140,10 @@ func runChaos(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "handoff chaos: --target must be one of %s, got %q\n", strings.Join(chaos.Targets, ", "), cfg.Target)
 		return 2
 	case !slices.Contains(chaos.Stores, cfg.Store):
-		fmt.Fprintf(stderr, "handoff chaos: --store must be one of %s, got %q (bbolt is one process's file: the services here are separate processes)\n", strings.Join(chaos.Stores, ", "), cfg.Store)
+		fmt.Fprintf(stderr, "handoff chaos: --store must be one of %s, got %q\n", strings.Join(chaos.Stores, ", "), cfg.Store)
+		return 2
+	case cfg.Store == chaos.StoreBolt && (set["redis-restarts"] && *restarts != 0 || set["lease-ttl"]):
+		fmt.Fprintf(stderr, "handoff chaos: --redis-restarts and --lease-ttl do not apply to --store %s (handoff up in one process: no Redis, and its coordinator's own lease)\n", chaos.StoreBolt)
 		return 2
 	case cfg.Wait && cfg.Store != chaos.StoreCluster:
 		fmt.Fprintf(stderr, "handoff chaos: --wait needs --store %s (one redis-server has no replica to wait for)\n", chaos.StoreCluster)
@@ -136,6 +154,9 @@ func runChaos(args []string, stdout, stderr io.Writer) int {
 	}
 	// Config's zero means "default"; the flags' 0 means "none".
 	cfg.Kills, cfg.RedisRestarts, cfg.Redeliver = orNone(*kills), orNone(*restarts), *redeliver
+	if cfg.Store == chaos.StoreBolt {
+		cfg.RedisRestarts = -1 // none: checked above that none were asked
+	}
 	if cfg.Redeliver == 0 {
 		cfg.Redeliver = -1
 	}

@@ -20,7 +20,11 @@ func TestChaosUsage(t *testing.T) {
 		{[]string{"chaos", "--kills", "-1"}, 2, "--kills"},
 		{[]string{"chaos", "--lease-ttl", "10ms"}, 2, "--lease-ttl"},
 		{[]string{"chaos", "--target", "crm"}, 2, `--target must be one of ledger, sink, both, got "crm"`},
-		{[]string{"chaos", "--store", "bbolt"}, 2, `--store must be one of redis, redis-cluster, got "bbolt"`},
+		{[]string{"chaos", "--store", "sqlite"}, 2, `--store must be one of redis, redis-cluster, bbolt, got "sqlite"`},
+		// bbolt runs handoff up in one process: no Redis to restart, and up's own lease.
+		{[]string{"chaos", "--store", "bbolt", "--redis-restarts", "2"}, 2, "--redis-restarts and --lease-ttl do not apply to --store bbolt"},
+		{[]string{"chaos", "--store", "bbolt", "--lease-ttl", "3s"}, 2, "--redis-restarts and --lease-ttl do not apply to --store bbolt"},
+		{[]string{"chaos", "--store", "bbolt", "--wait"}, 2, "--wait needs --store redis-cluster"},
 		{[]string{"chaos", "--wait"}, 2, "--wait needs --store redis-cluster"},
 		{[]string{"chaos", "extra"}, 2, "unexpected argument"},
 		{[]string{"chaos", "--nope"}, 2, "nope"},

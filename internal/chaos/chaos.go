@@ -1,9 +1,13 @@
-// Package chaos is a fault-injection harness for the platform as it is deployed: the three
-// service binaries as separate processes on one shared Redis, two coordinator replicas, and
-// the external systems the writeback writes to (Config.Target): its ledger target, the demo
-// ledger in the shared Redis, which upserts by key and stores each entry with its receipt
-// in one transaction; and an HTTP sink behind its webhook target, which records every
-// write it receives and honours Idempotency-Key as a real downstream does.
+// Package chaos is a fault-injection harness for the platform as it is deployed: on Redis
+// (Config.Store redis or redis-cluster) the three service binaries as separate processes on
+// the shared store, two coordinator replicas; on bbolt `handoff up`, the three services in
+// one process on one bbolt file (layout.go: one file has one process, so every kill there
+// kills all three, and is named by where it was made). And the external systems the
+// writeback writes to (Config.Target): its ledger target, the demo ledger in the services'
+// store (the shared Redis, or the bbolt file), which upserts by key and stores each entry
+// with its receipt in one transaction (on a cluster, two steps); and an HTTP sink behind its
+// webhook target, which records every write it receives and honours Idempotency-Key as a
+// real downstream does.
 //
 // While jobs of the shipped support-ticket pipeline run (and, on the ledger target, every
 // fourth one of research-brief: a fan-out of two branches, a merge and a sub-job), the
@@ -14,18 +18,19 @@
 //     its crash points between the claim of a key and the answer (a writeback built with
 //     -tags crashpoints reports each to the harness's hook, see internal/crashpoint),
 //   - SIGKILLs a coordinator replica mid-job (the other one takes its runs over when their
-//     leases lapse),
+//     leases lapse; on bbolt the restarted process takes them back when it opens the file),
 //   - SIGKILLs the agent runner mid-stage (after it answered ACCEPTED, before the stage
 //     result reached the coordinator),
-//   - SIGKILLs redis-server and starts it again on the same port and append-only file,
+//   - SIGKILLs redis-server and starts it again on the same port and append-only file (on
+//     a cluster: a master, whose replica is promoted; none on bbolt),
 //   - delivers a share of hops twice (the hop proxy, proxy.go),
 //
 // restarting every killed process. The faults are spread over the run by a plan keyed on the
 // number of hops made so far. At the end every job must have reached a terminal state
 // (completed, escalated or failed) before the deadline, no job may have been written twice
 // (under two keys, or without a key), a re-sent key must carry the body first applied, no
-// ledger key may have been offered twice (on one Redis), every completed job must have its write in its
-// external system, a ledger job's receipt must name its entry, and no branch of a fan-out
+// ledger key may have been offered twice (on one Redis and on bbolt, where entry and receipt
+// are one transaction), every completed job must have its write in its external system, a ledger job's receipt must name its entry, and no branch of a fan-out
 // job may be delivered again after it completed. Run returns a Report whose Violations
 // list each of those that failed; `handoff chaos` prints it.
 package chaos
@@ -113,12 +118,19 @@ type Config struct {
 const (
 	StoreRedis   = "redis"
 	StoreCluster = "redis-cluster"
+	// StoreBolt: the embedded store, one bbolt file that one process holds (an exclusive
+	// flock), so the deployment is `handoff up`: the three services in one process, run
+	// as one supervised subprocess; every kill SIGKILLs all three (layout.go).
+	StoreBolt = "bbolt"
 )
 
 // Stores lists the Config.Store values.
-var Stores = []string{StoreRedis, StoreCluster}
+var Stores = []string{StoreRedis, StoreCluster, StoreBolt}
 
 func (c *Config) defaults() {
+	if c.Store == "" {
+		c.Store = StoreRedis
+	}
 	if c.Jobs <= 0 {
 		c.Jobs = 500
 	}
@@ -126,7 +138,7 @@ func (c *Config) defaults() {
 		c.Kills = 10
 	}
 	c.Kills = max(c.Kills, 0)
-	if c.RedisRestarts == 0 {
+	if c.RedisRestarts == 0 && c.Store != StoreBolt { // bbolt: no Redis to restart
 		c.RedisRestarts = 1
 	}
 	c.RedisRestarts = max(c.RedisRestarts, 0)
@@ -145,9 +157,6 @@ func (c *Config) defaults() {
 	}
 	if c.Target == "" {
 		c.Target = TargetBoth
-	}
-	if c.Store == "" {
-		c.Store = StoreRedis
 	}
 	if c.Seed == 0 {
 		var b [8]byte
@@ -189,6 +198,11 @@ type Report struct {
 	// Store is Config.Store; Wait, Config.Wait (WAIT for a replica before going on).
 	Store string `json:"store"`
 	Wait  bool   `json:"wait_for_replica"`
+	// Deployment says how the services ran on the store (layout.go); Notes what differs
+	// from the Redis layout (on bbolt: one process, so what a kill kills, and what does
+	// not apply).
+	Deployment string   `json:"deployment"`
+	Notes      []string `json:"notes,omitempty"`
 	// TimeToResume is, per kind of kill (coordinator, agentrunner, writeback, redis-master,
 	// redis-restart), the time from the kill until each job it stalled made progress again
 	// (resume.go).
@@ -263,6 +277,7 @@ var planOffsets = [numFaults]float64{0.2, 0.45, 0.7, 0.55}
 
 type harness struct {
 	cfg   Config
+	lay   layout
 	dir   string
 	say   func(format string, args ...any)
 	rngMu sync.Mutex
@@ -300,10 +315,11 @@ type harness struct {
 	calls  atomic.Int64 // calls forwarded, retries included
 	seen   sync.Map     // hop keys already counted
 
-	planMu sync.Mutex
-	at     [numFaults][]int64
-	next   [numFaults]int
-	busy   [numFaults]bool
+	planMu    sync.Mutex
+	killCount map[string]int // kills by kind (kindCoordinator, kindRunner, kindWriteback)
+	at        [numFaults][]int64
+	next      [numFaults]int
+	busy      [numFaults]bool
 }
 
 // Run runs a chaos scenario and reports it. The error is for a harness that could not run
@@ -320,7 +336,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.Wait && cfg.Store != StoreCluster {
 		return nil, fmt.Errorf("chaos: wait is for the %s store only (one Redis has no replica to wait for)", StoreCluster)
 	}
-	h := &harness{cfg: cfg, rng: mrand.New(mrand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
+	if cfg.Store == StoreBolt && cfg.RedisRestarts > 0 {
+		return nil, fmt.Errorf("chaos: redis restarts (%d) need a Redis; the %s store has none", cfg.RedisRestarts, StoreBolt)
+	}
+	lay := layoutOf(cfg.Store)
+	h := &harness{cfg: cfg, lay: lay, killCount: map[string]int{}, rng: mrand.New(mrand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
 		jobTarget: map[string]string{}, killsAt: map[string]int{}, resumes: newResumes(), fanJobs: map[string]bool{}}
 	var sayMu sync.Mutex // lines come from the proxy, the sink and the supervisors at once
 	h.say = func(format string, args ...any) {
@@ -330,13 +350,16 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			sayMu.Unlock()
 		}
 	}
-	redisBin := cfg.RedisServer
-	if redisBin == "" {
-		redisBin = "redis-server"
-	}
-	redisPath, err := exec.LookPath(redisBin)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrNoRedisServer, err)
+	var redisPath string
+	var err error
+	if !lay.oneProcess { // bbolt runs without Redis
+		redisBin := cfg.RedisServer
+		if redisBin == "" {
+			redisBin = "redis-server"
+		}
+		if redisPath, err = exec.LookPath(redisBin); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrNoRedisServer, err)
+		}
 	}
 
 	ownDir := cfg.WorkDir == ""
@@ -348,7 +371,15 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		h.dir = cfg.WorkDir
 	}
 	rep := &Report{WorkDir: h.dir, Seed: cfg.Seed, KillsAsked: cfg.Kills, RedisRestartsAsked: cfg.RedisRestarts, Jobs: JobsReport{Asked: cfg.Jobs}, Target: cfg.Target,
-		Store: cfg.Store, Wait: cfg.Wait}
+		Store: cfg.Store, Wait: cfg.Wait, Deployment: lay.name}
+	if lay.oneProcess {
+		rep.Notes = []string{
+			"one process: every kill SIGKILLs handoff up (coordinator, agent runner and writeback together) and starts it again on the same bbolt file; the kind of a kill says where it was made (coordinator mid-job, agentrunner mid-stage after ACCEPTED, writeback at a crash point or after the sink applied)",
+			"redis_restarts: not applicable (no Redis on bbolt)",
+			"targets: the ledger is the one in the bbolt file (entry and receipt in one transaction), read after the final stop; the sink honours Idempotency-Key",
+			"timings are handoff up's own (coordinator lease 1.5s, runner stage claim 3s, writeback pending claim 2 min); --lease-ttl does not apply; the restarted process releases the leases and claims the killed one left when it opens the file",
+		}
+	}
 	keep := cfg.Keep || !ownDir
 	defer func() {
 		if !keep && len(rep.Violations) == 0 {
@@ -368,19 +399,19 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		bin = filepath.Join(h.dir, "bin")
 		h.say("building the service binaries into %s", bin)
 		t0 := time.Now()
-		if err := build(ctx, bin); err != nil {
+		if err := build(ctx, bin, lay.binaries); err != nil {
 			keep = true
 			return nil, err
 		}
 		rep.Build = time.Since(t0).Round(time.Millisecond).String()
 	}
-	for _, b := range binaries {
+	for _, b := range lay.binaries {
 		if _, err := os.Stat(filepath.Join(bin, b)); err != nil {
 			return nil, fmt.Errorf("binary %s: %w", b, err)
 		}
 	}
 	if cfg.uses(TargetLedger) {
-		if err := checkCrashpoints(filepath.Join(bin, "writeback")); err != nil {
+		if err := checkCrashpoints(filepath.Join(bin, lay.crashBin)); err != nil {
 			return nil, err
 		}
 	}
@@ -388,7 +419,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	// Redis, with an fsynced append-only file so a restart keeps every acknowledged write;
 	// or a cluster whose nodes keep one each.
 	var storeURL string
-	if cfg.Store == StoreCluster {
+	switch cfg.Store {
+	case StoreBolt:
+		// The one process's file, in its --data folder; read again (the ledger) once it
+		// stopped.
+		storeURL = filepath.Join(h.dir, "data", "handoff.db")
+	case StoreCluster:
 		cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 		h.cluster, err = rediscluster.Start(cctx, rediscluster.Options{Dir: filepath.Join(h.dir, "redis"), NodeTimeout: clusterNodeTimeout,
 			AppendOnly: true, Server: redisPath})
@@ -403,7 +439,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			storeURL += "?wait=1"
 		}
 		h.say("redis cluster (3 masters, 3 replicas, node timeout %s) on %s", clusterNodeTimeout, strings.Join(h.cluster.Addrs(), " "))
-	} else {
+	default:
 		rport, err := freePort()
 		if err != nil {
 			return nil, err
@@ -425,17 +461,22 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	// coordinator's key. Then the pipelines: the shipped support ticket, whose writeback
 	// stage writes to the ledger, and a variant of it under another name on the webhook
 	// target (the sink).
+	//
+	// On bbolt `handoff up` makes its services' keys itself and never shows them: the hop
+	// proxy passes the coordinator's own token on, as the network does.
 	keyDir := filepath.Join(h.dir, "keys")
-	if _, err := identity.GenerateKeys(keyDir, binaries, false); err != nil {
-		return nil, err
-	}
-	coordKey, err := identity.LoadPrivateKey(identity.KeyFile(keyDir, "coordinator"))
-	if err != nil {
-		return nil, err
-	}
-	signer, err := identity.NewSigner("coordinator", coordKey)
-	if err != nil {
-		return nil, err
+	var signer *identity.Signer
+	if !lay.oneProcess {
+		if _, err := identity.GenerateKeys(keyDir, lay.binaries, false); err != nil {
+			return nil, err
+		}
+		coordKey, err := identity.LoadPrivateKey(identity.KeyFile(keyDir, "coordinator"))
+		if err != nil {
+			return nil, err
+		}
+		if signer, err = identity.NewSigner("coordinator", coordKey); err != nil {
+			return nil, err
+		}
 	}
 	// The operator token: the harness reads the runs it submitted as an operator would.
 	opToken := rand.Text()
@@ -479,7 +520,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			return nil, err
 		}
 	}
-	arts, err := artifact.NewFiles(filepath.Join(h.dir, "artifacts"))
+	arts, err := artifact.NewFiles(lay.artifacts(h.dir))
 	if err != nil {
 		return nil, err
 	}
@@ -498,11 +539,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	addr := func(i int) string { return fmt.Sprintf("127.0.0.1:%d", ports[i]) }
 	runnerAddr, wbAddr := addr(0), addr(1)
-	h.proxy = &proxy{h: h}
+	h.proxy = &proxy{h: h, passAuth: lay.oneProcess}
 	// The proxy is the coordinators' network: it dials the services again after a restart
 	// as a coordinator does (rpc.Reconnect), so their resume times are the product's.
-	asCoordinator := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithPerRPCCredentials(signer.PerRPCCredentials()),
-		grpc.WithConnectParams(rpc.Reconnect)}
+	asCoordinator := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithConnectParams(rpc.Reconnect)}
+	if signer != nil {
+		asCoordinator = append(asCoordinator, grpc.WithPerRPCCredentials(signer.PerRPCCredentials()))
+	}
 	rc, err := grpc.NewClient(runnerAddr, asCoordinator...)
 	if err != nil {
 		return nil, err
@@ -520,32 +563,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	defer h.proxy.close()
 
 	// The services.
-	common := []string{"--plaintext-loopback", "--token-public-keys", filepath.Join(keyDir, identity.PublicDir), "--store", storeURL}
 	logDir := filepath.Join(h.dir, "logs")
-	mk := func(name, kind, listen string, args ...string) error {
-		own := []string{"--listen", listen, "--token-key-file", identity.KeyFile(keyDir, kind)}
-		p, err := newProc(name, kind, filepath.Join(bin, kind), listen, filepath.Join(logDir, name+".log"),
-			append(append(own, common...), args...), h.say)
-		if err != nil {
-			return err
-		}
-		h.procs = append(h.procs, p)
-		switch kind {
-		case "coordinator":
-			h.coords = append(h.coords, p)
-		case "agentrunner":
-			h.runner = p
-		case "writeback":
-			h.writeback = p
-		}
-		return nil
-	}
 	artDir := arts.Root()
-	if err := mk("agentrunner", "agentrunner", runnerAddr, "--artifacts", artDir, "--stage-timeout", stageTimeout.String()); err != nil {
-		return nil, err
-	}
-	if err := mk("writeback", "writeback", wbAddr, "--artifacts", artDir, "--webhook-url", h.sink.url,
-		"--webhook-timeout", webhookTimeout.String(), "--pending-ttl", pendingTTL.String()); err != nil {
+	if lay.oneProcess {
+		if err := h.mkOneProcess(filepath.Join(bin, "handoff"), filepath.Join(h.dir, "data"), logDir, runnerAddr, wbAddr, addr(2), plDir, opToken); err != nil {
+			return nil, err
+		}
+	} else if err := h.mkServices(bin, keyDir, storeURL, logDir, artDir, runnerAddr, wbAddr, addr, plDir, opToken); err != nil {
 		return nil, err
 	}
 	if cfg.uses(TargetLedger) {
@@ -555,14 +579,6 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 		defer stopHook()
 		h.writeback.env = []string{crashpoint.HookEnv + "=" + hook}
-	}
-	for i := range 2 {
-		if err := mk(fmt.Sprintf("coordinator-%d", i+1), "coordinator", addr(2+i),
-			"--agentrunner", h.proxy.addr, "--writeback", h.proxy.addr, "--pipelines", plDir,
-			"--lease-ttl", cfg.LeaseTTL.String(), "--hop-retry-for", hopRetryFor.String(), "--hop-timeout", hopTimeout.String(),
-			"--health-interval", "500ms", "--drain-timeout", "10s", "--operator-token", opToken); err != nil {
-			return nil, err
-		}
 	}
 	stopped := false
 	stopAll := func() {
@@ -585,8 +601,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		keep = true
 		return nil, err
 	}
-	h.say("services up: coordinators %s %s, agentrunner %s, writeback %s (target %s; webhook -> %s), hop proxy %s; logs in %s",
-		h.coords[0].addr, h.coords[1].addr, runnerAddr, wbAddr, cfg.Target, h.sink.url, h.proxy.addr, logDir)
+	var coordAddrs []string
+	for _, c := range h.coords {
+		coordAddrs = append(coordAddrs, c.addr)
+	}
+	h.say("services up (%s): coordinator %s, agentrunner %s, writeback %s (target %s; webhook -> %s), hop proxy %s; logs in %s",
+		lay.name, strings.Join(coordAddrs, " "), runnerAddr, wbAddr, cfg.Target, h.sink.url, h.proxy.addr, logDir)
 	h.sink.setOnApply(func() {
 		h.writes.Add(1)
 		h.killWriteback(killAtSink, "after the sink applied a write, before it answered")
@@ -741,7 +761,7 @@ func (h *harness) hop(key string) (first bool) {
 		h.busy[faultCoordinator] = true
 		victim := h.coords[(h.next[faultCoordinator]-1)%len(h.coords)]
 		go func() {
-			h.killProc(victim, "mid-job")
+			h.killProc(victim, kindCoordinator, "mid-job")
 			h.planMu.Lock()
 			h.busy[faultCoordinator] = false
 			h.planMu.Unlock()
@@ -767,7 +787,9 @@ func (h *harness) hop(key string) (first bool) {
 	return first
 }
 
-func (h *harness) killRunner() { h.killProc(h.runner, "mid-stage (after ACCEPTED, before the result)") }
+func (h *harness) killRunner() {
+	h.killProc(h.runner, kindRunner, "mid-stage (after ACCEPTED, before the result)")
+}
 
 // killMaster SIGKILLs a master of the cluster (the next in turn), waits for its replica's
 // promotion, and starts the killed node again (it rejoins as a replica).
@@ -824,14 +846,28 @@ func (h *harness) killMaster() {
 	}
 }
 
-func (h *harness) killProc(p *proc, when string) bool {
-	h.resumes.killed(p.kind)
-	if p.kill() {
-		h.say("SIGKILL %s %s at hop %d", p.name, when, h.hops.Load())
+// killProc SIGKILLs p as a kill of kind (a service: on bbolt p is the one process, and kind
+// says where it was killed) and counts it. A kill that finds p already down (on bbolt,
+// killed for another kind a moment ago) goes back to the plan, to be made at the next
+// chance, and opens no outage.
+func (h *harness) killProc(p *proc, kind, when string) bool {
+	if p.kill(func() { h.resumes.killed(kind) }) {
+		h.planMu.Lock()
+		h.killCount[kind]++
+		h.planMu.Unlock()
+		h.say("SIGKILL %s as %s %s at hop %d", p.name, kind, when, h.hops.Load())
 		return true
 	}
+	h.planMu.Lock()
+	if f, ok := faultOfKind[kind]; ok && h.next[f] > 0 {
+		h.next[f]--
+	}
+	h.planMu.Unlock()
 	return false
 }
+
+// faultOfKind is the plan's fault of each kind of service kill.
+var faultOfKind = map[string]int{kindRunner: faultRunner, kindCoordinator: faultCoordinator, kindWriteback: faultWriteback}
 
 // jobResult is one job's outcome.
 type jobResult struct {
@@ -955,12 +991,10 @@ func (h *harness) killSummary() string {
 }
 
 func (h *harness) kills() map[string]int {
-	out := map[string]int{"coordinator": 0, "agentrunner": 0, "writeback": 0}
-	for _, p := range h.procs {
-		p.mu.Lock()
-		out[p.kind] += p.kills
-		p.mu.Unlock()
-	}
+	out := map[string]int{kindCoordinator: 0, kindRunner: 0, kindWriteback: 0}
+	h.planMu.Lock()
+	defer h.planMu.Unlock()
+	maps.Copy(out, h.killCount)
 	return out
 }
 

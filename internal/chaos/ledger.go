@@ -91,7 +91,7 @@ func (h *harness) killWriteback(where, when string) {
 	if !h.dueWriteback(where) {
 		return
 	}
-	if h.killProc(h.writeback, when) {
+	if h.killProc(h.writeback, kindWriteback, when) {
 		h.planMu.Lock()
 		h.killsAt[where]++
 		h.planMu.Unlock()

@@ -18,19 +18,18 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/handoffhq/handoff/internal/rpc"
 )
 
 // module is the import path the service binaries are built from.
 const module = "github.com/handoffhq/handoff"
 
-// binaries are the three service commands, by the name of their binary.
-var binaries = []string{"coordinator", "agentrunner", "writeback"}
-
-// build compiles the three service binaries into dir with one `go build`, with crash points
-// (-tags crashpoints: the writeback reports them to the harness's hook, which kills it
-// there; see internal/crashpoint). It must run inside the handoff module's source tree (any
-// folder of it).
-func build(ctx context.Context, dir string) error {
+// build compiles the commands binaries (cmd/<name> each: the layout's) into dir with one
+// `go build`, with crash points (-tags crashpoints: the writeback reports them to the
+// harness's hook, which kills it there; see internal/crashpoint). It must run inside the
+// handoff module's source tree (any folder of it).
+func build(ctx context.Context, dir string, binaries []string) error {
 	args := []string{"build", "-tags", "crashpoints", "-o", dir + string(filepath.Separator)}
 	for _, b := range binaries {
 		args = append(args, module+"/cmd/"+b)
@@ -83,7 +82,10 @@ type proc struct {
 }
 
 func newProc(name, kind, bin, addr, logPath string, args []string, say func(string, ...any)) (*proc, error) {
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	// Dialled again as the services dial each other (rpc.Reconnect): with gRPC's default
+	// backoff a restarted process would answer its health a second or more after it is up,
+	// and no fault would be due meanwhile.
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithConnectParams(rpc.Reconnect))
 	if err != nil {
 		return nil, err
 	}
@@ -192,8 +194,8 @@ func (p *proc) up() bool {
 }
 
 // kill SIGKILLs the process (when it is up) and returns once it has exited; the supervisor
-// then starts it again.
-func (p *proc) kill() bool {
+// then starts it again. before runs just before the signal, only when it is sent.
+func (p *proc) kill(before func()) bool {
 	p.mu.Lock()
 	if !p.healthy || p.killing || p.stopping || p.cmd == nil {
 		p.mu.Unlock()
@@ -202,6 +204,7 @@ func (p *proc) kill() bool {
 	p.killing = true
 	cmd, exited := p.cmd, p.exited
 	p.mu.Unlock()
+	before()
 	cmd.Process.Signal(syscall.SIGKILL)
 	<-exited
 	p.mu.Lock()

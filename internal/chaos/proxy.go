@@ -34,11 +34,15 @@ import (
 //   - kills the agent runner mid-stage: right after it answered ACCEPTED to a package and
 //     before the stage result reached the coordinator.
 type proxy struct {
-	h      *harness
-	runner handoffv1.AgentRunnerServiceClient
-	wb     handoffv1.WritebackServiceClient
-	srv    *grpc.Server
-	addr   string
+	h *harness
+	// passAuth: the proxy passes each call's authorization (the coordinator's service
+	// token) on, as the network does, instead of calling with a token of its own; on bbolt,
+	// where `handoff up` keeps its services' keys to itself.
+	passAuth bool
+	runner   handoffv1.AgentRunnerServiceClient
+	wb       handoffv1.WritebackServiceClient
+	srv      *grpc.Server
+	addr     string
 
 	wg sync.WaitGroup // re-deliveries in flight
 
@@ -78,16 +82,26 @@ func reason(err error) string {
 }
 
 // forward copies the caller's trace context (gRPC metadata) to the upstream call, so the
-// proxy is invisible in traces, as the network is.
-func forward(ctx context.Context) context.Context {
+// proxy is invisible in traces, as the network is; with passAuth its authorization too.
+func (p *proxy) forward(ctx context.Context) context.Context {
+	return p.forwardTo(ctx, ctx)
+}
+
+// forwardTo is forward onto another context than the caller's own (a re-delivered copy's,
+// which outlives the call).
+func (p *proxy) forwardTo(out, ctx context.Context) context.Context {
 	md, _ := metadata.FromIncomingContext(ctx)
+	keys := []string{"traceparent", "tracestate"}
+	if p.passAuth {
+		keys = append(keys, "authorization")
+	}
 	var kv []string
-	for _, k := range []string{"traceparent", "tracestate"} {
+	for _, k := range keys {
 		for _, v := range md.Get(k) {
 			kv = append(kv, k, v)
 		}
 	}
-	return metadata.AppendToOutgoingContext(ctx, kv...)
+	return metadata.AppendToOutgoingContext(out, kv...)
 }
 
 func (p *proxy) start() error {
@@ -146,21 +160,21 @@ type runnerProxy struct {
 }
 
 func (rp runnerProxy) Check(ctx context.Context, req *handoffv1.CheckRequest) (*handoffv1.CheckResponse, error) {
-	return rp.p.runner.Check(forward(ctx), req)
+	return rp.p.runner.Check(rp.p.forward(ctx), req)
 }
 
 func (rp runnerProxy) Deliver(req *handoffv1.DeliverRequest, down grpc.ServerStreamingServer[handoffv1.DeliverResponse]) error {
 	p := rp.p
 	pkg := req.GetPackage()
 	if p.h.hop(fmt.Sprintf("%s/%s/%d", pkg.GetJobId(), pkg.GetStage(), pkg.GetEvaluator().GetRounds())) && p.redeliverNow() {
-		p.redeliverDeliver(req)
+		p.redeliverDeliver(down.Context(), req)
 	}
 	job := pkg.GetJobId()
 	fail := func(err error) error {
-		p.h.resumes.failed(job, blame(down.Context(), err, kindRunner)...)
+		p.h.resumes.failed(job, p.blame(down.Context(), err, kindRunner)...)
 		return err
 	}
-	up, err := p.runner.Deliver(forward(down.Context()), req)
+	up, err := p.runner.Deliver(p.forward(down.Context()), req)
 	if err != nil {
 		return fail(err)
 	}
@@ -193,8 +207,8 @@ func (rp runnerProxy) Deliver(req *handoffv1.DeliverRequest, down grpc.ServerStr
 	}
 }
 
-func (p *proxy) redeliverDeliver(req *handoffv1.DeliverRequest) {
-	p.redeliver(func(ctx context.Context) (bool, string, error) {
+func (p *proxy) redeliverDeliver(caller context.Context, req *handoffv1.DeliverRequest) {
+	p.redeliver(caller, func(ctx context.Context) (bool, string, error) {
 		// The copy is a full hop as the coordinator makes it: ack, then (after ACCEPTED)
 		// the stage's result.
 		ack, _, err := rpc.Deliver(ctx, p.runner, req)
@@ -210,10 +224,10 @@ func (p *proxy) redeliverDeliver(req *handoffv1.DeliverRequest) {
 }
 
 // redeliver sends a copy of a hop in the background after copyDelay, as a second caller
-// would, and counts how it was answered. send makes the copy and says whether it was
-// answered as a duplicate, or why it was refused otherwise; an Aborted error means the
-// first delivery was still in flight.
-func (p *proxy) redeliver(send func(ctx context.Context) (duplicate bool, refused string, err error)) {
+// would (with the caller's metadata: forwardTo), and counts how it was answered. send
+// makes the copy and says whether it was answered as a duplicate, or why it was refused
+// otherwise; an Aborted error means the first delivery was still in flight.
+func (p *proxy) redeliver(caller context.Context, send func(ctx context.Context) (duplicate bool, refused string, err error)) {
 	p.record(func(r *RedeliveryReport) { r.Sent++ })
 	p.wg.Add(1)
 	go func() {
@@ -221,7 +235,7 @@ func (p *proxy) redeliver(send func(ctx context.Context) (duplicate bool, refuse
 		time.Sleep(p.copyDelay())
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		dup, refused, err := send(ctx)
+		dup, refused, err := send(p.forwardTo(ctx, caller))
 		p.record(func(r *RedeliveryReport) {
 			switch {
 			case status.Code(err) == codes.Aborted:
@@ -247,18 +261,29 @@ type writebackProxy struct {
 func (wp writebackProxy) Write(ctx context.Context, req *handoffv1.WriteRequest) (*handoffv1.WriteResponse, error) {
 	p := wp.p
 	if p.h.hop(req.GetPackage().GetJobId()+"/"+req.GetPackage().GetStage()) && p.redeliverNow() {
-		p.redeliver(func(ctx context.Context) (bool, string, error) {
+		p.redeliver(ctx, func(ctx context.Context) (bool, string, error) {
 			resp, err := p.wb.Write(ctx, req)
 			return resp.GetDuplicate(), "", err
 		})
 	}
-	resp, err := p.wb.Write(forward(ctx), req)
+	resp, err := p.wb.Write(p.forward(ctx), req)
 	if err == nil && ctx.Err() == nil {
 		p.h.resumes.progressed(req.GetPackage().GetJobId())
 	} else {
-		p.h.resumes.failed(req.GetPackage().GetJobId(), blame(ctx, err, kindWriteback)...)
+		p.h.resumes.failed(req.GetPackage().GetJobId(), p.blame(ctx, err, kindWriteback)...)
 	}
 	return resp, err
+}
+
+// p.blame is blame on this proxy's layout: when every service is one process (bbolt),
+// a call broken by a kill was broken by the kill of that process, whatever kind it was,
+// so it blames every kind and the latest kill among them is the one (resumes.failed).
+func (p *proxy) blame(callerCtx context.Context, err error, service string) []string {
+	kinds := blame(callerCtx, err, service)
+	if p.h.lay.oneProcess && len(kinds) > 0 {
+		return processKinds
+	}
+	return kinds
 }
 
 // blame is the kinds of kill that fail a call the way it failed: its caller gone (a

@@ -18,6 +18,12 @@ func (r *Report) WriteText(w io.Writer) {
 		return fmt.Sprintf("%d (must be 0: VIOLATION)", n)
 	}
 	p("handoff chaos: %d jobs in %s (build %s), seed %d, target %s, store %s", r.Jobs.Asked, r.Duration, orDash(r.Build), r.Seed, orDash(r.Target), orDash(r.Store))
+	if r.Deployment != "" {
+		p("deployment: %s", r.Deployment)
+	}
+	for _, n := range r.Notes {
+		p("  note: %s", n)
+	}
 	p("jobs")
 	p("  submitted                 %d", r.Jobs.Submitted)
 	p("  completed                 %d", r.Jobs.Completed)
@@ -47,10 +53,16 @@ func (r *Report) WriteText(w io.Writer) {
 		if r.ReplicationProbe != nil {
 			p("  replication probe         %d of %d acknowledged writes lost with their master", r.ReplicationProbe.Lost, r.ReplicationProbe.Acknowledged)
 		}
+	} else if r.Store == "bbolt" {
+		p("  redis restarts            not applicable (no Redis)")
 	} else {
 		p("  redis restarts            %d (asked %d)", r.RedisRestarts, r.RedisRestartsAsked)
 	}
-	p("  crashes (not ours)        coordinator %d, agentrunner %d, writeback %d", r.Crashes["coordinator"], r.Crashes["agentrunner"], r.Crashes["writeback"])
+	var crashes []string
+	for _, k := range sortedKeys(r.Crashes) {
+		crashes = append(crashes, fmt.Sprintf("%s %d", k, r.Crashes[k]))
+	}
+	p("  crashes (not ours)        %s", orDash(strings.Join(crashes, ", ")))
 	p("  hops (calls with retries) %d (%d)", r.Hops, r.Calls)
 	p("  re-delivered hops         %d: %d answered duplicate, %d in flight, %d ran the hop first, %d other",
 		r.Redelivery.Sent, r.Redelivery.Duplicate, r.Redelivery.InFlight, r.Redelivery.Ran, r.Redelivery.Other)
