@@ -20,18 +20,18 @@ import (
 var chaosUsage = about("chaos") + `Usage: handoff chaos [--jobs 500] [--kills 10] [--redis-restarts 1] [--redeliver 0.05] [--target both] [--store redis] [--json] [flags]
 
 Runs the platform as deployed (coordinator x2, agent runner and writeback as separate
-processes built from this source tree, on a redis-server of its own) and breaks it while
-support-ticket jobs run: SIGKILLs the writeback in the middle of writes, a coordinator
-mid-job and the agent runner mid-stage (--kills times each), restarts Redis
-(--redis-restarts), and delivers a share of hops twice (--redeliver). Killed processes are
-restarted.
+processes built from this source tree, on a redis-server of its own; or, --store bbolt,
+handoff up in one process, see below) and breaks it while support-ticket jobs run:
+SIGKILLs the writeback in the middle of writes, a coordinator mid-job and the agent runner
+mid-stage (--kills times each), restarts Redis (--redis-restarts), and delivers a share of
+hops twice (--redeliver). Killed processes are restarted.
 
 The jobs write to (--target) the writeback's ledger target, the demo ledger in the shared
-Redis, which upserts by key and stores each entry with its receipt in one transaction (the
-writeback is killed at its crash points: after the claim, inside that transaction, after
-the write, after the receipt); or an HTTP sink behind the webhook target, which records
-every write and honours Idempotency-Key (the writeback is killed after the sink applied a
-write and before it answered); or both, every other job to each.
+Redis (on bbolt, in the file), which upserts by key and stores each entry with its receipt
+in one transaction (the writeback is killed at its crash points: after the claim, inside
+that transaction, after the write, after the receipt); or an HTTP sink behind the webhook
+target, which records every write and honours Idempotency-Key (the writeback is killed
+after the sink applied a write and before it answered); or both, every other job to each.
 
 With --store bbolt the deployment is handoff up: the three services in one process on one
 bbolt file (one file has one process), built from this source tree with -tags crashpoints

@@ -19,7 +19,7 @@ var commands = []struct{ name, synopsis, what string }{
 	{"demo", "[--pipeline support-triage]", "run the sample support ticket (or three, with routes) end to end"},
 	{"certs", "[--dir DIR] [--services a,b] [--days N]", "make a development CA and service certificates (mTLS)"},
 	{"keys", "[--dir DIR] [--services a,b]", "make one service-token key per service (plaintext loopback)"},
-	{"chaos", "[--jobs N] [--kills N] [--json]", "break a multi-process deployment while jobs run; count lost jobs and double writes"},
+	{"chaos", "[--jobs N] [--kills N] [--json]", "break a deployment (on Redis, or handoff up on bbolt) while jobs run; count lost jobs and double writes"},
 	{"replay", "[--n 1000] [--invalid 0.10] [--duplicate 0.05] [--runner ADDR] [--json]", "replay generated packages as hops; check every ack, write, trace"},
 	{"bench", "[--duration 3s] [--redis ADDR] [--json]", "measure a hop with and without the platform, and the targets"},
 	{"explain", "[--coordinator ADDR] [--json] RUN_ID", "answer the five questions of every hop of a run, with evidence; flag violations"},

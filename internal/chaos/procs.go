@@ -18,8 +18,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-
-	"github.com/handoffhq/handoff/internal/rpc"
 )
 
 // module is the import path the service binaries are built from.
@@ -81,11 +79,9 @@ type proc struct {
 	stopped  string        // how the final stop went
 }
 
-func newProc(name, kind, bin, addr, logPath string, args []string, say func(string, ...any)) (*proc, error) {
-	// Dialled again as the services dial each other (rpc.Reconnect): with gRPC's default
-	// backoff a restarted process would answer its health a second or more after it is up,
-	// and no fault would be due meanwhile.
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithConnectParams(rpc.Reconnect))
+// dial are more options of the health connection (mkOneProcess's rpc.Reconnect).
+func newProc(name, kind, bin, addr, logPath string, args []string, say func(string, ...any), dial ...grpc.DialOption) (*proc, error) {
+	cc, err := grpc.NewClient(addr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, dial...)...)
 	if err != nil {
 		return nil, err
 	}
