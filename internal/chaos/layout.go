@@ -77,9 +77,9 @@ func (h *harness) mkOneProcess(bin, dataDir, logDir, runnerAddr, wbAddr, coordAd
 		// with gRPC's default backoff (1 s, growing) the harness would see the restarted
 		// process up a second or more after it is, and a run here takes seconds, so
 		// planned kills came due while it looked down and were missed. The Redis layout
-		// keeps the default: its fault plan's spacing, and the figures measured with it,
-		// rest on it (with rpc.Reconnect there, kills overlap more: at 100 jobs the
-		// coordinator's time to resume p50 was 2.1 and 3.2 s with it, 1.6 s without).
+		// keeps the default, on which its fault plan's spacing and the figures measured
+		// with it rest (a comparison at 100 jobs did not tell the two apart from the
+		// run-to-run noise: coordinator time to resume p50 1.6-3.2 s either way).
 		grpc.WithConnectParams(rpc.Reconnect))
 	if err != nil {
 		return fmt.Errorf("chaos: %w", err)
