@@ -42,24 +42,32 @@ func BenchmarkFsync(b *testing.B) {
 	b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
 }
 
-// BenchmarkJobsInFlight is J_bolt's throughput burst: five-stage jobs on bbolt with 32 in
-// flight (`handoff bench`'s default). ns/op is wall time per job, 1e9/ns-per-op its
-// jobs/s; under `strace -f -c -e trace=fdatasync` it counts the fsyncs a job costs when
-// writers share commits.
+// BenchmarkJobsInFlight is J's throughput burst: five-stage jobs with 32 in flight
+// (`handoff bench`'s default), on bbolt (J_bolt) and on Redis (J_redis). ns/op is wall time
+// per job, 1e9/ns-per-op its jobs/s; under `strace -f -c -e trace=fdatasync` the bolt one
+// counts the fsyncs a job costs when writers share commits, and its CPU profile is the CPU a
+// job costs at throughput.
 func BenchmarkJobsInFlight(b *testing.B) {
-	r, err := newJobsRig(context.Background(), StoreBolt, DefaultRedisAddr, "", nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(r.close)
-	ctx := context.Background()
-	if err := r.job(ctx, 0); err != nil {
-		b.Fatal(err)
-	}
-	b.ReportAllocs()
-	b.ResetTimer()
-	if _, _, err := RunN(ctx, b.N, 32, r.job); err != nil {
-		b.Fatal(err)
+	for _, kind := range []string{StoreBolt, StoreRedis} {
+		b.Run(kind, func(b *testing.B) {
+			if kind == StoreRedis {
+				needRedis(b)
+			}
+			r, err := newJobsRig(context.Background(), kind, DefaultRedisAddr, "", nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(r.close)
+			ctx := context.Background()
+			if err := r.job(ctx, 0); err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			if _, _, err := RunN(ctx, b.N, 32, r.job); err != nil {
+				b.Fatal(err)
+			}
+		})
 	}
 }
 
