@@ -4,8 +4,10 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+	"github.com/handoffhq/handoff/internal/testkit"
 )
 
 // The job's and the stage's info lines are built only when the logger writes info; at info
@@ -22,17 +24,19 @@ func TestInfoLinesWrittenAtInfo(t *testing.T) {
 	if job.GetState() != handoffv1.JobState_JOB_STATE_COMPLETED {
 		t.Fatalf("job ended %v, want COMPLETED", job.GetState())
 	}
-	logs := e.logs.String()
 	for _, want := range []string{"msg=\"job submitted\"", "msg=\"agentrunner: stage completed\"", "msg=\"job ended\""} {
 		var lines []string
-		for _, l := range strings.Split(logs, "\n") {
-			if strings.Contains(l, want) {
-				lines = append(lines, l)
+		// The watch ends at the terminal event, which the driver saves before it logs "job
+		// ended": wait for the line.
+		testkit.Eventually(t, 10*time.Second, "a "+want+" line at debug level", func() bool {
+			lines = lines[:0]
+			for _, l := range strings.Split(e.logs.String(), "\n") {
+				if strings.Contains(l, want) {
+					lines = append(lines, l)
+				}
 			}
-		}
-		if len(lines) == 0 {
-			t.Errorf("no %s line at debug level", want)
-		}
+			return len(lines) > 0
+		})
 		for _, l := range lines {
 			if !strings.Contains(l, "job_id=tkt_info") {
 				t.Errorf("line %q does not name the job", l)
