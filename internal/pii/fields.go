@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -33,6 +34,9 @@ func (d *Detector) Scan(m proto.Message) []Finding {
 	if m == nil {
 		return nil
 	}
+	if !d.screen(m.ProtoReflect(), 4) {
+		return nil // every receiver scans every hop: the clean case builds no path and no setter
+	}
 	var out []Finding
 	each(m.ProtoReflect(), func(path string, s string, _ func(string)) {
 		if k, ok := d.First(s); ok {
@@ -42,6 +46,82 @@ func (d *Detector) Scan(m proto.Message) []Finding {
 	return out
 }
 
+// plan is what a walk reads of one message type: its free-text string fields, in freeText's
+// order, and the message fields it descends into, in field order. It is looked up once per
+// type (plans) instead of by name, eleven lookups a message, on every scan.
+type plan struct {
+	texts []protoreflect.FieldDescriptor
+	msgs  []protoreflect.FieldDescriptor
+}
+
+var plans sync.Map // protoreflect.MessageDescriptor → *plan
+
+func planOf(md protoreflect.MessageDescriptor) *plan {
+	if p, ok := plans.Load(md); ok {
+		return p.(*plan)
+	}
+	p := &plan{}
+	fields := md.Fields()
+	for _, name := range freeText {
+		if fd := fields.ByName(name); fd != nil && fd.Kind() == protoreflect.StringKind && !fd.IsMap() {
+			p.texts = append(p.texts, fd)
+		}
+	}
+	for i := 0; i < fields.Len(); i++ {
+		fd := fields.Get(i)
+		if fd.Kind() == protoreflect.MessageKind && !fd.IsMap() && fd.Message().FullName().Parent() != "google.protobuf" {
+			p.msgs = append(p.msgs, fd)
+		}
+	}
+	plans.Store(md, p)
+	return p
+}
+
+// screen reports whether any free-text string of r, or of the messages r holds to depth,
+// holds personal data: the same fields each visits, without their paths or setters, so a
+// clean message (every hop's case) costs no allocation beyond the reflection's own.
+func (d *Detector) screen(r protoreflect.Message, depth int) bool {
+	p := planOf(r.Descriptor())
+	for _, fd := range p.texts {
+		if !r.Has(fd) {
+			continue
+		}
+		if !fd.IsList() {
+			if d.Find(r.Get(fd).String()) != nil {
+				return true
+			}
+			continue
+		}
+		l := r.Get(fd).List()
+		for i := 0; i < l.Len(); i++ {
+			if d.Find(l.Get(i).String()) != nil {
+				return true
+			}
+		}
+	}
+	if depth == 0 {
+		return false
+	}
+	for _, fd := range p.msgs {
+		if !r.Has(fd) {
+			continue
+		}
+		if !fd.IsList() {
+			if d.screen(r.Get(fd).Message(), depth-1) {
+				return true
+			}
+			continue
+		}
+		l := r.Get(fd).List()
+		for j := 0; j < l.Len(); j++ {
+			if d.screen(l.Get(j).Message(), depth-1) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // each calls fn for every set free-text string of r with its path and a setter, and of the
 // messages r holds ("fail.reason", "route.reason", "tools_tried[2].detail"), to a depth of 4.
 func each(r protoreflect.Message, fn func(path, s string, set func(string))) {
@@ -49,12 +129,9 @@ func each(r protoreflect.Message, fn func(path, s string, set func(string))) {
 }
 
 func eachAt(r protoreflect.Message, prefix string, depth int, fn func(path, s string, set func(string))) {
-	fields := r.Descriptor().Fields()
-	for _, name := range freeText {
-		fd := fields.ByName(name)
-		if fd == nil || fd.Kind() != protoreflect.StringKind || fd.IsMap() {
-			continue
-		}
+	p := planOf(r.Descriptor())
+	for _, fd := range p.texts {
+		name := fd.Name()
 		if !fd.IsList() {
 			if s := r.Get(fd).String(); s != "" {
 				fn(prefix+string(name), s, func(v string) { r.Set(fd, protoreflect.ValueOfString(v)) })
@@ -70,10 +147,8 @@ func eachAt(r protoreflect.Message, prefix string, depth int, fn func(path, s st
 	if depth == 0 {
 		return
 	}
-	for i := 0; i < fields.Len(); i++ {
-		fd := fields.Get(i)
-		if fd.Kind() != protoreflect.MessageKind || fd.IsMap() || !r.Has(fd) ||
-			fd.Message().FullName().Parent() == "google.protobuf" {
+	for _, fd := range p.msgs {
+		if !r.Has(fd) {
 			continue
 		}
 		if fd.IsList() {
@@ -122,6 +197,9 @@ type Keeper interface {
 // error m may be partly redacted and must not be used; the error never holds a value.
 func (d *Detector) Redact(ctx context.Context, m proto.Message, jobID string, k Keeper) ([]Finding, error) {
 	if m == nil {
+		return nil, nil
+	}
+	if !d.screen(m.ProtoReflect(), 4) {
 		return nil, nil
 	}
 	var out []Finding

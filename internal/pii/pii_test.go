@@ -292,3 +292,55 @@ func BenchmarkScan(b *testing.B) {
 		}
 	}
 }
+
+// hopPackage is shaped like the bench's B package: repeated prose and repeated messages
+// (tools tried, artifacts), the parts a scan walks into.
+func hopPackage(mods ...func(*handoffv1.HandoffPackage)) *handoffv1.HandoffPackage {
+	return testkit.Package(append([]func(*handoffv1.HandoffPackage){func(p *handoffv1.HandoffPackage) {
+		p.Constraints = []string{"no refund promises", "cite help center or no_match", "internal audience only", "keep under 300 words"}
+		p.OpenQuestions = []string{"customer timezone unknown", "order id not confirmed by the customer"}
+		p.ToolsTried = []*handoffv1.ToolAttempt{
+			{Name: "tickets.get", Ok: true, Stage: "intake"},
+			{Name: "kb.search", Ok: false, ErrorCode: "timeout", Stage: "retrieve", Detail: "first attempt timed out after 5s"},
+			{Name: "kb.search", Ok: true, Stage: "retrieve"},
+		}
+		p.Artifacts = []*handoffv1.Artifact{{Type: "intake", Uri: "file:///a/intake.json"}, {Type: "chunks", Uri: "file:///a/chunks.json"}}
+		p.MemoryRefs = []string{"customer_id:cus_9", "order_id:ord_77812", "locale:en-GB"}
+		p.NextHint = strings.Repeat("cite the refund policy for the second claim; ", 20)
+	}}, mods...)...)
+}
+
+// The clean-case screen must see every field the full walk visits: personal data in the last
+// element of a repeated message, or in the last repeated string, is still found.
+func TestScanScreenSeesNestedFields(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		mod  func(*handoffv1.HandoffPackage)
+		want []pii.Finding
+	}{
+		{"clean", func(*handoffv1.HandoffPackage) {}, nil},
+		{"last tool attempt's detail", func(p *handoffv1.HandoffPackage) { p.ToolsTried[2].Detail = "mailed jane@example.com" },
+			[]pii.Finding{{Field: "tools_tried[2].detail", Kind: pii.KindEmail}}},
+		{"last memory ref", func(p *handoffv1.HandoffPackage) { p.MemoryRefs[2] = "card:" + card },
+			[]pii.Finding{{Field: "memory_refs[2]", Kind: pii.KindCard}}},
+		{"judge's failure detail", func(p *handoffv1.HandoffPackage) {
+			p.Evaluator = &handoffv1.Evaluator{Failures: []*handoffv1.Failure{{Code: "x"}, {Code: "y", Detail: "call " + piiPhoneT}}}
+		}, []pii.Finding{{Field: "evaluator.failures[1].detail", Kind: pii.KindPhone}}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			testkit.Equal(t, pii.Builtin().Scan(hopPackage(c.mod)), c.want, "findings")
+		})
+	}
+}
+
+// BenchmarkScanHop is the receiver's scan of a clean package shaped like the bench's hop.
+func BenchmarkScanHop(b *testing.B) {
+	p := hopPackage()
+	d := pii.Builtin()
+	b.ReportAllocs()
+	for b.Loop() {
+		if fs := d.Scan(p); fs != nil {
+			b.Fatal(fs)
+		}
+	}
+}

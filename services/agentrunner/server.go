@@ -365,9 +365,11 @@ func (s *Server) Deliver(req *handoffv1.DeliverRequest, stream grpc.ServerStream
 			"round", round, "agent", ag.Card().Name, "err", err)
 		return err
 	}
-	s.log.InfoContext(ctx, "agentrunner: stage completed", "job_id", p.GetJobId(), "stage", p.GetStage(), "round", round,
-		"agent", ag.Card().Name, "status", res.GetStatus().String(), "artifacts", len(res.GetArtifacts()),
-		"spent_usd_micros", res.GetSpentUsdMicros(), "duration", time.Since(start))
+	if s.log.Enabled(ctx, slog.LevelInfo) { // at the services' warn level the line's ten attributes are not built
+		s.log.InfoContext(ctx, "agentrunner: stage completed", "job_id", p.GetJobId(), "stage", p.GetStage(), "round", round,
+			"agent", ag.Card().Name, "status", res.GetStatus().String(), "artifacts", len(res.GetArtifacts()),
+			"spent_usd_micros", res.GetSpentUsdMicros(), "duration", time.Since(start))
+	}
 	return nil
 }
 

@@ -396,7 +396,9 @@ func (s *Server) SubmitJob(ctx context.Context, req *handoffv1.SubmitJobRequest)
 		return &handoffv1.SubmitJobResponse{Job: run, Existing: true}, nil
 	}
 	s.published(run.GetRunId(), []*handoffv1.JobEvent{submitted})
-	s.log.Info("job submitted", "run_id", run.GetRunId(), "job_id", run.GetJobId(), "pipeline", p.Name, "trace_id", traceparent.TraceID(tp))
+	if s.log.Enabled(ctx, slog.LevelInfo) { // built only when written: every job passes here
+		s.log.Info("job submitted", "run_id", run.GetRunId(), "job_id", run.GetJobId(), "pipeline", p.Name, "trace_id", traceparent.TraceID(tp))
+	}
 	// The driver starts from the run just written (and its wallet, opened with it) rather
 	// than reading both back.
 	start := proto.Clone(run).(*handoffv1.Job)

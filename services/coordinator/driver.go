@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -578,7 +579,9 @@ func (s *Server) finish(ctx context.Context, job *handoffv1.Job, state handoffv1
 	if err := s.save(ctx, job); err != nil {
 		return err
 	}
-	s.log.Info("job ended", "run_id", job.GetRunId(), "job_id", job.GetJobId(), "state", state.String(), "stage", job.GetStage(), "detail", detail,
-		"trace_id", traceparent.TraceID(job.GetTraceparent()))
+	if s.log.Enabled(ctx, slog.LevelInfo) { // built only when written: every job passes here
+		s.log.Info("job ended", "run_id", job.GetRunId(), "job_id", job.GetJobId(), "state", state.String(), "stage", job.GetStage(), "detail", detail,
+			"trace_id", traceparent.TraceID(job.GetTraceparent()))
+	}
 	return nil
 }

@@ -1,0 +1,33 @@
+package rpc_test
+
+import (
+	"context"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/handoffhq/handoff/internal/rpc"
+	"github.com/handoffhq/handoff/internal/testkit"
+)
+
+// TestStreamsBeyondTheWorkers: the server keeps a few goroutines for its streams (4 per
+// CPU); streams beyond them, while every worker is held by a slow handler, still reach
+// their handler at once instead of waiting for a worker.
+func TestStreamsBeyondTheWorkers(t *testing.T) {
+	r := &holdRunner{release: make(chan struct{})}
+	cc := testkit.Dial(t, serveTCP(t, r, rpc.Limits{}))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	n := 4*runtime.GOMAXPROCS(0) + 5
+	var calls []<-chan error
+	for range n {
+		calls = append(calls, hold(ctx, cc))
+	}
+	waitFor(t, "every call in the handler at once", func() bool { return r.in.Load() == int64(n) })
+	close(r.release)
+	for i, c := range calls {
+		if err := <-c; err != nil {
+			t.Fatalf("call %d: %v", i, err)
+		}
+	}
+}
