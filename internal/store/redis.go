@@ -47,7 +47,8 @@ package store
 //	                                member a lease name, score its expiry (server ms), so
 //	                                LapsedLeases finds the leases of a dead holder in one
 //	                                pipelined read; a release removes the member.
-//	{<run_id>}:fence        string  the run's fence epoch (INCR by FenceRun), checked by
+//	{<run_id>}:fence        string  the run's fence epoch (INCR by FenceRun; a nested run's raised to its
+//	                                parent driver's epoch by FenceRunAt), checked by
 //	                                PutRunFenced in the script that saves the run.
 //	{ledger}:entries        list    JSON {Key, Payload, At}; the element at index i is entry
 //	                                ledger-%06d of i+1 (append-only, like events).

@@ -42,6 +42,7 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 	t.Run("Verdicts", func(t *testing.T) { testVerdicts(t, newStore(t)) })
 	t.Run("Leases", func(t *testing.T) { s := newStore(t); RunLeases(t, s, s) })
 	t.Run("Fence", func(t *testing.T) { testFence(t, newStore(t)) })
+	t.Run("FenceAt", func(t *testing.T) { testFenceAt(t, newStore(t)) })
 }
 
 // testGrant: a grant adds to the wallet once per key, never past a budget's caps, and
