@@ -25,6 +25,14 @@
 // A handler must therefore return an error only when it did no external effect: the
 // interceptor releases the key on every error, and the retry runs the handler again.
 //
+// Each claim has an owner token (store.Idempotency), and the call's Complete, Release and
+// renewals name it, checked in the store's own write. A call whose claim lapsed while
+// another call claimed the key (its process stalled past the pending TTL) therefore settles
+// nothing of the other call's: its release leaves the key alone, a renewal that finds the
+// key another's cancels the handler at once, and its late result is refused, never stored
+// over the other's; the call ends Aborted ("the claim of key K lapsed ..."), and a retry
+// gets the key's result.
+//
 // # Failure behaviour
 //
 // Fail closed. When the store cannot be reached to Claim, the call fails with Unavailable
