@@ -272,8 +272,10 @@ func (s *Server) admit(ctx context.Context, req proto.Message, key string, ttl t
 	if err == nil && a.State == store.Done && errors.Is(a.DebitErr, store.ErrSilentReset) {
 		// A reset package names an earlier round's completion key: it is refused, not
 		// answered with that round's result. Going on as claimed lets the budget step
-		// refuse it; the release after the refusal leaves a done record alone.
-		a.State, a.Value = store.Claimed, nil
+		// refuse it; the release after the refusal leaves a done record alone. It holds no
+		// claim of the store's, so its token matches none: were anything to Complete the
+		// key under it, the store would refuse (ErrNotOwner: done with another value).
+		a.State, a.Value, a.Owner = store.Claimed, nil, "no-claim:silent-reset"
 	}
 	if err != nil || a.State != store.Claimed || id == "" {
 		return a.State, a.Value, a.Owner, nil, err
