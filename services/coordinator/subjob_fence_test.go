@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -227,3 +228,46 @@ func testSubJobStaleDriver(t *testing.T, s store.Store) {
 		t.Errorf("ledger %d entries, %v; want 1 write", len(es), err)
 	}
 }
+
+// TestNestedRunNotFencedOnItsOwn: a nested run is never taken as a run of its own, so its
+// fence stays its parent driver's: neither the takeover scan (it is RUNNING) nor the lapsed
+// lease of it (one an older release took) moves its fence past the parent driver's epoch,
+// and that lease is given back.
+func TestNestedRunNotFencedOnItsOwn(t *testing.T) {
+	r := startReplicas(t)
+	st, ctx := r.st.Store, context.Background()
+	const child = "run_nested-sub-0"
+	if _, _, err := st.CreateRun(ctx, &handoffv1.Job{RunId: child, ParentRunId: "run_nested", ParentStage: "sub", Pipeline: "relay",
+		State: handoffv1.JobState_JOB_STATE_RUNNING, Stage: "draft"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.FenceRunAt(ctx, child, 3); err != nil { // its parent's driver holds epoch 3
+		t.Fatal(err)
+	}
+	if ok, err := st.AcquireLease(ctx, leaseOf(child), "old-release", 300*time.Millisecond); err != nil || !ok {
+		t.Fatalf("take the nested run's lease: %v %v", ok, err)
+	}
+	r.replica(t, "replica-b", st)
+	time.Sleep(400 * time.Millisecond) // the lease lapses
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		names, err := st.LapsedLeases(ctx, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Contains(names, leaseOf(child)) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the nested run's lapsed lease was never taken up")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := st.PutRunFenced(ctx, &handoffv1.Job{RunId: child, ParentRunId: "run_nested", State: handoffv1.JobState_JOB_STATE_RUNNING, Hops: 1}, 3); err != nil {
+		t.Fatalf("the parent driver's save of its nested run after the replica saw it = %v; want it still fenced by epoch 3", err)
+	}
+	if ok, err := st.AcquireLease(ctx, leaseOf(child), "probe", time.Second); err != nil || !ok {
+		t.Fatalf("the nested run's lease after the replica saw it: %v %v; want it given back", ok, err)
+	}
+}
+
+func leaseOf(runID string) string { return "run:" + runID }
