@@ -60,10 +60,11 @@ func TestOpenStoreRedisShared(t *testing.T) {
 		t.Errorf("store name %q", nameA)
 	}
 	key := "agentrunner-cmd-test:" + strconv.FormatInt(time.Now().UnixNano(), 36)
-	if st, _, err := a.Claim(ctx, key, time.Minute); err != nil || st != store.Claimed {
+	st, _, owner, err := a.Claim(ctx, key, time.Minute)
+	if err != nil || st != store.Claimed {
 		t.Fatalf("claim: %v %v", st, err)
 	}
-	defer a.Release(ctx, key)
+	defer a.Release(ctx, key, owner)
 	if st, _, err := b.Lookup(ctx, key); err != nil || st != store.Pending {
 		t.Fatalf("the other process sees %v %v, want pending", st, err)
 	}

@@ -152,7 +152,7 @@ func (r *floorRig) Deliver(req *handoffv1.DeliverRequest, stream grpc.ServerStre
 	if err != nil {
 		return status.Errorf(codes.Internal, "floor: %v", err)
 	}
-	if err := r.st.Complete(context.WithoutCancel(ctx), key, val, 0); err != nil {
+	if err := r.st.Complete(context.WithoutCancel(ctx), key, a.Owner, val, 0); err != nil {
 		return status.Errorf(codes.Unavailable, "floor: complete: %v", err)
 	}
 	return nil

@@ -286,7 +286,7 @@ func newBoltWriter(baseDir string) (*boltWriter, error) {
 }
 
 func (w *boltWriter) write(ctx context.Context, _ int) error {
-	state, _, err := w.st.Claim(ctx, fmt.Sprintf("w-%d", w.seq.Add(1)), claimTTL)
+	state, _, _, err := w.st.Claim(ctx, fmt.Sprintf("w-%d", w.seq.Add(1)), claimTTL)
 	if err == nil && state != store.Claimed {
 		err = fmt.Errorf("claim of a fresh key: %s", state)
 	}

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -495,7 +496,9 @@ func (s *Bolt) WalletFor(_ context.Context, id, job string) (*handoffv1.Budget, 
 	return out, err
 }
 
-// idemRecord layout: state (1 byte) | expiry in unix nanoseconds, 0 = never (8 bytes) | value.
+// idemRecord layout: state (1 byte) | expiry in unix nanoseconds, 0 = never (8 bytes) | value,
+// which for a pending marker is its claim's owner token (empty in a marker written before
+// claims had owners: no token matches it).
 func encodeIdem(state ClaimState, expires time.Time, value []byte) []byte {
 	b := make([]byte, 9+len(value))
 	b[0] = byte(state)
@@ -528,13 +531,26 @@ func paidKey(walletID, key string) []byte {
 	return append(append([]byte(walletID), 0), key...)
 }
 
+// idemHeld reads key's record as a call of owner sees it: the record's state (0 when the
+// key is free) and, for a pending marker, whether it is owner's claim.
+func idemHeld(b *bolt.Bucket, key, owner string, now time.Time) (ClaimState, []byte, bool) {
+	st, v, ok := decodeIdem(b.Get([]byte(key)), now)
+	if !ok {
+		return 0, nil, false
+	}
+	if st == Pending {
+		return Pending, nil, string(v) == owner
+	}
+	return st, v, false
+}
+
 // Claim is Admit without a wallet.
-func (s *Bolt) Claim(ctx context.Context, key string, pendingTTL time.Duration) (ClaimState, []byte, error) {
+func (s *Bolt) Claim(ctx context.Context, key string, pendingTTL time.Duration) (ClaimState, []byte, string, error) {
 	a, err := s.Admit(ctx, key, pendingTTL, "", Debit{})
 	if err != nil {
-		return 0, nil, err
+		return 0, nil, "", err
 	}
-	return a.State, a.Value, nil
+	return a.State, a.Value, a.Owner, nil
 }
 
 // Admit is Claim and Debit in one write transaction (one fsync instead of two).
@@ -548,7 +564,10 @@ func (s *Bolt) Admit(_ context.Context, key string, pendingTTL time.Duration, wa
 		b := tx.Bucket(bucketIdem)
 		now := s.now()
 		if st, v, ok := decodeIdem(b.Get([]byte(key)), now); ok {
-			a.State, a.Value = st, v
+			a.State = st
+			if st == Done { // a pending marker's value is its owner's token: not shown
+				a.Value = v
+			}
 			if st == Done && walletID != "" && d.CheckVerdict && walletJobOK(tx, walletID, d.Job) == nil && boltVerdicts(tx, walletID).resets(d.Verdict) {
 				a.DebitErr = ErrSilentReset
 			}
@@ -558,8 +577,8 @@ func (s *Bolt) Admit(_ context.Context, key string, pendingTTL time.Duration, wa
 		if pendingTTL > 0 {
 			exp = now.Add(pendingTTL)
 		}
-		a.State = Claimed
-		if err := b.Put([]byte(key), encodeIdem(Pending, exp, nil)); err != nil {
+		a.State, a.Owner = Claimed, newOwner()
+		if err := b.Put([]byte(key), encodeIdem(Pending, exp, []byte(a.Owner))); err != nil {
 			return err
 		}
 		if walletID == "" {
@@ -614,40 +633,76 @@ func (s *Bolt) Admit(_ context.Context, key string, pendingTTL time.Duration, wa
 	return a, nil
 }
 
-func (s *Bolt) Complete(ctx context.Context, key string, value []byte, ttl time.Duration) error {
-	return s.updateLinger(lingerOf(ctx), func(tx *bolt.Tx) error {
-		var exp time.Time
-		if ttl > 0 {
-			exp = s.now().Add(ttl)
-		}
-		return tx.Bucket(bucketIdem).Put([]byte(key), encodeIdem(Done, exp, value))
+func (s *Bolt) Complete(ctx context.Context, key, owner string, value []byte, ttl time.Duration) error {
+	if err := checkOwned("complete", key, owner); err != nil {
+		return err
+	}
+	err := s.updateLinger(lingerOf(ctx), func(tx *bolt.Tx) error {
+		return s.completeTx(tx, key, owner, value, ttl)
 	})
+	if err != nil {
+		return fmt.Errorf("store: complete %q: %w", key, err)
+	}
+	return nil
 }
 
-func (s *Bolt) Release(_ context.Context, key string) error {
-	return s.update(func(tx *bolt.Tx) error {
+// completeTx is Complete in tx: the owner check and the record's write.
+func (s *Bolt) completeTx(tx *bolt.Tx, key, owner string, value []byte, ttl time.Duration) error {
+	b := tx.Bucket(bucketIdem)
+	now := s.now()
+	switch st, v, mine := idemHeld(b, key, owner, now); {
+	case st == Done && bytes.Equal(v, value):
+		return nil
+	case st != 0 && !mine:
+		return ErrNotOwner
+	}
+	var exp time.Time
+	if ttl > 0 {
+		exp = now.Add(ttl)
+	}
+	return b.Put([]byte(key), encodeIdem(Done, exp, value))
+}
+
+func (s *Bolt) Release(_ context.Context, key, owner string) error {
+	if err := checkOwned("release", key, owner); err != nil {
+		return err
+	}
+	err := s.update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketIdem)
-		if st, _, ok := decodeIdem(b.Get([]byte(key)), s.now()); ok && st == Done {
-			return nil
+		switch st, _, mine := idemHeld(b, key, owner, s.now()); {
+		case st == Pending && !mine:
+			return ErrNotOwner
+		case st == Pending:
+			return b.Delete([]byte(key))
 		}
-		return b.Delete([]byte(key))
+		return nil // done (never released) or free
 	})
+	if err != nil {
+		return fmt.Errorf("store: release %q: %w", key, err)
+	}
+	return nil
 }
 
-func (s *Bolt) RenewClaim(_ context.Context, key string, pendingTTL time.Duration) (bool, error) {
+func (s *Bolt) RenewClaim(_ context.Context, key, owner string, pendingTTL time.Duration) (bool, error) {
 	if key == "" || pendingTTL <= 0 {
 		return false, fmt.Errorf("store: renew claim %q: the key must not be empty and the ttl must be positive (got %s)", key, pendingTTL)
+	}
+	if err := checkOwned("renew claim", key, owner); err != nil {
+		return false, err
 	}
 	ok := false
 	err := s.update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketIdem)
 		now := s.now()
 		ok = false
-		if st, _, live := decodeIdem(b.Get([]byte(key)), now); !live || st != Pending {
+		switch st, _, mine := idemHeld(b, key, owner, now); {
+		case st != Pending:
 			return nil
+		case !mine:
+			return ErrNotOwner
 		}
 		ok = true
-		return b.Put([]byte(key), encodeIdem(Pending, now.Add(pendingTTL), nil))
+		return b.Put([]byte(key), encodeIdem(Pending, now.Add(pendingTTL), []byte(owner)))
 	})
 	if err != nil {
 		return false, fmt.Errorf("store: renew claim %q: %w", key, err)
@@ -659,7 +714,7 @@ func (s *Bolt) Lookup(_ context.Context, key string) (ClaimState, []byte, error)
 	var state ClaimState
 	var value []byte
 	err := s.db.View(func(tx *bolt.Tx) error {
-		state, value, _ = decodeIdem(tx.Bucket(bucketIdem).Get([]byte(key)), s.now())
+		state, value, _ = idemHeld(tx.Bucket(bucketIdem), key, "", s.now())
 		return nil
 	})
 	return state, value, err

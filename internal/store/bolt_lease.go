@@ -134,6 +134,25 @@ func (s *Bolt) FenceRun(_ context.Context, runID string) (uint64, error) {
 	return epoch, nil
 }
 
+func (s *Bolt) FenceRunAt(_ context.Context, runID string, epoch uint64) error {
+	if err := checkFenceAt(runID, epoch); err != nil {
+		return err
+	}
+	return s.update(func(tx *bolt.Tx) error {
+		b, err := tx.CreateBucketIfNotExists(bucketFences)
+		if err != nil {
+			return err
+		}
+		switch cur := fenceOf(tx, runID); {
+		case cur > epoch:
+			return fmt.Errorf("store: fence run %s at epoch %d (the run's is %d): %w", runID, epoch, cur, ErrFenced)
+		case cur == epoch:
+			return nil
+		}
+		return b.Put([]byte(runID), binary.BigEndian.AppendUint64(nil, epoch))
+	})
+}
+
 // PutRunFenced checks the fence in PutRun's write transaction.
 func (s *Bolt) PutRunFenced(_ context.Context, job *handoffv1.Job, epoch uint64, evs ...*handoffv1.JobEvent) error {
 	return s.putRun(job, &epoch, evs)

@@ -110,13 +110,17 @@ func (s *Bolt) AppendLedger(_ context.Context, key string, payload []byte) (Ledg
 }
 
 // AppendLedgerComplete is the upsert and the Complete in one write transaction.
-func (s *Bolt) AppendLedgerComplete(_ context.Context, key string, payload []byte, idemKey string, ttl time.Duration, result func(LedgerEntry) ([]byte, error)) (LedgerEntry, bool, error) {
-	if idemKey == "" {
-		return LedgerEntry{}, false, fmt.Errorf("store: empty idempotency key")
+// The claim is checked first, so a stale owner makes no entry either.
+func (s *Bolt) AppendLedgerComplete(_ context.Context, key string, payload []byte, idemKey, owner string, ttl time.Duration, result func(LedgerEntry) ([]byte, error)) (LedgerEntry, bool, error) {
+	if err := checkOwned("append ledger and complete", idemKey, owner); err != nil {
+		return LedgerEntry{}, false, err
 	}
 	var e LedgerEntry
 	var created bool
 	err := s.update(func(tx *bolt.Tx) error {
+		if st, _, mine := idemHeld(tx.Bucket(bucketIdem), idemKey, owner, s.now()); st == Pending && !mine {
+			return fmt.Errorf("store: complete %q: %w", idemKey, ErrNotOwner)
+		}
 		var err error
 		if e, created, err = s.upsertLedger(tx, key, payload); err != nil {
 			return err
@@ -125,11 +129,10 @@ func (s *Bolt) AppendLedgerComplete(_ context.Context, key string, payload []byt
 		if err != nil {
 			return err
 		}
-		var exp time.Time
-		if ttl > 0 {
-			exp = s.now().Add(ttl)
+		if err := s.completeTx(tx, idemKey, owner, value, ttl); err != nil {
+			return fmt.Errorf("store: complete %q: %w", idemKey, err)
 		}
-		return tx.Bucket(bucketIdem).Put([]byte(idemKey), encodeIdem(Done, exp, value))
+		return nil
 	})
 	if err != nil {
 		return LedgerEntry{}, false, err

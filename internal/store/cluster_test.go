@@ -91,7 +91,7 @@ func TestClusterSpread(t *testing.T) {
 				}
 			}
 			if err == nil && i%10 == 0 {
-				_, _, err = s.AppendLedgerComplete(ctx, "ledger-"+id, []byte("x"), "wb:"+id, 0, func(e store.LedgerEntry) ([]byte, error) { return []byte(e.ID), nil })
+				_, _, err = s.AppendLedgerComplete(ctx, "ledger-"+id, []byte("x"), "wb:"+id, "writer", 0, func(e store.LedgerEntry) ([]byte, error) { return []byte(e.ID), nil })
 			}
 			errs <- err
 		}()
@@ -249,7 +249,7 @@ func TestClusterWait(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer s.Close()
-		if st, _, err := s.Claim(ctx, "k-waited", time.Minute); err != nil || st != store.Claimed {
+		if st, _, _, err := s.Claim(ctx, "k-waited", time.Minute); err != nil || st != store.Claimed {
 			t.Fatalf("Claim = %v, %v", st, err)
 		}
 		// Every node's own view, replicas included: the key must be on two of the six (its

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
@@ -56,11 +57,28 @@ var ErrFenced = errors.New("the run was taken over under a newer epoch (stale sa
 // Fences are the epochs of runs, kept beside each run (in one transaction or script with
 // its saves): a run's driver takes an epoch when it takes the run's lease, and saves with it.
 type Fences interface {
-	// FenceRun moves run's fence to a new epoch, greater than every epoch it gave for the
-	// run before, and returns it: from then on saves under older epochs are refused. The
-	// run need not exist yet.
+	// FenceRun moves run's fence to a new epoch, greater than the run's fence (every epoch
+	// it gave or FenceRunAt set for the run before), and returns it: from then on saves
+	// under older epochs are refused. The run need not exist yet.
 	FenceRun(ctx context.Context, runID string) (uint64, error)
+	// FenceRunAt moves run's fence up to epoch, in one transaction or script of the run's:
+	// how a nested run (a sub-job's) is fenced by the epoch of its parent's driver, handed
+	// down, rather than by a lease of its own. A fence already at epoch is left as it is
+	// (the same driver again); one past it is ErrFenced, changing nothing: a newer driver
+	// of the parent holds the nested run. epoch must be positive; the run need not exist.
+	FenceRunAt(ctx context.Context, runID string, epoch uint64) error
 	// PutRunFenced is Runs.PutRun, refused with ErrFenced (nothing written) unless epoch is
 	// the run's fence, checked in the same transaction as the write.
 	PutRunFenced(ctx context.Context, job *handoffv1.Job, epoch uint64, evs ...*handoffv1.JobEvent) error
+}
+
+// checkFenceAt checks FenceRunAt's arguments.
+func checkFenceAt(runID string, epoch uint64) error {
+	switch {
+	case runID == "":
+		return errors.New("store: fence run: run_id is empty")
+	case epoch == 0:
+		return fmt.Errorf("store: fence run %s: epoch 0 is no epoch (epochs start at 1)", runID)
+	}
+	return nil
 }

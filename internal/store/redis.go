@@ -25,8 +25,11 @@ package store
 //	                                again for a different request is refused.
 //	{<job_id>}:jobsum       string  JobDigest of the first run created with that job id: a
 //	                                job id submitted again with other content is refused.
-//	{<key>}:idem            string  idempotency record: "P" (pending claim) or "D"+value
-//	                                (done, value is the first result). Lifetime: a pending
+//	{<key>}:idem            string  idempotency record: "P"+owner (pending claim, owner its
+//	                                token; a bare "P" is a claim of a release before claims
+//	                                had owners) or "D"+value (done, value is the first
+//	                                result). Complete, Release and RenewClaim compare the
+//	                                owner in the script that writes. Lifetime: a pending
 //	                                marker is SET NX PX pendingTTL (no expiry if <= 0), so
 //	                                a claimer that died frees the key when it lapses;
 //	                                Complete replaces it with the done record, expiring
@@ -47,7 +50,8 @@ package store
 //	                                member a lease name, score its expiry (server ms), so
 //	                                LapsedLeases finds the leases of a dead holder in one
 //	                                pipelined read; a release removes the member.
-//	{<run_id>}:fence        string  the run's fence epoch (INCR by FenceRun), checked by
+//	{<run_id>}:fence        string  the run's fence epoch (INCR by FenceRun; a nested run's raised to its
+//	                                parent driver's epoch by FenceRunAt), checked by
 //	                                PutRunFenced in the script that saves the run.
 //	{ledger}:entries        list    JSON {Key, Payload, At}; the element at index i is entry
 //	                                ledger-%06d of i+1 (append-only, like events).
@@ -663,17 +667,49 @@ func (s *Redis) walletFields(id string, vals []any) (*handoffv1.Budget, error) {
 
 // ---- Idempotency ----
 
-// Idempotency records are "P" (pending) or "D" followed by the stored value.
+// Idempotency records are "P" followed by the claim's owner token (pending) or "D"
+// followed by the stored value.
 const (
 	idemPending = "P"
 	idemDone    = "D"
 )
 
-// releaseScript deletes the record only while it is pending: a done record is never released.
+// heldLua defines held(key, owner, rec): how a call of owner finds idempotency record key:
+// 'free' (absent, or owner's own pending marker: the call may write), 'same' (done with rec
+// already), 'done' (done with another value) or 'other' (another owner's pending marker).
+const heldLua = `
+local function held(k, owner, rec)
+  local cur = redis.call('GET', k)
+  if not cur or cur == 'P' .. owner then return 'free' end
+  if cur == rec then return 'same' end
+  if cur:sub(1, 1) == 'D' then return 'done' end
+  return 'other'
+end
+`
+
+// releaseScript deletes the record only while it is owner's pending marker: a done record
+// is never released, another owner's claim is left alone. KEYS: idem. ARGV: owner. Reply 1
+// when deleted, 0 when there was nothing to release, -1 for another owner's claim.
 var releaseScript = redis.NewScript(`
 local v = redis.call('GET', KEYS[1])
-if v and v:sub(1, 1) == 'P' then redis.call('DEL', KEYS[1]) end
+if v == 'P' .. ARGV[1] then return redis.call('DEL', KEYS[1]) end
+if v and v:sub(1, 1) == 'P' then return -1 end
 return 0
+`)
+
+// completeScript stores the done record unless the key is held by another owner or done with
+// another value. KEYS: idem. ARGV: owner, record, ttl ms (0: no expiry). Reply 1 when the
+// key is done with the record afterwards, -1 (nothing written) otherwise.
+var completeScript = redis.NewScript(heldLua + `
+local h = held(KEYS[1], ARGV[1], ARGV[2])
+if h == 'same' then return 1 end
+if h ~= 'free' then return -1 end
+if tonumber(ARGV[3]) > 0 then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+else
+  redis.call('SET', KEYS[1], ARGV[2])
+end
+return 1
 `)
 
 // ttlMillis rounds d up to whole milliseconds (PX has no finer unit); 0 means no expiry.
@@ -686,7 +722,7 @@ func ttlMillis(d time.Duration) int64 {
 
 func decodeIdemRecord(v string) (ClaimState, []byte, error) {
 	switch {
-	case v == idemPending:
+	case strings.HasPrefix(v, idemPending): // its owner's token is not shown
 		return Pending, nil, nil
 	case strings.HasPrefix(v, idemDone):
 		return Done, []byte(v[len(idemDone):]), nil
@@ -695,12 +731,12 @@ func decodeIdemRecord(v string) (ClaimState, []byte, error) {
 }
 
 // Claim is Admit without a wallet: the same script, one round trip.
-func (s *Redis) Claim(ctx context.Context, key string, pendingTTL time.Duration) (ClaimState, []byte, error) {
+func (s *Redis) Claim(ctx context.Context, key string, pendingTTL time.Duration) (ClaimState, []byte, string, error) {
 	a, err := s.Admit(ctx, key, pendingTTL, "", Debit{})
 	if err != nil {
-		return 0, nil, err
+		return 0, nil, "", err
 	}
-	return a.State, a.Value, nil
+	return a.State, a.Value, a.Owner, nil
 }
 
 // admitScript sets the pending marker if the key is free (SET NX, with PX when ttl > 0) and
@@ -715,17 +751,18 @@ func (s *Redis) Claim(ctx context.Context, key string, pendingTTL time.Duration)
 // With a verdict check (Debit.CheckVerdict) the wallet's verdicts are checked after the
 // job (verdictLua), for a fresh claim ({"claimed", "reset"}) and for a done one ({"held",
 // record, "reset"}), so a reset package is refused in this same round trip.
+// The pending marker is "P" followed by the claim's owner token (ARGV[10]).
 // KEYS: idem[, wallet]. ARGV: ttl ms, hops, revisions, usd, requireMoney, key, job,
-// claimed verdict, check.
+// claimed verdict, check, owner.
 // Reply: {"held", record[, "reset"]} | {"claimed"} | {"claimed", "notfound"|"wrongjob"|"reset"} |
 // {"claimed", "paid", ...} | {"claimed", debit's reply...}.
 var admitScript = redis.NewScript(debitLua + verdictLua + payLua + `
 if KEYS[2] and ARGV[4]:sub(1, 1) == '-' then return {'negative'} end
 local ok
 if tonumber(ARGV[1]) > 0 then
-  ok = redis.call('SET', KEYS[1], 'P', 'NX', 'PX', ARGV[1])
+  ok = redis.call('SET', KEYS[1], 'P' .. ARGV[10], 'NX', 'PX', ARGV[1])
 else
-  ok = redis.call('SET', KEYS[1], 'P', 'NX')
+  ok = redis.call('SET', KEYS[1], 'P' .. ARGV[10], 'NX')
 end
 if not ok then
   local rec = redis.call('GET', KEYS[1])
@@ -783,7 +820,8 @@ func (s *Redis) Admit(ctx context.Context, key string, pendingTTL time.Duration,
 	if d.CheckVerdict {
 		check = "1"
 	}
-	args := []any{ttlMillis(pendingTTL), d.Hops, d.Revisions, d.USDMicros, require, key, d.Job, int32(d.Verdict), check}
+	owner := newOwner()
+	args := []any{ttlMillis(pendingTTL), d.Hops, d.Revisions, d.USDMicros, require, key, d.Job, int32(d.Verdict), check, owner}
 	var res []string
 	var err error
 	if s.cluster && walletID != "" {
@@ -833,9 +871,9 @@ func (s *Redis) Admit(ctx context.Context, key string, pendingTTL time.Duration,
 	case len(res) == 0 || res[0] != "claimed":
 		return bad()
 	case len(res) == 1:
-		return Admission{State: Claimed}, nil
+		return Admission{State: Claimed, Owner: owner}, nil
 	}
-	a := Admission{State: Claimed}
+	a := Admission{State: Claimed, Owner: owner}
 	switch res[1] {
 	case "ok", "empty", "paid":
 		if len(res) != 5 {
@@ -874,41 +912,66 @@ func (s *Redis) Unpay(ctx context.Context, walletID, key string) error {
 	return nil
 }
 
-// Complete is one SET: it replaces the pending marker, and SET without KEEPTTL drops the
-// marker's expiry, so ttl <= 0 keeps the result forever.
-func (s *Redis) Complete(ctx context.Context, key string, value []byte, ttl time.Duration) error {
+// Complete is completeScript: the owner check and the SET in one step. SET without KEEPTTL
+// drops the marker's expiry, so ttl <= 0 keeps the result forever.
+func (s *Redis) Complete(ctx context.Context, key, owner string, value []byte, ttl time.Duration) error {
+	if err := checkOwned("complete", key, owner); err != nil {
+		return err
+	}
 	rec := make([]byte, 0, len(idemDone)+len(value))
 	rec = append(append(rec, idemDone...), value...)
 	k := s.key("idem", key)
+	var n int64
 	if err := s.replicated(ctx, k, func(c redis.Cmdable) error {
-		return c.Set(ctx, k, rec, time.Duration(ttlMillis(ttl))*time.Millisecond).Err()
+		var err error
+		n, err = completeScript.Run(ctx, c, []string{k}, owner, rec, ttlMillis(ttl)).Int64()
+		return err
 	}); err != nil {
 		return s.errf("complete %q: %w", key, err)
 	}
-	return nil
-}
-
-func (s *Redis) Release(ctx context.Context, key string) error {
-	if err := releaseScript.Run(ctx, s.rdb, []string{s.key("idem", key)}).Err(); err != nil {
-		return s.errf("release %q: %w", key, err)
+	if n < 0 {
+		return s.errf("complete %q: %w", key, ErrNotOwner)
 	}
 	return nil
 }
 
-// renewClaimScript moves a pending marker's expiry (compare, then PEXPIRE): one command of
-// the server's per renewal. KEYS: idem. ARGV: ttl ms. Reply 1 when renewed, else 0.
+func (s *Redis) Release(ctx context.Context, key, owner string) error {
+	if err := checkOwned("release", key, owner); err != nil {
+		return err
+	}
+	n, err := releaseScript.Run(ctx, s.rdb, []string{s.key("idem", key)}, owner).Int64()
+	if err != nil {
+		return s.errf("release %q: %w", key, err)
+	}
+	if n < 0 {
+		return s.errf("release %q: %w", key, ErrNotOwner)
+	}
+	return nil
+}
+
+// renewClaimScript moves owner's pending marker's expiry (compare, then PEXPIRE): one command
+// of the server's per renewal. KEYS: idem. ARGV: ttl ms, owner. Reply 1 when renewed, 0 when
+// the key is not pending, -1 when it is another owner's claim.
 var renewClaimScript = redis.NewScript(`
-if redis.call('GET', KEYS[1]) == 'P' then return redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
+local v = redis.call('GET', KEYS[1])
+if v == 'P' .. ARGV[2] then return redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
+if v and v:sub(1, 1) == 'P' then return -1 end
 return 0
 `)
 
-func (s *Redis) RenewClaim(ctx context.Context, key string, pendingTTL time.Duration) (bool, error) {
+func (s *Redis) RenewClaim(ctx context.Context, key, owner string, pendingTTL time.Duration) (bool, error) {
 	if key == "" || pendingTTL <= 0 {
 		return false, fmt.Errorf("store: renew claim %q: the key must not be empty and the ttl must be positive (got %s)", key, pendingTTL)
 	}
-	n, err := renewClaimScript.Run(ctx, s.rdb, []string{s.key("idem", key)}, ttlMillis(pendingTTL)).Int64()
+	if err := checkOwned("renew claim", key, owner); err != nil {
+		return false, err
+	}
+	n, err := renewClaimScript.Run(ctx, s.rdb, []string{s.key("idem", key)}, ttlMillis(pendingTTL), owner).Int64()
 	if err != nil {
 		return false, s.errf("renew claim %q: %w", key, err)
+	}
+	if n < 0 {
+		return false, s.errf("renew claim %q: %w", key, ErrNotOwner)
 	}
 	return n == 1, nil
 }

@@ -157,6 +157,31 @@ func (s *Redis) FenceRun(ctx context.Context, runID string) (uint64, error) {
 	return n, nil
 }
 
+// fenceAtScript raises the fence to ARGV[1] unless it is past it. KEYS: fence. ARGV: epoch.
+// Reply 1 when the fence is the epoch afterwards, -1 (nothing written) when it was past it.
+// The fence is a decimal string either way, so FenceRun's INCR goes on from it.
+var fenceAtScript = redis.NewScript(`
+local cur = tonumber(redis.call('GET', KEYS[1]) or '0')
+local e = tonumber(ARGV[1])
+if cur > e then return -1 end
+if cur < e then redis.call('SET', KEYS[1], ARGV[1]) end
+return 1
+`)
+
+func (s *Redis) FenceRunAt(ctx context.Context, runID string, epoch uint64) error {
+	if err := checkFenceAt(runID, epoch); err != nil {
+		return err
+	}
+	n, err := fenceAtScript.Run(ctx, s.rdb, []string{s.key("fence", runID)}, strconv.FormatUint(epoch, 10)).Int64()
+	switch {
+	case err != nil:
+		return s.errf("fence run %s at epoch %d: %w", runID, epoch, err)
+	case n < 0:
+		return s.errf("fence run %s at epoch %d: %w", runID, epoch, ErrFenced)
+	}
+	return nil
+}
+
 func (s *Redis) PutRunFenced(ctx context.Context, job *handoffv1.Job, epoch uint64, evs ...*handoffv1.JobEvent) error {
 	data, err := proto.Marshal(job)
 	if err != nil {

@@ -60,9 +60,17 @@ return {'new', tostring(n)}
 // entry JSON} for an existing entry, {"moved", "0", list length} for a new one.
 // Without KEYS[4] (on Redis Cluster, where the record is in its key's slot, not the
 // ledger's) it writes the entry only, and AppendLedgerComplete stores the record next.
+// With KEYS[4] the record's owner is checked first (heldLua): another owner's claim, or (in
+// a round that writes, ARGV[3] set) a record done with another value, writes nothing and
+// replies {"notowner"}; a record done with this one already writes the entry's offer only.
 // KEYS: ledger, ledger:keys, ledger:offers[, idem]. ARGV: key, entry JSON, number, record,
-// ttl ms (0: no expiry). Reply: {"ok", "1" when made, offers}.
-var appendLedgerCompleteScript = redis.NewScript(ledgerLua + `
+// ttl ms (0: no expiry), owner. Reply: {"ok", "1" when made, offers}.
+var appendLedgerCompleteScript = redis.NewScript(ledgerLua + heldLua + `
+local h = 'free'
+if KEYS[4] then
+  h = held(KEYS[4], ARGV[6], ARGV[4])
+  if h == 'other' or (h == 'done' and ARGV[3] ~= '') then return {'notowner'} end
+end
 local seq = redis.call('HGET', KEYS[2], ARGV[1])
 local created, offers
 if seq then
@@ -76,7 +84,7 @@ else
   redis.call('HSET', KEYS[3], ARGV[1], 1)
   offers, created = 1, '1'
 end
-if not KEYS[4] then
+if not KEYS[4] or h == 'same' then
 elseif tonumber(ARGV[5]) > 0 then
   redis.call('SET', KEYS[4], ARGV[4], 'PX', ARGV[5])
 else
@@ -156,12 +164,16 @@ const maxLedgerRounds = 1000
 // for is still the one to write. The first round only learns what the entry would be (the
 // key's, or the next number), since the record names the entry's id and the id is the
 // server's to give; a later round writes unless another writer's entry came first.
-func (s *Redis) AppendLedgerComplete(ctx context.Context, key string, payload []byte, idemKey string, ttl time.Duration, result func(LedgerEntry) ([]byte, error)) (LedgerEntry, bool, error) {
+//
+// On Redis Cluster the record is read before the upsert, so a stale owner seen then (the
+// key pending under another owner, or done) makes no entry; the Complete after it checks
+// the owner again in the record's own script.
+func (s *Redis) AppendLedgerComplete(ctx context.Context, key string, payload []byte, idemKey, owner string, ttl time.Duration, result func(LedgerEntry) ([]byte, error)) (LedgerEntry, bool, error) {
 	if key == "" {
 		return LedgerEntry{}, false, fmt.Errorf("store: empty ledger key")
 	}
-	if idemKey == "" {
-		return LedgerEntry{}, false, fmt.Errorf("store: empty idempotency key")
+	if err := checkOwned("append ledger and complete", idemKey, owner); err != nil {
+		return LedgerEntry{}, false, err
 	}
 	fresh, data, err := s.encodeLedger(key, payload)
 	if err != nil {
@@ -173,6 +185,16 @@ func (s *Redis) AppendLedgerComplete(ctx context.Context, key string, payload []
 	}
 	fail := func(err error) (LedgerEntry, bool, error) {
 		return LedgerEntry{}, false, s.errf("append ledger %q and complete %q: %w", key, idemKey, err)
+	}
+	if s.cluster {
+		v, err := s.rdb.Get(ctx, s.key("idem", idemKey)).Result()
+		switch {
+		case errors.Is(err, redis.Nil):
+		case err != nil:
+			return fail(err)
+		case v != idemPending+owner: // another's claim, or done (no caller of a done key's claim is left)
+			return fail(ErrNotOwner)
+		}
 	}
 	var (
 		e     LedgerEntry // the entry the record is built for
@@ -190,13 +212,15 @@ func (s *Redis) AppendLedgerComplete(ctx context.Context, key string, payload []
 			rec = append(append(rec[:0], idemDone...), value...)
 		}
 		err = s.replicated(ctx, keys[0], func(c redis.Cmdable) error {
-			reply, err = appendLedgerCompleteScript.Run(ctx, c, keys, key, data, want, rec, ttlMillis(ttl)).StringSlice()
+			reply, err = appendLedgerCompleteScript.Run(ctx, c, keys, key, data, want, rec, ttlMillis(ttl), owner).StringSlice()
 			return err
 		})
 		if err != nil {
 			return fail(err)
 		}
 		switch {
+		case len(reply) == 1 && reply[0] == "notowner":
+			return fail(ErrNotOwner)
 		case len(reply) == 3 && reply[0] == "ok":
 			offers, err := strconv.Atoi(reply[2])
 			if err != nil {
@@ -206,7 +230,7 @@ func (s *Redis) AppendLedgerComplete(ctx context.Context, key string, payload []
 			if s.cluster {
 				// The entry is written; a crash before its record leaves it to the retry,
 				// which finds the key's entry (a second offer, not a second write).
-				if err := s.Complete(ctx, idemKey, value, ttl); err != nil {
+				if err := s.Complete(ctx, idemKey, owner, value, ttl); err != nil {
 					return fail(fmt.Errorf("entry %s stored, its record not: %w", e.ID, err))
 				}
 			}

@@ -89,7 +89,7 @@ func TestRedisKeysStayUnderPrefix(t *testing.T) {
 	if _, err := s.Debit(ctx, "w-"+tok, store.Debit{Hops: 1}); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := s.Claim(ctx, "k-"+tok, time.Minute); err != nil {
+	if _, _, _, err := s.Claim(ctx, "k-"+tok, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	if _, _, err := s.AppendLedger(ctx, "k-"+tok, []byte("x")); err != nil {
@@ -128,7 +128,7 @@ func TestRedisCrossClientClaim(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			st, _, err := stores[i%2].Claim(context.Background(), "contended", time.Minute)
+			st, _, _, err := stores[i%2].Claim(context.Background(), "contended", time.Minute)
 			switch {
 			case err != nil:
 				t.Error(err)
@@ -202,7 +202,7 @@ func benchClaim(b *testing.B, s store.Store) {
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			key := fmt.Sprintf("bench-%d", benchKey.Add(1))
-			if st, _, err := s.Claim(ctx, key, time.Minute); err != nil || st != store.Claimed {
+			if st, _, _, err := s.Claim(ctx, key, time.Minute); err != nil || st != store.Claimed {
 				b.Errorf("Claim(%s) = %v, %v", key, st, err)
 				return
 			}

@@ -9,7 +9,10 @@ package store
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
+	"fmt"
 	"math"
 	"time"
 
@@ -237,31 +240,67 @@ func (s ClaimState) String() string {
 	return "unknown"
 }
 
+// ErrNotOwner is returned by Complete, Release, RenewClaim and AppendLedgerComplete when the
+// key's claim is not the caller's: its own claim lapsed and another caller claimed the key
+// (the record is pending under another owner token), or the key was completed with another
+// result. Nothing was written: a stale holder never settles or extends another's claim.
+var ErrNotOwner = errors.New("the idempotency key is claimed by another caller (this caller's claim lapsed)")
+
 // Idempotency records make a repeated request return the first result. The protocol is
 // claim first (a pending marker), do the work, then store the result under the key.
+//
+// Each claim has an owner token, made by the store when it claims the key and kept in the
+// pending marker: Complete, Release and RenewClaim name it and check it in the same
+// transaction or script as their write, so a holder whose claim lapsed while another
+// caller claimed the key cannot renew, release or complete that other caller's claim.
 type Idempotency interface {
 	// Claim atomically takes key if it is free (or its pending marker expired after
-	// pendingTTL). Otherwise it reports Pending, or Done with the stored value.
-	Claim(ctx context.Context, key string, pendingTTL time.Duration) (ClaimState, []byte, error)
-	// Complete stores the result under a key the caller claimed. ttl <= 0 keeps it forever.
-	Complete(ctx context.Context, key string, value []byte, ttl time.Duration) error
-	// Release drops a pending claim after the work failed, so a retry can claim it again.
-	// A completed record is never released.
-	Release(ctx context.Context, key string) error
+	// pendingTTL) and returns the claim's owner token. Otherwise it reports Pending, or
+	// Done with the stored value, and no token.
+	Claim(ctx context.Context, key string, pendingTTL time.Duration) (state ClaimState, value []byte, owner string, err error)
+	// Complete stores the result under a key that owner claimed. ttl <= 0 keeps it forever.
+	// It is ErrNotOwner, writing nothing, while the key is pending under another owner or
+	// done with another value; a key owner's claim left free (it lapsed and nobody claimed
+	// it since) is completed, since the result is still the key's first; a key already done
+	// with value is left as it is (a retried Complete whose first attempt landed).
+	Complete(ctx context.Context, key, owner string, value []byte, ttl time.Duration) error
+	// Release drops owner's pending claim after the work failed, so a retry can claim it
+	// again. A completed record is never released; a key pending under another owner is
+	// ErrNotOwner (left as it is); a free key is no error.
+	Release(ctx context.Context, key, owner string) error
 	// Lookup reads a key without claiming it; state 0 means no record.
 	Lookup(ctx context.Context, key string) (ClaimState, []byte, error)
-	// RenewClaim gives a pending claim a new pendingTTL from now, so a holder still at work
-	// keeps a short claim, one that lapses soon after its holder died. It reports false,
-	// changing nothing, when key is not pending (done, released or lapsed). A pending marker
-	// names no holder, so a holder must stop renewing once it settled the key or saw a
-	// renewal fail.
-	RenewClaim(ctx context.Context, key string, pendingTTL time.Duration) (bool, error)
+	// RenewClaim gives owner's pending claim a new pendingTTL from now, so a holder still
+	// at work keeps a short claim, one that lapses soon after its holder died. It reports
+	// false, changing nothing, when key is not pending (done, released or lapsed), and
+	// false with ErrNotOwner when it is pending under another owner.
+	RenewClaim(ctx context.Context, key, owner string, pendingTTL time.Duration) (bool, error)
+}
+
+// newOwner makes a claim's owner token: 96 random bits, unique among the claims of a key.
+func newOwner() string {
+	var b [12]byte
+	rand.Read(b[:]) // never fails (crypto/rand)
+	return hex.EncodeToString(b[:])
+}
+
+// checkOwned checks the key and owner of Complete, Release and RenewClaim.
+func checkOwned(op, key, owner string) error {
+	switch {
+	case key == "":
+		return fmt.Errorf("store: %s: empty idempotency key", op)
+	case owner == "":
+		return fmt.Errorf("store: %s %q: empty owner token (the one Claim or Admit returned)", op, key)
+	}
+	return nil
 }
 
 // Admission is what Admit found and did.
 type Admission struct {
 	// State is the key's claim state, as Claim reports it.
 	State ClaimState
+	// Owner is the claim's owner token when State is Claimed (see Idempotency), else "".
+	Owner string
 	// Value is the stored result when State is Done.
 	Value []byte
 	// Debited is true when the wallet was debited: Wallet is then what is left.
@@ -329,7 +368,11 @@ type Ledger interface {
 	// built from it (the writeback's receipt naming the entry id) exist together or not at
 	// all, whenever the writer dies. result may run more than once (each run must only
 	// compute); an error from it aborts the transaction and is returned.
-	AppendLedgerComplete(ctx context.Context, key string, payload []byte, idemKey string, ttl time.Duration, result func(LedgerEntry) ([]byte, error)) (e LedgerEntry, created bool, err error)
+	// owner is the token of the caller's claim of idemKey: a claim that is not the caller's
+	// is ErrNotOwner, as for Complete, and then (except on Redis Cluster, where the ledger
+	// and the record are in different slots and the upsert comes first) the entry is not
+	// made either.
+	AppendLedgerComplete(ctx context.Context, key string, payload []byte, idemKey, owner string, ttl time.Duration, result func(LedgerEntry) ([]byte, error)) (e LedgerEntry, created bool, err error)
 	// LedgerEntries returns every entry, oldest first, each with its Offers.
 	LedgerEntries(ctx context.Context) ([]LedgerEntry, error)
 }

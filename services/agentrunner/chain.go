@@ -261,7 +261,7 @@ func (s *Server) replay(req proto.Message, stored []byte) (proto.Message, error)
 // runs next, through the context (budget.WithDebited). The budget interceptor still
 // decides what a refused or missing wallet means; a key that is Pending or Done debits
 // nothing.
-func (s *Server) admit(ctx context.Context, req proto.Message, key string, ttl time.Duration) (store.ClaimState, []byte, func(context.Context) context.Context, error) {
+func (s *Server) admit(ctx context.Context, req proto.Message, key string, ttl time.Duration) (store.ClaimState, []byte, string, func(context.Context) context.Context, error) {
 	p := req.(*handoffv1.DeliverRequest).GetPackage()
 	id := p.GetBudget().GetWalletId()
 	// Paid by the package's job: a wallet of another job is refused in the same round trip,
@@ -272,14 +272,16 @@ func (s *Server) admit(ctx context.Context, req proto.Message, key string, ttl t
 	if err == nil && a.State == store.Done && errors.Is(a.DebitErr, store.ErrSilentReset) {
 		// A reset package names an earlier round's completion key: it is refused, not
 		// answered with that round's result. Going on as claimed lets the budget step
-		// refuse it; the release after the refusal leaves a done record alone.
-		a.State, a.Value = store.Claimed, nil
+		// refuse it; the release after the refusal leaves a done record alone. It holds no
+		// claim of the store's, so its token matches none: were anything to Complete the
+		// key under it, the store would refuse (ErrNotOwner: done with another value).
+		a.State, a.Value, a.Owner = store.Claimed, nil, "no-claim:silent-reset"
 	}
 	if err != nil || a.State != store.Claimed || id == "" {
-		return a.State, a.Value, nil, err
+		return a.State, a.Value, a.Owner, nil, err
 	}
 	debited := budget.Debited{WalletID: id, Err: a.DebitErr, Wallet: a.Wallet}
-	return a.State, a.Value, func(c context.Context) context.Context { return budget.WithDebited(c, debited) }, nil
+	return a.State, a.Value, a.Owner, func(c context.Context) context.Context { return budget.WithDebited(c, debited) }, nil
 }
 
 // unpay undoes the "paid" mark of a delivery whose agent ran and failed: the claim is

@@ -28,26 +28,26 @@ type dyingStore struct {
 
 var errDead = errors.New("this runner is dead")
 
-func (d *dyingStore) RenewClaim(ctx context.Context, key string, ttl time.Duration) (bool, error) {
+func (d *dyingStore) RenewClaim(ctx context.Context, key, owner string, ttl time.Duration) (bool, error) {
 	if d.dead.Load() {
 		return false, errDead
 	}
 	d.renewals.Add(1)
-	return d.Store.RenewClaim(ctx, key, ttl)
+	return d.Store.RenewClaim(ctx, key, owner, ttl)
 }
 
-func (d *dyingStore) Complete(ctx context.Context, key string, v []byte, ttl time.Duration) error {
+func (d *dyingStore) Complete(ctx context.Context, key, owner string, v []byte, ttl time.Duration) error {
 	if d.dead.Load() {
 		return errDead
 	}
-	return d.Store.Complete(ctx, key, v, ttl)
+	return d.Store.Complete(ctx, key, owner, v, ttl)
 }
 
-func (d *dyingStore) Release(ctx context.Context, key string) error {
+func (d *dyingStore) Release(ctx context.Context, key, owner string) error {
 	if d.dead.Load() {
 		return errDead
 	}
-	return d.Store.Release(ctx, key)
+	return d.Store.Release(ctx, key, owner)
 }
 
 // TestRunnerDiesMidStage: runner A's agent works on a stage for many claim ttls, renewing

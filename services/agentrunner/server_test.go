@@ -626,7 +626,7 @@ func TestClaimAndResultTTL(t *testing.T) {
 		ResultTTL: 400 * time.Millisecond}, "")
 	p := pkg("draft")
 	key := agentrunner.CompletionKey(p.JobId, p.Stage, 0, 0)
-	if st, _, err := e.st.Claim(context.Background(), key, 300*time.Millisecond); err != nil || st != store.Claimed {
+	if st, _, _, err := e.st.Claim(context.Background(), key, 300*time.Millisecond); err != nil || st != store.Claimed {
 		t.Fatalf("claim: %v %v", st, err)
 	}
 	if _, err := deliver(t, e.client, &handoffv1.DeliverRequest{Package: p}); status.Code(err) != codes.Aborted {
@@ -728,17 +728,17 @@ func (c *countingStore) take() []string {
 	return out
 }
 
-func (c *countingStore) Claim(ctx context.Context, key string, ttl time.Duration) (store.ClaimState, []byte, error) {
+func (c *countingStore) Claim(ctx context.Context, key string, ttl time.Duration) (store.ClaimState, []byte, string, error) {
 	c.add("Claim")
 	return c.Store.Claim(ctx, key, ttl)
 }
-func (c *countingStore) Complete(ctx context.Context, key string, v []byte, ttl time.Duration) error {
+func (c *countingStore) Complete(ctx context.Context, key, owner string, v []byte, ttl time.Duration) error {
 	c.add("Complete")
-	return c.Store.Complete(ctx, key, v, ttl)
+	return c.Store.Complete(ctx, key, owner, v, ttl)
 }
-func (c *countingStore) Release(ctx context.Context, key string) error {
+func (c *countingStore) Release(ctx context.Context, key, owner string) error {
 	c.add("Release")
-	return c.Store.Release(ctx, key)
+	return c.Store.Release(ctx, key, owner)
 }
 func (c *countingStore) Debit(ctx context.Context, id string, d store.Debit) (*handoffv1.Budget, error) {
 	c.add("Debit")

@@ -59,6 +59,9 @@ func (s *Server) run(ctx context.Context, runID string, l *lease, start *handoff
 		}
 		job = nil
 		s.dropUnsaved(runID, err.Error())
+		if errors.Is(err, errLeaseLost) { // a save or fence found a newer driver: not a store outage to wait out
+			return err
+		}
 		if ctx.Err() != nil {
 			return context.Cause(ctx)
 		}

@@ -142,3 +142,28 @@ func TestStaleDriverSaveRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestResolveFencesStaleDriver: a person's decision holds the run as a driver does, with an
+// epoch of its own: a driver that took the run before the decision and stalled (its epoch
+// taken, the run read) cannot save over the decision afterwards, and the run stays as the
+// decision left it.
+func TestResolveFencesStaleDriver(t *testing.T) {
+	e := startOp(t, 0, []handoffv1.Verdict{handoffv1.Verdict_VERDICT_FAIL})
+	ctx := context.Background()
+	job, _ := e.submit(t, "relay", "tkt_1", "", e.defaultBudget)
+	before := waitState(t, e, job.GetRunId(), handoffv1.JobState_JOB_STATE_ESCALATED)
+	stale, err := e.st.Store.FenceRun(ctx, job.GetRunId()) // a driver takes the run, reads it, stalls
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.client.ResolveEscalation(op(), &handoffv1.ResolveEscalationRequest{RunId: job.GetRunId(), Operator: "bo", Escalation: 1,
+		Action: &handoffv1.ResolveEscalationRequest_Fail{Fail: &handoffv1.FailAction{Reason: "customer withdrew"}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.st.Store.PutRunFenced(ctx, before, stale); !errors.Is(err, store.ErrFenced) {
+		t.Fatalf("the stalled driver's save after the decision = %v; want ErrFenced", err)
+	}
+	if got, err := e.st.Store.GetRun(ctx, job.GetRunId()); err != nil || got.GetState() != handoffv1.JobState_JOB_STATE_FAILED {
+		t.Fatalf("run after the stale save = %v, %v; want FAILED as the decision left it", got.GetState(), err)
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+	"github.com/handoffhq/handoff/internal/store"
 )
 
 // Run leases. Several coordinator replicas share one store; each run is driven by the one
@@ -191,6 +192,23 @@ func (s *Server) drive(ctx context.Context, runID string, start *handoffv1.Job) 
 	// now on a save by an earlier holder is refused, so what this driver reads next is the
 	// run's last state for good.
 	fctx, fcancel := context.WithTimeout(ctx, leaseTimeout)
+	defer fcancel()
+	if start == nil {
+		// A nested run is fenced by its parent's driver (subjob.go), never on its own: a
+		// FenceRun here would refuse that driver's saves. The scan skips nested runs; this
+		// covers a lapsed lease of one (taken by an older release).
+		j, err := s.opts.Store.GetRun(fctx, runID)
+		if err == nil && j.GetParentRunId() != "" || err != nil && !errors.Is(err, store.ErrNotFound) {
+			s.wg.Done()
+			unreserve()
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseTimeout)
+			defer cancel()
+			if err != nil {
+				err = fmt.Errorf("read run %s: %w", runID, err)
+			}
+			return false, errors.Join(err, s.opts.Store.ReleaseLease(rctx, l.name, s.opts.Owner))
+		}
+	}
 	epoch, err := s.opts.Store.FenceRun(fctx, runID)
 	fcancel()
 	if err != nil {
@@ -325,6 +343,9 @@ func (s *Server) scan(ctx context.Context) (int, error) {
 		for _, r := range runs {
 			if s.stopped() {
 				return n, nil
+			}
+			if r.GetParentRunId() != "" { // a nested run: its parent's driver drives it (subjob.go)
+				continue
 			}
 			s.mu.Lock()
 			mine := s.driving[r.GetRunId()]

@@ -156,11 +156,14 @@ func grantAllowed(p *pipeline.Pipeline, job *handoffv1.Job, g *handoffv1.Grant) 
 }
 
 // hold holds run runID for a person's call as a driver does: reserved in this process,
-// leased across replicas. A driver that just escalated the run may still be releasing it,
-// so it waits a little. release is safe to call more than once.
-func (s *Server) hold(ctx context.Context, runID string) (func(), error) {
+// leased across replicas, and fenced: the returned context carries the run's new epoch
+// (store.Fences), taken with the lease and before the call reads the run, so the call's
+// saves are fenced as a driver's are and a stalled earlier holder's save is refused after
+// it. A driver that just escalated the run may still be releasing it, so it waits a
+// little. release is safe to call more than once.
+func (s *Server) hold(ctx context.Context, runID string) (context.Context, func(), error) {
 	if s.stopped() {
-		return nil, status.Error(codes.Unavailable, "coordinator is shutting down")
+		return nil, nil, status.Error(codes.Unavailable, "coordinator is shutting down")
 	}
 	// Hold the run like a driver does: reserved in this process, leased across replicas.
 	// A driver that just escalated the run may still be releasing it: wait a little.
@@ -173,7 +176,7 @@ func (s *Server) hold(ctx context.Context, runID string) (func(), error) {
 		}
 		s.mu.Unlock()
 		if time.Now().After(wait) || ctx.Err() != nil {
-			return nil, status.Errorf(codes.Aborted, "run %s is busy (being driven or resolved); retry", runID)
+			return nil, nil, status.Errorf(codes.Aborted, "run %s is busy (being driven or resolved); retry", runID)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -199,14 +202,21 @@ func (s *Server) hold(ctx context.Context, runID string) (func(), error) {
 	ok, err := l.acquire(ctx)
 	if err != nil {
 		release()
-		return nil, status.Errorf(codes.Unavailable, "store: %v", err)
+		return nil, nil, status.Errorf(codes.Unavailable, "store: %v", err)
 	}
 	if !ok {
 		release()
-		return nil, status.Errorf(codes.Aborted, "run %s is held by another replica; retry", runID)
+		return nil, nil, status.Errorf(codes.Aborted, "run %s is held by another replica; retry", runID)
 	}
 	held = true
-	return release, nil
+	fctx, cancel := context.WithTimeout(ctx, leaseTimeout)
+	epoch, err := s.opts.Store.FenceRun(fctx, runID)
+	cancel()
+	if err != nil {
+		release()
+		return nil, nil, status.Errorf(codes.Unavailable, "store: fence run %s: %v", runID, err)
+	}
+	return withEpoch(ctx, epoch), release, nil
 }
 
 // liveClaim is job's claim when it holds the run's current escalation and has not expired.
@@ -230,7 +240,7 @@ func (s *Server) ClaimEscalation(ctx context.Context, req *handoffv1.ClaimEscala
 		return nil, status.Error(codes.Unauthenticated, "a claim needs an operator's identity")
 	}
 	runID := req.GetRunId()
-	release, err := s.hold(ctx, runID)
+	ctx, release, err := s.hold(ctx, runID)
 	if err != nil {
 		return nil, err
 	}
@@ -261,7 +271,7 @@ func (s *Server) ClaimEscalation(ctx context.Context, req *handoffv1.ClaimEscala
 		job.Claim = &handoffv1.Claim{Account: who, Escalation: n, At: at, ExpiresAt: timestamppb.New(now.Add(s.opts.ClaimTTL))}
 	}
 	if err := s.save(ctx, job); err != nil {
-		return nil, status.Errorf(codes.Unavailable, "%v", err)
+		return nil, saveErr(err)
 	}
 	s.log.Info("escalation claim", "run_id", runID, "escalation", n, "account", who, "release", req.GetRelease())
 	return &handoffv1.ClaimEscalationResponse{Claim: job.GetClaim()}, nil
@@ -279,7 +289,7 @@ func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEs
 		return nil, status.Errorf(codes.InvalidArgument, "invalid request: %v", err)
 	}
 	runID := req.GetRunId()
-	release, err := s.hold(ctx, runID)
+	ctx, release, err := s.hold(ctx, runID)
 	if err != nil {
 		return nil, err
 	}
@@ -440,7 +450,7 @@ func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEs
 			what = "rejected as malformed"
 		}
 		if err := s.finish(ctx, job, handoffv1.JobState_JOB_STATE_FAILED, job.GetEscalation(), fmt.Sprintf("%s by %s: %s", what, res.GetOperator(), res.GetReason()), nil); err != nil {
-			return nil, status.Errorf(codes.Unavailable, "%v", err)
+			return nil, saveErr(err)
 		}
 	case handoffv1.ResolutionAction_RESOLUTION_ACTION_RETURN_TO_STAGE:
 		if c := req.GetComment(); c != "" {
@@ -452,7 +462,7 @@ func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEs
 		job.Escalation = nil
 		s.later(job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_RESOLVED, Stage: target.Name, Resolution: res, Evaluator: job.GetEvaluator(), Transfer: moved})
 		if err := s.save(ctx, job); err != nil {
-			return nil, status.Errorf(codes.Unavailable, "%v", err)
+			return nil, saveErr(err)
 		}
 	case handoffv1.ResolutionAction_RESOLUTION_ACTION_APPROVE:
 		// A human PASS: rounds still count the judge's verdicts (none is added for the
@@ -471,14 +481,14 @@ func (s *Server) ResolveEscalation(ctx context.Context, req *handoffv1.ResolveEs
 		// run the takeover scan drives to the same write.
 		s.later(job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_RESOLVED, Stage: target.Name, Resolution: res, Evaluator: job.GetEvaluator(), Transfer: moved})
 		if err := s.save(ctx, job); err != nil {
-			return nil, status.Errorf(codes.Unavailable, "%v", err)
+			return nil, saveErr(err)
 		}
 		// The writeback hop, inline: the same code the run loop uses (a judge's PASS gate,
 		// the job_id:stage:artifact_type key), without the wallet checks a person overrides.
 		// An earlier approve whose save failed may have paid this hop already: the store's
 		// wallet below the run's saved copy says so.
 		if err := s.writebackHop(ctx, job, p, target, stepWallet{saved: saved}); err != nil {
-			return nil, status.Errorf(codes.Unavailable, "%v", err)
+			return nil, saveErr(err)
 		}
 		resp.Receipt = job.GetReceipt()
 	}
@@ -593,4 +603,14 @@ func account(ctx context.Context) string {
 // escalationNumber is esc's number; an escalation stored before numbers existed is 1.
 func escalationNumber(esc *handoffv1.Escalation) uint32 {
 	return max(esc.GetNumber(), 1)
+}
+
+// saveErr is the answer to a decision whose save (or inline writeback hop) failed: Aborted
+// when the run was taken over under a newer epoch while the decision held it (its save was
+// fenced, nothing of it written: reload and decide again), else Unavailable.
+func saveErr(err error) error {
+	if errors.Is(err, store.ErrFenced) {
+		return status.Errorf(codes.Aborted, "%v; reload the run", err)
+	}
+	return status.Errorf(codes.Unavailable, "%v", err)
 }

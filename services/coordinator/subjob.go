@@ -24,6 +24,13 @@ import (
 // same goroutine, under the parent's lease; no replica drives a nested run on its own. When
 // it ends, only its final artifact (subjob.output) enters the parent: never its intermediate
 // artifacts or packages. Its escalation escalates the parent.
+//
+// A nested run is fenced as its parent is, by the epoch of the parent's driver: before it
+// reads or creates the nested run the driver moves the nested run's own fence up to its
+// epoch (store.Fences.FenceRunAt), and saves it under that epoch. The fence lives beside
+// the nested run (its own slot on Redis Cluster), so each save checks it in its own
+// script, and a driver of the parent that stalled past its lease can neither save the
+// nested run after the takeover (ErrFenced) nor take it back (its epoch is older).
 
 type subJobKey struct{}
 
@@ -67,9 +74,24 @@ func (s *Server) subJob(ctx context.Context, job *handoffv1.Job, p *pipeline.Pip
 			attribute.String("handoff.run_id", job.GetRunId()), attribute.String("handoff.subjob.pipeline", sub.Name)))
 	defer span.End()
 	tp := hoptrace.Format(sctx)
-	// The nested run's saves are its own (no fence: the parent's lease covers it), and its
-	// driver knows it is one.
-	cctx := context.WithValue(context.WithValue(oteltrace.ContextWithSpan(ctx, span), epochKey{}, nil), subJobKey{}, true)
+	// The nested run's saves are fenced by this driver's epoch (save reads it from cctx),
+	// and its driver knows it is one.
+	cctx := context.WithValue(oteltrace.ContextWithSpan(ctx, span), subJobKey{}, true)
+	fenced := false
+	fence := func(runID string) error {
+		epoch, ok := epochOf(ctx)
+		if !ok || fenced {
+			return nil // not a leased driver: nothing to fence with (its saves are unfenced too)
+		}
+		if err := s.opts.Store.FenceRunAt(ctx, runID, epoch); err != nil {
+			if errors.Is(err, store.ErrFenced) { // a newer driver of the parent holds it: stop as a lost lease does
+				return fmt.Errorf("fence sub-job run %s: %w: %w", runID, errLeaseLost, err)
+			}
+			return fmt.Errorf("fence sub-job run %s: %w", runID, err)
+		}
+		fenced = true
+		return nil
+	}
 
 	if ref == nil {
 		n := 0
@@ -78,14 +100,21 @@ func (s *Server) subJob(ctx context.Context, job *handoffv1.Job, p *pipeline.Pip
 				n++
 			}
 		}
+		// Parent fields from its creation on: a scan that lists the nested run while it is
+		// new sees whose it is and leaves it to its parent's driver.
 		child := &handoffv1.Job{
 			RunId: subRunID(job, st.Name, n), Pipeline: sub.Name, State: handoffv1.JobState_JOB_STATE_RUNNING,
 			Goal: sj.Objective, Constraints: job.GetConstraints(), Stage: sub.First().Name,
 			Artifacts: last(job.GetArtifacts()), MemoryRefs: job.GetMemoryRefs(), Traceparent: tp,
 			CreatedAt: timestamppb.New(s.opts.Now()), Deadline: job.GetDeadline(),
+			ParentRunId: job.GetRunId(), ParentStage: st.Name, WalletRunId: walletOf(job),
 		}
-		// Created without a job id (CreateRun fixes a job id's content by its first run: the
-		// parent's), then given the parent's, whose wallet it pays from.
+		if err := fence(child.GetRunId()); err != nil {
+			return err
+		}
+		// Created without a job id or wallet (CreateRun fixes a job id's content by its first
+		// run, the parent's, and would open a wallet of the nested run's own), then given the
+		// parent's job id and wallet, which it pays from.
 		if _, err := s.opts.Store.GetRun(ctx, child.GetRunId()); errors.Is(err, store.ErrNotFound) {
 			if _, _, err := s.opts.Store.CreateRun(ctx, child); err != nil {
 				return fmt.Errorf("create sub-job run: %w", err)
@@ -93,9 +122,8 @@ func (s *Server) subJob(ctx context.Context, job *handoffv1.Job, p *pipeline.Pip
 		} else if err != nil {
 			return err
 		}
-		child.JobId, child.ParentRunId, child.ParentStage, child.WalletRunId = job.GetJobId(), job.GetRunId(), st.Name, walletOf(job)
-		child.Wallet = job.GetWallet()
-		if err := s.opts.Store.PutRun(ctx, child); err != nil {
+		child.JobId, child.Wallet = job.GetJobId(), job.GetWallet()
+		if err := s.save(cctx, child); err != nil {
 			return fmt.Errorf("save sub-job run: %w", err)
 		}
 		ref = &handoffv1.SubJobRef{Stage: st.Name, RunId: child.GetRunId(), Pipeline: sub.Name, State: handoffv1.JobState_JOB_STATE_RUNNING}
@@ -106,7 +134,11 @@ func (s *Server) subJob(ctx context.Context, job *handoffv1.Job, p *pipeline.Pip
 		}
 	}
 
-	// Drive the nested run hop by hop from the store, as any driver resumes a run.
+	// Drive the nested run hop by hop from the store, as any driver resumes a run: once its
+	// fence is this driver's, so what it reads is the nested run's last state for good.
+	if err := fence(ref.GetRunId()); err != nil {
+		return err
+	}
 	var child *handoffv1.Job
 	for {
 		if ctx.Err() != nil {

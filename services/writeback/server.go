@@ -232,6 +232,12 @@ func (s *Server) Write(ctx context.Context, req *handoffv1.WriteRequest) (*hando
 		Payload:     payload,
 		Traceparent: w.pkg.GetTrace().GetTraceparent(),
 	}, answer)
+	if errors.Is(err, store.ErrNotOwner) {
+		// This write's claim lapsed and another write of the key holds it: its receipt,
+		// not this one's, is the key's, and nothing of this one was stored over it.
+		log.ErrorContext(ctx, "writeback: the key's claim lapsed and another write holds it; this write's receipt is refused", "error", err)
+		return nil, status.Errorf(codes.Aborted, "target %s: the claim of key %s lapsed and another write holds it; retry to get its receipt: %v", w.target.Name(), w.key, err)
+	}
 	if err != nil {
 		log.WarnContext(ctx, "writeback: target write failed; the key is released", "error", err)
 		return nil, status.Errorf(codes.Unavailable, "target %s: write for key %s failed, retry: %v", w.target.Name(), w.key, err)
@@ -258,7 +264,7 @@ func (s *Server) callTarget(ctx context.Context, t Target, in WriteInput, answer
 		id, err = t.Write(ctx, in)
 		return id, false, err
 	}
-	id, err = rt.WriteReceipt(ctx, in, claim.Key, claim.ResultTTL, func(id string) ([]byte, error) {
+	id, err = rt.WriteReceipt(ctx, in, claim.Key, claim.Owner, claim.ResultTTL, func(id string) ([]byte, error) {
 		crashpoint.Hit(crashpoint.InWrite, claim.Key)
 		return proto.Marshal(answer(id))
 	})

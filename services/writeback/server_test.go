@@ -625,7 +625,7 @@ func TestLedgerRecoversWriteOfDeadWriter(t *testing.T) {
 	const ttl = 200 * time.Millisecond
 	e := newEnv(t, envOpts{mod: func(o *writeback.Options) { o.PendingTTL = ttl }})
 	ctx := ctxT(t)
-	if s, _, err := e.st.Claim(ctx, wantKey, ttl); err != nil || s != store.Claimed {
+	if s, _, _, err := e.st.Claim(ctx, wantKey, ttl); err != nil || s != store.Claimed {
 		t.Fatalf("claim: %v %v", s, err)
 	}
 	entry, _, err := e.st.AppendLedger(ctx, wantKey, e.body)
@@ -661,14 +661,14 @@ type countingStore struct {
 	completes, withWrite atomic.Int32
 }
 
-func (c *countingStore) Complete(ctx context.Context, key string, value []byte, ttl time.Duration) error {
+func (c *countingStore) Complete(ctx context.Context, key, owner string, value []byte, ttl time.Duration) error {
 	c.completes.Add(1)
-	return c.Bolt.Complete(ctx, key, value, ttl)
+	return c.Bolt.Complete(ctx, key, owner, value, ttl)
 }
 
-func (c *countingStore) AppendLedgerComplete(ctx context.Context, key string, payload []byte, idemKey string, ttl time.Duration, result func(store.LedgerEntry) ([]byte, error)) (store.LedgerEntry, bool, error) {
+func (c *countingStore) AppendLedgerComplete(ctx context.Context, key string, payload []byte, idemKey, owner string, ttl time.Duration, result func(store.LedgerEntry) ([]byte, error)) (store.LedgerEntry, bool, error) {
 	c.withWrite.Add(1)
-	return c.Bolt.AppendLedgerComplete(ctx, key, payload, idemKey, ttl, result)
+	return c.Bolt.AppendLedgerComplete(ctx, key, payload, idemKey, owner, ttl, result)
 }
 
 // The ledger on the service's own store writes the entry and its receipt in one

@@ -35,10 +35,12 @@ type ReceiptTarget interface {
 	// own store, so that WriteReceipt can store receipts there.
 	KeepsReceiptsIn(st store.Idempotency) bool
 	// WriteReceipt performs the write as Write does and, in the same transaction, stores
-	// receipt(externalID) as the completed result of idempotency key key (as
-	// store.Idempotency.Complete does, kept for ttl; <= 0 forever). receipt may run more
-	// than once; an error from it aborts the write and is returned.
-	WriteReceipt(ctx context.Context, w WriteInput, key string, ttl time.Duration, receipt func(externalID string) ([]byte, error)) (externalID string, err error)
+	// receipt(externalID) as the completed result of idempotency key key under owner's
+	// claim (as store.Idempotency.Complete does, kept for ttl; <= 0 forever): a claim that
+	// is not owner's any more is store.ErrNotOwner, and the other owner's record is left as
+	// it is. receipt may run more than once; an error from it aborts the write and is
+	// returned.
+	WriteReceipt(ctx context.Context, w WriteInput, key, owner string, ttl time.Duration, receipt func(externalID string) ([]byte, error)) (externalID string, err error)
 }
 
 // WriteInput is what a Target writes.
@@ -94,11 +96,11 @@ func (l *Ledger) KeepsReceiptsIn(st store.Idempotency) bool { return sameValue(l
 
 // WriteReceipt upserts w.Payload under w.Key and stores the receipt built from the key's
 // entry id under key, in one store transaction.
-func (l *Ledger) WriteReceipt(ctx context.Context, w WriteInput, key string, ttl time.Duration, receipt func(string) ([]byte, error)) (string, error) {
+func (l *Ledger) WriteReceipt(ctx context.Context, w WriteInput, key, owner string, ttl time.Duration, receipt func(string) ([]byte, error)) (string, error) {
 	if l.Store == nil {
 		return "", errors.New("ledger target: no ledger store")
 	}
-	e, _, err := l.Store.AppendLedgerComplete(ctx, w.Key, w.Payload, key, ttl, func(e store.LedgerEntry) ([]byte, error) {
+	e, _, err := l.Store.AppendLedgerComplete(ctx, w.Key, w.Payload, key, owner, ttl, func(e store.LedgerEntry) ([]byte, error) {
 		return receipt(e.ID)
 	})
 	if err != nil {

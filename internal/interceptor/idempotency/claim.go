@@ -19,6 +19,10 @@ import (
 type Claim struct {
 	// Key is the idempotency key the call holds.
 	Key string
+	// Owner is the claim's owner token (store.Idempotency), which the handler's own store
+	// write names: a claim that lapsed and is another call's by then is refused
+	// (store.ErrNotOwner), and that call's record is left as it is.
+	Owner string
 	// ResultTTL is how long the result is to be kept (WithResultTTL; 0 keeps it forever).
 	ResultTTL time.Duration
 

@@ -62,28 +62,28 @@ type faultStore struct {
 	claims, completes, releases atomic.Int32
 }
 
-func (f *faultStore) Claim(ctx context.Context, key string, ttl time.Duration) (store.ClaimState, []byte, error) {
+func (f *faultStore) Claim(ctx context.Context, key string, ttl time.Duration) (store.ClaimState, []byte, string, error) {
 	f.claims.Add(1)
 	if f.claimErr != nil {
-		return 0, nil, f.claimErr
+		return 0, nil, "", f.claimErr
 	}
 	return f.Idempotency.Claim(ctx, key, ttl)
 }
 
-func (f *faultStore) Complete(ctx context.Context, key string, value []byte, ttl time.Duration) error {
+func (f *faultStore) Complete(ctx context.Context, key, owner string, value []byte, ttl time.Duration) error {
 	f.completes.Add(1)
 	if f.completeErr != nil {
 		return f.completeErr
 	}
-	return f.Idempotency.Complete(ctx, key, value, ttl)
+	return f.Idempotency.Complete(ctx, key, owner, value, ttl)
 }
 
-func (f *faultStore) Release(ctx context.Context, key string) error {
+func (f *faultStore) Release(ctx context.Context, key, owner string) error {
 	f.releases.Add(1)
 	if f.releaseErr != nil {
 		return f.releaseErr
 	}
-	return f.Idempotency.Release(ctx, key)
+	return f.Idempotency.Release(ctx, key, owner)
 }
 
 // lookup reads key's record state (0: none).
@@ -332,7 +332,7 @@ func (f *fakeWriteback) Write(ctx context.Context, req *handoffv1.WriteRequest) 
 		if err != nil {
 			return nil, err
 		}
-		if err := f.selfStore.Complete(ctx, c.Key, data, c.ResultTTL); err != nil {
+		if err := f.selfStore.Complete(ctx, c.Key, c.Owner, data, c.ResultTTL); err != nil {
 			return nil, status.Error(codes.Unavailable, err.Error())
 		}
 		c.Stored()

@@ -25,6 +25,14 @@
 // A handler must therefore return an error only when it did no external effect: the
 // interceptor releases the key on every error, and the retry runs the handler again.
 //
+// Each claim has an owner token (store.Idempotency), and the call's Complete, Release and
+// renewals name it, checked in the store's own write. A call whose claim lapsed while
+// another call claimed the key (its process stalled past the pending TTL) therefore settles
+// nothing of the other call's: its release leaves the key alone, a renewal that finds the
+// key another's cancels the handler at once, and its late result is refused, never stored
+// over the other's; the call ends Aborted ("the claim of key K lapsed ..."), and a retry
+// gets the key's result.
+//
 // # Failure behaviour
 //
 // Fail closed. When the store cannot be reached to Claim, the call fails with Unavailable
@@ -99,7 +107,7 @@ func UnaryServerInterceptor(st store.Idempotency, opts ...Option) grpc.UnaryServ
 		if err != nil {
 			return nil, err
 		}
-		state, value, err := e.claim(ctx, info.FullMethod, key)
+		state, value, owner, err := e.claim(ctx, info.FullMethod, key)
 		if err != nil {
 			return nil, err
 		}
@@ -120,13 +128,13 @@ func UnaryServerInterceptor(st store.Idempotency, opts ...Option) grpc.UnaryServ
 
 		// Claimed: from here every path Completes, Releases, or deliberately leaves the claim.
 		if err := ctx.Err(); err != nil { // the caller left before any work: free the key
-			e.release(ctx, info.FullMethod, key)
+			e.release(ctx, info.FullMethod, key, owner)
 			return nil, status.FromContextError(err).Err()
 		}
 		crashpoint.Hit(crashpoint.AfterClaim, key)
-		wctx, cancel := e.workContext(ctx, info.FullMethod, key)
+		wctx, cancel := e.workContext(ctx, info.FullMethod, key, owner)
 		defer cancel()
-		held := &Claim{Key: key, ResultTTL: e.resultTTL}
+		held := &Claim{Key: key, Owner: owner, ResultTTL: e.resultTTL}
 		wctx = withClaim(wctx, held)
 		returned := false
 		defer func() {
@@ -138,7 +146,7 @@ func UnaryServerInterceptor(st store.Idempotency, opts ...Option) grpc.UnaryServ
 		resp, herr := handler(wctx, req)
 		returned = true
 		if herr != nil {
-			e.release(ctx, info.FullMethod, key)
+			e.release(ctx, info.FullMethod, key, owner)
 			return resp, herr
 		}
 		if !held.stored.Load() { // else the handler stored it with its effect (Claim)
@@ -148,7 +156,7 @@ func UnaryServerInterceptor(st store.Idempotency, opts ...Option) grpc.UnaryServ
 			} else {
 				var data []byte
 				if data, err = proto.Marshal(out); err == nil {
-					err = e.complete(ctx, key, data)
+					err = e.complete(ctx, key, owner, data)
 				}
 			}
 			if err != nil {
@@ -174,14 +182,14 @@ func detached(ctx context.Context, d time.Duration) (context.Context, context.Ca
 // workContext is the context a handler holding key's claim runs under: detached, bounded
 // by pendingTTL/2, or with WithClaimRenewal by its work limit while renew keeps the claim.
 // Its cancel also stops the renewals.
-func (e *engine) workContext(ctx context.Context, method, key string) (context.Context, context.CancelFunc) {
+func (e *engine) workContext(ctx context.Context, method, key, owner string) (context.Context, context.CancelFunc) {
 	if e.renewFor <= 0 {
 		return detached(ctx, e.pendingTTL/2)
 	}
 	wctx, cancel := detached(ctx, e.renewFor)
 	rctx, lose := context.WithCancelCause(wctx)
 	done := make(chan struct{})
-	go func() { defer close(done); e.renew(rctx, lose, method, key) }()
+	go func() { defer close(done); e.renew(rctx, lose, method, key, owner) }()
 	return rctx, func() {
 		lose(nil)
 		<-done
@@ -192,9 +200,10 @@ func (e *engine) workContext(ctx context.Context, method, key string) (context.C
 // errClaimLost cancels a handler whose claim could not be kept.
 var errClaimLost = errors.New("idempotency: the claim could not be renewed; another caller may hold the key now")
 
-// renew renews key's claim every pendingTTL/3 until ctx ends, and cancels the work (lose)
-// when the key is no longer pending or has gone pendingTTL/2 without a renewal.
-func (e *engine) renew(ctx context.Context, lose context.CancelCauseFunc, method, key string) {
+// renew renews owner's claim of key every pendingTTL/3 until ctx ends, and cancels the work
+// (lose) when the key is no longer pending or another owner's, or has gone pendingTTL/2
+// without a renewal.
+func (e *engine) renew(ctx context.Context, lose context.CancelCauseFunc, method, key, owner string) {
 	tick := time.NewTicker(e.pendingTTL / 3)
 	defer tick.Stop()
 	last := time.Now()
@@ -206,7 +215,7 @@ func (e *engine) renew(ctx context.Context, lose context.CancelCauseFunc, method
 		}
 		start := time.Now()
 		cctx, cancel := context.WithTimeout(ctx, e.pendingTTL/3)
-		ok, err := e.st.RenewClaim(cctx, key, e.pendingTTL)
+		ok, err := e.st.RenewClaim(cctx, key, owner, e.pendingTTL)
 		cancel()
 		if ctx.Err() != nil {
 			return
@@ -215,6 +224,12 @@ func (e *engine) renew(ctx context.Context, lose context.CancelCauseFunc, method
 		case err == nil && ok:
 			last = start
 			continue
+		case errors.Is(err, store.ErrNotOwner):
+			// The claim lapsed and another caller holds the key: stop at once, so two
+			// holders do not go on working together.
+			e.log.ErrorContext(ctx, "idempotency: the claim lapsed and another caller holds the key; the handler's context is cancelled", "method", method, "key", key)
+			lose(fmt.Errorf("%w: %v", errClaimLost, err))
+			return
 		case err == nil:
 			// Settled (the handler's own Complete or Release raced this tick) or lapsed:
 			// either way nothing is left to keep.
@@ -232,60 +247,84 @@ func (e *engine) renew(ctx context.Context, lose context.CancelCauseFunc, method
 	}
 }
 
-// claim claims key. Its errors are gRPC statuses: Unavailable when the store failed.
-func (e *engine) claim(ctx context.Context, method, key string) (store.ClaimState, []byte, error) {
-	return e.claimWith(ctx, method, key, func(cctx context.Context) (store.ClaimState, []byte, error) {
+// claim claims key and returns the claim's owner token. Its errors are gRPC statuses:
+// Unavailable when the store failed.
+func (e *engine) claim(ctx context.Context, method, key string) (store.ClaimState, []byte, string, error) {
+	return e.claimWith(ctx, method, key, func(cctx context.Context) (store.ClaimState, []byte, string, error) {
 		return e.st.Claim(cctx, key, e.pendingTTL)
 	})
 }
 
 // claimWith is claim with fn in place of the store's Claim (WithStreamClaim).
-func (e *engine) claimWith(ctx context.Context, method, key string, fn func(context.Context) (store.ClaimState, []byte, error)) (store.ClaimState, []byte, error) {
+func (e *engine) claimWith(ctx context.Context, method, key string, fn func(context.Context) (store.ClaimState, []byte, string, error)) (store.ClaimState, []byte, string, error) {
 	cctx, cancel := detached(ctx, storeTimeout)
 	defer cancel()
-	state, value, err := fn(cctx)
+	state, value, owner, err := fn(cctx)
 	if err != nil {
 		e.log.ErrorContext(ctx, "idempotency: claim failed; request refused", "method", method, "key", key, "error", err)
-		return 0, nil, status.Errorf(codes.Unavailable, "idempotency store: claim %s: %v", key, err)
+		return 0, nil, "", status.Errorf(codes.Unavailable, "idempotency store: claim %s: %v", key, err)
 	}
-	switch state {
-	case store.Claimed, store.Pending, store.Done:
-		return state, value, nil
+	switch {
+	case state == store.Claimed && owner == "":
+		// Fail closed: without its token the claim could be neither settled nor renewed.
+		e.log.ErrorContext(ctx, "idempotency: claim returned no owner token", "method", method, "key", key)
+		return 0, nil, "", status.Errorf(codes.Internal, "idempotency store: claim %s: claimed without an owner token", key)
+	case state == store.Claimed, state == store.Pending, state == store.Done:
+		return state, value, owner, nil
 	}
 	e.log.ErrorContext(ctx, "idempotency: claim returned an unknown state", "method", method, "key", key, "state", int(state))
-	return 0, nil, status.Errorf(codes.Internal, "idempotency store: claim %s: unexpected state %d", key, state)
+	return 0, nil, "", status.Errorf(codes.Internal, "idempotency store: claim %s: unexpected state %d", key, state)
 }
 
-// complete stores value under key, retrying: after the work the record is the one thing
-// that keeps a retry from doing it again.
-func (e *engine) complete(ctx context.Context, key string, value []byte) error {
+// complete stores value under owner's claim of key, retrying: after the work the record is
+// the one thing that keeps a retry from doing it again. A claim that is not owner's any
+// more (store.ErrNotOwner) is not retried: it will not become owner's again.
+func (e *engine) complete(ctx context.Context, key, owner string, value []byte) error {
 	var err error
 	for _, pause := range completeBackoff {
 		time.Sleep(pause)
 		cctx, cancel := detached(ctx, storeTimeout)
-		err = e.st.Complete(cctx, key, value, e.resultTTL)
+		err = e.st.Complete(cctx, key, owner, value, e.resultTTL)
 		cancel()
-		if err == nil {
-			return nil
+		if err == nil || errors.Is(err, store.ErrNotOwner) {
+			return err
 		}
 	}
 	return err
 }
 
-// release frees key after a failure. A failed release is logged: the key then stays
-// claimed until the pending TTL lapses, which delays the retry but never doubles work.
-func (e *engine) release(ctx context.Context, method, key string) {
+// release frees owner's claim of key after a failure. A failed release is logged: the key
+// then stays claimed until the pending TTL lapses, which delays the retry but never doubles
+// work; a claim that lapsed and is another caller's now is left to that caller.
+func (e *engine) release(ctx context.Context, method, key, owner string) {
 	rctx, cancel := detached(ctx, storeTimeout)
 	defer cancel()
-	if err := e.st.Release(rctx, key); err != nil {
+	err := e.st.Release(rctx, key, owner)
+	if errors.Is(err, store.ErrNotOwner) {
+		e.log.WarnContext(ctx, "idempotency: not released: the claim lapsed and another caller holds the key now", "method", method, "key", key)
+		return
+	}
+	if err != nil {
 		e.log.ErrorContext(ctx, "idempotency: release failed; the key stays claimed until the pending TTL lapses",
 			"method", method, "key", key, "pending_ttl", e.pendingTTL, "error", err)
 	}
 }
 
 // notRecorded is the answer when the work was done but its result could not be stored. The
-// claim is deliberately left in place (see the package documentation).
+// claim is deliberately left in place (see the package documentation). A claim that lapsed
+// and is another caller's (store.ErrNotOwner) is Aborted: that caller's result, not this
+// one's, is the key's, and a retry gets it (Aborted in flight until it is stored).
 func (e *engine) notRecorded(ctx context.Context, method, key string, cause error) error {
+	if errors.Is(cause, store.ErrNotOwner) {
+		e.log.ErrorContext(ctx, "idempotency: request done but its claim lapsed and another caller holds the key; its result is not stored",
+			"method", method, "key", key, "pending_ttl", e.pendingTTL, "error", cause)
+		st := status.New(codes.Aborted, fmt.Sprintf(
+			"idempotency: the claim of key %s lapsed while the request ran and another call holds the key now; this call's result was not stored: retry to get the key's result", key))
+		if d, err := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(e.retryDelay)}); err == nil {
+			st = d
+		}
+		return st.Err()
+	}
 	e.log.ErrorContext(ctx, "idempotency: request done but its result could not be stored; the key stays claimed until the pending TTL lapses",
 		"method", method, "key", key, "pending_ttl", e.pendingTTL, "error", cause)
 	// Unavailable, not Internal: the caller should come back. Until the pending TTL lapses a

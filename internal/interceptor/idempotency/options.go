@@ -211,10 +211,11 @@ type streamMethod struct {
 }
 
 // ClaimFunc claims key for req in place of the store's Claim (see WithStreamClaim). ctx is
-// detached from the caller and bounded like every store call. annotate, when not nil, is
-// applied to the context the handler (and the record hook) runs under, so the claim can
-// pass on what it learned in the same round trip.
-type ClaimFunc func(ctx context.Context, req proto.Message, key string, pendingTTL time.Duration) (state store.ClaimState, value []byte, annotate func(context.Context) context.Context, err error)
+// detached from the caller and bounded like every store call. owner is the claim's owner
+// token when state is Claimed (store.Admission.Owner), which the key's Complete, Release
+// and renewals name. annotate, when not nil, is applied to the context the handler (and the
+// record hook) runs under, so the claim can pass on what it learned in the same round trip.
+type ClaimFunc func(ctx context.Context, req proto.Message, key string, pendingTTL time.Duration) (state store.ClaimState, value []byte, owner string, annotate func(context.Context) context.Context, err error)
 
 type streamConfig struct {
 	common

@@ -65,17 +65,19 @@ func StreamServerInterceptor(st store.Idempotency, opts ...StreamOption) grpc.St
 		}
 		var state store.ClaimState
 		var value []byte
+		var owner string
 		var annotate func(context.Context) context.Context
 		if m.claim != nil {
-			state, value, err = e.claimWith(ctx, info.FullMethod, key, func(cctx context.Context) (store.ClaimState, []byte, error) {
+			state, value, owner, err = e.claimWith(ctx, info.FullMethod, key, func(cctx context.Context) (store.ClaimState, []byte, string, error) {
 				var st store.ClaimState
 				var v []byte
+				var o string
 				var err error
-				st, v, annotate, err = m.claim(cctx, req, key, e.pendingTTL)
-				return st, v, err
+				st, v, o, annotate, err = m.claim(cctx, req, key, e.pendingTTL)
+				return st, v, o, err
 			})
 		} else {
-			state, value, err = e.claim(ctx, info.FullMethod, key)
+			state, value, owner, err = e.claim(ctx, info.FullMethod, key)
 		}
 		if err != nil {
 			return err
@@ -97,15 +99,15 @@ func StreamServerInterceptor(st store.Idempotency, opts ...StreamOption) grpc.St
 
 		// Claimed.
 		if err := ctx.Err(); err != nil {
-			e.release(ctx, info.FullMethod, key)
+			e.release(ctx, info.FullMethod, key, owner)
 			return status.FromContextError(err).Err()
 		}
 		if annotate != nil {
 			ctx = annotate(ctx)
 		}
-		wctx, cancel := e.workContext(ctx, info.FullMethod, key)
+		wctx, cancel := e.workContext(ctx, info.FullMethod, key, owner)
 		defer cancel()
-		ws := &claimedStream{ReplayStream: replay(ss, info.FullMethod, req), ctx: wctx, e: e, m: m, method: info.FullMethod, key: key, req: req}
+		ws := &claimedStream{ReplayStream: replay(ss, info.FullMethod, req), ctx: wctx, e: e, m: m, method: info.FullMethod, key: key, owner: owner, req: req}
 		returned := false
 		defer func() {
 			if !returned {
@@ -126,7 +128,7 @@ func StreamServerInterceptor(st store.Idempotency, opts ...StreamOption) grpc.St
 		switch ws.outcome {
 		case open:
 			ws.outcome = released
-			e.release(ctx, info.FullMethod, key)
+			e.release(ctx, info.FullMethod, key, owner)
 		case unrecorded:
 			return ws.recordErr
 		}
@@ -152,6 +154,7 @@ type claimedStream struct {
 	m      *streamMethod
 	method string
 	key    string
+	owner  string // the claim's owner token
 	req    proto.Message
 
 	mu        sync.Mutex // guards ReplayStream's RecvMsg and the outcome
@@ -223,7 +226,7 @@ func (s *claimedStream) SendMsg(m any) error {
 			return err
 		}
 	case failed:
-		s.e.release(s.ctx, s.method, s.key)
+		s.e.release(s.ctx, s.method, s.key, s.owner)
 		s.outcome = released
 	}
 	return s.ServerStream.SendMsg(m)
@@ -237,7 +240,7 @@ const afterSendLinger = time.Millisecond
 // complete stores a done result under the key; on failure the key stays claimed and the
 // call ends with the error.
 func (s *claimedStream) complete(ctx context.Context, value []byte) error {
-	if err := s.e.complete(ctx, s.key, value); err != nil {
+	if err := s.e.complete(ctx, s.key, s.owner, value); err != nil {
 		s.outcome = unrecorded
 		s.recordErr = s.e.notRecorded(s.ctx, s.method, s.key, err)
 		return s.recordErr

@@ -256,8 +256,10 @@ func TestStreamTable(t *testing.T) {
 			seedDone(t, st, key, &handoffv1.PriorResult{NextHint: "stored"})
 		}},
 		{name: "unreadable stored value", code: codes.Internal, msg: "idempotency: replaying the stored result for key " + key, seed: func(t *testing.T, st store.Idempotency) {
-			seedPending(t, st, key)
-			st.Complete(context.Background(), key, []byte{0xff, 0xff}, 0)
+			owner := seedPending(t, st, key)
+			if err := st.Complete(context.Background(), key, owner, []byte{0xff, 0xff}, 0); err != nil {
+				t.Fatal(err)
+			}
 		}},
 		{name: "claimed runs the handler", calls: 1, sent: 2},
 	}
@@ -392,14 +394,14 @@ func TestStreamClaimFunc(t *testing.T) {
 	var claims atomic.Int32
 	var fail atomic.Bool
 	var recordSaw atomic.Value
-	claim := func(ctx context.Context, req proto.Message, key string, ttl time.Duration) (store.ClaimState, []byte, func(context.Context) context.Context, error) {
+	claim := func(ctx context.Context, req proto.Message, key string, ttl time.Duration) (store.ClaimState, []byte, string, func(context.Context) context.Context, error) {
 		claims.Add(1)
 		if fail.Load() {
-			return 0, nil, nil, errors.New("admission store down")
+			return 0, nil, "", nil, errors.New("admission store down")
 		}
-		state, value, err := st.Claim(ctx, key, ttl)
+		state, value, owner, err := st.Claim(ctx, key, ttl)
 		job := req.(*handoffv1.DeliverRequest).GetPackage().GetJobId()
-		return state, value, func(c context.Context) context.Context { return context.WithValue(c, mark{}, "claimed "+job) }, err
+		return state, value, owner, func(c context.Context) context.Context { return context.WithValue(c, mark{}, "claimed "+job) }, err
 	}
 	record := func(ctx context.Context, req, sent proto.Message) ([]byte, bool, bool) {
 		if v, ok := ctx.Value(mark{}).(string); ok {
@@ -443,10 +445,10 @@ type gatedStore struct {
 	gate       chan struct{}
 }
 
-func (g *gatedStore) Complete(ctx context.Context, key string, value []byte, ttl time.Duration) error {
+func (g *gatedStore) Complete(ctx context.Context, key, owner string, value []byte, ttl time.Duration) error {
 	g.completing <- struct{}{}
 	<-g.gate
-	return g.Idempotency.Complete(ctx, key, value, ttl)
+	return g.Idempotency.Complete(ctx, key, owner, value, ttl)
 }
 
 // TestRecordAfterSend: with WithStreamRecordAfterSend the result reaches the caller while

@@ -170,8 +170,8 @@ func TestUnary(t *testing.T) {
 		{
 			name: "unreadable stored answer is Internal",
 			seed: func(t *testing.T, st store.Idempotency) {
-				seedPending(t, st, key)
-				if err := st.Complete(context.Background(), key, []byte{0xff, 0xff}, 0); err != nil {
+				owner := seedPending(t, st, key)
+				if err := st.Complete(context.Background(), key, owner, []byte{0xff, 0xff}, 0); err != nil {
 					t.Fatal(err)
 				}
 			},
@@ -244,21 +244,24 @@ func TestUnary(t *testing.T) {
 	}
 }
 
-func seedPending(t *testing.T, st store.Idempotency, key string) {
+// seedPending claims key and returns the claim's owner token.
+func seedPending(t *testing.T, st store.Idempotency, key string) string {
 	t.Helper()
-	if state, _, err := st.Claim(context.Background(), key, time.Minute); err != nil || state != store.Claimed {
+	state, _, owner, err := st.Claim(context.Background(), key, time.Minute)
+	if err != nil || state != store.Claimed {
 		t.Fatalf("seed claim: %v %v", state, err)
 	}
+	return owner
 }
 
 func seedDone(t *testing.T, st store.Idempotency, key string, m proto.Message) {
 	t.Helper()
-	seedPending(t, st, key)
+	owner := seedPending(t, st, key)
 	b, err := proto.Marshal(m)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := st.Complete(context.Background(), key, b, 0); err != nil {
+	if err := st.Complete(context.Background(), key, owner, b, 0); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -74,7 +74,7 @@ func testWalletJob(t *testing.T, s store.Store) {
 	if a, err := s.Admit(ctx, "k-missing", time.Minute, "nowhere", store.Debit{Hops: 1, Job: "job-a"}); err != nil || !errors.Is(a.DebitErr, store.ErrNotFound) || a.Debited {
 		t.Fatalf("Admit from a missing wallet = %+v, %v; want ErrNotFound", a, err)
 	}
-	if err := s.Release(ctx, "stage:job-b:draft:0"); err != nil {
+	if err := s.Release(ctx, "stage:job-b:draft:0", a.Owner); err != nil {
 		t.Fatal(err)
 	}
 	hop.Job = "job-b"

@@ -228,3 +228,54 @@ func testFence(t *testing.T, s store.Store) {
 		t.Fatalf("fenced save of a run never created = %v, want ErrNotFound", err)
 	}
 }
+
+// testFenceAt: a nested run fenced by its parent's driver's epoch (FenceRunAt). The newer
+// parent driver's epoch refuses the older's saves and its later FenceRunAt, the same epoch
+// again is no error, and FenceRun still goes past a handed-down epoch.
+func testFenceAt(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	if err := s.FenceRunAt(ctx, "child", 3); err != nil { // before the run exists
+		t.Fatalf("FenceRunAt(3) of a new run: %v", err)
+	}
+	if _, _, err := s.CreateRun(ctx, &handoffv1.Job{RunId: "child", ParentRunId: "parent"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PutRunFenced(ctx, &handoffv1.Job{RunId: "child", Hops: 1}, 3, &handoffv1.JobEvent{Stage: "a"}); err != nil {
+		t.Fatalf("save under the handed-down epoch 3: %v", err)
+	}
+	if err := s.FenceRunAt(ctx, "child", 3); err != nil {
+		t.Fatalf("FenceRunAt(3) again (the same driver): %v", err)
+	}
+	if err := s.FenceRunAt(ctx, "child", 5); err != nil { // the parent's next driver
+		t.Fatalf("FenceRunAt(5) after 3: %v", err)
+	}
+	if err := s.PutRunFenced(ctx, &handoffv1.Job{RunId: "child", Hops: 2}, 5); err != nil {
+		t.Fatalf("save under epoch 5: %v", err)
+	}
+	if err := s.PutRunFenced(ctx, &handoffv1.Job{RunId: "child", Hops: 1}, 3, &handoffv1.JobEvent{Stage: "stale"}); !errors.Is(err, store.ErrFenced) {
+		t.Fatalf("stale save under epoch 3 after 5 = %v, want ErrFenced", err)
+	}
+	if err := s.FenceRunAt(ctx, "child", 4); !errors.Is(err, store.ErrFenced) {
+		t.Fatalf("FenceRunAt(4) after 5 = %v, want ErrFenced (an older parent driver cannot take the nested run back)", err)
+	}
+	if err := s.PutRunFenced(ctx, &handoffv1.Job{RunId: "child", Hops: 3}, 5, &handoffv1.JobEvent{Stage: "b"}); err != nil {
+		t.Fatalf("save under epoch 5 after the refused FenceRunAt(4) (it changed nothing): %v", err)
+	}
+	if j, err := s.GetRun(ctx, "child"); err != nil || j.GetHops() != 3 {
+		t.Fatalf("run = %v, %v; want hops 3", j, err)
+	}
+	if evs, err := s.Events(ctx, "child", 0); err != nil || len(evs) != 2 || evs[1].GetStage() != "b" {
+		t.Fatalf("events = %v, %v; want a then b, nothing of the stale save", evs, err)
+	}
+	if e, err := s.FenceRun(ctx, "child"); err != nil || e <= 5 {
+		t.Fatalf("FenceRun after FenceRunAt(5) = %d, %v; want past 5", e, err)
+	}
+	for _, c := range []struct {
+		run   string
+		epoch uint64
+	}{{"", 1}, {"child", 0}} {
+		if err := s.FenceRunAt(ctx, c.run, c.epoch); err == nil || errors.Is(err, store.ErrFenced) {
+			t.Errorf("FenceRunAt(%q, %d) = %v; want an argument error", c.run, c.epoch, err)
+		}
+	}
+}

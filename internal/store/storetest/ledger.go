@@ -109,14 +109,15 @@ func receiptOf(e store.LedgerEntry) ([]byte, error) { return []byte("receipt of 
 // whichever entry the key has, and the record is a completed claim.
 func testLedgerComplete(t *testing.T, s store.Store) {
 	ctx := context.Background()
-	if st, _, err := s.Claim(ctx, "w1", time.Minute); err != nil || st != store.Claimed {
+	st, _, owner, err := s.Claim(ctx, "w1", time.Minute)
+	if err != nil || st != store.Claimed {
 		t.Fatalf("Claim = %v, %v", st, err)
 	}
-	e, created, err := s.AppendLedgerComplete(ctx, "k1", []byte("one"), "w1", 0, receiptOf)
+	e, created, err := s.AppendLedgerComplete(ctx, "k1", []byte("one"), "w1", owner, 0, receiptOf)
 	if err != nil || !created || e.Offers != 1 || string(e.Payload) != "one" {
 		t.Fatalf("AppendLedgerComplete = %+v, %v, %v; want a new entry", e, created, err)
 	}
-	st, v, err := s.Claim(ctx, "w1", time.Minute)
+	st, v, _, err := s.Claim(ctx, "w1", time.Minute)
 	if err != nil || st != store.Done || string(v) != "receipt of "+e.ID {
 		t.Fatalf("Claim after AppendLedgerComplete = %v, %q, %v; want done with the receipt of %s", st, v, err, e.ID)
 	}
@@ -126,11 +127,12 @@ func testLedgerComplete(t *testing.T, s store.Store) {
 
 	// A key that already has its entry (a writer died between its write and its record, or
 	// the record expired): the record is built from that entry and nothing else is written.
+	// (Its claim lapsed, so no claim holds w2: the writer completes it with its token.)
 	old, _, err := s.AppendLedger(ctx, "k2", []byte("first"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, created, err = s.AppendLedgerComplete(ctx, "k2", []byte("second"), "w2", 0, receiptOf)
+	e, created, err = s.AppendLedgerComplete(ctx, "k2", []byte("second"), "w2", "writer", 0, receiptOf)
 	if err != nil || created || e.ID != old.ID || string(e.Payload) != "first" || e.Offers != 2 {
 		t.Fatalf("AppendLedgerComplete of a written key = %+v, %v, %v; want %s back, not created, 2 offers", e, created, err, old.ID)
 	}
@@ -142,7 +144,7 @@ func testLedgerComplete(t *testing.T, s store.Store) {
 	}
 
 	// The record's ttl is Complete's.
-	if _, _, err := s.AppendLedgerComplete(ctx, "k3", []byte("x"), "w3", 100*time.Millisecond, receiptOf); err != nil {
+	if _, _, err := s.AppendLedgerComplete(ctx, "k3", []byte("x"), "w3", "writer", 100*time.Millisecond, receiptOf); err != nil {
 		t.Fatal(err)
 	}
 	if st, _, _ := s.Lookup(ctx, "w3"); st != store.Done {
@@ -161,7 +163,7 @@ func testLedgerComplete(t *testing.T, s store.Store) {
 func testLedgerCompleteRefused(t *testing.T, s store.Store) {
 	ctx := context.Background()
 	boom := errors.New("cannot build the receipt")
-	_, _, err := s.AppendLedgerComplete(ctx, "k1", []byte("x"), "w1", 0, func(store.LedgerEntry) ([]byte, error) { return nil, boom })
+	_, _, err := s.AppendLedgerComplete(ctx, "k1", []byte("x"), "w1", "writer", 0, func(store.LedgerEntry) ([]byte, error) { return nil, boom })
 	if !errors.Is(err, boom) {
 		t.Fatalf("AppendLedgerComplete = %v; want the result's error", err)
 	}
@@ -171,9 +173,9 @@ func testLedgerCompleteRefused(t *testing.T, s store.Store) {
 	if st, _, _ := s.Lookup(ctx, "w1"); st != 0 {
 		t.Fatalf("record = %v after a refused AppendLedgerComplete, want none", st)
 	}
-	for _, c := range []struct{ key, idem string }{{"", "w"}, {"k", ""}} {
-		if _, _, err := s.AppendLedgerComplete(ctx, c.key, []byte("x"), c.idem, 0, receiptOf); err == nil {
-			t.Errorf("AppendLedgerComplete(key %q, idempotency key %q) succeeded", c.key, c.idem)
+	for _, c := range []struct{ key, idem, owner string }{{"", "w", "o"}, {"k", "", "o"}, {"k", "w", ""}} {
+		if _, _, err := s.AppendLedgerComplete(ctx, c.key, []byte("x"), c.idem, c.owner, 0, receiptOf); err == nil {
+			t.Errorf("AppendLedgerComplete(key %q, idempotency key %q, owner %q) succeeded", c.key, c.idem, c.owner)
 		}
 	}
 }
@@ -189,7 +191,7 @@ func testLedgerConcurrentComplete(t *testing.T, s store.Store) {
 		go func() {
 			defer wg.Done()
 			k := fmt.Sprintf("k%02d", i%keys)
-			if _, _, err := s.AppendLedgerComplete(context.Background(), k, []byte(k), "w-"+k+fmt.Sprint(i/keys), 0, receiptOf); err != nil {
+			if _, _, err := s.AppendLedgerComplete(context.Background(), k, []byte(k), "w-"+k+fmt.Sprint(i/keys), "writer", 0, receiptOf); err != nil {
 				t.Error(err)
 			}
 		}()

@@ -27,6 +27,7 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 	t.Run("ClaimCompleteRelease", func(t *testing.T) { testClaim(t, newStore(t)) })
 	t.Run("ClaimExpiry", func(t *testing.T) { testClaimExpiry(t, newStore(t)) })
 	t.Run("RenewClaim", func(t *testing.T) { testRenewClaim(t, newStore(t)) })
+	t.Run("ClaimOwner", func(t *testing.T) { testClaimOwner(t, newStore(t)) })
 	t.Run("ConcurrentClaim", func(t *testing.T) { testConcurrentClaim(t, newStore(t)) })
 	t.Run("Ledger", func(t *testing.T) { runLedger(t, newStore) })
 	t.Run("Wallet", func(t *testing.T) { testWallet(t, newStore(t)) })
@@ -42,6 +43,7 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 	t.Run("Verdicts", func(t *testing.T) { testVerdicts(t, newStore(t)) })
 	t.Run("Leases", func(t *testing.T) { s := newStore(t); RunLeases(t, s, s) })
 	t.Run("Fence", func(t *testing.T) { testFence(t, newStore(t)) })
+	t.Run("FenceAt", func(t *testing.T) { testFenceAt(t, newStore(t)) })
 }
 
 // testGrant: a grant adds to the wallet once per key, never past a budget's caps, and
@@ -169,31 +171,36 @@ func testListRunsFiltered(t *testing.T, s store.Store) {
 // the pending marker's ttl, and a claim with no ttl does not expire.
 func testIdempotencyEdges(t *testing.T, s store.Store) {
 	ctx := context.Background()
-	if _, _, err := s.Claim(ctx, "", time.Minute); err == nil {
+	if _, _, _, err := s.Claim(ctx, "", time.Minute); err == nil {
 		t.Fatal("Claim of an empty key succeeded")
 	}
 	bin := []byte{'P', 0, 0xff, 'D', '\n'}
-	if st, _, _ := s.Claim(ctx, "bin", 50*time.Millisecond); st != store.Claimed {
-		t.Fatalf("claim = %v", st)
+	st, _, binOwner, _ := s.Claim(ctx, "bin", 50*time.Millisecond)
+	if st != store.Claimed || binOwner == "" {
+		t.Fatalf("claim = %v, owner %q", st, binOwner)
 	}
-	if err := s.Complete(ctx, "bin", bin, 0); err != nil {
+	if err := s.Complete(ctx, "bin", binOwner, bin, 0); err != nil {
 		t.Fatal(err)
 	}
-	if st, _, _ := s.Claim(ctx, "forever", 0); st != store.Claimed {
+	st, _, foreverOwner, _ := s.Claim(ctx, "forever", 0)
+	if st != store.Claimed {
 		t.Fatalf("claim without ttl = %v", st)
 	}
 	time.Sleep(120 * time.Millisecond)
-	if st, v, err := s.Claim(ctx, "bin", time.Minute); err != nil || st != store.Done || string(v) != string(bin) {
+	if st, v, owner, err := s.Claim(ctx, "bin", time.Minute); err != nil || st != store.Done || string(v) != string(bin) || owner != "" {
 		t.Fatalf("Claim after Complete(ttl 0) and the pending ttl = %v, %q, %v; want done, %q", st, v, err, bin)
 	}
 	if st, v, err := s.Lookup(ctx, "bin"); err != nil || st != store.Done || string(v) != string(bin) {
 		t.Fatalf("Lookup = %v, %q, %v", st, v, err)
 	}
-	if st, _, err := s.Claim(ctx, "forever", time.Minute); err != nil || st != store.Pending {
-		t.Fatalf("Claim of a key claimed with no ttl = %v, %v; want pending", st, err)
+	if st, v, owner, err := s.Claim(ctx, "forever", time.Minute); err != nil || st != store.Pending || v != nil || owner != "" {
+		t.Fatalf("Claim of a key claimed with no ttl = %v, %q, owner %q, %v; want pending, no value or token shown", st, v, owner, err)
+	}
+	if st, v, err := s.Lookup(ctx, "forever"); err != nil || st != store.Pending || v != nil {
+		t.Fatalf("Lookup of a pending key = %v, %q, %v; want pending, its owner's token not shown", st, v, err)
 	}
 	// Completing with an empty value is still a done record.
-	if err := s.Complete(ctx, "forever", nil, 0); err != nil {
+	if err := s.Complete(ctx, "forever", foreverOwner, nil, 0); err != nil {
 		t.Fatal(err)
 	}
 	if st, v, err := s.Lookup(ctx, "forever"); err != nil || st != store.Done || len(v) != 0 {
@@ -378,26 +385,31 @@ func testClaim(t *testing.T, s store.Store) {
 	if st, _, err := s.Lookup(ctx, key); err != nil || st != 0 {
 		t.Fatalf("Lookup(fresh) = %v, %v", st, err)
 	}
-	if st, _, err := s.Claim(ctx, key, time.Minute); err != nil || st != store.Claimed {
-		t.Fatalf("first Claim = %v, %v; want claimed", st, err)
+	st, _, first, err := s.Claim(ctx, key, time.Minute)
+	if err != nil || st != store.Claimed || first == "" {
+		t.Fatalf("first Claim = %v, owner %q, %v; want claimed with an owner token", st, first, err)
 	}
-	if st, _, err := s.Claim(ctx, key, time.Minute); err != nil || st != store.Pending {
-		t.Fatalf("second Claim = %v, %v; want pending", st, err)
+	if st, _, owner, err := s.Claim(ctx, key, time.Minute); err != nil || st != store.Pending || owner != "" {
+		t.Fatalf("second Claim = %v, owner %q, %v; want pending, no token", st, owner, err)
 	}
-	if err := s.Release(ctx, key); err != nil {
+	if err := s.Release(ctx, key, first); err != nil {
 		t.Fatal(err)
 	}
-	if st, _, err := s.Claim(ctx, key, time.Minute); err != nil || st != store.Claimed {
-		t.Fatalf("Claim after Release = %v, %v; want claimed", st, err)
+	st, _, second, err := s.Claim(ctx, key, time.Minute)
+	if err != nil || st != store.Claimed || second == "" || second == first {
+		t.Fatalf("Claim after Release = %v, owner %q (first %q), %v; want claimed with a new token", st, second, first, err)
 	}
-	if err := s.Complete(ctx, key, []byte("receipt-1"), 0); err != nil {
+	if err := s.Complete(ctx, key, second, []byte("receipt-1"), 0); err != nil {
 		t.Fatal(err)
 	}
-	st, v, err := s.Claim(ctx, key, time.Minute)
+	st, v, _, err := s.Claim(ctx, key, time.Minute)
 	if err != nil || st != store.Done || string(v) != "receipt-1" {
 		t.Fatalf("Claim after Complete = %v, %q, %v; want done with the receipt", st, v, err)
 	}
-	if err := s.Release(ctx, key); err != nil {
+	if err := s.Complete(ctx, key, second, []byte("receipt-1"), 0); err != nil {
+		t.Fatalf("Complete again with the same result (a retry whose first attempt landed) = %v", err)
+	}
+	if err := s.Release(ctx, key, second); err != nil {
 		t.Fatal(err)
 	}
 	if st, v, _ := s.Lookup(ctx, key); st != store.Done || string(v) != "receipt-1" {
@@ -407,14 +419,15 @@ func testClaim(t *testing.T, s store.Store) {
 
 func testClaimExpiry(t *testing.T, s store.Store) {
 	ctx := context.Background()
-	if st, _, _ := s.Claim(ctx, "k-exp", 50*time.Millisecond); st != store.Claimed {
+	if st, _, _, _ := s.Claim(ctx, "k-exp", 50*time.Millisecond); st != store.Claimed {
 		t.Fatalf("claim = %v", st)
 	}
 	time.Sleep(120 * time.Millisecond)
-	if st, _, err := s.Claim(ctx, "k-exp", time.Minute); err != nil || st != store.Claimed {
+	st, _, owner, err := s.Claim(ctx, "k-exp", time.Minute)
+	if err != nil || st != store.Claimed {
 		t.Fatalf("Claim after the pending marker expired = %v, %v; want claimed", st, err)
 	}
-	if err := s.Complete(ctx, "k-exp", []byte("r"), 50*time.Millisecond); err != nil {
+	if err := s.Complete(ctx, "k-exp", owner, []byte("r"), 50*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(120 * time.Millisecond)
@@ -427,20 +440,31 @@ func testClaimExpiry(t *testing.T, s store.Store) {
 // lapsed key is not renewed (and not brought back); bad arguments are refused.
 func testRenewClaim(t *testing.T, s store.Store) {
 	ctx := context.Background()
+	owners := map[string]string{}
+	claim := func(key string, ttl time.Duration) {
+		t.Helper()
+		st, _, owner, err := s.Claim(ctx, key, ttl)
+		if err != nil || st != store.Claimed {
+			t.Fatalf("claim %s = %v, %v", key, st, err)
+		}
+		owners[key] = owner
+	}
 	renew := func(key string, want bool) {
 		t.Helper()
-		ok, err := s.RenewClaim(ctx, key, 300*time.Millisecond)
+		owner := owners[key]
+		if owner == "" {
+			owner = "no-such-owner"
+		}
+		ok, err := s.RenewClaim(ctx, key, owner, 300*time.Millisecond)
 		if err != nil || ok != want {
 			t.Fatalf("RenewClaim(%s) = %v, %v; want %v", key, ok, err, want)
 		}
 	}
-	if st, _, _ := s.Claim(ctx, "k-renew", 300*time.Millisecond); st != store.Claimed {
-		t.Fatalf("claim = %v", st)
-	}
+	claim("k-renew", 300*time.Millisecond)
 	for range 4 { // 800ms in all: past the first ttl more than twice
 		time.Sleep(200 * time.Millisecond)
 		renew("k-renew", true)
-		if st, _, err := s.Claim(ctx, "k-renew", time.Minute); err != nil || st != store.Pending {
+		if st, _, _, err := s.Claim(ctx, "k-renew", time.Minute); err != nil || st != store.Pending {
 			t.Fatalf("Claim of a renewed claim = %v, %v; want pending", st, err)
 		}
 	}
@@ -453,23 +477,25 @@ func testRenewClaim(t *testing.T, s store.Store) {
 	if st, _, _ := s.Lookup(ctx, "k-never"); st != 0 {
 		t.Fatalf("a renewal of no claim made one: %v", st)
 	}
-	s.Claim(ctx, "k-done", time.Minute)
-	if err := s.Complete(ctx, "k-done", []byte("r"), 0); err != nil {
+	claim("k-done", time.Minute)
+	if err := s.Complete(ctx, "k-done", owners["k-done"], []byte("r"), 0); err != nil {
 		t.Fatal(err)
 	}
 	renew("k-done", false)
 	if st, v, _ := s.Lookup(ctx, "k-done"); st != store.Done || string(v) != "r" {
 		t.Fatalf("a renewal touched a done record: %v %q", st, v)
 	}
-	s.Claim(ctx, "k-rel", time.Minute)
-	s.Release(ctx, "k-rel")
+	claim("k-rel", time.Minute)
+	if err := s.Release(ctx, "k-rel", owners["k-rel"]); err != nil {
+		t.Fatal(err)
+	}
 	renew("k-rel", false)
 	for _, c := range []struct {
-		key string
-		ttl time.Duration
-	}{{"", time.Second}, {"k", 0}, {"k", -time.Second}} {
-		if ok, err := s.RenewClaim(ctx, c.key, c.ttl); err == nil || ok {
-			t.Errorf("RenewClaim(%q, %s) = %v, %v; want an error", c.key, c.ttl, ok, err)
+		key, owner string
+		ttl        time.Duration
+	}{{"", "o", time.Second}, {"k", "o", 0}, {"k", "o", -time.Second}, {"k", "", time.Second}} {
+		if ok, err := s.RenewClaim(ctx, c.key, c.owner, c.ttl); err == nil || ok {
+			t.Errorf("RenewClaim(%q, %q, %s) = %v, %v; want an error", c.key, c.owner, c.ttl, ok, err)
 		}
 	}
 }
@@ -483,7 +509,7 @@ func testConcurrentClaim(t *testing.T, s store.Store) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			st, _, err := s.Claim(ctx, "contended", time.Minute)
+			st, _, _, err := s.Claim(ctx, "contended", time.Minute)
 			if err != nil {
 				t.Error(err)
 				return
@@ -545,7 +571,10 @@ func testAdmit(t *testing.T, s store.Store) {
 	if a, err := s.Admit(ctx, "k1", time.Minute, "w", hop); err != nil || a.State != store.Pending || a.Debited || a.DebitErr != nil {
 		t.Fatalf("Admit of a pending key = %+v, %v; want pending, no debit", a, err)
 	}
-	if err := s.Complete(ctx, "k1", []byte("result-1"), 0); err != nil {
+	if a.Owner == "" {
+		t.Fatalf("first Admit claimed k1 with no owner token: %+v", a)
+	}
+	if err := s.Complete(ctx, "k1", a.Owner, []byte("result-1"), 0); err != nil {
 		t.Fatal(err)
 	}
 	if a, err := s.Admit(ctx, "k1", time.Minute, "w", hop); err != nil || a.State != store.Done || string(a.Value) != "result-1" || a.Debited {
@@ -581,10 +610,11 @@ func testAdmit(t *testing.T, s store.Store) {
 			t.Fatal(err)
 		}
 	}
-	if a, err := s.Admit(ctx, "kp", time.Minute, "w2", hop); err != nil || !a.Debited || a.Paid || a.Wallet.GetHopsRemaining() != 4 {
+	a, err = s.Admit(ctx, "kp", time.Minute, "w2", hop)
+	if err != nil || !a.Debited || a.Paid || a.Wallet.GetHopsRemaining() != 4 {
 		t.Fatalf("first Admit of kp = %+v, %v; want debited to 4 hops", a, err)
 	}
-	if err := s.Release(ctx, "kp"); err != nil {
+	if err := s.Release(ctx, "kp", a.Owner); err != nil {
 		t.Fatal(err)
 	}
 	a, err = s.Admit(ctx, "kp", time.Minute, "w2", hop)
@@ -594,10 +624,11 @@ func testAdmit(t *testing.T, s store.Store) {
 	if w, _ := s.Wallet(ctx, "w2"); w.GetHopsRemaining() != 4 {
 		t.Fatalf("w2 holds %d hops after a retried key; want 4 (charged once)", w.GetHopsRemaining())
 	}
-	if err := s.Release(ctx, "kp"); err != nil {
+	if err := s.Release(ctx, "kp", a.Owner); err != nil {
 		t.Fatal(err)
 	}
-	if a, err := s.Admit(ctx, "kp", time.Minute, "w3", hop); err != nil || !a.Debited || a.Paid || a.Wallet.GetHopsRemaining() != 4 {
+	a, err = s.Admit(ctx, "kp", time.Minute, "w3", hop)
+	if err != nil || !a.Debited || a.Paid || a.Wallet.GetHopsRemaining() != 4 {
 		t.Fatalf("Admit of kp from another wallet = %+v, %v; want a debit of its own", a, err)
 	}
 	// Unpay (the hop ran and failed): the next Admit of the key is a new hop, debited again.
@@ -607,7 +638,7 @@ func testAdmit(t *testing.T, s store.Store) {
 	if err := s.Unpay(ctx, "nobody", "nothing"); err != nil {
 		t.Fatalf("Unpay of an unknown wallet and key = %v, want nil", err)
 	}
-	if err := s.Release(ctx, "kp"); err != nil {
+	if err := s.Release(ctx, "kp", a.Owner); err != nil {
 		t.Fatal(err)
 	}
 	if a, err := s.Admit(ctx, "kp", time.Minute, "w2", hop); err != nil || !a.Debited || a.Paid || a.Wallet.GetHopsRemaining() != 3 {
@@ -693,4 +724,94 @@ func RaceDebits(t *testing.T, stores []store.Store, id string, d store.Debit) (o
 	}
 	wg.Wait()
 	return okN.Load(), emptyN.Load()
+}
+
+// testClaimOwner: a holder whose claim lapsed while another caller claimed the key can
+// neither renew, release nor complete that caller's claim (ErrNotOwner, nothing written),
+// nor write its ledger entry and record; the new owner's record is never overwritten.
+func testClaimOwner(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	st, _, stale, err := s.Claim(ctx, "k-own", 100*time.Millisecond)
+	if err != nil || st != store.Claimed || stale == "" {
+		t.Fatalf("Claim = %v, owner %q, %v", st, stale, err)
+	}
+	time.Sleep(200 * time.Millisecond) // the first holder stalls: its claim lapses
+	st, _, owner, err := s.Claim(ctx, "k-own", time.Minute)
+	if err != nil || st != store.Claimed || owner == "" || owner == stale {
+		t.Fatalf("Claim after the lapse = %v, owner %q (stale %q), %v; want claimed under a new token", st, owner, stale, err)
+	}
+	pendingUnder := func(what, who string) {
+		t.Helper()
+		if st, _, _ := s.Lookup(ctx, "k-own"); st != store.Pending {
+			t.Fatalf("after %s the key is %v; want still pending", what, st)
+		}
+		if ok, err := s.RenewClaim(ctx, "k-own", who, time.Minute); err != nil || !ok {
+			t.Fatalf("after %s the claim is not %s's: RenewClaim = %v, %v", what, who, ok, err)
+		}
+	}
+	if ok, err := s.RenewClaim(ctx, "k-own", stale, time.Minute); ok || !errors.Is(err, store.ErrNotOwner) {
+		t.Fatalf("stale RenewClaim = %v, %v; want false, ErrNotOwner", ok, err)
+	}
+	pendingUnder("a stale renewal", owner)
+	if err := s.Complete(ctx, "k-own", stale, []byte("stale"), 0); !errors.Is(err, store.ErrNotOwner) {
+		t.Fatalf("stale Complete = %v; want ErrNotOwner", err)
+	}
+	pendingUnder("a stale Complete", owner)
+	if err := s.Release(ctx, "k-own", stale); !errors.Is(err, store.ErrNotOwner) {
+		t.Fatalf("stale Release = %v; want ErrNotOwner", err)
+	}
+	pendingUnder("a stale Release", owner)
+	if _, _, err := s.AppendLedgerComplete(ctx, "ledger-own", []byte("stale"), "k-own", stale, 0, receiptOf); !errors.Is(err, store.ErrNotOwner) {
+		t.Fatalf("stale AppendLedgerComplete = %v; want ErrNotOwner", err)
+	}
+	pendingUnder("a stale AppendLedgerComplete", owner)
+	if _, ok := ledgerByKey(t, s)["ledger-own"]; ok {
+		t.Fatal("a stale AppendLedgerComplete made its ledger entry")
+	}
+	if err := s.Complete(ctx, "k-own", owner, []byte("new"), 0); err != nil {
+		t.Fatalf("the owner's Complete = %v", err)
+	}
+	if err := s.Complete(ctx, "k-own", stale, []byte("stale"), 0); !errors.Is(err, store.ErrNotOwner) {
+		t.Fatalf("stale Complete after the owner's = %v; want ErrNotOwner", err)
+	}
+	if err := s.Complete(ctx, "k-own", owner, []byte("other"), 0); !errors.Is(err, store.ErrNotOwner) {
+		t.Fatalf("Complete of a done key with another result = %v; want ErrNotOwner", err)
+	}
+	if _, _, err := s.AppendLedgerComplete(ctx, "ledger-own", []byte("stale"), "k-own", stale, 0, receiptOf); !errors.Is(err, store.ErrNotOwner) {
+		t.Fatalf("stale AppendLedgerComplete of a done key = %v; want ErrNotOwner", err)
+	}
+	if err := s.Release(ctx, "k-own", stale); err != nil {
+		t.Fatalf("Release of a done key = %v; want nil (a done record is never released)", err)
+	}
+	if st, v, _ := s.Lookup(ctx, "k-own"); st != store.Done || string(v) != "new" {
+		t.Fatalf("record = %v %q; want the owner's, done with %q", st, v, "new")
+	}
+	if _, ok := ledgerByKey(t, s)["ledger-own"]; ok {
+		t.Fatal("a stale AppendLedgerComplete of a done key made its ledger entry")
+	}
+
+	// A claim that lapsed with nobody claiming the key since: its holder still completes
+	// it (its result is the key's first), and releases it.
+	st, _, late, _ := s.Claim(ctx, "k-late", 50*time.Millisecond)
+	if st != store.Claimed {
+		t.Fatalf("Claim k-late = %v", st)
+	}
+	time.Sleep(120 * time.Millisecond)
+	if err := s.Complete(ctx, "k-late", late, []byte("late"), 0); err != nil {
+		t.Fatalf("Complete of a lapsed claim nobody took = %v", err)
+	}
+	if st, v, _ := s.Lookup(ctx, "k-late"); st != store.Done || string(v) != "late" {
+		t.Fatalf("record = %v %q; want done with %q", st, v, "late")
+	}
+	if err := s.Release(ctx, "k-free", "anyone"); err != nil {
+		t.Fatalf("Release of a free key = %v; want nil", err)
+	}
+	for _, c := range []struct{ key, owner string }{{"", "o"}, {"k", ""}} {
+		if err := s.Complete(ctx, c.key, c.owner, []byte("x"), 0); err == nil || errors.Is(err, store.ErrNotOwner) {
+			t.Errorf("Complete(%q, owner %q) = %v; want an argument error", c.key, c.owner, err)
+		}
+		if err := s.Release(ctx, c.key, c.owner); err == nil || errors.Is(err, store.ErrNotOwner) {
+			t.Errorf("Release(%q, owner %q) = %v; want an argument error", c.key, c.owner, err)
+		}
+	}
 }

@@ -71,10 +71,11 @@ func testVerdicts(t *testing.T, s store.Store) {
 	// A done key is checked too: a reset package is not answered with the stored result
 	// without a word.
 	d := store.Debit{Hops: 1, RequireMoney: true, Job: "job-v", CheckVerdict: true}
-	if _, err := s.Admit(ctx, "kv-done", time.Minute, "", store.Debit{}); err != nil {
+	claimed, err := s.Admit(ctx, "kv-done", time.Minute, "", store.Debit{})
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Complete(ctx, "kv-done", []byte("first"), 0); err != nil {
+	if err := s.Complete(ctx, "kv-done", claimed.Owner, []byte("first"), 0); err != nil {
 		t.Fatal(err)
 	}
 	if a, err := s.Admit(ctx, "kv-done", time.Minute, "wv", d); err != nil || a.State != store.Done || !errors.Is(a.DebitErr, store.ErrSilentReset) {
