@@ -31,13 +31,14 @@ func TestReclaimChild(t *testing.T) {
 	if ok, err := s.AcquireLease(ctx, "run:r1", "dead-replica", time.Hour); err != nil || !ok {
 		t.Fatalf("AcquireLease = %v, %v", ok, err)
 	}
-	if st, _, err := s.Claim(ctx, "job1:writeback:summary", time.Hour); err != nil || st != Claimed {
+	if st, _, _, err := s.Claim(ctx, "job1:writeback:summary", time.Hour); err != nil || st != Claimed {
 		t.Fatalf("Claim = %v, %v", st, err)
 	}
-	if _, _, err := s.Claim(ctx, "job1:triage", time.Hour); err != nil {
+	_, _, owner, err := s.Claim(ctx, "job1:triage", time.Hour)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Complete(ctx, "job1:triage", []byte("receipt"), 0); err != nil {
+	if err := s.Complete(ctx, "job1:triage", owner, []byte("receipt"), 0); err != nil {
 		t.Fatal(err)
 	}
 	os.Stdout.WriteString("held\n")
@@ -78,10 +79,10 @@ func TestOpenReleasesDeadHolders(t *testing.T) {
 	if ok, err := s.AcquireLease(ctx, "run:r1", "new-replica", time.Minute); err != nil || !ok {
 		t.Errorf("AcquireLease of the dead holder's run = %v, %v; want it free at open", ok, err)
 	}
-	if st, _, err := s.Claim(ctx, "job1:writeback:summary", time.Minute); err != nil || st != Claimed {
+	if st, _, _, err := s.Claim(ctx, "job1:writeback:summary", time.Minute); err != nil || st != Claimed {
 		t.Errorf("Claim of the dead holder's pending key = %v, %v; want Claimed", st, err)
 	}
-	if st, v, err := s.Claim(ctx, "job1:triage", time.Minute); err != nil || st != Done || string(v) != "receipt" {
+	if st, v, _, err := s.Claim(ctx, "job1:triage", time.Minute); err != nil || st != Done || string(v) != "receipt" {
 		t.Errorf("Claim of the completed key = %v %q, %v; want Done with its receipt", st, v, err)
 	}
 }
@@ -102,7 +103,7 @@ func TestReclaimKeepsLiveHolders(t *testing.T) {
 		t.Error("a second owner took a live lease")
 	}
 	s.Claim(ctx, "k", time.Minute)
-	if st, _, _ := s.Claim(ctx, "k", time.Minute); st != Pending {
+	if st, _, _, _ := s.Claim(ctx, "k", time.Minute); st != Pending {
 		t.Errorf("second Claim = %v; want Pending", st)
 	}
 }
