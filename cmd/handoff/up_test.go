@@ -233,3 +233,23 @@ func TestUpTestOnlyVia(t *testing.T) {
 		}
 	}
 }
+
+// The test-only -via flags send the coordinator's calls, with its signed service tokens
+// (bearer tokens good for 5 minutes at the agent runner and the writeback, no replay
+// check) and the handoff packages, in plaintext to the address given. They are for a
+// proxy on this machine only: an address off loopback, or one that cannot be dialed
+// (port 0), is refused naming the flag and the value, before anything starts.
+func TestUpTestViaLoopbackOnly(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // a value that is (wrongly) accepted starts the stack and stops at once
+	for _, flagName := range []string{"--test-agentrunner-via", "--test-writeback-via"} {
+		for _, v := range []string{"203.0.113.7:50051", "example.com:443", "[2001:db8::1]:50051", "0.0.0.0:50051", "127.0.0.1:0"} {
+			var errs bytes.Buffer
+			args := []string{flagName, v, "--data", t.TempDir(), "--coordinator-listen", "127.0.0.1:0", "--agentrunner-listen", "127.0.0.1:0",
+				"--writeback-listen", "127.0.0.1:0", "--web-listen", "", "--metrics-listen", ""}
+			if code := up(ctx, args, &bytes.Buffer{}, &errs); code != 2 || !strings.Contains(errs.String(), flagName+` "`+v+`"`) {
+				t.Errorf("up %s %s = %d %q; want 2 naming the flag and the value (loopback only)", flagName, v, code, errs.String())
+			}
+		}
+	}
+}
