@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os/signal"
 	"slices"
 	"syscall"
@@ -15,6 +16,7 @@ import (
 	"github.com/handoffhq/handoff/internal/config"
 	"github.com/handoffhq/handoff/internal/interceptor/identity"
 	"github.com/handoffhq/handoff/internal/pipeline"
+	"github.com/handoffhq/handoff/internal/rpc"
 	"github.com/handoffhq/handoff/internal/server"
 	"github.com/handoffhq/handoff/internal/stack"
 	"github.com/handoffhq/handoff/internal/telemetry"
@@ -90,7 +92,7 @@ func up(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		if v == "" {
 			continue
 		}
-		if err := config.HostPort(name, v); err != nil {
+		if err := testViaAddr(name, v); err != nil {
 			fmt.Fprintln(stderr, "handoff up:", err)
 			return 2
 		}
@@ -159,6 +161,23 @@ const (
 )
 
 var testOnlyUpFlags = []string{flagTestRunnerVia, flagTestWritebackVia}
+
+// testViaAddr checks a test-only -via address: the coordinator sends its calls there in
+// plaintext, with its signed service tokens (bearer tokens good for minutes at the agent
+// runner and the writeback) and the packages, so only a loopback address (a test's proxy
+// on this machine) with a port that can be dialed is taken.
+func testViaAddr(name, v string) error {
+	if err := config.HostPort(name, v); err != nil {
+		return err
+	}
+	if _, port, _ := net.SplitHostPort(v); port == "0" {
+		return fmt.Errorf("--%s %q: port 0 cannot be dialed", name, v)
+	}
+	if !rpc.IsLoopback(v) {
+		return fmt.Errorf("--%s %q: want a loopback address (127.0.0.1, [::1] or localhost): the coordinator's calls and tokens go there in plaintext", name, v)
+	}
+	return nil
+}
 
 // printDefaultsExcept is fs.PrintDefaults without the flags named in hidden.
 func printDefaultsExcept(fs *flag.FlagSet, w io.Writer, hidden []string) {
