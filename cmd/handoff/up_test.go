@@ -20,6 +20,7 @@ import (
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/config"
+	"github.com/handoffhq/handoff/internal/crashpoint"
 	"github.com/handoffhq/handoff/internal/stack"
 )
 
@@ -250,6 +251,25 @@ func TestUpTestViaLoopbackOnly(t *testing.T) {
 			if code := up(ctx, args, &bytes.Buffer{}, &errs); code != 2 || !strings.Contains(errs.String(), flagName+` "`+v+`"`) {
 				t.Errorf("up %s %s = %d %q; want 2 naming the flag and the value (loopback only)", flagName, v, code, errs.String())
 			}
+		}
+	}
+}
+
+// The test-only -via flags are refused by a handoff built for release (without -tags
+// crashpoints, which `handoff chaos` builds with): hidden from --help is not enough for
+// flags that send the coordinator's tokens elsewhere. Only tests and chaos builds have them.
+func TestUpTestViaRefusedInReleaseBuild(t *testing.T) {
+	if crashpoint.Enabled {
+		t.Skip("a -tags crashpoints build has the test-only flags")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, flagName := range []string{"--test-agentrunner-via", "--test-writeback-via"} {
+		var errs bytes.Buffer
+		args := []string{flagName, "127.0.0.1:1", "--data", t.TempDir(), "--coordinator-listen", "127.0.0.1:0", "--agentrunner-listen", "127.0.0.1:0",
+			"--writeback-listen", "127.0.0.1:0", "--web-listen", "", "--metrics-listen", ""}
+		if code := up(ctx, args, &bytes.Buffer{}, &errs); code != 2 || !strings.Contains(errs.String(), flagName) || !strings.Contains(errs.String(), "crashpoints") {
+			t.Errorf("up %s in a release build = %d %q; want 2 naming the flag and the build it needs", flagName, code, errs.String())
 		}
 	}
 }
