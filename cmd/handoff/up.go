@@ -14,6 +14,7 @@ import (
 	"syscall"
 
 	"github.com/handoffhq/handoff/internal/config"
+	"github.com/handoffhq/handoff/internal/crashpoint"
 	"github.com/handoffhq/handoff/internal/interceptor/identity"
 	"github.com/handoffhq/handoff/internal/pipeline"
 	"github.com/handoffhq/handoff/internal/rpc"
@@ -66,8 +67,9 @@ func up(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		printDefaultsExcept(fs, stderr, testOnlyUpFlags)
 	}
 	var f stackFlags
-	// Test-only, left out of --help and without an environment variable: the addresses
-	// the coordinator dials for the agent runner and the writeback, instead of their own
+	// Test-only, left out of --help and without an environment variable, refused by a
+	// build without -tags crashpoints and off loopback (testViaAddr): the addresses the
+	// coordinator dials for the agent runner and the writeback, instead of their own
 	// listeners. `handoff chaos --store bbolt` puts its hop proxy there.
 	var runnerVia, wbVia string
 	fs.StringVar(&runnerVia, flagTestRunnerVia, "", "")
@@ -162,11 +164,18 @@ const (
 
 var testOnlyUpFlags = []string{flagTestRunnerVia, flagTestWritebackVia}
 
+// testViaAllowed: the test-only flags work only in a build with -tags crashpoints (the
+// one `handoff chaos` makes), and in this package's tests; a release build refuses them.
+var testViaAllowed = crashpoint.Enabled
+
 // testViaAddr checks a test-only -via address: the coordinator sends its calls there in
 // plaintext, with its signed service tokens (bearer tokens good for minutes at the agent
 // runner and the writeback) and the packages, so only a loopback address (a test's proxy
 // on this machine) with a port that can be dialed is taken.
 func testViaAddr(name, v string) error {
+	if !testViaAllowed {
+		return fmt.Errorf("--%s: a test-only flag, only in a build with -tags crashpoints (as handoff chaos builds it)", name)
+	}
 	if err := config.HostPort(name, v); err != nil {
 		return err
 	}

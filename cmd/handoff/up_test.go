@@ -153,6 +153,7 @@ func TestStackOtelGenAI(t *testing.T) {
 // --store bbolt`'s hop proxy) are left out of --help; a bad address is refused naming the
 // flag; and the coordinator dials the runner at the given address, not its own listener.
 func TestUpTestOnlyVia(t *testing.T) {
+	allowTestVia(t)
 	var out, errs bytes.Buffer
 	if code := up(context.Background(), []string{"--help"}, &out, &errs); code != 0 || strings.Contains(out.String()+errs.String(), "-via") || !strings.Contains(errs.String(), "--data") && !strings.Contains(errs.String(), "-data") {
 		t.Fatalf("up --help = %d, printed %q; want the flags without the test-only -via ones", code, out.String()+errs.String())
@@ -241,6 +242,7 @@ func TestUpTestOnlyVia(t *testing.T) {
 // proxy on this machine only: an address off loopback, or one that cannot be dialed
 // (port 0), is refused naming the flag and the value, before anything starts.
 func TestUpTestViaLoopbackOnly(t *testing.T) {
+	allowTestVia(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel() // a value that is (wrongly) accepted starts the stack and stops at once
 	for _, flagName := range []string{"--test-agentrunner-via", "--test-writeback-via"} {
@@ -272,4 +274,10 @@ func TestUpTestViaRefusedInReleaseBuild(t *testing.T) {
 			t.Errorf("up %s in a release build = %d %q; want 2 naming the flag and the build it needs", flagName, code, errs.String())
 		}
 	}
+}
+
+// allowTestVia lets this test use the test-only flags, as a -tags crashpoints build does.
+func allowTestVia(t *testing.T) {
+	defer func(v bool) { t.Cleanup(func() { testViaAllowed = v }) }(testViaAllowed)
+	testViaAllowed = true
 }
