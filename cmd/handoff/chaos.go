@@ -77,7 +77,8 @@ Flags:
   --seed N             seed of the re-delivery choice (default random)
   --bin DIR            prebuilt coordinator, agentrunner and writeback binaries (the
                        writeback built with -tags crashpoints unless --target sink); on
-                       bbolt a prebuilt handoff binary (the same way)
+                       bbolt a prebuilt handoff binary, built with -tags crashpoints
+                       whatever the target (up's test-only flags need it)
   --redis-server PATH  redis-server binary (default: found on PATH)
   --dir DIR            work folder, kept (default: a temporary one, removed unless --keep
                        or the run failed)

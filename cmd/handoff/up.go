@@ -8,13 +8,16 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os/signal"
 	"slices"
 	"syscall"
 
 	"github.com/handoffhq/handoff/internal/config"
+	"github.com/handoffhq/handoff/internal/crashpoint"
 	"github.com/handoffhq/handoff/internal/interceptor/identity"
 	"github.com/handoffhq/handoff/internal/pipeline"
+	"github.com/handoffhq/handoff/internal/rpc"
 	"github.com/handoffhq/handoff/internal/server"
 	"github.com/handoffhq/handoff/internal/stack"
 	"github.com/handoffhq/handoff/internal/telemetry"
@@ -64,8 +67,9 @@ func up(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		printDefaultsExcept(fs, stderr, testOnlyUpFlags)
 	}
 	var f stackFlags
-	// Test-only, left out of --help and without an environment variable: the addresses
-	// the coordinator dials for the agent runner and the writeback, instead of their own
+	// Test-only, left out of --help and without an environment variable, refused by a
+	// build without -tags crashpoints and off loopback (testViaAddr): the addresses the
+	// coordinator dials for the agent runner and the writeback, instead of their own
 	// listeners. `handoff chaos --store bbolt` puts its hop proxy there.
 	var runnerVia, wbVia string
 	fs.StringVar(&runnerVia, flagTestRunnerVia, "", "")
@@ -90,7 +94,7 @@ func up(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		if v == "" {
 			continue
 		}
-		if err := config.HostPort(name, v); err != nil {
+		if err := testViaAddr(name, v); err != nil {
 			fmt.Fprintln(stderr, "handoff up:", err)
 			return 2
 		}
@@ -159,6 +163,30 @@ const (
 )
 
 var testOnlyUpFlags = []string{flagTestRunnerVia, flagTestWritebackVia}
+
+// testViaAllowed: the test-only flags work only in a build with -tags crashpoints (the
+// one `handoff chaos` makes), and in this package's tests; a release build refuses them.
+var testViaAllowed = crashpoint.Enabled
+
+// testViaAddr checks a test-only -via address: the coordinator sends its calls there in
+// plaintext, with its signed service tokens (bearer tokens good for minutes at the agent
+// runner and the writeback) and the packages, so only a loopback address (a test's proxy
+// on this machine) with a port that can be dialed is taken.
+func testViaAddr(name, v string) error {
+	if !testViaAllowed {
+		return fmt.Errorf("--%s: a test-only flag, only in a build with -tags crashpoints (as handoff chaos builds it)", name)
+	}
+	if err := config.HostPort(name, v); err != nil {
+		return err
+	}
+	if _, port, _ := net.SplitHostPort(v); port == "0" {
+		return fmt.Errorf("--%s %q: port 0 cannot be dialed", name, v)
+	}
+	if !rpc.IsLoopback(v) {
+		return fmt.Errorf("--%s %q: want a loopback address (127.0.0.1, [::1] or localhost): the coordinator's calls and tokens go there in plaintext", name, v)
+	}
+	return nil
+}
 
 // printDefaultsExcept is fs.PrintDefaults without the flags named in hidden.
 func printDefaultsExcept(fs *flag.FlagSet, w io.Writer, hidden []string) {

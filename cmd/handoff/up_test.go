@@ -20,6 +20,7 @@ import (
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/config"
+	"github.com/handoffhq/handoff/internal/crashpoint"
 	"github.com/handoffhq/handoff/internal/stack"
 )
 
@@ -152,6 +153,7 @@ func TestStackOtelGenAI(t *testing.T) {
 // --store bbolt`'s hop proxy) are left out of --help; a bad address is refused naming the
 // flag; and the coordinator dials the runner at the given address, not its own listener.
 func TestUpTestOnlyVia(t *testing.T) {
+	allowTestVia(t)
 	var out, errs bytes.Buffer
 	if code := up(context.Background(), []string{"--help"}, &out, &errs); code != 0 || strings.Contains(out.String()+errs.String(), "-via") || !strings.Contains(errs.String(), "--data") && !strings.Contains(errs.String(), "-data") {
 		t.Fatalf("up --help = %d, printed %q; want the flags without the test-only -via ones", code, out.String()+errs.String())
@@ -232,4 +234,50 @@ func TestUpTestOnlyVia(t *testing.T) {
 			t.Fatalf("the job made no hop through the relay: %v %v", j, err)
 		}
 	}
+}
+
+// The test-only -via flags send the coordinator's calls, with its signed service tokens
+// (bearer tokens good for 5 minutes at the agent runner and the writeback, no replay
+// check) and the handoff packages, in plaintext to the address given. They are for a
+// proxy on this machine only: an address off loopback, or one that cannot be dialed
+// (port 0), is refused naming the flag and the value, before anything starts.
+func TestUpTestViaLoopbackOnly(t *testing.T) {
+	allowTestVia(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // a value that is (wrongly) accepted starts the stack and stops at once
+	for _, flagName := range []string{"--test-agentrunner-via", "--test-writeback-via"} {
+		for _, v := range []string{"203.0.113.7:50051", "example.com:443", "[2001:db8::1]:50051", "0.0.0.0:50051", "127.0.0.1:0"} {
+			var errs bytes.Buffer
+			args := []string{flagName, v, "--data", t.TempDir(), "--coordinator-listen", "127.0.0.1:0", "--agentrunner-listen", "127.0.0.1:0",
+				"--writeback-listen", "127.0.0.1:0", "--web-listen", "", "--metrics-listen", ""}
+			if code := up(ctx, args, &bytes.Buffer{}, &errs); code != 2 || !strings.Contains(errs.String(), flagName+` "`+v+`"`) {
+				t.Errorf("up %s %s = %d %q; want 2 naming the flag and the value (loopback only)", flagName, v, code, errs.String())
+			}
+		}
+	}
+}
+
+// The test-only -via flags are refused by a handoff built for release (without -tags
+// crashpoints, which `handoff chaos` builds with): hidden from --help is not enough for
+// flags that send the coordinator's tokens elsewhere. Only tests and chaos builds have them.
+func TestUpTestViaRefusedInReleaseBuild(t *testing.T) {
+	if crashpoint.Enabled {
+		t.Skip("a -tags crashpoints build has the test-only flags")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, flagName := range []string{"--test-agentrunner-via", "--test-writeback-via"} {
+		var errs bytes.Buffer
+		args := []string{flagName, "127.0.0.1:1", "--data", t.TempDir(), "--coordinator-listen", "127.0.0.1:0", "--agentrunner-listen", "127.0.0.1:0",
+			"--writeback-listen", "127.0.0.1:0", "--web-listen", "", "--metrics-listen", ""}
+		if code := up(ctx, args, &bytes.Buffer{}, &errs); code != 2 || !strings.Contains(errs.String(), flagName) || !strings.Contains(errs.String(), "crashpoints") {
+			t.Errorf("up %s in a release build = %d %q; want 2 naming the flag and the build it needs", flagName, code, errs.String())
+		}
+	}
+}
+
+// allowTestVia lets this test use the test-only flags, as a -tags crashpoints build does.
+func allowTestVia(t *testing.T) {
+	defer func(v bool) { t.Cleanup(func() { testViaAllowed = v }) }(testViaAllowed)
+	testViaAllowed = true
 }

@@ -410,8 +410,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			return nil, fmt.Errorf("binary %s: %w", b, err)
 		}
 	}
-	if cfg.uses(TargetLedger) {
+	// On bbolt the one handoff binary needs crash points whatever the target: a release
+	// build refuses up's test-only -via flags, which put the hop proxy in place.
+	if cfg.uses(TargetLedger) || lay.oneProcess {
 		if err := checkCrashpoints(filepath.Join(bin, lay.crashBin)); err != nil {
+			if lay.oneProcess {
+				err = fmt.Errorf("%w; on bbolt, with any target: handoff up's test-only --test-agentrunner-via and --test-writeback-via are only in such a build", err)
+			}
 			return nil, err
 		}
 	}

@@ -3,6 +3,7 @@ package store
 import (
 	"bufio"
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -105,5 +106,40 @@ func TestReclaimKeepsLiveHolders(t *testing.T) {
 	s.Claim(ctx, "k", time.Minute)
 	if st, _, _, _ := s.Claim(ctx, "k", time.Minute); st != Pending {
 		t.Errorf("second Claim = %v; want Pending", st)
+	}
+}
+
+// TestSecondOpenInProcessReleasesNothing: the release at open rests on the file's lock
+// keeping out every other opener while a holder lives, this process's own goroutines
+// included (bbolt's flock is per open file, not per process). A second Open of a file
+// this process has open waits for the lock, fails with ErrHeld, and releases nothing: the
+// first opener's lease and pending claim still hold.
+func TestSecondOpenInProcessReleasesNothing(t *testing.T) {
+	defer func(w time.Duration) { lockWait = w }(lockWait)
+	lockWait = 200 * time.Millisecond
+	path := filepath.Join(t.TempDir(), "handoff.db")
+	first, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Close()
+	ctx := context.Background()
+	if ok, err := first.AcquireLease(ctx, "run:r1", "live", time.Minute); err != nil || !ok {
+		t.Fatalf("AcquireLease = %v, %v", ok, err)
+	}
+	if st, _, err := first.Claim(ctx, "job1:writeback:summary", time.Minute); err != nil || st != Claimed {
+		t.Fatalf("Claim = %v, %v", st, err)
+	}
+	if second, err := Open(path); !errors.Is(err, ErrHeld) {
+		if second != nil {
+			second.Close()
+		}
+		t.Fatalf("second Open in this process = %v; want ErrHeld", err)
+	}
+	if ok, _ := first.AcquireLease(ctx, "run:r1", "other", time.Minute); ok {
+		t.Error("the live lease was released by a second opener")
+	}
+	if st, _, _ := first.Claim(ctx, "job1:writeback:summary", time.Minute); st != Pending {
+		t.Errorf("the live claim is %v after a second opener; want Pending", st)
 	}
 }
