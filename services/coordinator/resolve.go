@@ -165,6 +165,16 @@ func (s *Server) hold(ctx context.Context, runID string) (context.Context, func(
 	if s.stopped() {
 		return nil, nil, status.Error(codes.Unavailable, "coordinator is shutting down")
 	}
+	// A nested run is its parent driver's: fenced by that driver's epoch (subjob.go), which
+	// a fence of the decision's own would take from it, and driven by it only, so a run a
+	// decision saved RUNNING would wait for a driver forever. Its escalation escalated the
+	// parent, where it is decided. Its parent is set when it is created and never changes,
+	// so this read needs no fence.
+	if j, err := s.opts.Store.GetRun(ctx, runID); err != nil {
+		return nil, nil, storeErr(err, runID)
+	} else if p := j.GetParentRunId(); p != "" {
+		return nil, nil, status.Errorf(codes.FailedPrecondition, "run %s is the nested run of a sub-job of run %s: its parent's driver drives it, and its escalation is decided on run %s", runID, p, p)
+	}
 	// Hold the run like a driver does: reserved in this process, leased across replicas.
 	// A driver that just escalated the run may still be releasing it: wait a little.
 	for wait := time.Now().Add(3 * time.Second); ; {
