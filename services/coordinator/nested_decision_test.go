@@ -64,3 +64,34 @@ func TestDecisionOnNestedRunRefused(t *testing.T) {
 		})
 	}
 }
+
+// TestDecisionOnMissingRunFencesNothing: a claim or decision naming a run that does not
+// exist is NotFound and leaves nothing behind: no fence of the missing run (a caller could
+// otherwise make the store keep a fence for every id it invents), so the first driver of a
+// run by that id later takes its first epoch.
+func TestDecisionOnMissingRunFencesNothing(t *testing.T) {
+	e := startOp(t, 0, nil)
+	ctx := context.Background()
+	calls := map[string]func(runID string) error{
+		"claim": func(id string) error {
+			_, err := e.client.ClaimEscalation(op(), &handoffv1.ClaimEscalationRequest{RunId: id, Escalation: 1})
+			return err
+		},
+		"resolve": func(id string) error {
+			_, err := e.client.ResolveEscalation(op(), &handoffv1.ResolveEscalationRequest{RunId: id, Operator: "bo", Escalation: 1,
+				Action: &handoffv1.ResolveEscalationRequest_Fail{Fail: &handoffv1.FailAction{Reason: "r"}}})
+			return err
+		},
+	}
+	for name, call := range calls {
+		t.Run(name, func(t *testing.T) {
+			id := "run_invented_" + name
+			if err := call(id); status.Code(err) != codes.NotFound {
+				t.Errorf("%s of a missing run = %v; want NotFound", name, err)
+			}
+			if epoch, err := e.st.Store.FenceRun(ctx, id); err != nil || epoch != 1 {
+				t.Errorf("the missing run's next epoch = %d, %v; want 1 (no fence left behind)", epoch, err)
+			}
+		})
+	}
+}
