@@ -192,11 +192,13 @@ func (s *Server) hold(ctx context.Context, runID string) (context.Context, func(
 	}
 	l := &lease{s: s, name: leaseName(runID)}
 	held, released := false, false
+	stopKeep := func() {}
 	release := func() {
 		if released {
 			return // the run may be a driver's by now: its reservation is not ours to drop
 		}
 		released = true
+		stopKeep()
 		if held {
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseTimeout)
 			if err := s.opts.Store.ReleaseLease(rctx, l.name, s.opts.Owner); err != nil {
@@ -226,6 +228,15 @@ func (s *Server) hold(ctx context.Context, runID string) (context.Context, func(
 		release()
 		return nil, nil, status.Errorf(codes.Unavailable, "store: fence run %s: %v", runID, err)
 	}
+	// Kept as a driver keeps its lease, until release: a decision can outlast one lease
+	// TTL (an edit stored, a PII scan, the inline writeback hop), and a lease that lapsed
+	// under it would be taken over and fenced past the decision's epoch, refusing its save.
+	// A renewal that finds the lease taken only stops renewing: the decision's fenced save
+	// then says so.
+	kctx, lose := context.WithCancelCause(context.WithoutCancel(ctx))
+	kept := make(chan struct{})
+	go func() { defer close(kept); l.keep(kctx, lose, runID) }()
+	stopKeep = func() { lose(nil); <-kept }
 	return withEpoch(ctx, epoch), release, nil
 }
 
