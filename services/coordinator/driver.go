@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -578,13 +579,54 @@ func (s *Server) finish(ctx context.Context, job *handoffv1.Job, state handoffv1
 	default:
 		ev.Kind = handoffv1.EventKind_EVENT_KIND_FAILED
 	}
+	var orphans []*handoffv1.SubJobRef
+	if state != handoffv1.JobState_JOB_STATE_ESCALATED { // an escalated parent may resume its nested run (a return to its stage)
+		for _, c := range job.GetChildren() {
+			if c.GetState() == handoffv1.JobState_JOB_STATE_RUNNING {
+				c.State = handoffv1.JobState_JOB_STATE_FAILED
+				orphans = append(orphans, c)
+			}
+		}
+	}
 	s.later(job, ev) // the terminal state and its event in one write, or neither
 	if err := s.save(ctx, job); err != nil {
+		for _, c := range orphans {
+			c.State = handoffv1.JobState_JOB_STATE_RUNNING // not saved: as it was
+		}
 		return err
 	}
 	if s.log.Enabled(ctx, slog.LevelInfo) { // built only when written: every job passes here
 		s.log.Info("job ended", "run_id", job.GetRunId(), "job_id", job.GetJobId(), "state", state.String(), "stage", job.GetStage(), "detail", detail,
 			"trace_id", traceparent.TraceID(job.GetTraceparent()))
 	}
+	for _, c := range orphans {
+		s.endChild(ctx, job, c.GetRunId())
+	}
 	return nil
+}
+
+// endChild fails the nested run runID that its parent job left RUNNING as it ended (its
+// deadline passed, or a person failed it, before its subjob stage resumed the nested run):
+// nothing else would ever end it, since only its parent's driver drives a nested run and
+// decisions on it are refused. It is fenced and saved under the parent's epoch, as the
+// subjob stage saves it. Best effort: the parent has ended already, so a failure is logged.
+func (s *Server) endChild(ctx context.Context, job *handoffv1.Job, runID string) {
+	err := func() error {
+		if epoch, ok := epochOf(ctx); ok {
+			if err := s.opts.Store.FenceRunAt(ctx, runID, epoch); err != nil {
+				return err
+			}
+		}
+		child, err := s.opts.Store.GetRun(ctx, runID)
+		if errors.Is(err, store.ErrNotFound) || err == nil && terminal(child.GetState()) {
+			return nil
+		} else if err != nil {
+			return err
+		}
+		return s.finish(context.WithValue(ctx, subJobKey{}, true), child, handoffv1.JobState_JOB_STATE_FAILED, nil,
+			fmt.Sprintf("its parent run %s ended %s", job.GetRunId(), strings.TrimPrefix(job.GetState().String(), "JOB_STATE_")), nil)
+	}()
+	if err != nil {
+		s.log.Warn("could not end the nested run of an ended parent; it stays RUNNING", "run_id", runID, "parent_run_id", job.GetRunId(), "err", err)
+	}
 }

@@ -165,6 +165,16 @@ func (s *Server) hold(ctx context.Context, runID string) (context.Context, func(
 	if s.stopped() {
 		return nil, nil, status.Error(codes.Unavailable, "coordinator is shutting down")
 	}
+	// A nested run is its parent driver's: fenced by that driver's epoch (subjob.go), which
+	// a fence of the decision's own would take from it, and driven by it only, so a run a
+	// decision saved RUNNING would wait for a driver forever. Its escalation escalated the
+	// parent, where it is decided. Its parent is set when it is created and never changes,
+	// so this read needs no fence.
+	if j, err := s.opts.Store.GetRun(ctx, runID); err != nil {
+		return nil, nil, storeErr(err, runID)
+	} else if p := j.GetParentRunId(); p != "" {
+		return nil, nil, status.Errorf(codes.FailedPrecondition, "run %s is the nested run of a sub-job of run %s: its parent's driver drives it, and its escalation is decided on run %s", runID, p, p)
+	}
 	// Hold the run like a driver does: reserved in this process, leased across replicas.
 	// A driver that just escalated the run may still be releasing it: wait a little.
 	for wait := time.Now().Add(3 * time.Second); ; {
@@ -182,11 +192,13 @@ func (s *Server) hold(ctx context.Context, runID string) (context.Context, func(
 	}
 	l := &lease{s: s, name: leaseName(runID)}
 	held, released := false, false
+	stopKeep := func() {}
 	release := func() {
 		if released {
 			return // the run may be a driver's by now: its reservation is not ours to drop
 		}
 		released = true
+		stopKeep()
 		if held {
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseTimeout)
 			if err := s.opts.Store.ReleaseLease(rctx, l.name, s.opts.Owner); err != nil {
@@ -216,6 +228,15 @@ func (s *Server) hold(ctx context.Context, runID string) (context.Context, func(
 		release()
 		return nil, nil, status.Errorf(codes.Unavailable, "store: fence run %s: %v", runID, err)
 	}
+	// Kept as a driver keeps its lease, until release: a decision can outlast one lease
+	// TTL (an edit stored, a PII scan, the inline writeback hop), and a lease that lapsed
+	// under it would be taken over and fenced past the decision's epoch, refusing its save.
+	// A renewal that finds the lease taken only stops renewing: the decision's fenced save
+	// then says so.
+	kctx, lose := context.WithCancelCause(context.WithoutCancel(ctx))
+	kept := make(chan struct{})
+	go func() { defer close(kept); l.keep(kctx, lose, runID) }()
+	stopKeep = func() { lose(nil); <-kept }
 	return withEpoch(ctx, epoch), release, nil
 }
 

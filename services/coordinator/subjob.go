@@ -31,6 +31,10 @@ import (
 // the nested run (its own slot on Redis Cluster), so each save checks it in its own
 // script, and a driver of the parent that stalled past its lease can neither save the
 // nested run after the takeover (ErrFenced) nor take it back (its epoch is older).
+//
+// Nothing but its parent's driver ever drives or decides a nested run, so a parent that
+// ends (FAILED or COMPLETED; not ESCALATED, which may return to the subjob stage) with its
+// nested run still RUNNING ends that run FAILED too (finish, endChild).
 
 type subJobKey struct{}
 
