@@ -127,7 +127,7 @@ func TestSecondOpenInProcessReleasesNothing(t *testing.T) {
 	if ok, err := first.AcquireLease(ctx, "run:r1", "live", time.Minute); err != nil || !ok {
 		t.Fatalf("AcquireLease = %v, %v", ok, err)
 	}
-	if st, _, err := first.Claim(ctx, "job1:writeback:summary", time.Minute); err != nil || st != Claimed {
+	if st, _, _, err := first.Claim(ctx, "job1:writeback:summary", time.Minute); err != nil || st != Claimed {
 		t.Fatalf("Claim = %v, %v", st, err)
 	}
 	if second, err := Open(path); !errors.Is(err, ErrHeld) {
@@ -139,7 +139,7 @@ func TestSecondOpenInProcessReleasesNothing(t *testing.T) {
 	if ok, _ := first.AcquireLease(ctx, "run:r1", "other", time.Minute); ok {
 		t.Error("the live lease was released by a second opener")
 	}
-	if st, _, _ := first.Claim(ctx, "job1:writeback:summary", time.Minute); st != Pending {
+	if st, _, _, _ := first.Claim(ctx, "job1:writeback:summary", time.Minute); st != Pending {
 		t.Errorf("the live claim is %v after a second opener; want Pending", st)
 	}
 }
