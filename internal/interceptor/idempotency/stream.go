@@ -45,7 +45,7 @@ func StreamServerInterceptor(st store.Idempotency, opts ...StreamOption) grpc.St
 		panic("idempotency: StreamServerInterceptor: store is nil")
 	}
 	cfg := newStreamConfig(opts)
-	e := &engine{st: st, common: cfg.common}
+	e := newEngine(st, cfg.common)
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 		m, ok := cfg.methods[info.FullMethod]
 		if !ok {
