@@ -181,9 +181,14 @@ func newEngine(st store.Idempotency, c common) *engine {
 	return e
 }
 
-// detached returns ctx without its cancellation and deadline, bounded by d.
+// detached returns ctx without its cancellation and deadline, bounded by d. A ctx that can
+// be neither cancelled nor run out (Done nil, no deadline: already detached, as the stream
+// interceptor's calls are) is bounded as it is, without another layer.
 func detached(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), d)
+	if _, ok := ctx.Deadline(); ok || ctx.Done() != nil {
+		ctx = context.WithoutCancel(ctx)
+	}
+	return context.WithTimeout(ctx, d)
 }
 
 // workContext is the context a handler holding key's claim runs under: detached, bounded
