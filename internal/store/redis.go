@@ -804,24 +804,28 @@ local function pay(wkey, hops, revs, usd, requireMoney, key, job, claimed, check
 end
 `
 
+// luaFlags are a script's "0" and "1" arguments, boxed once: a string variable put in an
+// []any is copied to the heap on every call.
+var luaFlags = [2]any{"0", "1"}
+
+func luaFlag(b bool) any {
+	if b {
+		return luaFlags[1]
+	}
+	return luaFlags[0]
+}
+
 func (s *Redis) Admit(ctx context.Context, key string, pendingTTL time.Duration, walletID string, d Debit) (Admission, error) {
 	if key == "" {
 		return Admission{}, fmt.Errorf("store: empty idempotency key")
 	}
-	keys := []string{s.key("idem", key)}
+	keys := make([]string, 1, 2) // room for the wallet's: one allocation, not two
+	keys[0] = s.key("idem", key)
 	if walletID != "" {
 		keys = append(keys, s.key("wallet", walletID))
 	}
-	require := "0"
-	if d.RequireMoney {
-		require = "1"
-	}
-	check := "0"
-	if d.CheckVerdict {
-		check = "1"
-	}
 	owner := newOwner()
-	args := []any{ttlMillis(pendingTTL), d.Hops, d.Revisions, d.USDMicros, require, key, d.Job, int32(d.Verdict), check, owner}
+	args := []any{ttlMillis(pendingTTL), d.Hops, d.Revisions, d.USDMicros, luaFlag(d.RequireMoney), key, d.Job, int32(d.Verdict), luaFlag(d.CheckVerdict), owner}
 	var res []string
 	var err error
 	if s.cluster && walletID != "" {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -225,4 +226,29 @@ func BenchmarkBoltClaim(b *testing.B) {
 	}
 	b.Cleanup(func() { s.Close() })
 	benchClaim(b, s)
+}
+
+// BenchmarkRedisAdmit: the runner's admission of a fresh key, serial: the claim, the job
+// check and the debit of one wallet in one script, and the Complete after the work, as a
+// hop makes them (allocations per op are the figure; the round trips set the time).
+func BenchmarkRedisAdmit(b *testing.B) {
+	s := storetest.OpenRedis(b)
+	ctx := context.Background()
+	if _, err := s.OpenWallet(ctx, "w-admit", "job-admit", &handoffv1.Budget{HopsRemaining: 1 << 30}); err != nil {
+		b.Fatal(err)
+	}
+	d := store.Debit{Hops: 1, Job: "job-admit", CheckVerdict: true}
+	value := []byte("result of the hop")
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		key := "admit-" + strconv.Itoa(i)
+		a, err := s.Admit(ctx, key, time.Minute, "w-admit", d)
+		if err != nil || a.State != store.Claimed || !a.Debited {
+			b.Fatalf("Admit(%s) = %+v, %v; want claimed and debited", key, a, err)
+		}
+		if err := s.Complete(ctx, key, a.Owner, value, time.Hour); err != nil {
+			b.Fatalf("Complete(%s): %v", key, err)
+		}
+	}
 }

@@ -93,7 +93,7 @@ func UnaryServerInterceptor(st store.Idempotency, opts ...Option) grpc.UnaryServ
 		panic("idempotency: UnaryServerInterceptor: store is nil")
 	}
 	cfg := newUnaryConfig(opts)
-	e := &engine{st: st, common: cfg.common}
+	e := newEngine(st, cfg.common)
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		m, ok := cfg.methods[info.FullMethod]
 		if !ok {
@@ -172,80 +172,46 @@ func UnaryServerInterceptor(st store.Idempotency, opts ...Option) grpc.UnaryServ
 type engine struct {
 	st store.Idempotency
 	common
+	renewals *renewer // the claims of the handlers in flight (WithClaimRenewal)
 }
 
-// detached returns ctx without its cancellation and deadline, bounded by d.
+func newEngine(st store.Idempotency, c common) *engine {
+	e := &engine{st: st, common: c}
+	e.renewals = newRenewer(e)
+	return e
+}
+
+// detached returns ctx without its cancellation and deadline, bounded by d. A ctx that can
+// be neither cancelled nor run out (Done nil, no deadline: already detached, as the stream
+// interceptor's calls are) is bounded as it is, without another layer.
 func detached(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), d)
+	if _, ok := ctx.Deadline(); ok || ctx.Done() != nil {
+		ctx = context.WithoutCancel(ctx)
+	}
+	return context.WithTimeout(ctx, d)
 }
 
 // workContext is the context a handler holding key's claim runs under: detached, bounded
-// by pendingTTL/2, or with WithClaimRenewal by its work limit while renew keeps the claim.
-// Its cancel also stops the renewals.
+// by pendingTTL/2, or with WithClaimRenewal by its work limit while the engine's renewer
+// keeps the claim. Its cancel also takes the claim out of the renewer, waiting for a
+// renewal of it that is out.
 func (e *engine) workContext(ctx context.Context, method, key, owner string) (context.Context, context.CancelFunc) {
 	if e.renewFor <= 0 {
 		return detached(ctx, e.pendingTTL/2)
 	}
 	wctx, cancel := detached(ctx, e.renewFor)
 	rctx, lose := context.WithCancelCause(wctx)
-	done := make(chan struct{})
-	go func() { defer close(done); e.renew(rctx, lose, method, key, owner) }()
+	c := &liveClaim{ctx: rctx, lose: lose, method: method, key: key, owner: owner}
+	e.renewals.add(c)
 	return rctx, func() {
 		lose(nil)
-		<-done
+		e.renewals.remove(c)
 		cancel()
 	}
 }
 
 // errClaimLost cancels a handler whose claim could not be kept.
 var errClaimLost = errors.New("idempotency: the claim could not be renewed; another caller may hold the key now")
-
-// renew renews owner's claim of key every pendingTTL/3 until ctx ends, and cancels the work
-// (lose) when the key is no longer pending or another owner's, or has gone pendingTTL/2
-// without a renewal.
-func (e *engine) renew(ctx context.Context, lose context.CancelCauseFunc, method, key, owner string) {
-	tick := time.NewTicker(e.pendingTTL / 3)
-	defer tick.Stop()
-	last := time.Now()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-		start := time.Now()
-		cctx, cancel := context.WithTimeout(ctx, e.pendingTTL/3)
-		ok, err := e.st.RenewClaim(cctx, key, owner, e.pendingTTL)
-		cancel()
-		if ctx.Err() != nil {
-			return
-		}
-		switch {
-		case err == nil && ok:
-			last = start
-			continue
-		case errors.Is(err, store.ErrNotOwner):
-			// The claim lapsed and another caller holds the key: stop at once, so two
-			// holders do not go on working together.
-			e.log.ErrorContext(ctx, "idempotency: the claim lapsed and another caller holds the key; the handler's context is cancelled", "method", method, "key", key)
-			lose(fmt.Errorf("%w: %v", errClaimLost, err))
-			return
-		case err == nil:
-			// Settled (the handler's own Complete or Release raced this tick) or lapsed:
-			// either way nothing is left to keep.
-			e.log.DebugContext(ctx, "idempotency: claim no longer pending; the handler's context is cancelled", "method", method, "key", key)
-			lose(errClaimLost)
-			return
-		case time.Since(last) >= e.pendingTTL/2:
-			e.log.ErrorContext(ctx, "idempotency: claim not renewed in time; the handler's context is cancelled",
-				"method", method, "key", key, "pending_ttl", e.pendingTTL, "error", err)
-			lose(fmt.Errorf("%w: %v", errClaimLost, err))
-			return
-		default:
-			e.log.WarnContext(ctx, "idempotency: claim renewal failed; retrying", "method", method, "key", key, "error", err)
-		}
-	}
-}
 
 // claim claims key and returns the claim's owner token. Its errors are gRPC statuses:
 // Unavailable when the store failed.

@@ -45,7 +45,7 @@ func StreamServerInterceptor(st store.Idempotency, opts ...StreamOption) grpc.St
 		panic("idempotency: StreamServerInterceptor: store is nil")
 	}
 	cfg := newStreamConfig(opts)
-	e := &engine{st: st, common: cfg.common}
+	e := newEngine(st, cfg.common)
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 		m, ok := cfg.methods[info.FullMethod]
 		if !ok {
@@ -55,6 +55,9 @@ func StreamServerInterceptor(st store.Idempotency, opts ...StreamOption) grpc.St
 			return status.Errorf(codes.Internal, "idempotency: %s is client-streaming; only server-streaming methods can be keyed", info.FullMethod)
 		}
 		ctx := ss.Context()
+		// The store calls and the handler run detached from the caller: one layer for
+		// all of them, not one each.
+		dctx := context.WithoutCancel(ctx)
 		req, err := hop.ReceiveRequest(ss, m.newReq(), info.FullMethod)
 		if err != nil {
 			return err
@@ -68,7 +71,7 @@ func StreamServerInterceptor(st store.Idempotency, opts ...StreamOption) grpc.St
 		var owner string
 		var annotate func(context.Context) context.Context
 		if m.claim != nil {
-			state, value, owner, err = e.claimWith(ctx, info.FullMethod, key, func(cctx context.Context) (store.ClaimState, []byte, string, error) {
+			state, value, owner, err = e.claimWith(dctx, info.FullMethod, key, func(cctx context.Context) (store.ClaimState, []byte, string, error) {
 				var st store.ClaimState
 				var v []byte
 				var o string
@@ -77,7 +80,7 @@ func StreamServerInterceptor(st store.Idempotency, opts ...StreamOption) grpc.St
 				return st, v, o, err
 			})
 		} else {
-			state, value, owner, err = e.claim(ctx, info.FullMethod, key)
+			state, value, owner, err = e.claim(dctx, info.FullMethod, key)
 		}
 		if err != nil {
 			return err
@@ -103,11 +106,11 @@ func StreamServerInterceptor(st store.Idempotency, opts ...StreamOption) grpc.St
 			return status.FromContextError(err).Err()
 		}
 		if annotate != nil {
-			ctx = annotate(ctx)
+			dctx = annotate(dctx)
 		}
-		wctx, cancel := e.workContext(ctx, info.FullMethod, key, owner)
+		wctx, cancel := e.workContext(dctx, info.FullMethod, key, owner)
 		defer cancel()
-		ws := &claimedStream{ReplayStream: replay(ss, info.FullMethod, req), ctx: wctx, e: e, m: m, method: info.FullMethod, key: key, owner: owner, req: req}
+		ws := &claimedStream{ReplayStream: replay(ss, info.FullMethod, req), ctx: wctx, base: dctx, e: e, m: m, method: info.FullMethod, key: key, owner: owner, req: req}
 		returned := false
 		defer func() {
 			if !returned {
@@ -150,6 +153,7 @@ const (
 type claimedStream struct {
 	*hop.ReplayStream
 	ctx    context.Context
+	base   context.Context // ctx's values without its cancel or deadline: what Complete runs under
 	e      *engine
 	m      *streamMethod
 	method string
@@ -217,16 +221,16 @@ func (s *claimedStream) SendMsg(m any) error {
 		// On bbolt the write may wait a moment to share the caller's next write's fsync
 		// (the coordinator saves the result it just got).
 		sendErr := s.ServerStream.SendMsg(m)
-		if err := s.complete(store.Linger(s.ctx, afterSendLinger), value); err != nil {
+		if err := s.complete(store.Linger(s.base, afterSendLinger), value); err != nil {
 			return err
 		}
 		return sendErr
 	case done:
-		if err := s.complete(s.ctx, value); err != nil {
+		if err := s.complete(s.base, value); err != nil {
 			return err
 		}
 	case failed:
-		s.e.release(s.ctx, s.method, s.key, s.owner)
+		s.e.release(s.base, s.method, s.key, s.owner)
 		s.outcome = released
 	}
 	return s.ServerStream.SendMsg(m)
