@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
-	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -21,11 +20,7 @@ import (
 )
 
 // TestMain stops the local Redis Cluster the cluster tests start (storetest.ClusterAddrs).
-func TestMain(m *testing.M) {
-	code := m.Run()
-	storetest.StopCluster()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { storetest.Main(m) }
 
 // TestCluster: the whole contract suite on a Redis Cluster of three masters and three
 // replicas. A script whose keys were in two slots would fail there with CROSSSLOT.

@@ -56,20 +56,7 @@ func (d *dyingStore) Release(ctx context.Context, key, owner string) error {
 // then) runs the stage on B. The figures (how soon after the kill B ran it, renewals per
 // second of the stage in flight) are logged, not asserted.
 func TestRunnerDiesMidStage(t *testing.T) {
-	for _, c := range []struct {
-		name string
-		open func(t *testing.T) agentrunner.Store
-	}{
-		{"bolt", func(t *testing.T) agentrunner.Store {
-			st, err := store.Open(filepath.Join(t.TempDir(), "shared.db"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { st.Close() })
-			return st
-		}},
-		{"redis", func(t *testing.T) agentrunner.Store { return storetest.OpenRedis(t) }},
-	} {
+	for _, c := range sharedStores(false) {
 		t.Run(c.name, func(t *testing.T) {
 			shared := c.open(t)
 			const ttl = 600 * time.Millisecond
@@ -138,4 +125,30 @@ func TestRunnerDiesMidStage(t *testing.T) {
 			}
 		})
 	}
+}
+
+// sharedStore opens a store two runners share.
+type sharedStore struct {
+	name string
+	open func(t *testing.T) agentrunner.Store
+}
+
+// sharedStores lists the stores two runners can share: one bbolt file, a Redis and, with
+// cluster, the local Redis Cluster.
+func sharedStores(cluster bool) []sharedStore {
+	out := []sharedStore{
+		{"bolt", func(t *testing.T) agentrunner.Store {
+			st, err := store.Open(filepath.Join(t.TempDir(), "shared.db"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { st.Close() })
+			return st
+		}},
+		{"redis", func(t *testing.T) agentrunner.Store { return storetest.OpenRedis(t) }},
+	}
+	if cluster {
+		out = append(out, sharedStore{"cluster", func(t *testing.T) agentrunner.Store { return storetest.OpenCluster(t) }})
+	}
+	return out
 }

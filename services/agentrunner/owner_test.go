@@ -3,7 +3,6 @@ package agentrunner_test
 import (
 	"context"
 	"errors"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -15,7 +14,6 @@ import (
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/store"
-	"github.com/handoffhq/handoff/internal/store/storetest"
 	"github.com/handoffhq/handoff/services/agentrunner"
 )
 
@@ -55,21 +53,7 @@ func (p *pausedRunnerStore) Complete(ctx context.Context, key, owner string, v [
 // refused (ErrNotOwner), so the key's record stays B's, written once; a re-delivery is
 // answered with B's result. On bbolt, Redis and Redis Cluster.
 func TestLapsedRunnerCompletionRefused(t *testing.T) {
-	for _, c := range []struct {
-		name string
-		open func(t *testing.T) agentrunner.Store
-	}{
-		{"bolt", func(t *testing.T) agentrunner.Store {
-			st, err := store.Open(filepath.Join(t.TempDir(), "shared.db"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { st.Close() })
-			return st
-		}},
-		{"redis", func(t *testing.T) agentrunner.Store { return storetest.OpenRedis(t) }},
-		{"cluster", func(t *testing.T) agentrunner.Store { return storetest.OpenCluster(t) }},
-	} {
+	for _, c := range sharedStores(true) {
 		t.Run(c.name, func(t *testing.T) {
 			shared := c.open(t)
 			const ttl = 300 * time.Millisecond

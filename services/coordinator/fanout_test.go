@@ -460,19 +460,7 @@ func TestFanOutTakeoverRunsOnlyUnfinishedBranches(t *testing.T) {
 		fa.down.Store(true) // A can no longer save or renew: as good as killed
 		replica("replica-b", st.Store)
 		g.release() // b3's agent finishes; A cannot record it
-		var job *handoffv1.Job
-		for deadline := time.Now().Add(20 * time.Second); ; {
-			if job, err = st.Store.GetRun(ctx, runID); err != nil {
-				t.Fatal(err)
-			}
-			if job.GetState() != handoffv1.JobState_JOB_STATE_RUNNING {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("the run did not end after the takeover: branches %v", branchStatuses(job))
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		job := runEnded(t, st.Store, runID, func(job *handoffv1.Job) string { return fmt.Sprintf("after the takeover: branches %v", branchStatuses(job)) })
 		if job.GetState() != handoffv1.JobState_JOB_STATE_COMPLETED {
 			t.Fatalf("state %s escalation %v", job.GetState(), job.GetEscalation())
 		}

@@ -242,6 +242,26 @@ func startReplica(t *testing.T, opts coordinator.Options, owner string, st store
 	return c
 }
 
+// runEnded polls runID in s until it is no longer RUNNING and returns it, failing the test
+// after 20 s with what says where the run stood.
+func runEnded(t *testing.T, s interface {
+	GetRun(context.Context, string) (*handoffv1.Job, error)
+}, runID string, where func(*handoffv1.Job) string) *handoffv1.Job {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		job, err := s.GetRun(context.Background(), runID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if job.GetState() != handoffv1.JobState_JOB_STATE_RUNNING {
+			return job
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the run did not end: %s", where(job))
+		}
+	}
+}
+
 func (r *replicas) submit(t *testing.T, c *coordinator.Server, jobID string) string {
 	t.Helper()
 	resp, err := c.SubmitJob(context.Background(), &handoffv1.SubmitJobRequest{
@@ -506,19 +526,7 @@ func TestRepeatedStepRailPaidOnce(t *testing.T) {
 	wl.failStage.Store(&draft)
 	c := r.replica(t, "a", wl)
 	runID := r.submit(t, c, "tkt_rail")
-	var job *handoffv1.Job
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		var err error
-		if job, err = wl.GetRun(context.Background(), runID); err != nil {
-			t.Fatal(err)
-		}
-		if job.GetState() != handoffv1.JobState_JOB_STATE_RUNNING {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("run still %s", job.GetState())
-		}
-	}
+	job := runEnded(t, wl, runID, func(j *handoffv1.Job) string { return "still " + j.GetState().String() })
 	if wl.failStage.Load() != nil {
 		t.Fatal("the draft's save was never refused")
 	}

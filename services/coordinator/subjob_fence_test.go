@@ -11,7 +11,6 @@ import (
 	"time"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
-	"github.com/handoffhq/handoff/internal/pipeline"
 	"github.com/handoffhq/handoff/internal/stack"
 	"github.com/handoffhq/handoff/internal/store"
 	"github.com/handoffhq/handoff/internal/store/storetest"
@@ -143,14 +142,7 @@ func TestSubJobStaleDriverSaveRefused(t *testing.T) {
 
 func testSubJobStaleDriver(t *testing.T, s store.Store) {
 	ctx := context.Background()
-	pls := map[string]*pipeline.Pipeline{}
-	for name, y := range map[string]string{"inner.yaml": innerYAML, "outer.yaml": fmt.Sprintf(outerYAML, 5)} {
-		p, problems, err := pipeline.Parse(name, []byte(y))
-		if err != nil || pipeline.HasErrors(problems) {
-			t.Fatalf("%s: %v %v", name, err, problems)
-		}
-		pls[p.Name] = p
-	}
+	pls := subPipelines(t, 5)
 	g := newGate()
 	gather, work := &router{name: "gather", out: "facts"}, &router{name: "work", out: "note"}
 	judge := &router{name: "judge", verdict: handoffv1.Verdict_VERDICT_PASS}
@@ -186,19 +178,7 @@ func testSubJobStaleDriver(t *testing.T, s store.Store) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	g.release() // A's gather answers; so does B's re-sent one (DUPLICATE)
-	var job *handoffv1.Job
-	for deadline := time.Now().Add(20 * time.Second); ; {
-		if job, err = st.Store.GetRun(ctx, runID); err != nil {
-			t.Fatal(err)
-		}
-		if job.GetState() != handoffv1.JobState_JOB_STATE_RUNNING {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the run did not end after the takeover (stage %s)", job.GetStage())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	job := runEnded(t, st.Store, runID, func(job *handoffv1.Job) string { return fmt.Sprintf("after the takeover (stage %s)", job.GetStage()) })
 	if job.GetState() != handoffv1.JobState_JOB_STATE_COMPLETED || len(job.GetChildren()) != 1 {
 		t.Fatalf("state %s escalation %v children %v", job.GetState(), job.GetEscalation(), job.GetChildren())
 	}

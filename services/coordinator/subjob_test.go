@@ -50,12 +50,9 @@ stages:
   - {name: writeback, kind: writeback, input: note.v1, writer: {system: crm, target: ledger}, tools: [crm.patch], output: {type: crm_receipt, schema_version: crm_receipt.v1}, criteria: [written]}
 `
 
-type subEnv struct {
-	*env
-	gather, work, polish, judge *router
-}
-
-func startSub(t *testing.T, s store.Store, maxHops int) *subEnv {
+// subPipelines parses the outer pipeline (its sub-job capped at maxHops) and the inner one it
+// runs.
+func subPipelines(t *testing.T, maxHops int) map[string]*pipeline.Pipeline {
 	t.Helper()
 	pls := map[string]*pipeline.Pipeline{}
 	for name, y := range map[string]string{"inner.yaml": innerYAML, "outer.yaml": fmt.Sprintf(outerYAML, maxHops)} {
@@ -65,6 +62,17 @@ func startSub(t *testing.T, s store.Store, maxHops int) *subEnv {
 		}
 		pls[p.Name] = p
 	}
+	return pls
+}
+
+type subEnv struct {
+	*env
+	gather, work, polish, judge *router
+}
+
+func startSub(t *testing.T, s store.Store, maxHops int) *subEnv {
+	t.Helper()
+	pls := subPipelines(t, maxHops)
 	if problems := pipeline.CheckSubJobs(pls); pipeline.HasErrors(problems) {
 		t.Fatalf("sub-jobs: %v", problems)
 	}
@@ -190,14 +198,7 @@ func (a gatedAgent) Run(ctx context.Context, in agentrunner.Input) (*handoffv1.S
 func TestSubJobTakeover(t *testing.T) {
 	eachStore(t, func(t *testing.T, s store.Store) {
 		ctx := context.Background()
-		pls := map[string]*pipeline.Pipeline{}
-		for name, y := range map[string]string{"inner.yaml": innerYAML, "outer.yaml": fmt.Sprintf(outerYAML, 5)} {
-			p, problems, err := pipeline.Parse(name, []byte(y))
-			if err != nil || pipeline.HasErrors(problems) {
-				t.Fatalf("%s: %v %v", name, err, problems)
-			}
-			pls[p.Name] = p
-		}
+		pls := subPipelines(t, 5)
 		g := newGate()
 		gather, work := &router{name: "gather", out: "facts"}, &router{name: "work", out: "note"}
 		judge := &router{name: "judge", verdict: handoffv1.Verdict_VERDICT_PASS}
@@ -223,19 +224,7 @@ func TestSubJobTakeover(t *testing.T) {
 		fa.down.Store(true) // A is as good as killed
 		replica("replica-b", st.Store)
 		g.release()
-		var job *handoffv1.Job
-		for deadline := time.Now().Add(20 * time.Second); ; {
-			if job, err = st.Store.GetRun(ctx, runID); err != nil {
-				t.Fatal(err)
-			}
-			if job.GetState() != handoffv1.JobState_JOB_STATE_RUNNING {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("the run did not end after the takeover (stage %s)", job.GetStage())
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		job := runEnded(t, st.Store, runID, func(job *handoffv1.Job) string { return fmt.Sprintf("after the takeover (stage %s)", job.GetStage()) })
 		if job.GetState() != handoffv1.JobState_JOB_STATE_COMPLETED || len(job.GetChildren()) != 1 || job.GetChildren()[0].GetArtifact() == nil {
 			t.Fatalf("state %s escalation %v children %v", job.GetState(), job.GetEscalation(), job.GetChildren())
 		}

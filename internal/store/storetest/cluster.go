@@ -93,6 +93,14 @@ func OpenCluster(t testing.TB) *store.Redis {
 	return s
 }
 
+// Main is a TestMain for a package whose tests use the local cluster: it runs the tests,
+// then stops the cluster they may have started, so no redis-server outlives the test binary.
+func Main(m *testing.M) {
+	code := m.Run()
+	StopCluster()
+	os.Exit(code)
+}
+
 // StopCluster stops the test cluster if it was started and removes its files. For TestMain,
 // after m.Run.
 func StopCluster() {
