@@ -3,13 +3,21 @@ package idempotency_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
+
+	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+	"github.com/handoffhq/handoff/internal/contract"
 	"github.com/handoffhq/handoff/internal/interceptor/idempotency"
 	"github.com/handoffhq/handoff/internal/store"
+	"github.com/handoffhq/handoff/internal/testkit"
 )
 
 // phaseStore passes the renewals of keys holding "anchor" to the real store and tells
@@ -94,5 +102,107 @@ func TestFailingRenewalsCancelBeforeTheClaimLapses(t *testing.T) {
 	}
 	if err := <-anchorDone; err != nil {
 		t.Errorf("anchor: %v; want its result", err)
+	}
+}
+
+// mixRunner is a runner whose long jobs ("long-" ids) run for long, on their context, and
+// whose other jobs answer at once.
+type mixRunner struct {
+	fakeRunner
+	long time.Duration
+}
+
+func (m *mixRunner) Deliver(req *handoffv1.DeliverRequest, stream grpc.ServerStreamingServer[handoffv1.DeliverResponse]) error {
+	f := &m.fakeRunner
+	if !strings.HasPrefix(req.GetPackage().GetJobId(), "long-") {
+		return f.Deliver(req, stream)
+	}
+	p := req.GetPackage()
+	ack := contract.AckFor(p, handoffv1.AckStatus_ACK_STATUS_ACCEPTED)
+	if err := stream.Send(&handoffv1.DeliverResponse{Event: &handoffv1.DeliverResponse_Ack{Ack: ack}}); err != nil {
+		return err
+	}
+	select {
+	case <-time.After(m.long):
+	case <-stream.Context().Done():
+		return status.FromContextError(stream.Context().Err()).Err()
+	}
+	res := &handoffv1.StageResult{JobId: p.GetJobId(), Stage: p.GetStage(), Status: handoffv1.StageStatus_STAGE_STATUS_COMPLETED, NextHint: "long"}
+	return stream.Send(&handoffv1.DeliverResponse{Event: &handoffv1.DeliverResponse_Result{Result: res}})
+}
+
+// TestClaimRenewalStress: many short and long handlers at once, in waves, on one
+// interceptor (run it with -race). Every long one outlives its TTL several times and is
+// renewed at least once per TTL/3 of its run and then completes; the short ones, joining
+// and leaving the set between and across ticks, complete; once every handler has returned
+// no renewal goes out, and the ticker's goroutine and every renewal's are gone.
+func TestClaimRenewalStress(t *testing.T) {
+	const ttl = 300 * time.Millisecond
+	rs := &renewStore{Idempotency: openBolt(t), lost: "\x00never", renewals: map[string]int{}}
+	r := &mixRunner{long: 4 * ttl}
+	conn := serve(t, func(s *grpc.Server) { handoffv1.RegisterAgentRunnerServiceServer(s, r) }, nil,
+		[]grpc.StreamServerInterceptor{idempotency.StreamServerInterceptor(rs, deliverOpts(idempotency.WithPendingTTL(ttl),
+			idempotency.WithClaimRenewal(time.Minute), idempotency.WithRetryDelay(10*time.Millisecond))...)})
+	cl := handoffv1.NewAgentRunnerServiceClient(conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	// A first call brings the connection up; the ticker then stops at its first empty tick.
+	if _, err := deliver(ctx, cl, deliverReq("warm")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(ttl)
+	base := runtime.NumGoroutine()
+
+	const waves, longs, shorts = 3, 6, 60
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var errs []error
+	took := map[string]time.Duration{}
+	call := func(job string) {
+		defer wg.Done()
+		start := time.Now()
+		_, err := deliver(ctx, cl, deliverReq(job))
+		mu.Lock()
+		defer mu.Unlock()
+		took[job] = time.Since(start)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", job, err))
+		}
+	}
+	for w := range waves {
+		for i := range longs {
+			wg.Add(1)
+			go call(fmt.Sprintf("long-%d-%d", w, i))
+		}
+		for i := range shorts {
+			wg.Add(1)
+			go call(fmt.Sprintf("short-%d-%d", w, i))
+			if i%10 == 0 {
+				time.Sleep(ttl / 7) // spread them over the ticks
+			}
+		}
+	}
+	wg.Wait()
+	for _, err := range errs {
+		t.Error(err)
+	}
+	for job, d := range took {
+		key, _ := deliverKey(deliverReq(job))
+		if st, _ := lookup(t, rs, key); st != store.Done {
+			t.Errorf("%s: key state %v; want Done", job, st)
+		}
+		if strings.HasPrefix(job, "long-") {
+			if n, want := rs.count(key), int(d/(ttl/3))-1; n < want {
+				t.Errorf("%s: %d renewals in %s; want at least %d (one per ttl/3)", job, n, d, want)
+			}
+		}
+	}
+	settled := rs.total()
+	testkit.Eventually(t, 10*time.Second, "the renewer's goroutines to end", func() bool {
+		return runtime.NumGoroutine() <= base
+	})
+	if n := rs.total(); n != settled {
+		t.Errorf("%d renewals after every handler returned; want none", n-settled)
 	}
 }
