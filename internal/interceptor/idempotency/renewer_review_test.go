@@ -206,3 +206,65 @@ func TestClaimRenewalStress(t *testing.T) {
 		t.Errorf("%d renewals after every handler returned; want none", n-settled)
 	}
 }
+
+// hangStore hangs every renewal of a key holding "hang" until its context ends, and counts
+// every key's renewals.
+type hangStore struct {
+	*renewStore
+}
+
+func (h hangStore) RenewClaim(ctx context.Context, key, owner string, ttl time.Duration) (bool, error) {
+	if strings.Contains(key, "hang") {
+		h.mu.Lock()
+		h.renewals[key]++
+		h.mu.Unlock()
+		<-ctx.Done()
+		return false, ctx.Err()
+	}
+	return h.renewStore.RenewClaim(ctx, key, owner, ttl)
+}
+
+// TestHungRenewalDelaysNoOther: while one claim's renewals hang, the other claims on the
+// same shared ticker are renewed on time (once per TTL/3) and their handlers finish, and
+// the hung one's handler is cancelled before its claim lapses.
+func TestHungRenewalDelaysNoOther(t *testing.T) {
+	const ttl = 600 * time.Millisecond
+	hs := hangStore{&renewStore{Idempotency: openBolt(t), lost: "\x00never", renewals: map[string]int{}}}
+	r := &mixRunner{long: 3 * ttl}
+	conn := serve(t, func(s *grpc.Server) { handoffv1.RegisterAgentRunnerServiceServer(s, r) }, nil,
+		[]grpc.StreamServerInterceptor{idempotency.StreamServerInterceptor(hs, deliverOpts(idempotency.WithPendingTTL(ttl),
+			idempotency.WithClaimRenewal(time.Minute), idempotency.WithRetryDelay(10*time.Millisecond))...)})
+	cl := handoffv1.NewAgentRunnerServiceClient(conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	jobs := []string{"long-hang", "long-a", "long-b"}
+	errs := make([]error, len(jobs))
+	took := make([]time.Duration, len(jobs))
+	var wg sync.WaitGroup
+	for i, job := range jobs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			start := time.Now()
+			_, errs[i] = deliver(ctx, cl, deliverReq(job))
+			took[i] = time.Since(start)
+		}()
+	}
+	wg.Wait()
+	if errs[0] == nil {
+		t.Error("long-hang: no error; want its handler cancelled (its renewals hang)")
+	}
+	if took[0] >= ttl {
+		t.Errorf("long-hang took %s; want it cancelled before its claim lapses at %s", took[0], ttl)
+	}
+	for i, job := range jobs[1:] {
+		key, _ := deliverKey(deliverReq(job))
+		if errs[i+1] != nil {
+			t.Errorf("%s: %v; want its result", job, errs[i+1])
+		}
+		if n, want := hs.count(key), int(took[i+1]/(ttl/3))-1; n < want {
+			t.Errorf("%s: %d renewals in %s beside a hung one; want at least %d", job, n, took[i+1], want)
+		}
+	}
+}
