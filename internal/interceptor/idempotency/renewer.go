@@ -19,10 +19,11 @@ import (
 // The rules are the per-call loop's: each claim is renewed within pendingTTL/3 of being
 // taken and every pendingTTL/3 after (the first tick after its claim comes sooner than
 // pendingTTL/3, never later); each renewal runs on its own goroutine, bounded by
-// pendingTTL/3, so a hung store call delays no other claim's renewal, and a claim whose
-// renewal is out when a tick comes renews again as soon as it returns; the handler is
-// cancelled when a renewal finds the key no longer pending or another owner's, or fails
-// with the claim pendingTTL/2 past its last renewal.
+// pendingTTL/3 and by pendingTTL/2 + pendingTTL/3 after the claim's last renewal, so a
+// hung store call delays no other claim's renewal and cancels its handler before the claim
+// can lapse; a claim whose renewal is out when a tick comes renews again as soon as it
+// returns; the handler is cancelled when a renewal finds the key no longer pending or
+// another owner's, or fails with the claim pendingTTL/2 past its last renewal.
 type renewer struct {
 	e *engine
 
@@ -124,18 +125,29 @@ func (r *renewer) renew(c *liveClaim, busy chan struct{}) {
 func (r *renewer) renewOnce(c *liveClaim) bool {
 	e := r.e
 	start := time.Now()
-	cctx, cancel := context.WithTimeout(c.ctx, e.pendingTTL/3)
+	r.mu.Lock()
+	last := c.last // only this claim's renewal, which is this one, moves it
+	r.mu.Unlock()
+	// Bounded by pendingTTL/3, and never past pendingTTL/2 + pendingTTL/3 after the last
+	// renewal: the shared ticker's first tick can come just after the claim, so a third
+	// attempt can start near 2/3 of the TTL and, hanging its whole pendingTTL/3, would
+	// return (and cancel the handler) only after the claim lapsed and another caller may
+	// have taken the key. This bound cancels it with pendingTTL/6 to spare.
+	deadline := start.Add(e.pendingTTL / 3)
+	if d := last.Add(e.pendingTTL/2 + e.pendingTTL/3); d.Before(deadline) {
+		deadline = d
+	}
+	cctx, cancel := context.WithDeadline(c.ctx, deadline)
 	ok, err := e.st.RenewClaim(cctx, c.key, c.owner, e.pendingTTL)
 	cancel()
 	if c.ctx.Err() != nil {
 		return false
 	}
-	r.mu.Lock()
-	last := c.last
 	if err == nil && ok {
+		r.mu.Lock()
 		c.last = start
+		r.mu.Unlock()
 	}
-	r.mu.Unlock()
 	switch {
 	case err == nil && ok:
 		return true

@@ -1,0 +1,75 @@
+package rpc_test
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"runtime"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+	"github.com/handoffhq/handoff/internal/server"
+	"github.com/handoffhq/handoff/internal/testkit"
+)
+
+// TestGracefulStopWithStreamsOnWorkers: long streams hold every stream worker and more
+// (as WatchJob streams would); a graceful stop waits for all of them, on the workers and
+// beyond, and a new stream meanwhile is refused rather than queued; once the stop returns,
+// the server's goroutines, its kept workers included, are gone.
+func TestGracefulStopWithStreamsOnWorkers(t *testing.T) {
+	base := runtime.NumGoroutine()
+	r := &holdRunner{release: make(chan struct{})}
+	srv, err := server.New(server.Service{Name: "workers", Register: func(g *grpc.Server) { handoffv1.RegisterAgentRunnerServiceServer(g, r) }},
+		server.WithoutIdentity(), server.WithLogger(slog.New(slog.DiscardHandler)), server.WithStopTimeout(20*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(lis) }()
+	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	n := 4*runtime.GOMAXPROCS(0) + 3
+	var calls []<-chan error
+	for range n {
+		calls = append(calls, hold(ctx, cc))
+	}
+	waitFor(t, "every call in its handler", func() bool { return r.in.Load() == int64(n) })
+	stopped := make(chan struct{})
+	go func() { srv.GracefulStop(); close(stopped) }()
+	time.Sleep(200 * time.Millisecond)
+	select {
+	case <-stopped:
+		t.Fatal("graceful stop returned with streams still in their handlers")
+	default:
+	}
+	if err := <-hold(ctx, cc); err == nil {
+		t.Error("a new stream during the graceful stop succeeded; want it refused")
+	}
+	close(r.release)
+	for i, c := range calls {
+		if err := <-c; err != nil {
+			t.Errorf("call %d: %v; want it to finish", i, err)
+		}
+	}
+	select {
+	case <-stopped:
+	case <-ctx.Done():
+		t.Fatal("graceful stop did not return after the streams ended")
+	}
+	<-served
+	cc.Close()
+	testkit.Eventually(t, 10*time.Second, "the server's goroutines to end", func() bool { return runtime.NumGoroutine() <= base })
+}
