@@ -460,7 +460,9 @@ func TestFanOutTakeoverRunsOnlyUnfinishedBranches(t *testing.T) {
 		fa.down.Store(true) // A can no longer save or renew: as good as killed
 		replica("replica-b", st.Store)
 		g.release() // b3's agent finishes; A cannot record it
-		job := runEnded(t, st.Store, runID, func(job *handoffv1.Job) string { return fmt.Sprintf("after the takeover: branches %v", branchStatuses(job)) })
+		job := runEnded(t, st.Store, runID, func(job *handoffv1.Job) string {
+			return fmt.Sprintf("after the takeover: branches %v", branchStatuses(job))
+		})
 		if job.GetState() != handoffv1.JobState_JOB_STATE_COMPLETED {
 			t.Fatalf("state %s escalation %v", job.GetState(), job.GetEscalation())
 		}
