@@ -61,18 +61,12 @@ func V1ToV2(p *handoffv1.HandoffPackage, deadline time.Time) (*handoffv2.Handoff
 		if a == nil {
 			return nil, fmt.Errorf("contract: V1ToV2: artifacts[%d]: nil", i)
 		}
-		out.Artifacts = append(out.Artifacts, &handoffv2.Artifact{
-			Type: a.GetType(), SchemaVersion: a.GetSchemaVersion(), Uri: a.GetUri(),
-			MediaType: a.GetMediaType(), Sha256: a.GetSha256(), ProducedBy: a.GetProducedBy(),
-		})
+		out.Artifacts = append(out.Artifacts, artifactV2(a))
 	}
 	for _, b := range p.GetBranchResults() {
 		r := &handoffv2.BranchResult{Branch: b.GetBranch()}
 		for _, a := range b.GetArtifacts() {
-			r.Artifacts = append(r.Artifacts, &handoffv2.Artifact{
-				Type: a.GetType(), SchemaVersion: a.GetSchemaVersion(), Uri: a.GetUri(),
-				MediaType: a.GetMediaType(), Sha256: a.GetSha256(), ProducedBy: a.GetProducedBy(),
-			})
+			r.Artifacts = append(r.Artifacts, artifactV2(a))
 		}
 		out.BranchResults = append(out.BranchResults, r)
 	}
@@ -148,18 +142,12 @@ func V2ToV1(p *handoffv2.HandoffPackage) (*handoffv1.HandoffPackage, error) {
 		if a == nil {
 			return nil, fmt.Errorf("contract: V2ToV1: artifacts[%d]: nil", i)
 		}
-		out.Artifacts = append(out.Artifacts, &handoffv1.Artifact{
-			Type: a.GetType(), SchemaVersion: a.GetSchemaVersion(), Uri: a.GetUri(),
-			MediaType: a.GetMediaType(), Sha256: a.GetSha256(), ProducedBy: a.GetProducedBy(),
-		})
+		out.Artifacts = append(out.Artifacts, artifactV1(a))
 	}
 	for _, b := range p.GetBranchResults() {
 		r := &handoffv1.BranchResult{Branch: b.GetBranch()}
 		for _, a := range b.GetArtifacts() {
-			r.Artifacts = append(r.Artifacts, &handoffv1.Artifact{
-				Type: a.GetType(), SchemaVersion: a.GetSchemaVersion(), Uri: a.GetUri(),
-				MediaType: a.GetMediaType(), Sha256: a.GetSha256(), ProducedBy: a.GetProducedBy(),
-			})
+			r.Artifacts = append(r.Artifacts, artifactV1(a))
 		}
 		out.BranchResults = append(out.BranchResults, r)
 	}
@@ -207,4 +195,20 @@ func cloneStrings(s []string) []string {
 		return nil
 	}
 	return append([]string(nil), s...)
+}
+
+// artifactV2 and artifactV1 carry an artifact reference across versions: its fields are the
+// same in both.
+func artifactV2(a *handoffv1.Artifact) *handoffv2.Artifact {
+	return &handoffv2.Artifact{
+		Type: a.GetType(), SchemaVersion: a.GetSchemaVersion(), Uri: a.GetUri(),
+		MediaType: a.GetMediaType(), Sha256: a.GetSha256(), ProducedBy: a.GetProducedBy(),
+	}
+}
+
+func artifactV1(a *handoffv2.Artifact) *handoffv1.Artifact {
+	return &handoffv1.Artifact{
+		Type: a.GetType(), SchemaVersion: a.GetSchemaVersion(), Uri: a.GetUri(),
+		MediaType: a.GetMediaType(), Sha256: a.GetSha256(), ProducedBy: a.GetProducedBy(),
+	}
 }
