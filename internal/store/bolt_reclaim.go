@@ -34,45 +34,41 @@ import (
 // on.
 func reclaim(db *bolt.DB, now time.Time) (leases, claims int, err error) {
 	err = db.Update(func(tx *bolt.Tx) error {
-		leases, claims = 0, 0
-		if b := tx.Bucket(bucketLeases); b != nil {
-			var names [][]byte
-			if err := b.ForEach(func(k, _ []byte) error {
-				names = append(names, append([]byte(nil), k...))
-				return nil
-			}); err != nil {
-				return err
-			}
-			for _, k := range names {
-				if err := b.Delete(k); err != nil {
-					return err
-				}
-			}
-			leases = len(names)
-		}
-		b := tx.Bucket(bucketIdem)
-		if b == nil {
-			return nil
-		}
-		var pending [][]byte
-		if err := b.ForEach(func(k, v []byte) error {
-			if st, _, live := decodeIdem(v, now); live && st == Pending {
-				pending = append(pending, append([]byte(nil), k...))
-			}
-			return nil
-		}); err != nil {
+		var err error
+		if leases, err = deleteWhere(tx.Bucket(bucketLeases), func(_, _ []byte) bool { return true }); err != nil {
 			return err
 		}
-		for _, k := range pending {
-			if err := b.Delete(k); err != nil {
-				return err
-			}
-		}
-		claims = len(pending)
-		return nil
+		claims, err = deleteWhere(tx.Bucket(bucketIdem), func(_, v []byte) bool {
+			st, _, live := decodeIdem(v, now)
+			return live && st == Pending
+		})
+		return err
 	})
 	if err != nil {
 		return 0, 0, fmt.Errorf("release the leases and claims of a process gone: %w", err)
 	}
 	return leases, claims, nil
+}
+
+// deleteWhere deletes the records of b (none when b is nil) that match and says how many.
+// The keys are gathered first: bbolt does not allow deleting under ForEach.
+func deleteWhere(b *bolt.Bucket, match func(k, v []byte) bool) (int, error) {
+	if b == nil {
+		return 0, nil
+	}
+	var keys [][]byte
+	if err := b.ForEach(func(k, v []byte) error {
+		if match(k, v) {
+			keys = append(keys, append([]byte(nil), k...))
+		}
+		return nil
+	}); err != nil {
+		return 0, err
+	}
+	for _, k := range keys {
+		if err := b.Delete(k); err != nil {
+			return 0, err
+		}
+	}
+	return len(keys), nil
 }
