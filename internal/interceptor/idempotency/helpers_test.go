@@ -433,3 +433,24 @@ func ackStatus(msgs []*handoffv1.DeliverResponse) handoffv1.AckStatus {
 	}
 	return msgs[0].GetAck().GetStatus()
 }
+
+// deliverEach delivers a package of each job at once, one call per job; wait waits for them
+// all and returns each call's error and how long it took, by job.
+func deliverEach(ctx context.Context, c handoffv1.AgentRunnerServiceClient, jobs []string) (wait func() ([]error, []time.Duration)) {
+	errs := make([]error, len(jobs))
+	took := make([]time.Duration, len(jobs))
+	var wg sync.WaitGroup
+	for i, job := range jobs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			start := time.Now()
+			_, errs[i] = deliver(ctx, c, deliverReq(job))
+			took[i] = time.Since(start)
+		}()
+	}
+	return func() ([]error, []time.Duration) {
+		wg.Wait()
+		return errs, took
+	}
+}

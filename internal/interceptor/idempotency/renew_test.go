@@ -74,18 +74,7 @@ func TestClaimRenewalSharedTicker(t *testing.T) {
 			defer cancel()
 
 			jobs := []string{"job-a", "job-b", "job-lost"}
-			errs := make([]error, len(jobs))
-			took := make([]time.Duration, len(jobs))
-			var wg sync.WaitGroup
-			for i, job := range jobs {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					start := time.Now()
-					_, errs[i] = deliver(ctx, cl, deliverReq(job))
-					took[i] = time.Since(start)
-				}()
-			}
+			wait := deliverEach(ctx, cl, jobs)
 			// Two ttls in: without renewals the kept claims would have lapsed.
 			time.Sleep(2 * ttl)
 			for _, job := range jobs[:2] {
@@ -93,7 +82,7 @@ func TestClaimRenewalSharedTicker(t *testing.T) {
 					t.Errorf("repeat of %s while it runs = %v; want Aborted (its claim renewed)", job, err)
 				}
 			}
-			wg.Wait()
+			errs, took := wait()
 
 			for i, job := range jobs[:2] {
 				key, _ := deliverKey(deliverReq(job))

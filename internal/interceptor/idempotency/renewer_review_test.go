@@ -239,19 +239,7 @@ func TestHungRenewalDelaysNoOther(t *testing.T) {
 	defer cancel()
 
 	jobs := []string{"long-hang", "long-a", "long-b"}
-	errs := make([]error, len(jobs))
-	took := make([]time.Duration, len(jobs))
-	var wg sync.WaitGroup
-	for i, job := range jobs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			start := time.Now()
-			_, errs[i] = deliver(ctx, cl, deliverReq(job))
-			took[i] = time.Since(start)
-		}()
-	}
-	wg.Wait()
+	errs, took := deliverEach(ctx, cl, jobs)()
 	if errs[0] == nil {
 		t.Error("long-hang: no error; want its handler cancelled (its renewals hang)")
 	}
