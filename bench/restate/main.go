@@ -34,7 +34,6 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
-	"slices"
 	"strconv"
 	"sync"
 	"syscall"
@@ -46,6 +45,7 @@ import (
 	"github.com/restatedev/sdk-go/server"
 
 	"github.com/handoffhq/handoff/internal/bench"
+	"github.com/handoffhq/handoff/internal/bench/peer"
 )
 
 const (
@@ -92,29 +92,6 @@ type options struct {
 	jsonOut                    bool
 }
 
-// figure is one system's result: medians over the rounds of each round's p50 and p99 (one
-// job at a time) and jobs/s (conc in flight).
-type figure struct {
-	Key        string    `json:"key"`
-	Name       string    `json:"name"`
-	P50ms      float64   `json:"p50_ms"`
-	P99ms      float64   `json:"p99_ms"`
-	JobsPerSec float64   `json:"jobs_per_sec"`
-	RoundsP50  []float64 `json:"rounds_p50_ms"`
-	RoundsJPS  []float64 `json:"rounds_jobs_per_sec"`
-	p99s       []float64
-}
-
-func (f *figure) add(p50, p99 time.Duration, jps float64) {
-	f.RoundsP50 = append(f.RoundsP50, ms(p50))
-	f.p99s = append(f.p99s, ms(p99))
-	f.RoundsJPS = append(f.RoundsJPS, jps)
-}
-
-func (f *figure) finish() {
-	f.P50ms, f.P99ms, f.JobsPerSec = round2(median(f.RoundsP50)), round2(median(f.p99s)), round2(median(f.RoundsJPS))
-}
-
 // ratio compares a handoff figure with a peer's: handoff's jobs/s over the peer's, and the
 // peer's p50 over handoff's (both "how many times better"), against the issue's targets.
 type ratio struct {
@@ -132,20 +109,20 @@ type ratio struct {
 }
 
 type report struct {
-	Date        string    `json:"date"`
-	GoVersion   string    `json:"go_version"`
-	NumCPU      int       `json:"nproc"`
-	Load        string    `json:"loadavg_start,omitempty"`
-	LoadEnd     string    `json:"loadavg_end,omitempty"`
-	Jobs        int       `json:"jobs_per_round_concurrent"`
-	Serial      int       `json:"jobs_per_round_serial"`
-	Concurrency int       `json:"concurrency"`
-	Rounds      int       `json:"rounds"`
-	Restate     string    `json:"restate_server"`
-	Wall        string    `json:"wall"`
-	Figures     []*figure `json:"figures"`
-	Ratios      []ratio   `json:"ratios"`
-	Notes       []string  `json:"notes,omitempty"`
+	Date        string         `json:"date"`
+	GoVersion   string         `json:"go_version"`
+	NumCPU      int            `json:"nproc"`
+	Load        string         `json:"loadavg_start,omitempty"`
+	LoadEnd     string         `json:"loadavg_end,omitempty"`
+	Jobs        int            `json:"jobs_per_round_concurrent"`
+	Serial      int            `json:"jobs_per_round_serial"`
+	Concurrency int            `json:"concurrency"`
+	Rounds      int            `json:"rounds"`
+	Restate     string         `json:"restate_server"`
+	Wall        string         `json:"wall"`
+	Figures     []*peer.Figure `json:"figures"`
+	Ratios      []ratio        `json:"ratios"`
+	Notes       []string       `json:"notes,omitempty"`
 }
 
 func main() {
@@ -184,7 +161,7 @@ func run(ctx context.Context, o options) error {
 	}
 	rep := &report{
 		Date: time.Now().UTC().Format(time.RFC3339), GoVersion: runtime.Version(), NumCPU: runtime.NumCPU(),
-		Load: loadavg(), Jobs: o.jobs, Serial: o.serial, Concurrency: o.conc, Rounds: o.rounds,
+		Load: peer.Loadavg(), Jobs: o.jobs, Serial: o.serial, Concurrency: o.conc, Rounds: o.rounds,
 	}
 	if out, err := exec.CommandContext(ctx, bin, "--version").Output(); err == nil {
 		rep.Restate = string(bytes.TrimSpace(out))
@@ -235,11 +212,11 @@ func run(ctx context.Context, o options) error {
 		}
 	}
 	peers := []struct {
-		f  *figure
+		f  *peer.Figure
 		op func(context.Context, int) error
 	}{
-		{&figure{Key: "restate_hop", Name: "Restate: 5 durable service calls (hop-equivalent)"}, job("Hop")},
-		{&figure{Key: "restate_inline", Name: "Restate: 5 restate.Run steps in one handler (no hop)"}, job("Inline")},
+		{&peer.Figure{Key: "restate_hop", Name: "Restate: 5 durable service calls (hop-equivalent)"}, job("Hop")},
+		{&peer.Figure{Key: "restate_inline", Name: "Restate: 5 restate.Run steps in one handler (no hop)"}, job("Inline")},
 	}
 	// Warm-up: the deployment's discovery, the partitions' leaders, connections.
 	for _, p := range peers {
@@ -258,9 +235,9 @@ func run(ctx context.Context, o options) error {
 			stores = append(stores, bench.StoreRedis)
 		}
 	}
-	handoff := map[string]*figure{}
+	handoff := map[string]*peer.Figure{}
 	for _, s := range stores {
-		handoff[s] = &figure{Key: "J_" + s, Name: "handoff J_" + s}
+		handoff[s] = &peer.Figure{Key: "J_" + s, Name: "handoff J_" + s}
 	}
 	for r := range o.rounds {
 		// One at a time: p50, p99.
@@ -289,7 +266,7 @@ func run(ctx context.Context, o options) error {
 				return fmt.Errorf("%s concurrent: %w", p.f.Key, err)
 			}
 			jps := float64(o.jobs) / el.Seconds()
-			p.f.add(serial[p.f.Key].P50, serial[p.f.Key].P99, jps)
+			p.f.Add(serial[p.f.Key].P50, serial[p.f.Key].P99, jps)
 			progress("round %d: %s %.1f jobs/s", r+1, p.f.Key, jps)
 		}
 		for _, s := range stores {
@@ -297,16 +274,16 @@ func run(ctx context.Context, o options) error {
 			if err != nil {
 				return fmt.Errorf("handoff J_%s concurrent: %w", s, err)
 			}
-			handoff[s].add(serial[s].P50, serial[s].P99, res.JobsPerSec)
+			handoff[s].Add(serial[s].P50, serial[s].P99, res.JobsPerSec)
 			progress("round %d: handoff J_%s %.1f jobs/s", r+1, s, res.JobsPerSec)
 		}
 	}
 	for _, p := range peers {
-		p.f.finish()
+		finish(p.f)
 		rep.Figures = append(rep.Figures, p.f)
 	}
 	for _, s := range stores {
-		handoff[s].finish()
+		finish(handoff[s])
 		rep.Figures = append(rep.Figures, handoff[s])
 	}
 	hop, inline := peers[0].f, peers[1].f
@@ -317,7 +294,7 @@ func run(ctx context.Context, o options) error {
 		rep.Ratios = append(rep.Ratios, compare("J_redis vs tuned Temporal", f, "Temporal (tuned dev server)", temporalJPS, temporalP50ms, 30, 0,
 			fmt.Sprintf("Temporal's figures (%.0f jobs/s, %.0f ms p50) are issue 22's for this machine kind, not measured in this run (bench/temporal measures them)", temporalJPS, temporalP50ms)))
 	}
-	rep.LoadEnd = loadavg()
+	rep.LoadEnd = peer.Loadavg()
 	rep.Wall = time.Since(start).Round(time.Millisecond).String()
 	rep.Notes = append(rep.Notes,
 		"one machine: restate-server (its own process), the SDK endpoint and handoff's services (this process) share its CPUs",
@@ -334,13 +311,13 @@ func run(ctx context.Context, o options) error {
 }
 
 // compare builds a ratio; a target of 0 is not judged.
-func compare(name string, h *figure, peer string, peerJPS, peerP50 float64, tThroughput, tLatency float64, note string) ratio {
-	r := ratio{Name: name, Handoff: h.Name, Peer: peer, Note: note, ThroughputTarget: tThroughput, LatencyTarget: tLatency}
+func compare(name string, h *peer.Figure, peerName string, peerJPS, peerP50 float64, tThroughput, tLatency float64, note string) ratio {
+	r := ratio{Name: name, Handoff: h.Name, Peer: peerName, Note: note, ThroughputTarget: tThroughput, LatencyTarget: tLatency}
 	if peerJPS > 0 {
-		r.ThroughputRatio = round2(h.JobsPerSec / peerJPS)
+		r.ThroughputRatio = peer.Round2(h.JobsPerSec / peerJPS)
 	}
 	if h.P50ms > 0 {
-		r.LatencyRatio = round2(peerP50 / h.P50ms)
+		r.LatencyRatio = peer.Round2(peerP50 / h.P50ms)
 	}
 	if tThroughput > 0 {
 		met := r.ThroughputRatio >= tThroughput
@@ -362,7 +339,7 @@ func printReport(rep *report) {
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "figure\tp50 ms\tp99 ms\tjobs/s\tp50 per round\tjobs/s per round")
 	for _, f := range rep.Figures {
-		fmt.Fprintf(tw, "%s\t%.2f\t%.2f\t%.1f\t%v\t%v\n", f.Name, f.P50ms, f.P99ms, f.JobsPerSec, round1(f.RoundsP50), round1(f.RoundsJPS))
+		fmt.Fprintf(tw, "%s\t%.2f\t%.2f\t%.1f\t%v\t%v\n", f.Name, f.P50ms, f.P99ms, f.JobsPerSec, peer.Round1(f.RoundsP50), peer.Round1(f.RoundsJPS))
 	}
 	tw.Flush()
 	fmt.Println()
@@ -398,7 +375,7 @@ type restateServer struct {
 	dir            string
 	admin, ingress string
 	done           chan struct{}
-	out            *tail
+	out            *peer.Tail
 	once           sync.Once
 }
 
@@ -411,7 +388,7 @@ func config(fabric, admin, ingress int) string {
 func startServer(bin string) (*restateServer, error) {
 	ports := make([]int, 3)
 	for i := range ports {
-		p, err := freePort()
+		p, err := peer.FreePort()
 		if err != nil {
 			return nil, err
 		}
@@ -429,7 +406,7 @@ func startServer(bin string) (*restateServer, error) {
 	cmd := exec.Command(bin, "--config-file", cfgPath, "--listen-mode=tcp", "--base-dir", filepath.Join(dir, "data"), "--bind-ip", "127.0.0.1", "--no-logo")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Env = append(os.Environ(), "RUST_LOG=error", "RESTATE_LOG_FILTER=error")
-	t := &tail{}
+	t := &peer.Tail{}
 	cmd.Stdout, cmd.Stderr = t, t
 	if err := cmd.Start(); err != nil {
 		os.RemoveAll(dir)
@@ -541,65 +518,8 @@ func findRestate(ctx context.Context, flagPath string, progress func(string, ...
 	return "", errors.New("no restate-server: run `npm install` in bench/restate (package.json pins @restatedev/restate-server@" + restateVersion + "), or pass --restate PATH")
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
-func median(v []float64) float64 {
-	s := slices.Clone(v)
-	slices.Sort(s)
-	if len(s) == 0 {
-		return 0
-	}
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
-}
-
-func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-
-func round2(f float64) float64 { return float64(int64(f*100+0.5)) / 100 }
-
-func round1(v []float64) []float64 {
-	out := make([]float64, len(v))
-	for i, x := range v {
-		out[i] = float64(int(x*10+0.5)) / 10
-	}
-	return out
-}
-
-func loadavg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil || len(b) < 14 {
-		return ""
-	}
-	return string(b[:14])
-}
-
-// tail keeps the last 4 KiB written to it (the server's output, for error messages).
-type tail struct {
-	mu  sync.Mutex
-	buf []byte
-}
-
-func (t *tail) Write(p []byte) (int, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.buf = append(t.buf, p...)
-	if len(t.buf) > 4096 {
-		t.buf = t.buf[len(t.buf)-4096:]
-	}
-	return len(p), nil
-}
-
-func (t *tail) String() string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return string(t.buf)
+// finish sets f's medians, to two decimals as this report prints them.
+func finish(f *peer.Figure) {
+	f.Finish()
+	f.P50ms, f.P99ms, f.JobsPerSec = peer.Round2(f.P50ms), peer.Round2(f.P99ms), peer.Round2(f.JobsPerSec)
 }

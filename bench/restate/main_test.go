@@ -3,10 +3,12 @@ package main
 import (
 	"strings"
 	"testing"
+
+	"github.com/handoffhq/handoff/internal/bench/peer"
 )
 
 func TestCompareJudgesTargets(t *testing.T) {
-	h := &figure{Name: "J_bolt", P50ms: 2, JobsPerSec: 2000}
+	h := &peer.Figure{Name: "J_bolt", P50ms: 2, JobsPerSec: 2000}
 	for _, tc := range []struct {
 		name                      string
 		peerJPS, peerP50, tT, tL  float64
@@ -36,12 +38,6 @@ func TestConfigBindsLoopbackPorts(t *testing.T) {
 		if !strings.Contains(c, want) {
 			t.Errorf("config lacks %q:\n%s", want, c)
 		}
-	}
-}
-
-func TestMedian(t *testing.T) {
-	if median(nil) != 0 || median([]float64{3, 1, 2}) != 2 || median([]float64{4, 1, 2, 3}) != 2.5 {
-		t.Fatal("median")
 	}
 }
 

@@ -27,7 +27,6 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
-	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -43,6 +42,7 @@ import (
 	"go.temporal.io/sdk/workflow"
 
 	"github.com/handoffhq/handoff/internal/bench"
+	"github.com/handoffhq/handoff/internal/bench/peer"
 )
 
 const (
@@ -70,28 +70,6 @@ type options struct {
 	jsonOut                    bool
 }
 
-// figure is one system's result: medians over the rounds of each round's p50 (one job at
-// a time) and jobs/s (conc in flight).
-type figure struct {
-	Name       string    `json:"name"`
-	P50ms      float64   `json:"p50_ms"`
-	P99ms      float64   `json:"p99_ms"`
-	JobsPerSec float64   `json:"jobs_per_sec"`
-	RoundsP50  []float64 `json:"rounds_p50_ms"`
-	RoundsJPS  []float64 `json:"rounds_jobs_per_sec"`
-	p99s       []float64
-}
-
-func (f *figure) add(p50, p99 time.Duration, jps float64) {
-	f.RoundsP50 = append(f.RoundsP50, ms(p50))
-	f.p99s = append(f.p99s, ms(p99))
-	f.RoundsJPS = append(f.RoundsJPS, jps)
-}
-
-func (f *figure) finish() {
-	f.P50ms, f.P99ms, f.JobsPerSec = median(f.RoundsP50), median(f.p99s), median(f.RoundsJPS)
-}
-
 type ratio struct {
 	Handoff         string  `json:"handoff"`
 	ThroughputRatio float64 `json:"handoff_jobs_per_sec_over_temporal"`
@@ -101,19 +79,19 @@ type ratio struct {
 }
 
 type report struct {
-	Date        string    `json:"date"`
-	GoVersion   string    `json:"go_version"`
-	NumCPU      int       `json:"nproc"`
-	Load        string    `json:"loadavg_start,omitempty"`
-	LoadEnd     string    `json:"loadavg_end,omitempty"`
-	Jobs        int       `json:"jobs_per_round_concurrent"`
-	Serial      int       `json:"jobs_per_round_serial"`
-	Concurrency int       `json:"concurrency"`
-	Rounds      int       `json:"rounds"`
-	TemporalCLI string    `json:"temporal_cli"`
-	Figures     []*figure `json:"figures"`
-	Ratios      []ratio   `json:"ratios"`
-	Notes       []string  `json:"notes,omitempty"`
+	Date        string         `json:"date"`
+	GoVersion   string         `json:"go_version"`
+	NumCPU      int            `json:"nproc"`
+	Load        string         `json:"loadavg_start,omitempty"`
+	LoadEnd     string         `json:"loadavg_end,omitempty"`
+	Jobs        int            `json:"jobs_per_round_concurrent"`
+	Serial      int            `json:"jobs_per_round_serial"`
+	Concurrency int            `json:"concurrency"`
+	Rounds      int            `json:"rounds"`
+	TemporalCLI string         `json:"temporal_cli"`
+	Figures     []*peer.Figure `json:"figures"`
+	Ratios      []ratio        `json:"ratios"`
+	Notes       []string       `json:"notes,omitempty"`
 }
 
 func main() {
@@ -146,7 +124,7 @@ func run(ctx context.Context, o options) error {
 	}
 	rep := &report{
 		Date: time.Now().UTC().Format(time.RFC3339), GoVersion: runtime.Version(), NumCPU: runtime.NumCPU(),
-		Load: loadavg(), Jobs: o.jobs, Serial: o.serial, Concurrency: o.conc, Rounds: o.rounds,
+		Load: peer.Loadavg(), Jobs: o.jobs, Serial: o.serial, Concurrency: o.conc, Rounds: o.rounds,
 	}
 	if out, err := exec.CommandContext(ctx, bin, "--version").Output(); err == nil {
 		rep.TemporalCLI = string(trimNL(out))
@@ -198,10 +176,10 @@ func run(ctx context.Context, o options) error {
 			stores = append(stores, "redis")
 		}
 	}
-	temporal := &figure{Name: "Temporal (dev server, in memory, tuned)"}
-	handoff := map[string]*figure{}
+	temporal := &peer.Figure{Name: "Temporal (dev server, in memory, tuned)"}
+	handoff := map[string]*peer.Figure{}
 	for _, s := range stores {
-		handoff[s] = &figure{Name: "handoff J_" + s}
+		handoff[s] = &peer.Figure{Name: "handoff J_" + s}
 	}
 	progress := func(format string, args ...any) {
 		if !o.jsonOut {
@@ -232,29 +210,29 @@ func run(ctx context.Context, o options) error {
 			return fmt.Errorf("temporal concurrent: %w", err)
 		}
 		tJPS := float64(o.jobs) / el.Seconds()
-		temporal.add(tP50, tP99, tJPS)
+		temporal.Add(tP50, tP99, tJPS)
 		progress("round %d: temporal %.1f jobs/s", r+1, tJPS)
 		for _, s := range stores {
 			res, err := bench.RunJobs(ctx, bench.JobsConfig{N: o.jobs, Concurrency: o.conc, Store: s, RedisAddr: o.redis})
 			if err != nil {
 				return fmt.Errorf("handoff J_%s concurrent: %w", s, err)
 			}
-			handoff[s].add(hs[s].P50, hs[s].P99, res.JobsPerSec)
+			handoff[s].Add(hs[s].P50, hs[s].P99, res.JobsPerSec)
 			progress("round %d: handoff J_%s %.1f jobs/s", r+1, s, res.JobsPerSec)
 		}
 	}
-	temporal.finish()
+	temporal.Finish()
 	rep.Figures = append(rep.Figures, temporal)
 	for _, s := range stores {
 		f := handoff[s]
-		f.finish()
+		f.Finish()
 		rep.Figures = append(rep.Figures, f)
 		tr := f.JobsPerSec / temporal.JobsPerSec
 		lr := temporal.P50ms / f.P50ms
 		rep.Ratios = append(rep.Ratios, ratio{Handoff: f.Name, ThroughputRatio: tr, LatencyRatio: lr,
 			ThroughputMet: tr >= 50, LatencyMet: lr > 50})
 	}
-	rep.LoadEnd = loadavg()
+	rep.LoadEnd = peer.Loadavg()
 
 	if o.jsonOut {
 		enc := json.NewEncoder(os.Stdout)
@@ -274,7 +252,7 @@ func printReport(rep *report) {
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "figure\tp50 ms\tp99 ms\tjobs/s\tp50 per round\tjobs/s per round")
 	for _, f := range rep.Figures {
-		fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%.1f\t%v\t%v\n", f.Name, f.P50ms, f.P99ms, f.JobsPerSec, round1(f.RoundsP50), round1(f.RoundsJPS))
+		fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%.1f\t%v\t%v\n", f.Name, f.P50ms, f.P99ms, f.JobsPerSec, peer.Round1(f.RoundsP50), peer.Round1(f.RoundsJPS))
 	}
 	tw.Flush()
 	fmt.Println()
@@ -300,12 +278,12 @@ func met(b bool) string {
 type devServer struct {
 	cmd    *exec.Cmd
 	done   chan struct{}
-	stderr *tail
+	stderr *peer.Tail
 	once   sync.Once
 }
 
 func startDevServer(ctx context.Context, bin string) (*devServer, string, error) {
-	port, err := freePort()
+	port, err := peer.FreePort()
 	if err != nil {
 		return nil, "", err
 	}
@@ -318,7 +296,7 @@ func startDevServer(ctx context.Context, bin string) (*devServer, string, error)
 	}
 	cmd := exec.Command(bin, args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	t := &tail{}
+	t := &peer.Tail{}
 	cmd.Stdout, cmd.Stderr = t, t
 	if err := cmd.Start(); err != nil {
 		return nil, "", fmt.Errorf("start %s: %w", bin, err)
@@ -385,67 +363,9 @@ func findTemporal(flagPath string) (string, error) {
 	return "", errors.New("no temporal CLI: GOBIN=$PWD/bin go install github.com/temporalio/cli/cmd/temporal@v1.5.1 (from the repository root), or pass --temporal PATH")
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
-func median(v []float64) float64 {
-	s := slices.Clone(v)
-	slices.Sort(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
-}
-
-func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-
-func round1(v []float64) []float64 {
-	out := make([]float64, len(v))
-	for i, x := range v {
-		out[i] = float64(int(x*10+0.5)) / 10
-	}
-	return out
-}
-
-func loadavg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil || len(b) < 14 {
-		return ""
-	}
-	return string(b[:14])
-}
-
 func trimNL(b []byte) []byte {
 	for len(b) > 0 && (b[len(b)-1] == '\n' || b[len(b)-1] == '\r') {
 		b = b[:len(b)-1]
 	}
 	return b
-}
-
-// tail keeps the last 4 KiB written to it (the dev server's output, for error messages).
-type tail struct {
-	mu  sync.Mutex
-	buf []byte
-}
-
-func (t *tail) Write(p []byte) (int, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.buf = append(t.buf, p...)
-	if len(t.buf) > 4096 {
-		t.buf = t.buf[len(t.buf)-4096:]
-	}
-	return len(p), nil
-}
-
-func (t *tail) String() string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return string(t.buf)
 }

@@ -1,0 +1,109 @@
+// Package peer holds what the peer benchmarks (bench/temporal, bench/restate: their own Go
+// modules, run beside handoff's J on one machine) share: a figure's medians over
+// interleaved rounds, the machine's load, a free port, and the tail of a server's output.
+package peer
+
+import (
+	"net"
+	"os"
+	"slices"
+	"sync"
+	"time"
+)
+
+// Figure is one system's result: medians over the rounds of each round's p50 and p99 (one
+// job at a time) and jobs/s (many in flight).
+type Figure struct {
+	Key        string    `json:"key,omitempty"`
+	Name       string    `json:"name"`
+	P50ms      float64   `json:"p50_ms"`
+	P99ms      float64   `json:"p99_ms"`
+	JobsPerSec float64   `json:"jobs_per_sec"`
+	RoundsP50  []float64 `json:"rounds_p50_ms"`
+	RoundsJPS  []float64 `json:"rounds_jobs_per_sec"`
+	p99s       []float64
+}
+
+// Add records one round.
+func (f *Figure) Add(p50, p99 time.Duration, jps float64) {
+	f.RoundsP50 = append(f.RoundsP50, Ms(p50))
+	f.p99s = append(f.p99s, Ms(p99))
+	f.RoundsJPS = append(f.RoundsJPS, jps)
+}
+
+// Finish sets the figure's medians over its rounds.
+func (f *Figure) Finish() {
+	f.P50ms, f.P99ms, f.JobsPerSec = Median(f.RoundsP50), Median(f.p99s), Median(f.RoundsJPS)
+}
+
+// Median is the median of v (0 for none).
+func Median(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if len(s) == 0 {
+		return 0
+	}
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// Ms is d in milliseconds.
+func Ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// Round2 rounds f to two decimals.
+func Round2(f float64) float64 { return float64(int64(f*100+0.5)) / 100 }
+
+// Round1 rounds each of v to one decimal.
+func Round1(v []float64) []float64 {
+	out := make([]float64, len(v))
+	for i, x := range v {
+		out[i] = float64(int(x*10+0.5)) / 10
+	}
+	return out
+}
+
+// Loadavg is the machine's load averages (the first 14 bytes of /proc/loadavg), or "".
+func Loadavg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil || len(b) < 14 {
+		return ""
+	}
+	return string(b[:14])
+}
+
+// FreePort returns a loopback port nothing listened on a moment ago.
+func FreePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// tailSize is how much of a server's output a Tail keeps.
+const tailSize = 4096
+
+// Tail keeps the last 4 KiB written to it: a server's output, for error messages.
+type Tail struct {
+	mu  sync.Mutex
+	buf []byte
+}
+
+func (t *Tail) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.buf = append(t.buf, p...)
+	if len(t.buf) > tailSize {
+		t.buf = t.buf[len(t.buf)-tailSize:]
+	}
+	return len(p), nil
+}
+
+func (t *Tail) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return string(t.buf)
+}

@@ -1,0 +1,47 @@
+package peer
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestMedian(t *testing.T) {
+	for _, c := range []struct {
+		in   []float64
+		want float64
+	}{
+		{nil, 0},
+		{[]float64{3}, 3},
+		{[]float64{9, 1, 5}, 5},
+		{[]float64{4, 1, 3, 2}, 2.5},
+	} {
+		if got := Median(c.in); got != c.want {
+			t.Errorf("Median(%v) = %v; want %v", c.in, got, c.want)
+		}
+	}
+}
+
+func TestFigureFinish(t *testing.T) {
+	var f Figure
+	for _, r := range []struct {
+		p50, p99 time.Duration
+		jps      float64
+	}{{10 * time.Millisecond, 40 * time.Millisecond, 300}, {30 * time.Millisecond, 20 * time.Millisecond, 100}, {20 * time.Millisecond, 30 * time.Millisecond, 200}} {
+		f.Add(r.p50, r.p99, r.jps)
+	}
+	f.Finish()
+	if f.P50ms != 20 || f.P99ms != 30 || f.JobsPerSec != 200 || len(f.RoundsP50) != 3 {
+		t.Errorf("after 3 rounds: p50 %v p99 %v jobs/s %v rounds %v; want the medians 20, 30, 200 over 3 rounds", f.P50ms, f.P99ms, f.JobsPerSec, f.RoundsP50)
+	}
+}
+
+func TestTailKeepsTheEnd(t *testing.T) {
+	var tl Tail
+	tl.Write([]byte(strings.Repeat("a", tailSize)))
+	tl.Write([]byte("the error"))
+	s := tl.String()
+	if len(s) != tailSize || !strings.HasSuffix(s, "the error") {
+		t.Errorf("tail of %d bytes ending %q; want %d ending with the last write", len(s), s[len(s)-12:], tailSize)
+	}
+}
