@@ -45,9 +45,11 @@ func bareRigFor(b *testing.B, redisAddr string) *bareRig {
 	return r
 }
 
-func hopRigFor(b *testing.B, kind string) *hopRig {
+func hopRigFor(b *testing.B, kind string) *hopRig { return hopRigN(b, kind, 1) }
+
+func hopRigN(b *testing.B, kind string, workers int) *hopRig {
 	b.Helper()
-	r, err := newHopRig(context.Background(), hopConfig{Store: kind, RedisAddr: DefaultRedisAddr, Workers: 1})
+	r, err := newHopRig(context.Background(), hopConfig{Store: kind, RedisAddr: DefaultRedisAddr, Workers: workers})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -114,7 +116,9 @@ func BenchmarkJob(b *testing.B) {
 	}
 }
 
-func floorRigFor(b *testing.B, redisAddr string) *floorRig {
+func floorRigFor(b *testing.B, redisAddr string) *floorRig { return floorRigN(b, redisAddr, 1) }
+
+func floorRigN(b *testing.B, redisAddr string, workers int) *floorRig {
 	b.Helper()
 	v, err := contract.NewValidator()
 	if err != nil {
@@ -126,7 +130,7 @@ func floorRigFor(b *testing.B, redisAddr string) *floorRig {
 			b.Fatal(err)
 		}
 	}
-	r, err := newFloorRig(context.Background(), redisAddr, 1, v, shape)
+	r, err := newFloorRig(context.Background(), redisAddr, workers, v, shape)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -165,4 +169,40 @@ func BenchmarkJobTriage(b *testing.B) {
 	}
 	b.Cleanup(r.close)
 	loop(b, r.job)
+}
+
+// BenchmarkHopsInFlight is the throughput burst of A2, B, R and R_floor: 32 calls in flight
+// (`handoff bench`'s default), each worker on its own wallet and run. ns/op is wall time
+// per call; its CPU profile is the CPU a call costs at throughput, which is what the
+// throughput and CPU-per-hop ratios measure (a serial profile is mostly wake-ups).
+func BenchmarkHopsInFlight(b *testing.B) {
+	const inFlight = 32
+	for _, f := range []struct {
+		name  string
+		redis bool
+		op    func(b *testing.B) func(context.Context, int) error
+	}{
+		{"A2", true, func(b *testing.B) func(context.Context, int) error {
+			return floorRigN(b, DefaultRedisAddr, inFlight).hop
+		}},
+		{"B", true, func(b *testing.B) func(context.Context, int) error { return hopRigN(b, StoreRedis, inFlight).hop }},
+		{"R_floor", false, func(b *testing.B) func(context.Context, int) error { return floorRigN(b, "", inFlight).rejected }},
+		{"R", false, func(b *testing.B) func(context.Context, int) error { return hopRigN(b, StoreBolt, inFlight).rejected }},
+	} {
+		b.Run(f.name, func(b *testing.B) {
+			if f.redis {
+				needRedis(b)
+			}
+			op := f.op(b)
+			ctx := context.Background()
+			if _, _, err := RunN(ctx, 2*inFlight, inFlight, op); err != nil { // warm-up
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			if _, _, err := RunN(ctx, b.N, inFlight, op); err != nil {
+				b.Fatal(err)
+			}
+		})
+	}
 }
