@@ -57,8 +57,14 @@ func TestBenchJSON(t *testing.T) {
 			t.Errorf("ratio %s is missing", k)
 		}
 	}
-	if len(rep.Targets) != 6 || rep.Machine.NumCPU == 0 || rep.Machine.Go == "" {
-		t.Errorf("targets %d (want 6), machine %+v", len(rep.Targets), rep.Machine)
+	if len(rep.Targets) != 7 || rep.Machine.NumCPU == 0 || rep.Machine.Go == "" {
+		t.Errorf("targets %d (want 7), machine %+v", len(rep.Targets), rep.Machine)
+	}
+	// With A2 measured, the J_redis target carries the machine's ceiling at A2's CPU.
+	for _, tg := range rep.Targets {
+		if tg.Name == "J_redis jobs/s" && rep.Figures["A2"].Skipped == "" && rep.Figures["J_redis"].Skipped == "" && (tg.Ceiling == nil || *tg.Ceiling <= 0) {
+			t.Errorf("J_redis target without a ceiling: %+v", tg)
+		}
 	}
 	// A, A2 and B carry the CPU per operation of their throughput bursts.
 	for _, k := range []string{"A", "A2", "B"} {

@@ -140,6 +140,55 @@ func TestRatiosAndTargetsFromFigures(t *testing.T) {
 	}
 }
 
+// TestJobsTargetCeiling checks the J_redis target and its ceiling from A2's CPU per op:
+// ncpu / (5 × A2's CPU), said in the note, and the note says when the target is above it.
+func TestJobsTargetCeiling(t *testing.T) {
+	cpu := func(v float64) *float64 { return &v }
+	for _, c := range []struct {
+		name       string
+		jobsPerSec float64
+		a2CPU      *float64
+		ncpu       int
+		met        bool
+		ceiling    float64 // 0: none
+		noteHas    string
+		noteHasNot string
+	}{
+		{"below a ceiling under the target", 450, cpu(250), 2, false, 1600, "no rail of this design meets it here", ""},
+		{"a bigger machine lifts the ceiling over the target", 2000, cpu(250), 8, true, 6400, "8 CPUs / (5 hops × A2's 250.0 µs per op)", "no rail"},
+		{"A2 without its CPU figure", 450, nil, 2, false, 0, "ceiling not computed: CPU per operation not measured for A2", ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			rep := &Report{Machine: Machine{NumCPU: c.ncpu}, Ratios: map[string]*Ratio{}, Figures: map[string]*Figure{
+				"A2":      {Key: "A2", p50: time.Millisecond, LatencySamples: 10, OpsPerSec: 1, CPUUs: c.a2CPU},
+				"J_redis": {Key: "J_redis", p50: 5 * time.Millisecond, LatencySamples: 10, OpsPerSec: c.jobsPerSec},
+			}}
+			rep.ratiosAndTargets()
+			var got *Target
+			for i := range rep.Targets {
+				if rep.Targets[i].Name == "J_redis jobs/s" {
+					got = &rep.Targets[i]
+				}
+			}
+			if got == nil {
+				t.Fatalf("no J_redis target in %+v", rep.Targets)
+			}
+			if got.Met != c.met || got.Value != c.jobsPerSec {
+				t.Errorf("met=%v value=%v, want %v %v", got.Met, got.Value, c.met, c.jobsPerSec)
+			}
+			switch {
+			case c.ceiling == 0 && got.Ceiling != nil:
+				t.Errorf("ceiling %v, want none", *got.Ceiling)
+			case c.ceiling != 0 && (got.Ceiling == nil || *got.Ceiling != c.ceiling):
+				t.Errorf("ceiling %v, want %v", got.Ceiling, c.ceiling)
+			}
+			if !strings.Contains(got.Note, c.noteHas) || (c.noteHasNot != "" && strings.Contains(got.Note, c.noteHasNot)) {
+				t.Errorf("note %q: want it to hold %q and not %q", got.Note, c.noteHas, c.noteHasNot)
+			}
+		})
+	}
+}
+
 // TestFloorFigures runs A2 and R_floor against a real Redis: A2 admits, debits and saves;
 // the same stage again is refused (the claim holds); R_floor refuses the goal-less package.
 func TestFloorFigures(t *testing.T) {
