@@ -46,6 +46,7 @@ import (
 
 	"github.com/handoffhq/handoff/internal/bench"
 	"github.com/handoffhq/handoff/internal/bench/peer"
+	"github.com/handoffhq/handoff/internal/gctune"
 )
 
 const (
@@ -126,6 +127,12 @@ type report struct {
 }
 
 func main() {
+	// handoff's side runs with the GC policy its binaries ship with (the peer's worker in
+	// this process gets it too).
+	if _, err := gctune.Apply(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
 	var o options
 	flag.IntVar(&o.jobs, "jobs", 96, "jobs per round with --concurrency in flight (jobs/s)")
 	flag.IntVar(&o.serial, "serial", 15, "jobs per round one at a time (p50, p99)")

@@ -33,6 +33,7 @@ import (
 	"github.com/handoffhq/handoff/internal/artifact"
 	"github.com/handoffhq/handoff/internal/config"
 	"github.com/handoffhq/handoff/internal/contract"
+	"github.com/handoffhq/handoff/internal/gctune"
 	"github.com/handoffhq/handoff/internal/pipeline"
 	"github.com/handoffhq/handoff/internal/rpc"
 	"github.com/handoffhq/handoff/internal/server"
@@ -122,6 +123,12 @@ func (s *settings) Validate() error {
 func main() {
 	log := slog.New(telemetry.LogHandler(slog.NewJSONHandler(os.Stderr, nil)))
 	store.RouteRedisLogs(log)
+	gc, err := gctune.Apply()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "agentrunner:", err)
+		os.Exit(2)
+	}
+	log.Info("gc policy", "gc", gc)
 	if err := run(os.Args[1:], log); err != nil {
 		fmt.Fprintln(os.Stderr, "agentrunner:", err)
 		os.Exit(1)

@@ -22,6 +22,7 @@ import (
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/config"
 	"github.com/handoffhq/handoff/internal/contract"
+	"github.com/handoffhq/handoff/internal/gctune"
 	"github.com/handoffhq/handoff/internal/interceptor/identity"
 	"github.com/handoffhq/handoff/internal/pipeline"
 	"github.com/handoffhq/handoff/internal/rpc"
@@ -131,6 +132,12 @@ func (s *settings) Validate() error {
 func main() {
 	log := slog.New(telemetry.LogHandler(slog.NewJSONHandler(os.Stderr, nil)))
 	store.RouteRedisLogs(log)
+	gc, err := gctune.Apply()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "coordinator:", err)
+		os.Exit(2)
+	}
+	log.Info("gc policy", "gc", gc)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Args[1:], log, nil); err != nil {

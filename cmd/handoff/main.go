@@ -7,6 +7,8 @@ import (
 	"io"
 	"os"
 	"strings"
+
+	"github.com/handoffhq/handoff/internal/gctune"
 )
 
 // commands are the subcommands: each one's synopsis and what it does, said once here for
@@ -54,6 +56,11 @@ func about(name string) string {
 }
 
 func main() {
+	// The services of up and demo, and the figures of bench, run with the services' GC policy.
+	if _, err := gctune.Apply(); err != nil {
+		fmt.Fprintln(os.Stderr, "handoff:", err)
+		os.Exit(2)
+	}
 	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 }
 

@@ -37,6 +37,7 @@ import (
 	"github.com/handoffhq/handoff/internal/artifact"
 	"github.com/handoffhq/handoff/internal/config"
 	"github.com/handoffhq/handoff/internal/contract"
+	"github.com/handoffhq/handoff/internal/gctune"
 	"github.com/handoffhq/handoff/internal/interceptor/identity"
 	"github.com/handoffhq/handoff/internal/rpc"
 	"github.com/handoffhq/handoff/internal/server"
@@ -130,6 +131,12 @@ type transport struct {
 }
 
 func main() {
+	gc, err := gctune.Apply()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "writeback:", err)
+		os.Exit(2)
+	}
+	slog.New(telemetry.LogHandler(slog.NewJSONHandler(os.Stderr, nil))).Info("gc policy", "gc", gc)
 	os.Exit(run(os.Args[1:], os.Stderr))
 }
 

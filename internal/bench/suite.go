@@ -10,6 +10,7 @@ import (
 	"math"
 	"os"
 	"runtime"
+	"runtime/metrics"
 	"strings"
 	"sync"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/handoffhq/handoff/internal/contract"
+	"github.com/handoffhq/handoff/internal/gctune"
 )
 
 // Config configures Run.
@@ -687,7 +689,23 @@ func notes(cfg Config) []string {
 		"B/C record a hop as the coordinator does after a result: one store.PutRun of the run with the hop's ACK and STAGE_RESULT events; B/C packages carry a wallet_id, so the runner claims the stage and debits the stored wallet in one store.Admit, then Completes just after sending the result, overlapping the PutRun (3 store writes per hop, 2 in sequence; on bbolt the Complete shares the PutRun's transaction)",
 		fmt.Sprintf("bbolt files of C, R and J_bolt under %s; each write transaction fsyncs", boltDir),
 		"J: latency one job at a time; jobs/s with the concurrency in flight; J_redis is stack.Start's assembly rebuilt on store.OpenRedis (stack.Start only opens bbolt)",
+		gcNote(),
 	}
+}
+
+// gcNote says what GC policy the figures ran under: the handoff binary applies its services'
+// (internal/gctune) before any command, a Go test binary runs with Go's own.
+func gcNote() string {
+	ms := []metrics.Sample{{Name: "/gc/gogc:percent"}, {Name: "/gc/gomemlimit:bytes"}}
+	metrics.Read(ms)
+	if ms[0].Value.Kind() != metrics.KindUint64 || ms[1].Value.Kind() != metrics.KindUint64 {
+		return "GC: policy unknown (runtime/metrics has no gogc or gomemlimit)"
+	}
+	limit := "none"
+	if l := ms[1].Value.Uint64(); l < math.MaxInt64 {
+		limit = fmt.Sprintf("%d MiB", l>>20)
+	}
+	return fmt.Sprintf("GC: GOGC=%d, GOMEMLIMIT %s (the handoff binary's default is GOGC=%d, internal/gctune)", ms[0].Value.Uint64(), limit, gctune.DefaultGOGC)
 }
 
 func machine() Machine {
