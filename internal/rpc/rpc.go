@@ -119,10 +119,12 @@ func NewServer(cfg ServerConfig) *grpc.Server {
 	unary = append(unary, recovery.UnaryServerInterceptor(recoverOpts...))
 	stream = append(stream, recovery.StreamServerInterceptor(recoverOpts...))
 
+	chain := newStreamChain(stream)
 	opts := []grpc.ServerOption{
 		grpc.StatsHandler(otelgrpc.NewServerHandler(otelgrpc.WithTracerProvider(tp), otelgrpc.WithPropagators(propagators))),
 		grpc.ChainUnaryInterceptor(unary...),
-		grpc.ChainStreamInterceptor(stream...),
+		// The stream chain's links are made once per method, not per call (chain.go).
+		grpc.StreamInterceptor(chain.intercept),
 		// Only with the utf8 interceptors above: the codec leaves them a marked request.
 		grpc.ForceServerCodecV2(newUTF8Codec()),
 		// Each stream on a goroutine whose stack has already grown to the chain's depth: a
@@ -135,7 +137,9 @@ func NewServer(cfg ServerConfig) *grpc.Server {
 	if cfg.Creds != nil {
 		opts = append(opts, grpc.Creds(cfg.Creds))
 	}
-	return grpc.NewServer(append(opts, cfg.Options...)...)
+	g := grpc.NewServer(append(opts, cfg.Options...)...)
+	chain.server.Store(g)
+	return g
 }
 
 // DialConfig describes a client connection from one service to another.
