@@ -203,11 +203,8 @@ func check(v *contract.Validator, m proto.Message) ([]*handoffv1.Reason, error) 
 	if pkgChecked {
 		// The package was just checked whole; validating the request with it inside would
 		// check it a second time (a third of a hop's validation cost). Validate the rest of
-		// the request with the package set aside, then put it back.
-		saved := r.Get(fd)
-		r.Clear(fd)
-		err = v.Validate(m)
-		r.Set(fd, saved)
+		// the request without the package's rules.
+		err = v.ValidateWithout(m, fd)
 	} else {
 		err = v.Validate(m)
 	}
@@ -220,7 +217,7 @@ func check(v *contract.Validator, m proto.Message) ([]*handoffv1.Reason, error) 
 		}
 		if x.GetRule() == RulePackageOne && x.GetField() == "" {
 			if pkgChecked {
-				continue // the same: "exactly one package" holds, the v1 one was set aside
+				continue // both package and package_v2 set: not this step's reason (the version gate answers it)
 			}
 			// No package of either version (a v2 one reaches this gate as its v1 view): the
 			// package is missing, as the field-level rule said before package_v2 existed.
