@@ -185,5 +185,12 @@ func Dial(addr string, cfg DialConfig) (*grpc.ClientConn, error) {
 }
 
 // streamWorkers is how many goroutines a server keeps for its streams: four per CPU the Go
-// scheduler runs, enough for the hops a service has in flight on them.
-func streamWorkers() uint32 { return uint32(4 * runtime.GOMAXPROCS(0)) }
+// scheduler runs, and at least minStreamWorkers. A hop's stream spends most of its time
+// waiting on the store, so a server holds many more streams than it has CPUs: with one
+// coordinator sending 32 hops at once and 8 workers, three hops in four ran on a fresh
+// goroutine that grew its stack down the chain again (runtime.newstack, ~3 % of a hop's CPU;
+// ~1 % with 64 workers). An idle worker costs a few KiB of stack.
+func streamWorkers() uint32 { return uint32(max(minStreamWorkers, 4*runtime.GOMAXPROCS(0))) }
+
+// minStreamWorkers is streamWorkers' floor.
+const minStreamWorkers = 64
