@@ -95,6 +95,27 @@ func (v *Validator) Validate(m proto.Message) error {
 	return v.pv.Validate(m)
 }
 
+// ValidateWithout is Validate of m without the rules of its own field fd (and of what fd
+// holds): for a request whose package was checked apart (CheckV1), the rest of the request
+// is checked without validating the package a second time and without setting it aside.
+// The message's own rules (a CEL rule over fd and another field) still see fd's value.
+func (v *Validator) ValidateWithout(m proto.Message, fd protoreflect.FieldDescriptor) error {
+	if m == nil {
+		return errors.New("contract: nil message")
+	}
+	return v.pv.Validate(m, protovalidate.WithFilter(skipField{m: m, fd: fd}))
+}
+
+// skipField is the protovalidate filter that leaves out the field fd of the message m.
+type skipField struct {
+	m  proto.Message
+	fd protoreflect.FieldDescriptor
+}
+
+func (f skipField) ShouldValidate(msg protoreflect.Message, d protoreflect.Descriptor) bool {
+	return d != f.fd || msg.Interface() != f.m
+}
+
 // gate is the version check every package passes before any other field is looked at: a
 // consumer must not half-read a version it never agreed to. want is the version of the Go
 // message the package was decoded into ("" when not yet decoded).

@@ -3,6 +3,7 @@ package pii
 import (
 	"context"
 	"fmt"
+	"reflect"
 	"strings"
 	"sync"
 
@@ -79,8 +80,15 @@ func planOf(md protoreflect.MessageDescriptor) *plan {
 
 // screen reports whether any free-text string of r, or of the messages r holds to depth,
 // holds personal data: the same fields each visits, without their paths or setters, so a
-// clean message (every hop's case) costs no allocation beyond the reflection's own.
+// clean message (every hop's case) costs no allocation. A generated message is read through
+// its Go struct (goPlan): protoreflect would allocate a value for every string of a
+// repeated field and a view of every list it reads.
 func (d *Detector) screen(r protoreflect.Message, depth int) bool {
+	if v := reflect.ValueOf(r.Interface()); v.Kind() == reflect.Pointer && !v.IsNil() {
+		if gp := goPlanOf(v.Type(), r.Descriptor()); gp != nil {
+			return d.screenGo(v.Elem(), gp, depth)
+		}
+	}
 	p := planOf(r.Descriptor())
 	for _, fd := range p.texts {
 		if !r.Has(fd) {
@@ -120,6 +128,152 @@ func (d *Detector) screen(r protoreflect.Message, depth int) bool {
 		}
 	}
 	return false
+}
+
+// goPlan is plan for a generated message's Go struct: the struct field of each of plan's
+// fields, read with Go reflection.
+type goPlan struct {
+	texts []goField
+	msgs  []goField
+}
+
+type goField struct {
+	index int
+	kind  goKind
+	md    protoreflect.MessageDescriptor // a message field's message
+}
+
+type goKind int
+
+const (
+	goString      goKind = iota // string
+	goOptString                 // *string (proto3 optional)
+	goStrings                   // []string
+	goMessage                   // *T
+	goMessageList               // []*T
+)
+
+var goPlans sync.Map // reflect.Type (a pointer to a generated struct) → *goPlan, or nil
+
+// goPlanOf returns the goPlan of t, the Go type of messages of md; nil when t is not a
+// generated struct whose every plan field is a plain struct field (a dynamicpb message, a
+// oneof member): those are read with protoreflect.
+func goPlanOf(t reflect.Type, md protoreflect.MessageDescriptor) *goPlan {
+	if gp, ok := goPlans.Load(t); ok {
+		return gp.(*goPlan)
+	}
+	gp := buildGoPlan(t, md)
+	goPlans.Store(t, gp)
+	return gp
+}
+
+func buildGoPlan(t reflect.Type, md protoreflect.MessageDescriptor) *goPlan {
+	if t.Kind() != reflect.Pointer || t.Elem().Kind() != reflect.Struct {
+		return nil
+	}
+	st := t.Elem()
+	byName := map[string]int{}
+	for i := 0; i < st.NumField(); i++ {
+		for _, part := range strings.Split(st.Field(i).Tag.Get("protobuf"), ",") {
+			if name, ok := strings.CutPrefix(part, "name="); ok {
+				byName[name] = i
+			}
+		}
+	}
+	p := planOf(md)
+	gp := &goPlan{}
+	field := func(fd protoreflect.FieldDescriptor) (goField, bool) {
+		i, ok := byName[string(fd.Name())]
+		if !ok || fd.ContainingOneof() != nil && !fd.HasOptionalKeyword() {
+			return goField{}, false
+		}
+		ft := st.Field(i).Type
+		f := goField{index: i}
+		switch {
+		case fd.Kind() == protoreflect.StringKind && fd.IsList() && ft == reflect.TypeFor[[]string]():
+			f.kind = goStrings
+		case fd.Kind() == protoreflect.StringKind && !fd.IsList() && ft.Kind() == reflect.String:
+			f.kind = goString
+		case fd.Kind() == protoreflect.StringKind && !fd.IsList() && ft.Kind() == reflect.Pointer && ft.Elem().Kind() == reflect.String:
+			f.kind = goOptString
+		case fd.Kind() == protoreflect.MessageKind && fd.IsList() && ft.Kind() == reflect.Slice && ft.Elem().Kind() == reflect.Pointer:
+			f.kind, f.md = goMessageList, fd.Message()
+		case fd.Kind() == protoreflect.MessageKind && !fd.IsList() && ft.Kind() == reflect.Pointer:
+			f.kind, f.md = goMessage, fd.Message()
+		default:
+			return goField{}, false
+		}
+		return f, true
+	}
+	for _, fd := range p.texts {
+		f, ok := field(fd)
+		if !ok {
+			return nil
+		}
+		gp.texts = append(gp.texts, f)
+	}
+	for _, fd := range p.msgs {
+		f, ok := field(fd)
+		if !ok {
+			return nil
+		}
+		gp.msgs = append(gp.msgs, f)
+	}
+	return gp
+}
+
+// screenGo is screen for the struct v of a generated message.
+func (d *Detector) screenGo(v reflect.Value, gp *goPlan, depth int) bool {
+	for _, f := range gp.texts {
+		fv := v.Field(f.index)
+		switch f.kind {
+		case goString:
+			if s := fv.String(); s != "" && d.Find(s) != nil {
+				return true
+			}
+		case goOptString:
+			if !fv.IsNil() && d.Find(fv.Elem().String()) != nil {
+				return true
+			}
+		case goStrings:
+			for i := 0; i < fv.Len(); i++ {
+				if d.Find(fv.Index(i).String()) != nil {
+					return true
+				}
+			}
+		}
+	}
+	if depth == 0 {
+		return false
+	}
+	for _, f := range gp.msgs {
+		fv := v.Field(f.index)
+		switch f.kind {
+		case goMessage:
+			if !fv.IsNil() && d.screenValue(fv, f.md, depth-1) {
+				return true
+			}
+		case goMessageList:
+			for j := 0; j < fv.Len(); j++ {
+				if e := fv.Index(j); !e.IsNil() && d.screenValue(e, f.md, depth-1) {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+// screenValue screens the message the non-nil pointer v holds.
+func (d *Detector) screenValue(v reflect.Value, md protoreflect.MessageDescriptor, depth int) bool {
+	if gp := goPlanOf(v.Type(), md); gp != nil {
+		return d.screenGo(v.Elem(), gp, depth)
+	}
+	m, ok := v.Interface().(proto.Message)
+	if !ok {
+		return true // unreadable here: the full walk (each) decides
+	}
+	return d.screen(m.ProtoReflect(), depth)
 }
 
 // each calls fn for every set free-text string of r with its path and a setter, and of the

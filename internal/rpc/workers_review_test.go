@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+	"github.com/handoffhq/handoff/internal/rpc"
 	"github.com/handoffhq/handoff/internal/server"
 	"github.com/handoffhq/handoff/internal/testkit"
 )
@@ -41,7 +42,7 @@ func TestGracefulStopWithStreamsOnWorkers(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
-	n := 4*runtime.GOMAXPROCS(0) + 3
+	n := rpc.StreamWorkers() + 3
 	var calls []<-chan error
 	for range n {
 		calls = append(calls, hold(ctx, cc))

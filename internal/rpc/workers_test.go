@@ -2,7 +2,6 @@ package rpc_test
 
 import (
 	"context"
-	"runtime"
 	"testing"
 	"time"
 
@@ -11,14 +10,14 @@ import (
 )
 
 // TestStreamsBeyondTheWorkers: the server keeps a few goroutines for its streams (4 per
-// CPU); streams beyond them, while every worker is held by a slow handler, still reach
+// CPU, at least 64); streams beyond them, while every worker is held by a slow handler, still reach
 // their handler at once instead of waiting for a worker.
 func TestStreamsBeyondTheWorkers(t *testing.T) {
 	r := &holdRunner{release: make(chan struct{})}
 	cc := testkit.Dial(t, serveTCP(t, r, rpc.Limits{}))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	n := 4*runtime.GOMAXPROCS(0) + 5
+	n := rpc.StreamWorkers() + 5
 	var calls []<-chan error
 	for range n {
 		calls = append(calls, hold(ctx, cc))

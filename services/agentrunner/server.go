@@ -31,6 +31,7 @@ import (
 	"github.com/handoffhq/handoff/internal/artifact"
 	"github.com/handoffhq/handoff/internal/contract"
 	"github.com/handoffhq/handoff/internal/interceptor/budget"
+	"github.com/handoffhq/handoff/internal/interceptor/hop"
 	"github.com/handoffhq/handoff/internal/pii"
 	"github.com/handoffhq/handoff/internal/server"
 	"github.com/handoffhq/handoff/internal/store"
@@ -212,7 +213,37 @@ func (s *Server) Agents() map[string]RoleCard {
 // (server.New(srv.Service(), ...) does): without them Deliver and Check fail with codes.Internal rather than
 // answer a package nobody checked.
 func Register(s grpc.ServiceRegistrar, srv *Server) {
-	handoffv1.RegisterAgentRunnerServiceServer(s, srv)
+	s.RegisterService(&serviceDesc, srv)
+}
+
+// serviceDesc is the generated AgentRunnerService_ServiceDesc with one handler of its own:
+// Deliver's, which takes the request by reference from the interceptor that holds it
+// (hop.Receive) instead of the generated handler's RecvMsg, whose proto.Merge copies the
+// whole package once more on every hop. Agents must not modify Input.Package, so the
+// interceptors and the agent can share one message. Every other method (and any added to
+// the proto) keeps its generated handler.
+var serviceDesc = func() grpc.ServiceDesc {
+	d := handoffv1.AgentRunnerService_ServiceDesc
+	d.Streams = slices.Clone(d.Streams)
+	for i := range d.Streams {
+		if d.Streams[i].StreamName == "Deliver" {
+			d.Streams[i].Handler = deliverHandler
+			return d
+		}
+	}
+	panic("agentrunner: AgentRunnerService has no Deliver stream")
+}()
+
+// deliverHandler is the generated _AgentRunnerService_Deliver_Handler receiving through
+// hop.Receive: the held request itself when an interceptor holds it, else a RecvMsg of its
+// own (a server without the runner's chain).
+func deliverHandler(srv any, stream grpc.ServerStream) error {
+	m, err := hop.Receive(stream, new(handoffv1.DeliverRequest))
+	if err != nil {
+		return err
+	}
+	return srv.(handoffv1.AgentRunnerServiceServer).Deliver(m.(*handoffv1.DeliverRequest),
+		&grpc.GenericServerStream[handoffv1.DeliverRequest, handoffv1.DeliverResponse]{ServerStream: stream})
 }
 
 // Service is the runner as internal/server assembles it: the AgentRunnerService and its

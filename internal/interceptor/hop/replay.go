@@ -95,8 +95,9 @@ func (s *ReplayStream) TakeRequest(want reflect.Type) (proto.Message, bool) {
 // Holder of a request of into's type), that very message is returned, not a copy: every
 // interceptor of a hop would otherwise copy the ~2 KB package once more (a proto.Merge
 // each). Otherwise into is filled by ss.RecvMsg and returned. The message is shared along
-// the chain from then on, so no interceptor may change it after handing it on; the handler
-// still gets its own copy from the last ReplayStream.
+// the chain from then on, so no interceptor may change it after handing it on. A handler
+// that receives with RecvMsg gets its own copy from the last ReplayStream; one that
+// receives with Receive (the agent runner's Deliver) shares the message too.
 func Receive(ss grpc.ServerStream, into proto.Message) (proto.Message, error) {
 	if h, ok := ss.(Holder); ok {
 		if m, ok := h.TakeRequest(reflect.TypeOf(into)); ok {

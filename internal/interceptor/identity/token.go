@@ -358,8 +358,8 @@ type tokenCredentials struct {
 }
 
 type cachedToken struct {
-	tok string
-	exp time.Time
+	header string // the authorization value, "Bearer <token>": built once per token, not per call
+	exp    time.Time
 }
 
 func (c *tokenCredentials) GetRequestMetadata(ctx context.Context, _ ...string) (map[string]string, error) {
@@ -371,22 +371,22 @@ func (c *tokenCredentials) GetRequestMetadata(ctx context.Context, _ ...string) 
 	if err != nil || open {
 		return nil, err
 	}
-	return map[string]string{"authorization": "Bearer " + c.token(aud)}, nil
+	return map[string]string{"authorization": c.header(aud)}, nil
 }
 
-// token returns the cached token for aud, or a fresh one when it has under clientRefresh
-// left.
-func (c *tokenCredentials) token(aud string) string {
+// header returns the authorization value of the cached token for aud, or of a fresh one
+// when it has under clientRefresh left.
+func (c *tokenCredentials) header(aud string) string {
 	now := c.s.now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	t, ok := c.cache[aud]
 	if !ok || t.exp.Sub(now) < clientRefresh {
 		iat, exp := now.Unix(), now.Add(clientTTL).Unix()
-		t = cachedToken{tok: c.s.mint(aud, iat, exp), exp: time.Unix(exp, 0)}
+		t = cachedToken{header: "Bearer " + c.s.mint(aud, iat, exp), exp: time.Unix(exp, 0)}
 		c.cache[aud] = t
 	}
-	return t.tok
+	return t.header
 }
 
 // RequireTransportSecurity is false: see Signer.PerRPCCredentials.

@@ -31,20 +31,51 @@ var w3c = propagation.TraceContext{}
 
 // Format renders the span context in ctx as a traceparent ("" when there is none).
 func Format(ctx context.Context) string {
-	c := propagation.MapCarrier{}
+	c := &carrier{}
 	w3c.Inject(ctx, c)
-	return c["traceparent"]
+	return c.traceparent
 }
 
 // Parse returns ctx carrying tp as its remote parent span context, and whether tp was a
 // valid traceparent.
 func Parse(ctx context.Context, tp, tracestate string) (context.Context, bool) {
-	c := propagation.MapCarrier{"traceparent": tp}
-	if tracestate != "" {
-		c["tracestate"] = tracestate
-	}
-	out := w3c.Extract(ctx, c)
+	out := w3c.Extract(ctx, &carrier{traceparent: tp, tracestate: tracestate})
 	return out, oteltrace.SpanContextFromContext(out).IsValid()
+}
+
+// carrier is the W3C propagator's carrier for the two headers it reads and writes: a
+// MapCarrier would allocate a map on every hop for the same two strings. An empty value is
+// an absent header, as for MapCarrier.
+type carrier struct{ traceparent, tracestate string }
+
+func (c *carrier) Get(key string) string {
+	switch key {
+	case "traceparent":
+		return c.traceparent
+	case "tracestate":
+		return c.tracestate
+	}
+	return ""
+}
+
+func (c *carrier) Set(key, value string) {
+	switch key {
+	case "traceparent":
+		c.traceparent = value
+	case "tracestate":
+		c.tracestate = value
+	}
+}
+
+func (c *carrier) Keys() []string {
+	var keys []string
+	if c.traceparent != "" {
+		keys = append(keys, "traceparent")
+	}
+	if c.tracestate != "" {
+		keys = append(keys, "tracestate")
+	}
+	return keys
 }
 
 type options struct {
@@ -77,7 +108,6 @@ func build(opts []Option) *options {
 // package's trace; without one, it continues the metadata's (or a new) trace and the
 // package is stamped with it, so the stages after this one see the same trace.
 func (o *options) join(ctx context.Context, fullMethod string, req any) (context.Context, oteltrace.Span) {
-	name := "handoff " + strings.TrimPrefix(fullMethod, "/")
 	p := hop.FindPackage(req) // the request's own package: stamping it below stamps the request
 	if p == nil {
 		// A handoff.v2 package: the same fields, read through its v1 view (a copy); the
@@ -95,14 +125,16 @@ func (o *options) join(ctx context.Context, fullMethod string, req any) (context
 		}
 	}
 	parent := ctx
+	var name string
 	var attrs []attribute.KeyValue
-	if p != nil {
+	if p == nil {
+		name = "handoff " + strings.TrimPrefix(fullMethod, "/")
+	} else {
 		attrs = append(attrs, attribute.String("handoff.job_id", p.GetJobId()), attribute.String("handoff.stage", p.GetStage()))
 		name = "handoff.ack " + p.GetStage()
 		if pctx, ok := Parse(ctx, p.GetTrace().GetTraceparent(), p.GetTrace().GetTracestate()); ok {
-			md := metadataTrace(ctx)
 			pkg := oteltrace.SpanContextFromContext(pctx)
-			if md.IsValid() && md != pkg.TraceID() {
+			if md := metadataTrace(ctx, pkg.TraceID(), p.GetTrace().GetTraceparent()); md.IsValid() && md != pkg.TraceID() {
 				o.log.WarnContext(ctx, "trace mismatch: metadata and package carry different traces; the package's wins",
 					"method", fullMethod, "job_id", p.GetJobId(), "stage", p.GetStage(),
 					"metadata_trace_id", md.String(), "package_trace_id", pkg.TraceID().String())
@@ -122,11 +154,18 @@ func (o *options) join(ctx context.Context, fullMethod string, req any) (context
 // metadataTrace is the trace of the caller's metadata (its traceparent), invalid when it
 // sends none. Not the context's span: for a call without a traceparent the stats handler
 // starts a new trace of this server, which disagrees with every package and is no mismatch.
-func metadataTrace(ctx context.Context) oteltrace.TraceID {
+// pkg is the package's trace, parsed from its valid traceparent pkgTP: a metadata
+// traceparent with the same trace-id part (the usual case: the caller sent the hop on the
+// package's trace) is pkg or invalid, a mismatch either way not, so it is not parsed.
+func metadataTrace(ctx context.Context, pkg oteltrace.TraceID, pkgTP string) oteltrace.TraceID {
 	// The one key, not FromIncomingContext's copy of the whole metadata map.
 	v := metadata.ValueFromIncomingContext(ctx, "traceparent")
 	if len(v) == 0 {
 		return oteltrace.TraceID{}
+	}
+	// "<2 hex version>-<32 hex trace id>-<16 hex span id>-<2 hex flags>"
+	if tp := v[0]; len(tp) >= 35 && len(pkgTP) >= 35 && tp[3:35] == pkgTP[3:35] {
+		return pkg
 	}
 	c, _ := Parse(context.Background(), v[0], "")
 	return oteltrace.SpanContextFromContext(c).TraceID()

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"go.opentelemetry.io/otel/propagation"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	oteltrace "go.opentelemetry.io/otel/trace"
@@ -118,5 +119,64 @@ func TestStreamJoinsAtFirstReceive(t *testing.T) {
 	}
 	if got != "4bf92f3577b34da6a3ce929d0e0e4736" || len(exp.GetSpans()) != 1 {
 		t.Fatalf("handler context on trace %s with %d spans; want the package's trace and one span", got, len(exp.GetSpans()))
+	}
+}
+
+// TestParseAsMapCarrier: Parse and Format read and write exactly what the W3C propagator
+// does through a MapCarrier, for valid, invalid and tracestate-carrying input.
+func TestParseAsMapCarrier(t *testing.T) {
+	for _, in := range []struct{ tp, ts string }{
+		{pkgTP, ""}, {pkgTP, "vendor=a,other=b"}, {mdTP, "x=1"}, {"", ""}, {"", "x=1"},
+		{"00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01", ""},
+		{"00-00000000000000000000000000000000-00f067aa0ba902b7-01", ""},
+		{"01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra", ""},
+		{"garbage", "x=1"},
+	} {
+		got, ok := Parse(context.Background(), in.tp, in.ts)
+		mc := propagation.MapCarrier{"traceparent": in.tp}
+		if in.ts != "" {
+			mc["tracestate"] = in.ts
+		}
+		want := w3c.Extract(context.Background(), mc)
+		gs, ws := oteltrace.SpanContextFromContext(got), oteltrace.SpanContextFromContext(want)
+		if !gs.Equal(ws) || ok != ws.IsValid() {
+			t.Errorf("Parse(%q, %q) = %v (ok %v), want %v", in.tp, in.ts, gs, ok, ws)
+		}
+		out := propagation.MapCarrier{}
+		w3c.Inject(got, out)
+		if f := Format(got); f != out["traceparent"] {
+			t.Errorf("Format after Parse(%q) = %q, want %q", in.tp, f, out["traceparent"])
+		}
+	}
+}
+
+// TestMetadataTrace: the caller's metadata trace against the package's, including a
+// metadata traceparent on the package's trace id that is itself malformed (no trace: no
+// mismatch) and one of another trace.
+func TestMetadataTrace(t *testing.T) {
+	pctx, _ := Parse(context.Background(), pkgTP, "")
+	pkg := oteltrace.SpanContextFromContext(pctx).TraceID()
+	other, _ := Parse(context.Background(), mdTP, "")
+	for _, tt := range []struct {
+		md   string
+		want oteltrace.TraceID
+	}{
+		{"", oteltrace.TraceID{}},
+		{"00-4bf92f3577b34da6a3ce929d0e0e4736-1111111111111111-01", pkg},
+		{mdTP, oteltrace.SpanContextFromContext(other).TraceID()},
+		{"zz-4bf92f3577b34da6a3ce929d0e0e4736", pkg}, // the package's id: no mismatch either way
+		{"00-4bf92f3577b34da6a3ce929d0e0e473", oteltrace.TraceID{}},
+	} {
+		ctx := context.Background()
+		if tt.md != "" {
+			ctx = metadata.NewIncomingContext(ctx, metadata.Pairs("traceparent", tt.md))
+		}
+		got := metadataTrace(ctx, pkg, pkgTP)
+		if got != tt.want {
+			t.Errorf("metadataTrace(%q) = %v, want %v", tt.md, got, tt.want)
+		}
+		if mismatch := got.IsValid() && got != pkg; mismatch != (tt.md == mdTP) {
+			t.Errorf("metadata %q: mismatch %v", tt.md, mismatch)
+		}
 	}
 }

@@ -95,8 +95,9 @@ func UnaryServerInterceptor(v *contract.Validator, opts ...Option) grpc.UnarySer
 // StreamServerInterceptor validates the requests of streaming methods.
 //
 // For a method configured with WithStreamRequest (AgentRunnerService/Deliver by default) the
-// interceptor receives the request itself (ss.RecvMsg into a new request message) and checks
-// it before the handler runs. A rejected request is answered without calling the handler:
+// interceptor receives the request itself (hop.Receive: ss.RecvMsg into a new request
+// message, or by reference from an earlier interceptor that holds it) and checks it before
+// the handler runs. A rejected request is answered without calling the handler:
 // with one SendMsg of the Rejecter's response and a nil error, or with InvalidArgument. A
 // valid request is handed to the handler through a wrapped stream whose first RecvMsg
 // returns it (proto.Merge into the handler's message); for a server-streaming method every
@@ -116,8 +117,10 @@ func StreamServerInterceptor(v *contract.Validator, opts ...Option) grpc.StreamS
 		if !ok {
 			return handler(srv, &checkedStream{ServerStream: ss, v: v, o: o, method: info.FullMethod})
 		}
-		req := newReq()
-		if err := ss.RecvMsg(req); err != nil {
+		// An interceptor before this one (the runner's version gate) may hold the request
+		// already: take it by reference rather than copy the package once more.
+		req, err := hop.Receive(ss, newReq())
+		if err != nil {
 			return err
 		}
 		reasons, err := check(v, req)
@@ -200,11 +203,8 @@ func check(v *contract.Validator, m proto.Message) ([]*handoffv1.Reason, error) 
 	if pkgChecked {
 		// The package was just checked whole; validating the request with it inside would
 		// check it a second time (a third of a hop's validation cost). Validate the rest of
-		// the request with the package set aside, then put it back.
-		saved := r.Get(fd)
-		r.Clear(fd)
-		err = v.Validate(m)
-		r.Set(fd, saved)
+		// the request without the package's rules.
+		err = v.ValidateWithout(m, fd)
 	} else {
 		err = v.Validate(m)
 	}
@@ -217,7 +217,7 @@ func check(v *contract.Validator, m proto.Message) ([]*handoffv1.Reason, error) 
 		}
 		if x.GetRule() == RulePackageOne && x.GetField() == "" {
 			if pkgChecked {
-				continue // the same: "exactly one package" holds, the v1 one was set aside
+				continue // both package and package_v2 set: not this step's reason (the version gate answers it)
 			}
 			// No package of either version (a v2 one reaches this gate as its v1 view): the
 			// package is missing, as the field-level rule said before package_v2 existed.

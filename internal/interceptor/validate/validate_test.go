@@ -18,6 +18,7 @@ import (
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/contract"
+	"github.com/handoffhq/handoff/internal/interceptor/hop"
 	"github.com/handoffhq/handoff/internal/interceptor/hop/hoptest"
 	"github.com/handoffhq/handoff/internal/interceptor/validate"
 	"github.com/handoffhq/handoff/internal/testkit"
@@ -447,5 +448,43 @@ func TestInvalidArgumentCapsTheMessage(t *testing.T) {
 	}
 	if n := len(violations(t, err)); n != 20 {
 		t.Fatalf("%d violations in the detail, want all 20", n)
+	}
+}
+
+// TestStreamTakesTheHeldRequest: behind an interceptor that already received the request (a
+// hop.ReplayStream, as the runner's version gate hands on), validate checks that very
+// message, without reading the stream again or copying the package, and hands it on by
+// reference; an invalid held request is still rejected.
+func TestStreamTakesTheHeldRequest(t *testing.T) {
+	v := newValidator(t)
+	req := &handoffv1.DeliverRequest{Package: validPackage(), Agent: "drafter"}
+	ss := &hoptest.Stream{}
+	var got proto.Message
+	next := func(_ any, s grpc.ServerStream) error {
+		m, err := hop.Receive(s, &handoffv1.DeliverRequest{})
+		got = m
+		return err
+	}
+	if err := validate.StreamServerInterceptor(v)(nil, hop.NewReplayStream(ss, req, "outer"), deliverInfo, next); err != nil {
+		t.Fatal(err)
+	}
+	if got != proto.Message(req) {
+		t.Fatalf("the next interceptor got %p, want the held request %p itself", got, req)
+	}
+	if ss.Recvs != 0 {
+		t.Fatalf("the real stream was read %d times, want 0", ss.Recvs)
+	}
+
+	bad := &handoffv1.DeliverRequest{Package: badPackage()}
+	calls := 0
+	err := validate.StreamServerInterceptor(v)(nil, hop.NewReplayStream(ss, bad, "outer"), deliverInfo, func(any, grpc.ServerStream) error {
+		calls++
+		return nil
+	})
+	if status.Code(err) != codes.InvalidArgument || calls != 0 {
+		t.Fatalf("held invalid request: err=%v calls=%d, want InvalidArgument and no handler", err, calls)
+	}
+	if !proto.Equal(bad.GetPackage(), badPackage()) {
+		t.Fatal("validating the held request changed it")
 	}
 }
