@@ -400,8 +400,14 @@ func (s *Server) SubmitJob(ctx context.Context, req *handoffv1.SubmitJobRequest)
 		s.log.Info("job submitted", "run_id", run.GetRunId(), "job_id", run.GetJobId(), "pipeline", p.Name, "trace_id", traceparent.TraceID(tp))
 	}
 	// The driver starts from the run just written (and its wallet, opened with it) rather
-	// than reading both back.
-	start := proto.Clone(run).(*handoffv1.Job)
+	// than reading both back: job itself, which the store did not keep (run, the answer,
+	// is the store's copy, sent to the caller while the driver changes job), unless the
+	// store created the run under another id (finishing an earlier creation of the same
+	// request): then from a copy of what it wrote.
+	start := job
+	if run.GetRunId() != job.GetRunId() {
+		start = proto.Clone(run).(*handoffv1.Job)
+	}
 	s.setWallet(start, start.GetWallet())
 	if _, err := s.drive(ctx, run.GetRunId(), start); err != nil {
 		s.log.Warn("could not take the new run's lease; the takeover scan will drive it", "run_id", run.GetRunId(), "err", err)
@@ -598,7 +604,10 @@ func (s *Server) watchFeed(runID string) (stop func()) {
 
 // published wakes the run's watchers after evs were written, handing the events to its feed
 // when it has one. Events without a seq (a store that did not number them) are not fed:
-// the watchers then read them from the store.
+// the watchers then read them from the store. The feed keeps evs themselves, which its
+// watchers send while the driver goes on: an event is never modified once written (every
+// caller builds its events for one write, and the driver replaces what it changes in the
+// run, e.g. setWallet, withStaleFailure, instead of changing what an event may share).
 func (s *Server) published(runID string, evs []*handoffv1.JobEvent) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -616,7 +625,7 @@ func (s *Server) published(runID string, evs []*handoffv1.JobEvent) {
 			if i < len(f.evs) && f.evs[i].GetSeq() == ev.GetSeq() {
 				continue
 			}
-			f.evs = slices.Insert(f.evs, i, proto.Clone(ev).(*handoffv1.JobEvent))
+			f.evs = slices.Insert(f.evs, i, ev)
 		}
 		if n := len(f.evs) - feedCap; n > 0 {
 			f.evs = slices.Delete(f.evs, 0, n)

@@ -14,6 +14,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/demo"
@@ -301,6 +302,20 @@ func TestWatchReadsTheStoreOnce(t *testing.T) {
 	// ten events written after it must not each cost a read.
 	if n := wl.reads.Load() - start; n > 1 {
 		t.Fatalf("the watch read the store %d more times after its first read; want at most 1", n)
+	}
+	// The feed hands the watch the events the driver wrote, not copies: each must be
+	// exactly what the store holds, nothing changed after its write.
+	stored, err := wl.Store.Events(ctx, runID, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(stored) != len(r.evs) {
+		t.Fatalf("store holds %d events, the watch got %d", len(stored), len(r.evs))
+	}
+	for i := range stored {
+		if !proto.Equal(stored[i], r.evs[i]) {
+			t.Fatalf("event %d as watched\n %v\ndiffers from the store's\n %v", i, r.evs[i], stored[i])
+		}
 	}
 }
 
