@@ -129,7 +129,6 @@ type Server struct {
 
 	mu      sync.Mutex
 	driving map[string]bool                  // run ids with a live driver in this process
-	notify  map[string]chan struct{}         // closed and replaced whenever a run gets an event
 	feeds   map[string]*feed                 // runs watched here: the events this process wrote
 	pending map[string][]*handoffv1.JobEvent // events waiting for their run's next save (later)
 
@@ -215,7 +214,6 @@ func New(opts Options) (*Server, error) {
 		runners: map[string]handoffv1.AgentRunnerServiceClient{"": opts.Runner},
 		decl:    &declarations{ttl: opts.DescribeTTL, now: opts.Now, byRn: map[string]declaration{}},
 		driving: map[string]bool{},
-		notify:  map[string]chan struct{}{},
 		feeds:   map[string]*feed{},
 		pending: map[string][]*handoffv1.JobEvent{},
 
@@ -459,9 +457,13 @@ func (s *Server) WatchJob(req *handoffv1.WatchJobRequest, stream grpc.ServerStre
 	// for the event (up to endGrace, in case the append failed) rather than end without it.
 	const endGrace = 2 * time.Second
 	sawEnd, endBy := false, time.Time{}
-	defer s.watchFeed(req.GetRunId())()
+	// wake gets a signal at each write of the run's events from here on: registered before
+	// the first read, so an event written after any read leaves a signal for the next.
+	wake, stop := s.watchFeed(req.GetRunId())
+	defer stop()
+	poll := time.NewTimer(watchPoll) // one timer for the whole watch, reset at every wait
+	defer poll.Stop()
 	for {
-		wait := s.waiter(req.GetRunId())
 		// Events this process wrote come from the feed; the first read, a watcher that fell
 		// behind, and a poll for other processes' writes go to the store.
 		evs, ok := s.fed(req.GetRunId(), after)
@@ -491,14 +493,14 @@ func (s *Server) WatchJob(req *handoffv1.WatchJobRequest, stream grpc.ServerStre
 				return err
 			}
 		}
-		// wait was taken before the read: an event written since has already closed it.
+		poll.Reset(watchPoll)
 		select {
 		case <-ctx.Done():
 			return status.FromContextError(ctx.Err()).Err()
 		case <-s.stopping:
 			return status.Error(codes.Unavailable, "coordinator is shutting down; watch again with after_seq to resume")
-		case <-wait:
-		case <-time.After(500 * time.Millisecond): // runs driven by another process
+		case <-wake:
+		case <-poll.C: // runs driven by another process
 		}
 	}
 }
@@ -551,25 +553,9 @@ func terminal(st handoffv1.JobState) bool {
 	return false
 }
 
-// waiter returns a channel closed at the run's next event.
-func (s *Server) waiter(runID string) <-chan struct{} {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	ch, ok := s.notify[runID]
-	if !ok {
-		ch = make(chan struct{})
-		s.notify[runID] = ch
-	}
-	return ch
-}
-
-// wakeLocked closes the run's waiter channel; s.mu is held.
-func (s *Server) wakeLocked(runID string) {
-	if ch, ok := s.notify[runID]; ok {
-		close(ch)
-		delete(s.notify, runID)
-	}
-}
+// watchPoll is how often a watch reads the store while its run is quiet here, for events
+// other processes write.
+const watchPoll = 500 * time.Millisecond
 
 // feedCap bounds a feed: a watcher further behind reads the store.
 const feedCap = 256
@@ -579,24 +565,27 @@ const feedCap = 256
 // store only to start, to catch up, and to notice other processes' writes (the poll),
 // instead of once per event.
 type feed struct {
-	watchers int
-	evs      []*handoffv1.JobEvent
+	wakes []chan struct{} // one per watcher, buffered: a pending signal is not lost
+	evs   []*handoffv1.JobEvent
 }
 
-// watchFeed makes the run's feed collect events for one more watcher; stop ends that.
-func (s *Server) watchFeed(runID string) (stop func()) {
+// watchFeed makes the run's feed collect events for one more watcher, whose channel wake
+// then gets a signal after each write of the run's events (one waits at most: signals
+// before the watcher reads again are one); stop ends that.
+func (s *Server) watchFeed(runID string) (wake <-chan struct{}, stop func()) {
+	ch := make(chan struct{}, 1)
 	s.mu.Lock()
 	f, ok := s.feeds[runID]
 	if !ok {
 		f = &feed{}
 		s.feeds[runID] = f
 	}
-	f.watchers++
+	f.wakes = append(f.wakes, ch)
 	s.mu.Unlock()
-	return func() {
+	return ch, func() {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		if f.watchers--; f.watchers == 0 {
+		if f.wakes = slices.DeleteFunc(f.wakes, func(c chan struct{}) bool { return c == ch }); len(f.wakes) == 0 {
 			delete(s.feeds, runID)
 		}
 	}
@@ -611,27 +600,34 @@ func (s *Server) watchFeed(runID string) (stop func()) {
 func (s *Server) published(runID string, evs []*handoffv1.JobEvent) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if f, ok := s.feeds[runID]; ok {
-		for _, ev := range evs {
-			if ev.GetSeq() == 0 {
-				continue
-			}
-			// Writes of one run are sequential, so an event almost always goes last; the
-			// search only keeps the feed ordered if one does not.
-			i := len(f.evs)
-			for i > 0 && f.evs[i-1].GetSeq() >= ev.GetSeq() {
-				i--
-			}
-			if i < len(f.evs) && f.evs[i].GetSeq() == ev.GetSeq() {
-				continue
-			}
-			f.evs = slices.Insert(f.evs, i, ev)
+	f, ok := s.feeds[runID]
+	if !ok {
+		return // nobody watches the run here
+	}
+	for _, ev := range evs {
+		if ev.GetSeq() == 0 {
+			continue
 		}
-		if n := len(f.evs) - feedCap; n > 0 {
-			f.evs = slices.Delete(f.evs, 0, n)
+		// Writes of one run are sequential, so an event almost always goes last; the
+		// search only keeps the feed ordered if one does not.
+		i := len(f.evs)
+		for i > 0 && f.evs[i-1].GetSeq() >= ev.GetSeq() {
+			i--
+		}
+		if i < len(f.evs) && f.evs[i].GetSeq() == ev.GetSeq() {
+			continue
+		}
+		f.evs = slices.Insert(f.evs, i, ev)
+	}
+	if n := len(f.evs) - feedCap; n > 0 {
+		f.evs = slices.Delete(f.evs, 0, n)
+	}
+	for _, ch := range f.wakes {
+		select {
+		case ch <- struct{}{}:
+		default: // a signal is waiting already
 		}
 	}
-	s.wakeLocked(runID)
 }
 
 // fed returns the run's events after seq after from its feed, when the feed holds the next

@@ -404,3 +404,54 @@ func TestApproveRetriedPaysOnce(t *testing.T) {
 		t.Fatalf("wallet has %d hops left; want 7 (draft, judge, one writeback)", w.GetHopsRemaining())
 	}
 }
+
+// TestWatchersOfOneRun: several watches of one run each get the whole timeline in order as
+// the driver writes it, and one that hangs up midway leaves the others their signals.
+func TestWatchersOfOneRun(t *testing.T) {
+	dir := t.TempDir()
+	wl := newWriteLog(t, dir)
+	draft := &recorder{name: "draft", proceed: make(chan struct{})}
+	judge := &recorder{name: "judge", verdicts: []handoffv1.Verdict{handoffv1.Verdict_VERDICT_PASS}}
+	st, client := startStack(t, stack.Config{DataDir: dir, Store: wl, Pipelines: relayPipeline(t, 10, 2), Agents: []agentrunner.Agent{draft, judge}})
+	runID := submitTicket(t, client, mustInput(t, st), &handoffv1.Budget{UsdRemainingMicros: 1_000_000})
+	type result struct {
+		evs []*handoffv1.JobEvent
+		err error
+	}
+	const watchers = 3
+	done := make(chan result, watchers)
+	for range watchers {
+		go func() {
+			evs, err := demo.Watch(context.Background(), client, runID, nil)
+			done <- result{evs, err}
+		}()
+	}
+	// One more watch that hangs up once it has read the timeline so far.
+	quitter, quit := context.WithCancel(context.Background())
+	quitDone := make(chan struct{})
+	go func() { defer close(quitDone); demo.Watch(quitter, client, runID, nil) }()
+	for deadline := time.Now().Add(10 * time.Second); wl.reads.Load() < watchers+1; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d of %d watches read the store", wl.reads.Load(), watchers+1)
+		}
+	}
+	quit()
+	<-quitDone
+	close(draft.proceed)
+	want := []string{"draft:SUBMITTED", "draft:PACKAGE_SENT", "draft:ACK:ACCEPTED", "draft:STAGE_RESULT",
+		"judge:PACKAGE_SENT", "judge:ACK:ACCEPTED", "judge:STAGE_RESULT", "judge:VERDICT:PASS",
+		"writeback:PACKAGE_SENT", "writeback:ACK:ACCEPTED", "writeback:RECEIPT", "writeback:COMPLETED"}
+	for range watchers {
+		select {
+		case r := <-done:
+			if r.err != nil {
+				t.Fatal(r.err)
+			}
+			if got := kinds(r.evs); !slices.Equal(got, want) {
+				t.Fatalf("a watcher's timeline\n got %v\nwant %v", got, want)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatal("a watcher never saw the run end")
+		}
+	}
+}
