@@ -153,15 +153,17 @@ func (s *Redis) CreateRun(ctx context.Context, job *handoffv1.Job, evs ...*hando
 		}
 	}
 	// The request is looked up first (a request id used again is told by it, whatever else
-	// differs), then the job checked, then the request reserved.
+	// differs), then the job checked, then the request reserved. Without a request id there
+	// is nothing to look up or reserve, and the job's check is the one that records its
+	// digest (4: the script checks before it records), so 1 to 3 are skipped.
 	for _, record := range []string{"0", "1"} {
+		if rid == "" {
+			break
+		}
 		if record == "1" {
 			if err := jobSum("0"); err != nil {
 				return nil, false, err
 			}
-		}
-		if rid == "" {
-			continue
 		}
 		res, err := reserveRequestScript.Run(ctx, s.rdb, []string{s.key("request", rid), s.key("requestsum", rid)},
 			job.GetRunId(), RequestDigest(job), record).StringSlice()
