@@ -84,6 +84,35 @@ func (s *Redis) AcquireLease(ctx context.Context, name, owner string, ttl time.D
 	return true, nil
 }
 
+// AcquireLeaseFence is AcquireLease's script, then the lease's index entry and the run's
+// fence (INCR) in one pipelined round trip: the lease is held before either is written, as
+// with AcquireLease then FenceRun, and the index entry stays a hint whose failure is no
+// error.
+func (s *Redis) AcquireLeaseFence(ctx context.Context, name, owner string, ttl time.Duration, runID string) (bool, uint64, error) {
+	if err := checkLease(name, owner, ttl, true); err != nil {
+		return false, 0, err
+	}
+	if runID == "" {
+		return false, 0, fmt.Errorf("store: fence run: run_id is empty")
+	}
+	exp, err := acquireLeaseScript.Run(ctx, s.rdb, []string{s.key("lease", name)}, owner, ttlMillis(ttl)).Int64()
+	if err != nil {
+		return false, 0, s.errf("acquire lease %s for %s: %w", name, owner, err)
+	}
+	if exp == 0 {
+		return false, 0, nil
+	}
+	pipe := s.rdb.Pipeline()
+	pipe.ZAdd(ctx, s.leaseBucket(name), redis.Z{Score: float64(exp), Member: name})
+	fence := pipe.Incr(ctx, s.key("fence", runID))
+	pipe.Exec(ctx) // each command's own error is read below: the index's is ignored, as in AcquireLease
+	epoch, err := fence.Uint64()
+	if err != nil {
+		return true, 0, s.errf("fence run %s: %w", runID, err)
+	}
+	return true, epoch, nil
+}
+
 func (s *Redis) ReleaseLease(ctx context.Context, name, owner string) error {
 	if err := checkLease(name, owner, 0, false); err != nil {
 		return err
