@@ -736,7 +736,9 @@ func (s *Server) stamp(job *handoffv1.Job, ev *handoffv1.JobEvent) {
 		ev.Traceparent = job.GetTraceparent()
 	}
 	if ev.Wallet == nil {
-		ev.Wallet = proto.Clone(job.GetWallet()).(*handoffv1.Budget)
+		// The run's wallet as it stands, shared: the driver replaces job.Wallet whenever
+		// the wallet changes (setWallet), never changes it in place.
+		ev.Wallet = job.GetWallet()
 	}
 	if ev.Hop == 0 {
 		ev.Hop = job.GetHops()

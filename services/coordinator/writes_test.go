@@ -303,6 +303,14 @@ func TestWatchReadsTheStoreOnce(t *testing.T) {
 	if n := wl.reads.Load() - start; n > 1 {
 		t.Fatalf("the watch read the store %d more times after its first read; want at most 1", n)
 	}
+	// Each event carries the wallet as it stood at the event (events share it with the
+	// run until the next debit replaces it): from the 10 hops of the submit down to 7.
+	for i, ev := range r.evs {
+		h := ev.GetWallet().GetHopsRemaining()
+		if i == 0 && h != 10 || i == len(r.evs)-1 && h != 7 || i > 0 && h > r.evs[i-1].GetWallet().GetHopsRemaining() {
+			t.Fatalf("event %d (%s) has %d hops left in its wallet; want 10 at the submit, never rising, 7 at the end", i, ev.GetKind(), h)
+		}
+	}
 	// The feed hands the watch the events the driver wrote, not copies: each must be
 	// exactly what the store holds, nothing changed after its write.
 	stored, err := wl.Store.Events(ctx, runID, 0)
