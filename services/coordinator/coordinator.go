@@ -393,6 +393,7 @@ func (s *Server) SubmitJob(ctx context.Context, req *handoffv1.SubmitJobRequest)
 	if !created {
 		return &handoffv1.SubmitJobResponse{Job: run, Existing: true}, nil
 	}
+	s.keepFeed(run.GetRunId()) // until its driver ends (drive), or now if none starts
 	s.published(run.GetRunId(), []*handoffv1.JobEvent{submitted})
 	if s.log.Enabled(ctx, slog.LevelInfo) { // built only when written: every job passes here
 		s.log.Info("job submitted", "run_id", run.GetRunId(), "job_id", run.GetJobId(), "pipeline", p.Name, "trace_id", traceparent.TraceID(tp))
@@ -407,8 +408,12 @@ func (s *Server) SubmitJob(ctx context.Context, req *handoffv1.SubmitJobRequest)
 		start = proto.Clone(run).(*handoffv1.Job)
 	}
 	s.setWallet(start, start.GetWallet())
-	if _, err := s.drive(ctx, run.GetRunId(), start); err != nil {
+	started, err := s.drive(ctx, run.GetRunId(), start)
+	if err != nil {
 		s.log.Warn("could not take the new run's lease; the takeover scan will drive it", "run_id", run.GetRunId(), "err", err)
+	}
+	if !started {
+		s.unkeepFeed(run.GetRunId())
 	}
 	return &handoffv1.SubmitJobResponse{Job: run}, nil
 }
@@ -560,6 +565,10 @@ const watchPoll = 500 * time.Millisecond
 // feedCap bounds a feed: a watcher further behind reads the store.
 const feedCap = 256
 
+// keptCap bounds a feed kept for a run submitted here that nobody watches yet (keepFeed):
+// its first events, for the watch that usually follows the submit at once.
+const keptCap = 8
+
 // feed holds, for a run with watchers in this process (WatchJob), the latest events this
 // process wrote to its timeline, in seq order, so a watch of a run driven here reads the
 // store only to start, to catch up, and to notice other processes' writes (the poll),
@@ -567,6 +576,34 @@ const feedCap = 256
 type feed struct {
 	wakes []chan struct{} // one per watcher, buffered: a pending signal is not lost
 	evs   []*handoffv1.JobEvent
+	// kept: the run was submitted here and its first driver runs, so the feed collects
+	// (up to keptCap events while unwatched) before any watch: the watch a caller opens
+	// right after SubmitJob then starts from memory, not from a store read.
+	kept bool
+}
+
+// keepFeed makes the feed of runID, just created here, collect its events before anyone
+// watches it, until unkeepFeed.
+func (s *Server) keepFeed(runID string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	f, ok := s.feeds[runID]
+	if !ok {
+		f = &feed{}
+		s.feeds[runID] = f
+	}
+	f.kept = true
+}
+
+// unkeepFeed ends keepFeed: the feed lives on only while watched.
+func (s *Server) unkeepFeed(runID string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if f, ok := s.feeds[runID]; ok {
+		if f.kept = false; len(f.wakes) == 0 {
+			delete(s.feeds, runID)
+		}
+	}
 }
 
 // watchFeed makes the run's feed collect events for one more watcher, whose channel wake
@@ -586,7 +623,11 @@ func (s *Server) watchFeed(runID string) (wake <-chan struct{}, stop func()) {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		if f.wakes = slices.DeleteFunc(f.wakes, func(c chan struct{}) bool { return c == ch }); len(f.wakes) == 0 {
-			delete(s.feeds, runID)
+			if !f.kept {
+				delete(s.feeds, runID)
+			} else if n := len(f.evs) - keptCap; n > 0 {
+				f.evs = slices.Delete(f.evs, 0, n)
+			}
 		}
 	}
 }
@@ -619,7 +660,11 @@ func (s *Server) published(runID string, evs []*handoffv1.JobEvent) {
 		}
 		f.evs = slices.Insert(f.evs, i, ev)
 	}
-	if n := len(f.evs) - feedCap; n > 0 {
+	limit := feedCap
+	if len(f.wakes) == 0 {
+		limit = keptCap // kept, nobody watching yet
+	}
+	if n := len(f.evs) - limit; n > 0 {
 		f.evs = slices.Delete(f.evs, 0, n)
 	}
 	for _, ch := range f.wakes {

@@ -235,6 +235,7 @@ func (s *Server) drive(ctx context.Context, runID string, start *handoffv1.Job) 
 	go func() {
 		defer s.wg.Done()
 		defer unreserve()
+		defer s.unkeepFeed(runID) // the feed SubmitJob kept for its first watch, if it did
 		dctx, lose := context.WithCancelCause(withEpoch(s.ctx, epoch))
 		defer lose(nil)
 		kept := make(chan struct{})
