@@ -468,11 +468,15 @@ func (s *Server) WatchJob(req *handoffv1.WatchJobRequest, stream grpc.ServerStre
 	defer stop()
 	poll := time.NewTimer(watchPoll) // one timer for the whole watch, reset at every wait
 	defer poll.Stop()
+	woken := false // the last wait ended with a signal from the feed
 	for {
 		// Events this process wrote come from the feed; the first read, a watcher that fell
-		// behind, and a poll for other processes' writes go to the store.
+		// behind, and a poll for other processes' writes go to the store. A signal for
+		// events this watch has sent already (two writes before one read) needs neither
+		// the store nor the run: the poll still reads both while the timeline is quiet.
 		evs, ok := s.fed(req.GetRunId(), after)
-		if !ok {
+		stale := !ok && woken && s.caughtUp(req.GetRunId(), after)
+		if !ok && !stale {
 			var err error
 			if evs, err = s.opts.Store.Events(ctx, req.GetRunId(), after); err != nil {
 				return storeErr(err, req.GetRunId())
@@ -491,7 +495,7 @@ func (s *Server) WatchJob(req *handoffv1.WatchJobRequest, stream grpc.ServerStre
 			// nothing came after it.
 			return nil
 		}
-		if len(evs) == 0 {
+		if len(evs) == 0 && !stale {
 			// Only a quiet timeline needs the run itself (has it ended?): reading it for
 			// every batch of events doubled a watch's store reads.
 			if done, err := s.watchEnded(ctx, req.GetRunId(), after, sawEnd, &endBy, endGrace); err != nil || done {
@@ -505,7 +509,9 @@ func (s *Server) WatchJob(req *handoffv1.WatchJobRequest, stream grpc.ServerStre
 		case <-s.stopping:
 			return status.Error(codes.Unavailable, "coordinator is shutting down; watch again with after_seq to resume")
 		case <-wake:
+			woken = true
 		case <-poll.C: // runs driven by another process
+			woken = false
 		}
 	}
 }
@@ -576,6 +582,8 @@ const keptCap = 8
 type feed struct {
 	wakes []chan struct{} // one per watcher, buffered: a pending signal is not lost
 	evs   []*handoffv1.JobEvent
+	// unnumbered: events without a seq were written, which only the store has.
+	unnumbered bool
 	// kept: the run was submitted here and its first driver runs, so the feed collects
 	// (up to keptCap events while unwatched) before any watch: the watch a caller opens
 	// right after SubmitJob then starts from memory, not from a store read.
@@ -647,6 +655,7 @@ func (s *Server) published(runID string, evs []*handoffv1.JobEvent) {
 	}
 	for _, ev := range evs {
 		if ev.GetSeq() == 0 {
+			f.unnumbered = true
 			continue
 		}
 		// Writes of one run are sequential, so an event almost always goes last; the
@@ -698,6 +707,16 @@ func (s *Server) fed(runID string, after uint64) (evs []*handoffv1.JobEvent, ok 
 		next++
 	}
 	return evs, true
+}
+
+// caughtUp reports whether a watcher that has sent the run's events up to seq after has
+// every event this process wrote: the newest one in the feed is after, and the feed has
+// missed none (unnumbered).
+func (s *Server) caughtUp(runID string, after uint64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	f := s.feeds[runID]
+	return f != nil && !f.unnumbered && len(f.evs) > 0 && f.evs[len(f.evs)-1].GetSeq() == after
 }
 
 // appendEvents appends evs to the run's timeline one by one and wakes its watchers. A failed

@@ -87,3 +87,26 @@ func TestKeptFeed(t *testing.T) {
 		t.Fatal("the feed outlived its driver and its last watcher")
 	}
 }
+
+// TestCaughtUp: a watcher that has sent up to the feed's newest event is caught up; one
+// behind it, a feed that missed an unnumbered event, or no feed at all is not (the watcher
+// then reads the store).
+func TestCaughtUp(t *testing.T) {
+	s := &Server{opts: Options{Now: time.Now}, feeds: map[string]*feed{}}
+	if s.caughtUp("run_c", 0) {
+		t.Fatal("caught up on a run with no feed")
+	}
+	_, stop := s.watchFeed("run_c")
+	defer stop()
+	if s.caughtUp("run_c", 0) {
+		t.Fatal("caught up on an empty feed (the run's events are in the store)")
+	}
+	s.published("run_c", []*handoffv1.JobEvent{{Seq: 1}, {Seq: 2}})
+	if !s.caughtUp("run_c", 2) || s.caughtUp("run_c", 1) {
+		t.Fatalf("caughtUp(2), caughtUp(1) = %v, %v; want true, false", s.caughtUp("run_c", 2), s.caughtUp("run_c", 1))
+	}
+	s.published("run_c", []*handoffv1.JobEvent{{}}) // written, but not numbered: only the store has it
+	if s.caughtUp("run_c", 2) {
+		t.Fatal("caught up although the feed missed an unnumbered event")
+	}
+}

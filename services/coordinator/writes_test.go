@@ -30,6 +30,7 @@ type writeLog struct {
 	writes   []string
 	failPuts atomic.Int32 // refuse this many saves that carry events
 	reads    atomic.Int32 // Events calls
+	gets     atomic.Int32 // GetRun calls
 	// failStage, when set, refuses the first save carrying an event of that stage.
 	failStage atomic.Pointer[string]
 }
@@ -83,6 +84,11 @@ func (w *writeLog) CreateRun(ctx context.Context, j *handoffv1.Job, evs ...*hand
 	}
 	w.add(fmt.Sprintf("CreateRun[%s]", strings.Join(ks, " ")))
 	return w.Store.CreateRun(ctx, j, evs...)
+}
+
+func (w *writeLog) GetRun(ctx context.Context, id string) (*handoffv1.Job, error) {
+	w.gets.Add(1)
+	return w.Store.GetRun(ctx, id)
 }
 
 func (w *writeLog) Events(ctx context.Context, id string, after uint64) ([]*handoffv1.JobEvent, error) {
@@ -304,6 +310,11 @@ func TestWatchReadsTheStoreOnce(t *testing.T) {
 	// each cost a read.
 	if n := wl.reads.Load(); n > 1 {
 		t.Fatalf("the watch read the store %d times; want at most 1", n)
+	}
+	// Nor does the run itself: only a quiet timeline (the poll) reads it, and the rail
+	// drives the submitted run from memory.
+	if n := wl.gets.Load(); n > 1 {
+		t.Fatalf("the run was read %d times; want at most 1", n)
 	}
 	// Each event carries the wallet as it stood at the event (events share it with the
 	// run until the next debit replaces it): from the 10 hops of the submit down to 7.
