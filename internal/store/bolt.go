@@ -102,10 +102,14 @@ func (s *Bolt) CreateRun(_ context.Context, job *handoffv1.Job, evs ...*handoffv
 		return nil, false, fmt.Errorf("store: run %s has a wallet but no job_id to record in it", job.GetRunId())
 	}
 	jobSum, reqSum := JobDigest(job), RequestDigest(job)
+	encs, err := encodeEvents(evs)
+	if err != nil {
+		return nil, false, fmt.Errorf("store: encode event for run %s: %w", job.GetRunId(), err)
+	}
 	var out *handoffv1.Job
 	created, legacy := false, false
 	var last uint64
-	err := s.update(func(tx *bolt.Tx) error {
+	err = s.update(func(tx *bolt.Tx) error {
 		out, created, legacy = nil, false, false
 		runs := tx.Bucket(bucketRuns)
 		if rid := job.GetRequestId(); rid != "" {
@@ -161,7 +165,7 @@ func (s *Bolt) CreateRun(_ context.Context, job *handoffv1.Job, evs ...*handoffv
 				return err
 			}
 		}
-		if last, err = appendEvents(tx, job.GetRunId(), evs); err != nil {
+		if last, err = appendEvents(tx, job.GetRunId(), encs); err != nil {
 			return err
 		}
 		out, created = proto.Clone(job).(*handoffv1.Job), true
@@ -210,6 +214,10 @@ func (s *Bolt) putRun(job *handoffv1.Job, epoch *uint64, evs []*handoffv1.JobEve
 	if err != nil {
 		return err
 	}
+	encs, err := encodeEvents(evs)
+	if err != nil {
+		return fmt.Errorf("store: encode event for run %s: %w", job.GetRunId(), err)
+	}
 	var last uint64
 	err = s.update(func(tx *bolt.Tx) error {
 		if epoch != nil {
@@ -225,7 +233,7 @@ func (s *Bolt) putRun(job *handoffv1.Job, epoch *uint64, evs []*handoffv1.JobEve
 			return err
 		}
 		var err error
-		last, err = appendEvents(tx, job.GetRunId(), evs)
+		last, err = appendEvents(tx, job.GetRunId(), encs)
 		return err
 	})
 	if err != nil {
@@ -281,13 +289,17 @@ func (s *Bolt) ListRuns(_ context.Context, state handoffv1.JobState, limit int, 
 }
 
 func (s *Bolt) AppendEvent(ctx context.Context, runID string, ev *handoffv1.JobEvent) (uint64, error) {
+	enc, err := encodeEvent(ev)
+	if err != nil {
+		return 0, fmt.Errorf("store: encode event for run %s: %w", runID, err)
+	}
 	var seq uint64
-	err := s.updateLinger(lingerOf(ctx), func(tx *bolt.Tx) error {
+	err = s.updateLinger(lingerOf(ctx), func(tx *bolt.Tx) error {
 		if tx.Bucket(bucketRuns).Get([]byte(runID)) == nil {
 			return fmt.Errorf("store: append event to run %s: %w", runID, ErrNotFound)
 		}
 		var err error
-		seq, err = appendEvent(tx, runID, ev)
+		seq, err = appendEvent(tx, runID, enc)
 		return err
 	})
 	if err != nil {
@@ -297,19 +309,21 @@ func (s *Bolt) AppendEvent(ctx context.Context, runID string, ev *handoffv1.JobE
 	return seq, nil
 }
 
-// appendEvents stores evs as the next events of runID's timeline, in order, and returns the
-// last one's seq (their seqs are consecutive: one transaction holds the bucket's sequence).
-func appendEvents(tx *bolt.Tx, runID string, evs []*handoffv1.JobEvent) (last uint64, err error) {
-	for _, ev := range evs {
-		if last, err = appendEvent(tx, runID, ev); err != nil {
+// appendEvents stores the events encoded as encs (encodeEvent) as the next events of runID's
+// timeline, in order, and returns the last one's seq (their seqs are consecutive: one
+// transaction holds the bucket's sequence).
+func appendEvents(tx *bolt.Tx, runID string, encs [][]byte) (last uint64, err error) {
+	for _, enc := range encs {
+		if last, err = appendEvent(tx, runID, enc); err != nil {
 			return 0, err
 		}
 	}
 	return last, nil
 }
 
-// appendEvent stores ev as the next event of runID's timeline and returns its seq.
-func appendEvent(tx *bolt.Tx, runID string, ev *handoffv1.JobEvent) (uint64, error) {
+// appendEvent stores the event encoded as enc (encodeEvent) as the next event of runID's
+// timeline and returns its seq.
+func appendEvent(tx *bolt.Tx, runID string, enc []byte) (uint64, error) {
 	b, err := tx.Bucket(bucketEvents).CreateBucketIfNotExists([]byte(runID))
 	if err != nil {
 		return 0, err
@@ -318,13 +332,7 @@ func appendEvent(tx *bolt.Tx, runID string, ev *handoffv1.JobEvent) (uint64, err
 	if err != nil {
 		return 0, err
 	}
-	ev = proto.Clone(ev).(*handoffv1.JobEvent)
-	ev.Seq = seq
-	data, err := proto.Marshal(ev)
-	if err != nil {
-		return 0, err
-	}
-	return seq, b.Put(u64(seq), data)
+	return seq, b.Put(u64(seq), withSeq(enc, seq))
 }
 
 func (s *Bolt) Events(_ context.Context, runID string, afterSeq uint64) ([]*handoffv1.JobEvent, error) {

@@ -38,22 +38,52 @@ func (s *Bolt) AcquireLease(_ context.Context, name, owner string, ttl time.Dura
 	}
 	ok := false
 	err := s.update(func(tx *bolt.Tx) error {
-		ok = false
-		b, err := tx.CreateBucketIfNotExists(bucketLeases)
-		if err != nil {
-			return err
-		}
-		now := s.now()
-		if holder := decodeLease(b.Get([]byte(name)), now); holder != "" && holder != owner {
-			return nil
-		}
-		ok = true
-		return b.Put([]byte(name), encodeLease(owner, now.Add(ttl)))
+		var err error
+		ok, err = s.acquireLeaseTx(tx, name, owner, ttl)
+		return err
 	})
 	if err != nil {
 		return false, fmt.Errorf("store: acquire lease %s for %s: %w", name, owner, err)
 	}
 	return ok, nil
+}
+
+// acquireLeaseTx is AcquireLease in tx.
+func (s *Bolt) acquireLeaseTx(tx *bolt.Tx, name, owner string, ttl time.Duration) (bool, error) {
+	b, err := tx.CreateBucketIfNotExists(bucketLeases)
+	if err != nil {
+		return false, err
+	}
+	now := s.now()
+	if holder := decodeLease(b.Get([]byte(name)), now); holder != "" && holder != owner {
+		return false, nil
+	}
+	return true, b.Put([]byte(name), encodeLease(owner, now.Add(ttl)))
+}
+
+// AcquireLeaseFence takes the lease and, when it is held, the run's new epoch in one write
+// transaction: one commit, and either both are durable or neither.
+func (s *Bolt) AcquireLeaseFence(_ context.Context, name, owner string, ttl time.Duration, runID string) (bool, uint64, error) {
+	if err := checkLease(name, owner, ttl, true); err != nil {
+		return false, 0, err
+	}
+	if runID == "" {
+		return false, 0, fmt.Errorf("store: fence run: run_id is empty")
+	}
+	ok, epoch := false, uint64(0)
+	err := s.update(func(tx *bolt.Tx) error {
+		var err error
+		epoch = 0
+		if ok, err = s.acquireLeaseTx(tx, name, owner, ttl); err != nil || !ok {
+			return err
+		}
+		epoch, err = fenceRunTx(tx, runID)
+		return err
+	})
+	if err != nil {
+		return false, 0, fmt.Errorf("store: acquire lease %s for %s and fence run %s: %w", name, owner, runID, err)
+	}
+	return ok, epoch, nil
 }
 
 func (s *Bolt) ReleaseLease(_ context.Context, name, owner string) error {
@@ -121,17 +151,24 @@ func (s *Bolt) FenceRun(_ context.Context, runID string) (uint64, error) {
 	}
 	var epoch uint64
 	err := s.update(func(tx *bolt.Tx) error {
-		b, err := tx.CreateBucketIfNotExists(bucketFences)
-		if err != nil {
-			return err
-		}
-		epoch = fenceOf(tx, runID) + 1
-		return b.Put([]byte(runID), binary.BigEndian.AppendUint64(nil, epoch))
+		var err error
+		epoch, err = fenceRunTx(tx, runID)
+		return err
 	})
 	if err != nil {
 		return 0, fmt.Errorf("store: fence run %s: %w", runID, err)
 	}
 	return epoch, nil
+}
+
+// fenceRunTx is FenceRun in tx.
+func fenceRunTx(tx *bolt.Tx, runID string) (uint64, error) {
+	b, err := tx.CreateBucketIfNotExists(bucketFences)
+	if err != nil {
+		return 0, err
+	}
+	epoch := fenceOf(tx, runID) + 1
+	return epoch, b.Put([]byte(runID), binary.BigEndian.AppendUint64(nil, epoch))
 }
 
 func (s *Bolt) FenceRunAt(_ context.Context, runID string, epoch uint64) error {

@@ -72,6 +72,23 @@ type Fences interface {
 	PutRunFenced(ctx context.Context, job *handoffv1.Job, epoch uint64, evs ...*handoffv1.JobEvent) error
 }
 
+// LeaseFencer is implemented by stores that take a run's lease and then its new epoch with
+// less work than AcquireLease followed by FenceRun (bbolt: in one transaction; Redis: the
+// fence and the lease index in one round trip after the lease). Callers fall back to the
+// two calls on a store without it.
+type LeaseFencer interface {
+	// AcquireLeaseFence is AcquireLease(name, owner, ttl) and, when owner holds the lease
+	// afterwards, FenceRun(runID), in that order: held false means no lease and no new
+	// epoch. An error with held true is a lease taken whose fence failed; the caller
+	// releases it.
+	AcquireLeaseFence(ctx context.Context, name, owner string, ttl time.Duration, runID string) (held bool, epoch uint64, err error)
+}
+
+var (
+	_ LeaseFencer = (*Bolt)(nil)
+	_ LeaseFencer = (*Redis)(nil)
+)
+
 // checkFenceAt checks FenceRunAt's arguments.
 func checkFenceAt(runID string, epoch uint64) error {
 	switch {

@@ -358,14 +358,6 @@ func appendEncoded(args []any, runID string, evs []*handoffv1.JobEvent) ([]any, 
 	return args, nil
 }
 
-// encodeEvent is an event as the events list stores it: seq cleared (the position is the
-// seq; Events puts it back).
-func encodeEvent(ev *handoffv1.JobEvent) ([]byte, error) {
-	ev = proto.Clone(ev).(*handoffv1.JobEvent)
-	ev.Seq = 0
-	return proto.Marshal(ev)
-}
-
 // appendEventScript appends an event to a run's timeline if the run exists, returning its
 // seq (the list's new length), or 0 when there is no such run. KEYS: run, events. ARGV: bytes.
 var appendEventScript = redis.NewScript(`

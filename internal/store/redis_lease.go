@@ -38,6 +38,47 @@ end
 return 0
 `)
 
+// acquireLeaseIndexedScript is acquireLeaseScript with the lease's index entry written in the
+// same step, and, with ARGV[4] "1", the run's fence INCRed after the lease is held: for one
+// Redis, where the bucket and the fence (other slots) are reachable from one script; a
+// cluster takes the steps apart. The index and the fence are written with pcall, after the
+// lease: a failed index write is no error (as in AcquireLease), a failed fence is reported
+// as epoch -1. KEYS: lease, index bucket, fence (with ARGV[4] "1"). ARGV: owner, ttl in ms,
+// lease name, fence flag. Reply: {expiry, epoch}; expiry 0 when the lease is another's.
+var acquireLeaseIndexedScript = redis.NewScript(`
+local t = redis.call('TIME')
+local exp = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[2])
+local held = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
+if not held then
+  if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {0, 0} end
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+redis.pcall('ZADD', KEYS[2], string.format('%.0f', exp), ARGV[3])
+local epoch = 0
+if ARGV[4] == '1' then
+  epoch = redis.pcall('INCR', KEYS[3])
+  if type(epoch) ~= 'number' then epoch = -1 end
+end
+return {exp, epoch}
+`)
+
+// acquireIndexed is acquireLeaseIndexedScript: held, the run's new epoch when fence (-1
+// when that INCR failed).
+func (s *Redis) acquireIndexed(ctx context.Context, name, owner string, ttl time.Duration, fenceKey string) (bool, int64, error) {
+	keys, flag := []string{s.key("lease", name), s.leaseBucket(name)}, "0"
+	if fenceKey != "" {
+		keys, flag = append(keys, fenceKey), "1"
+	}
+	res, err := acquireLeaseIndexedScript.Run(ctx, s.rdb, keys, owner, ttlMillis(ttl), name, flag).Int64Slice()
+	if err != nil {
+		return false, 0, err
+	}
+	if len(res) != 2 {
+		return false, 0, fmt.Errorf("unexpected script reply %v", res)
+	}
+	return res[0] != 0, res[1], nil
+}
+
 // lapsedScript lists the members of one bucket of the lease index whose expiry is past, by
 // the clock of the server holding the bucket. Redis keeps a key through the millisecond of
 // its expiry (it is expired once now > when), so only a score below now has lapsed: listing
@@ -65,9 +106,26 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 `)
 
+// releaseLeaseIndexedScript is releaseLeaseScript that also unlists the lease it deleted, for
+// one Redis (the bucket is in another slot). KEYS: lease, index bucket. ARGV: owner, lease
+// name. Reply 1 when it deleted, else 0.
+var releaseLeaseIndexedScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('ZREM', KEYS[2], ARGV[2])
+return 1
+`)
+
 func (s *Redis) AcquireLease(ctx context.Context, name, owner string, ttl time.Duration) (bool, error) {
 	if err := checkLease(name, owner, ttl, true); err != nil {
 		return false, err
+	}
+	if !s.cluster { // the lease and its index entry in one script
+		held, _, err := s.acquireIndexed(ctx, name, owner, ttl, "")
+		if err != nil {
+			return false, s.errf("acquire lease %s for %s: %w", name, owner, err)
+		}
+		return held, nil
 	}
 	exp, err := acquireLeaseScript.Run(ctx, s.rdb, []string{s.key("lease", name)}, owner, ttlMillis(ttl)).Int64()
 	if err != nil {
@@ -84,9 +142,54 @@ func (s *Redis) AcquireLease(ctx context.Context, name, owner string, ttl time.D
 	return true, nil
 }
 
+// AcquireLeaseFence is, on one Redis, one script (acquireLeaseIndexedScript); on a cluster
+// AcquireLease's script, then the lease's index entry and the run's fence (INCR) in one
+// pipelined round trip. Either way the lease is held before either is written, as with
+// AcquireLease then FenceRun, and the index entry stays a hint whose failure is no error.
+func (s *Redis) AcquireLeaseFence(ctx context.Context, name, owner string, ttl time.Duration, runID string) (bool, uint64, error) {
+	if err := checkLease(name, owner, ttl, true); err != nil {
+		return false, 0, err
+	}
+	if runID == "" {
+		return false, 0, fmt.Errorf("store: fence run: run_id is empty")
+	}
+	if !s.cluster {
+		held, epoch, err := s.acquireIndexed(ctx, name, owner, ttl, s.key("fence", runID))
+		switch {
+		case err != nil:
+			return false, 0, s.errf("acquire lease %s for %s: %w", name, owner, err)
+		case held && epoch <= 0:
+			return true, 0, s.errf("fence run %s: the INCR failed", runID)
+		}
+		return held, uint64(max(epoch, 0)), nil
+	}
+	exp, err := acquireLeaseScript.Run(ctx, s.rdb, []string{s.key("lease", name)}, owner, ttlMillis(ttl)).Int64()
+	if err != nil {
+		return false, 0, s.errf("acquire lease %s for %s: %w", name, owner, err)
+	}
+	if exp == 0 {
+		return false, 0, nil
+	}
+	pipe := s.rdb.Pipeline()
+	pipe.ZAdd(ctx, s.leaseBucket(name), redis.Z{Score: float64(exp), Member: name})
+	fence := pipe.Incr(ctx, s.key("fence", runID))
+	pipe.Exec(ctx) // each command's own error is read below: the index's is ignored, as in AcquireLease
+	epoch, err := fence.Uint64()
+	if err != nil {
+		return true, 0, s.errf("fence run %s: %w", runID, err)
+	}
+	return true, epoch, nil
+}
+
 func (s *Redis) ReleaseLease(ctx context.Context, name, owner string) error {
 	if err := checkLease(name, owner, 0, false); err != nil {
 		return err
+	}
+	if !s.cluster {
+		if err := releaseLeaseIndexedScript.Run(ctx, s.rdb, []string{s.key("lease", name), s.leaseBucket(name)}, owner, name).Err(); err != nil {
+			return s.errf("release lease %s for %s: %w", name, owner, err)
+		}
+		return nil
 	}
 	n, err := releaseLeaseScript.Run(ctx, s.rdb, []string{s.key("lease", name)}, owner).Int64()
 	if err != nil {

@@ -104,6 +104,45 @@ for i = 7, #ARGV do n = redis.call('RPUSH', KEYS[2], ARGV[i]) end
 return {'created', tostring(n)}
 `)
 
+// createRunOneScript is CreateRun's steps 4 to 6 (no request id) in one script, for one
+// Redis, where the job's digest, the index bucket and the run's keys (three slots) are
+// reachable from one script: the digest checked and recorded (jobSumScript), the run
+// listed (indexRunScript), then stored with its wallet and events (createRunScript), in that
+// order, as the separate scripts would. KEYS: jobsum, bucket, run, events, wallet. ARGV:
+// digest ("" when the job has no job_id: not checked), run_id, then createRunScript's ARGV.
+// Reply: {"jobconflict"} or createRunScript's.
+var createRunOneScript = redis.NewScript(`
+if ARGV[1] ~= '' then
+  local sum = redis.call('GET', KEYS[1])
+  if sum and sum ~= ARGV[1] then return {'jobconflict'} end
+  if not sum then redis.call('SET', KEYS[1], ARGV[1]) end
+end
+if not redis.call('ZSCORE', KEYS[2], ARGV[2]) then
+  local t = redis.call('TIME')
+  local s = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local top = redis.call('ZREVRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+  if top[2] and tonumber(top[2]) >= s then s = tonumber(top[2]) + 1 end
+  redis.call('ZADD', KEYS[2], string.format('%.0f', s), ARGV[2])
+end
+if redis.call('EXISTS', KEYS[3]) == 1 then return {'exists'} end
+local walletExists = redis.call('EXISTS', KEYS[5]) == 1
+if ARGV[4] == '1' and walletExists then
+  local owner = redis.call('HGET', KEYS[5], 'job')
+  if owner and owner ~= ARGV[8] then return {'wrongjob'} end
+end
+redis.call('SET', KEYS[3], ARGV[3])
+if ARGV[4] == '1' then
+  if walletExists then
+    redis.call('HSETNX', KEYS[5], 'job', ARGV[8])
+  else
+    redis.call('HSET', KEYS[5], 'usd', ARGV[5], 'revisions', ARGV[6], 'hops', ARGV[7], 'job', ARGV[8])
+  end
+end
+local n = 0
+for i = 9, #ARGV do n = redis.call('RPUSH', KEYS[4], ARGV[i]) end
+return {'created', tostring(n)}
+`)
+
 // CreateRun is up to six scripts, each on the keys of one slot, in an order that a crash
 // between any two of them leaves safe to retry:
 //
@@ -124,7 +163,8 @@ return {'created', tostring(n)}
 // it at once, one creates the run and the other returns it. A job digest recorded in step 4
 // stays recorded even when step 6 then refuses (a taken run id, another job's wallet): the
 // job id's content is fixed by its first attempt. On one Redis the same scripts run, so
-// both behave alike.
+// both behave alike; there a run without a request id is steps 4 to 6 in one script
+// (createRunOneScript), in the same order.
 func (s *Redis) CreateRun(ctx context.Context, job *handoffv1.Job, evs ...*handoffv1.JobEvent) (*handoffv1.Job, bool, error) {
 	if job.GetRunId() == "" {
 		return nil, false, fmt.Errorf("store: run_id is empty")
@@ -146,6 +186,9 @@ func (s *Redis) CreateRun(ctx context.Context, job *handoffv1.Job, evs ...*hando
 		}
 		return nil
 	}
+	if rid == "" && !s.cluster {
+		return s.createRunOne(ctx, job, evs)
+	}
 	reserved := false
 	unreserve := func() {
 		if reserved { // best effort: a reservation left names a run never stored, which a retry finishes
@@ -153,15 +196,17 @@ func (s *Redis) CreateRun(ctx context.Context, job *handoffv1.Job, evs ...*hando
 		}
 	}
 	// The request is looked up first (a request id used again is told by it, whatever else
-	// differs), then the job checked, then the request reserved.
+	// differs), then the job checked, then the request reserved. Without a request id there
+	// is nothing to look up or reserve, and the job's check is the one that records its
+	// digest (4: the script checks before it records), so 1 to 3 are skipped.
 	for _, record := range []string{"0", "1"} {
+		if rid == "" {
+			break
+		}
 		if record == "1" {
 			if err := jobSum("0"); err != nil {
 				return nil, false, err
 			}
-		}
-		if rid == "" {
-			continue
 		}
 		res, err := reserveRequestScript.Run(ctx, s.rdb, []string{s.key("request", rid), s.key("requestsum", rid)},
 			job.GetRunId(), RequestDigest(job), record).StringSlice()
@@ -239,6 +284,52 @@ func (s *Redis) CreateRun(ctx context.Context, job *handoffv1.Job, evs ...*hando
 	case "wrongjob":
 		unreserve()
 		return nil, false, s.errf("create run %s: its wallet id is a wallet of another job: %w", runID, ErrWrongJob)
+	}
+	return nil, false, s.errf("create run %s: unexpected script reply %q", runID, res)
+}
+
+// createRunOne is CreateRun of a run without a request id on one Redis: createRunOneScript.
+func (s *Redis) createRunOne(ctx context.Context, job *handoffv1.Job, evs []*handoffv1.JobEvent) (*handoffv1.Job, bool, error) {
+	runID := job.GetRunId()
+	data, err := proto.Marshal(job)
+	if err != nil {
+		return nil, false, fmt.Errorf("store: encode run %s: %w", runID, err)
+	}
+	digest := ""
+	if job.GetJobId() != "" {
+		digest = JobDigest(job)
+	}
+	hasWallet := "0"
+	if job.GetWallet() != nil {
+		hasWallet = "1"
+	}
+	b := job.GetWallet()
+	args, err := appendEncoded([]any{digest, runID, data, hasWallet, b.GetUsdRemainingMicros(), b.GetRevisionsRemaining(), b.GetHopsRemaining(),
+		job.GetJobId()}, runID, evs)
+	if err != nil {
+		return nil, false, err
+	}
+	keys := []string{s.key("jobsum", job.GetJobId()), s.bucketKey(runID), s.key("run", runID), s.key("events", runID), s.key("wallet", runID)}
+	res, err := createRunOneScript.Run(ctx, s.rdb, keys, args...).StringSlice()
+	if err != nil {
+		return nil, false, s.errf("create run %s: %w", runID, err)
+	}
+	switch {
+	case len(res) == 1 && res[0] == "jobconflict":
+		return nil, false, s.errf("create run %s: job %s: %w", runID, job.GetJobId(), ErrJobConflict)
+	case len(res) == 1 && res[0] == "exists":
+		return nil, false, s.errf("create run %s: run already exists", runID)
+	case len(res) == 1 && res[0] == "wrongjob":
+		return nil, false, s.errf("create run %s: its wallet id is a wallet of another job: %w", runID, ErrWrongJob)
+	case len(res) == 2 && res[0] == "created":
+		if len(evs) > 0 {
+			last, err := strconv.ParseUint(res[1], 10, 64)
+			if err != nil {
+				return nil, false, s.errf("create run %s: unexpected script reply %q", runID, res)
+			}
+			numberEvents(evs, last)
+		}
+		return proto.Clone(job).(*handoffv1.Job), true, nil
 	}
 	return nil, false, s.errf("create run %s: unexpected script reply %q", runID, res)
 }

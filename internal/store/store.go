@@ -16,6 +16,9 @@ import (
 	"math"
 	"time"
 
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 )
 
@@ -375,6 +378,46 @@ type Ledger interface {
 	AppendLedgerComplete(ctx context.Context, key string, payload []byte, idemKey, owner string, ttl time.Duration, result func(LedgerEntry) ([]byte, error)) (e LedgerEntry, created bool, err error)
 	// LedgerEntries returns every entry, oldest first, each with its Offers.
 	LedgerEntries(ctx context.Context) ([]LedgerEntry, error)
+}
+
+// encodeEvent is ev's encoding without its seq: what Redis's events list stores (the position
+// is the seq; Events puts it back), and what bbolt stores after withSeq. The caller's event
+// is read, never written: it is copied only in the rare case it carries a seq already.
+func encodeEvent(ev *handoffv1.JobEvent) ([]byte, error) {
+	if ev.GetSeq() != 0 {
+		ev = proto.Clone(ev).(*handoffv1.JobEvent)
+		ev.Seq = 0
+	}
+	return proto.Marshal(ev)
+}
+
+// encodeEvents is encodeEvent of each of evs.
+func encodeEvents(evs []*handoffv1.JobEvent) ([][]byte, error) {
+	if len(evs) == 0 {
+		return nil, nil
+	}
+	out := make([][]byte, len(evs))
+	for i, ev := range evs {
+		b, err := encodeEvent(ev)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = b
+	}
+	return out, nil
+}
+
+// seqField is JobEvent.seq's field number.
+var seqField = (&handoffv1.JobEvent{}).ProtoReflect().Descriptor().Fields().ByName("seq").Number()
+
+// withSeq is the encoding of the event encoded as enc (encodeEvent: no seq) with seq set:
+// the seq field put before the rest, where proto.Marshal puts field 1, so the event is
+// encoded once however often the transaction holding it runs, and never copied.
+func withSeq(enc []byte, seq uint64) []byte {
+	b := make([]byte, 0, protowire.SizeTag(seqField)+protowire.SizeVarint(seq)+len(enc))
+	b = protowire.AppendTag(b, seqField, protowire.VarintType)
+	b = protowire.AppendVarint(b, seq)
+	return append(b, enc...)
 }
 
 // numberEvents sets the Seq of evs, the events just appended in order to a timeline whose

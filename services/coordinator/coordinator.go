@@ -129,7 +129,6 @@ type Server struct {
 
 	mu      sync.Mutex
 	driving map[string]bool                  // run ids with a live driver in this process
-	notify  map[string]chan struct{}         // closed and replaced whenever a run gets an event
 	feeds   map[string]*feed                 // runs watched here: the events this process wrote
 	pending map[string][]*handoffv1.JobEvent // events waiting for their run's next save (later)
 
@@ -215,7 +214,6 @@ func New(opts Options) (*Server, error) {
 		runners: map[string]handoffv1.AgentRunnerServiceClient{"": opts.Runner},
 		decl:    &declarations{ttl: opts.DescribeTTL, now: opts.Now, byRn: map[string]declaration{}},
 		driving: map[string]bool{},
-		notify:  map[string]chan struct{}{},
 		feeds:   map[string]*feed{},
 		pending: map[string][]*handoffv1.JobEvent{},
 
@@ -395,16 +393,27 @@ func (s *Server) SubmitJob(ctx context.Context, req *handoffv1.SubmitJobRequest)
 	if !created {
 		return &handoffv1.SubmitJobResponse{Job: run, Existing: true}, nil
 	}
+	s.keepFeed(run.GetRunId()) // until its driver ends (drive), or now if none starts
 	s.published(run.GetRunId(), []*handoffv1.JobEvent{submitted})
 	if s.log.Enabled(ctx, slog.LevelInfo) { // built only when written: every job passes here
 		s.log.Info("job submitted", "run_id", run.GetRunId(), "job_id", run.GetJobId(), "pipeline", p.Name, "trace_id", traceparent.TraceID(tp))
 	}
 	// The driver starts from the run just written (and its wallet, opened with it) rather
-	// than reading both back.
-	start := proto.Clone(run).(*handoffv1.Job)
+	// than reading both back: job itself, which the store did not keep (run, the answer,
+	// is the store's copy, sent to the caller while the driver changes job), unless the
+	// store created the run under another id (finishing an earlier creation of the same
+	// request): then from a copy of what it wrote.
+	start := job
+	if run.GetRunId() != job.GetRunId() {
+		start = proto.Clone(run).(*handoffv1.Job)
+	}
 	s.setWallet(start, start.GetWallet())
-	if _, err := s.drive(ctx, run.GetRunId(), start); err != nil {
+	started, err := s.drive(ctx, run.GetRunId(), start)
+	if err != nil {
 		s.log.Warn("could not take the new run's lease; the takeover scan will drive it", "run_id", run.GetRunId(), "err", err)
+	}
+	if !started {
+		s.unkeepFeed(run.GetRunId())
 	}
 	return &handoffv1.SubmitJobResponse{Job: run}, nil
 }
@@ -453,13 +462,21 @@ func (s *Server) WatchJob(req *handoffv1.WatchJobRequest, stream grpc.ServerStre
 	// for the event (up to endGrace, in case the append failed) rather than end without it.
 	const endGrace = 2 * time.Second
 	sawEnd, endBy := false, time.Time{}
-	defer s.watchFeed(req.GetRunId())()
+	// wake gets a signal at each write of the run's events from here on: registered before
+	// the first read, so an event written after any read leaves a signal for the next.
+	wake, stop := s.watchFeed(req.GetRunId())
+	defer stop()
+	poll := time.NewTimer(watchPoll) // one timer for the whole watch, reset at every wait
+	defer poll.Stop()
+	woken := false // the last wait ended with a signal from the feed
 	for {
-		wait := s.waiter(req.GetRunId())
 		// Events this process wrote come from the feed; the first read, a watcher that fell
-		// behind, and a poll for other processes' writes go to the store.
+		// behind, and a poll for other processes' writes go to the store. A signal for
+		// events this watch has sent already (two writes before one read) needs neither
+		// the store nor the run: the poll still reads both while the timeline is quiet.
 		evs, ok := s.fed(req.GetRunId(), after)
-		if !ok {
+		stale := !ok && woken && s.caughtUp(req.GetRunId(), after)
+		if !ok && !stale {
 			var err error
 			if evs, err = s.opts.Store.Events(ctx, req.GetRunId(), after); err != nil {
 				return storeErr(err, req.GetRunId())
@@ -478,21 +495,23 @@ func (s *Server) WatchJob(req *handoffv1.WatchJobRequest, stream grpc.ServerStre
 			// nothing came after it.
 			return nil
 		}
-		if len(evs) == 0 {
+		if len(evs) == 0 && !stale {
 			// Only a quiet timeline needs the run itself (has it ended?): reading it for
 			// every batch of events doubled a watch's store reads.
 			if done, err := s.watchEnded(ctx, req.GetRunId(), after, sawEnd, &endBy, endGrace); err != nil || done {
 				return err
 			}
 		}
-		// wait was taken before the read: an event written since has already closed it.
+		poll.Reset(watchPoll)
 		select {
 		case <-ctx.Done():
 			return status.FromContextError(ctx.Err()).Err()
 		case <-s.stopping:
 			return status.Error(codes.Unavailable, "coordinator is shutting down; watch again with after_seq to resume")
-		case <-wait:
-		case <-time.After(500 * time.Millisecond): // runs driven by another process
+		case <-wake:
+			woken = true
+		case <-poll.C: // runs driven by another process
+			woken = false
 		}
 	}
 }
@@ -545,84 +564,124 @@ func terminal(st handoffv1.JobState) bool {
 	return false
 }
 
-// waiter returns a channel closed at the run's next event.
-func (s *Server) waiter(runID string) <-chan struct{} {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	ch, ok := s.notify[runID]
-	if !ok {
-		ch = make(chan struct{})
-		s.notify[runID] = ch
-	}
-	return ch
-}
-
-// wakeLocked closes the run's waiter channel; s.mu is held.
-func (s *Server) wakeLocked(runID string) {
-	if ch, ok := s.notify[runID]; ok {
-		close(ch)
-		delete(s.notify, runID)
-	}
-}
+// watchPoll is how often a watch reads the store while its run is quiet here, for events
+// other processes write.
+const watchPoll = 500 * time.Millisecond
 
 // feedCap bounds a feed: a watcher further behind reads the store.
 const feedCap = 256
+
+// keptCap bounds a feed kept for a run submitted here that nobody watches yet (keepFeed):
+// its first events, for the watch that usually follows the submit at once.
+const keptCap = 8
 
 // feed holds, for a run with watchers in this process (WatchJob), the latest events this
 // process wrote to its timeline, in seq order, so a watch of a run driven here reads the
 // store only to start, to catch up, and to notice other processes' writes (the poll),
 // instead of once per event.
 type feed struct {
-	watchers int
-	evs      []*handoffv1.JobEvent
+	wakes []chan struct{} // one per watcher, buffered: a pending signal is not lost
+	evs   []*handoffv1.JobEvent
+	// unnumbered: events without a seq were written, which only the store has.
+	unnumbered bool
+	// kept: the run was submitted here and its first driver runs, so the feed collects
+	// (up to keptCap events while unwatched) before any watch: the watch a caller opens
+	// right after SubmitJob then starts from memory, not from a store read.
+	kept bool
 }
 
-// watchFeed makes the run's feed collect events for one more watcher; stop ends that.
-func (s *Server) watchFeed(runID string) (stop func()) {
+// keepFeed makes the feed of runID, just created here, collect its events before anyone
+// watches it, until unkeepFeed.
+func (s *Server) keepFeed(runID string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	f, ok := s.feeds[runID]
+	if !ok {
+		f = &feed{}
+		s.feeds[runID] = f
+	}
+	f.kept = true
+}
+
+// unkeepFeed ends keepFeed: the feed lives on only while watched.
+func (s *Server) unkeepFeed(runID string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if f, ok := s.feeds[runID]; ok {
+		if f.kept = false; len(f.wakes) == 0 {
+			delete(s.feeds, runID)
+		}
+	}
+}
+
+// watchFeed makes the run's feed collect events for one more watcher, whose channel wake
+// then gets a signal after each write of the run's events (one waits at most: signals
+// before the watcher reads again are one); stop ends that.
+func (s *Server) watchFeed(runID string) (wake <-chan struct{}, stop func()) {
+	ch := make(chan struct{}, 1)
 	s.mu.Lock()
 	f, ok := s.feeds[runID]
 	if !ok {
 		f = &feed{}
 		s.feeds[runID] = f
 	}
-	f.watchers++
+	f.wakes = append(f.wakes, ch)
 	s.mu.Unlock()
-	return func() {
+	return ch, func() {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		if f.watchers--; f.watchers == 0 {
-			delete(s.feeds, runID)
+		if f.wakes = slices.DeleteFunc(f.wakes, func(c chan struct{}) bool { return c == ch }); len(f.wakes) == 0 {
+			if !f.kept {
+				delete(s.feeds, runID)
+			} else if n := len(f.evs) - keptCap; n > 0 {
+				f.evs = slices.Delete(f.evs, 0, n)
+			}
 		}
 	}
 }
 
 // published wakes the run's watchers after evs were written, handing the events to its feed
 // when it has one. Events without a seq (a store that did not number them) are not fed:
-// the watchers then read them from the store.
+// the watchers then read them from the store. The feed keeps evs themselves, which its
+// watchers send while the driver goes on: an event is never modified once written (every
+// caller builds its events for one write, and the driver replaces what it changes in the
+// run, e.g. setWallet, withStaleFailure, instead of changing what an event may share).
 func (s *Server) published(runID string, evs []*handoffv1.JobEvent) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if f, ok := s.feeds[runID]; ok {
-		for _, ev := range evs {
-			if ev.GetSeq() == 0 {
-				continue
-			}
-			// Writes of one run are sequential, so an event almost always goes last; the
-			// search only keeps the feed ordered if one does not.
-			i := len(f.evs)
-			for i > 0 && f.evs[i-1].GetSeq() >= ev.GetSeq() {
-				i--
-			}
-			if i < len(f.evs) && f.evs[i].GetSeq() == ev.GetSeq() {
-				continue
-			}
-			f.evs = slices.Insert(f.evs, i, proto.Clone(ev).(*handoffv1.JobEvent))
+	f, ok := s.feeds[runID]
+	if !ok {
+		return // nobody watches the run here
+	}
+	for _, ev := range evs {
+		if ev.GetSeq() == 0 {
+			f.unnumbered = true
+			continue
 		}
-		if n := len(f.evs) - feedCap; n > 0 {
-			f.evs = slices.Delete(f.evs, 0, n)
+		// Writes of one run are sequential, so an event almost always goes last; the
+		// search only keeps the feed ordered if one does not.
+		i := len(f.evs)
+		for i > 0 && f.evs[i-1].GetSeq() >= ev.GetSeq() {
+			i--
+		}
+		if i < len(f.evs) && f.evs[i].GetSeq() == ev.GetSeq() {
+			continue
+		}
+		f.evs = slices.Insert(f.evs, i, ev)
+	}
+	limit := feedCap
+	if len(f.wakes) == 0 {
+		limit = keptCap // kept, nobody watching yet
+	}
+	if n := len(f.evs) - limit; n > 0 {
+		f.evs = slices.Delete(f.evs, 0, n)
+	}
+	for _, ch := range f.wakes {
+		select {
+		case ch <- struct{}{}:
+		default: // a signal is waiting already
 		}
 	}
-	s.wakeLocked(runID)
 }
 
 // fed returns the run's events after seq after from its feed, when the feed holds the next
@@ -648,6 +707,16 @@ func (s *Server) fed(runID string, after uint64) (evs []*handoffv1.JobEvent, ok 
 		next++
 	}
 	return evs, true
+}
+
+// caughtUp reports whether a watcher that has sent the run's events up to seq after has
+// every event this process wrote: the newest one in the feed is after, and the feed has
+// missed none (unnumbered).
+func (s *Server) caughtUp(runID string, after uint64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	f := s.feeds[runID]
+	return f != nil && !f.unnumbered && len(f.evs) > 0 && f.evs[len(f.evs)-1].GetSeq() == after
 }
 
 // appendEvents appends evs to the run's timeline one by one and wakes its watchers. A failed
@@ -731,7 +800,9 @@ func (s *Server) stamp(job *handoffv1.Job, ev *handoffv1.JobEvent) {
 		ev.Traceparent = job.GetTraceparent()
 	}
 	if ev.Wallet == nil {
-		ev.Wallet = proto.Clone(job.GetWallet()).(*handoffv1.Budget)
+		// The run's wallet as it stands, shared: the driver replaces job.Wallet whenever
+		// the wallet changes (setWallet), never changes it in place.
+		ev.Wallet = job.GetWallet()
 	}
 	if ev.Hop == 0 {
 		ev.Hop = job.GetHops()

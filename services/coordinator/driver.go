@@ -121,7 +121,8 @@ func (s *Server) advance(ctx context.Context, runID string, job *handoffv1.Job) 
 	return job, nil
 }
 
-// setWallet mirrors the store's wallet into the run, tagged with its id.
+// setWallet mirrors the store's wallet into the run, tagged with its id: a new Budget each
+// time, never the old one changed, since events stamped before share it (stamp).
 func (s *Server) setWallet(job *handoffv1.Job, w *handoffv1.Budget) {
 	w = proto.Clone(w).(*handoffv1.Budget)
 	w.WalletId = walletOf(job)

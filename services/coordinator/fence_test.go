@@ -3,13 +3,17 @@ package coordinator_test
 import (
 	"context"
 	"errors"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+	"github.com/handoffhq/handoff/internal/demo"
+	"github.com/handoffhq/handoff/internal/stack"
 	"github.com/handoffhq/handoff/internal/store"
+	"github.com/handoffhq/handoff/services/agentrunner"
 )
 
 // historyStore records the hops of every save of a run that landed, in order.
@@ -165,5 +169,61 @@ func TestResolveFencesStaleDriver(t *testing.T) {
 	}
 	if got, err := e.st.Store.GetRun(ctx, job.GetRunId()); err != nil || got.GetState() != handoffv1.JobState_JOB_STATE_FAILED {
 		t.Fatalf("run after the stale save = %v, %v; want FAILED as the decision left it", got.GetState(), err)
+	}
+}
+
+// fencerStore is a bbolt store that takes a lease and its epoch in one call
+// (store.LeaseFencer), counting those calls and FenceRun's.
+type fencerStore struct {
+	store.Store
+	combined, fences atomic.Int32
+}
+
+func (f *fencerStore) AcquireLeaseFence(ctx context.Context, name, owner string, ttl time.Duration, runID string) (bool, uint64, error) {
+	f.combined.Add(1)
+	return f.Store.(store.LeaseFencer).AcquireLeaseFence(ctx, name, owner, ttl, runID)
+}
+
+func (f *fencerStore) FenceRun(ctx context.Context, runID string) (uint64, error) {
+	f.fences.Add(1)
+	return f.Store.FenceRun(ctx, runID)
+}
+
+// TestSubmitFencesWithTheLease: on a store that takes a lease and its epoch at once, a
+// submitted run's driver takes both in that one call and saves under that epoch (the run
+// completes), and the epoch is the run's fence: a takeover's FenceRun goes past it, and a
+// save under it is refused from then on.
+func TestSubmitFencesWithTheLease(t *testing.T) {
+	dir := t.TempDir()
+	bolt, err := store.Open(filepath.Join(dir, "f.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { bolt.Close() })
+	fs := &fencerStore{Store: bolt}
+	judge := &recorder{name: "judge", verdicts: []handoffv1.Verdict{handoffv1.Verdict_VERDICT_PASS}}
+	st, client := startStack(t, stack.Config{DataDir: dir, Store: fs, Pipelines: relayPipeline(t, 10, 2), Agents: []agentrunner.Agent{&recorder{name: "draft"}, judge}})
+	runID := submitTicket(t, client, mustInput(t, st), &handoffv1.Budget{UsdRemainingMicros: 1_000_000})
+	evs, err := demo.Watch(context.Background(), client, runID, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(evs); n == 0 || evs[n-1].GetKind() != handoffv1.EventKind_EVENT_KIND_COMPLETED {
+		t.Fatalf("timeline %v; want it to end COMPLETED", kinds(evs))
+	}
+	if c, f := fs.combined.Load(), fs.fences.Load(); c != 1 || f != 0 {
+		t.Fatalf("submit took %d lease-and-epoch calls and %d FenceRun calls; want 1 and 0", c, f)
+	}
+	ctx := context.Background()
+	next, err := bolt.FenceRun(ctx, runID)
+	if err != nil || next != 2 {
+		t.Fatalf("FenceRun after the driver's epoch = %d, %v; want 2 (the driver saved under 1)", next, err)
+	}
+	j, err := bolt.GetRun(ctx, runID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := bolt.PutRunFenced(ctx, j, 1); !errors.Is(err, store.ErrFenced) {
+		t.Fatalf("save under the submit's epoch after a takeover = %v; want ErrFenced", err)
 	}
 }

@@ -106,6 +106,19 @@ func (l *lease) acquire(ctx context.Context) (bool, error) {
 	return ok, err
 }
 
+// acquireFenced is acquire and, when the lease is held, the run's new epoch, in one call of
+// a store that takes both at once (store.LeaseFencer).
+func (l *lease) acquireFenced(ctx context.Context, lf store.LeaseFencer, runID string) (bool, uint64, error) {
+	ctx, cancel := context.WithTimeout(ctx, leaseTimeout)
+	defer cancel()
+	start := time.Now()
+	ok, epoch, err := lf.AcquireLeaseFence(ctx, l.name, l.s.opts.Owner, l.s.opts.LeaseTTL, runID)
+	if ok {
+		l.lastOK.Store(start.UnixNano())
+	}
+	return ok, epoch, err
+}
+
 // renew is acquire before a hop, skipped while the last renewal is younger than LeaseTTL/3:
 // the lease then has at least 2/3 of its TTL left, no other replica can take it before it
 // expires, and keep renews it in the background at that same pace. A driver doing many
@@ -172,7 +185,23 @@ func (s *Server) drive(ctx context.Context, runID string, start *handoffv1.Job) 
 		s.mu.Unlock()
 	}
 	l := &lease{s: s, name: leaseName(runID)}
-	ok, err := l.acquire(ctx)
+	// A run just created (start) is no nested run, so its new epoch can be taken with the
+	// lease, in one write, where the store can (the lease still first: no epoch without it).
+	var epoch uint64
+	lf, fenced := s.opts.Store.(store.LeaseFencer)
+	fenced = fenced && start != nil
+	var ok bool
+	var err error
+	if fenced {
+		ok, epoch, err = l.acquireFenced(ctx, lf, runID)
+		if err != nil && ok { // the lease without its epoch: given back, as when FenceRun fails
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseTimeout)
+			defer cancel()
+			err = errors.Join(fmt.Errorf("fence run %s: %w", runID, err), s.opts.Store.ReleaseLease(rctx, l.name, s.opts.Owner))
+		}
+	} else {
+		ok, err = l.acquire(ctx)
+	}
 	if err != nil || !ok {
 		unreserve()
 		return false, err
@@ -191,36 +220,22 @@ func (s *Server) drive(ctx context.Context, runID string, start *handoffv1.Job) 
 	// The run's new epoch, taken while holding its lease and before reading the run: from
 	// now on a save by an earlier holder is refused, so what this driver reads next is the
 	// run's last state for good.
-	fctx, fcancel := context.WithTimeout(ctx, leaseTimeout)
-	defer fcancel()
-	if start == nil {
-		// A nested run is fenced by its parent's driver (subjob.go), never on its own: a
-		// FenceRun here would refuse that driver's saves. The scan skips nested runs; this
-		// covers a lapsed lease of one (taken by an older release).
-		j, err := s.opts.Store.GetRun(fctx, runID)
-		if err == nil && j.GetParentRunId() != "" || err != nil && !errors.Is(err, store.ErrNotFound) {
+	if !fenced {
+		if epoch, err = s.fence(ctx, runID, start == nil); err != nil {
 			s.wg.Done()
 			unreserve()
+			if err == errNested { // not this driver's to drive: no error
+				err = nil
+			}
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseTimeout)
 			defer cancel()
-			if err != nil {
-				err = fmt.Errorf("read run %s: %w", runID, err)
-			}
 			return false, errors.Join(err, s.opts.Store.ReleaseLease(rctx, l.name, s.opts.Owner))
 		}
-	}
-	epoch, err := s.opts.Store.FenceRun(fctx, runID)
-	fcancel()
-	if err != nil {
-		s.wg.Done()
-		unreserve()
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseTimeout)
-		defer cancel()
-		return false, errors.Join(fmt.Errorf("fence run %s: %w", runID, err), s.opts.Store.ReleaseLease(rctx, l.name, s.opts.Owner))
 	}
 	go func() {
 		defer s.wg.Done()
 		defer unreserve()
+		defer s.unkeepFeed(runID) // the feed SubmitJob kept for its first watch, if it did
 		dctx, lose := context.WithCancelCause(withEpoch(s.ctx, epoch))
 		defer lose(nil)
 		kept := make(chan struct{})
@@ -249,6 +264,33 @@ func (s *Server) drive(ctx context.Context, runID string, start *handoffv1.Job) 
 		}
 	}()
 	return true, nil
+}
+
+// errNested: fence refused a nested run.
+var errNested = errors.New("a nested run is fenced by its parent's driver")
+
+// fence takes the run's new epoch for its driver. With read (a run its caller did not just
+// create) the run is read first, and a nested run is refused with errNested: it is fenced
+// by its parent's driver (subjob.go), never on its own, and a FenceRun here would refuse
+// that driver's saves. The scan skips nested runs; this covers a lapsed lease of one (taken
+// by an older release).
+func (s *Server) fence(ctx context.Context, runID string, read bool) (uint64, error) {
+	ctx, cancel := context.WithTimeout(ctx, leaseTimeout)
+	defer cancel()
+	if read {
+		j, err := s.opts.Store.GetRun(ctx, runID)
+		if err != nil && !errors.Is(err, store.ErrNotFound) {
+			return 0, fmt.Errorf("read run %s: %w", runID, err)
+		}
+		if err == nil && j.GetParentRunId() != "" {
+			return 0, errNested
+		}
+	}
+	epoch, err := s.opts.Store.FenceRun(ctx, runID)
+	if err != nil {
+		return 0, fmt.Errorf("fence run %s: %w", runID, err)
+	}
+	return epoch, nil
 }
 
 // Resume drives every RUNNING run whose lease this replica can take, and from then on

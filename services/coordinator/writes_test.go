@@ -14,6 +14,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/demo"
@@ -29,6 +30,7 @@ type writeLog struct {
 	writes   []string
 	failPuts atomic.Int32 // refuse this many saves that carry events
 	reads    atomic.Int32 // Events calls
+	gets     atomic.Int32 // GetRun calls
 	// failStage, when set, refuses the first save carrying an event of that stage.
 	failStage atomic.Pointer[string]
 }
@@ -82,6 +84,11 @@ func (w *writeLog) CreateRun(ctx context.Context, j *handoffv1.Job, evs ...*hand
 	}
 	w.add(fmt.Sprintf("CreateRun[%s]", strings.Join(ks, " ")))
 	return w.Store.CreateRun(ctx, j, evs...)
+}
+
+func (w *writeLog) GetRun(ctx context.Context, id string) (*handoffv1.Job, error) {
+	w.gets.Add(1)
+	return w.Store.GetRun(ctx, id)
 }
 
 func (w *writeLog) Events(ctx context.Context, id string, after uint64) ([]*handoffv1.JobEvent, error) {
@@ -255,8 +262,9 @@ func TestRepeatedStepPaysOnce(t *testing.T) {
 }
 
 // TestWatchReadsTheStoreOnce: a watch of a run this coordinator drives gets its events from
-// the coordinator's writes, not from a store read per event: one read to start, and the
-// whole timeline, in order, without a gap.
+// the coordinator's writes, not from a store read per event: the watch opened right after
+// the submit starts from the events the submit kept in memory, and gets the whole timeline,
+// in order, without a gap, reading the store at most once (a poll for other writers).
 func TestWatchReadsTheStoreOnce(t *testing.T) {
 	dir := t.TempDir()
 	wl := newWriteLog(t, dir)
@@ -270,17 +278,18 @@ func TestWatchReadsTheStoreOnce(t *testing.T) {
 		err error
 	}
 	done := make(chan result, 1)
+	first := make(chan struct{})
+	var once sync.Once
 	go func() {
-		evs, err := demo.Watch(ctx, client, runID, nil)
+		evs, err := demo.Watch(ctx, client, runID, func(*handoffv1.JobEvent) { once.Do(func() { close(first) }) })
 		done <- result{evs, err}
 	}()
-	// The draft holds the run until the watch has made its first read.
-	for deadline := time.Now().Add(10 * time.Second); wl.reads.Load() == 0; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the watch never read the store")
-		}
+	// The draft holds the run until the watch has its first event.
+	select {
+	case <-first:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the watch never got the run's first event")
 	}
-	start := wl.reads.Load()
 	close(draft.proceed)
 	r := <-done
 	if r.err != nil {
@@ -297,10 +306,37 @@ func TestWatchReadsTheStoreOnce(t *testing.T) {
 			t.Fatalf("event %d has seq %d; want %d", i, ev.GetSeq(), i+1)
 		}
 	}
-	// After its first read the watch may poll once for other processes (every 500ms); the
-	// ten events written after it must not each cost a read.
-	if n := wl.reads.Load() - start; n > 1 {
-		t.Fatalf("the watch read the store %d more times after its first read; want at most 1", n)
+	// The watch may poll once for other processes (every 500ms); the twelve events must not
+	// each cost a read.
+	if n := wl.reads.Load(); n > 1 {
+		t.Fatalf("the watch read the store %d times; want at most 1", n)
+	}
+	// Nor does the run itself: only a quiet timeline (the poll) reads it, and the rail
+	// drives the submitted run from memory.
+	if n := wl.gets.Load(); n > 1 {
+		t.Fatalf("the run was read %d times; want at most 1", n)
+	}
+	// Each event carries the wallet as it stood at the event (events share it with the
+	// run until the next debit replaces it): from the 10 hops of the submit down to 7.
+	for i, ev := range r.evs {
+		h := ev.GetWallet().GetHopsRemaining()
+		if i == 0 && h != 10 || i == len(r.evs)-1 && h != 7 || i > 0 && h > r.evs[i-1].GetWallet().GetHopsRemaining() {
+			t.Fatalf("event %d (%s) has %d hops left in its wallet; want 10 at the submit, never rising, 7 at the end", i, ev.GetKind(), h)
+		}
+	}
+	// The feed hands the watch the events the driver wrote, not copies: each must be
+	// exactly what the store holds, nothing changed after its write.
+	stored, err := wl.Store.Events(ctx, runID, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(stored) != len(r.evs) {
+		t.Fatalf("store holds %d events, the watch got %d", len(stored), len(r.evs))
+	}
+	for i := range stored {
+		if !proto.Equal(stored[i], r.evs[i]) {
+			t.Fatalf("event %d as watched\n %v\ndiffers from the store's\n %v", i, r.evs[i], stored[i])
+		}
 	}
 }
 
@@ -387,5 +423,62 @@ func TestApproveRetriedPaysOnce(t *testing.T) {
 	}
 	if w.GetHopsRemaining() != 10-3 {
 		t.Fatalf("wallet has %d hops left; want 7 (draft, judge, one writeback)", w.GetHopsRemaining())
+	}
+}
+
+// TestWatchersOfOneRun: several watches of one run each get the whole timeline in order as
+// the driver writes it, and one that hangs up midway leaves the others their signals.
+func TestWatchersOfOneRun(t *testing.T) {
+	dir := t.TempDir()
+	wl := newWriteLog(t, dir)
+	draft := &recorder{name: "draft", proceed: make(chan struct{})}
+	judge := &recorder{name: "judge", verdicts: []handoffv1.Verdict{handoffv1.Verdict_VERDICT_PASS}}
+	st, client := startStack(t, stack.Config{DataDir: dir, Store: wl, Pipelines: relayPipeline(t, 10, 2), Agents: []agentrunner.Agent{draft, judge}})
+	runID := submitTicket(t, client, mustInput(t, st), &handoffv1.Budget{UsdRemainingMicros: 1_000_000})
+	type result struct {
+		evs []*handoffv1.JobEvent
+		err error
+	}
+	const watchers = 3
+	done := make(chan result, watchers)
+	// Every watch has its first event before the draft lets the run go on.
+	var started sync.WaitGroup
+	started.Add(watchers + 1)
+	firstEvent := func() func(*handoffv1.JobEvent) {
+		var once sync.Once
+		return func(*handoffv1.JobEvent) { once.Do(started.Done) }
+	}
+	for range watchers {
+		go func() {
+			evs, err := demo.Watch(context.Background(), client, runID, firstEvent())
+			done <- result{evs, err}
+		}()
+	}
+	// One more watch that hangs up once it has the timeline so far.
+	quitter, quit := context.WithCancel(context.Background())
+	quitDone := make(chan struct{})
+	go func() {
+		defer close(quitDone)
+		demo.Watch(quitter, client, runID, firstEvent())
+	}()
+	started.Wait()
+	quit()
+	<-quitDone
+	close(draft.proceed)
+	want := []string{"draft:SUBMITTED", "draft:PACKAGE_SENT", "draft:ACK:ACCEPTED", "draft:STAGE_RESULT",
+		"judge:PACKAGE_SENT", "judge:ACK:ACCEPTED", "judge:STAGE_RESULT", "judge:VERDICT:PASS",
+		"writeback:PACKAGE_SENT", "writeback:ACK:ACCEPTED", "writeback:RECEIPT", "writeback:COMPLETED"}
+	for range watchers {
+		select {
+		case r := <-done:
+			if r.err != nil {
+				t.Fatal(r.err)
+			}
+			if got := kinds(r.evs); !slices.Equal(got, want) {
+				t.Fatalf("a watcher's timeline\n got %v\nwant %v", got, want)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatal("a watcher never saw the run end")
+		}
 	}
 }

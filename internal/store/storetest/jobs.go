@@ -150,6 +150,17 @@ func testSubmitRules(t *testing.T, s store.Store) {
 			t.Fatalf("job_id again with other %s = %v, %v; want ErrJobConflict", name, created, err)
 		}
 	}
+	// Without a request id the job's content is checked all the same.
+	for name, edit := range edits {
+		j := submitted("run-y", "")
+		edit(j)
+		if _, created, err := s.CreateRun(ctx, j, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_SUBMITTED}); !errors.Is(err, store.ErrJobConflict) || created {
+			t.Fatalf("job_id again with other %s and no request id = %v, %v; want ErrJobConflict", name, created, err)
+		}
+	}
+	if _, err := s.GetRun(ctx, "run-y"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("a refused run without a request id was stored: %v", err)
+	}
 	// Nothing of the refused runs was written: no run, wallet, event or request record.
 	if _, err := s.GetRun(ctx, "run-x"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("a refused run was stored: %v", err)
@@ -216,6 +227,32 @@ func testSubmitRules(t *testing.T, s store.Store) {
 	wg.Wait()
 	if len(runs) != 1 || conflicts != 9 {
 		t.Fatalf("10 racing submissions of one job_id: %d created %v, %d conflicts; want 1 and 9", len(runs), runs, conflicts)
+	}
+	// The same race without request ids.
+	var bare []string
+	bareConflicts := 0
+	for i := range 10 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			j := submitted(fmt.Sprintf("bare-%d", i), "")
+			j.JobId, j.Goal = "tkt_bare", fmt.Sprintf("goal %d", i)
+			_, created, err := s.CreateRun(ctx, j)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil && created:
+				bare = append(bare, j.GetRunId())
+			case errors.Is(err, store.ErrJobConflict):
+				bareConflicts++
+			default:
+				t.Errorf("bare race submission %d = %v, %v", i, created, err)
+			}
+		}()
+	}
+	wg.Wait()
+	if len(bare) != 1 || bareConflicts != 9 {
+		t.Fatalf("10 racing submissions of one job_id without request ids: %d created %v, %d conflicts; want 1 and 9", len(bare), bare, bareConflicts)
 	}
 	// The winner's content is the job's from now on.
 	winner, err := s.GetRun(ctx, runs[0])

@@ -279,3 +279,51 @@ func testFenceAt(t *testing.T, s store.Store) {
 		}
 	}
 }
+
+// testLeaseFence: AcquireLeaseFence (on a store that has it) takes the lease and the run's
+// next epoch, which refuses saves under the epoch before; it renews a lease the owner holds
+// with a new epoch again, and while another owner holds the lease it takes neither.
+func testLeaseFence(t *testing.T, s store.Store) {
+	lf, ok := s.(store.LeaseFencer)
+	if !ok {
+		t.Skip("the store takes leases and fences in two calls")
+	}
+	ctx := context.Background()
+	if _, _, err := s.CreateRun(ctx, &handoffv1.Job{RunId: "lf"}); err != nil {
+		t.Fatal(err)
+	}
+	before, err := s.FenceRun(ctx, "lf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, epoch, err := lf.AcquireLeaseFence(ctx, "run:lf", "owner-a", time.Minute, "lf")
+	if err != nil || !held || epoch != before+1 {
+		t.Fatalf("AcquireLeaseFence of a free lease = %v, %d, %v; want held at epoch %d", held, epoch, err, before+1)
+	}
+	if err := s.PutRunFenced(ctx, &handoffv1.Job{RunId: "lf", Hops: 1}, before); !errors.Is(err, store.ErrFenced) {
+		t.Fatalf("save under the epoch before = %v, want ErrFenced", err)
+	}
+	if err := s.PutRunFenced(ctx, &handoffv1.Job{RunId: "lf", Hops: 1}, epoch); err != nil {
+		t.Fatalf("save under the new epoch: %v", err)
+	}
+	if ok, err := s.AcquireLease(ctx, "run:lf", "owner-b", time.Minute); err != nil || ok {
+		t.Fatalf("another owner's AcquireLease after AcquireLeaseFence = %v, %v; want refused (the lease is held)", ok, err)
+	}
+	held, again, err := lf.AcquireLeaseFence(ctx, "run:lf", "owner-a", time.Minute, "lf")
+	if err != nil || !held || again != epoch+1 {
+		t.Fatalf("AcquireLeaseFence by the holder = %v, %d, %v; want held at epoch %d", held, again, err, epoch+1)
+	}
+	held, other, err := lf.AcquireLeaseFence(ctx, "run:lf", "owner-b", time.Minute, "lf")
+	if err != nil || held || other != 0 {
+		t.Fatalf("AcquireLeaseFence while another owner holds the lease = %v, %d, %v; want neither lease nor epoch", held, other, err)
+	}
+	if err := s.PutRunFenced(ctx, &handoffv1.Job{RunId: "lf", Hops: 2}, again); err != nil {
+		t.Fatalf("save under the holder's epoch after a refused AcquireLeaseFence (it changed nothing): %v", err)
+	}
+	if _, _, err := lf.AcquireLeaseFence(ctx, "run:lf", "owner-a", time.Minute, ""); err == nil {
+		t.Error("AcquireLeaseFence with no run id succeeded")
+	}
+	if _, _, err := lf.AcquireLeaseFence(ctx, "", "owner-a", time.Minute, "lf"); err == nil {
+		t.Error("AcquireLeaseFence with no lease name succeeded")
+	}
+}

@@ -24,6 +24,7 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 	t.Run("SubmitRules", func(t *testing.T) { testSubmitRules(t, newStore(t)) })
 	t.Run("ListRunsPaging", func(t *testing.T) { testListRuns(t, newStore(t)) })
 	t.Run("Events", func(t *testing.T) { testEvents(t, newStore(t)) })
+	t.Run("EventsWhole", func(t *testing.T) { testEventsWhole(t, newStore(t)) })
 	t.Run("ClaimCompleteRelease", func(t *testing.T) { testClaim(t, newStore(t)) })
 	t.Run("ClaimExpiry", func(t *testing.T) { testClaimExpiry(t, newStore(t)) })
 	t.Run("RenewClaim", func(t *testing.T) { testRenewClaim(t, newStore(t)) })
@@ -44,6 +45,7 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 	t.Run("Leases", func(t *testing.T) { s := newStore(t); RunLeases(t, s, s) })
 	t.Run("Fence", func(t *testing.T) { testFence(t, newStore(t)) })
 	t.Run("FenceAt", func(t *testing.T) { testFenceAt(t, newStore(t)) })
+	t.Run("LeaseFence", func(t *testing.T) { testLeaseFence(t, newStore(t)) })
 }
 
 // testGrant: a grant adds to the wallet once per key, never past a budget's caps, and
@@ -376,6 +378,62 @@ func testEvents(t *testing.T, s store.Store) {
 	}
 	if _, err := s.Events(ctx, "ghost", 0); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("Events of the missing run = %v, want ErrNotFound (nothing written)", err)
+	}
+}
+
+// testEventsWhole: an event is stored whole, nested messages and all, under the seq the
+// timeline gives it (whatever seq it came with), by each way of writing events; the
+// caller's event keeps every other field as given, and a write that fails leaves it as it
+// was.
+func testEventsWhole(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	full := func(stage string, seq uint64) *handoffv1.JobEvent {
+		return &handoffv1.JobEvent{
+			Seq: seq, RunId: "w", JobId: "job-w", Kind: handoffv1.EventKind_EVENT_KIND_PACKAGE_SENT, Stage: stage, Hop: 3,
+			Traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+			Wallet:      &handoffv1.Budget{WalletId: "w", UsdRemainingMicros: 5, HopsRemaining: 2},
+			Package: &handoffv1.HandoffPackage{JobId: "job-w", Stage: stage, Goal: "g",
+				Artifacts: []*handoffv1.Artifact{{Uri: "file:///a", Type: "t"}}},
+			Ack: &handoffv1.Ack{JobId: "job-w", Stage: stage, Status: handoffv1.AckStatus_ACK_STATUS_ACCEPTED},
+		}
+	}
+	created := full("created", 7)
+	if _, _, err := s.CreateRun(ctx, &handoffv1.Job{RunId: "w"}, created); err != nil {
+		t.Fatal(err)
+	}
+	appended := full("appended", 0)
+	if _, err := s.AppendEvent(ctx, "w", appended); err != nil {
+		t.Fatal(err)
+	}
+	put1, put2 := full("put1", 0), full("put2", 99)
+	if err := s.PutRun(ctx, &handoffv1.Job{RunId: "w", Hops: 1}, put1, put2); err != nil {
+		t.Fatal(err)
+	}
+	given := []*handoffv1.JobEvent{created, appended, put1, put2}
+	want := []*handoffv1.JobEvent{full("created", 1), full("appended", 2), full("put1", 3), full("put2", 4)}
+	for i := range given {
+		if !proto.Equal(given[i], want[i]) {
+			t.Fatalf("caller's event %d after its write = %v; want %v (only the seq set)", i, given[i], want[i])
+		}
+	}
+	evs, err := s.Events(ctx, "w", 0)
+	if err != nil || len(evs) != len(want) {
+		t.Fatalf("Events = %d events, %v; want %d", len(evs), err, len(want))
+	}
+	for i := range want {
+		if !proto.Equal(evs[i], want[i]) {
+			t.Fatalf("stored event %d = %v; want %v", i, evs[i], want[i])
+		}
+	}
+	lost := full("lost", 5)
+	if _, err := s.AppendEvent(ctx, "no-such-run", lost); err == nil {
+		t.Fatal("AppendEvent to a missing run succeeded")
+	}
+	if err := s.PutRun(ctx, &handoffv1.Job{RunId: "no-such-run"}, lost); err == nil {
+		t.Fatal("PutRun of a missing run succeeded")
+	}
+	if !proto.Equal(lost, full("lost", 5)) {
+		t.Fatalf("event of failed writes = %v; want it as given", lost)
 	}
 }
 
