@@ -25,7 +25,6 @@ import (
 	"os"
 	"runtime/debug"
 	"strconv"
-	"strings"
 
 	"github.com/KimMachineGun/automemlimit/memlimit"
 )
@@ -68,10 +67,13 @@ func gogc(env string, set bool) (value int, from string, err error) {
 	if !set || env == "" {
 		return DefaultGOGC, "default", nil
 	}
-	if strings.EqualFold(env, "off") {
+	// As the runtime reads it (readGOGC): "off" in lower case, else a 32-bit number. Any
+	// other spelling ("OFF", 1e3, 2^32) it runs at 100, whatever the policy would say.
+	if env == "off" {
 		return -1, "GOGC", nil
 	}
-	n, err := strconv.Atoi(env)
+	n64, err := strconv.ParseInt(env, 10, 32)
+	n := int(n64)
 	if err != nil || n < 0 {
 		return 0, "", fmt.Errorf("GOGC=%q: want a whole number of percent (100 is Go's default, %d handoff's) or off", env, DefaultGOGC)
 	}

@@ -100,6 +100,10 @@ func TestApply(t *testing.T) {
 		{"an empty GOGC is unset", "nolimit", []string{"GOGC="}, DefaultGOGC, "default", none, "none", ""},
 		{"a GOGC that is no number", strconv.Itoa(gib), []string{"GOGC=fast"}, 100, "", none, "", `GOGC="fast": want a whole number of percent`},
 		{"a negative GOGC", strconv.Itoa(gib), []string{"GOGC=-5"}, -1, "", none, "", `GOGC="-5"`},
+		// The runtime reads only a lowercase off and a 32-bit number; it runs anything else
+		// at 100, so these are refused too rather than reported as what they say.
+		{"GOGC=OFF", strconv.Itoa(gib), []string{"GOGC=OFF"}, 100, "", none, "", `GOGC="OFF"`},
+		{"a GOGC over 32 bits", strconv.Itoa(gib), []string{"GOGC=4294967296"}, 100, "", none, "", `GOGC="4294967296"`},
 		{"an AUTOMEMLIMIT out of range", strconv.Itoa(gib), []string{"AUTOMEMLIMIT=2"}, DefaultGOGC, "", none, "", `AUTOMEMLIMIT="2": want off or the share`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -138,7 +142,10 @@ func TestGOGCRule(t *testing.T) {
 		{"", true, DefaultGOGC, "default", false},
 		{"200", true, 200, "GOGC", false},
 		{"0", true, 0, "GOGC", false},
-		{"OFF", true, -1, "GOGC", false},
+		{"off", true, -1, "GOGC", false},
+		{"+50", true, 50, "GOGC", false},
+		{"OFF", true, 0, "", true},
+		{"4294967296", true, 0, "", true},
 		{"1e3", true, 0, "", true},
 	} {
 		got, from, err := gogc(c.env, c.set)

@@ -133,6 +133,7 @@ func (d *Detector) screen(r protoreflect.Message, depth int) bool {
 // goPlan is plan for a generated message's Go struct: the struct field of each of plan's
 // fields, read with Go reflection.
 type goPlan struct {
+	md    protoreflect.MessageDescriptor // the message type the plan reads
 	texts []goField
 	msgs  []goField
 }
@@ -157,14 +158,18 @@ var goPlans sync.Map // reflect.Type (a pointer to a generated struct) → *goPl
 
 // goPlanOf returns the goPlan of t, the Go type of messages of md; nil when t is not a
 // generated struct whose every plan field is a plain struct field (a dynamicpb message, a
-// oneof member): those are read with protoreflect.
+// oneof member): those are read with protoreflect. One Go type can stand for many message
+// types (*dynamicpb.Message is every dynamic message's), so a plan is used only for the
+// message type it was made for: another one is read with protoreflect.
 func goPlanOf(t reflect.Type, md protoreflect.MessageDescriptor) *goPlan {
-	if gp, ok := goPlans.Load(t); ok {
-		return gp.(*goPlan)
+	v, ok := goPlans.Load(t)
+	if !ok {
+		v, _ = goPlans.LoadOrStore(t, buildGoPlan(t, md))
 	}
-	gp := buildGoPlan(t, md)
-	goPlans.Store(t, gp)
-	return gp
+	if gp := v.(*goPlan); gp != nil && gp.md == md {
+		return gp
+	}
+	return nil
 }
 
 func buildGoPlan(t reflect.Type, md protoreflect.MessageDescriptor) *goPlan {
@@ -181,7 +186,7 @@ func buildGoPlan(t reflect.Type, md protoreflect.MessageDescriptor) *goPlan {
 		}
 	}
 	p := planOf(md)
-	gp := &goPlan{}
+	gp := &goPlan{md: md}
 	field := func(fd protoreflect.FieldDescriptor) (goField, bool) {
 		i, ok := byName[string(fd.Name())]
 		if !ok || fd.ContainingOneof() != nil && !fd.HasOptionalKeyword() {

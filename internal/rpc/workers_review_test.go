@@ -74,3 +74,45 @@ func TestGracefulStopWithStreamsOnWorkers(t *testing.T) {
 	cc.Close()
 	testkit.Eventually(t, 10*time.Second, "the server's goroutines to end", func() bool { return runtime.NumGoroutine() <= base })
 }
+
+// TestStopCutsStreamsOnWorkers: a hard stop with streams held on the stream workers and
+// beyond them cuts every one (each call ends with an error), and leaves none of the server's
+// goroutines, its 64 kept workers included.
+func TestStopCutsStreamsOnWorkers(t *testing.T) {
+	base := runtime.NumGoroutine()
+	r := &holdRunner{release: make(chan struct{})}
+	defer close(r.release)
+	srv, err := server.New(server.Service{Name: "workers", Register: func(g *grpc.Server) { handoffv1.RegisterAgentRunnerServiceServer(g, r) }},
+		server.WithoutIdentity(), server.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(lis) }()
+	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	n := rpc.StreamWorkers() + 3
+	var calls []<-chan error
+	for range n {
+		calls = append(calls, hold(ctx, cc))
+	}
+	waitFor(t, "every call in its handler", func() bool { return r.in.Load() == int64(n) })
+	srv.Stop()
+	for i, c := range calls {
+		if err := <-c; err == nil {
+			t.Errorf("call %d ended cleanly; want it cut by the stop", i)
+		}
+	}
+	<-served
+	cc.Close()
+	waitFor(t, "every handler to return", func() bool { return r.in.Load() == 0 })
+	testkit.Eventually(t, 10*time.Second, "the server's goroutines to end", func() bool { return runtime.NumGoroutine() <= base })
+}

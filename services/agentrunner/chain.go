@@ -277,11 +277,35 @@ func (s *Server) admit(ctx context.Context, req proto.Message, key string, ttl t
 		// key under it, the store would refuse (ErrNotOwner: done with another value).
 		a.State, a.Value, a.Owner = store.Claimed, nil, "no-claim:silent-reset"
 	}
-	if err != nil || a.State != store.Claimed || id == "" {
+	if err != nil || a.State != store.Claimed {
 		return a.State, a.Value, a.Owner, nil, err
 	}
+	// The agent shares the request (hop.Receive): what the stage is settled under after it
+	// runs is taken now, before it could change the package.
+	ad := admitted{walletID: id, jobID: p.GetJobId(), key: key}
+	if id == "" {
+		return a.State, a.Value, a.Owner, func(c context.Context) context.Context { return context.WithValue(c, admittedKey{}, ad) }, nil
+	}
 	debited := budget.Debited{WalletID: id, Err: a.DebitErr, Wallet: a.Wallet}
-	return a.State, a.Value, a.Owner, func(c context.Context) context.Context { return budget.WithDebited(c, debited) }, nil
+	return a.State, a.Value, a.Owner, func(c context.Context) context.Context {
+		return budget.WithDebited(context.WithValue(c, admittedKey{}, ad), debited)
+	}, nil
+}
+
+// admitted is what a delivery was claimed and paid under: its package's wallet and job and
+// its completion key, as they were when the claim was made.
+type admitted struct{ walletID, jobID, key string }
+
+type admittedKey struct{}
+
+// admittedOf returns what the delivery of req was admitted under (admit), or, for a call
+// that was not (no claim hook), what req says.
+func admittedOf(ctx context.Context, req *handoffv1.DeliverRequest) (admitted, error) {
+	if a, ok := ctx.Value(admittedKey{}).(admitted); ok {
+		return a, nil
+	}
+	key, err := deliverKey(req)
+	return admitted{walletID: req.GetPackage().GetBudget().GetWalletId(), jobID: req.GetPackage().GetJobId(), key: key}, err
 }
 
 // unpay undoes the "paid" mark of a delivery whose agent ran and failed: the claim is
@@ -289,14 +313,14 @@ func (s *Server) admit(ctx context.Context, req proto.Message, key string, ttl t
 // because the runner or the caller went away (no result) stays paid and is not charged
 // twice. A failed Unpay only means the next attempt is free; it is logged.
 func (s *Server) unpay(ctx context.Context, req *handoffv1.DeliverRequest) {
-	id := req.GetPackage().GetBudget().GetWalletId()
+	a, err := admittedOf(ctx, req)
+	id := a.walletID
 	d, ok := budget.DebitedFrom(ctx)
 	if id == "" || !ok || d.WalletID != id || d.Err != nil {
 		return
 	}
-	key, err := deliverKey(req)
 	if err == nil {
-		err = s.st.Unpay(ctx, id, key)
+		err = s.st.Unpay(ctx, id, a.key)
 	}
 	if err != nil {
 		s.log.Warn("agentrunner: could not unmark a failed stage's hop as paid; its next attempt is not charged", "wallet_id", id, "err", err)
@@ -326,13 +350,13 @@ func (s *Server) record(ctx context.Context, req proto.Message, sent proto.Messa
 		}
 		// Deliver debits the hop whenever the package's wallet is in this store (budget
 		// step): remember which wallet paid, so a re-delivery from it is not charged again.
-		p := req.(*handoffv1.DeliverRequest).GetPackage()
-		if id := p.GetBudget().GetWalletId(); id != "" {
+		a, _ := admittedOf(ctx, req.(*handoffv1.DeliverRequest))
+		if id := a.walletID; id != "" {
 			if d, ok := budget.DebitedFrom(ctx); ok && d.WalletID == id {
 				if d.Err == nil {
 					prior.WalletId = id // debited with the claim: no need to ask the store
 				}
-			} else if _, err := s.st.WalletFor(ctx, id, p.GetJobId()); err == nil {
+			} else if _, err := s.st.WalletFor(ctx, id, a.jobID); err == nil {
 				prior.WalletId = id
 			}
 		}

@@ -45,6 +45,10 @@ func TestUnary(t *testing.T) {
 		// No traceparent in the metadata: the span in the context is the stats handler's
 		// new trace, not the caller's, and no mismatch.
 		{"no metadata trace, a server span of its own", pkgTP, "local:" + mdTP, "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7", false},
+		// Metadata on the package's trace id is not parsed again: whatever else it says, the
+		// parent is still the package's span, and there is no mismatch.
+		{"metadata on the package's trace, another span", pkgTP, "00-4bf92f3577b34da6a3ce929d0e0e4736-3333333333333333-01", "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7", false},
+		{"malformed metadata on the package's trace id", pkgTP, "zz-4bf92f3577b34da6a3ce929d0e0e4736-zzzz-01", "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7", false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
