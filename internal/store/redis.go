@@ -135,9 +135,11 @@ var ErrNotReplicated = errors.New("the write was not acknowledged by enough repl
 type Redis struct {
 	rdb   redis.UniversalClient
 	owned bool // Close closes rdb only when OpenRedis dialled it
-	// cluster: keys of different slots may be on different servers, so the operations
-	// that would touch several slots in one script run one script per slot (Admit,
-	// AppendLedgerComplete); on one server they keep their single script.
+	// cluster: keys of different slots may be on different servers (a cluster, or a Ring
+	// of shards: any client but a *redis.Client), so the operations that would touch
+	// several slots in one script run one script per slot (Admit, AppendLedgerComplete,
+	// CreateRun, leases and their index and fence); on one server they keep their single
+	// script.
 	cluster bool
 	addr    string // for error messages
 	prefix  string
@@ -234,7 +236,11 @@ func OpenRedis(ctx context.Context, o RedisOptions) (*Redis, error) {
 		})
 		s.addr, s.owned = o.Addr, true
 	}
-	_, s.cluster = s.rdb.(*redis.ClusterClient)
+	// Only a client of one server (or of one master, a failover client) may run a script
+	// on keys of several hash tags: a cluster, and a Ring of shards, route each script by
+	// its first key, so every other client gets the per-slot steps.
+	_, single := s.rdb.(*redis.Client)
+	s.cluster = !single
 	if err := s.Ping(ctx); err != nil {
 		s.Close()
 		return nil, err

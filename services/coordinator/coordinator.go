@@ -466,7 +466,7 @@ func (s *Server) WatchJob(req *handoffv1.WatchJobRequest, stream grpc.ServerStre
 	// the first read, so an event written after any read leaves a signal for the next.
 	wake, stop := s.watchFeed(req.GetRunId())
 	defer stop()
-	poll := time.NewTimer(watchPoll) // one timer for the whole watch, reset at every wait
+	poll := time.NewTimer(watchPoll) // one timer for the whole watch, reset at every wait but a stale one
 	defer poll.Stop()
 	woken := false // the last wait ended with a signal from the feed
 	for {
@@ -502,7 +502,12 @@ func (s *Server) WatchJob(req *handoffv1.WatchJobRequest, stream grpc.ServerStre
 				return err
 			}
 		}
-		poll.Reset(watchPoll)
+		if !stale {
+			// A wake that read nothing leaves the poll running: wakes for writes here that
+			// added nothing (every append failed) would otherwise put off, for as long as
+			// they come, the store read that finds other processes' events.
+			poll.Reset(watchPoll)
+		}
 		select {
 		case <-ctx.Done():
 			return status.FromContextError(ctx.Err()).Err()
