@@ -122,14 +122,23 @@ func (p *proc) start() error {
 	return nil
 }
 
+// healthPoll is how often a started process's health is asked until it answers SERVING.
+// Kills are only made on a process marked healthy, and the platform takes its work back
+// within a few hundred milliseconds of a restart: a coarse poll would leave a window in
+// which the writes that a planned kill waits for go by unkilled.
+const healthPoll = 10 * time.Millisecond
+
 // watchHealth marks the process healthy once its gRPC health answers SERVING.
 func (p *proc) watchHealth(exited chan struct{}) {
 	for {
 		select {
 		case <-exited:
 			return
-		case <-time.After(100 * time.Millisecond):
+		case <-time.After(healthPoll):
 		}
+		// The health connection backs off while the process is down (up to rpc.Reconnect's
+		// 2 s): dial again now, not when the backoff ends.
+		p.conn.ResetConnectBackoff()
 		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 		r, err := p.health.Check(ctx, &healthpb.HealthCheckRequest{})
 		cancel()
