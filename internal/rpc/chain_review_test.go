@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -13,7 +12,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 )
@@ -53,17 +51,7 @@ func TestStreamChainConcurrentFirstCalls(t *testing.T) {
 	g := grpc.NewServer(grpc.StreamInterceptor(c.intercept), grpc.UnknownServiceHandler(func(any, grpc.ServerStream) error { return nil }))
 	c.server.Store(g)
 	handoffv1.RegisterAgentRunnerServiceServer(g, chainRunner{log: func(string) {}})
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go g.Serve(lis)
-	t.Cleanup(g.Stop)
-	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cc.Close() })
+	cc := serveLoopback(t, g)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 

@@ -52,17 +52,7 @@ func TestStreamChain(t *testing.T) {
 	handoffv1.RegisterAgentRunnerServiceServer(g, chainRunner{log: log})
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(g, hs)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go g.Serve(lis)
-	t.Cleanup(g.Stop)
-	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cc.Close() })
+	cc := serveLoopback(t, g)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 
@@ -118,4 +108,21 @@ func TestStreamChain(t *testing.T) {
 	if !slices.Equal(kept, []string{"/grpc.health.v1.Health/Watch", deliver}) {
 		t.Fatalf("kept chains %v; want the two registered methods called, never the unknown one", kept)
 	}
+}
+
+// serveLoopback serves g on a loopback port until the test ends and returns a client to it.
+func serveLoopback(t *testing.T, g *grpc.Server) *grpc.ClientConn {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go g.Serve(lis)
+	t.Cleanup(g.Stop)
+	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return cc
 }

@@ -23,22 +23,7 @@ import (
 // the server's goroutines, its kept workers included, are gone.
 func TestGracefulStopWithStreamsOnWorkers(t *testing.T) {
 	base := runtime.NumGoroutine()
-	r := &holdRunner{release: make(chan struct{})}
-	srv, err := server.New(server.Service{Name: "workers", Register: func(g *grpc.Server) { handoffv1.RegisterAgentRunnerServiceServer(g, r) }},
-		server.WithoutIdentity(), server.WithLogger(slog.New(slog.DiscardHandler)), server.WithStopTimeout(20*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(lis) }()
-	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv, r, cc, served := holdServer(t, server.WithStopTimeout(20*time.Second))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
@@ -80,23 +65,8 @@ func TestGracefulStopWithStreamsOnWorkers(t *testing.T) {
 // goroutines, its 64 kept workers included.
 func TestStopCutsStreamsOnWorkers(t *testing.T) {
 	base := runtime.NumGoroutine()
-	r := &holdRunner{release: make(chan struct{})}
+	srv, r, cc, served := holdServer(t)
 	defer close(r.release)
-	srv, err := server.New(server.Service{Name: "workers", Register: func(g *grpc.Server) { handoffv1.RegisterAgentRunnerServiceServer(g, r) }},
-		server.WithoutIdentity(), server.WithLogger(slog.New(slog.DiscardHandler)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(lis) }()
-	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	n := rpc.StreamWorkers() + 3
@@ -115,4 +85,27 @@ func TestStopCutsStreamsOnWorkers(t *testing.T) {
 	cc.Close()
 	waitFor(t, "every handler to return", func() bool { return r.in.Load() == 0 })
 	testkit.Eventually(t, 10*time.Second, "the server's goroutines to end", func() bool { return runtime.NumGoroutine() <= base })
+}
+
+// holdServer serves a holdRunner on an assembled server (no identity, quiet log) on a
+// loopback port, with a client to it; served gets Serve's return.
+func holdServer(t *testing.T, opts ...server.Option) (*server.Server, *holdRunner, *grpc.ClientConn, chan error) {
+	t.Helper()
+	r := &holdRunner{release: make(chan struct{})}
+	srv, err := server.New(server.Service{Name: "workers", Register: func(g *grpc.Server) { handoffv1.RegisterAgentRunnerServiceServer(g, r) }},
+		append([]server.Option{server.WithoutIdentity(), server.WithLogger(slog.New(slog.DiscardHandler))}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(lis) }()
+	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return srv, r, cc, served
 }

@@ -84,25 +84,37 @@ return 1
 // KEYS: run, events, wallet (one slot: the run id's). ARGV: Job bytes, "1" when a wallet is
 // given (else "0"), usd, revisions, hops, job_id, event bytes... Reply on success:
 // {"created", the timeline's length after the events}.
-var createRunScript = redis.NewScript(`
-if redis.call('EXISTS', KEYS[1]) == 1 then return {'exists'} end
-local walletExists = redis.call('EXISTS', KEYS[3]) == 1
-if ARGV[2] == '1' and walletExists then
-  local owner = redis.call('HGET', KEYS[3], 'job')
-  if owner and owner ~= ARGV[6] then return {'wrongjob'} end
+var createRunScript = redis.NewScript(createRunLua(0, 0))
+
+// createRunLua is createRunScript's body with its keys from KEYS[k+1] and its arguments from
+// ARGV[a+1], so that createRunOneScript runs the very same steps after its own.
+func createRunLua(k, a int) string {
+	key := func(i int) string { return fmt.Sprintf("KEYS[%d]", k+i) }
+	arg := func(i int) string { return fmt.Sprintf("ARGV[%d]", a+i) }
+	return strings.NewReplacer(
+		"RUN", key(1), "EVENTS", key(2), "WALLET", key(3),
+		"JOBBYTES", arg(1), "HASWALLET", arg(2), "USD", arg(3), "REVISIONS", arg(4), "HOPS", arg(5), "JOBID", arg(6),
+		"FIRSTEVENT", strconv.Itoa(a+7),
+	).Replace(`
+if redis.call('EXISTS', RUN) == 1 then return {'exists'} end
+local walletExists = redis.call('EXISTS', WALLET) == 1
+if HASWALLET == '1' and walletExists then
+  local owner = redis.call('HGET', WALLET, 'job')
+  if owner and owner ~= JOBID then return {'wrongjob'} end
 end
-redis.call('SET', KEYS[1], ARGV[1])
-if ARGV[2] == '1' then
+redis.call('SET', RUN, JOBBYTES)
+if HASWALLET == '1' then
   if walletExists then
-    redis.call('HSETNX', KEYS[3], 'job', ARGV[6])
+    redis.call('HSETNX', WALLET, 'job', JOBID)
   else
-    redis.call('HSET', KEYS[3], 'usd', ARGV[3], 'revisions', ARGV[4], 'hops', ARGV[5], 'job', ARGV[6])
+    redis.call('HSET', WALLET, 'usd', USD, 'revisions', REVISIONS, 'hops', HOPS, 'job', JOBID)
   end
 end
 local n = 0
-for i = 7, #ARGV do n = redis.call('RPUSH', KEYS[2], ARGV[i]) end
+for i = FIRSTEVENT, #ARGV do n = redis.call('RPUSH', EVENTS, ARGV[i]) end
 return {'created', tostring(n)}
 `)
+}
 
 // createRunOneScript is CreateRun's steps 4 to 6 (no request id) in one script, for one
 // Redis, where the job's digest, the index bucket and the run's keys (three slots) are
@@ -123,25 +135,7 @@ if not redis.call('ZSCORE', KEYS[2], ARGV[2]) then
   local top = redis.call('ZREVRANGE', KEYS[2], 0, 0, 'WITHSCORES')
   if top[2] and tonumber(top[2]) >= s then s = tonumber(top[2]) + 1 end
   redis.call('ZADD', KEYS[2], string.format('%.0f', s), ARGV[2])
-end
-if redis.call('EXISTS', KEYS[3]) == 1 then return {'exists'} end
-local walletExists = redis.call('EXISTS', KEYS[5]) == 1
-if ARGV[4] == '1' and walletExists then
-  local owner = redis.call('HGET', KEYS[5], 'job')
-  if owner and owner ~= ARGV[8] then return {'wrongjob'} end
-end
-redis.call('SET', KEYS[3], ARGV[3])
-if ARGV[4] == '1' then
-  if walletExists then
-    redis.call('HSETNX', KEYS[5], 'job', ARGV[8])
-  else
-    redis.call('HSET', KEYS[5], 'usd', ARGV[5], 'revisions', ARGV[6], 'hops', ARGV[7], 'job', ARGV[8])
-  end
-end
-local n = 0
-for i = 9, #ARGV do n = redis.call('RPUSH', KEYS[4], ARGV[i]) end
-return {'created', tostring(n)}
-`)
+end` + createRunLua(2, 2))
 
 // CreateRun is up to six scripts, each on the keys of one slot, in an order that a crash
 // between any two of them leaves safe to retry:
