@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+	"github.com/handoffhq/handoff/internal/testkit"
 )
 
 // TestStreamChainConcurrentFirstCalls: the first calls of a server arrive together, some of a
@@ -51,7 +52,7 @@ func TestStreamChainConcurrentFirstCalls(t *testing.T) {
 	g := grpc.NewServer(grpc.StreamInterceptor(c.intercept), grpc.UnknownServiceHandler(func(any, grpc.ServerStream) error { return nil }))
 	c.server.Store(g)
 	handoffv1.RegisterAgentRunnerServiceServer(g, chainRunner{log: func(string) {}})
-	cc := serveLoopback(t, g)
+	cc := testkit.Dial(t, testkit.ServeTCP(t, g))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 

@@ -4,18 +4,17 @@ import (
 	"context"
 	"errors"
 	"io"
-	"net"
 	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+	"github.com/handoffhq/handoff/internal/testkit"
 )
 
 type chainRunner struct {
@@ -52,7 +51,7 @@ func TestStreamChain(t *testing.T) {
 	handoffv1.RegisterAgentRunnerServiceServer(g, chainRunner{log: log})
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(g, hs)
-	cc := serveLoopback(t, g)
+	cc := testkit.Dial(t, testkit.ServeTCP(t, g))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 
@@ -108,21 +107,4 @@ func TestStreamChain(t *testing.T) {
 	if !slices.Equal(kept, []string{"/grpc.health.v1.Health/Watch", deliver}) {
 		t.Fatalf("kept chains %v; want the two registered methods called, never the unknown one", kept)
 	}
-}
-
-// serveLoopback serves g on a loopback port until the test ends and returns a client to it.
-func serveLoopback(t *testing.T, g *grpc.Server) *grpc.ClientConn {
-	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go g.Serve(lis)
-	t.Cleanup(g.Stop)
-	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cc.Close() })
-	return cc
 }

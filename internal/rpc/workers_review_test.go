@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/rpc"
@@ -27,12 +26,7 @@ func TestGracefulStopWithStreamsOnWorkers(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
-	n := rpc.StreamWorkers() + 3
-	var calls []<-chan error
-	for range n {
-		calls = append(calls, hold(ctx, cc))
-	}
-	waitFor(t, "every call in its handler", func() bool { return r.in.Load() == int64(n) })
+	calls := holdAll(t, ctx, cc, r, rpc.StreamWorkers()+3)
 	stopped := make(chan struct{})
 	go func() { srv.GracefulStop(); close(stopped) }()
 	time.Sleep(200 * time.Millisecond)
@@ -69,12 +63,7 @@ func TestStopCutsStreamsOnWorkers(t *testing.T) {
 	defer close(r.release)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	n := rpc.StreamWorkers() + 3
-	var calls []<-chan error
-	for range n {
-		calls = append(calls, hold(ctx, cc))
-	}
-	waitFor(t, "every call in its handler", func() bool { return r.in.Load() == int64(n) })
+	calls := holdAll(t, ctx, cc, r, rpc.StreamWorkers()+3)
 	srv.Stop()
 	for i, c := range calls {
 		if err := <-c; err == nil {
@@ -103,9 +92,17 @@ func holdServer(t *testing.T, opts ...server.Option) (*server.Server, *holdRunne
 	}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(lis) }()
-	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
+	return srv, r, testkit.Dial(t, lis.Addr().String()), served
+}
+
+// holdAll opens n streams that r's handler holds (until r.release closes) and waits until
+// every one of them is in the handler; each channel gets its call's end.
+func holdAll(t *testing.T, ctx context.Context, cc *grpc.ClientConn, r *holdRunner, n int) []<-chan error {
+	t.Helper()
+	var calls []<-chan error
+	for range n {
+		calls = append(calls, hold(ctx, cc))
 	}
-	return srv, r, cc, served
+	waitFor(t, "every call in its handler", func() bool { return r.in.Load() == int64(n) })
+	return calls
 }

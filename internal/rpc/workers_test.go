@@ -17,12 +17,7 @@ func TestStreamsBeyondTheWorkers(t *testing.T) {
 	cc := testkit.Dial(t, serveTCP(t, r, rpc.Limits{}))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	n := rpc.StreamWorkers() + 5
-	var calls []<-chan error
-	for range n {
-		calls = append(calls, hold(ctx, cc))
-	}
-	waitFor(t, "every call in the handler at once", func() bool { return r.in.Load() == int64(n) })
+	calls := holdAll(t, ctx, cc, r, rpc.StreamWorkers()+5)
 	close(r.release)
 	for i, c := range calls {
 		if err := <-c; err != nil {
