@@ -33,7 +33,6 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"sync"
 	"syscall"
@@ -110,20 +109,12 @@ type ratio struct {
 }
 
 type report struct {
-	Date        string         `json:"date"`
-	GoVersion   string         `json:"go_version"`
-	NumCPU      int            `json:"nproc"`
-	Load        string         `json:"loadavg_start,omitempty"`
-	LoadEnd     string         `json:"loadavg_end,omitempty"`
-	Jobs        int            `json:"jobs_per_round_concurrent"`
-	Serial      int            `json:"jobs_per_round_serial"`
-	Concurrency int            `json:"concurrency"`
-	Rounds      int            `json:"rounds"`
-	Restate     string         `json:"restate_server"`
-	Wall        string         `json:"wall"`
-	Figures     []*peer.Figure `json:"figures"`
-	Ratios      []ratio        `json:"ratios"`
-	Notes       []string       `json:"notes,omitempty"`
+	peer.Header
+	Restate string         `json:"restate_server"`
+	Wall    string         `json:"wall"`
+	Figures []*peer.Figure `json:"figures"`
+	Ratios  []ratio        `json:"ratios"`
+	Notes   []string       `json:"notes,omitempty"`
 }
 
 func main() {
@@ -166,10 +157,7 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
-	rep := &report{
-		Date: time.Now().UTC().Format(time.RFC3339), GoVersion: runtime.Version(), NumCPU: runtime.NumCPU(),
-		Load: peer.Loadavg(), Jobs: o.jobs, Serial: o.serial, Concurrency: o.conc, Rounds: o.rounds,
-	}
+	rep := &report{Header: peer.NewHeader(o.jobs, o.serial, o.conc, o.rounds)}
 	if out, err := exec.CommandContext(ctx, bin, "--version").Output(); err == nil {
 		rep.Restate = string(bytes.TrimSpace(out))
 	}

@@ -26,7 +26,6 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -80,15 +79,7 @@ type ratio struct {
 }
 
 type report struct {
-	Date        string         `json:"date"`
-	GoVersion   string         `json:"go_version"`
-	NumCPU      int            `json:"nproc"`
-	Load        string         `json:"loadavg_start,omitempty"`
-	LoadEnd     string         `json:"loadavg_end,omitempty"`
-	Jobs        int            `json:"jobs_per_round_concurrent"`
-	Serial      int            `json:"jobs_per_round_serial"`
-	Concurrency int            `json:"concurrency"`
-	Rounds      int            `json:"rounds"`
+	peer.Header
 	TemporalCLI string         `json:"temporal_cli"`
 	Figures     []*peer.Figure `json:"figures"`
 	Ratios      []ratio        `json:"ratios"`
@@ -129,10 +120,7 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
-	rep := &report{
-		Date: time.Now().UTC().Format(time.RFC3339), GoVersion: runtime.Version(), NumCPU: runtime.NumCPU(),
-		Load: peer.Loadavg(), Jobs: o.jobs, Serial: o.serial, Concurrency: o.conc, Rounds: o.rounds,
-	}
+	rep := &report{Header: peer.NewHeader(o.jobs, o.serial, o.conc, o.rounds)}
 	if out, err := exec.CommandContext(ctx, bin, "--version").Output(); err == nil {
 		rep.TemporalCLI = string(trimNL(out))
 	}

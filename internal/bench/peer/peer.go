@@ -6,10 +6,31 @@ package peer
 import (
 	"net"
 	"os"
+	"runtime"
 	"slices"
 	"sync"
 	"time"
 )
+
+// Header is what a peer benchmark's report says first, as both print it: when and where it
+// ran, and the shape of its rounds. Embed it first in the report so its JSON keeps that order.
+type Header struct {
+	Date        string `json:"date"`
+	GoVersion   string `json:"go_version"`
+	NumCPU      int    `json:"nproc"`
+	Load        string `json:"loadavg_start,omitempty"`
+	LoadEnd     string `json:"loadavg_end,omitempty"`
+	Jobs        int    `json:"jobs_per_round_concurrent"`
+	Serial      int    `json:"jobs_per_round_serial"`
+	Concurrency int    `json:"concurrency"`
+	Rounds      int    `json:"rounds"`
+}
+
+// NewHeader is the Header of a run starting now (LoadEnd is set when it ends).
+func NewHeader(jobs, serial, concurrency, rounds int) Header {
+	return Header{Date: time.Now().UTC().Format(time.RFC3339), GoVersion: runtime.Version(), NumCPU: runtime.NumCPU(),
+		Load: Loadavg(), Jobs: jobs, Serial: serial, Concurrency: concurrency, Rounds: rounds}
+}
 
 // Figure is one system's result: medians over the rounds of each round's p50 and p99 (one
 // job at a time) and jobs/s (many in flight).
