@@ -35,6 +35,34 @@ func loop(b *testing.B, op func(context.Context, int) error) {
 	}
 }
 
+// loopInFlight is loop with conc calls in flight (RunN): warm operations first, untimed.
+func loopInFlight(b *testing.B, warm, conc int, op func(context.Context, int) error) {
+	b.Helper()
+	ctx := context.Background()
+	if _, _, err := RunN(ctx, warm, conc, op); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	if _, _, err := RunN(ctx, b.N, conc, op); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// jobsRigFor is figure J's rig on kind (skipped without Redis for StoreRedis).
+func jobsRigFor(b *testing.B, kind string) *jobsRig {
+	b.Helper()
+	if kind == StoreRedis {
+		needRedis(b)
+	}
+	r, err := newJobsRig(context.Background(), kind, DefaultRedisAddr, "", nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(r.close)
+	return r
+}
+
 func bareRigFor(b *testing.B, redisAddr string) *bareRig {
 	b.Helper()
 	r, err := newBareRig(context.Background(), redisAddr, 1)
@@ -102,17 +130,7 @@ func BenchmarkValidate(b *testing.B) {
 // BenchmarkJob is figure J, one job at a time, on each store.
 func BenchmarkJob(b *testing.B) {
 	for _, kind := range []string{StoreBolt, StoreRedis} {
-		b.Run(kind, func(b *testing.B) {
-			if kind == StoreRedis {
-				needRedis(b)
-			}
-			r, err := newJobsRig(context.Background(), kind, DefaultRedisAddr, "", nil)
-			if err != nil {
-				b.Fatal(err)
-			}
-			b.Cleanup(r.close)
-			loop(b, r.job)
-		})
+		b.Run(kind, func(b *testing.B) { loop(b, jobsRigFor(b, kind).job) })
 	}
 }
 
@@ -193,16 +211,7 @@ func BenchmarkHopsInFlight(b *testing.B) {
 			if f.redis {
 				needRedis(b)
 			}
-			op := f.op(b)
-			ctx := context.Background()
-			if _, _, err := RunN(ctx, 2*inFlight, inFlight, op); err != nil { // warm-up
-				b.Fatal(err)
-			}
-			b.ReportAllocs()
-			b.ResetTimer()
-			if _, _, err := RunN(ctx, b.N, inFlight, op); err != nil {
-				b.Fatal(err)
-			}
+			loopInFlight(b, 2*inFlight, inFlight, f.op(b))
 		})
 	}
 }

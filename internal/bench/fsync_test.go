@@ -49,25 +49,7 @@ func BenchmarkFsync(b *testing.B) {
 // job costs at throughput.
 func BenchmarkJobsInFlight(b *testing.B) {
 	for _, kind := range []string{StoreBolt, StoreRedis} {
-		b.Run(kind, func(b *testing.B) {
-			if kind == StoreRedis {
-				needRedis(b)
-			}
-			r, err := newJobsRig(context.Background(), kind, DefaultRedisAddr, "", nil)
-			if err != nil {
-				b.Fatal(err)
-			}
-			b.Cleanup(r.close)
-			ctx := context.Background()
-			if err := r.job(ctx, 0); err != nil {
-				b.Fatal(err)
-			}
-			b.ReportAllocs()
-			b.ResetTimer()
-			if _, _, err := RunN(ctx, b.N, 32, r.job); err != nil {
-				b.Fatal(err)
-			}
-		})
+		b.Run(kind, func(b *testing.B) { loopInFlight(b, 1, 32, jobsRigFor(b, kind).job) })
 	}
 }
 
