@@ -115,14 +115,7 @@ func TestReclaimKeepsLiveHolders(t *testing.T) {
 // this process has open waits for the lock, fails with ErrHeld, and releases nothing: the
 // first opener's lease and pending claim still hold.
 func TestSecondOpenInProcessReleasesNothing(t *testing.T) {
-	defer func(w time.Duration) { lockWait = w }(lockWait)
-	lockWait = 200 * time.Millisecond
-	path := filepath.Join(t.TempDir(), "handoff.db")
-	first, err := Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer first.Close()
+	first, path := openFirst(t)
 	ctx := context.Background()
 	if ok, err := first.AcquireLease(ctx, "run:r1", "live", time.Minute); err != nil || !ok {
 		t.Fatalf("AcquireLease = %v, %v", ok, err)
