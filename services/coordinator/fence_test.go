@@ -16,9 +16,32 @@ import (
 	"github.com/handoffhq/handoff/services/agentrunner"
 )
 
+// landedSaves is a store that calls onSave with the run of every save that went through
+// (PutRun and PutRunFenced), after the store took it.
+type landedSaves struct {
+	store.Store
+	onSave func(*handoffv1.Job)
+}
+
+func (l *landedSaves) PutRun(ctx context.Context, j *handoffv1.Job, evs ...*handoffv1.JobEvent) error {
+	err := l.Store.PutRun(ctx, j, evs...)
+	if err == nil {
+		l.onSave(j)
+	}
+	return err
+}
+
+func (l *landedSaves) PutRunFenced(ctx context.Context, j *handoffv1.Job, epoch uint64, evs ...*handoffv1.JobEvent) error {
+	err := l.Store.PutRunFenced(ctx, j, epoch, evs...)
+	if err == nil {
+		l.onSave(j)
+	}
+	return err
+}
+
 // historyStore records the hops of every save of a run that landed, in order.
 type historyStore struct {
-	store.Store
+	landedSaves
 	mu       sync.Mutex
 	hops     []uint32
 	advanced chan struct{} // closed at the first landed save with 2 hops or more
@@ -40,20 +63,11 @@ func (h *historyStore) landed(j *handoffv1.Job) {
 	}
 }
 
-func (h *historyStore) PutRun(ctx context.Context, j *handoffv1.Job, evs ...*handoffv1.JobEvent) error {
-	err := h.Store.PutRun(ctx, j, evs...)
-	if err == nil {
-		h.landed(j)
-	}
-	return err
-}
-
-func (h *historyStore) PutRunFenced(ctx context.Context, j *handoffv1.Job, epoch uint64, evs ...*handoffv1.JobEvent) error {
-	err := h.Store.PutRunFenced(ctx, j, epoch, evs...)
-	if err == nil {
-		h.landed(j)
-	}
-	return err
+// newHistoryStore is a historyStore over st.
+func newHistoryStore(st store.Store) *historyStore {
+	h := &historyStore{landedSaves: landedSaves{Store: st}, advanced: make(chan struct{})}
+	h.onSave = h.landed
+	return h
 }
 
 // pausedStore is the store as a replica paused by the OS sees it once paused: its lease
@@ -104,7 +118,7 @@ func (p *pausedStore) PutRunFenced(ctx context.Context, j *handoffv1.Job, epoch 
 // states never go back, ending COMPLETED under B.
 func TestStaleDriverSaveRefused(t *testing.T) {
 	r := startReplicas(t)
-	h := &historyStore{Store: r.st.Store, advanced: make(chan struct{})}
+	h := newHistoryStore(r.st.Store)
 	pa := &pausedStore{historyStore: h, hang: make(chan struct{})}
 	a := r.replica(t, "replica-a", pa)
 	t.Cleanup(func() { close(pa.hang); r.g.release() }) // before a's Close (cleanups run last first)

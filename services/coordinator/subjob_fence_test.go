@@ -19,7 +19,7 @@ import (
 
 // childSaves records every save of a nested run that landed, in order.
 type childSaves struct {
-	store.Store
+	landedSaves
 	mu       sync.Mutex
 	saved    []*handoffv1.Job
 	done     chan struct{} // closed at the first landed save of a nested run in a terminal state
@@ -47,20 +47,11 @@ func (c *childSaves) landed(j *handoffv1.Job) {
 	}
 }
 
-func (c *childSaves) PutRun(ctx context.Context, j *handoffv1.Job, evs ...*handoffv1.JobEvent) error {
-	err := c.Store.PutRun(ctx, j, evs...)
-	if err == nil {
-		c.landed(j)
-	}
-	return err
-}
-
-func (c *childSaves) PutRunFenced(ctx context.Context, j *handoffv1.Job, epoch uint64, evs ...*handoffv1.JobEvent) error {
-	err := c.Store.PutRunFenced(ctx, j, epoch, evs...)
-	if err == nil {
-		c.landed(j)
-	}
-	return err
+// newChildSaves is a childSaves over st.
+func newChildSaves(st store.Store) *childSaves {
+	c := &childSaves{landedSaves: landedSaves{Store: st}, done: make(chan struct{})}
+	c.onSave = c.landed
+	return c
 }
 
 // pausedDriver is the store as a replica paused by the OS sees it: once paused, its lease
@@ -150,7 +141,7 @@ func testSubJobStaleDriver(t *testing.T, s store.Store) {
 	t.Cleanup(g.release)
 	st.Coordinator.Close()
 	opts := replicaOptions(t, st, pls)
-	h := &childSaves{Store: st.Store, done: make(chan struct{})}
+	h := newChildSaves(st.Store)
 	pa := &pausedDriver{childSaves: h, hang: make(chan struct{})}
 	a := startReplica(t, opts, "replica-a", pa)
 	t.Cleanup(func() { close(pa.hang); g.release() }) // before a's Close (cleanups run last first)
