@@ -200,58 +200,42 @@ func testSubmitRules(t *testing.T, s store.Store) {
 		t.Fatalf("another job_id = %v, %v; want created", created, err)
 	}
 
-	// Ten submissions of one new job_id with ten goals at once: one run, nine refusals.
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var runs []string
-	conflicts := 0
-	for i := range 10 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			j := submitted(fmt.Sprintf("race-%d", i), fmt.Sprintf("race-req-%d", i))
-			j.JobId, j.Goal = "tkt_race", fmt.Sprintf("goal %d", i)
-			_, created, err := s.CreateRun(ctx, j)
-			mu.Lock()
-			defer mu.Unlock()
-			switch {
-			case err == nil && created:
-				runs = append(runs, j.GetRunId())
-			case errors.Is(err, store.ErrJobConflict):
-				conflicts++
-			default:
-				t.Errorf("race submission %d = %v, %v", i, created, err)
-			}
-		}()
+	// Ten submissions of one new job_id with ten goals at once: one run, nine refusals, with
+	// request ids (each its own) and without.
+	race := func(prefix, jobID string, withRequestIDs bool) (runs []string, conflicts int) {
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		for i := range 10 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				req := ""
+				if withRequestIDs {
+					req = fmt.Sprintf("%s-req-%d", prefix, i)
+				}
+				j := submitted(fmt.Sprintf("%s-%d", prefix, i), req)
+				j.JobId, j.Goal = jobID, fmt.Sprintf("goal %d", i)
+				_, created, err := s.CreateRun(ctx, j)
+				mu.Lock()
+				defer mu.Unlock()
+				switch {
+				case err == nil && created:
+					runs = append(runs, j.GetRunId())
+				case errors.Is(err, store.ErrJobConflict):
+					conflicts++
+				default:
+					t.Errorf("%s submission %d = %v, %v", prefix, i, created, err)
+				}
+			}()
+		}
+		wg.Wait()
+		return runs, conflicts
 	}
-	wg.Wait()
+	runs, conflicts := race("race", "tkt_race", true)
 	if len(runs) != 1 || conflicts != 9 {
 		t.Fatalf("10 racing submissions of one job_id: %d created %v, %d conflicts; want 1 and 9", len(runs), runs, conflicts)
 	}
-	// The same race without request ids.
-	var bare []string
-	bareConflicts := 0
-	for i := range 10 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			j := submitted(fmt.Sprintf("bare-%d", i), "")
-			j.JobId, j.Goal = "tkt_bare", fmt.Sprintf("goal %d", i)
-			_, created, err := s.CreateRun(ctx, j)
-			mu.Lock()
-			defer mu.Unlock()
-			switch {
-			case err == nil && created:
-				bare = append(bare, j.GetRunId())
-			case errors.Is(err, store.ErrJobConflict):
-				bareConflicts++
-			default:
-				t.Errorf("bare race submission %d = %v, %v", i, created, err)
-			}
-		}()
-	}
-	wg.Wait()
-	if len(bare) != 1 || bareConflicts != 9 {
+	if bare, bareConflicts := race("bare", "tkt_bare", false); len(bare) != 1 || bareConflicts != 9 {
 		t.Fatalf("10 racing submissions of one job_id without request ids: %d created %v, %d conflicts; want 1 and 9", len(bare), bare, bareConflicts)
 	}
 	// The winner's content is the job's from now on.
