@@ -52,19 +52,11 @@ func (p Policy) LogValue() slog.Value {
 		slog.Int64("memory_limit", p.MemLimit), slog.String("memory_limit_from", p.MemLimitFrom))
 }
 
-func (p Policy) String() string {
-	limit := "none"
-	if p.MemLimit != math.MaxInt64 {
-		limit = strconv.FormatInt(p.MemLimit, 10)
-	}
-	return fmt.Sprintf("GOGC=%d (%s), GOMEMLIMIT=%s (%s)", p.GOGC, p.GOGCFrom, limit, p.MemLimitFrom)
-}
-
 // gogc decides the GOGC: the environment's value (which the runtime already applied) or
 // DefaultGOGC when it sets none. A value the runtime cannot read is an error naming it:
 // the runtime would quietly run with 100 instead.
-func gogc(env string, set bool) (value int, from string, err error) {
-	if !set || env == "" {
+func gogc(env string) (value int, from string, err error) {
+	if env == "" { // unset, or set empty: the runtime reads both as unset
 		return DefaultGOGC, "default", nil
 	}
 	// As the runtime reads it (readGOGC): "off" in lower case, else a 32-bit number. Any
@@ -86,8 +78,7 @@ func Apply() (Policy, error) { return apply(memlimit.FromCgroup) }
 
 // apply is Apply with the container's memory limit read from provider.
 func apply(provider memlimit.Provider) (Policy, error) {
-	env, set := os.LookupEnv("GOGC")
-	g, from, err := gogc(env, set)
+	g, from, err := gogc(os.Getenv("GOGC"))
 	if err != nil {
 		return Policy{}, err
 	}

@@ -133,24 +133,22 @@ func TestApply(t *testing.T) {
 func TestGOGCRule(t *testing.T) {
 	for _, c := range []struct {
 		env  string
-		set  bool
 		want int
 		from string
 		bad  bool
 	}{
-		{"", false, DefaultGOGC, "default", false},
-		{"", true, DefaultGOGC, "default", false},
-		{"200", true, 200, "GOGC", false},
-		{"0", true, 0, "GOGC", false},
-		{"off", true, -1, "GOGC", false},
-		{"+50", true, 50, "GOGC", false},
-		{"OFF", true, 0, "", true},
-		{"4294967296", true, 0, "", true},
-		{"1e3", true, 0, "", true},
+		{"", DefaultGOGC, "default", false},
+		{"200", 200, "GOGC", false},
+		{"0", 0, "GOGC", false},
+		{"off", -1, "GOGC", false},
+		{"+50", 50, "GOGC", false},
+		{"OFF", 0, "", true},
+		{"4294967296", 0, "", true},
+		{"1e3", 0, "", true},
 	} {
-		got, from, err := gogc(c.env, c.set)
+		got, from, err := gogc(c.env)
 		if (err != nil) != c.bad || got != c.want || from != c.from {
-			t.Errorf("gogc(%q, %v) = %d, %q, %v; want %d, %q, bad=%v", c.env, c.set, got, from, err, c.want, c.from, c.bad)
+			t.Errorf("gogc(%q) = %d, %q, %v; want %d, %q, bad=%v", c.env, got, from, err, c.want, c.from, c.bad)
 		}
 	}
 }
