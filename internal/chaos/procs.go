@@ -72,7 +72,6 @@ type proc struct {
 	healthy  bool // reported SERVING since its last start
 	killing  bool
 	stopping bool
-	kills    int
 	crashes  int
 	starts   int
 	done     chan struct{} // closed when the supervisor returns
@@ -212,9 +211,6 @@ func (p *proc) kill(before func()) bool {
 	before()
 	cmd.Process.Signal(syscall.SIGKILL)
 	<-exited
-	p.mu.Lock()
-	p.kills++
-	p.mu.Unlock()
 	return true
 }
 

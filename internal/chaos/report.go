@@ -53,7 +53,7 @@ func (r *Report) WriteText(w io.Writer) {
 		if r.ReplicationProbe != nil {
 			p("  replication probe         %d of %d acknowledged writes lost with their master", r.ReplicationProbe.Lost, r.ReplicationProbe.Acknowledged)
 		}
-	} else if r.Store == "bbolt" {
+	} else if r.Store == StoreBolt {
 		p("  redis restarts            not applicable (no Redis)")
 	} else {
 		p("  redis restarts            %d (asked %d)", r.RedisRestarts, r.RedisRestartsAsked)

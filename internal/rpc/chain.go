@@ -43,7 +43,7 @@ func (c *streamChain) intercept(srv any, ss grpc.ServerStream, info *grpc.Stream
 	if mc := c.method(info, handler); mc != nil {
 		return c.ints[0](srv, ss, mc.info, mc.next)
 	}
-	return c.ints[0](srv, ss, info, c.perCall(0, info, handler))
+	return c.ints[0](srv, ss, info, c.link(info, handler))
 }
 
 // method returns the kept chain of info's method for handler; nil when the method is not a
@@ -98,14 +98,4 @@ func (c *streamChain) link(info *grpc.StreamServerInfo, final grpc.StreamHandler
 		next = func(srv any, ss grpc.ServerStream) error { return in(srv, ss, info, after) }
 	}
 	return next
-}
-
-// perCall is grpc's own chaining: the handler after interceptor curr, made for one call.
-func (c *streamChain) perCall(curr int, info *grpc.StreamServerInfo, final grpc.StreamHandler) grpc.StreamHandler {
-	if curr == len(c.ints)-1 {
-		return final
-	}
-	return func(srv any, ss grpc.ServerStream) error {
-		return c.ints[curr+1](srv, ss, info, c.perCall(curr+1, info, final))
-	}
 }
