@@ -283,12 +283,13 @@ func (s *Server) admit(ctx context.Context, req proto.Message, key string, ttl t
 	// The agent shares the request (hop.Receive): what the stage is settled under after it
 	// runs is taken now, before it could change the package.
 	ad := admitted{walletID: id, jobID: p.GetJobId(), key: key}
-	if id == "" {
-		return a.State, a.Value, a.Owner, func(c context.Context) context.Context { return context.WithValue(c, admittedKey{}, ad) }, nil
-	}
 	debited := budget.Debited{WalletID: id, Err: a.DebitErr, Wallet: a.Wallet}
 	return a.State, a.Value, a.Owner, func(c context.Context) context.Context {
-		return budget.WithDebited(context.WithValue(c, admittedKey{}, ad), debited)
+		c = context.WithValue(c, admittedKey{}, ad)
+		if id != "" { // a package with a wallet was debited with its claim
+			c = budget.WithDebited(c, debited)
+		}
+		return c
 	}, nil
 }
 
