@@ -123,12 +123,7 @@ func (s *settings) Validate() error {
 func main() {
 	log := slog.New(telemetry.LogHandler(slog.NewJSONHandler(os.Stderr, nil)))
 	store.RouteRedisLogs(log)
-	gc, err := gctune.Apply()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "agentrunner:", err)
-		os.Exit(2)
-	}
-	log.Info("gc policy", "gc", gc)
+	gctune.Start(service, log)
 	if err := run(os.Args[1:], log); err != nil {
 		fmt.Fprintln(os.Stderr, "agentrunner:", err)
 		os.Exit(1)

@@ -132,12 +132,7 @@ func (s *settings) Validate() error {
 func main() {
 	log := slog.New(telemetry.LogHandler(slog.NewJSONHandler(os.Stderr, nil)))
 	store.RouteRedisLogs(log)
-	gc, err := gctune.Apply()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "coordinator:", err)
-		os.Exit(2)
-	}
-	log.Info("gc policy", "gc", gc)
+	gctune.Start(service, log)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Args[1:], log, nil); err != nil {

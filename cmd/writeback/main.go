@@ -131,12 +131,7 @@ type transport struct {
 }
 
 func main() {
-	gc, err := gctune.Apply()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "writeback:", err)
-		os.Exit(2)
-	}
-	slog.New(telemetry.LogHandler(slog.NewJSONHandler(os.Stderr, nil))).Info("gc policy", "gc", gc)
+	gctune.Start(service, slog.New(telemetry.LogHandler(slog.NewJSONHandler(os.Stderr, nil))))
 	os.Exit(run(os.Args[1:], os.Stderr))
 }
 

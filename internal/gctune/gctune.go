@@ -76,6 +76,17 @@ func gogc(env string) (value int, from string, err error) {
 // runtime settings: call it from a main, not from a library or a test).
 func Apply() (Policy, error) { return apply(memlimit.FromCgroup) }
 
+// Start is Apply for a service's main: a policy it cannot apply stops the process (exit 2,
+// "<name>: <why>" on standard error), and the one it applies is logged at info.
+func Start(name string, log *slog.Logger) {
+	p, err := Apply()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		os.Exit(2)
+	}
+	log.Info("gc policy", "gc", p)
+}
+
 // apply is Apply with the container's memory limit read from provider.
 func apply(provider memlimit.Provider) (Policy, error) {
 	g, from, err := gogc(os.Getenv("GOGC"))
