@@ -59,11 +59,8 @@ func Open(path string) (*Bolt, error) {
 				return err
 			}
 		}
-		return nil
+		return reclaim(tx, time.Now()) // bolt_reclaim.go: we hold the file's lock, so no holder lives
 	})
-	if err == nil {
-		_, _, err = reclaim(db, time.Now()) // bolt_reclaim.go: we hold the file's lock, so no holder lives
-	}
 	if err != nil {
 		db.Close()
 		return nil, fmt.Errorf("init store %s: %w", path, err)

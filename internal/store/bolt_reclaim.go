@@ -7,8 +7,8 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
-// reclaim releases, when a bbolt file is opened, every run lease and every pending
-// idempotency claim the file holds.
+// reclaim releases, in the transaction that opens a bbolt file, every run lease and every
+// pending idempotency claim the file holds.
 //
 // Why that is safe: bbolt takes an exclusive flock on the file for as long as it is open
 // (Open waits for it), so once Open has the lock no other live process has the file open,
@@ -32,43 +32,38 @@ import (
 // Completed records (receipts, stage results) are kept: they are the answers a retry
 // must get. A run's fence epoch is kept too, so the next holder's FenceRun still moves it
 // on.
-func reclaim(db *bolt.DB, now time.Time) (leases, claims int, err error) {
-	err = db.Update(func(tx *bolt.Tx) error {
-		var err error
-		if leases, err = deleteWhere(tx.Bucket(bucketLeases), func(_, _ []byte) bool { return true }); err != nil {
-			return err
-		}
-		claims, err = deleteWhere(tx.Bucket(bucketIdem), func(_, v []byte) bool {
-			st, _, live := decodeIdem(v, now)
-			return live && st == Pending
-		})
-		return err
-	})
-	if err != nil {
-		return 0, 0, fmt.Errorf("release the leases and claims of a process gone: %w", err)
+func reclaim(tx *bolt.Tx, now time.Time) error {
+	if err := deleteWhere(tx.Bucket(bucketLeases), func([]byte) bool { return true }); err != nil {
+		return fmt.Errorf("release the leases of a process gone: %w", err)
 	}
-	return leases, claims, nil
+	if err := deleteWhere(tx.Bucket(bucketIdem), func(v []byte) bool {
+		st, _, live := decodeIdem(v, now)
+		return live && st == Pending
+	}); err != nil {
+		return fmt.Errorf("release the claims of a process gone: %w", err)
+	}
+	return nil
 }
 
-// deleteWhere deletes the records of b (none when b is nil) that match and says how many.
-// The keys are gathered first: bbolt does not allow deleting under ForEach.
-func deleteWhere(b *bolt.Bucket, match func(k, v []byte) bool) (int, error) {
+// deleteWhere deletes the records of b (none when b is nil) whose value matches. The keys
+// are gathered first: bbolt does not allow deleting under ForEach.
+func deleteWhere(b *bolt.Bucket, match func(v []byte) bool) error {
 	if b == nil {
-		return 0, nil
+		return nil
 	}
 	var keys [][]byte
 	if err := b.ForEach(func(k, v []byte) error {
-		if match(k, v) {
+		if match(v) {
 			keys = append(keys, append([]byte(nil), k...))
 		}
 		return nil
 	}); err != nil {
-		return 0, err
+		return err
 	}
 	for _, k := range keys {
 		if err := b.Delete(k); err != nil {
-			return 0, err
+			return err
 		}
 	}
-	return len(keys), nil
+	return nil
 }
