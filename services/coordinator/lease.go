@@ -185,6 +185,11 @@ func (s *Server) drive(ctx context.Context, runID string, start *handoffv1.Job) 
 		s.mu.Unlock()
 	}
 	l := &lease{s: s, name: leaseName(runID)}
+	giveBack := func() error { // the lease, when this driver will not drive after all
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseTimeout)
+		defer cancel()
+		return s.opts.Store.ReleaseLease(rctx, l.name, s.opts.Owner)
+	}
 	// A run just created (start) is no nested run, so its new epoch can be taken with the
 	// lease, in one write, where the store can (the lease still first: no epoch without it).
 	var epoch uint64
@@ -195,9 +200,7 @@ func (s *Server) drive(ctx context.Context, runID string, start *handoffv1.Job) 
 	if fenced {
 		ok, epoch, err = l.acquireFenced(ctx, lf, runID)
 		if err != nil && ok { // the lease without its epoch: given back, as when FenceRun fails
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseTimeout)
-			defer cancel()
-			err = errors.Join(fmt.Errorf("fence run %s: %w", runID, err), s.opts.Store.ReleaseLease(rctx, l.name, s.opts.Owner))
+			err = errors.Join(fmt.Errorf("fence run %s: %w", runID, err), giveBack())
 		}
 	} else {
 		ok, err = l.acquire(ctx)
@@ -211,9 +214,7 @@ func (s *Server) drive(ctx context.Context, runID string, start *handoffv1.Job) 
 	if s.stopped() {
 		s.mu.Unlock()
 		unreserve()
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseTimeout)
-		defer cancel()
-		return false, s.opts.Store.ReleaseLease(rctx, l.name, s.opts.Owner)
+		return false, giveBack()
 	}
 	s.wg.Add(1)
 	s.mu.Unlock()
@@ -227,9 +228,7 @@ func (s *Server) drive(ctx context.Context, runID string, start *handoffv1.Job) 
 			if err == errNested { // not this driver's to drive: no error
 				err = nil
 			}
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseTimeout)
-			defer cancel()
-			return false, errors.Join(err, s.opts.Store.ReleaseLease(rctx, l.name, s.opts.Owner))
+			return false, errors.Join(err, giveBack())
 		}
 	}
 	go func() {
