@@ -58,25 +58,41 @@ return 0
 // jobSumScript compares a job's content digest with the one recorded for its job id and,
 // with ARGV[2] "1", records it when none is. KEYS: jobsum. ARGV: digest, record. Reply: "ok"
 // or "jobconflict".
-var jobSumScript = redis.NewScript(`
-local sum = redis.call('GET', KEYS[1])
-if sum and sum ~= ARGV[1] then return 'jobconflict' end
-if not sum and ARGV[2] == '1' then redis.call('SET', KEYS[1], ARGV[1]) end
-return 'ok'
+var jobSumScript = redis.NewScript(jobSumLua + `
+return jobSum(KEYS[1], ARGV[1], ARGV[2])
 `)
+
+// jobSumLua defines jobSum(key, digest, record), jobSumScript's steps on its key and
+// arguments, for the scripts that run them.
+const jobSumLua = `
+local function jobSum(key, digest, record)
+  local sum = redis.call('GET', key)
+  if sum and sum ~= digest then return 'jobconflict' end
+  if not sum and record == '1' then redis.call('SET', key, digest) end
+  return 'ok'
+end
+`
 
 // indexRunScript lists a run in its index bucket, unless it is listed, with the server's
 // time in microseconds as its score, raised past the bucket's newest so scores in one
 // bucket are unique and increase. KEYS: bucket. ARGV: run_id. Reply: 1 when listed now.
-var indexRunScript = redis.NewScript(`
-if redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 0 end
-local t = redis.call('TIME')
-local s = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local top = redis.call('ZREVRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-if top[2] and tonumber(top[2]) >= s then s = tonumber(top[2]) + 1 end
-redis.call('ZADD', KEYS[1], string.format('%.0f', s), ARGV[1])
-return 1
+var indexRunScript = redis.NewScript(indexRunLua + `
+return indexRun(KEYS[1], ARGV[1])
 `)
+
+// indexRunLua defines indexRun(bucket, runID), indexRunScript's steps, for the scripts that
+// run them.
+const indexRunLua = `
+local function indexRun(bucket, runID)
+  if redis.call('ZSCORE', bucket, runID) then return 0 end
+  local t = redis.call('TIME')
+  local s = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local top = redis.call('ZREVRANGE', bucket, 0, 0, 'WITHSCORES')
+  if top[2] and tonumber(top[2]) >= s then s = tonumber(top[2]) + 1 end
+  redis.call('ZADD', bucket, string.format('%.0f', s), runID)
+  return 1
+end
+`
 
 // createRunScript stores a run, opens its wallet (when given, as openWalletScript) and
 // appends its first events, unless its run id is taken ({"exists"}) or its wallet id is
@@ -123,19 +139,9 @@ return {'created', tostring(n)}
 // order, as the separate scripts would. KEYS: jobsum, bucket, run, events, wallet. ARGV:
 // digest ("" when the job has no job_id: not checked), run_id, then createRunScript's ARGV.
 // Reply: {"jobconflict"} or createRunScript's.
-var createRunOneScript = redis.NewScript(`
-if ARGV[1] ~= '' then
-  local sum = redis.call('GET', KEYS[1])
-  if sum and sum ~= ARGV[1] then return {'jobconflict'} end
-  if not sum then redis.call('SET', KEYS[1], ARGV[1]) end
-end
-if not redis.call('ZSCORE', KEYS[2], ARGV[2]) then
-  local t = redis.call('TIME')
-  local s = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  local top = redis.call('ZREVRANGE', KEYS[2], 0, 0, 'WITHSCORES')
-  if top[2] and tonumber(top[2]) >= s then s = tonumber(top[2]) + 1 end
-  redis.call('ZADD', KEYS[2], string.format('%.0f', s), ARGV[2])
-end` + createRunLua(2, 2))
+var createRunOneScript = redis.NewScript(jobSumLua + indexRunLua + `
+if ARGV[1] ~= '' and jobSum(KEYS[1], ARGV[1], '1') == 'jobconflict' then return {'jobconflict'} end
+indexRun(KEYS[2], ARGV[2])` + createRunLua(2, 2))
 
 // CreateRun is up to six scripts, each on the keys of one slot, in an order that a crash
 // between any two of them leaves safe to retry:
@@ -193,43 +199,42 @@ func (s *Redis) CreateRun(ctx context.Context, job *handoffv1.Job, evs ...*hando
 	// differs), then the job checked, then the request reserved. Without a request id there
 	// is nothing to look up or reserve, and the job's check is the one that records its
 	// digest (4: the script checks before it records), so 1 to 3 are skipped.
-	for _, record := range []string{"0", "1"} {
-		if rid == "" {
-			break
-		}
-		if record == "1" {
-			if err := jobSum("0"); err != nil {
-				return nil, false, err
-			}
-		}
-		res, err := reserveRequestScript.Run(ctx, s.rdb, []string{s.key("request", rid), s.key("requestsum", rid)},
-			job.GetRunId(), RequestDigest(job), record).StringSlice()
-		if err != nil {
-			return nil, false, s.errf("create run %s: request %s: %w", given, rid, err)
-		}
-		switch {
-		case len(res) == 1 && res[0] == "free":
-		case len(res) == 1 && res[0] == "reserved":
-			reserved = true
-		case len(res) == 1 && res[0] == "reqconflict":
-			return nil, false, s.errf("create run %s: request %s: %w", given, rid, ErrRequestConflict)
-		case len(res) == 3 && res[0] == "dup":
-			prev, err := s.GetRun(ctx, res[1])
-			if err == nil {
-				if res[2] == "" && !SameIntake(prev, job) { // recorded before requests had digests
-					return nil, false, s.errf("create run %s: request %s: %w", given, rid, ErrRequestConflict)
+	if rid != "" {
+		for _, record := range []string{"0", "1"} {
+			if record == "1" {
+				if err := jobSum("0"); err != nil {
+					return nil, false, err
 				}
-				return prev, false, nil
 			}
-			if !errors.Is(err, ErrNotFound) || res[2] == "" {
-				return nil, false, s.errf("create run %s: earlier run %s for request %s: %w", given, res[1], rid, err)
+			res, err := reserveRequestScript.Run(ctx, s.rdb, []string{s.key("request", rid), s.key("requestsum", rid)},
+				job.GetRunId(), RequestDigest(job), record).StringSlice()
+			if err != nil {
+				return nil, false, s.errf("create run %s: request %s: %w", given, rid, err)
 			}
-			// Reserved but not stored: finish that creation, with this request's content
-			// (the same digest) under the reserved run id.
-			job = proto.Clone(job).(*handoffv1.Job)
-			job.RunId = res[1]
-		default:
-			return nil, false, s.errf("create run %s: unexpected script reply %q", given, res)
+			switch {
+			case len(res) == 1 && res[0] == "free":
+			case len(res) == 1 && res[0] == "reserved":
+				reserved = true
+			case len(res) == 1 && res[0] == "reqconflict":
+				return nil, false, s.errf("create run %s: request %s: %w", given, rid, ErrRequestConflict)
+			case len(res) == 3 && res[0] == "dup":
+				prev, err := s.GetRun(ctx, res[1])
+				if err == nil {
+					if res[2] == "" && !SameIntake(prev, job) { // recorded before requests had digests
+						return nil, false, s.errf("create run %s: request %s: %w", given, rid, ErrRequestConflict)
+					}
+					return prev, false, nil
+				}
+				if !errors.Is(err, ErrNotFound) || res[2] == "" {
+					return nil, false, s.errf("create run %s: earlier run %s for request %s: %w", given, res[1], rid, err)
+				}
+				// Reserved but not stored: finish that creation, with this request's content
+				// (the same digest) under the reserved run id.
+				job = proto.Clone(job).(*handoffv1.Job)
+				job.RunId = res[1]
+			default:
+				return nil, false, s.errf("create run %s: unexpected script reply %q", given, res)
+			}
 		}
 	}
 	runID := job.GetRunId()
@@ -240,17 +245,7 @@ func (s *Redis) CreateRun(ctx context.Context, job *handoffv1.Job, evs ...*hando
 	if err := indexRunScript.Run(ctx, s.rdb, []string{s.bucketKey(runID)}, runID).Err(); err != nil {
 		return nil, false, s.errf("create run %s: index: %w", runID, err)
 	}
-	data, err := proto.Marshal(job)
-	if err != nil {
-		return nil, false, fmt.Errorf("store: encode run %s: %w", runID, err)
-	}
-	hasWallet := "0"
-	if job.GetWallet() != nil {
-		hasWallet = "1"
-	}
-	b := job.GetWallet()
-	args, err := appendEncoded([]any{data, hasWallet, b.GetUsdRemainingMicros(), b.GetRevisionsRemaining(), b.GetHopsRemaining(),
-		job.GetJobId()}, runID, evs)
+	args, err := createRunArgs(nil, job, evs)
 	if err != nil {
 		return nil, false, err
 	}
@@ -260,14 +255,7 @@ func (s *Redis) CreateRun(ctx context.Context, job *handoffv1.Job, evs ...*hando
 	}
 	switch res[0] {
 	case "created":
-		if len(evs) > 0 && len(res) > 1 {
-			last, err := strconv.ParseUint(res[1], 10, 64)
-			if err != nil {
-				return nil, false, s.errf("create run %s: unexpected script reply %q", runID, res)
-			}
-			numberEvents(evs, last)
-		}
-		return proto.Clone(job).(*handoffv1.Job), true, nil
+		return s.created(job, evs, res)
 	case "exists":
 		// Stored by another caller finishing this same request: the request's run.
 		if prev, err := s.GetRun(ctx, runID); err == nil && rid != "" && prev.GetRequestId() == rid {
@@ -285,21 +273,11 @@ func (s *Redis) CreateRun(ctx context.Context, job *handoffv1.Job, evs ...*hando
 // createRunOne is CreateRun of a run without a request id on one Redis: createRunOneScript.
 func (s *Redis) createRunOne(ctx context.Context, job *handoffv1.Job, evs []*handoffv1.JobEvent) (*handoffv1.Job, bool, error) {
 	runID := job.GetRunId()
-	data, err := proto.Marshal(job)
-	if err != nil {
-		return nil, false, fmt.Errorf("store: encode run %s: %w", runID, err)
-	}
 	digest := ""
 	if job.GetJobId() != "" {
 		digest = JobDigest(job)
 	}
-	hasWallet := "0"
-	if job.GetWallet() != nil {
-		hasWallet = "1"
-	}
-	b := job.GetWallet()
-	args, err := appendEncoded([]any{digest, runID, data, hasWallet, b.GetUsdRemainingMicros(), b.GetRevisionsRemaining(), b.GetHopsRemaining(),
-		job.GetJobId()}, runID, evs)
+	args, err := createRunArgs([]any{digest, runID}, job, evs)
 	if err != nil {
 		return nil, false, err
 	}
@@ -316,16 +294,34 @@ func (s *Redis) createRunOne(ctx context.Context, job *handoffv1.Job, evs []*han
 	case len(res) == 1 && res[0] == "wrongjob":
 		return nil, false, s.errf("create run %s: its wallet id is a wallet of another job: %w", runID, ErrWrongJob)
 	case len(res) == 2 && res[0] == "created":
-		if len(evs) > 0 {
-			last, err := strconv.ParseUint(res[1], 10, 64)
-			if err != nil {
-				return nil, false, s.errf("create run %s: unexpected script reply %q", runID, res)
-			}
-			numberEvents(evs, last)
-		}
-		return proto.Clone(job).(*handoffv1.Job), true, nil
+		return s.created(job, evs, res)
 	}
 	return nil, false, s.errf("create run %s: unexpected script reply %q", runID, res)
+}
+
+// createRunArgs is createRunScript's ARGV for job and its first events, after the
+// arguments given before it (createRunOneScript's own).
+func createRunArgs(before []any, job *handoffv1.Job, evs []*handoffv1.JobEvent) ([]any, error) {
+	data, err := proto.Marshal(job)
+	if err != nil {
+		return nil, fmt.Errorf("store: encode run %s: %w", job.GetRunId(), err)
+	}
+	b := job.GetWallet()
+	return appendEncoded(append(before, data, luaFlag(b != nil), b.GetUsdRemainingMicros(), b.GetRevisionsRemaining(), b.GetHopsRemaining(),
+		job.GetJobId()), job.GetRunId(), evs)
+}
+
+// created is CreateRun's answer to createRunScript's {"created", timeline length}: the
+// events numbered by where they landed, and the run as stored.
+func (s *Redis) created(job *handoffv1.Job, evs []*handoffv1.JobEvent, res []string) (*handoffv1.Job, bool, error) {
+	if len(evs) > 0 && len(res) > 1 {
+		last, err := strconv.ParseUint(res[1], 10, 64)
+		if err != nil {
+			return nil, false, s.errf("create run %s: unexpected script reply %q", job.GetRunId(), res)
+		}
+		numberEvents(evs, last)
+	}
+	return proto.Clone(job).(*handoffv1.Job), true, nil
 }
 
 // indexed is one run of an index bucket.
