@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"flag"
 	"log/slog"
+	"math"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -137,6 +139,104 @@ func TestRatiosAndTargetsFromFigures(t *testing.T) {
 	}
 	if _, err := json.Marshal(rep2); err != nil {
 		t.Errorf("report JSON: %v", err)
+	}
+}
+
+// TestRatiosPerRound: a ratio carries its value in each round alone when both figures ran
+// every round, and a target counts the rounds whose own ratio meets it; rounds that cannot
+// be paired or divided leave the ratio without them rather than with a wrong spread.
+func TestRatiosPerRound(t *testing.T) {
+	cpu := func(v float64) *float64 { return &v }
+	us := func(n int) time.Duration { return time.Duration(n) * time.Microsecond }
+	fig := func(key string, p50 time.Duration, ops float64, cpuUs *float64, rounds ...stat) *Figure {
+		return &Figure{Key: key, p50: p50, P50us: micros(p50), OpsPerSec: ops, LatencySamples: 10, CPUUs: cpuUs, rounds: rounds}
+	}
+	nan := math.NaN()
+	rep := &Report{Figures: map[string]*Figure{
+		"A2": fig("A2", us(300), 4000, cpu(200),
+			stat{us(300), 4000, 200}, stat{us(200), 5000, 100}, stat{us(400), 3000, 250}),
+		"B": fig("B", us(420), 2600, cpu(390),
+			stat{us(420), 2600, 390}, stat{us(320), 2000, 250}, stat{us(480), 2100, 450}),
+		// R_floor ran one round fewer than R: R/R_floor gets no rounds.
+		"R":       fig("R", us(130), 9000, nil, stat{us(130), 9000, nan}, stat{us(120), 9500, nan}),
+		"R_floor": fig("R_floor", us(100), 10000, nil, stat{us(100), 10000, nan}),
+	}, Ratios: map[string]*Ratio{}}
+	rep.ratiosAndTargets()
+	for k, want := range map[string][]float64{
+		"B/A2_p50":        {1.4, 1.6, 1.2},
+		"B/A2_throughput": {0.65, 0.4, 0.7},
+		"CPU_B/A2":        {1.95, 2.5, 1.8},
+	} {
+		if r := rep.Ratios[k]; r == nil || !slices.Equal(r.Rounds, want) {
+			t.Errorf("%s rounds = %+v, want %v", k, r, want)
+		}
+	}
+	if r := rep.Ratios["R/R_floor_p50"]; r == nil || r.Rounds != nil || r.Value != 1.3 {
+		t.Errorf("R/R_floor_p50 = %+v, want 1.3 and no rounds (R_floor ran fewer)", r)
+	}
+	met := map[string]*Target{}
+	for i := range rep.Targets {
+		met[rep.Targets[i].Name] = &rep.Targets[i]
+	}
+	for name, want := range map[string][2]int{"B/A2 at p50": {2, 3}, "throughput B/A2": {2, 3}, "CPU per hop B/A2": {2, 3}} {
+		tg := met[name]
+		if tg == nil || tg.RoundsMet == nil || *tg.RoundsMet != want[0] || tg.Rounds != want[1] {
+			t.Errorf("target %q = %+v, want met in %d of %d rounds", name, tg, want[0], want[1])
+		}
+	}
+	if tg := met["R/R_floor at p50"]; tg == nil || tg.RoundsMet != nil || tg.Rounds != 0 {
+		t.Errorf("R/R_floor target = %+v, want no round count", tg)
+	}
+	// A round without a CPU figure (NaN) drops the CPU ratio's rounds, not just that round.
+	rep.Figures["A2"].rounds[1].cpu = nan
+	rep.Ratios = map[string]*Ratio{}
+	rep.Targets = nil
+	rep.ratiosAndTargets()
+	if r := rep.Ratios["CPU_B/A2"]; r.Rounds != nil || r.Value != 1.95 {
+		t.Errorf("CPU_B/A2 with a round unmeasured = %+v, want 1.95 and no rounds", r)
+	}
+	// The text report shows the spread and the count.
+	var buf strings.Builder
+	rep.WriteText(&buf)
+	for _, want := range []string{"B/A2_throughput      0.65  (rounds 0.40 to 0.70)", "rounds alone: 2 of 3 met it"} {
+		if !strings.Contains(buf.String(), want) {
+			t.Errorf("text report lacks %q:\n%s", want, buf.String())
+		}
+	}
+}
+
+// TestRoundStat: one round's figure is what its bursts added to the counters, not the
+// figure so far.
+func TestRoundStat(t *testing.T) {
+	f := &figure{Figure: &Figure{Key: "B"}, cpu: &cpuMeter{}}
+	ms := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+	// Round one: slow samples, 100 ops in 1 s, 10 ms of CPU.
+	m := f.mark()
+	f.lat = append(f.lat, ms(9), ms(10), ms(11))
+	f.ops, f.elapsed = 100, time.Second
+	f.cpu.add(ms(8), ms(2), 100)
+	one := f.since(m)
+	// Round two: fast samples, 300 ops in 1 s, 6 ms of CPU.
+	m = f.mark()
+	f.lat = append(f.lat, ms(1), ms(2), ms(3))
+	f.ops, f.elapsed = 400, 2*time.Second
+	f.cpu.add(ms(5), ms(1), 300)
+	two := f.since(m)
+	if one.p50 != ms(10) || one.ops != 100 || one.cpu != 100 {
+		t.Errorf("round one = %+v, want p50 10ms, 100 ops/s, 100 µs/op", one)
+	}
+	if two.p50 != ms(2) || two.ops != 300 || two.cpu != 20 {
+		t.Errorf("round two = %+v, want p50 2ms, 300 ops/s, 20 µs/op", two)
+	}
+	if !slices.Equal(f.lat, []time.Duration{ms(9), ms(10), ms(11), ms(1), ms(2), ms(3)}) {
+		t.Errorf("since reordered the figure's samples: %v", f.lat)
+	}
+	// Without a CPU meter, or with one that failed, a round's CPU is not a number.
+	g := &figure{Figure: &Figure{Key: "R"}}
+	m = g.mark()
+	g.lat, g.ops, g.elapsed = []time.Duration{ms(1)}, 10, time.Second
+	if st := g.since(m); !math.IsNaN(st.cpu) || st.ops != 10 {
+		t.Errorf("round without a meter = %+v, want NaN CPU and 10 ops/s", st)
 	}
 }
 
