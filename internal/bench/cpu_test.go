@@ -451,3 +451,39 @@ func TestTriageJob(t *testing.T) {
 		t.Fatalf("ledger: %d entries (%v), want 2", len(writes), err)
 	}
 }
+
+// TestRatiosPerRoundEdges: one round alone is no spread (it is Value), and a round whose
+// divisor is zero leaves the ratio without rounds rather than with an Inf json.Marshal
+// refuses.
+func TestRatiosPerRoundEdges(t *testing.T) {
+	us := func(n int) time.Duration { return time.Duration(n) * time.Microsecond }
+	fig := func(key string, p50 time.Duration, ops float64, rounds ...stat) *Figure {
+		return &Figure{Key: key, p50: p50, P50us: micros(p50), OpsPerSec: ops, LatencySamples: 10, rounds: rounds}
+	}
+	nan := math.NaN()
+	rep := &Report{Figures: map[string]*Figure{
+		// One round each: no rounds.
+		"B":  fig("B", us(420), 2600, stat{us(420), 2600, nan}),
+		"A2": fig("A2", us(300), 4000, stat{us(300), 4000, nan}),
+		// R_floor's second round has a zero p50: R/R_floor_p50 gets no rounds.
+		"R":       fig("R", us(130), 9000, stat{us(130), 9000, nan}, stat{us(120), 9500, nan}),
+		"R_floor": fig("R_floor", us(100), 10000, stat{us(100), 10000, nan}, stat{0, 10000, nan}),
+	}, Ratios: map[string]*Ratio{}}
+	rep.ratiosAndTargets()
+	for _, k := range []string{"B/A2_p50", "B/A2_throughput", "R/R_floor_p50"} {
+		if r := rep.Ratios[k]; r == nil || r.Skipped != "" || r.Rounds != nil {
+			t.Errorf("%s = %+v, want a value and no rounds", k, r)
+		}
+	}
+	if r := rep.Ratios["R/R_floor_throughput"]; r == nil || !slices.Equal(r.Rounds, []float64{0.9, 0.95}) {
+		t.Errorf("R/R_floor_throughput = %+v, want rounds [0.9 0.95]", r)
+	}
+	for _, tg := range rep.Targets {
+		if tg.RoundsMet != nil || tg.Rounds != 0 {
+			t.Errorf("target %q = %+v, want no round count", tg.Name, tg)
+		}
+	}
+	if _, err := json.Marshal(rep); err != nil {
+		t.Errorf("json.Marshal: %v", err)
+	}
+}
