@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"log/slog"
 	"math"
@@ -10,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -485,5 +487,47 @@ func TestRatiosPerRoundEdges(t *testing.T) {
 	}
 	if _, err := json.Marshal(rep); err != nil {
 		t.Errorf("json.Marshal: %v", err)
+	}
+}
+
+// TestRoundKeepsEachRound: round measures a serial and a concurrent burst and keeps what
+// that round alone saw: a round of slow calls and one of fast calls keep their own p50s and
+// counts, not the mix.
+func TestRoundKeepsEachRound(t *testing.T) {
+	const slow = 5 * time.Millisecond
+	var sleep atomic.Bool
+	sleep.Store(true)
+	f := &figure{Figure: &Figure{Key: "X"}, conc: 4, cpu: &cpuMeter{}, op: func(context.Context, int) error {
+		if sleep.Load() {
+			time.Sleep(slow)
+		}
+		return nil
+	}}
+	ctx := context.Background()
+	if err := f.round(ctx, 20*time.Millisecond, nil); err != nil {
+		t.Fatal(err)
+	}
+	sleep.Store(false)
+	if err := f.round(ctx, 20*time.Millisecond, nil); err != nil {
+		t.Fatal(err)
+	}
+	if len(f.rounds) != 2 {
+		t.Fatalf("rounds = %d, want 2", len(f.rounds))
+	}
+	one, two := f.rounds[0], f.rounds[1]
+	if one.p50 < slow || two.p50 >= slow {
+		t.Errorf("p50 round one %v (want >= %v), round two %v (want < %v)", one.p50, slow, two.p50, slow)
+	}
+	// At most conc calls of 5 ms each finish per 5 ms in round one; round two's are free.
+	if one.ops <= 0 || one.ops > 4/slow.Seconds()*1.01 || two.ops <= 10*one.ops {
+		t.Errorf("ops/s round one %.0f (want (0, %.0f]), round two %.0f (want > 10 × round one)", one.ops, 4/slow.Seconds(), two.ops)
+	}
+	if math.IsNaN(one.cpu) || math.IsNaN(two.cpu) {
+		t.Errorf("metered rounds without CPU per op: %+v %+v", one, two)
+	}
+	// A failing call ends the round with its error and keeps no round.
+	f.op = func(context.Context, int) error { return errors.New("boom") }
+	if err := f.round(ctx, time.Millisecond, nil); err == nil || err.Error() != "boom" || len(f.rounds) != 2 {
+		t.Errorf("failing round: err %v, rounds %d; want boom and still 2", err, len(f.rounds))
 	}
 }

@@ -443,16 +443,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			if f.agent != nil {
 				before = f.agent.Calls()
 			}
-			mark := f.mark()
-			if err := f.latencyBurst(ctx, burst); err != nil {
+			if err := f.round(ctx, burst, cpuRedis); err != nil {
 				f.Error = err.Error()
 				continue
 			}
-			if err := f.meteredThroughputBurst(ctx, burst, cpuRedis); err != nil {
-				f.Error = err.Error()
-				continue
-			}
-			f.rounds = append(f.rounds, f.since(mark))
 			if f.agent != nil {
 				n := f.agent.Calls() - before
 				if f.AgentCalls == nil {
@@ -503,6 +497,21 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return rep, fmt.Errorf("bench: %s", strings.Join(errs, "; "))
 	}
 	return rep, nil
+}
+
+// round is one round of the figure: a serial burst for latency, then a concurrent one for
+// ops/s and CPU (metered with rdb's INFO cpu when set), each lasting d; the round alone is
+// kept in f.rounds.
+func (f *figure) round(ctx context.Context, d time.Duration, rdb *redis.Client) error {
+	mark := f.mark()
+	if err := f.latencyBurst(ctx, d); err != nil {
+		return err
+	}
+	if err := f.meteredThroughputBurst(ctx, d, rdb); err != nil {
+		return err
+	}
+	f.rounds = append(f.rounds, f.since(mark))
+	return nil
 }
 
 // roundMark is where a figure's counters stood when a round began.
