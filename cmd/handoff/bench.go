@@ -37,6 +37,8 @@ and the ratios B/A2 and R/R_floor (p50, throughput), CPU per hop (process getrus
 Redis INFO cpu, per operation of A, A2 and B's throughput bursts), B/A, C/A and R/echo,
 against the issue's targets.
 Figures needing Redis are reported skipped (with the reason) when it does not answer.
+--only A2,B measures just the figures named (A2 also starts B's rig and R_floor's server,
+which it needs); the ratios and targets of the others are reported skipped.
 Exits 1 when a figure fails to run (missed targets do not fail it).
 
 With --shards N it measures instead J on one Redis (its own redis-server, or --redis)
@@ -63,6 +65,7 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cfg.JobsConcurrency, "jobs-concurrency", 0, "jobs in flight in J's throughput bursts (default --concurrency)")
 	fs.StringVar(&cfg.BoltDir, "bolt-dir", "", "folder for the bbolt files (default: the OS temp folder)")
 	fs.BoolVar(&cfg.TmpfsBolt, "tmpfs-bolt", false, "also measure C_tmpfs: C with bbolt on /dev/shm, where fsync does nothing (labelled NOT DURABLE)")
+	only := fs.String("only", "", "measure only these figures, comma-separated (e.g. A2,B); the others are reported skipped")
 	shards := fs.Int("shards", 0, "measure J on one Redis beside J on a Redis Cluster, this many jobs each (0: the usual figures)")
 	clusterAddrs := fs.String("cluster", "", "with --shards: host:port,... of a Redis Cluster (default: start a local one)")
 	if err := fs.Parse(args); err != nil {
@@ -82,6 +85,20 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 	if *clusterAddrs != "" && *shards == 0 {
 		fmt.Fprintln(stderr, "handoff bench: --cluster needs --shards")
 		return 2
+	}
+	if *only != "" {
+		if *shards > 0 {
+			fmt.Fprintln(stderr, "handoff bench: --only does not apply to --shards")
+			return 2
+		}
+		cfg.Only = strings.Split(*only, ",")
+		for i := range cfg.Only {
+			cfg.Only[i] = strings.TrimSpace(cfg.Only[i])
+		}
+		if err := bench.CheckOnly(cfg.Only, cfg.TmpfsBolt); err != nil {
+			fmt.Fprintln(stderr, "handoff", err)
+			return 2
+		}
 	}
 	if isTerminal(stderr) {
 		cfg.Progress = stderr

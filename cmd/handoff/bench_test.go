@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/handoffhq/handoff/internal/bench"
+	"github.com/handoffhq/handoff/internal/store/storetest"
 )
 
 // TestBenchJSON runs `handoff bench --duration 200ms --json` (with J's throughput bursts at
@@ -82,10 +83,50 @@ func TestBenchShardsUsage(t *testing.T) {
 	}{
 		{[]string{"bench", "--shards", "-1"}, "--shards must not be negative, got -1"},
 		{[]string{"bench", "--cluster", "127.0.0.1:7000"}, "--cluster needs --shards"},
+		{[]string{"bench", "--only", "A2,Bee"}, `--only names "Bee", which is not a figure`},
+		{[]string{"bench", "--only", "A2,"}, "--only has an empty figure name"},
+		{[]string{"bench", "--only", "C_tmpfs"}, "measured only with --tmpfs-bolt"},
+		{[]string{"bench", "--only", "A2", "--shards", "10"}, "--only does not apply to --shards"},
 	} {
 		var out, errb bytes.Buffer
 		if code := run(c.args, nil, &out, &errb); code != 2 || !strings.Contains(errb.String(), c.want) {
 			t.Errorf("%v: exit %d, stderr %q; want exit 2 mentioning %q", c.args, code, errb.String(), c.want)
 		}
+	}
+}
+
+// TestBenchOnly: `--only A2,R_floor` measures those two and reports every other figure
+// skipped as not selected; B, whose rig A2 takes its shape from, says it was started for
+// A2, and the ratios on B are skipped naming it.
+func TestBenchOnly(t *testing.T) {
+	storetest.RedisClient(t) // A2 runs on Redis: fails under CI without it, skips otherwise
+	var out, errb bytes.Buffer
+	code := run([]string{"bench", "--duration", "100ms", "--json", "--only", "A2, R_floor", "--bolt-dir", t.TempDir()}, nil, &out, &errb)
+	if code != 0 {
+		t.Fatalf("exit %d: %s\n%s", code, errb.String(), out.String())
+	}
+	var rep bench.Report
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatalf("not JSON: %v\n%s", err, out.String())
+	}
+	for _, k := range bench.FigureKeys {
+		f := rep.Figures[k]
+		switch {
+		case f == nil:
+			t.Errorf("figure %s is missing", k)
+		case k == "A2" || k == "R_floor":
+			if f.Skipped != "" || f.Error != "" || f.LatencySamples == 0 || f.OpsPerSec <= 0 {
+				t.Errorf("figure %s: skipped %q, error %q, %d samples, %v ops/s; want it measured", k, f.Skipped, f.Error, f.LatencySamples, f.OpsPerSec)
+			}
+		case k == "B":
+			if f.Skipped != "not selected (--only); its rig was started for A2" {
+				t.Errorf("B skipped %q, want it not selected and started for A2", f.Skipped)
+			}
+		case f.Skipped != "not selected (--only)" || f.LatencySamples != 0:
+			t.Errorf("figure %s: skipped %q, %d samples; want not selected and unmeasured", k, f.Skipped, f.LatencySamples)
+		}
+	}
+	if r := rep.Ratios["B/A2_p50"]; r == nil || !strings.Contains(r.Skipped, "B skipped") {
+		t.Errorf("B/A2_p50 = %+v, want skipped naming B", r)
 	}
 }

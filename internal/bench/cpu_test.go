@@ -531,3 +531,31 @@ func TestRoundKeepsEachRound(t *testing.T) {
 		t.Errorf("failing round: err %v, rounds %d; want boom and still 2", err, len(f.rounds))
 	}
 }
+
+// TestCheckOnly: --only takes figure keys, and refuses anything else naming it.
+func TestCheckOnly(t *testing.T) {
+	for _, c := range []struct {
+		only  []string
+		tmpfs bool
+		want  string // "" = accepted
+	}{
+		{nil, false, ""},
+		{[]string{"A2", "B", "J_bolt"}, false, ""},
+		{[]string{"C_tmpfs"}, true, ""},
+		{[]string{"A2", "b"}, false, `--only names "b", which is not a figure`},
+		{[]string{"A2", ""}, false, "--only has an empty figure name"},
+		{[]string{"C_tmpfs"}, false, "C_tmpfs, which is measured only with --tmpfs-bolt"},
+	} {
+		err := CheckOnly(c.only, c.tmpfs)
+		switch {
+		case c.want == "" && err != nil:
+			t.Errorf("CheckOnly(%q, %v) = %v, want accepted", c.only, c.tmpfs, err)
+		case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)):
+			t.Errorf("CheckOnly(%q, %v) = %v, want an error holding %q", c.only, c.tmpfs, err, c.want)
+		}
+	}
+	// Run refuses the same before it starts anything.
+	if rep, err := Run(context.Background(), Config{Only: []string{"nope"}}); err == nil || rep != nil {
+		t.Errorf("Run with --only nope = %v, %v; want no report and an error", rep, err)
+	}
+}

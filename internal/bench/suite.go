@@ -42,6 +42,11 @@ type Config struct {
 	// TmpfsBolt adds figure C_tmpfs: C with its bbolt file on /dev/shm, where fsync does
 	// nothing. NOT DURABLE: it only shows how much of C is the disk.
 	TmpfsBolt bool
+	// Only, when set, measures just these figures (keys of FigureKeys, or C_tmpfs with
+	// TmpfsBolt; CheckOnly says which are valid); the others are reported skipped, and their
+	// ratios and targets with them. A2 takes its messages' shape from B's rig and runs on
+	// R_floor's bare server, so those start for it, measured only when named too.
+	Only []string
 	// Logger of the services (default: JSON warnings to io.Discard).
 	Logger *slog.Logger
 	// Progress, when set, gets one line per round.
@@ -207,6 +212,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = quietLogger()
 	}
+	if err := CheckOnly(cfg.Only, cfg.TmpfsBolt); err != nil {
+		return nil, err
+	}
+	selected := func(key string) bool { return len(cfg.Only) == 0 || slices.Contains(cfg.Only, key) }
 	wallStart := time.Now()
 	rep := &Report{Machine: machine(), Concurrency: cfg.Concurrency, JobsConc: cfg.JobsConcurrency, Figures: map[string]*Figure{}, Ratios: map[string]*Ratio{}}
 	var figs []*figure
@@ -237,6 +246,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	var setupErrs []string
 	setup := func(f *figure, needsRedis bool, build func() error) {
+		if !selected(f.Key) && !((f.Key == "B" || f.Key == "R_floor") && selected("A2")) {
+			f.Skipped = notSelected
+			return
+		}
 		if needsRedis && redisSkip != "" {
 			f.Skipped = redisSkip
 			return
@@ -407,6 +420,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		defer cpuRedis.Close()
 	}
 
+	// A2's helpers, started for it, are not measured unless named.
+	for _, f := range figs {
+		if !selected(f.Key) && f.Skipped == "" && f.Error == "" {
+			f.Skipped, f.op = notSelected+"; its rig was started for A2", nil
+		}
+	}
+
 	// Warm up: connections, Lua scripts, bbolt buckets, CEL programs.
 	var active []*figure
 	for _, f := range figs {
@@ -511,6 +531,25 @@ func (f *figure) round(ctx context.Context, d time.Duration, rdb *redis.Client) 
 		return err
 	}
 	f.rounds = append(f.rounds, f.since(mark))
+	return nil
+}
+
+// notSelected is why a figure left out by Config.Only is skipped.
+const notSelected = "not selected (--only)"
+
+// CheckOnly returns an error naming the first entry of only that is not a figure Run
+// measures (C_tmpfs counts only with tmpfs, as Config.TmpfsBolt).
+func CheckOnly(only []string, tmpfs bool) error {
+	for _, k := range only {
+		switch {
+		case k == "":
+			return fmt.Errorf("bench: --only has an empty figure name (figures: %s)", strings.Join(FigureKeys, ", "))
+		case k == "C_tmpfs" && !tmpfs:
+			return fmt.Errorf("bench: --only names C_tmpfs, which is measured only with --tmpfs-bolt")
+		case k != "C_tmpfs" && !slices.Contains(FigureKeys, k):
+			return fmt.Errorf("bench: --only names %q, which is not a figure (figures: %s, and C_tmpfs with --tmpfs-bolt)", k, strings.Join(FigureKeys, ", "))
+		}
+	}
 	return nil
 }
 
