@@ -38,7 +38,7 @@ Redis INFO cpu, per operation of A, A2 and B's throughput bursts), B/A, C/A and 
 against the issue's targets.
 Figures needing Redis are reported skipped (with the reason) when it does not answer.
 --only A2,B measures just the figures named (A2 also starts B's rig and R_floor's server,
-which it needs); the ratios and targets of the others are reported skipped.
+A echo's server, which they need); the ratios and targets of the others are reported skipped.
 Exits 1 when a figure fails to run (missed targets do not fail it).
 
 With --shards N it measures instead J on one Redis (its own redis-server, or --redis)
@@ -86,7 +86,9 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "handoff bench: --cluster needs --shards")
 		return 2
 	}
-	if *only != "" {
+	onlySet := false // --only= names no figure: an error, not the full suite
+	fs.Visit(func(f *flag.Flag) { onlySet = onlySet || f.Name == "only" })
+	if onlySet {
 		if *shards > 0 {
 			fmt.Fprintln(stderr, "handoff bench: --only does not apply to --shards")
 			return 2

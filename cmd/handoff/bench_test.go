@@ -85,6 +85,8 @@ func TestBenchShardsUsage(t *testing.T) {
 		{[]string{"bench", "--cluster", "127.0.0.1:7000"}, "--cluster needs --shards"},
 		{[]string{"bench", "--only", "A2,Bee"}, `--only names "Bee", which is not a figure`},
 		{[]string{"bench", "--only", "A2,"}, "--only has an empty figure name"},
+		{[]string{"bench", "--only="}, "--only has an empty figure name"}, // not the full suite
+		{[]string{"bench", "--only", " "}, "--only has an empty figure name"},
 		{[]string{"bench", "--only", "C_tmpfs"}, "measured only with --tmpfs-bolt"},
 		{[]string{"bench", "--only", "A2", "--shards", "10"}, "--only does not apply to --shards"},
 	} {
@@ -128,5 +130,26 @@ func TestBenchOnly(t *testing.T) {
 	}
 	if r := rep.Ratios["B/A2_p50"]; r == nil || !strings.Contains(r.Skipped, "B skipped") {
 		t.Errorf("B/A2_p50 = %+v, want skipped naming B", r)
+	}
+}
+
+// TestBenchOnlyA: A runs on echo's bare server, so `--only A` starts that server for it
+// (echo reported not selected, started for A) and measures A.
+func TestBenchOnlyA(t *testing.T) {
+	storetest.RedisClient(t) // A runs on Redis
+	var out, errb bytes.Buffer
+	code := run([]string{"bench", "--duration", "100ms", "--json", "--only", "A", "--bolt-dir", t.TempDir()}, nil, &out, &errb)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	var rep bench.Report
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatalf("not JSON: %v\n%s", err, out.String())
+	}
+	if f := rep.Figures["A"]; f.Skipped != "" || f.Error != "" || f.LatencySamples == 0 {
+		t.Errorf("A: skipped %q, error %q, %d samples; want it measured", f.Skipped, f.Error, f.LatencySamples)
+	}
+	if f := rep.Figures["echo"]; f.Skipped != "not selected (--only); its rig was started for A" || f.LatencySamples != 0 {
+		t.Errorf("echo: skipped %q, %d samples; want not selected, started for A", f.Skipped, f.LatencySamples)
 	}
 }

@@ -45,7 +45,8 @@ type Config struct {
 	// Only, when set, measures just these figures (keys of FigureKeys, or C_tmpfs with
 	// TmpfsBolt; CheckOnly says which are valid); the others are reported skipped, and their
 	// ratios and targets with them. A2 takes its messages' shape from B's rig and runs on
-	// R_floor's bare server, so those start for it, measured only when named too.
+	// R_floor's bare server, so those start for it, and A runs on echo's bare server; each
+	// is measured only when named too.
 	Only []string
 	// Logger of the services (default: JSON warnings to io.Discard).
 	Logger *slog.Logger
@@ -216,6 +217,17 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	selected := func(key string) bool { return len(cfg.Only) == 0 || slices.Contains(cfg.Only, key) }
+	// startedFor is the selected figure a figure's rig serves when it is not selected itself:
+	// A runs on echo's bare server; A2 takes its shape from B's rig and runs on R_floor's.
+	startedFor := func(key string) string {
+		switch {
+		case key == "echo" && selected("A"):
+			return "A"
+		case (key == "B" || key == "R_floor") && selected("A2"):
+			return "A2"
+		}
+		return ""
+	}
 	wallStart := time.Now()
 	rep := &Report{Machine: machine(), Concurrency: cfg.Concurrency, JobsConc: cfg.JobsConcurrency, Figures: map[string]*Figure{}, Ratios: map[string]*Ratio{}}
 	var figs []*figure
@@ -246,7 +258,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	var setupErrs []string
 	setup := func(f *figure, needsRedis bool, build func() error) {
-		if !selected(f.Key) && !((f.Key == "B" || f.Key == "R_floor") && selected("A2")) {
+		if !selected(f.Key) && startedFor(f.Key) == "" {
 			f.Skipped = notSelected
 			return
 		}
@@ -420,10 +432,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		defer cpuRedis.Close()
 	}
 
-	// A2's helpers, started for it, are not measured unless named.
+	// Rigs started for A or A2 are not measured unless named.
 	for _, f := range figs {
 		if !selected(f.Key) && f.Skipped == "" && f.Error == "" {
-			f.Skipped, f.op = notSelected+"; its rig was started for A2", nil
+			f.Skipped, f.op = notSelected+"; its rig was started for "+startedFor(f.Key), nil
 		}
 	}
 
