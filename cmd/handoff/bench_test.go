@@ -152,4 +152,9 @@ func TestBenchOnlyA(t *testing.T) {
 	if f := rep.Figures["echo"]; f.Skipped != "not selected (--only); its rig was started for A" || f.LatencySamples != 0 {
 		t.Errorf("echo: skipped %q, %d samples; want not selected, started for A", f.Skipped, f.LatencySamples)
 	}
+	for _, k := range bench.FigureKeys { // A names A alone (not A2, its prefix)
+		if f := rep.Figures[k]; k != "A" && k != "echo" && (f == nil || f.Skipped != "not selected (--only)" || f.LatencySamples != 0) {
+			t.Errorf("figure %s = %+v; want not selected and unmeasured", k, f)
+		}
+	}
 }
