@@ -33,6 +33,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"syscall"
@@ -105,7 +106,13 @@ type ratio struct {
 	LatencyTarget    float64 `json:"latency_target,omitempty"`
 	ThroughputMet    *bool   `json:"throughput_met,omitempty"`
 	LatencyMet       *bool   `json:"latency_met,omitempty"`
-	Note             string  `json:"note,omitempty"`
+	// The same two ratios in each round alone (when both figures have their rounds), and how
+	// many of those rounds met each target: on a shared machine the medians hide the spread.
+	ThroughputRounds    []float64 `json:"rounds_jobs_per_sec_ratio,omitempty"`
+	LatencyRounds       []float64 `json:"rounds_p50_ratio,omitempty"`
+	ThroughputRoundsMet *int      `json:"throughput_rounds_met,omitempty"`
+	LatencyRoundsMet    *int      `json:"latency_rounds_met,omitempty"`
+	Note                string    `json:"note,omitempty"`
 }
 
 type report struct {
@@ -282,11 +289,12 @@ func run(ctx context.Context, o options) error {
 		rep.Figures = append(rep.Figures, handoff[s])
 	}
 	hop, inline := peers[0].f, peers[1].f
-	rep.Ratios = append(rep.Ratios, compare("J_bolt vs Restate hop relay", handoff[bench.StoreBolt], hop.Name, hop.JobsPerSec, hop.P50ms, 10, 10, ""))
-	rep.Ratios = append(rep.Ratios, compare("J_bolt vs Restate in-handler", handoff[bench.StoreBolt], inline.Name, inline.JobsPerSec, inline.P50ms, 0, 0, ""))
+	rep.Ratios = append(rep.Ratios, compare("J_bolt vs Restate hop relay", handoff[bench.StoreBolt], hop, 10, 10, ""))
+	rep.Ratios = append(rep.Ratios, compare("J_bolt vs Restate in-handler", handoff[bench.StoreBolt], inline, 0, 0, ""))
 	if f := handoff[bench.StoreRedis]; f != nil {
-		rep.Ratios = append(rep.Ratios, compare("J_redis vs Restate hop relay", f, hop.Name, hop.JobsPerSec, hop.P50ms, 0, 0, ""))
-		rep.Ratios = append(rep.Ratios, compare("J_redis vs tuned Temporal", f, "Temporal (tuned dev server)", temporalJPS, temporalP50ms, bench.JobsTargetVsTemporal, 0,
+		rep.Ratios = append(rep.Ratios, compare("J_redis vs Restate hop relay", f, hop, 0, 0, ""))
+		temporal := &peer.Figure{Name: "Temporal (tuned dev server)", JobsPerSec: temporalJPS, P50ms: temporalP50ms}
+		rep.Ratios = append(rep.Ratios, compare("J_redis vs tuned Temporal", f, temporal, bench.JobsTargetVsTemporal, 0,
 			fmt.Sprintf("Temporal's figures (%.0f jobs/s, %.0f ms p50) are issue 22's for this machine kind, not measured in this run (bench/temporal measures them)", temporalJPS, temporalP50ms)))
 	}
 	rep.LoadEnd = peer.Loadavg()
@@ -305,22 +313,34 @@ func run(ctx context.Context, o options) error {
 	return nil
 }
 
-// compare builds a ratio; a target of 0 is not judged.
-func compare(name string, h *peer.Figure, peerName string, peerJPS, peerP50 float64, tThroughput, tLatency float64, note string) ratio {
-	r := ratio{Name: name, Handoff: h.Name, Peer: peerName, Note: note, ThroughputTarget: tThroughput, LatencyTarget: tLatency}
-	if peerJPS > 0 {
-		r.ThroughputRatio = peer.Round2(h.JobsPerSec / peerJPS)
+// compare builds a ratio of h over the peer p (whose rounds, when it has them, give the
+// ratio round by round); a target of 0 is not judged.
+func compare(name string, h, p *peer.Figure, tThroughput, tLatency float64, note string) ratio {
+	r := ratio{Name: name, Handoff: h.Name, Peer: p.Name, Note: note, ThroughputTarget: tThroughput, LatencyTarget: tLatency,
+		ThroughputRounds: peer.RoundRatios(h.RoundsJPS, p.RoundsJPS), LatencyRounds: peer.RoundRatios(p.RoundsP50, h.RoundsP50)}
+	if p.JobsPerSec > 0 {
+		r.ThroughputRatio = peer.Round2(h.JobsPerSec / p.JobsPerSec)
 	}
 	if h.P50ms > 0 {
-		r.LatencyRatio = peer.Round2(peerP50 / h.P50ms)
+		r.LatencyRatio = peer.Round2(p.P50ms / h.P50ms)
 	}
 	if tThroughput > 0 {
-		met := r.ThroughputRatio >= tThroughput
+		ok := func(v float64) bool { return v >= tThroughput }
+		met := ok(r.ThroughputRatio)
 		r.ThroughputMet = &met
+		if r.ThroughputRounds != nil {
+			n := peer.Count(r.ThroughputRounds, ok)
+			r.ThroughputRoundsMet = &n
+		}
 	}
 	if tLatency > 0 {
-		met := r.LatencyRatio > tLatency
+		ok := func(v float64) bool { return v > tLatency }
+		met := ok(r.LatencyRatio)
 		r.LatencyMet = &met
+		if r.LatencyRounds != nil {
+			n := peer.Count(r.LatencyRounds, ok)
+			r.LatencyRoundsMet = &n
+		}
 	}
 	return r
 }
@@ -341,7 +361,9 @@ func printReport(rep *report) {
 	tw = tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "ratio\thandoff jobs/s ÷ peer jobs/s\tpeer p50 ÷ handoff p50")
 	for _, r := range rep.Ratios {
-		fmt.Fprintf(tw, "%s\t%.2f%s\t%.2f%s\n", r.Name, r.ThroughputRatio, verdict(r.ThroughputMet, ">=", r.ThroughputTarget), r.LatencyRatio, verdict(r.LatencyMet, ">", r.LatencyTarget))
+		fmt.Fprintf(tw, "%s\t%.2f%s%s\t%.2f%s%s\n", r.Name,
+			r.ThroughputRatio, verdict(r.ThroughputMet, ">=", r.ThroughputTarget), spread(r.ThroughputRounds, r.ThroughputRoundsMet),
+			r.LatencyRatio, verdict(r.LatencyMet, ">", r.LatencyTarget), spread(r.LatencyRounds, r.LatencyRoundsMet))
 	}
 	tw.Flush()
 	for _, r := range rep.Ratios {
@@ -352,6 +374,18 @@ func printReport(rep *report) {
 	for _, n := range rep.Notes {
 		fmt.Println("note:", n)
 	}
+}
+
+// spread says how a ratio moved over the rounds, and how many rounds alone met its target.
+func spread(rounds []float64, met *int) string {
+	if len(rounds) == 0 {
+		return ""
+	}
+	s := fmt.Sprintf(" [rounds %.2f to %.2f", slices.Min(rounds), slices.Max(rounds))
+	if met != nil {
+		s += fmt.Sprintf(", %d of %d met it", *met, len(rounds))
+	}
+	return s + "]"
 }
 
 func verdict(met *bool, op string, target float64) string {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -21,7 +22,7 @@ func TestCompareJudgesTargets(t *testing.T) {
 		{"a peer without throughput gives no ratio", 0, 6.4, 10, 0, 0, 3.2, ptr(false), nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := compare("x", h, "peer", tc.peerJPS, tc.peerP50, tc.tT, tc.tL, "")
+			r := compare("x", h, &peer.Figure{Name: "peer", JobsPerSec: tc.peerJPS, P50ms: tc.peerP50}, tc.tT, tc.tL, "")
 			if r.ThroughputRatio != tc.wantT || r.LatencyRatio != tc.wantL {
 				t.Fatalf("ratios %v, %v; want %v, %v", r.ThroughputRatio, r.LatencyRatio, tc.wantT, tc.wantL)
 			}
@@ -29,6 +30,44 @@ func TestCompareJudgesTargets(t *testing.T) {
 				t.Fatalf("met %v, %v; want %v, %v", deref(r.ThroughputMet), deref(r.LatencyMet), deref(tc.throughputMet), deref(tc.latencyMet))
 			}
 		})
+	}
+}
+
+// TestCompareRoundByRound: with both figures' rounds, a ratio carries its value in each
+// round alone and how many rounds met each target; a peer without rounds (Temporal's stated
+// figures) or with a different number gives none.
+func TestCompareRoundByRound(t *testing.T) {
+	h := &peer.Figure{Name: "J_bolt", P50ms: 8, JobsPerSec: 700, RoundsJPS: []float64{700, 1100, 500}, RoundsP50: []float64{8, 2, 10}}
+	p := &peer.Figure{Name: "hop relay", P50ms: 28, JobsPerSec: 100, RoundsJPS: []float64{100, 100, 100}, RoundsP50: []float64{28, 30, 33}}
+	r := compare("x", h, p, 10, 10, "")
+	if !slices.Equal(r.ThroughputRounds, []float64{7, 11, 5}) || !slices.Equal(r.LatencyRounds, []float64{3.5, 15, 3.3}) {
+		t.Fatalf("rounds %v, %v; want [7 11 5], [3.5 15 3.3]", r.ThroughputRounds, r.LatencyRounds)
+	}
+	if r.ThroughputRoundsMet == nil || *r.ThroughputRoundsMet != 1 || r.LatencyRoundsMet == nil || *r.LatencyRoundsMet != 1 {
+		t.Fatalf("rounds met %v, %v; want 1 and 1", r.ThroughputRoundsMet, r.LatencyRoundsMet)
+	}
+	if got := spread(r.ThroughputRounds, r.ThroughputRoundsMet); got != " [rounds 5.00 to 11.00, 1 of 3 met it]" {
+		t.Errorf("spread = %q", got)
+	}
+	// No target: rounds, but no count.
+	if r := compare("x", h, p, 0, 0, ""); r.ThroughputRounds == nil || r.ThroughputRoundsMet != nil || r.LatencyRoundsMet != nil {
+		t.Errorf("untargeted ratio = %+v, want rounds and no counts", r)
+	}
+	for _, other := range []*peer.Figure{
+		{Name: "stated", JobsPerSec: 63, P50ms: 30},
+		{Name: "short", JobsPerSec: 100, P50ms: 28, RoundsJPS: []float64{100, 100}, RoundsP50: []float64{28, 28}},
+		{Name: "a round at 0", JobsPerSec: 100, P50ms: 28, RoundsJPS: []float64{100, 0, 100}, RoundsP50: []float64{28, 28, 28}},
+	} {
+		r := compare("x", h, other, 10, 10, "")
+		if other.Name == "a round at 0" {
+			if r.ThroughputRounds != nil || r.LatencyRounds == nil {
+				t.Errorf("%s: rounds %v, %v; want no throughput rounds, latency rounds kept", other.Name, r.ThroughputRounds, r.LatencyRounds)
+			}
+			continue
+		}
+		if r.ThroughputRounds != nil || r.LatencyRounds != nil || r.ThroughputRoundsMet != nil || r.LatencyRoundsMet != nil {
+			t.Errorf("%s: %+v, want no rounds", other.Name, r)
+		}
 	}
 }
 

@@ -76,6 +76,35 @@ func Ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 // Round2 rounds f to two decimals.
 func Round2(f float64) float64 { return float64(int64(f*100+0.5)) / 100 }
 
+// RoundRatios is num[i] / den[i] for each round, rounded to two places: a ratio as each
+// round alone measured it (the peer benches interleave their figures, so round i of each
+// ran together). It is nil unless both have the same number of rounds, at least two, and
+// every value is positive.
+func RoundRatios(num, den []float64) []float64 {
+	if len(num) < 2 || len(num) != len(den) {
+		return nil
+	}
+	out := make([]float64, len(num))
+	for i := range num {
+		if !(num[i] > 0) || !(den[i] > 0) {
+			return nil
+		}
+		out[i] = Round2(num[i] / den[i])
+	}
+	return out
+}
+
+// Count is how many of v satisfy ok.
+func Count(v []float64, ok func(float64) bool) int {
+	n := 0
+	for _, x := range v {
+		if ok(x) {
+			n++
+		}
+	}
+	return n
+}
+
 // Round1 rounds each of v to one decimal.
 func Round1(v []float64) []float64 {
 	out := make([]float64, len(v))

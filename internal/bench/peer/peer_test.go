@@ -1,6 +1,8 @@
 package peer
 
 import (
+	"math"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -43,5 +45,28 @@ func TestTailKeepsTheEnd(t *testing.T) {
 	s := tl.String()
 	if len(s) != tailSize || !strings.HasSuffix(s, "the error") {
 		t.Errorf("tail of %d bytes ending %q; want %d ending with the last write", len(s), s[len(s)-12:], tailSize)
+	}
+}
+
+// TestRoundRatios: round i over round i, rounded; nothing when the rounds cannot be paired
+// or a value is not positive.
+func TestRoundRatios(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		num, den []float64
+		want     []float64
+	}{
+		{"paired", []float64{700, 910, 540}, []float64{104, 119, 91}, []float64{6.73, 7.65, 5.93}},
+		{"one round", []float64{700}, []float64{100}, nil},
+		{"unequal", []float64{700, 800}, []float64{100, 100, 100}, nil},
+		{"a zero", []float64{700, 0}, []float64{100, 100}, nil},
+		{"a NaN", []float64{700, math.NaN()}, []float64{100, 100}, nil},
+	} {
+		if got := RoundRatios(c.num, c.den); !slices.Equal(got, c.want) {
+			t.Errorf("%s: RoundRatios = %v, want %v", c.name, got, c.want)
+		}
+	}
+	if n := Count([]float64{5.9, 10, 12}, func(v float64) bool { return v >= 10 }); n != 2 {
+		t.Errorf("Count = %d, want 2", n)
 	}
 }
