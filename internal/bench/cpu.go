@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/handoffhq/handoff/internal/bench/peer"
 )
 
 // processCPU is the CPU time (user + system) this process has used: every server and
@@ -81,6 +83,8 @@ func (m *cpuMeter) perOp() (proc, redis, total float64, ok bool) {
 	if m.ops <= 0 {
 		return 0, 0, 0, false
 	}
-	us := func(d time.Duration) float64 { return round2(float64(d) / float64(time.Microsecond) / float64(m.ops)) }
+	us := func(d time.Duration) float64 {
+		return peer.Round2(float64(d) / float64(time.Microsecond) / float64(m.ops))
+	}
 	return us(m.proc), us(m.redis), us(m.proc + m.redis), true
 }

@@ -21,6 +21,7 @@ import (
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/artifact"
+	"github.com/handoffhq/handoff/internal/bench/peer"
 	"github.com/handoffhq/handoff/internal/rpc"
 	"github.com/handoffhq/handoff/internal/stack"
 	"github.com/handoffhq/handoff/internal/store"
@@ -462,7 +463,7 @@ func (cfg *ReplayConfig) report(ctx context.Context, items []*replayItem, runPre
 	p50, p99 := quantiles(lat)
 	rep.HopP50us, rep.HopP99us = micros(p50), micros(p99)
 	rep.ElapsedMS = math.Round(float64(elapsed)/float64(time.Microsecond)) / 1000
-	rep.HopsPerSec = round2(float64(len(items)) / elapsed.Seconds())
+	rep.HopsPerSec = peer.Round2(float64(len(items)) / elapsed.Seconds())
 
 	// Agent calls.
 	switch {

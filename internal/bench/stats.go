@@ -27,5 +27,3 @@ func quantiles(samples []time.Duration) (p50, p99 time.Duration) {
 }
 
 func micros(d time.Duration) float64 { return math.Round(float64(d)/float64(time.Microsecond)*10) / 10 }
-
-func round2(f float64) float64 { return math.Round(f*100) / 100 }

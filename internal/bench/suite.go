@@ -18,6 +18,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/handoffhq/handoff/internal/bench/peer"
 	"github.com/handoffhq/handoff/internal/contract"
 	"github.com/handoffhq/handoff/internal/gctune"
 )
@@ -139,18 +140,6 @@ type Machine struct {
 	// shared, and a load above its CPU count means the figures competed for them.
 	LoadStart string `json:"load_start,omitempty"`
 	LoadEnd   string `json:"load_end,omitempty"`
-}
-
-func loadavg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return ""
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return ""
-	}
-	return strings.Join(f[:3], " ")
 }
 
 // Report is the outcome of Run.
@@ -505,7 +494,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		f.P50us, f.P99us = micros(f.p50), micros(f.p99)
 		f.LatencySamples, f.ThroughputOps = len(f.lat), f.ops
 		if f.elapsed > 0 {
-			f.OpsPerSec = round2(float64(f.ops) / f.elapsed.Seconds())
+			f.OpsPerSec = peer.Round2(float64(f.ops) / f.elapsed.Seconds())
 		}
 		if f.cpu != nil {
 			if f.cpu.err != nil {
@@ -518,7 +507,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	rep.ratiosAndTargets()
 	rep.Notes = notes(cfg)
 	rep.Wall = time.Since(wallStart).Round(time.Millisecond).String()
-	rep.Machine.LoadEnd = loadavg()
+	rep.Machine.LoadEnd = peer.Loadavg()
 	var errs []string
 	for _, k := range rep.order {
 		if f := rep.Figures[k]; f.Error != "" {
@@ -584,8 +573,8 @@ func (f *figure) mark() roundMark {
 // since is the figure as measured from m on: one round's bursts.
 func (f *figure) since(m roundMark) stat {
 	st := stat{cpu: math.NaN()}
-	if lat := slices.Clone(f.lat[m.lat:]); len(lat) > 0 {
-		st.p50, _ = quantiles(lat)
+	if lat := f.lat[m.lat:]; len(lat) > 0 {
+		st.p50, _ = Quantiles(lat)
 	}
 	if el := f.elapsed - m.elapsed; el > 0 {
 		st.ops = float64(f.ops-m.ops) / el.Seconds()
@@ -694,7 +683,7 @@ func (rep *Report) ratiosAndTargets() {
 		} else if why := usable(b); why != "" {
 			rep.Ratios[name] = &Ratio{Skipped: why}
 		} else {
-			rep.Ratios[name] = &Ratio{Value: round2(get(fig(a).stat()) / get(fig(b).stat())), Rounds: perRound(fig(a), fig(b), get)}
+			rep.Ratios[name] = &Ratio{Value: peer.Round2(get(fig(a).stat()) / get(fig(b).stat())), Rounds: perRound(fig(a), fig(b), get)}
 		}
 		return rep.Ratios[name]
 	}
@@ -704,12 +693,7 @@ func (rep *Report) ratiosAndTargets() {
 		t := Target{Name: name, Limit: limit, Value: r.Value, Skipped: r.Skipped}
 		t.Met = r.Skipped == "" && met(r.Value)
 		if r.Skipped == "" && len(r.Rounds) > 0 {
-			n := 0
-			for _, v := range r.Rounds {
-				if met(v) {
-					n++
-				}
-			}
+			n := peer.Count(r.Rounds, met)
 			t.RoundsMet, t.Rounds = &n, len(r.Rounds)
 		}
 		rep.Targets = append(rep.Targets, t)
@@ -757,7 +741,7 @@ func (rep *Report) ratiosAndTargets() {
 
 	jr := &Ratio{Skipped: usable("J_redis")}
 	if jr.Skipped == "" {
-		jr.Value = round2(fig("J_redis").OpsPerSec)
+		jr.Value = peer.Round2(fig("J_redis").OpsPerSec)
 	}
 	jTarget := JobsTargetVsTemporal * TemporalJobsPerSec
 	target("J_redis jobs/s", fmt.Sprintf(">= %.0f (%.0f × Temporal's %.0f)", jTarget, JobsTargetVsTemporal, TemporalJobsPerSec), jr,
@@ -774,21 +758,17 @@ func (rep *Report) ratiosAndTargets() {
 	}
 }
 
-// perRound is get(a)/get(b) in each round, or nil unless both figures ran every round and
-// every round's ratio is a number.
+// perRound is get(a)/get(b) in each round (peer.RoundRatios), or nil unless both figures
+// ran every round and every round's value of both is a positive number.
 func perRound(a, b *Figure, get func(stat) float64) []float64 {
-	if len(a.rounds) < 2 || len(a.rounds) != len(b.rounds) {
-		return nil
-	}
-	out := make([]float64, len(a.rounds))
-	for i := range a.rounds {
-		v := get(a.rounds[i]) / get(b.rounds[i])
-		if math.IsNaN(v) || math.IsInf(v, 0) {
-			return nil
+	values := func(rounds []stat) []float64 {
+		out := make([]float64, len(rounds))
+		for i, st := range rounds {
+			out[i] = get(st)
 		}
-		out[i] = round2(v)
+		return out
 	}
-	return out
+	return peer.RoundRatios(values(a.rounds), values(b.rounds))
 }
 
 // TemporalJobsPerSec is tuned Temporal's jobs/s on this machine kind for the same five-stage
@@ -850,7 +830,7 @@ func gcNote() string {
 }
 
 func machine() Machine {
-	m := Machine{NumCPU: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), Go: runtime.Version(), OS: runtime.GOOS + "/" + runtime.GOARCH, Date: time.Now().UTC().Format(time.RFC3339), LoadStart: loadavg()}
+	m := Machine{NumCPU: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), Go: runtime.Version(), OS: runtime.GOOS + "/" + runtime.GOARCH, Date: time.Now().UTC().Format(time.RFC3339), LoadStart: peer.Loadavg()}
 	if f, err := os.Open("/proc/cpuinfo"); err == nil {
 		defer f.Close()
 		sc := bufio.NewScanner(f)

@@ -1,13 +1,16 @@
 // Package peer holds what the peer benchmarks (bench/temporal, bench/restate: their own Go
-// modules, run beside handoff's J on one machine) share: a figure's medians over
-// interleaved rounds, the machine's load, a free port, and the tail of a server's output.
+// modules, run beside handoff's J on one machine) share, some of it with `handoff bench`: a
+// figure's medians over interleaved rounds, its ratios round by round, the machine's load,
+// a free port, and the tail of a server's output.
 package peer
 
 import (
+	"math"
 	"net"
 	"os"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 )
@@ -74,7 +77,7 @@ func Median(v []float64) float64 {
 func Ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 // Round2 rounds f to two decimals.
-func Round2(f float64) float64 { return float64(int64(f*100+0.5)) / 100 }
+func Round2(f float64) float64 { return math.Round(f*100) / 100 }
 
 // RoundRatios is num[i] / den[i] for each round, rounded to two places: a ratio as each
 // round alone measured it (the peer benches interleave their figures, so round i of each
@@ -114,13 +117,18 @@ func Round1(v []float64) []float64 {
 	return out
 }
 
-// Loadavg is the machine's load averages (the first 14 bytes of /proc/loadavg), or "".
+// Loadavg is the machine's 1, 5 and 15 minute load averages from /proc/loadavg ("0.95
+// 1.34 1.41"), or "" where there is none.
 func Loadavg() string {
 	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil || len(b) < 14 {
+	if err != nil {
 		return ""
 	}
-	return string(b[:14])
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return ""
+	}
+	return strings.Join(f[:3], " ")
 }
 
 // FreePort returns a loopback port nothing listened on a moment ago.
