@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 
@@ -97,64 +98,51 @@ func TestBenchShardsUsage(t *testing.T) {
 	}
 }
 
-// TestBenchOnly: `--only A2,R_floor` measures those two and reports every other figure
-// skipped as not selected; B, whose rig A2 takes its shape from, says it was started for
-// A2, and the ratios on B are skipped naming it.
+// TestBenchOnly: `--only` measures the figures named and reports every other one skipped
+// as not selected and unmeasured; a rig started for a named figure says so (A2 takes its
+// shape from B's rig, A runs on echo's bare server), and a ratio on a skipped figure is
+// skipped naming it. `--only A` names A alone, not A2 (its prefix).
 func TestBenchOnly(t *testing.T) {
-	storetest.RedisClient(t) // A2 runs on Redis: fails under CI without it, skips otherwise
-	var out, errb bytes.Buffer
-	code := run([]string{"bench", "--duration", "100ms", "--json", "--only", "A2, R_floor", "--bolt-dir", t.TempDir()}, nil, &out, &errb)
-	if code != 0 {
-		t.Fatalf("exit %d: %s\n%s", code, errb.String(), out.String())
-	}
-	var rep bench.Report
-	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
-		t.Fatalf("not JSON: %v\n%s", err, out.String())
-	}
-	for _, k := range bench.FigureKeys {
-		f := rep.Figures[k]
-		switch {
-		case f == nil:
-			t.Errorf("figure %s is missing", k)
-		case k == "A2" || k == "R_floor":
-			if f.Skipped != "" || f.Error != "" || f.LatencySamples == 0 || f.OpsPerSec <= 0 {
-				t.Errorf("figure %s: skipped %q, error %q, %d samples, %v ops/s; want it measured", k, f.Skipped, f.Error, f.LatencySamples, f.OpsPerSec)
+	storetest.RedisClient(t) // A and A2 run on Redis: fails under CI without it, skips otherwise
+	for _, c := range []struct {
+		only       string
+		measured   []string
+		startedFor map[string]string // figure → the named figure its rig was started for
+		skipped    string            // a ratio that must be skipped, naming its missing figure
+	}{
+		{"A2, R_floor", []string{"A2", "R_floor"}, map[string]string{"B": "A2"}, "B/A2_p50"},
+		{"A", []string{"A"}, map[string]string{"echo": "A"}, "B/A_p50"},
+	} {
+		t.Run(c.only, func(t *testing.T) {
+			var out, errb bytes.Buffer
+			code := run([]string{"bench", "--duration", "100ms", "--json", "--only", c.only, "--bolt-dir", t.TempDir()}, nil, &out, &errb)
+			if code != 0 {
+				t.Fatalf("exit %d: %s\n%s", code, errb.String(), out.String())
 			}
-		case k == "B":
-			if f.Skipped != "not selected (--only); its rig was started for A2" {
-				t.Errorf("B skipped %q, want it not selected and started for A2", f.Skipped)
+			var rep bench.Report
+			if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+				t.Fatalf("not JSON: %v\n%s", err, out.String())
 			}
-		case f.Skipped != "not selected (--only)" || f.LatencySamples != 0:
-			t.Errorf("figure %s: skipped %q, %d samples; want not selected and unmeasured", k, f.Skipped, f.LatencySamples)
-		}
-	}
-	if r := rep.Ratios["B/A2_p50"]; r == nil || !strings.Contains(r.Skipped, "B skipped") {
-		t.Errorf("B/A2_p50 = %+v, want skipped naming B", r)
-	}
-}
-
-// TestBenchOnlyA: A runs on echo's bare server, so `--only A` starts that server for it
-// (echo reported not selected, started for A) and measures A.
-func TestBenchOnlyA(t *testing.T) {
-	storetest.RedisClient(t) // A runs on Redis
-	var out, errb bytes.Buffer
-	code := run([]string{"bench", "--duration", "100ms", "--json", "--only", "A", "--bolt-dir", t.TempDir()}, nil, &out, &errb)
-	if code != 0 {
-		t.Fatalf("exit %d: %s", code, errb.String())
-	}
-	var rep bench.Report
-	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
-		t.Fatalf("not JSON: %v\n%s", err, out.String())
-	}
-	if f := rep.Figures["A"]; f.Skipped != "" || f.Error != "" || f.LatencySamples == 0 {
-		t.Errorf("A: skipped %q, error %q, %d samples; want it measured", f.Skipped, f.Error, f.LatencySamples)
-	}
-	if f := rep.Figures["echo"]; f.Skipped != "not selected (--only); its rig was started for A" || f.LatencySamples != 0 {
-		t.Errorf("echo: skipped %q, %d samples; want not selected, started for A", f.Skipped, f.LatencySamples)
-	}
-	for _, k := range bench.FigureKeys { // A names A alone (not A2, its prefix)
-		if f := rep.Figures[k]; k != "A" && k != "echo" && (f == nil || f.Skipped != "not selected (--only)" || f.LatencySamples != 0) {
-			t.Errorf("figure %s = %+v; want not selected and unmeasured", k, f)
-		}
+			for _, k := range bench.FigureKeys {
+				f := rep.Figures[k]
+				switch {
+				case f == nil:
+					t.Errorf("figure %s is missing", k)
+				case slices.Contains(c.measured, k):
+					if f.Skipped != "" || f.Error != "" || f.LatencySamples == 0 || f.OpsPerSec <= 0 {
+						t.Errorf("figure %s: skipped %q, error %q, %d samples, %v ops/s; want it measured", k, f.Skipped, f.Error, f.LatencySamples, f.OpsPerSec)
+					}
+				case c.startedFor[k] != "":
+					if want := "not selected (--only); its rig was started for " + c.startedFor[k]; f.Skipped != want || f.LatencySamples != 0 {
+						t.Errorf("figure %s: skipped %q, %d samples; want %q and unmeasured", k, f.Skipped, f.LatencySamples, want)
+					}
+				case f.Skipped != "not selected (--only)" || f.LatencySamples != 0:
+					t.Errorf("figure %s: skipped %q, %d samples; want not selected and unmeasured", k, f.Skipped, f.LatencySamples)
+				}
+			}
+			if r := rep.Ratios[c.skipped]; r == nil || !strings.Contains(r.Skipped, "B skipped") {
+				t.Errorf("%s = %+v, want skipped naming B", c.skipped, r)
+			}
+		})
 	}
 }
