@@ -116,8 +116,10 @@ func runExplain(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// runIDPattern is the coordinator's run id (newRunID), checked before any call.
-var runIDPattern = regexp.MustCompile(`^run_[0-9a-f]{16}$`)
+// runIDPattern is a coordinator's run id, checked before any call: run_ and 28 hex digits
+// (time-ordered), or 16 (runs made before ids carried their time), and for a sub-job's
+// nested run the parent's id with -<stage>-<n> after it, once per level of nesting.
+var runIDPattern = regexp.MustCompile(`^run_(?:[0-9a-f]{28}|[0-9a-f]{16})(?:-[a-z][a-z0-9_-]*-[0-9]+)*$`)
 
 func clipArg(s string) string {
 	if len(s) > 64 {

@@ -36,7 +36,7 @@ func TestDemoExplainGolden(t *testing.T) {
 	}
 	got := text[i+1:]
 	got = strings.ReplaceAll(got, dir, "$DATA")
-	got = regexp.MustCompile(`run_[0-9a-f]{16}`).ReplaceAllString(got, "run_ID")
+	got = regexp.MustCompile(`run_[0-9a-f]{28}`).ReplaceAllString(got, "run_ID")
 	golden := filepath.Join("testdata", "demo_explain.golden")
 	if *update {
 		if err := os.WriteFile(golden, []byte(got), 0o644); err != nil {
@@ -133,6 +133,10 @@ func TestExplainRefuses(t *testing.T) {
 		{"unknown flag", append(addr, "--colour", "run_0123456789abcdef"), 2, "flag provided but not defined: -colour"},
 		{"no transport security", append(addr, "run_0123456789abcdef"), 2, "--certs DIR or --plaintext-loopback"},
 		{"unknown run", append(addr, "--plaintext-loopback", "--operator-token", token, "run_0123456789abcdef"), 1, `NotFound: run "run_0123456789abcdef" not found`},
+		{"unknown time-ordered run", append(addr, "--plaintext-loopback", "--operator-token", token, "run_01a2336840800123456789abcdef"), 1, `NotFound: run "run_01a2336840800123456789abcdef" not found`},
+		{"unknown nested run", append(addr, "--plaintext-loopback", "--operator-token", token, "run_01a2336840800123456789abcdef-look-up-2-deep_er-1"), 1, `NotFound: run "run_01a2336840800123456789abcdef-look-up-2-deep_er-1" not found`},
+		{"run id of 20 hex digits", append(addr, "--plaintext-loopback", "--operator-token", token, "run_0123456789abcdef0123"), 2, `RUN_ID "run_0123456789abcdef0123" is not a run id`},
+		{"nested run without its number", append(addr, "--plaintext-loopback", "--operator-token", token, "run_0123456789abcdef-look"), 2, `RUN_ID "run_0123456789abcdef-look" is not a run id`},
 		{"caller without identity", append(addr, "--plaintext-loopback", "run_0123456789abcdef"), 1, "Unauthenticated"},
 		{"wrong operator token", append(addr, "--plaintext-loopback", "--operator-token", "not-the-operator-token-at-all", "run_0123456789abcdef"), 1, "Unauthenticated"},
 	} {

@@ -10,6 +10,7 @@ import (
 	"cmp"
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -288,12 +289,23 @@ func (s *Server) stopped() bool {
 	}
 }
 
-func newRunID() string {
-	b := make([]byte, 8)
-	if _, err := rand.Read(b); err != nil {
+// newRunID is "run_", 12 hex digits of the creation time in Unix milliseconds, then 16
+// random hex digits. The random part keeps ids unguessable and unique (64 bits, as before
+// the time came first); the time makes them sort by creation. That order is for the
+// embedded store: the runs, their events, wallets, leases and fences are all keyed by run
+// id, and with random ids the jobs in flight landed on as many B+tree leaves as there
+// were jobs, each read, copied and written again on every commit. With time-ordered ids
+// they share the newest leaves: about 9 % less CPU per job on bbolt at 32 in flight
+// (bench/README.md, "sixth round").
+func newRunID() string { return runIDAt(time.Now()) }
+
+func runIDAt(t time.Time) string {
+	var b [14]byte
+	binary.BigEndian.PutUint64(b[:8], uint64(t.UnixMilli())<<16) // the time in b[:6]
+	if _, err := rand.Read(b[6:]); err != nil {
 		panic(err)
 	}
-	return "run_" + hex.EncodeToString(b)
+	return "run_" + hex.EncodeToString(b[:])
 }
 
 func (s *Server) pipelineNames() string {
