@@ -137,6 +137,10 @@ func TestExplainRefuses(t *testing.T) {
 		{"unknown nested run", append(addr, "--plaintext-loopback", "--operator-token", token, "run_01a2336840800123456789abcdef-look-up-2-deep_er-1"), 1, `NotFound: run "run_01a2336840800123456789abcdef-look-up-2-deep_er-1" not found`},
 		{"run id of 20 hex digits", append(addr, "--plaintext-loopback", "--operator-token", token, "run_0123456789abcdef0123"), 2, `RUN_ID "run_0123456789abcdef0123" is not a run id`},
 		{"nested run without its number", append(addr, "--plaintext-loopback", "--operator-token", token, "run_0123456789abcdef-look"), 2, `RUN_ID "run_0123456789abcdef-look" is not a run id`},
+		{"run id in uppercase hex", append(addr, "--plaintext-loopback", "--operator-token", token, "run_01A2336840800123456789ABCDEF"), 2, `RUN_ID "run_01A2336840800123456789ABCDEF" is not a run id`},
+		{"run id with a trailing newline", append(addr, "--plaintext-loopback", "--operator-token", token, "run_01a2336840800123456789abcdef\n"), 2, `RUN_ID "run_01a2336840800123456789abcdef\n" is not a run id`},
+		{"nested run with an empty stage", append(addr, "--plaintext-loopback", "--operator-token", token, "run_01a2336840800123456789abcdef--1"), 2, `RUN_ID "run_01a2336840800123456789abcdef--1" is not a run id`},
+		{"nested run under a traversal", append(addr, "--plaintext-loopback", "--operator-token", token, "run_01a2336840800123456789abcdef-a-1/../x"), 2, `is not a run id`},
 		{"caller without identity", append(addr, "--plaintext-loopback", "run_0123456789abcdef"), 1, "Unauthenticated"},
 		{"wrong operator token", append(addr, "--plaintext-loopback", "--operator-token", "not-the-operator-token-at-all", "run_0123456789abcdef"), 1, "Unauthenticated"},
 	} {

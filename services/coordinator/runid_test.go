@@ -3,6 +3,7 @@ package coordinator
 import (
 	"regexp"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -34,6 +35,16 @@ func TestRunIDOrder(t *testing.T) {
 	}
 	if got, want := ids[0][4:16], "01a233684080"; got != want { // 2026-12-01T21:00:00Z in ms, hex
 		t.Errorf("time part of %q = %s, want %s", ids[0], got, want)
+	}
+	// newRunID stamps the id with the current time, not a fixed one.
+	before := time.Now().UnixMilli()
+	id := newRunID()
+	after := time.Now().UnixMilli()
+	if !format.MatchString(id) {
+		t.Fatalf("newRunID() = %q: want run_ and 28 hex digits", id)
+	}
+	if ms, err := strconv.ParseInt(id[4:16], 16, 64); err != nil || ms < before || ms > after {
+		t.Errorf("newRunID() = %q: time part %s is not a Unix millisecond in [%d, %d]", id, id[4:16], before, after)
 	}
 	// The random part varies in every digit position: not a counter, not a constant.
 	for pos := 16; pos < 32; pos++ {
