@@ -325,23 +325,12 @@ func compare(name string, h, p *peer.Figure, tThroughput, tLatency float64, note
 		r.LatencyRatio = peer.Round2(p.P50ms / h.P50ms)
 	}
 	if tThroughput > 0 {
-		r.ThroughputMet, r.ThroughputRoundsMet = judge(r.ThroughputRatio, r.ThroughputRounds, func(v float64) bool { return v >= tThroughput })
+		r.ThroughputMet, r.ThroughputRoundsMet = peer.Judge(r.ThroughputRatio, r.ThroughputRounds, func(v float64) bool { return v >= tThroughput })
 	}
 	if tLatency > 0 {
-		r.LatencyMet, r.LatencyRoundsMet = judge(r.LatencyRatio, r.LatencyRounds, func(v float64) bool { return v > tLatency })
+		r.LatencyMet, r.LatencyRoundsMet = peer.Judge(r.LatencyRatio, r.LatencyRounds, func(v float64) bool { return v > tLatency })
 	}
 	return r
-}
-
-// judge is whether the ratio v meets its target (ok), and how many of its rounds do (nil
-// without rounds).
-func judge(v float64, rounds []float64, ok func(float64) bool) (met *bool, roundsMet *int) {
-	m := ok(v)
-	if rounds == nil {
-		return &m, nil
-	}
-	n := peer.Count(rounds, ok)
-	return &m, &n
 }
 
 func printReport(rep *report) {

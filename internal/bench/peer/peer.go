@@ -108,6 +108,17 @@ func Count(v []float64, ok func(float64) bool) int {
 	return n
 }
 
+// Judge is whether the ratio v meets its target (ok), and how many of its rounds do (nil
+// without rounds). Pointers, so that a ratio with no target leaves both out of its JSON.
+func Judge(v float64, rounds []float64, ok func(float64) bool) (met *bool, roundsMet *int) {
+	m := ok(v)
+	if rounds == nil {
+		return &m, nil
+	}
+	n := Count(rounds, ok)
+	return &m, &n
+}
+
 // Round1 rounds each of v to one decimal.
 func Round1(v []float64) []float64 {
 	out := make([]float64, len(v))

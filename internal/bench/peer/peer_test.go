@@ -70,3 +70,17 @@ func TestRoundRatios(t *testing.T) {
 		t.Errorf("Count = %d, want 2", n)
 	}
 }
+
+// Judge: the ratio against its target, and the rounds that met it; without rounds, no
+// count (nil, left out of the JSON), never a count of 0 that reads as "no round met it".
+func TestJudge(t *testing.T) {
+	atLeast10 := func(v float64) bool { return v >= 10 }
+	met, n := Judge(10, []float64{9.9, 10, 12}, atLeast10)
+	if met == nil || !*met || n == nil || *n != 2 {
+		t.Errorf("Judge(10, rounds 9.9 10 12) = %v, %v; want met, 2 rounds", met, n)
+	}
+	met, n = Judge(9.99, nil, atLeast10)
+	if met == nil || *met || n != nil {
+		t.Errorf("Judge(9.99, no rounds) = %v, %v; want missed, no count", met, n)
+	}
+}

@@ -1,0 +1,73 @@
+package main
+
+import (
+	"encoding/json"
+	"slices"
+	"testing"
+
+	"github.com/handoffhq/handoff/internal/bench/peer"
+)
+
+// TestRatios: each handoff figure is compared with Temporal's by issue 6's targets (kept
+// for history), round by round, and J_redis alone also by issue 22's (>= 30 × Temporal's
+// jobs/s, with how many rounds alone met it).
+func TestRatios(t *testing.T) {
+	temporal := &peer.Figure{Name: "Temporal", P50ms: 50, JobsPerSec: 40, RoundsJPS: []float64{40, 50, 20}, RoundsP50: []float64{50, 40, 60}}
+	bolt := &peer.Figure{Name: "handoff J_bolt", P50ms: 0.8, JobsPerSec: 2200, RoundsJPS: []float64{2200, 1000, 1100}, RoundsP50: []float64{0.8, 1, 2}}
+	redis := &peer.Figure{Name: "handoff J_redis", P50ms: 4, JobsPerSec: 1240, RoundsJPS: []float64{1240, 1400, 500}, RoundsP50: []float64{4, 4, 5}}
+	rs := ratios(temporal, []*peer.Figure{bolt, redis})
+	if len(rs) != 2 {
+		t.Fatalf("%d ratios, want 2", len(rs))
+	}
+	b, r := rs[0], rs[1]
+	if b.Handoff != bolt.Name || r.Handoff != redis.Name {
+		t.Fatalf("ratios of %q and %q", b.Handoff, r.Handoff)
+	}
+	if b.ThroughputRatio != 55 || b.LatencyRatio != 62.5 || !b.ThroughputMet || !b.LatencyMet {
+		t.Errorf("J_bolt: %+v, want 55 × and 62.5 ×, both of issue 6's targets met", b)
+	}
+	if want := []float64{55, 20, 55}; !slices.Equal(b.ThroughputRounds, want) {
+		t.Errorf("J_bolt jobs/s ratio per round %v, want %v", b.ThroughputRounds, want)
+	}
+	if want := []float64{62.5, 40, 30}; !slices.Equal(b.LatencyRounds, want) {
+		t.Errorf("J_bolt p50 ratio per round %v, want %v", b.LatencyRounds, want)
+	}
+	if b.Issue22Target != 0 || b.Issue22Met != nil || b.Issue22RoundsMet != nil {
+		t.Errorf("J_bolt judged by issue 22's J_redis target: %+v", b)
+	}
+	if r.ThroughputRatio != 31 || r.ThroughputMet || r.LatencyMet {
+		t.Errorf("J_redis: %+v, want 31 × and issue 6's targets missed", r)
+	}
+	if r.Issue22Target != 30 || r.Issue22Met == nil || !*r.Issue22Met {
+		t.Fatalf("J_redis at 31 × Temporal: issue 22's 30 × not met: %+v", r)
+	}
+	// Rounds alone: 31, 28, 25: one met 30 ×.
+	if r.Issue22RoundsMet == nil || *r.Issue22RoundsMet != 1 {
+		t.Errorf("J_redis rounds that met 30 ×: %v of %v, want 1", r.Issue22RoundsMet, r.ThroughputRounds)
+	}
+
+	redis.JobsPerSec = 1200 // 30 × exactly: met
+	if r := ratios(temporal, []*peer.Figure{redis})[0]; r.Issue22Met == nil || !*r.Issue22Met {
+		t.Errorf("J_redis at 30 × Temporal did not meet issue 22's >= 30 ×: %+v", r)
+	}
+	redis.JobsPerSec = 1170 // 29.25 ×
+	if r := ratios(temporal, []*peer.Figure{redis})[0]; r.Issue22Met == nil || *r.Issue22Met {
+		t.Errorf("J_redis at 29.25 × Temporal met issue 22's 30 ×: %+v", r)
+	}
+}
+
+// A Temporal run with no jobs/s (or a handoff figure with no p50) gives ratios of 0 that
+// meet nothing, and the report still encodes: JSON has no Inf.
+func TestRatiosWithoutFigures(t *testing.T) {
+	rs := ratios(&peer.Figure{Name: "Temporal", P50ms: 50}, []*peer.Figure{{Name: "handoff J_redis", JobsPerSec: 900}})
+	r := rs[0]
+	if r.ThroughputRatio != 0 || r.LatencyRatio != 0 || r.ThroughputMet || r.LatencyMet || r.Issue22Met == nil || *r.Issue22Met {
+		t.Fatalf("ratio over a Temporal with no jobs/s: %+v", r)
+	}
+	if r.ThroughputRounds != nil || r.LatencyRounds != nil || r.Issue22RoundsMet != nil {
+		t.Errorf("rounds without rounds: %+v", r)
+	}
+	if _, err := json.Marshal(&report{Ratios: rs}); err != nil {
+		t.Fatalf("report does not encode: %v", err)
+	}
+}
