@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"os"
 	"os/exec"
@@ -94,22 +95,30 @@ type ratio struct {
 // issue22Target is issue 22's J_redis target: >= 30 × tuned Temporal's jobs/s.
 const issue22Target = 30
 
+// jRedisKey is the Key of the figure issue 22's target is judged on.
+const jRedisKey = "J_redis"
+
+// over is num / den, or 0 unless both are finite and positive: a ratio over a figure with
+// no jobs/s or no p50 (or a NaN or Inf one) is 0, never NaN or Inf, which JSON cannot carry.
+func over(num, den float64) float64 {
+	if !(num > 0) || !(den > 0) || math.IsInf(num, 0) || math.IsInf(den, 0) {
+		return 0
+	}
+	return num / den
+}
+
 // ratios compares each handoff figure with Temporal's. A ratio over a figure with no jobs/s
-// or no p50 is left 0 (never Inf, which JSON cannot carry) and meets nothing.
+// or no p50 is left 0 (never NaN or Inf, which JSON cannot carry) and meets nothing.
 func ratios(temporal *peer.Figure, handoff []*peer.Figure) []ratio {
 	var out []ratio
 	for _, f := range handoff {
 		r := ratio{Handoff: f.Name,
 			ThroughputRounds: peer.RoundRatios(f.RoundsJPS, temporal.RoundsJPS),
 			LatencyRounds:    peer.RoundRatios(temporal.RoundsP50, f.RoundsP50)}
-		if temporal.JobsPerSec > 0 {
-			r.ThroughputRatio = f.JobsPerSec / temporal.JobsPerSec
-		}
-		if f.P50ms > 0 {
-			r.LatencyRatio = temporal.P50ms / f.P50ms
-		}
+		r.ThroughputRatio = over(f.JobsPerSec, temporal.JobsPerSec)
+		r.LatencyRatio = over(temporal.P50ms, f.P50ms)
 		r.ThroughputMet, r.LatencyMet = r.ThroughputRatio >= 50, r.LatencyRatio > 50
-		if f.Name == "handoff J_redis" {
+		if f.Key == jRedisKey {
 			r.Issue22Target = issue22Target
 			r.Issue22Met, r.Issue22RoundsMet = peer.Judge(r.ThroughputRatio, r.ThroughputRounds, func(v float64) bool { return v >= issue22Target })
 		}
@@ -211,10 +220,10 @@ func run(ctx context.Context, o options) error {
 			stores = append(stores, "redis")
 		}
 	}
-	temporal := &peer.Figure{Name: "Temporal (dev server, in memory, tuned)"}
+	temporal := &peer.Figure{Key: "temporal", Name: "Temporal (dev server, in memory, tuned)"}
 	handoff := map[string]*peer.Figure{}
 	for _, s := range stores {
-		handoff[s] = &peer.Figure{Name: "handoff J_" + s}
+		handoff[s] = &peer.Figure{Key: "J_" + s, Name: "handoff J_" + s}
 	}
 	progress := func(format string, args ...any) {
 		if !o.jsonOut {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"math"
 	"slices"
 	"testing"
 
@@ -13,8 +14,8 @@ import (
 // jobs/s, with how many rounds alone met it).
 func TestRatios(t *testing.T) {
 	temporal := &peer.Figure{Name: "Temporal", P50ms: 50, JobsPerSec: 40, RoundsJPS: []float64{40, 50, 20}, RoundsP50: []float64{50, 40, 60}}
-	bolt := &peer.Figure{Name: "handoff J_bolt", P50ms: 0.8, JobsPerSec: 2200, RoundsJPS: []float64{2200, 1000, 1100}, RoundsP50: []float64{0.8, 1, 2}}
-	redis := &peer.Figure{Name: "handoff J_redis", P50ms: 4, JobsPerSec: 1240, RoundsJPS: []float64{1240, 1400, 500}, RoundsP50: []float64{4, 4, 5}}
+	bolt := &peer.Figure{Key: "J_bolt", Name: "handoff J_bolt", P50ms: 0.8, JobsPerSec: 2200, RoundsJPS: []float64{2200, 1000, 1100}, RoundsP50: []float64{0.8, 1, 2}}
+	redis := &peer.Figure{Key: "J_redis", Name: "handoff J_redis", P50ms: 4, JobsPerSec: 1240, RoundsJPS: []float64{1240, 1400, 500}, RoundsP50: []float64{4, 4, 5}}
 	rs := ratios(temporal, []*peer.Figure{bolt, redis})
 	if len(rs) != 2 {
 		t.Fatalf("%d ratios, want 2", len(rs))
@@ -59,7 +60,7 @@ func TestRatios(t *testing.T) {
 // A Temporal run with no jobs/s (or a handoff figure with no p50) gives ratios of 0 that
 // meet nothing, and the report still encodes: JSON has no Inf.
 func TestRatiosWithoutFigures(t *testing.T) {
-	rs := ratios(&peer.Figure{Name: "Temporal", P50ms: 50}, []*peer.Figure{{Name: "handoff J_redis", JobsPerSec: 900}})
+	rs := ratios(&peer.Figure{Name: "Temporal", P50ms: 50}, []*peer.Figure{{Key: "J_redis", Name: "handoff J_redis", JobsPerSec: 900}})
 	r := rs[0]
 	if r.ThroughputRatio != 0 || r.LatencyRatio != 0 || r.ThroughputMet || r.LatencyMet || r.Issue22Met == nil || *r.Issue22Met {
 		t.Fatalf("ratio over a Temporal with no jobs/s: %+v", r)
@@ -69,5 +70,27 @@ func TestRatiosWithoutFigures(t *testing.T) {
 	}
 	if _, err := json.Marshal(&report{Ratios: rs}); err != nil {
 		t.Fatalf("report does not encode: %v", err)
+	}
+}
+
+// A NaN or Inf figure gives ratios of 0 that meet nothing, and the report still encodes;
+// issue 22's target is judged on the figure keyed J_redis, whatever its display name.
+func TestRatiosNotFinite(t *testing.T) {
+	temporal := &peer.Figure{Name: "Temporal", P50ms: 50, JobsPerSec: 40}
+	for _, h := range []*peer.Figure{
+		{Key: "J_redis", Name: "handoff J_redis", JobsPerSec: math.NaN(), P50ms: math.NaN()},
+		{Key: "J_redis", Name: "handoff J_redis", JobsPerSec: math.Inf(1), P50ms: math.Inf(1)},
+	} {
+		r := ratios(temporal, []*peer.Figure{h})[0]
+		if r.ThroughputRatio != 0 || r.LatencyRatio != 0 || r.ThroughputMet || r.Issue22Met == nil || *r.Issue22Met {
+			t.Errorf("ratio over %v jobs/s: %+v", h.JobsPerSec, r)
+		}
+		if _, err := json.Marshal(&report{Ratios: []ratio{r}}); err != nil {
+			t.Errorf("report over %v jobs/s does not encode: %v", h.JobsPerSec, err)
+		}
+	}
+	r := ratios(temporal, []*peer.Figure{{Key: "J_redis", Name: "J_redis (renamed)", JobsPerSec: 1300, P50ms: 4}})[0]
+	if r.Issue22Met == nil || !*r.Issue22Met {
+		t.Errorf("J_redis under another name not judged by issue 22: %+v", r)
 	}
 }

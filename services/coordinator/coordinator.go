@@ -295,7 +295,7 @@ func (s *Server) stopped() bool {
 // embedded store: the runs, their events, wallets, leases and fences are all keyed by run
 // id, and with random ids the jobs in flight landed on as many B+tree leaves as there
 // were jobs, each read, copied and written again on every commit. With time-ordered ids
-// they share the newest leaves: 8-10 % more jobs/s and 5-8 % less CPU per job on bbolt at 32
+// they share the newest leaves: 8-12 % more jobs/s and 5-8 % less CPU per job on bbolt at 32
 // in flight (bench/README.md, "Issue 22, sixth round").
 func newRunID() string { return runIDAt(time.Now()) }
 
