@@ -7,7 +7,7 @@ BIN := $(CURDIR)/bin
 TS_DIR := examples/agent-ts
 PROTOC_GEN_ES := $(TS_DIR)/node_modules/.bin/protoc-gen-es
 
-.PHONY: demo test tools protodeps gen lint breaking gencheck staticcheck check gotest deploytest fuzz
+.PHONY: demo test tools protodeps gen lint breaking gencheck staticcheck check gotest deploytest peertest fuzz
 
 demo:
 	go run ./cmd/handoff demo
@@ -15,7 +15,7 @@ demo:
 # Everything CI checks, in order: contract lint, breaking check against the previous commit,
 # generated code up to date, staticcheck, every Go test, then the Kubernetes manifests and static
 # binaries (their own module, so k8s.io/api stays out of the app's go.mod).
-test: check gotest deploytest
+test: check gotest deploytest peertest
 
 check: lint breaking gencheck staticcheck
 
@@ -75,6 +75,13 @@ gotest: tools protodeps
 
 deploytest:
 	cd deploy/k8s/manifesttest && go test -count=1 ./...
+
+# The peer benches' own unit tests (their ratios and judgements; no peer server is started).
+# Each is its own module, so the Temporal and Restate SDKs stay out of the app's go.mod; the
+# first build of the Temporal SDK takes ~1.5 min on two cores.
+peertest:
+	cd bench/restate && go test -count=1 ./...
+	cd bench/temporal && go test -count=1 ./...
 
 # The decode+validate fuzz target; FUZZTIME=10m for a long run.
 FUZZTIME ?= 30s
