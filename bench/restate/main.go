@@ -318,12 +318,8 @@ func run(ctx context.Context, o options) error {
 func compare(name string, h, p *peer.Figure, tThroughput, tLatency float64, note string) ratio {
 	r := ratio{Name: name, Handoff: h.Name, Peer: p.Name, Note: note, ThroughputTarget: tThroughput, LatencyTarget: tLatency,
 		ThroughputRounds: peer.RoundRatios(h.RoundsJPS, p.RoundsJPS), LatencyRounds: peer.RoundRatios(p.RoundsP50, h.RoundsP50)}
-	if p.JobsPerSec > 0 {
-		r.ThroughputRatio = peer.Round2(h.JobsPerSec / p.JobsPerSec)
-	}
-	if h.P50ms > 0 {
-		r.LatencyRatio = peer.Round2(p.P50ms / h.P50ms)
-	}
+	r.ThroughputRatio = peer.Round2(peer.Over(h.JobsPerSec, p.JobsPerSec))
+	r.LatencyRatio = peer.Round2(peer.Over(p.P50ms, h.P50ms))
 	if tThroughput > 0 {
 		r.ThroughputMet, r.ThroughputRoundsMet = peer.Judge(r.ThroughputRatio, r.ThroughputRounds, func(v float64) bool { return v >= tThroughput })
 	}

@@ -21,7 +21,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"net"
 	"os"
 	"os/exec"
@@ -98,15 +97,6 @@ const issue22Target = 30
 // jRedisKey is the Key of the figure issue 22's target is judged on.
 const jRedisKey = "J_redis"
 
-// over is num / den, or 0 unless both are finite and positive: a ratio over a figure with
-// no jobs/s or no p50 (or a NaN or Inf one) is 0, never NaN or Inf, which JSON cannot carry.
-func over(num, den float64) float64 {
-	if !(num > 0) || !(den > 0) || math.IsInf(num, 0) || math.IsInf(den, 0) {
-		return 0
-	}
-	return num / den
-}
-
 // ratios compares each handoff figure with Temporal's. A ratio over a figure with no jobs/s
 // or no p50 is left 0 (never NaN or Inf, which JSON cannot carry) and meets nothing.
 func ratios(temporal *peer.Figure, handoff []*peer.Figure) []ratio {
@@ -115,8 +105,8 @@ func ratios(temporal *peer.Figure, handoff []*peer.Figure) []ratio {
 		r := ratio{Handoff: f.Name,
 			ThroughputRounds: peer.RoundRatios(f.RoundsJPS, temporal.RoundsJPS),
 			LatencyRounds:    peer.RoundRatios(temporal.RoundsP50, f.RoundsP50)}
-		r.ThroughputRatio = over(f.JobsPerSec, temporal.JobsPerSec)
-		r.LatencyRatio = over(temporal.P50ms, f.P50ms)
+		r.ThroughputRatio = peer.Over(f.JobsPerSec, temporal.JobsPerSec)
+		r.LatencyRatio = peer.Over(temporal.P50ms, f.P50ms)
 		r.ThroughputMet, r.LatencyMet = r.ThroughputRatio >= 50, r.LatencyRatio > 50
 		if f.Key == jRedisKey {
 			r.Issue22Target = issue22Target

@@ -691,10 +691,9 @@ func (rep *Report) ratiosAndTargets() {
 	ops := func(s stat) float64 { return s.ops }
 	target := func(name, limit string, r *Ratio, met func(float64) bool) {
 		t := Target{Name: name, Limit: limit, Value: r.Value, Skipped: r.Skipped}
-		t.Met = r.Skipped == "" && met(r.Value)
-		if r.Skipped == "" && len(r.Rounds) > 0 {
-			n := peer.Count(r.Rounds, met)
-			t.RoundsMet, t.Rounds = &n, len(r.Rounds)
+		if r.Skipped == "" {
+			m, n := peer.Judge(r.Value, r.Rounds, met)
+			t.Met, t.RoundsMet, t.Rounds = *m, n, len(r.Rounds)
 		}
 		rep.Targets = append(rep.Targets, t)
 	}

@@ -79,6 +79,15 @@ func Ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 // Round2 rounds f to two decimals.
 func Round2(f float64) float64 { return math.Round(f*100) / 100 }
 
+// Over is num / den, or 0 unless both are finite and positive: a ratio over a figure with
+// no jobs/s or no p50 (or a NaN or Inf one) is 0, never NaN or Inf, which JSON cannot carry.
+func Over(num, den float64) float64 {
+	if !(num > 0) || !(den > 0) || math.IsInf(num, 0) || math.IsInf(den, 0) {
+		return 0
+	}
+	return num / den
+}
+
 // RoundRatios is num[i] / den[i] for each round, rounded to two places: a ratio as each
 // round alone measured it (the peer benches interleave their figures, so round i of each
 // ran together). It is nil unless both have the same number of rounds, at least two, and

@@ -84,3 +84,23 @@ func TestJudge(t *testing.T) {
 		t.Errorf("Judge(9.99, no rounds) = %v, %v; want missed, no count", met, n)
 	}
 }
+
+// Over: a ratio of two finite positive values, else 0 (never NaN or Inf).
+func TestOver(t *testing.T) {
+	for _, c := range []struct {
+		num, den, want float64
+	}{
+		{700, 100, 7},
+		{700, 0, 0},
+		{0, 100, 0},
+		{-1, 100, 0},
+		{math.NaN(), 100, 0},
+		{700, math.NaN(), 0},
+		{math.Inf(1), 100, 0},
+		{700, math.Inf(1), 0},
+	} {
+		if got := Over(c.num, c.den); got != c.want {
+			t.Errorf("Over(%v, %v) = %v, want %v", c.num, c.den, got, c.want)
+		}
+	}
+}
