@@ -758,7 +758,7 @@ func (rep *Report) ratiosAndTargets() {
 }
 
 // perRound is get(a)/get(b) in each round (peer.RoundRatios), or nil unless both figures
-// ran every round and every round's value of both is a positive number.
+// ran every round and every round's value of both is a finite positive number.
 func perRound(a, b *Figure, get func(stat) float64) []float64 {
 	values := func(rounds []stat) []float64 {
 		out := make([]float64, len(rounds))

@@ -91,17 +91,18 @@ func Over(num, den float64) float64 {
 // RoundRatios is num[i] / den[i] for each round, rounded to two places: a ratio as each
 // round alone measured it (the peer benches interleave their figures, so round i of each
 // ran together). It is nil unless both have the same number of rounds, at least two, and
-// every value is positive.
+// every value is finite and positive (Over).
 func RoundRatios(num, den []float64) []float64 {
 	if len(num) < 2 || len(num) != len(den) {
 		return nil
 	}
 	out := make([]float64, len(num))
 	for i := range num {
-		if !(num[i] > 0) || !(den[i] > 0) {
+		v := Over(num[i], den[i])
+		if v == 0 {
 			return nil
 		}
-		out[i] = Round2(num[i] / den[i])
+		out[i] = Round2(v)
 	}
 	return out
 }

@@ -61,6 +61,7 @@ func TestRoundRatios(t *testing.T) {
 		{"unequal", []float64{700, 800}, []float64{100, 100, 100}, nil},
 		{"a zero", []float64{700, 0}, []float64{100, 100}, nil},
 		{"a NaN", []float64{700, math.NaN()}, []float64{100, 100}, nil},
+		{"an Inf", []float64{700, math.Inf(1)}, []float64{100, 100}, nil},
 	} {
 		if got := RoundRatios(c.num, c.den); !slices.Equal(got, c.want) {
 			t.Errorf("%s: RoundRatios = %v, want %v", c.name, got, c.want)
