@@ -27,6 +27,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -112,7 +113,12 @@ type ratio struct {
 	LatencyRounds       []float64 `json:"rounds_p50_ratio,omitempty"`
 	ThroughputRoundsMet *int      `json:"throughput_rounds_met,omitempty"`
 	LatencyRoundsMet    *int      `json:"latency_rounds_met,omitempty"`
-	Note                string    `json:"note,omitempty"`
+	// The most jobs/s handoff's side could reach here at its own CPU per job with every
+	// CPU busy (peer.CPUCeiling), and that over the peer's jobs/s: a throughput target
+	// above the latter is out of reach until handoff's CPU per job falls, whatever the disk.
+	CPUCeiling         float64 `json:"handoff_cpu_ceiling_jobs_per_sec,omitempty"`
+	CPUCeilingOverPeer float64 `json:"handoff_cpu_ceiling_over_peer,omitempty"`
+	Note               string  `json:"note,omitempty"`
 }
 
 type report struct {
@@ -277,7 +283,8 @@ func run(ctx context.Context, o options) error {
 				return fmt.Errorf("handoff J_%s concurrent: %w", s, err)
 			}
 			handoff[s].Add(serial[s].P50, serial[s].P99, res.JobsPerSec)
-			progress("round %d: handoff J_%s %.1f jobs/s", r+1, s, res.JobsPerSec)
+			handoff[s].AddCPU(res.CPU)
+			progress("round %d: handoff J_%s %.1f jobs/s, %v CPU per job", r+1, s, res.JobsPerSec, res.CPU.Round(time.Microsecond))
 		}
 	}
 	for _, p := range peers {
@@ -289,12 +296,13 @@ func run(ctx context.Context, o options) error {
 		rep.Figures = append(rep.Figures, handoff[s])
 	}
 	hop, inline := peers[0].f, peers[1].f
-	rep.Ratios = append(rep.Ratios, compare("J_bolt vs Restate hop relay", handoff[bench.StoreBolt], hop, 10, 10, ""))
-	rep.Ratios = append(rep.Ratios, compare("J_bolt vs Restate in-handler", handoff[bench.StoreBolt], inline, 0, 0, ""))
+	ncpu := rep.NumCPU
+	rep.Ratios = append(rep.Ratios, compare("J_bolt vs Restate hop relay", handoff[bench.StoreBolt], hop, 10, 10, ncpu, ""))
+	rep.Ratios = append(rep.Ratios, compare("J_bolt vs Restate in-handler", handoff[bench.StoreBolt], inline, 0, 0, ncpu, ""))
 	if f := handoff[bench.StoreRedis]; f != nil {
-		rep.Ratios = append(rep.Ratios, compare("J_redis vs Restate hop relay", f, hop, 0, 0, ""))
+		rep.Ratios = append(rep.Ratios, compare("J_redis vs Restate hop relay", f, hop, 0, 0, ncpu, ""))
 		temporal := &peer.Figure{Name: "Temporal (tuned dev server)", JobsPerSec: temporalJPS, P50ms: temporalP50ms}
-		rep.Ratios = append(rep.Ratios, compare("J_redis vs tuned Temporal", f, temporal, bench.JobsTargetVsTemporal, 0,
+		rep.Ratios = append(rep.Ratios, compare("J_redis vs tuned Temporal", f, temporal, bench.JobsTargetVsTemporal, 0, ncpu,
 			fmt.Sprintf("Temporal's figures (%.0f jobs/s, %.0f ms p50) are issue 22's for this machine kind, not measured in this run (bench/temporal measures them)", temporalJPS, temporalP50ms)))
 	}
 	rep.LoadEnd = peer.Loadavg()
@@ -302,7 +310,8 @@ func run(ctx context.Context, o options) error {
 	rep.Notes = append(rep.Notes,
 		"one machine: restate-server (its own process), the SDK endpoint and handoff's services (this process) share its CPUs",
 		"Restate: single node, default configuration (RocksDB WAL fsync on), TCP listeners on 127.0.0.1 free ports, data in a fresh temporary folder; jobs through the ingress HTTP API with the SDK's ingress client",
-		"p50 and p99 from --serial jobs one at a time per round (p99 of 15 is their maximum); jobs/s from --jobs jobs with --concurrency in flight; medians over rounds")
+		"p50 and p99 from --serial jobs one at a time per round (p99 of 15 is their maximum); jobs/s from --jobs jobs with --concurrency in flight; medians over rounds",
+		"handoff's CPU per job: this process's (its services and client; the SDK endpoint idles meanwhile) plus, for J_redis, the Redis server's, over the jobs in flight")
 
 	if o.jsonOut {
 		enc := json.NewEncoder(os.Stdout)
@@ -314,12 +323,17 @@ func run(ctx context.Context, o options) error {
 }
 
 // compare builds a ratio of h over the peer p (whose rounds, when it has them, give the
-// ratio round by round); a target of 0 is not judged.
-func compare(name string, h, p *peer.Figure, tThroughput, tLatency float64, note string) ratio {
+// ratio round by round); a target of 0 is not judged. ncpu is the machine's CPUs, for
+// h's CPU ceiling (when h's CPU per job was measured).
+func compare(name string, h, p *peer.Figure, tThroughput, tLatency float64, ncpu int, note string) ratio {
 	r := ratio{Name: name, Handoff: h.Name, Peer: p.Name, Note: note, ThroughputTarget: tThroughput, LatencyTarget: tLatency,
 		ThroughputRounds: peer.RoundRatios(h.RoundsJPS, p.RoundsJPS), LatencyRounds: peer.RoundRatios(p.RoundsP50, h.RoundsP50)}
 	r.ThroughputRatio = peer.Round2(peer.Over(h.JobsPerSec, p.JobsPerSec))
 	r.LatencyRatio = peer.Round2(peer.Over(p.P50ms, h.P50ms))
+	if c := peer.CPUCeiling(ncpu, h.CPUms); c > 0 {
+		r.CPUCeiling = math.Round(c)
+		r.CPUCeilingOverPeer = peer.Round2(peer.Over(c, p.JobsPerSec))
+	}
 	if tThroughput > 0 {
 		r.ThroughputMet, r.ThroughputRoundsMet = peer.Judge(r.ThroughputRatio, r.ThroughputRounds, func(v float64) bool { return v >= tThroughput })
 	}
@@ -336,9 +350,13 @@ func printReport(rep *report) {
 	fmt.Printf("%d rounds; per round %d jobs one at a time (p50, p99) and %d jobs with %d in flight (jobs/s); medians over rounds\n\n",
 		rep.Rounds, rep.Serial, rep.Jobs, rep.Concurrency)
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "figure\tp50 ms\tp99 ms\tjobs/s\tp50 per round\tjobs/s per round")
+	fmt.Fprintln(tw, "figure\tp50 ms\tp99 ms\tjobs/s\tCPU ms/job\tp50 per round\tjobs/s per round")
 	for _, f := range rep.Figures {
-		fmt.Fprintf(tw, "%s\t%.2f\t%.2f\t%.1f\t%v\t%v\n", f.Name, f.P50ms, f.P99ms, f.JobsPerSec, peer.Round1(f.RoundsP50), peer.Round1(f.RoundsJPS))
+		cpu := "-" // the peers' CPU is other processes' too: not measured
+		if f.CPUms > 0 {
+			cpu = fmt.Sprintf("%.2f", f.CPUms)
+		}
+		fmt.Fprintf(tw, "%s\t%.2f\t%.2f\t%.1f\t%s\t%v\t%v\n", f.Name, f.P50ms, f.P99ms, f.JobsPerSec, cpu, peer.Round1(f.RoundsP50), peer.Round1(f.RoundsJPS))
 	}
 	tw.Flush()
 	fmt.Println()
@@ -350,6 +368,12 @@ func printReport(rep *report) {
 			r.LatencyRatio, verdict(r.LatencyMet, ">", r.LatencyTarget), spread(r.LatencyRounds, r.LatencyRoundsMet))
 	}
 	tw.Flush()
+	for _, r := range rep.Ratios {
+		if r.CPUCeiling > 0 && r.ThroughputTarget > 0 {
+			fmt.Printf("ceiling: %s: at its CPU per job, every CPU busy, %s reaches at most %.0f jobs/s, %.2f × the peer (target %g ×)\n",
+				r.Name, r.Handoff, r.CPUCeiling, r.CPUCeilingOverPeer, r.ThroughputTarget)
+		}
+	}
 	for _, r := range rep.Ratios {
 		if r.Note != "" {
 			fmt.Println("note:", r.Name+":", r.Note)

@@ -22,7 +22,7 @@ func TestCompareJudgesTargets(t *testing.T) {
 		{"a peer without throughput gives no ratio", 0, 6.4, 10, 0, 0, 3.2, ptr(false), nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := compare("x", h, &peer.Figure{Name: "peer", JobsPerSec: tc.peerJPS, P50ms: tc.peerP50}, tc.tT, tc.tL, "")
+			r := compare("x", h, &peer.Figure{Name: "peer", JobsPerSec: tc.peerJPS, P50ms: tc.peerP50}, tc.tT, tc.tL, 2, "")
 			if r.ThroughputRatio != tc.wantT || r.LatencyRatio != tc.wantL {
 				t.Fatalf("ratios %v, %v; want %v, %v", r.ThroughputRatio, r.LatencyRatio, tc.wantT, tc.wantL)
 			}
@@ -39,7 +39,7 @@ func TestCompareJudgesTargets(t *testing.T) {
 func TestCompareRoundByRound(t *testing.T) {
 	h := &peer.Figure{Name: "J_bolt", P50ms: 8, JobsPerSec: 700, RoundsJPS: []float64{700, 1100, 500}, RoundsP50: []float64{8, 2, 10}}
 	p := &peer.Figure{Name: "hop relay", P50ms: 28, JobsPerSec: 100, RoundsJPS: []float64{100, 100, 100}, RoundsP50: []float64{28, 30, 33}}
-	r := compare("x", h, p, 10, 10, "")
+	r := compare("x", h, p, 10, 10, 2, "")
 	if !slices.Equal(r.ThroughputRounds, []float64{7, 11, 5}) || !slices.Equal(r.LatencyRounds, []float64{3.5, 15, 3.3}) {
 		t.Fatalf("rounds %v, %v; want [7 11 5], [3.5 15 3.3]", r.ThroughputRounds, r.LatencyRounds)
 	}
@@ -50,7 +50,7 @@ func TestCompareRoundByRound(t *testing.T) {
 		t.Errorf("spread = %q", got)
 	}
 	// No target: rounds, but no count.
-	if r := compare("x", h, p, 0, 0, ""); r.ThroughputRounds == nil || r.ThroughputRoundsMet != nil || r.LatencyRoundsMet != nil {
+	if r := compare("x", h, p, 0, 0, 2, ""); r.ThroughputRounds == nil || r.ThroughputRoundsMet != nil || r.LatencyRoundsMet != nil {
 		t.Errorf("untargeted ratio = %+v, want rounds and no counts", r)
 	}
 	for _, other := range []*peer.Figure{
@@ -58,7 +58,7 @@ func TestCompareRoundByRound(t *testing.T) {
 		{Name: "short", JobsPerSec: 100, P50ms: 28, RoundsJPS: []float64{100, 100}, RoundsP50: []float64{28, 28}},
 		{Name: "a round at 0", JobsPerSec: 100, P50ms: 28, RoundsJPS: []float64{100, 0, 100}, RoundsP50: []float64{28, 28, 28}},
 	} {
-		r := compare("x", h, other, 10, 10, "")
+		r := compare("x", h, other, 10, 10, 2, "")
 		if other.Name == "a round at 0" {
 			if r.ThroughputRounds != nil || r.LatencyRounds == nil {
 				t.Errorf("%s: rounds %v, %v; want no throughput rounds, latency rounds kept", other.Name, r.ThroughputRounds, r.LatencyRounds)
@@ -68,6 +68,25 @@ func TestCompareRoundByRound(t *testing.T) {
 		if r.ThroughputRounds != nil || r.LatencyRounds != nil || r.ThroughputRoundsMet != nil || r.LatencyRoundsMet != nil {
 			t.Errorf("%s: %+v, want no rounds", other.Name, r)
 		}
+	}
+}
+
+// TestCompareCPUCeiling: with handoff's CPU per job measured, a ratio carries the jobs/s its
+// CPUs allow at that cost and that over the peer's; without it, neither.
+func TestCompareCPUCeiling(t *testing.T) {
+	p := &peer.Figure{Name: "hop relay", P50ms: 50, JobsPerSec: 55}
+	r := compare("x", &peer.Figure{Name: "J_bolt", P50ms: 20, JobsPerSec: 330, CPUms: 4.5}, p, 10, 10, 2, "")
+	if r.CPUCeiling != 444 || r.CPUCeilingOverPeer != 8.08 {
+		t.Errorf("at 4.5 ms per job on 2 CPUs: ceiling %v (%v × the peer); want 444 (8.08 ×)", r.CPUCeiling, r.CPUCeilingOverPeer)
+	}
+	if r := compare("x", &peer.Figure{Name: "J_bolt", P50ms: 20, JobsPerSec: 330, CPUms: 1.5}, p, 10, 10, 4, ""); r.CPUCeiling != 2667 || r.CPUCeilingOverPeer != 48.48 {
+		t.Errorf("at 1.5 ms per job on 4 CPUs: ceiling %v (%v ×); want 2667 (48.48 ×)", r.CPUCeiling, r.CPUCeilingOverPeer)
+	}
+	if r := compare("x", &peer.Figure{Name: "J_bolt", P50ms: 20, JobsPerSec: 330}, p, 10, 10, 2, ""); r.CPUCeiling != 0 || r.CPUCeilingOverPeer != 0 {
+		t.Errorf("no CPU measured: ceiling %v (%v ×); want neither", r.CPUCeiling, r.CPUCeilingOverPeer)
+	}
+	if r := compare("x", &peer.Figure{Name: "J_bolt", P50ms: 20, JobsPerSec: 330, CPUms: 4.5}, &peer.Figure{Name: "none"}, 10, 10, 2, ""); r.CPUCeiling != 444 || r.CPUCeilingOverPeer != 0 {
+		t.Errorf("a peer without jobs/s: ceiling %v (%v ×); want 444 and no ratio", r.CPUCeiling, r.CPUCeilingOverPeer)
 	}
 }
 

@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"os"
 	"os/exec"
@@ -89,6 +90,11 @@ type ratio struct {
 	Issue22Target    float64 `json:"issue22_throughput_target,omitempty"`
 	Issue22Met       *bool   `json:"issue22_throughput_met,omitempty"`
 	Issue22RoundsMet *int    `json:"issue22_throughput_rounds_met,omitempty"`
+	// The most jobs/s the handoff figure could reach here at its own CPU per job with every
+	// CPU busy (peer.CPUCeiling), and that over Temporal's jobs/s: a target above the latter
+	// is out of reach until the figure's CPU per job falls.
+	CPUCeiling             float64 `json:"handoff_cpu_ceiling_jobs_per_sec,omitempty"`
+	CPUCeilingOverTemporal float64 `json:"handoff_cpu_ceiling_over_temporal,omitempty"`
 }
 
 // issue22Target is issue 22's J_redis target: >= 30 × tuned Temporal's jobs/s.
@@ -98,8 +104,9 @@ const issue22Target = 30
 const jRedisKey = "J_redis"
 
 // ratios compares each handoff figure with Temporal's. A ratio over a figure with no jobs/s
-// or no p50 is left 0 (never NaN or Inf, which JSON cannot carry) and meets nothing.
-func ratios(temporal *peer.Figure, handoff []*peer.Figure) []ratio {
+// or no p50 is left 0 (never NaN or Inf, which JSON cannot carry) and meets nothing. ncpu
+// is the machine's CPUs, for a figure's CPU ceiling (when its CPU per job was measured).
+func ratios(temporal *peer.Figure, handoff []*peer.Figure, ncpu int) []ratio {
 	var out []ratio
 	for _, f := range handoff {
 		r := ratio{Handoff: f.Name,
@@ -108,6 +115,10 @@ func ratios(temporal *peer.Figure, handoff []*peer.Figure) []ratio {
 		r.ThroughputRatio = peer.Over(f.JobsPerSec, temporal.JobsPerSec)
 		r.LatencyRatio = peer.Over(temporal.P50ms, f.P50ms)
 		r.ThroughputMet, r.LatencyMet = r.ThroughputRatio >= 50, r.LatencyRatio > 50
+		if c := peer.CPUCeiling(ncpu, f.CPUms); c > 0 {
+			r.CPUCeiling = math.Round(c)
+			r.CPUCeilingOverTemporal = peer.Round2(peer.Over(c, temporal.JobsPerSec))
+		}
 		if f.Key == jRedisKey {
 			r.Issue22Target = issue22Target
 			r.Issue22Met, r.Issue22RoundsMet = peer.Judge(r.ThroughputRatio, r.ThroughputRounds, func(v float64) bool { return v >= issue22Target })
@@ -252,7 +263,8 @@ func run(ctx context.Context, o options) error {
 				return fmt.Errorf("handoff J_%s concurrent: %w", s, err)
 			}
 			handoff[s].Add(hs[s].P50, hs[s].P99, res.JobsPerSec)
-			progress("round %d: handoff J_%s %.1f jobs/s", r+1, s, res.JobsPerSec)
+			handoff[s].AddCPU(res.CPU)
+			progress("round %d: handoff J_%s %.1f jobs/s, %v CPU per job", r+1, s, res.JobsPerSec, res.CPU.Round(time.Microsecond))
 		}
 	}
 	temporal.Finish()
@@ -264,7 +276,8 @@ func run(ctx context.Context, o options) error {
 		hs = append(hs, f)
 	}
 	rep.Figures = append(rep.Figures, hs...)
-	rep.Ratios = ratios(temporal, hs)
+	rep.Ratios = ratios(temporal, hs, rep.NumCPU)
+	rep.Notes = append(rep.Notes, "handoff's CPU per job: this process's (its services and client; the Temporal worker idles meanwhile) plus, for J_redis, the Redis server's, over the jobs in flight")
 	rep.LoadEnd = peer.Loadavg()
 
 	if o.jsonOut {
@@ -283,9 +296,13 @@ func printReport(rep *report) {
 	fmt.Printf("%d rounds; per round %d jobs one at a time (p50, p99) and %d jobs with %d in flight (jobs/s); medians over rounds\n\n",
 		rep.Rounds, rep.Serial, rep.Jobs, rep.Concurrency)
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "figure\tp50 ms\tp99 ms\tjobs/s\tp50 per round\tjobs/s per round")
+	fmt.Fprintln(tw, "figure\tp50 ms\tp99 ms\tjobs/s\tCPU ms/job\tp50 per round\tjobs/s per round")
 	for _, f := range rep.Figures {
-		fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%.1f\t%v\t%v\n", f.Name, f.P50ms, f.P99ms, f.JobsPerSec, peer.Round1(f.RoundsP50), peer.Round1(f.RoundsJPS))
+		cpu := "-" // Temporal's CPU is another process's too: not measured
+		if f.CPUms > 0 {
+			cpu = fmt.Sprintf("%.2f", f.CPUms)
+		}
+		fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%.1f\t%s\t%v\t%v\n", f.Name, f.P50ms, f.P99ms, f.JobsPerSec, cpu, peer.Round1(f.RoundsP50), peer.Round1(f.RoundsJPS))
 	}
 	tw.Flush()
 	fmt.Println()
@@ -304,6 +321,9 @@ func printReport(rep *report) {
 			fmt.Printf(" (rounds alone: %d of %d met it)", *r.Issue22RoundsMet, len(r.ThroughputRounds))
 		}
 		fmt.Println()
+		if r.CPUCeiling > 0 {
+			fmt.Printf("ceiling: at its CPU per job, every CPU busy, %s reaches at most %.0f jobs/s, %.2f × Temporal's\n", r.Handoff, r.CPUCeiling, r.CPUCeilingOverTemporal)
+		}
 	}
 	for _, n := range rep.Notes {
 		fmt.Println("note:", n)

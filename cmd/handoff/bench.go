@@ -34,8 +34,8 @@ on the platform against the same hop without it:
   J_routes J_redis with a declared route chosen and checked at every stage
   J_triage the shipped support-triage pipeline (routes, judge, one write) on bbolt
 and the ratios B/A2 and R/R_floor (p50, throughput), CPU per hop (process getrusage +
-Redis INFO cpu, per operation of A, A2 and B's throughput bursts), B/A, C/A and R/echo,
-against the issue's targets.
+Redis INFO cpu, per operation of A, A2 and B's throughput bursts; per job of J_redis's and,
+process only, J_bolt's), B/A, C/A and R/echo, against the issue's targets.
 Figures needing Redis are reported skipped (with the reason) when it does not answer.
 --only A2,B measures just the figures named (A2 also starts B's rig and R_floor's server,
 A echo's server, which they need); the ratios and targets of the others are reported skipped.

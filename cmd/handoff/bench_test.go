@@ -25,6 +25,7 @@ func TestBenchJSON(t *testing.T) {
 			LatencySamples int      `json:"latency_samples"`
 			AgentCalls     *int64   `json:"agent_calls"`
 			CPUUs          *float64 `json:"cpu_us_per_op"`
+			CPURedisUs     *float64 `json:"cpu_redis_us_per_op"`
 			Skipped, Error string
 		} `json:"figures"`
 		Ratios  map[string]json.RawMessage `json:"ratios"`
@@ -68,11 +69,18 @@ func TestBenchJSON(t *testing.T) {
 			t.Errorf("J_redis target without a ceiling: %+v", tg)
 		}
 	}
-	// A, A2 and B carry the CPU per operation of their throughput bursts.
-	for _, k := range []string{"A", "A2", "B"} {
+	// A, A2, B and the two J figures carry the CPU per operation of their throughput
+	// bursts; J_bolt, which uses no Redis, no Redis share.
+	for _, k := range []string{"A", "A2", "B", "J_redis", "J_bolt"} {
 		if f := rep.Figures[k]; f.Skipped == "" && (f.CPUUs == nil || *f.CPUUs <= 0) {
 			t.Errorf("figure %s: CPU per operation %v, want > 0", k, f.CPUUs)
 		}
+	}
+	if f := rep.Figures["J_bolt"]; f.CPURedisUs != nil {
+		t.Errorf("J_bolt: Redis CPU %v per job, want none reported (it uses no Redis)", *f.CPURedisUs)
+	}
+	if f := rep.Figures["J_redis"]; f.Skipped == "" && f.CPURedisUs == nil {
+		t.Error("J_redis: no Redis CPU per job reported")
 	}
 }
 

@@ -47,6 +47,11 @@ func TestRunJobs(t *testing.T) {
 	if res.P50 <= 0 || res.P99 < res.P50 || res.JobsPerSec <= 0 {
 		t.Fatalf("RunJobs = %+v", res)
 	}
+	// A five-stage job through three services costs far more than a scheduler tick of CPU,
+	// and no job costs a second of it.
+	if res.CPU < 100*time.Microsecond || res.CPU > time.Second {
+		t.Errorf("CPU per job %v, want the jobs' own (well over 100 µs, under 1 s)", res.CPU)
+	}
 	if _, err := RunJobs(context.Background(), JobsConfig{N: 1, Store: "etcd"}); err == nil {
 		t.Fatal("an unknown store must be an error")
 	}

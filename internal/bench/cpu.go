@@ -68,6 +68,9 @@ type cpuMeter struct {
 	proc, redis time.Duration
 	ops         int
 	err         error
+	// procOnly: the figure does not use Redis (J_bolt), so Redis's CPU is neither read nor
+	// reported, and whatever else runs on that Redis does not count against it.
+	procOnly bool
 }
 
 // add counts one burst: the CPU deltas it saw and its operations.

@@ -291,6 +291,59 @@ func TestJobsTargetCeiling(t *testing.T) {
 	}
 }
 
+// TestJobsTargetOwnCeiling: with J_redis's CPU per job measured, the J_redis target's note
+// also says what both CPUs allow at that cost; without it, the note does not pretend to.
+func TestJobsTargetOwnCeiling(t *testing.T) {
+	cpu := func(v float64) *float64 { return &v }
+	for _, c := range []struct {
+		name    string
+		jCPU    *float64
+		ncpu    int
+		noteHas string // "" : no own-ceiling clause
+	}{
+		{"measured", cpu(5000), 2, "at J_redis's own CPU per job (5000 µs, process + Redis) both CPUs allow 400 jobs/s"},
+		{"measured, four CPUs", cpu(2500), 4, "both CPUs allow 1600 jobs/s"},
+		{"not measured", nil, 2, ""},
+		{"zero", cpu(0), 2, ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			rep := &Report{Machine: Machine{NumCPU: c.ncpu}, Ratios: map[string]*Ratio{}, Figures: map[string]*Figure{
+				"A2":      {Key: "A2", p50: time.Millisecond, LatencySamples: 10, OpsPerSec: 1, CPUUs: cpu(250)},
+				"J_redis": {Key: "J_redis", p50: 5 * time.Millisecond, LatencySamples: 10, OpsPerSec: 300, CPUUs: c.jCPU},
+			}}
+			rep.ratiosAndTargets()
+			note := rep.Targets[len(rep.Targets)-1].Note
+			if c.noteHas == "" && strings.Contains(note, "own CPU") {
+				t.Errorf("note %q claims an own-CPU ceiling without the figure's CPU", note)
+			}
+			if c.noteHas != "" && !strings.Contains(note, c.noteHas) {
+				t.Errorf("note %q; want it to hold %q", note, c.noteHas)
+			}
+		})
+	}
+	if got := ownCeiling(&Figure{Key: "J_redis", CPUUs: cpu(5000), Skipped: "no Redis"}, 2); got != 0 {
+		t.Errorf("ownCeiling of a skipped figure = %v, want 0", got)
+	}
+}
+
+// TestWriteTextProcessOnlyCPU: a figure metered without Redis (J_bolt) prints its CPU as the
+// process's, not a Redis share it never had.
+func TestWriteTextProcessOnlyCPU(t *testing.T) {
+	cpu := func(v float64) *float64 { return &v }
+	rep := &Report{Ratios: map[string]*Ratio{}, order: []string{"J_bolt", "B"}, Figures: map[string]*Figure{
+		"J_bolt": {Key: "J_bolt", What: "job", p50: time.Millisecond, OpsPerSec: 300, CPUProcessUs: cpu(4500), CPUUs: cpu(4500)},
+		"B":      {Key: "B", What: "hop", p50: time.Millisecond, OpsPerSec: 2000, CPUProcessUs: cpu(600), CPURedisUs: cpu(200), CPUUs: cpu(800)},
+	}}
+	var b strings.Builder
+	rep.WriteText(&b)
+	out := b.String()
+	for _, want := range []string{"[CPU/op 4500.0µs, the process's: no Redis]", "[CPU/op 800.0µs = process 600.0 + Redis 200.0]"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("text lacks %q:\n%s", want, out)
+		}
+	}
+}
+
 // TestFloorFigures runs A2 and R_floor against a real Redis: A2 admits, debits and saves;
 // the same stage again is refused (the claim holds); R_floor refuses the goal-less package.
 func TestFloorFigures(t *testing.T) {

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -10,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/demo"
@@ -72,11 +75,15 @@ type JobsConfig struct {
 }
 
 // JobsResult is what RunJobs measured: per-job latency from SubmitJob until WatchJob
-// reports the run COMPLETED (under Concurrency jobs in flight), and completed jobs per
-// second of wall time.
+// reports the run COMPLETED (under Concurrency jobs in flight), completed jobs per second
+// of wall time, and the CPU a job took.
 type JobsResult struct {
 	P50, P99   time.Duration
 	JobsPerSec float64
+	// CPU per job over the N jobs (not the warm-up): this process's (getrusage: every
+	// service and the client run in it, and whatever else the caller runs meanwhile) plus,
+	// on Store "redis", the Redis server's (INFO cpu deltas, all its clients).
+	CPU time.Duration
 }
 
 // RunJobs starts a platform on cfg.Store, runs cfg.N five-stage Noop jobs through its
@@ -94,12 +101,34 @@ func RunJobs(ctx context.Context, cfg JobsConfig) (JobsResult, error) {
 	if err := rig.job(ctx, 0); err != nil { // warm-up: connections, buckets, scripts
 		return JobsResult{}, err
 	}
+	var rdb *redis.Client // the store's Redis, for its CPU
+	if cfg.Store == StoreRedis {
+		addr := cmp.Or(cfg.RedisAddr, DefaultRedisAddr)
+		if rdb, err = newRedis(ctx, addr); err != nil {
+			return JobsResult{}, err
+		}
+		defer rdb.Close()
+	}
+	var r0, r1 time.Duration
+	if rdb != nil {
+		if r0, err = redisCPU(ctx, rdb); err != nil {
+			return JobsResult{}, fmt.Errorf("bench: Redis CPU: %w", err)
+		}
+	}
+	p0 := processCPU()
 	lat, elapsed, err := RunN(ctx, cfg.N, max(cfg.Concurrency, 1), rig.job)
 	if err != nil {
 		return JobsResult{}, err
 	}
+	p1 := processCPU()
+	if rdb != nil {
+		if r1, err = redisCPU(ctx, rdb); err != nil {
+			return JobsResult{}, fmt.Errorf("bench: Redis CPU: %w", err)
+		}
+	}
 	p50, p99 := quantiles(lat)
-	return JobsResult{P50: p50, P99: p99, JobsPerSec: float64(cfg.N) / elapsed.Seconds()}, nil
+	return JobsResult{P50: p50, P99: p99, JobsPerSec: float64(cfg.N) / elapsed.Seconds(),
+		CPU: (max(p1-p0, 0) + max(r1-r0, 0)) / time.Duration(cfg.N)}, nil
 }
 
 // RunN runs op n times with conc in flight (op gets its worker's index); it returns every

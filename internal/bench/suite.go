@@ -68,9 +68,10 @@ type Figure struct {
 	Concurrency    int     `json:"concurrency"`
 	LatencySamples int     `json:"latency_samples"`
 	ThroughputOps  int     `json:"throughput_ops"`
-	// CPU per operation in the throughput bursts (A, A2 and B): the process's (every server
-	// and client of the figures, from getrusage), Redis's (INFO cpu deltas: all of its
-	// clients, so other users of that Redis inflate it) and their sum, in microseconds.
+	// CPU per operation in the throughput bursts (A, A2, B, and per job J_redis and J_bolt):
+	// the process's (every server and client of the figures, from getrusage), Redis's (INFO
+	// cpu deltas: all of its clients, so other users of that Redis inflate it; not for
+	// J_bolt, which uses none) and their sum, in microseconds.
 	CPUProcessUs *float64 `json:"cpu_process_us_per_op,omitempty"`
 	CPURedisUs   *float64 `json:"cpu_redis_us_per_op,omitempty"`
 	CPUUs        *float64 `json:"cpu_us_per_op,omitempty"`
@@ -346,6 +347,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil
 	})
 	fA.cpu, fA2.cpu, fB.cpu = &cpuMeter{}, &cpuMeter{}, &cpuMeter{}
+	// A job's CPU: every service of the platform and its client run in this process, so
+	// the process's CPU is all of it but Redis's (J_redis); J_bolt touches no Redis.
+	fJR.cpu, fJB.cpu = &cpuMeter{}, &cpuMeter{procOnly: true}
 	setup(fC, false, hopRigFor(fC, StoreBolt, cfg.BoltDir))
 	if fCT != nil {
 		setup(fCT, false, func() error {
@@ -500,7 +504,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			if f.cpu.err != nil {
 				f.Anomaly = "CPU per operation not measured: " + f.cpu.err.Error()
 			} else if proc, rd, total, ok := f.cpu.perOp(); ok {
-				f.CPUProcessUs, f.CPURedisUs, f.CPUUs = &proc, &rd, &total
+				f.CPUProcessUs, f.CPUUs = &proc, &total
+				if !f.cpu.procOnly {
+					f.CPURedisUs = &rd
+				}
 			}
 		}
 	}
@@ -645,6 +652,9 @@ func (f *figure) meteredThroughputBurst(ctx context.Context, d time.Duration, rd
 	}
 	var r0, r1 time.Duration
 	var rerr error
+	if f.cpu.procOnly {
+		rdb = nil
+	}
 	if rdb != nil {
 		r0, rerr = redisCPU(ctx, rdb)
 	}
@@ -755,6 +765,20 @@ func (rep *Report) ratiosAndTargets() {
 			jt.Note += "; the target is above it, so no rail of this design meets it here"
 		}
 	}
+	if own := ownCeiling(fig("J_redis"), rep.Machine.NumCPU); own > 0 {
+		jt.Note += fmt.Sprintf("; at J_redis's own CPU per job (%.0f µs, process + Redis) both CPUs allow %.0f jobs/s", *fig("J_redis").CPUUs, own)
+	}
+}
+
+// ownCeiling is the most jobs per second ncpu CPUs allow at a J figure's own CPU per job
+// (its throughput bursts' CPU/op), all of them busy and nothing waiting on a disk: the
+// figure's jobs/s against it says how much of the gap to a target is CPU. 0 when the figure
+// was not measured.
+func ownCeiling(j *Figure, ncpu int) float64 {
+	if j == nil || j.Skipped != "" || j.Error != "" || j.CPUUs == nil || *j.CPUUs <= 0 || ncpu <= 0 {
+		return 0
+	}
+	return math.Round(float64(ncpu) * 1e6 / *j.CPUUs)
 }
 
 // perRound is get(a)/get(b) in each round (peer.RoundRatios), or nil unless both figures
@@ -874,8 +898,11 @@ func (rep *Report) WriteText(w io.Writer) {
 			if f.Label != "" {
 				what = "[" + f.Label + "] " + what
 			}
-			if f.CPUUs != nil {
+			switch {
+			case f.CPUUs != nil && f.CPURedisUs != nil:
 				what += fmt.Sprintf(" [CPU/op %.1fµs = process %.1f + Redis %.1f]", *f.CPUUs, *f.CPUProcessUs, *f.CPURedisUs)
+			case f.CPUUs != nil:
+				what += fmt.Sprintf(" [CPU/op %.1fµs, the process's: no Redis]", *f.CPUUs)
 			}
 			fmt.Fprintf(w, "%-8s %11s %11s %11.0f %5d  %s\n", k, dur(f.p50), dur(f.p99), f.OpsPerSec, f.Concurrency, what)
 		}

@@ -45,7 +45,11 @@ type Figure struct {
 	JobsPerSec float64   `json:"jobs_per_sec"`
 	RoundsP50  []float64 `json:"rounds_p50_ms"`
 	RoundsJPS  []float64 `json:"rounds_jobs_per_sec"`
-	p99s       []float64
+	// CPU per job in the rounds with many in flight, where measured (handoff's J: bench.
+	// JobsResult.CPU), and its median.
+	CPUms     float64   `json:"cpu_ms_per_job,omitempty"`
+	RoundsCPU []float64 `json:"rounds_cpu_ms_per_job,omitempty"`
+	p99s      []float64
 }
 
 // Add records one round.
@@ -55,10 +59,19 @@ func (f *Figure) Add(p50, p99 time.Duration, jps float64) {
 	f.RoundsJPS = append(f.RoundsJPS, jps)
 }
 
+// AddCPU records one round's CPU per job.
+func (f *Figure) AddCPU(perJob time.Duration) { f.RoundsCPU = append(f.RoundsCPU, Ms(perJob)) }
+
 // Finish sets the figure's medians over its rounds.
 func (f *Figure) Finish() {
 	f.P50ms, f.P99ms, f.JobsPerSec = Median(f.RoundsP50), Median(f.p99s), Median(f.RoundsJPS)
+	f.CPUms = Median(f.RoundsCPU)
 }
+
+// CPUCeiling is the most jobs per second ncpu CPUs allow at cpuMs of CPU per job, every
+// one of them busy and nothing else running: a figure's jobs/s cannot pass it on this
+// machine until its CPU per job falls. 0 unless both are finite and positive.
+func CPUCeiling(ncpu int, cpuMs float64) float64 { return Over(float64(ncpu)*1000, cpuMs) }
 
 // Median is the median of v (0 for none).
 func Median(v []float64) float64 {

@@ -36,6 +36,38 @@ func TestFigureFinish(t *testing.T) {
 	if f.P50ms != 20 || f.P99ms != 30 || f.JobsPerSec != 200 || len(f.RoundsP50) != 3 {
 		t.Errorf("after 3 rounds: p50 %v p99 %v jobs/s %v rounds %v; want the medians 20, 30, 200 over 3 rounds", f.P50ms, f.P99ms, f.JobsPerSec, f.RoundsP50)
 	}
+	if f.CPUms != 0 || f.RoundsCPU != nil {
+		t.Errorf("no CPU recorded: cpu %v rounds %v; want 0 and none (left out of the JSON)", f.CPUms, f.RoundsCPU)
+	}
+	for _, d := range []time.Duration{6 * time.Millisecond, 2 * time.Millisecond, 4500 * time.Microsecond} {
+		f.AddCPU(d)
+	}
+	f.Finish()
+	if f.CPUms != 4.5 || !slices.Equal(f.RoundsCPU, []float64{6, 2, 4.5}) {
+		t.Errorf("CPU per job %v over rounds %v; want the median 4.5 of 6, 2, 4.5", f.CPUms, f.RoundsCPU)
+	}
+}
+
+// TestCPUCeiling: ncpu CPUs at cpuMs per job; nothing for a figure without CPU.
+func TestCPUCeiling(t *testing.T) {
+	for _, c := range []struct {
+		ncpu  int
+		cpuMs float64
+		want  float64
+	}{
+		{2, 4, 500},
+		{2, 2.5, 800},
+		{1, 0.5, 2000},
+		{2, 0, 0},
+		{0, 4, 0},
+		{2, -1, 0},
+		{2, math.NaN(), 0},
+		{2, math.Inf(1), 0},
+	} {
+		if got := CPUCeiling(c.ncpu, c.cpuMs); got != c.want {
+			t.Errorf("CPUCeiling(%d, %v) = %v; want %v", c.ncpu, c.cpuMs, got, c.want)
+		}
+	}
 }
 
 func TestTailKeepsTheEnd(t *testing.T) {
