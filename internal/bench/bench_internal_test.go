@@ -52,8 +52,23 @@ func TestRunJobs(t *testing.T) {
 	if res.CPU < 100*time.Microsecond || res.CPU > time.Second {
 		t.Errorf("CPU per job %v, want the jobs' own (well over 100 µs, under 1 s)", res.CPU)
 	}
+	if res.CPURedis != 0 {
+		t.Errorf("J on bbolt: Redis CPU per job %v, want none", res.CPURedis)
+	}
 	if _, err := RunJobs(context.Background(), JobsConfig{N: 1, Store: "etcd"}); err == nil {
 		t.Fatal("an unknown store must be an error")
+	}
+}
+
+// TestRunJobsRedis: on Redis the CPU per job holds the Redis server's share, which every job's
+// scripts and commands cost, besides the process's.
+func TestRunJobsRedis(t *testing.T) {
+	res, err := RunJobs(context.Background(), JobsConfig{N: 4, Concurrency: 2, Store: StoreRedis, RedisAddr: testRedis(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.CPURedis <= 0 || res.CPU < res.CPURedis+100*time.Microsecond || res.CPU > time.Second {
+		t.Errorf("CPU per job %v, Redis's %v; want Redis's > 0 and the process's well over 100 µs besides", res.CPU, res.CPURedis)
 	}
 }
 

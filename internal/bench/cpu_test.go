@@ -292,7 +292,7 @@ func TestJobsTargetCeiling(t *testing.T) {
 }
 
 // TestJobsTargetOwnCeiling: with J_redis's CPU per job measured, the J_redis target's note
-// also says what both CPUs allow at that cost; without it, the note does not pretend to.
+// also says what the machine's CPUs allow at that cost; without it, the note does not pretend to.
 func TestJobsTargetOwnCeiling(t *testing.T) {
 	cpu := func(v float64) *float64 { return &v }
 	for _, c := range []struct {
@@ -301,8 +301,8 @@ func TestJobsTargetOwnCeiling(t *testing.T) {
 		ncpu    int
 		noteHas string // "" : no own-ceiling clause
 	}{
-		{"measured", cpu(5000), 2, "at J_redis's own CPU per job (5000 µs, process + Redis) both CPUs allow 400 jobs/s"},
-		{"measured, four CPUs", cpu(2500), 4, "both CPUs allow 1600 jobs/s"},
+		{"measured", cpu(5000), 2, "at J_redis's own CPU per job (5000 µs, process + Redis) 2 CPUs allow 400 jobs/s"},
+		{"measured, four CPUs", cpu(2500), 4, "(2500 µs, process + Redis) 4 CPUs allow 1600 jobs/s"},
 		{"not measured", nil, 2, ""},
 		{"zero", cpu(0), 2, ""},
 	} {
@@ -321,8 +321,34 @@ func TestJobsTargetOwnCeiling(t *testing.T) {
 			}
 		})
 	}
-	if got := ownCeiling(&Figure{Key: "J_redis", CPUUs: cpu(5000), Skipped: "no Redis"}, 2); got != 0 {
-		t.Errorf("ownCeiling of a skipped figure = %v, want 0", got)
+	for _, f := range []*Figure{{Key: "J_redis", CPUUs: cpu(5000), Skipped: "no Redis"}, {Key: "J_redis", CPUUs: cpu(5000), Error: "boom"}} {
+		if got := ownCeiling(f, 2); got != 0 {
+			t.Errorf("ownCeiling of a skipped or failed figure (%+v) = %v, want 0", f, got)
+		}
+	}
+}
+
+// TestMeteredBurstProcessOnly: a figure metered process-only (J_bolt) counts none of Redis's
+// CPU even when handed the run's Redis client while Redis is busy; one metered with Redis
+// counts it.
+func TestMeteredBurstProcessOnly(t *testing.T) {
+	ctx := context.Background()
+	rdb, err := newRedis(ctx, testRedis(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close()
+	spin := func(ctx context.Context, _ int) error { // ~1 ms of Redis CPU
+		return rdb.Eval(ctx, "for i = 1, 100000 do end return 0", nil).Err()
+	}
+	for _, procOnly := range []bool{false, true} {
+		f := &figure{Figure: &Figure{Key: "X"}, conc: 2, op: spin, cpu: &cpuMeter{procOnly: procOnly}}
+		if err := f.meteredThroughputBurst(ctx, 20*time.Millisecond, rdb); err != nil {
+			t.Fatal(err)
+		}
+		if procOnly && f.cpu.redis != 0 || !procOnly && f.cpu.redis <= 0 || f.cpu.err != nil {
+			t.Errorf("procOnly %v: Redis CPU %v over %d ops (err %v); want none only when process-only", procOnly, f.cpu.redis, f.cpu.ops, f.cpu.err)
+		}
 	}
 }
 

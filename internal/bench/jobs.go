@@ -82,8 +82,9 @@ type JobsResult struct {
 	JobsPerSec float64
 	// CPU per job over the N jobs (not the warm-up): this process's (getrusage: every
 	// service and the client run in it, and whatever else the caller runs meanwhile) plus,
-	// on Store "redis", the Redis server's (INFO cpu deltas, all its clients).
-	CPU time.Duration
+	// on Store "redis", the Redis server's (INFO cpu deltas, all its clients), which
+	// CPURedis is alone (0 on any other store; StoreCluster's masters are not read).
+	CPU, CPURedis time.Duration
 }
 
 // RunJobs starts a platform on cfg.Store, runs cfg.N five-stage Noop jobs through its
@@ -127,8 +128,9 @@ func RunJobs(ctx context.Context, cfg JobsConfig) (JobsResult, error) {
 		}
 	}
 	p50, p99 := quantiles(lat)
+	n := time.Duration(cfg.N)
 	return JobsResult{P50: p50, P99: p99, JobsPerSec: float64(cfg.N) / elapsed.Seconds(),
-		CPU: (max(p1-p0, 0) + max(r1-r0, 0)) / time.Duration(cfg.N)}, nil
+		CPU: (max(p1-p0, 0) + max(r1-r0, 0)) / n, CPURedis: max(r1-r0, 0) / n}, nil
 }
 
 // RunN runs op n times with conc in flight (op gets its worker's index); it returns every

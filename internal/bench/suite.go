@@ -502,7 +502,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 		if f.cpu != nil {
 			if f.cpu.err != nil {
-				f.Anomaly = "CPU per operation not measured: " + f.cpu.err.Error()
+				if f.Anomaly != "" { // a J figure's rig may have reported one (f.after): keep it
+					f.Anomaly += "; "
+				}
+				f.Anomaly += "CPU per operation not measured: " + f.cpu.err.Error()
 			} else if proc, rd, total, ok := f.cpu.perOp(); ok {
 				f.CPUProcessUs, f.CPUUs = &proc, &total
 				if !f.cpu.procOnly {
@@ -766,7 +769,7 @@ func (rep *Report) ratiosAndTargets() {
 		}
 	}
 	if own := ownCeiling(fig("J_redis"), rep.Machine.NumCPU); own > 0 {
-		jt.Note += fmt.Sprintf("; at J_redis's own CPU per job (%.0f µs, process + Redis) both CPUs allow %.0f jobs/s", *fig("J_redis").CPUUs, own)
+		jt.Note += fmt.Sprintf("; at J_redis's own CPU per job (%.0f µs, process + Redis) %d CPUs allow %.0f jobs/s", *fig("J_redis").CPUUs, rep.Machine.NumCPU, own)
 	}
 }
 
