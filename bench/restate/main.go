@@ -27,7 +27,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"net"
 	"net/http"
 	"os"
@@ -330,10 +329,7 @@ func compare(name string, h, p *peer.Figure, tThroughput, tLatency float64, ncpu
 		ThroughputRounds: peer.RoundRatios(h.RoundsJPS, p.RoundsJPS), LatencyRounds: peer.RoundRatios(p.RoundsP50, h.RoundsP50)}
 	r.ThroughputRatio = peer.Round2(peer.Over(h.JobsPerSec, p.JobsPerSec))
 	r.LatencyRatio = peer.Round2(peer.Over(p.P50ms, h.P50ms))
-	if c := peer.CPUCeiling(ncpu, h.CPUms); c > 0 {
-		r.CPUCeiling = math.Round(c)
-		r.CPUCeilingOverPeer = peer.Round2(peer.Over(c, p.JobsPerSec))
-	}
+	r.CPUCeiling, r.CPUCeilingOverPeer = peer.Ceiling(ncpu, h, p)
 	if tThroughput > 0 {
 		r.ThroughputMet, r.ThroughputRoundsMet = peer.Judge(r.ThroughputRatio, r.ThroughputRounds, func(v float64) bool { return v >= tThroughput })
 	}
@@ -352,11 +348,7 @@ func printReport(rep *report) {
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "figure\tp50 ms\tp99 ms\tjobs/s\tCPU ms/job\tp50 per round\tjobs/s per round")
 	for _, f := range rep.Figures {
-		cpu := "-" // the peers' CPU is other processes' too: not measured
-		if f.CPUms > 0 {
-			cpu = fmt.Sprintf("%.2f", f.CPUms)
-		}
-		fmt.Fprintf(tw, "%s\t%.2f\t%.2f\t%.1f\t%s\t%v\t%v\n", f.Name, f.P50ms, f.P99ms, f.JobsPerSec, cpu, peer.Round1(f.RoundsP50), peer.Round1(f.RoundsJPS))
+		fmt.Fprintf(tw, "%s\t%.2f\t%.2f\t%.1f\t%s\t%v\t%v\n", f.Name, f.P50ms, f.P99ms, f.JobsPerSec, f.CPUCell(), peer.Round1(f.RoundsP50), peer.Round1(f.RoundsJPS))
 	}
 	tw.Flush()
 	fmt.Println()

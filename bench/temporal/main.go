@@ -21,7 +21,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"net"
 	"os"
 	"os/exec"
@@ -115,10 +114,7 @@ func ratios(temporal *peer.Figure, handoff []*peer.Figure, ncpu int) []ratio {
 		r.ThroughputRatio = peer.Over(f.JobsPerSec, temporal.JobsPerSec)
 		r.LatencyRatio = peer.Over(temporal.P50ms, f.P50ms)
 		r.ThroughputMet, r.LatencyMet = r.ThroughputRatio >= 50, r.LatencyRatio > 50
-		if c := peer.CPUCeiling(ncpu, f.CPUms); c > 0 {
-			r.CPUCeiling = math.Round(c)
-			r.CPUCeilingOverTemporal = peer.Round2(peer.Over(c, temporal.JobsPerSec))
-		}
+		r.CPUCeiling, r.CPUCeilingOverTemporal = peer.Ceiling(ncpu, f, temporal)
 		if f.Key == jRedisKey {
 			r.Issue22Target = issue22Target
 			r.Issue22Met, r.Issue22RoundsMet = peer.Judge(r.ThroughputRatio, r.ThroughputRounds, func(v float64) bool { return v >= issue22Target })
@@ -298,11 +294,7 @@ func printReport(rep *report) {
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "figure\tp50 ms\tp99 ms\tjobs/s\tCPU ms/job\tp50 per round\tjobs/s per round")
 	for _, f := range rep.Figures {
-		cpu := "-" // Temporal's CPU is another process's too: not measured
-		if f.CPUms > 0 {
-			cpu = fmt.Sprintf("%.2f", f.CPUms)
-		}
-		fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%.1f\t%s\t%v\t%v\n", f.Name, f.P50ms, f.P99ms, f.JobsPerSec, cpu, peer.Round1(f.RoundsP50), peer.Round1(f.RoundsJPS))
+		fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%.1f\t%s\t%v\t%v\n", f.Name, f.P50ms, f.P99ms, f.JobsPerSec, f.CPUCell(), peer.Round1(f.RoundsP50), peer.Round1(f.RoundsJPS))
 	}
 	tw.Flush()
 	fmt.Println()

@@ -778,10 +778,10 @@ func (rep *Report) ratiosAndTargets() {
 // figure's jobs/s against it says how much of the gap to a target is CPU. 0 when the figure
 // was not measured.
 func ownCeiling(j *Figure, ncpu int) float64 {
-	if j == nil || j.Skipped != "" || j.Error != "" || j.CPUUs == nil || *j.CPUUs <= 0 || ncpu <= 0 {
+	if j == nil || j.Skipped != "" || j.Error != "" || j.CPUUs == nil {
 		return 0
 	}
-	return math.Round(float64(ncpu) * 1e6 / *j.CPUUs)
+	return math.Round(peer.CPUCeiling(ncpu, *j.CPUUs/1000))
 }
 
 // perRound is get(a)/get(b) in each round (peer.RoundRatios), or nil unless both figures
@@ -821,7 +821,8 @@ func jobsCeiling(a2 *Figure, unusable string, ncpu int) *Ratio {
 		return &Ratio{Skipped: "CPU count unknown"}
 	}
 	const hopsPerJob = 5
-	return &Ratio{Value: math.Round(float64(ncpu) * 1e6 / (hopsPerJob * *a2.CPUUs))}
+	floorMsPerJob := hopsPerJob * *a2.CPUUs / 1000
+	return &Ratio{Value: math.Round(peer.CPUCeiling(ncpu, floorMsPerJob))}
 }
 
 func notes(cfg Config) []string {

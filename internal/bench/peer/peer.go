@@ -5,6 +5,7 @@
 package peer
 
 import (
+	"fmt"
 	"math"
 	"net"
 	"os"
@@ -72,6 +73,26 @@ func (f *Figure) Finish() {
 // one of them busy and nothing else running: a figure's jobs/s cannot pass it on this
 // machine until its CPU per job falls. 0 unless both are finite and positive.
 func CPUCeiling(ncpu int, cpuMs float64) float64 { return Over(float64(ncpu)*1000, cpuMs) }
+
+// Ceiling is handoff's figure h's CPUCeiling on ncpu CPUs, rounded to whole jobs/s, and that
+// over the peer p's jobs/s (two decimals): both 0 when h's CPU per job was not measured,
+// the second also when p has no jobs/s.
+func Ceiling(ncpu int, h, p *Figure) (jobsPerSec, overPeer float64) {
+	c := CPUCeiling(ncpu, h.CPUms)
+	if c == 0 {
+		return 0, 0
+	}
+	return math.Round(c), Round2(Over(c, p.JobsPerSec))
+}
+
+// CPUCell is f's CPU per job as a report's table prints it: two decimals, or "-" when not
+// measured (a peer's CPU is other processes' too).
+func (f *Figure) CPUCell() string {
+	if f.CPUms > 0 {
+		return fmt.Sprintf("%.2f", f.CPUms)
+	}
+	return "-"
+}
 
 // Median is the median of v (0 for none).
 func Median(v []float64) float64 {

@@ -137,3 +137,25 @@ func TestOver(t *testing.T) {
 		}
 	}
 }
+
+// TestCeiling: a handoff figure's CPU ceiling, rounded, and over the peer's jobs/s; nothing
+// without its CPU per job, and no ratio over a peer without jobs/s. CPUCell prints the CPU.
+func TestCeiling(t *testing.T) {
+	for _, c := range []struct {
+		name       string
+		h, p       Figure
+		ncpu       int
+		jobs, over float64
+		cell       string
+	}{
+		{"measured", Figure{CPUms: 4.5}, Figure{JobsPerSec: 55}, 2, 444, 8.08, "4.50"},
+		{"four CPUs", Figure{CPUms: 1.5}, Figure{JobsPerSec: 55}, 4, 2667, 48.48, "1.50"},
+		{"peer without jobs/s", Figure{CPUms: 4.5}, Figure{}, 2, 444, 0, "4.50"},
+		{"no CPU measured", Figure{}, Figure{JobsPerSec: 55}, 2, 0, 0, "-"},
+	} {
+		jobs, over := Ceiling(c.ncpu, &c.h, &c.p)
+		if jobs != c.jobs || over != c.over || c.h.CPUCell() != c.cell {
+			t.Errorf("%s: Ceiling = %v, %v, CPUCell %q; want %v, %v, %q", c.name, jobs, over, c.h.CPUCell(), c.jobs, c.over, c.cell)
+		}
+	}
+}
