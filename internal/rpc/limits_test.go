@@ -79,6 +79,36 @@ func hold(ctx context.Context, cc *grpc.ClientConn) <-chan error {
 	return done
 }
 
+// admit starts a held call on cc and waits until it is in r's handler, with want calls
+// there. An ended call's slot comes back when the server sees its stream's context end,
+// a moment after the caller has the call's end, so a call refused in that moment is
+// retried; a slot that never comes back still fails the test after 10 s.
+func admit(t *testing.T, ctx context.Context, cc *grpc.ClientConn, r *holdRunner, want int64) <-chan error {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		done := hold(ctx, cc)
+	wait:
+		for r.in.Load() < want {
+			if time.Now().After(deadline) {
+				t.Fatalf("waited 10s for call %d in the handler; %d there", want, r.in.Load())
+			}
+			select {
+			case err := <-done:
+				if status.Code(err) != codes.ResourceExhausted {
+					t.Fatalf("call %d ended before the handler: %v", want, err)
+				}
+				break wait
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+		if r.in.Load() >= want {
+			return done
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 // waitFor waits up to 10 s for cond.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	testkit.Eventually(t, 10*time.Second, what, cond)
@@ -124,9 +154,7 @@ func TestStreamsCappedServerWide(t *testing.T) {
 
 	first, quit := context.WithCancel(ctx)
 	fill := func() []<-chan error {
-		calls := []<-chan error{hold(first, a), hold(ctx, a), hold(ctx, b)}
-		waitFor(t, "three calls in the handler", func() bool { return r.in.Load() == 3 })
-		return calls
+		return []<-chan error{admit(t, first, a, r, 1), admit(t, ctx, a, r, 2), admit(t, ctx, b, r, 3)}
 	}
 	over := func() {
 		t.Helper()
@@ -148,8 +176,7 @@ func TestStreamsCappedServerWide(t *testing.T) {
 		t.Fatalf("cancelled call: %v", err)
 	}
 	waitFor(t, "a free slot", func() bool { return r.in.Load() == 2 })
-	more := hold(ctx, b)
-	waitFor(t, "three calls again", func() bool { return r.in.Load() == 3 })
+	more := admit(t, ctx, b, r, 3)
 	close(r.release)
 	for _, c := range append(calls[1:], more) {
 		if err := <-c; err != nil {
