@@ -498,6 +498,7 @@ func testClaimExpiry(t *testing.T, s store.Store) {
 // lapsed key is not renewed (and not brought back); bad arguments are refused.
 func testRenewClaim(t *testing.T, s store.Store) {
 	ctx := context.Background()
+	const ttl = 600 * time.Millisecond
 	owners := map[string]string{}
 	claim := func(key string, ttl time.Duration) {
 		t.Helper()
@@ -513,20 +514,22 @@ func testRenewClaim(t *testing.T, s store.Store) {
 		if owner == "" {
 			owner = "no-such-owner"
 		}
-		ok, err := s.RenewClaim(ctx, key, owner, 300*time.Millisecond)
+		ok, err := s.RenewClaim(ctx, key, owner, ttl)
 		if err != nil || ok != want {
 			t.Fatalf("RenewClaim(%s) = %v, %v; want %v", key, ok, err, want)
 		}
 	}
-	claim("k-renew", 300*time.Millisecond)
-	for range 4 { // 800ms in all: past the first ttl more than twice
+	// Renewals 200ms apart keep a 600ms claim: 400ms of room for the writes between them
+	// on a loaded machine, where 100ms was not enough.
+	claim("k-renew", ttl)
+	for range 5 { // 1s in all: past the first ttl
 		time.Sleep(200 * time.Millisecond)
 		renew("k-renew", true)
 		if st, _, _, err := s.Claim(ctx, "k-renew", time.Minute); err != nil || st != store.Pending {
 			t.Fatalf("Claim of a renewed claim = %v, %v; want pending", st, err)
 		}
 	}
-	time.Sleep(450 * time.Millisecond) // no renewal: it lapses
+	time.Sleep(ttl + 300*time.Millisecond) // no renewal: it lapses
 	renew("k-renew", false)
 	if st, _, _ := s.Lookup(ctx, "k-renew"); st != 0 {
 		t.Fatalf("a renewal of a lapsed claim brought it back: %v", st)
