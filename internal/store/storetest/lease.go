@@ -32,9 +32,11 @@ func RunLeases(t *testing.T, a, b store.Leases) {
 // not.
 func testLeaseLapsed(t *testing.T, a, b store.Leases) {
 	dead, live, freed := leaseName(t, "dead"), leaseName(t, "live"), leaseName(t, "freed")
-	mustAcquire(t, a, dead, "owner-a", 150*time.Millisecond, true)
+	// 600ms: room for the writes and the scan below to come before it passes on a loaded
+	// machine.
+	mustAcquire(t, a, dead, "owner-a", 600*time.Millisecond, true)
 	mustAcquire(t, a, live, "owner-a", time.Minute, true)
-	mustAcquire(t, a, freed, "owner-a", 150*time.Millisecond, true)
+	mustAcquire(t, a, freed, "owner-a", 600*time.Millisecond, true)
 	mustRelease(t, a, freed, "owner-a")
 	mine := func(l store.Leases) map[string]bool {
 		t.Helper()
@@ -56,7 +58,7 @@ func testLeaseLapsed(t *testing.T, a, b store.Leases) {
 	deadline := time.Now().Add(10 * time.Second)
 	for !mine(b)[dead] {
 		if time.Now().After(deadline) {
-			t.Fatalf("a lease left to expire is not listed as lapsed 10s after its 150ms ttl")
+			t.Fatalf("a lease left to expire is not listed as lapsed 10s after its 600ms ttl")
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -110,9 +112,9 @@ func testLeaseExclusive(t *testing.T, a, b store.Leases) {
 // the former holder can no longer renew it.
 func testLeaseExpiry(t *testing.T, a, b store.Leases) {
 	n := leaseName(t, "1")
-	mustAcquire(t, a, n, "owner-a", 200*time.Millisecond, true)
+	mustAcquire(t, a, n, "owner-a", 600*time.Millisecond, true)
 	mustAcquire(t, b, n, "owner-b", time.Minute, false)
-	time.Sleep(400 * time.Millisecond)
+	time.Sleep(800 * time.Millisecond)
 	mustAcquire(t, b, n, "owner-b", time.Minute, true)
 	mustAcquire(t, a, n, "owner-a", time.Minute, false)
 }
@@ -121,12 +123,13 @@ func testLeaseExpiry(t *testing.T, a, b store.Leases) {
 // outlives its first ttl; a holder may also take a free lease again after it expired.
 func testLeaseRenew(t *testing.T, a, b store.Leases) {
 	n := leaseName(t, "1")
-	mustAcquire(t, a, n, "owner-a", 600*time.Millisecond, true)
-	time.Sleep(400 * time.Millisecond)
-	mustAcquire(t, a, n, "owner-a", 600*time.Millisecond, true)
-	time.Sleep(400 * time.Millisecond) // 800ms after the first acquire: past its ttl, not the renewal's
+	// Each step has 400–500ms of room for its write on a loaded machine.
+	mustAcquire(t, a, n, "owner-a", time.Second, true)
+	time.Sleep(500 * time.Millisecond)
+	mustAcquire(t, a, n, "owner-a", time.Second, true)
+	time.Sleep(600 * time.Millisecond) // 1.1s after the first acquire: past its ttl, not the renewal's
 	mustAcquire(t, b, n, "owner-b", time.Minute, false)
-	time.Sleep(500 * time.Millisecond) // now past the renewal's ttl too
+	time.Sleep(600 * time.Millisecond) // now past the renewal's ttl too
 	mustAcquire(t, a, n, "owner-a", time.Minute, true)
 }
 

@@ -144,13 +144,14 @@ func testLedgerComplete(t *testing.T, s store.Store) {
 	}
 
 	// The record's ttl is Complete's.
-	if _, _, err := s.AppendLedgerComplete(ctx, "k3", []byte("x"), "w3", "writer", 100*time.Millisecond, receiptOf); err != nil {
+	// 500ms: room for the write and the read after it on a loaded machine.
+	if _, _, err := s.AppendLedgerComplete(ctx, "k3", []byte("x"), "w3", "writer", 500*time.Millisecond, receiptOf); err != nil {
 		t.Fatal(err)
 	}
 	if st, _, _ := s.Lookup(ctx, "w3"); st != store.Done {
 		t.Fatalf("record w3 = %v right after, want done", st)
 	}
-	time.Sleep(200 * time.Millisecond)
+	time.Sleep(700 * time.Millisecond)
 	if st, _, _ := s.Lookup(ctx, "w3"); st != 0 {
 		t.Fatalf("record w3 = %v after its ttl, want gone", st)
 	}
