@@ -92,22 +92,34 @@ func u64(n uint64) []byte {
 }
 
 func (s *Bolt) CreateRun(_ context.Context, job *handoffv1.Job, evs ...*handoffv1.JobEvent) (*handoffv1.Job, bool, error) {
+	run, created, _, err := s.createRun(job, nil, evs)
+	return run, created, err
+}
+
+// createRun is CreateRun, and with lease CreateRunLeased: the run it creates takes the
+// lease and its first epoch in the transaction that creates it.
+func (s *Bolt) createRun(job *handoffv1.Job, lease *LeaseClaim, evs []*handoffv1.JobEvent) (*handoffv1.Job, bool, uint64, error) {
 	if job.GetRunId() == "" {
-		return nil, false, fmt.Errorf("store: run_id is empty")
+		return nil, false, 0, fmt.Errorf("store: run_id is empty")
 	}
 	if job.GetWallet() != nil && job.GetJobId() == "" {
-		return nil, false, fmt.Errorf("store: run %s has a wallet but no job_id to record in it", job.GetRunId())
+		return nil, false, 0, fmt.Errorf("store: run %s has a wallet but no job_id to record in it", job.GetRunId())
+	}
+	if lease != nil {
+		if err := checkLease(lease.Name, lease.Owner, lease.TTL, true); err != nil {
+			return nil, false, 0, err
+		}
 	}
 	jobSum, reqSum := JobDigest(job), RequestDigest(job)
 	encs, err := encodeEvents(evs)
 	if err != nil {
-		return nil, false, fmt.Errorf("store: encode event for run %s: %w", job.GetRunId(), err)
+		return nil, false, 0, fmt.Errorf("store: encode event for run %s: %w", job.GetRunId(), err)
 	}
 	var out *handoffv1.Job
 	created, legacy := false, false
-	var last uint64
+	var last, epoch uint64
 	err = s.update(func(tx *bolt.Tx) error {
-		out, created, legacy = nil, false, false
+		out, created, legacy, epoch = nil, false, false, 0
 		runs := tx.Bucket(bucketRuns)
 		if rid := job.GetRequestId(); rid != "" {
 			if prev := tx.Bucket(bucketRequests).Get([]byte(rid)); prev != nil {
@@ -165,19 +177,30 @@ func (s *Bolt) CreateRun(_ context.Context, job *handoffv1.Job, evs ...*handoffv
 		if last, err = appendEvents(tx, job.GetRunId(), encs); err != nil {
 			return err
 		}
+		if lease != nil {
+			held, err := s.acquireLeaseTx(tx, lease.Name, lease.Owner, lease.TTL)
+			if err != nil {
+				return fmt.Errorf("store: create run %s with lease %s for %s: %w", job.GetRunId(), lease.Name, lease.Owner, err)
+			}
+			if held {
+				if epoch, err = fenceRunTx(tx, job.GetRunId()); err != nil {
+					return fmt.Errorf("store: create run %s and fence it: %w", job.GetRunId(), err)
+				}
+			}
+		}
 		out, created = proto.Clone(job).(*handoffv1.Job), true
 		return nil
 	})
 	if err != nil {
-		return nil, false, err
+		return nil, false, 0, err
 	}
 	if legacy && !SameIntake(out, job) {
-		return nil, false, fmt.Errorf("store: request %s: %w", job.GetRequestId(), ErrRequestConflict)
+		return nil, false, 0, fmt.Errorf("store: request %s: %w", job.GetRequestId(), ErrRequestConflict)
 	}
 	if created {
 		numberEvents(evs, last)
 	}
-	return out, created, nil
+	return out, created, epoch, nil
 }
 
 func decodeJob(data []byte) (*handoffv1.Job, error) {

@@ -86,6 +86,12 @@ func (s *Bolt) AcquireLeaseFence(_ context.Context, name, owner string, ttl time
 	return ok, epoch, nil
 }
 
+// CreateRunLeased takes the lease and the run's first epoch in CreateRun's write
+// transaction: one commit for the three.
+func (s *Bolt) CreateRunLeased(_ context.Context, job *handoffv1.Job, lease LeaseClaim, evs ...*handoffv1.JobEvent) (*handoffv1.Job, bool, uint64, error) {
+	return s.createRun(job, &lease, evs)
+}
+
 func (s *Bolt) ReleaseLease(_ context.Context, name, owner string) error {
 	if err := checkLease(name, owner, 0, false); err != nil {
 		return err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -328,5 +329,105 @@ func testLeaseFence(t *testing.T, s store.Store) {
 	}
 	if _, _, err := lf.AcquireLeaseFence(ctx, "", "owner-a", time.Minute, "lf"); err == nil {
 		t.Error("AcquireLeaseFence with no lease name succeeded")
+	}
+}
+
+// testCreateRunLeased: CreateRunLeased (on a store that has it) creates the run as CreateRun
+// does, holding its lease at its first epoch; the request's earlier run again takes no
+// lease; bad lease arguments and a job conflict write nothing and take no lease; a lease
+// another owner holds is left to it, and the run is created all the same.
+func testCreateRunLeased(t *testing.T, s store.Store) {
+	rl, ok := s.(store.RunLeaser)
+	if !ok {
+		t.Skip("the store creates a run and takes its lease in two calls")
+	}
+	ctx := context.Background()
+	claim := func(runID string) store.LeaseClaim {
+		return store.LeaseClaim{Name: "run:" + runID, Owner: "owner-a", TTL: time.Minute}
+	}
+	free := func(runID string) {
+		t.Helper()
+		if ok, err := s.AcquireLease(ctx, "run:"+runID, "owner-b", time.Minute); err != nil || !ok {
+			t.Fatalf("another owner's AcquireLease of run %s = %v, %v; want it free (no lease taken)", runID, ok, err)
+		}
+		if e, err := s.FenceRun(ctx, runID); err != nil || e != 1 {
+			t.Fatalf("FenceRun(%s) = %d, %v; want 1 (no epoch taken)", runID, e, err)
+		}
+	}
+
+	ev := &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_SUBMITTED}
+	run, created, epoch, err := rl.CreateRunLeased(ctx, submitted("rl-1", "rl-req"), claim("rl-1"), ev)
+	if err != nil || !created || epoch != 1 || run.GetRunId() != "rl-1" {
+		t.Fatalf("CreateRunLeased of a new run = %v, %v, %d, %v; want rl-1 created at epoch 1", run.GetRunId(), created, epoch, err)
+	}
+	if ev.GetSeq() != 1 {
+		t.Fatalf("the event's seq = %d; want 1", ev.GetSeq())
+	}
+	if w, err := s.Wallet(ctx, "rl-1"); err != nil || w.GetHopsRemaining() != 9 {
+		t.Fatalf("the run's wallet = %v, %v; want 9 hops (opened with the run)", w, err)
+	}
+	if ok, err := s.AcquireLease(ctx, "run:rl-1", "owner-b", time.Minute); err != nil || ok {
+		t.Fatalf("another owner's AcquireLease of the new run's lease = %v, %v; want refused (owner-a holds it)", ok, err)
+	}
+	for _, stale := range []uint64{0, 2} {
+		if err := s.PutRunFenced(ctx, submitted("rl-1", "rl-req"), stale); !errors.Is(err, store.ErrFenced) {
+			t.Fatalf("save under epoch %d of a run created at epoch 1 = %v, want ErrFenced", stale, err)
+		}
+	}
+	if err := s.PutRunFenced(ctx, submitted("rl-1", "rl-req"), 1, &handoffv1.JobEvent{Stage: "a"}); err != nil {
+		t.Fatalf("save under the run's epoch 1: %v", err)
+	}
+
+	// The same request again: the earlier run, nothing written, no lease taken.
+	run, created, epoch, err = rl.CreateRunLeased(ctx, submitted("rl-2", "rl-req"), claim("rl-2"))
+	if err != nil || created || epoch != 0 || run.GetRunId() != "rl-1" {
+		t.Fatalf("CreateRunLeased of the same request again = %v, %v, %d, %v; want rl-1, not created, epoch 0", run.GetRunId(), created, epoch, err)
+	}
+	free("rl-2")
+	if err := s.PutRunFenced(ctx, submitted("rl-1", "rl-req"), 1); err != nil {
+		t.Fatalf("save under epoch 1 after the request again (its fence untouched): %v", err)
+	}
+
+	for _, c := range []struct {
+		field string
+		lease store.LeaseClaim
+	}{
+		{"lease name", store.LeaseClaim{Owner: "owner-a", TTL: time.Minute}},
+		{"lease owner", store.LeaseClaim{Name: "run:rl-bad", TTL: time.Minute}},
+		{"lease ttl", store.LeaseClaim{Name: "run:rl-bad", Owner: "owner-a"}},
+		{"lease ttl", store.LeaseClaim{Name: "run:rl-bad", Owner: "owner-a", TTL: -time.Second}},
+	} {
+		_, created, epoch, err := rl.CreateRunLeased(ctx, submitted("rl-bad", "rl-bad-req"), c.lease)
+		if err == nil || !strings.Contains(err.Error(), c.field) || created || epoch != 0 {
+			t.Fatalf("CreateRunLeased with %+v = %v, %d, %v; want an error naming the %s", c.lease, created, epoch, err, c.field)
+		}
+		if _, err := s.GetRun(ctx, "rl-bad"); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("CreateRunLeased with %+v stored its run: %v", c.lease, err)
+		}
+	}
+	free("rl-bad")
+
+	conflict := submitted("rl-x", "")
+	conflict.Goal = "refund the customer"
+	if _, created, epoch, err := rl.CreateRunLeased(ctx, conflict, claim("rl-x")); !errors.Is(err, store.ErrJobConflict) || created || epoch != 0 {
+		t.Fatalf("CreateRunLeased of job_id again with another goal = %v, %d, %v; want ErrJobConflict", created, epoch, err)
+	}
+	if _, err := s.GetRun(ctx, "rl-x"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("a refused run was stored: %v", err)
+	}
+	free("rl-x")
+
+	// A lease another owner holds: the run is created, the lease and the fence left alone.
+	if ok, err := s.AcquireLease(ctx, "run:rl-h", "owner-b", time.Minute); err != nil || !ok {
+		t.Fatalf("AcquireLease = %v, %v", ok, err)
+	}
+	if _, created, epoch, err := rl.CreateRunLeased(ctx, submitted("rl-h", ""), claim("rl-h")); err != nil || !created || epoch != 0 {
+		t.Fatalf("CreateRunLeased while another owner holds the lease = %v, %d, %v; want created, epoch 0", created, epoch, err)
+	}
+	if ok, err := s.AcquireLease(ctx, "run:rl-h", "owner-a", time.Minute); err != nil || ok {
+		t.Fatalf("owner-a's AcquireLease after = %v, %v; want refused (still owner-b's)", ok, err)
+	}
+	if e, err := s.FenceRun(ctx, "rl-h"); err != nil || e != 1 {
+		t.Fatalf("FenceRun(rl-h) = %d, %v; want 1 (no epoch taken)", e, err)
 	}
 }
