@@ -18,7 +18,8 @@ import (
 // Run leases. Several coordinator replicas share one store; each run is driven by the one
 // replica that holds the run's lease "run:<run_id>" (store.Leases):
 //
-//   - SubmitJob takes the new run's lease and drives it at once.
+//   - SubmitJob takes the new run's lease and drives it at once (on a store.RunLeaser, in
+//     the write that creates the run).
 //   - A driver renews the lease in the background every LeaseTTL/3, and before a hop when
 //     its last renewal is older than that;
 //     when a renewal finds the lease taken, or none succeeds for LeaseTTL/2 (the store is
@@ -169,71 +170,99 @@ func (l *lease) keep(ctx context.Context, lose context.CancelCauseFunc, runID st
 // its caller just wrote it, with its wallet (SubmitJob): the driver begins from it instead
 // of reading both. The driver owns it from then on.
 func (s *Server) drive(ctx context.Context, runID string, start *handoffv1.Job) (bool, error) {
-	if s.stopped() {
+	if s.stopped() || !s.reserve(runID) {
 		return false, nil
-	}
-	s.mu.Lock()
-	if s.driving[runID] {
-		s.mu.Unlock()
-		return false, nil
-	}
-	s.driving[runID] = true // reserved while the lease is tried
-	s.mu.Unlock()
-	unreserve := func() {
-		s.mu.Lock()
-		delete(s.driving, runID)
-		s.mu.Unlock()
 	}
 	l := &lease{s: s, name: leaseName(runID)}
-	giveBack := func() error { // the lease, when this driver will not drive after all
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseTimeout)
-		defer cancel()
-		return s.opts.Store.ReleaseLease(rctx, l.name, s.opts.Owner)
-	}
 	// A run just created (start) is no nested run, so its new epoch can be taken with the
 	// lease, in one write, where the store can (the lease still first: no epoch without it).
 	var epoch uint64
-	lf, fenced := s.opts.Store.(store.LeaseFencer)
-	fenced = fenced && start != nil
 	var ok bool
 	var err error
-	if fenced {
+	if lf, fenced := s.opts.Store.(store.LeaseFencer); fenced && start != nil {
 		ok, epoch, err = l.acquireFenced(ctx, lf, runID)
 		if err != nil && ok { // the lease without its epoch: given back, as when FenceRun fails
-			err = errors.Join(fmt.Errorf("fence run %s: %w", runID, err), giveBack())
+			err = errors.Join(fmt.Errorf("fence run %s: %w", runID, err), l.giveBack(ctx))
 		}
 	} else {
 		ok, err = l.acquire(ctx)
 	}
 	if err != nil || !ok {
-		unreserve()
+		s.unreserve(runID)
 		return false, err
 	}
+	return s.launch(ctx, runID, l, epoch, start)
+}
+
+// driveLeased starts the driver of a run its caller just created together with the run's
+// lease and its first epoch (store.RunLeaser), in a write begun at took: the driver holds
+// them from then on, as drive's would after taking them. It reports whether a driver was
+// started; when none is, the lease is given back, unless another driver of this replica has
+// the run (then that driver holds the lease, this replica's as well).
+func (s *Server) driveLeased(ctx context.Context, runID string, epoch uint64, took time.Time, start *handoffv1.Job) (bool, error) {
+	if !s.reserve(runID) { // a scan or watch of this replica found the new run first
+		return false, nil
+	}
+	l := &lease{s: s, name: leaseName(runID)}
+	l.lastOK.Store(took.UnixNano())
+	return s.launch(ctx, runID, l, epoch, start)
+}
+
+// reserve marks runID as driven here, while its lease is tried and then for as long as its
+// driver runs; false when it already is.
+func (s *Server) reserve(runID string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.driving[runID] {
+		return false
+	}
+	s.driving[runID] = true
+	return true
+}
+
+func (s *Server) unreserve(runID string) {
+	s.mu.Lock()
+	delete(s.driving, runID)
+	s.mu.Unlock()
+}
+
+// giveBack releases the lease, when its holder will not drive after all.
+func (l *lease) giveBack(ctx context.Context) error {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseTimeout)
+	defer cancel()
+	return l.s.opts.Store.ReleaseLease(rctx, l.name, l.s.opts.Owner)
+}
+
+// launch starts the driver of a run reserved for it (reserve) whose lease l holds: under
+// epoch, or, when epoch is 0 (epochs start at 1), under one it takes now. Shutting down, it
+// gives the lease back instead; either way the reservation is its.
+func (s *Server) launch(ctx context.Context, runID string, l *lease, epoch uint64, start *handoffv1.Job) (bool, error) {
 	// Close closes stopping under mu, so this Add either comes before its Wait or not at all.
 	s.mu.Lock()
 	if s.stopped() {
 		s.mu.Unlock()
-		unreserve()
-		return false, giveBack()
+		s.unreserve(runID)
+		return false, l.giveBack(ctx)
 	}
 	s.wg.Add(1)
 	s.mu.Unlock()
 	// The run's new epoch, taken while holding its lease and before reading the run: from
 	// now on a save by an earlier holder is refused, so what this driver reads next is the
 	// run's last state for good.
-	if !fenced {
+	if epoch == 0 {
+		var err error
 		if epoch, err = s.fence(ctx, runID, start == nil); err != nil {
 			s.wg.Done()
-			unreserve()
+			s.unreserve(runID)
 			if err == errNested { // not this driver's to drive: no error
 				err = nil
 			}
-			return false, errors.Join(err, giveBack())
+			return false, errors.Join(err, l.giveBack(ctx))
 		}
 	}
 	go func() {
 		defer s.wg.Done()
-		defer unreserve()
+		defer s.unreserve(runID)
 		defer s.unkeepFeed(runID) // the feed SubmitJob kept for its first watch, if it did
 		dctx, lose := context.WithCancelCause(withEpoch(s.ctx, epoch))
 		defer lose(nil)
