@@ -9,12 +9,14 @@ import (
 )
 
 func TestBolt(t *testing.T) {
-	storetest.Run(t, func(t *testing.T) store.Store {
+	open := func(t *testing.T) store.Store {
 		s, err := store.Open(filepath.Join(t.TempDir(), "handoff.db"))
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { s.Close() })
 		return s
-	})
+	}
+	storetest.Run(t, open)
+	t.Run("CreateRunLeased", func(t *testing.T) { storetest.CreateRunLeased(t, open(t)) })
 }

@@ -102,8 +102,9 @@ type RunLeaser interface {
 	// epoch is the run's first epoch, held by lease.Owner under lease.Name. It is 0 when
 	// no lease was taken: the run was not created (the request's earlier run: created
 	// false), or it was while another owner held lease.Name (neither lease nor epoch
-	// taken, as AcquireLeaseFence's held false). lease is checked as AcquireLease checks
-	// its arguments, before anything is written.
+	// taken, as AcquireLeaseFence's held false). A run it creates carries job.run_id, the
+	// id the lease and the epoch are for. lease is checked as AcquireLease checks its
+	// arguments, before anything is written.
 	CreateRunLeased(ctx context.Context, job *handoffv1.Job, lease LeaseClaim, evs ...*handoffv1.JobEvent) (run *handoffv1.Job, created bool, epoch uint64, err error)
 }
 

@@ -400,10 +400,12 @@ func (s *Server) SubmitJob(ctx context.Context, req *handoffv1.SubmitJobRequest)
 	}
 	// On a store that can (store.RunLeaser) the same write takes the new run's lease and
 	// its first epoch, for the driver started below: one write fewer on every job's path.
-	var run *handoffv1.Job
-	var created bool
-	var epoch uint64
-	var took time.Time
+	var (
+		run     *handoffv1.Job
+		created bool
+		epoch   uint64
+		took    time.Time
+	)
 	if rl, ok := s.opts.Store.(store.RunLeaser); ok {
 		took = time.Now()
 		run, created, epoch, err = rl.CreateRunLeased(ctx, job, store.LeaseClaim{Name: leaseName(runID), Owner: s.opts.Owner, TTL: s.opts.LeaseTTL}, submitted)
@@ -432,13 +434,14 @@ func (s *Server) SubmitJob(ctx context.Context, req *handoffv1.SubmitJobRequest)
 	}
 	s.setWallet(start, start.GetWallet())
 	var started bool
-	if epoch > 0 {
-		started, err = s.driveLeased(ctx, run.GetRunId(), epoch, took, start)
+	if epoch > 0 && run.GetRunId() == job.GetRunId() { // a RunLeaser creates the run under job's id
+		if started, err = s.driveLeased(ctx, run.GetRunId(), epoch, took, start); err != nil {
+			s.log.Warn("shutting down: could not give back the new run's lease; it lapses and another replica drives the run", "run_id", run.GetRunId(), "err", err)
+		}
 	} else { // no lease taken with the run: the store has no RunLeaser, or another owner held it
-		started, err = s.drive(ctx, run.GetRunId(), start)
-	}
-	if err != nil {
-		s.log.Warn("could not take the new run's lease; the takeover scan will drive it", "run_id", run.GetRunId(), "err", err)
+		if started, err = s.drive(ctx, run.GetRunId(), start); err != nil {
+			s.log.Warn("could not take the new run's lease; the takeover scan will drive it", "run_id", run.GetRunId(), "err", err)
+		}
 	}
 	if !started {
 		s.unkeepFeed(run.GetRunId())

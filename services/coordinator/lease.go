@@ -197,10 +197,12 @@ func (s *Server) drive(ctx context.Context, runID string, start *handoffv1.Job) 
 // driveLeased starts the driver of a run its caller just created together with the run's
 // lease and its first epoch (store.RunLeaser), in a write begun at took: the driver holds
 // them from then on, as drive's would after taking them. It reports whether a driver was
-// started; when none is, the lease is given back, unless another driver of this replica has
-// the run (then that driver holds the lease, this replica's as well).
+// started. When none is, the lease is given back (shutting down), or left to whatever of
+// this replica reserved the run first (a scan, the lapsed-lease watch, an operator's hold in
+// resolve.go): the lease is this replica's, so that one renews it, drives under a newer
+// epoch or releases it, as it would have had the run been created without its lease.
 func (s *Server) driveLeased(ctx context.Context, runID string, epoch uint64, took time.Time, start *handoffv1.Job) (bool, error) {
-	if !s.reserve(runID) { // a scan or watch of this replica found the new run first
+	if !s.reserve(runID) { // something of this replica found the new run first
 		return false, nil
 	}
 	l := &lease{s: s, name: leaseName(runID)}

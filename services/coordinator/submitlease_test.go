@@ -8,14 +8,17 @@ import (
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
 	"github.com/handoffhq/handoff/internal/store"
+	"github.com/handoffhq/handoff/internal/testkit"
 )
 
 // runLeaserStore is a bbolt store that creates a run with its lease (store.RunLeaser),
-// counting those calls and the ones a driver would otherwise take its lease and epoch with.
+// counting those calls and the ones a driver would otherwise take its lease and epoch with,
+// and noting when its lease was first renewed.
 // afterCreate, when set, runs after each CreateRunLeased.
 type runLeaserStore struct {
 	store.Store
 	leased, created, fenced, fences atomic.Int32
+	firstAcquire                    atomic.Int64 // unix nanos of the first AcquireLease
 	afterCreate                     func()
 }
 
@@ -38,17 +41,29 @@ func (r *runLeaserStore) AcquireLeaseFence(ctx context.Context, name, owner stri
 	return r.Store.(store.LeaseFencer).AcquireLeaseFence(ctx, name, owner, ttl, runID)
 }
 
+func (r *runLeaserStore) AcquireLease(ctx context.Context, name, owner string, ttl time.Duration) (bool, error) {
+	r.firstAcquire.CompareAndSwap(0, time.Now().UnixNano())
+	return r.Store.AcquireLease(ctx, name, owner, ttl)
+}
+
 func (r *runLeaserStore) FenceRun(ctx context.Context, runID string) (uint64, error) {
 	r.fences.Add(1)
 	return r.Store.FenceRun(ctx, runID)
 }
 
-// leaseFree reports whether another owner can take lease name now (taking it for 1ms).
+// leaseFree reports whether another owner can take lease name now. A lease it takes it
+// releases at once: one left to lapse would be listed by the lapsed-lease watch, which
+// would drive the run again.
 func leaseFree(t *testing.T, st store.Store, name string) bool {
 	t.Helper()
-	ok, err := st.AcquireLease(context.Background(), name, "probe", time.Millisecond)
+	ok, err := st.AcquireLease(context.Background(), name, "probe", time.Minute)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if ok {
+		if err := st.ReleaseLease(context.Background(), name, "probe"); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return ok
 }
@@ -65,12 +80,19 @@ func TestSubmitCreatesRunWithItsLease(t *testing.T) {
 	}
 	ls := &runLeaserStore{Store: bolt}
 	a := r.replica(t, "replica-a", ls)
+	t.Cleanup(r.g.release) // runs before the replicas' cleanups: a failure must not hold the draft till its stage timeout
+	submitted := time.Now()
 	id := r.submit(t, a, "tkt_leased")
 	if l, c, f, e := ls.leased.Load(), ls.created.Load(), ls.fenced.Load(), ls.fences.Load(); l != 1 || c != 0 || f != 0 || e != 0 {
 		t.Fatalf("submit made %d CreateRunLeased, %d CreateRun, %d AcquireLeaseFence, %d FenceRun calls; want 1, 0, 0, 0", l, c, f, e)
 	}
-	for r.g.waits.Load() < 1 { // the draft is in flight
-		time.Sleep(10 * time.Millisecond)
+	testkit.Eventually(t, 10*time.Second, "the draft in flight", func() bool { return r.g.waits.Load() >= 1 })
+	// The driver starts with the lease's time of taking (the write's start): no renewal
+	// before its first hop. Its background renewals (keep) start LeaseTTL/3 after it does,
+	// so a renewal sooner than that after the submit began is one made for the first hop.
+	if first := ls.firstAcquire.Load(); first != 0 && time.Unix(0, first).Sub(submitted) < r.opts.LeaseTTL/3 {
+		t.Fatalf("the driver renewed the lease %s after the submit began, before its first hop; want it to start from the lease taken with the run",
+			time.Unix(0, first).Sub(submitted))
 	}
 	for range 4 { // two ttls: the driver renews the lease it was created with
 		if leaseFree(t, bolt, "run:"+id) {

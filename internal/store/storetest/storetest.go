@@ -46,7 +46,6 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 	t.Run("Fence", func(t *testing.T) { testFence(t, newStore(t)) })
 	t.Run("FenceAt", func(t *testing.T) { testFenceAt(t, newStore(t)) })
 	t.Run("LeaseFence", func(t *testing.T) { testLeaseFence(t, newStore(t)) })
-	t.Run("CreateRunLeased", func(t *testing.T) { testCreateRunLeased(t, newStore(t)) })
 }
 
 // testGrant: a grant adds to the wallet once per key, never past a budget's caps, and
