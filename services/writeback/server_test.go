@@ -393,16 +393,28 @@ func TestOtherAttemptHitsSameKey(t *testing.T) {
 	}
 }
 
-// slowTarget delays every write, so concurrent callers find the key in flight.
+// slowTarget delays every write, so concurrent callers find the key in flight; with hold
+// set, a write also waits until hold is closed, and fails if its context ends first (as a
+// target's network call would).
 type slowTarget struct {
 	writeback.Target
 	delay time.Duration
+	hold  chan struct{}
 	calls atomic.Int32
 }
 
 func (s *slowTarget) Write(ctx context.Context, w writeback.WriteInput) (string, error) {
 	s.calls.Add(1)
 	time.Sleep(s.delay)
+	if s.hold != nil {
+		select {
+		case <-s.hold:
+		case <-ctx.Done():
+		}
+		if err := ctx.Err(); err != nil {
+			return "", err
+		}
+	}
 	return s.Target.Write(ctx, w)
 }
 
@@ -596,18 +608,35 @@ func TestArtifactReadFailuresRelease(t *testing.T) {
 }
 
 // A caller that gives up mid-write does not abandon the write: the receipt is still stored,
-// and the caller's retry gets it.
+// and the caller's retry gets it. The caller gives up once its write is in the target (its
+// key claimed), which holds the write until the call has ended: a fixed deadline could pass
+// before the call even reached the claim.
 func TestCallerCancelDoesNotAbandonClaimedWrite(t *testing.T) {
-	slow := &slowTarget{delay: 300 * time.Millisecond}
+	slow := &slowTarget{hold: make(chan struct{})}
 	e := newEnv(t, envOpts{targets: func(st *store.Bolt) []writeback.Target {
 		slow.Target = writeback.NewLedger(st)
 		return []writeback.Target{slow}
 	}})
-	short, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	release := sync.OnceFunc(func() { close(slow.hold) })
+	t.Cleanup(release) // before the server stops, should the test end early
+	caller, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	if _, err := e.client.Write(short, e.req()); status.Code(err) != codes.DeadlineExceeded {
-		t.Fatalf("%v, want DeadlineExceeded", err)
+	ended := make(chan error, 1)
+	go func() {
+		_, err := e.client.Write(caller, e.req())
+		ended <- err
+	}()
+	testkit.Eventually(t, 5*time.Second, "the write in the target", func() bool { return slow.calls.Load() > 0 })
+	cancel()
+	if err := <-ended; status.Code(err) != codes.Canceled {
+		t.Fatalf("%v, want Canceled", err)
 	}
+	// A call after it on the same connection is read after its RST_STREAM: once that call is
+	// answered, the server has seen the caller leave.
+	if _, err := e.client.Write(ctxT(t), &handoffv1.WriteRequest{}); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("a call after the cancelled one: %v, want InvalidArgument", err)
+	}
+	release()
 	testkit.Eventually(t, 5*time.Second, "the receipt stored", func() bool { return e.claimState(t, wantKey) == store.Done })
 	resp, err := e.client.Write(ctxT(t), e.req())
 	if err != nil || !resp.GetDuplicate() {
