@@ -193,8 +193,11 @@ func TestClaimRenewalStress(t *testing.T) {
 			t.Errorf("%s: key state %v; want Done", job, st)
 		}
 		if strings.HasPrefix(job, "long-") {
-			if n, want := rs.count(key), int(d/(ttl/3))-1; n < want {
-				t.Errorf("%s: %d renewals in %s; want at least %d (one per ttl/3)", job, n, d, want)
+			// Two short of one per ttl/3: on a loaded machine the shared ticker drops a tick
+			// for a late receiver now and then (seen: 10 of 12 in 1.2 s), and a renewal at
+			// ttl/2 or slower is still caught.
+			if n, want := rs.count(key), int(d/(ttl/3))-2; n < want {
+				t.Errorf("%s: %d renewals in %s; want at least %d (one per ttl/3, less two)", job, n, d, want)
 			}
 		}
 	}
