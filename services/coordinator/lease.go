@@ -228,7 +228,8 @@ func (s *Server) unreserve(runID string) {
 	s.mu.Unlock()
 }
 
-// giveBack releases the lease, when its holder will not drive after all.
+// giveBack releases the lease, when its holder is done with it, bounded by leaseTimeout
+// and not by ctx, which may have ended already (the caller cancelled, the server closing).
 func (l *lease) giveBack(ctx context.Context) error {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseTimeout)
 	defer cancel()
@@ -286,11 +287,9 @@ func (s *Server) launch(ctx context.Context, runID string, l *lease, epoch uint6
 		}
 		if !lost {
 			// Ended, drained or cancelled: free the run for another replica now.
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(s.ctx), leaseTimeout)
-			if err := s.opts.Store.ReleaseLease(rctx, l.name, s.opts.Owner); err != nil {
+			if err := l.giveBack(s.ctx); err != nil {
 				s.log.Warn("release run lease (it expires by itself)", "run_id", runID, "err", err)
 			}
-			cancel()
 		}
 	}()
 	return true, nil

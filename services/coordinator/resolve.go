@@ -177,14 +177,7 @@ func (s *Server) hold(ctx context.Context, runID string) (context.Context, func(
 	}
 	// Hold the run like a driver does: reserved in this process, leased across replicas.
 	// A driver that just escalated the run may still be releasing it: wait a little.
-	for wait := time.Now().Add(3 * time.Second); ; {
-		s.mu.Lock()
-		if !s.driving[runID] {
-			s.driving[runID] = true
-			s.mu.Unlock()
-			break
-		}
-		s.mu.Unlock()
+	for wait := time.Now().Add(3 * time.Second); !s.reserve(runID); {
 		if time.Now().After(wait) || ctx.Err() != nil {
 			return nil, nil, status.Errorf(codes.Aborted, "run %s is busy (being driven or resolved); retry", runID)
 		}
@@ -200,16 +193,12 @@ func (s *Server) hold(ctx context.Context, runID string) (context.Context, func(
 		released = true
 		stopKeep()
 		if held {
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseTimeout)
-			if err := s.opts.Store.ReleaseLease(rctx, l.name, s.opts.Owner); err != nil {
+			if err := l.giveBack(ctx); err != nil {
 				s.log.Warn("release run lease (it expires by itself)", "run_id", runID, "err", err)
 			}
-			cancel()
 			held = false
 		}
-		s.mu.Lock()
-		delete(s.driving, runID)
-		s.mu.Unlock()
+		s.unreserve(runID)
 	}
 	ok, err := l.acquire(ctx)
 	if err != nil {
