@@ -12,14 +12,14 @@ import (
 )
 
 // runLeaserStore is a bbolt store that creates a run with its lease (store.RunLeaser),
-// counting those calls and the ones a driver would otherwise take its lease and epoch with,
-// and noting when its lease was first renewed.
+// counting those calls and CreateRun's, besides the ones a driver would otherwise take its
+// lease and epoch with (fencerStore), and noting when its lease was first renewed.
 // afterCreate, when set, runs after each CreateRunLeased.
 type runLeaserStore struct {
-	store.Store
-	leased, created, fenced, fences atomic.Int32
-	firstAcquire                    atomic.Int64 // unix nanos of the first AcquireLease
-	afterCreate                     func()
+	fencerStore
+	leased, created atomic.Int32
+	firstAcquire    atomic.Int64 // unix nanos of the first AcquireLease
+	afterCreate     func()
 }
 
 func (r *runLeaserStore) CreateRunLeased(ctx context.Context, j *handoffv1.Job, l store.LeaseClaim, evs ...*handoffv1.JobEvent) (*handoffv1.Job, bool, uint64, error) {
@@ -36,19 +36,9 @@ func (r *runLeaserStore) CreateRun(ctx context.Context, j *handoffv1.Job, evs ..
 	return r.Store.CreateRun(ctx, j, evs...)
 }
 
-func (r *runLeaserStore) AcquireLeaseFence(ctx context.Context, name, owner string, ttl time.Duration, runID string) (bool, uint64, error) {
-	r.fenced.Add(1)
-	return r.Store.(store.LeaseFencer).AcquireLeaseFence(ctx, name, owner, ttl, runID)
-}
-
 func (r *runLeaserStore) AcquireLease(ctx context.Context, name, owner string, ttl time.Duration) (bool, error) {
 	r.firstAcquire.CompareAndSwap(0, time.Now().UnixNano())
 	return r.Store.AcquireLease(ctx, name, owner, ttl)
-}
-
-func (r *runLeaserStore) FenceRun(ctx context.Context, runID string) (uint64, error) {
-	r.fences.Add(1)
-	return r.Store.FenceRun(ctx, runID)
 }
 
 // leaseFree reports whether another owner can take lease name now. A lease it takes it
@@ -78,12 +68,12 @@ func TestSubmitCreatesRunWithItsLease(t *testing.T) {
 	if _, ok := bolt.(store.RunLeaser); !ok {
 		t.Fatalf("the stack's bbolt store %T does not create runs with their lease", bolt)
 	}
-	ls := &runLeaserStore{Store: bolt}
+	ls := &runLeaserStore{fencerStore: fencerStore{Store: bolt}}
 	a := r.replica(t, "replica-a", ls)
 	t.Cleanup(r.g.release) // runs before the replicas' cleanups: a failure must not hold the draft till its stage timeout
 	submitted := time.Now()
 	id := r.submit(t, a, "tkt_leased")
-	if l, c, f, e := ls.leased.Load(), ls.created.Load(), ls.fenced.Load(), ls.fences.Load(); l != 1 || c != 0 || f != 0 || e != 0 {
+	if l, c, f, e := ls.leased.Load(), ls.created.Load(), ls.combined.Load(), ls.fences.Load(); l != 1 || c != 0 || f != 0 || e != 0 {
 		t.Fatalf("submit made %d CreateRunLeased, %d CreateRun, %d AcquireLeaseFence, %d FenceRun calls; want 1, 0, 0, 0", l, c, f, e)
 	}
 	testkit.Eventually(t, 10*time.Second, "the draft in flight", func() bool { return r.g.waits.Load() >= 1 })
@@ -109,7 +99,7 @@ func TestSubmitCreatesRunWithItsLease(t *testing.T) {
 			t.Fatal("the run's lease was not released when the run ended")
 		}
 	}
-	if f, e := ls.fenced.Load(), ls.fences.Load(); f != 0 || e != 0 {
+	if f, e := ls.combined.Load(), ls.fences.Load(); f != 0 || e != 0 {
 		t.Fatalf("the driver made %d AcquireLeaseFence and %d FenceRun calls; want none (its epoch came with the run)", f, e)
 	}
 	if next, err := bolt.FenceRun(context.Background(), id); err != nil || next != 2 {
@@ -123,7 +113,7 @@ func TestSubmitCreatesRunWithItsLease(t *testing.T) {
 func TestCloseDuringSubmitGivesLeaseBack(t *testing.T) {
 	r := startReplicas(t)
 	r.g.release()
-	ls := &runLeaserStore{Store: r.st.Store}
+	ls := &runLeaserStore{fencerStore: fencerStore{Store: r.st.Store}}
 	a := r.replica(t, "replica-a", ls)
 	ls.afterCreate = a.Close
 	id := r.submit(t, a, "tkt_closing")
