@@ -349,9 +349,7 @@ func CreateRunLeased(t *testing.T, s store.Store) {
 	}
 	free := func(runID string) {
 		t.Helper()
-		if ok, err := s.AcquireLease(ctx, "run:"+runID, "owner-b", time.Minute); err != nil || !ok {
-			t.Fatalf("another owner's AcquireLease of run %s = %v, %v; want it free (no lease taken)", runID, ok, err)
-		}
+		mustAcquire(t, s, "run:"+runID, "owner-b", time.Minute, true) // free: no lease taken
 		if e, err := s.FenceRun(ctx, runID); err != nil || e != 1 {
 			t.Fatalf("FenceRun(%s) = %d, %v; want 1 (no epoch taken)", runID, e, err)
 		}
@@ -368,9 +366,7 @@ func CreateRunLeased(t *testing.T, s store.Store) {
 	if w, err := s.Wallet(ctx, "rl-1"); err != nil || w.GetHopsRemaining() != 9 {
 		t.Fatalf("the run's wallet = %v, %v; want 9 hops (opened with the run)", w, err)
 	}
-	if ok, err := s.AcquireLease(ctx, "run:rl-1", "owner-b", time.Minute); err != nil || ok {
-		t.Fatalf("another owner's AcquireLease of the new run's lease = %v, %v; want refused (owner-a holds it)", ok, err)
-	}
+	mustAcquire(t, s, "run:rl-1", "owner-b", time.Minute, false) // owner-a holds it
 	for _, stale := range []uint64{0, 2} {
 		if err := s.PutRunFenced(ctx, submitted("rl-1", "rl-req"), stale); !errors.Is(err, store.ErrFenced) {
 			t.Fatalf("save under epoch %d of a run created at epoch 1 = %v, want ErrFenced", stale, err)
@@ -420,15 +416,11 @@ func CreateRunLeased(t *testing.T, s store.Store) {
 	free("rl-x")
 
 	// A lease another owner holds: the run is created, the lease and the fence left alone.
-	if ok, err := s.AcquireLease(ctx, "run:rl-h", "owner-b", time.Minute); err != nil || !ok {
-		t.Fatalf("AcquireLease = %v, %v", ok, err)
-	}
+	mustAcquire(t, s, "run:rl-h", "owner-b", time.Minute, true)
 	if _, created, epoch, err := rl.CreateRunLeased(ctx, submitted("rl-h", ""), claim("rl-h")); err != nil || !created || epoch != 0 {
 		t.Fatalf("CreateRunLeased while another owner holds the lease = %v, %d, %v; want created, epoch 0", created, epoch, err)
 	}
-	if ok, err := s.AcquireLease(ctx, "run:rl-h", "owner-a", time.Minute); err != nil || ok {
-		t.Fatalf("owner-a's AcquireLease after = %v, %v; want refused (still owner-b's)", ok, err)
-	}
+	mustAcquire(t, s, "run:rl-h", "owner-a", time.Minute, false) // still owner-b's
 	if e, err := s.FenceRun(ctx, "rl-h"); err != nil || e != 1 {
 		t.Fatalf("FenceRun(rl-h) = %d, %v; want 1 (no epoch taken)", e, err)
 	}
