@@ -132,6 +132,7 @@ type Server struct {
 	driving map[string]bool                  // run ids with a live driver in this process
 	feeds   map[string]*feed                 // runs watched here: the events this process wrote
 	pending map[string][]*handoffv1.JobEvent // events waiting for their run's next save (later)
+	carried map[string]bool                  // runs whose last move waits for the next package sent (carry)
 
 	wg         sync.WaitGroup
 	ctx        context.Context // cancelled when Close gives up draining
@@ -217,6 +218,7 @@ func New(opts Options) (*Server, error) {
 		driving: map[string]bool{},
 		feeds:   map[string]*feed{},
 		pending: map[string][]*handoffv1.JobEvent{},
+		carried: map[string]bool{},
 
 		stopping:   make(chan struct{}),
 		scanEvery:  max(10*opts.LeaseTTL, 10*time.Second),
@@ -795,8 +797,9 @@ func (s *Server) eventAsync(ctx context.Context, job *handoffv1.Job, ev *handoff
 // later stamps an event like event, but writes it with the run's next save (save, finish),
 // in the same store write as the state it led to, or drops it when the step fails before
 // that save (dropUnsaved): a hop's outcome is then one write instead of one per event, and a
-// crash cannot keep the events without the state or the state without the events. Events a watcher should see before a slow call (the package
-// sent to an agent) go through event instead.
+// crash cannot keep the events without the state or the state without the events. The
+// package sent to an agent, which a watcher should see before the slow call, goes through
+// announce instead.
 func (s *Server) later(job *handoffv1.Job, ev *handoffv1.JobEvent) {
 	s.stamp(job, ev)
 	s.mu.Lock()
@@ -804,13 +807,56 @@ func (s *Server) later(job *handoffv1.Job, ev *handoffv1.JobEvent) {
 	s.mu.Unlock()
 }
 
-// takePending removes and returns the run's waiting events.
+// takePending removes and returns the run's waiting events. A carried move goes with them:
+// they are saved together or dropped together.
 func (s *Server) takePending(runID string) []*handoffv1.JobEvent {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	evs := s.pending[runID]
 	delete(s.pending, runID)
+	delete(s.carried, runID)
 	return evs
+}
+
+// carry leaves the move an agent hop just applied to the run unsaved, its events waiting
+// in pending: the next package sent is recorded in the same store write as the move that
+// chose it (announce), one write per hop instead of two. Whatever the driver does next
+// writes the run first: announce, a save of another step, or flush.
+func (s *Server) carry(runID string) {
+	s.mu.Lock()
+	s.carried[runID] = true
+	s.mu.Unlock()
+}
+
+// carrying reports whether the run has a carried move not yet saved.
+func (s *Server) carrying(runID string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.carried[runID]
+}
+
+// flush saves the run when its last move was carried: before a step that does not start
+// with a package of its own (a fan-out, a sub-job), and when the driver stops.
+func (s *Server) flush(ctx context.Context, job *handoffv1.Job) error {
+	if !s.carrying(job.GetRunId()) {
+		return nil
+	}
+	return s.save(ctx, job)
+}
+
+// announce records the package-sent event ev before its call: with the carried move that
+// chose the stage, in one save before the package leaves (an error means nothing was sent);
+// otherwise on its own, overlapping the call (eventAsync). Call wait before the run's next
+// write.
+func (s *Server) announce(ctx context.Context, job *handoffv1.Job, ev *handoffv1.JobEvent) (wait func(), err error) {
+	if !s.carrying(job.GetRunId()) {
+		return s.eventAsync(ctx, job, ev), nil
+	}
+	s.later(job, ev)
+	if err := s.save(ctx, job); err != nil {
+		return nil, err
+	}
+	return func() {}, nil
 }
 
 // dropUnsaved drops the run's waiting events after a step that did not save: the step is

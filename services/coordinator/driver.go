@@ -42,6 +42,11 @@ func (s *Server) run(ctx context.Context, runID string, l *lease, start *handoff
 			return context.Cause(ctx)
 		}
 		if s.stopped() {
+			// The last hop's move, when it waits for the next package, is kept: the run's next
+			// driver starts after that hop instead of repeating it.
+			if err := s.flush(ctx, job); err != nil {
+				s.log.Warn("stopping: the last hop's move was not saved; the next driver repeats the hop", "run_id", runID, "err", err)
+			}
 			return errStopping
 		}
 		held, err := l.renew(ctx)
@@ -154,6 +159,12 @@ func (s *Server) step(ctx context.Context, job *handoffv1.Job, w stepWallet) err
 	} else if stop {
 		return s.apply(ctx, job, p, w, t, nil)
 	}
+	if st.IsParallel() || st.IsSubJob() {
+		// Their first writes are not a package sent: the carried move is saved first.
+		if err := s.flush(ctx, job); err != nil {
+			return err
+		}
+	}
 	switch {
 	case st.IsParallel():
 		return s.fanOut(ctx, job, p, st, w) // fanout.go
@@ -253,6 +264,13 @@ func routeOptions(st *pipeline.Stage) []*handoffv1.RouteOption {
 // answered, and applies next's verdict on it.
 func (s *Server) agentHop(ctx context.Context, job *handoffv1.Job, p *pipeline.Pipeline, st *pipeline.Stage, pkg *handoffv1.HandoffPackage, w stepWallet) error {
 	runner := s.runners[st.Runner]
+	if !s.decl.fresh(st.Runner) {
+		// Asking the runner what it accepts is a call that may wait: the carried move is
+		// not left unsaved behind it.
+		if err := s.flush(ctx, job); err != nil {
+			return err
+		}
+	}
 	// The newest version the stage's agent declares, converted from the run's state.
 	request := func() (*handoffv1.DeliverRequest, string) {
 		ver := chooseVersion(s.decl.accepts(ctx, st.Runner, st.AgentName(), runner, s.opts.HopTimeout), job.GetDeadline() != nil)
@@ -266,11 +284,14 @@ func (s *Server) agentHop(ctx context.Context, job *handoffv1.Job, p *pipeline.P
 	// The exact package sent, so the hop can be explained later from what the stage started
 	// from (explain.go); the request holds the one version sent.
 	sentEv.Package, sentEv.PackageV2 = req.GetPackage(), req.GetPackageV2()
-	sent := s.eventAsync(ctx, job, sentEv)
+	sent, err := s.announce(ctx, job, sentEv)
+	if err != nil {
+		return err
+	}
 
 	var ack *handoffv1.Ack
 	var result *handoffv1.StageResult
-	err := s.retry(ctx, job, st.Name, func(ctx context.Context) error {
+	err = s.retry(ctx, job, st.Name, func(ctx context.Context) error {
 		var err error
 		ack, result, err = rpc.Deliver(ctx, runner, req)
 		if err == nil && refusedVersion(ack) {
@@ -360,7 +381,11 @@ func (s *Server) agentHop(ctx context.Context, job *handoffv1.Job, p *pipeline.P
 			}
 		}
 	}
-	if err := s.apply(ctx, job, p, w, next(p, job, w, out), outcomeEv); err != nil {
+	// A move without a verdict waits for the next package sent, and is saved with it. A
+	// verdict is recorded only after the run is saved with it (recordVerdict), and a nested
+	// run's driver (subjob.go) has no flush when it stops: both are saved now.
+	carry := verdict == handoffv1.Verdict_VERDICT_UNSPECIFIED && !inSubJob(ctx)
+	if err := s.applyCarried(ctx, job, p, w, next(p, job, w, out), outcomeEv, carry); err != nil {
 		return err
 	}
 	return s.recordVerdict(ctx, job, verdict)
@@ -388,10 +413,13 @@ func (s *Server) recordVerdict(ctx context.Context, job *handoffv1.Job, v handof
 // only), and applies next's verdict on the answer.
 func (s *Server) writeback(ctx context.Context, job *handoffv1.Job, p *pipeline.Pipeline, st *pipeline.Stage, pkg *handoffv1.HandoffPackage, w stepWallet, art *handoffv1.Artifact) error {
 	hop := job.GetHops() + 1
-	sent := s.eventAsync(ctx, job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_PACKAGE_SENT, Stage: st.Name, Traceparent: pkg.GetTrace().GetTraceparent(), Hop: hop, Package: pkg})
+	sent, err := s.announce(ctx, job, &handoffv1.JobEvent{Kind: handoffv1.EventKind_EVENT_KIND_PACKAGE_SENT, Stage: st.Name, Traceparent: pkg.GetTrace().GetTraceparent(), Hop: hop, Package: pkg})
+	if err != nil {
+		return err
+	}
 	req := &handoffv1.WriteRequest{Package: pkg, Artifact: art, Target: st.Writer.Target}
 	var resp *handoffv1.WriteResponse
-	err := s.retry(ctx, job, st.Name, func(ctx context.Context) error {
+	err = s.retry(ctx, job, st.Name, func(ctx context.Context) error {
 		var err error
 		resp, err = s.opts.Writeback.Write(ctx, req)
 		return err
@@ -427,6 +455,12 @@ func (s *Server) writeback(ctx context.Context, job *handoffv1.Job, p *pipeline.
 // apply carries out transition t: it records the move (in the run, and on ev, the hop's last
 // outcome event, when there is one), debits a revision, and saves the run where t leaves it.
 func (s *Server) apply(ctx context.Context, job *handoffv1.Job, p *pipeline.Pipeline, w stepWallet, t transition, ev *handoffv1.JobEvent) error {
+	return s.applyCarried(ctx, job, p, w, t, ev, false)
+}
+
+// applyCarried is apply, but with carry a move to another stage is not saved here: it waits
+// for the next step, which writes it with the package it sends (carry, announce).
+func (s *Server) applyCarried(ctx context.Context, job *handoffv1.Job, p *pipeline.Pipeline, w stepWallet, t transition, ev *handoffv1.JobEvent, carry bool) error {
 	if t.Revision {
 		// Critique loop: one revision off the wallet. The store may hold none after all.
 		if err := s.debit(ctx, job, store.Debit{Revisions: 1}); errors.Is(err, store.ErrWalletEmpty) && t.NoRevision != nil {
@@ -450,6 +484,10 @@ func (s *Server) apply(ctx context.Context, job *handoffv1.Job, p *pipeline.Pipe
 			job.Revisions++
 		}
 		job.Stage = t.Transfer.GetToStage()
+		if carry {
+			s.carry(job.GetRunId())
+			return nil
+		}
 		return s.save(ctx, job)
 	case actComplete:
 		return s.finish(ctx, job, handoffv1.JobState_JOB_STATE_COMPLETED, nil, "", t.Transfer)

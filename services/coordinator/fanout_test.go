@@ -525,3 +525,31 @@ func TestFanOutBranchGetsDeclaredVersion(t *testing.T) {
 		t.Errorf("b2's agent declares handoff.v1 only but was sent v2")
 	}
 }
+
+// TestFanOutAfterCarriedMove: a stage without a verdict before a parallel stage carries its
+// move, and the fan-out saves it before any branch package goes out: each branch's agent
+// finds the run at the parallel stage, the stage before counted and recorded.
+func TestFanOutAfterCarriedMove(t *testing.T) {
+	yaml := strings.Replace(fanYAML(2, "escalate", "finish_in_flight", "1m"),
+		"stages:\n  - name: lookups\n    kind: parallel\n    input: raw_ticket.v1\n",
+		"stages:\n  - {name: intake, input: raw_ticket.v1, output: {type: note, schema_version: note.v1}, criteria: [read]}\n  - name: lookups\n    kind: parallel\n    input: note.v1\n", 1)
+	p, problems, err := pipeline.Parse("fan.yaml", []byte(yaml))
+	if err != nil || pipeline.HasErrors(problems) {
+		t.Fatalf("pipeline: %v %v", err, problems)
+	}
+	s, err := store.Open(t.TempDir() + "/fan.db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	b1 := &peeker{Agent: &branchAgent{name: "s1"}, st: s}
+	e := &fanEnv{env: &env{}, merge: &mergeAgent{}}
+	e.st, e.client = startStack(t, stack.Config{Store: s, Pipelines: map[string]*pipeline.Pipeline{p.Name: p},
+		Agents: []agentrunner.Agent{&recorder{name: "intake"}, b1, &branchAgent{name: "s2"}, e.merge}})
+	e.input = mustInput(t, e.st)
+	job, evs := e.submit(t, "fan", "tkt_1", "", &handoffv1.Budget{UsdRemainingMicros: 1_000_000})
+	if job.GetState() != handoffv1.JobState_JOB_STATE_COMPLETED {
+		t.Fatalf("state %s escalation %v; timeline %v", job.GetState(), job.GetEscalation(), kinds(evs))
+	}
+	b1.sawRun(t, "lookups", 1, "intake:ACK:ACCEPTED", "intake:STAGE_RESULT")
+}

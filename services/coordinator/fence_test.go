@@ -112,18 +112,19 @@ func (p *pausedStore) PutRunFenced(ctx context.Context, j *handoffv1.Job, epoch 
 	return p.save(func() error { return p.historyStore.PutRunFenced(ctx, j, epoch, evs...) })
 }
 
-// TestStaleDriverSaveRefused: replica A is paused with its draft hop in flight, past its
-// lease; B takes the run over and advances it past the draft. A wakes and saves the state
-// after its draft: that save is refused (the lease's fence), A stops, and the run's saved
-// states never go back, ending COMPLETED under B.
+// TestStaleDriverSaveRefused: replica A is paused with its judge hop in flight, past its
+// lease; B takes the run over and advances it past the judge. A wakes and saves the state
+// after its judge (a verdict is saved at once, not carried to the next package): that save
+// is refused (the lease's fence), A stops, and the run's saved states never go back, ending
+// COMPLETED under B.
 func TestStaleDriverSaveRefused(t *testing.T) {
-	r := startReplicas(t)
+	r := startReplicasGated(t, "judge")
 	h := newHistoryStore(r.st.Store)
 	pa := &pausedStore{historyStore: h, hang: make(chan struct{})}
 	a := r.replica(t, "replica-a", pa)
 	t.Cleanup(func() { close(pa.hang); r.g.release() }) // before a's Close (cleanups run last first)
 	id := r.submit(t, a, "tkt_fence")
-	for r.g.waits.Load() < 1 { // A's draft is in flight
+	for r.g.waits.Load() < 1 { // A's judge is in flight
 		time.Sleep(5 * time.Millisecond)
 	}
 	pa.paused.Store(true)

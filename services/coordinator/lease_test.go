@@ -171,6 +171,13 @@ type replicas struct {
 
 func startReplicas(t *testing.T) *replicas {
 	t.Helper()
+	return startReplicasGated(t, "draft")
+}
+
+// startReplicasGated is startReplicas with the gate on the agent of stage gated (draft or
+// judge) instead of the draft's.
+func startReplicasGated(t *testing.T, gatedStage string) *replicas {
+	t.Helper()
 	p, problems, err := pipeline.Parse("relay.yaml", []byte(fmt.Sprintf(relay, 10, 2)))
 	if err != nil || pipeline.HasErrors(problems) {
 		t.Fatalf("relay pipeline: %v %v", err, problems)
@@ -181,9 +188,13 @@ func startReplicas(t *testing.T) *replicas {
 		g:     newGate(),
 	}
 	pls := map[string]*pipeline.Pipeline{p.Name: p}
+	agents := []agentrunner.Agent{gated{r.draft, r.g}, r.judge}
+	if gatedStage == "judge" {
+		agents = []agentrunner.Agent{r.draft, gated{r.judge, r.g}}
+	}
 	st, err := stack.Start(context.Background(), stack.Config{
 		DataDir: t.TempDir(), CoordinatorAddr: "127.0.0.1:0", RunnerAddr: "127.0.0.1:0", WritebackAddr: "127.0.0.1:0",
-		Pipelines: pls, Agents: []agentrunner.Agent{gated{r.draft, r.g}, r.judge}, Logger: testLogger(t),
+		Pipelines: pls, Agents: agents, Logger: testLogger(t),
 	})
 	if err != nil {
 		t.Fatal(err)

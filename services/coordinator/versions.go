@@ -73,6 +73,15 @@ func (d *declarations) accepts(ctx context.Context, addr, agent string, rn hando
 	return v1Only
 }
 
+// fresh reports whether the declaration of the runner at addr is kept and within the TTL:
+// accepts answers from memory, without asking the runner.
+func (d *declarations) fresh(addr string) bool {
+	d.mu.Lock()
+	dec, ok := d.byRn[addr]
+	d.mu.Unlock()
+	return ok && d.now().Sub(dec.at) < d.ttl
+}
+
 // forget drops the runner's declaration, so the next hop asks again.
 func (d *declarations) forget(addr string) {
 	d.mu.Lock()

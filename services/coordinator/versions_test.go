@@ -2,6 +2,7 @@ package coordinator_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -9,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -219,4 +221,51 @@ func TestDeadlineEscalates(t *testing.T) {
 			t.Errorf("judge ran %d times and %d writes after the deadline", n, e.writes(t))
 		}
 	})
+}
+
+// describePeeker is the coordinator's runner client, reading the run from the store as it
+// stands at every Describe the rail makes.
+type describePeeker struct {
+	handoffv1.AgentRunnerServiceClient
+	st   store.Store
+	mu   sync.Mutex
+	seen []string // stage:hops of the running run at each Describe
+}
+
+func (d *describePeeker) Describe(ctx context.Context, in *handoffv1.DescribeRequest, opts ...grpc.CallOption) (*handoffv1.DescribeResponse, error) {
+	runs, _, err := d.st.ListRuns(ctx, handoffv1.JobState_JOB_STATE_RUNNING, 10, "")
+	if err != nil {
+		return nil, err
+	}
+	d.mu.Lock()
+	for _, r := range runs {
+		d.seen = append(d.seen, fmt.Sprintf("%s:%d", r.GetStage(), r.GetHops()))
+	}
+	d.mu.Unlock()
+	return d.AgentRunnerServiceClient.Describe(ctx, in, opts...)
+}
+
+// A declaration that has to be asked for again is a call that may wait on the runner: the
+// draft's carried move is saved before the judge's Describe, not left behind it.
+func TestCarriedMoveSavedBeforeDescribe(t *testing.T) {
+	s, err := store.Open(t.TempDir() + "/describe.db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	dp := &describePeeker{st: s}
+	e := &env{defaultBudget: &handoffv1.Budget{UsdRemainingMicros: 1_000_000}}
+	e.st, e.client = startStack(t, stack.Config{Store: s, Pipelines: relayPipeline(t, 12, 2), DescribeTTL: time.Nanosecond,
+		Agents: []agentrunner.Agent{&recorder{name: "draft"}, &recorder{name: "judge", verdicts: []handoffv1.Verdict{handoffv1.Verdict_VERDICT_PASS}}},
+		WrapRunner: func(c handoffv1.AgentRunnerServiceClient) handoffv1.AgentRunnerServiceClient {
+			dp.AgentRunnerServiceClient = c
+			return dp
+		}})
+	e.input = mustInput(t, e.st)
+	if job, _ := e.submit(t, "relay", "tkt_d", "", e.defaultBudget); job.GetState() != handoffv1.JobState_JOB_STATE_COMPLETED {
+		t.Fatalf("job %s: %v", job.GetState(), job.GetEscalation())
+	}
+	dp.mu.Lock()
+	defer dp.mu.Unlock()
+	testkit.Equal(t, dp.seen, []string{"draft:0", "judge:1"}, "the run in the store at each Describe")
 }

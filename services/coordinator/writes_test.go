@@ -130,8 +130,9 @@ func submitTicket(t *testing.T, client handoffv1.CoordinatorServiceClient, in *h
 
 // TestStepWritesOutcomeWithState: what a hop learned (the ack, the result, the verdict, the
 // receipt, the end) is written with the run's new state in one PutRun; the run is created
-// with its wallet and SUBMITTED event in one write, and each package sent is appended on
-// its own, before the slow call. A spend-free stage debits nothing more, the lease is not
+// with its wallet and SUBMITTED event in one write; a package sent after a move without a
+// verdict is written with that move, before the call, and any other package sent is
+// appended on its own, overlapping the call. A spend-free stage debits nothing more, the lease is not
 // renewed on every hop, and the driver starts from the run it created instead of reading it
 // and opening its wallet.
 func TestStepWritesOutcomeWithState(t *testing.T) {
@@ -165,8 +166,10 @@ func TestStepWritesOutcomeWithState(t *testing.T) {
 	wl.mu.Unlock()
 	want := []string{
 		"CreateRun[SUBMITTED]", "AcquireLease", // the run with its wallet and first event; the driver starts from it
-		"AppendEvent(PACKAGE_SENT)", "PutRun(RUNNING)[ACK STAGE_RESULT]", // draft: spent nothing, no Debit
-		"AppendEvent(PACKAGE_SENT)", "Debit", "PutRun(RUNNING)[ACK STAGE_RESULT VERDICT]", // judge: its spend
+		// draft: spent nothing, no Debit; its move waits for the judge's package.
+		"AppendEvent(PACKAGE_SENT)",
+		// judge: the draft's move with the judge's package, then its spend and its outcome.
+		"PutRun(RUNNING)[ACK STAGE_RESULT PACKAGE_SENT]", "Debit", "PutRun(RUNNING)[ACK STAGE_RESULT VERDICT]",
 		"AppendEvent(PACKAGE_SENT)", "Debit", "PutRun(COMPLETED)[ACK RECEIPT COMPLETED]", // writeback: its hop
 	}
 	if !slices.Equal(got, want) {
@@ -480,5 +483,67 @@ func TestWatchersOfOneRun(t *testing.T) {
 		case <-time.After(20 * time.Second):
 			t.Fatal("a watcher never saw the run end")
 		}
+	}
+}
+
+// peeker is an agent that, when called, reads its job's run and timeline from the store as
+// they stand, then answers as the agent it wraps.
+type peeker struct {
+	agentrunner.Agent
+	st   store.Store
+	mu   sync.Mutex
+	seen []*handoffv1.Job
+	evs  [][]string
+}
+
+func (p *peeker) Run(ctx context.Context, in agentrunner.Input) (*handoffv1.StageResult, error) {
+	runs, _, err := p.st.ListRuns(ctx, handoffv1.JobState_JOB_STATE_RUNNING, 10, "")
+	if err != nil || len(runs) != 1 {
+		return nil, fmt.Errorf("peeker: %d running runs, %v; want 1", len(runs), err)
+	}
+	evs, err := p.st.Events(ctx, runs[0].GetRunId(), 0)
+	if err != nil {
+		return nil, err
+	}
+	p.mu.Lock()
+	p.seen, p.evs = append(p.seen, runs[0]), append(p.evs, kinds(evs))
+	p.mu.Unlock()
+	return p.Agent.Run(ctx, in)
+}
+
+// sawRun checks what the peeker's first call found in the store: the run at stage after
+// hops, and a timeline that ends with tail.
+func (p *peeker) sawRun(t *testing.T, stage string, hops uint32, tail ...string) {
+	t.Helper()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.seen) == 0 {
+		t.Fatal("the agent was not called")
+	}
+	if j := p.seen[0]; j.GetStage() != stage || j.GetHops() != hops {
+		t.Errorf("run in the store at the call: at %s after %d hops; want at %s after %d", j.GetStage(), j.GetHops(), stage, hops)
+	}
+	if got := p.evs[0]; len(got) < len(tail) || !slices.Equal(got[len(got)-len(tail):], tail) {
+		t.Errorf("timeline in the store at the call\n got %v\nwant it to end with %v", got, tail)
+	}
+}
+
+// TestCarriedMoveSavedBeforeItsPackage: a hop without a verdict leaves its move for the
+// next package, but that package's agent is called only once the store holds the move (the
+// run at the new stage, the hop counted, the hop's ack and result) and the package sent,
+// all in the one write before the call.
+func TestCarriedMoveSavedBeforeItsPackage(t *testing.T) {
+	dir := t.TempDir()
+	wl := newWriteLog(t, dir)
+	draft := &recorder{name: "draft"}
+	judge := &peeker{Agent: &recorder{name: "judge", verdicts: []handoffv1.Verdict{handoffv1.Verdict_VERDICT_PASS}}, st: wl.Store}
+	st, client := startStack(t, stack.Config{DataDir: dir, Store: wl, Pipelines: relayPipeline(t, 10, 2), Agents: []agentrunner.Agent{draft, judge}})
+	runID := submitTicket(t, client, mustInput(t, st), &handoffv1.Budget{UsdRemainingMicros: 1_000_000})
+	if _, err := demo.Watch(context.Background(), client, runID, nil); err != nil {
+		t.Fatal(err)
+	}
+	judge.sawRun(t, "judge", 1, "draft:SUBMITTED", "draft:PACKAGE_SENT", "draft:ACK:ACCEPTED", "draft:STAGE_RESULT", "judge:PACKAGE_SENT")
+	if judge.Agent.(*recorder).calls() != 1 {
+		t.Fatalf("judge called %d times; want 1", judge.Agent.(*recorder).calls())
 	}
 }
