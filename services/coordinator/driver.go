@@ -39,6 +39,9 @@ func (s *Server) run(ctx context.Context, runID string, l *lease, start *handoff
 	job := start
 	for {
 		if ctx.Err() != nil {
+			// Cancelled (the lease lost, the drain over): a move still carried gets one last
+			// save, fenced as every save is, so a newer driver refuses it or reads it.
+			s.saveCarried(ctx, job)
 			return context.Cause(ctx)
 		}
 		if s.stopped() {
@@ -53,9 +56,14 @@ func (s *Server) run(ctx context.Context, runID string, l *lease, start *handoff
 		if err == nil && !held {
 			return errLeaseLost
 		}
-		if err == nil {
-			job, err = s.advance(ctx, runID, job)
+		if err != nil {
+			// No step was made: the run in memory is still the one last saved (with its
+			// carried move, if any), so it is kept for the next try, not read again.
+			s.log.Warn("run lease renewal failed before a hop; retrying", "run_id", runID, "retry_in", backoff, "err", err)
+			s.pause(ctx, &backoff)
+			continue
 		}
+		job, err = s.advance(ctx, runID, job)
 		if err == errDone {
 			return nil
 		}
@@ -72,14 +80,31 @@ func (s *Server) run(ctx context.Context, runID string, l *lease, start *handoff
 			return context.Cause(ctx)
 		}
 		s.log.Warn("run waits for the store", "run_id", runID, "retry_in", backoff, "err", err)
-		select {
-		case <-ctx.Done():
-			return context.Cause(ctx)
-		case <-s.stopping:
-			return errStopping
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, 5*time.Second)
+		s.pause(ctx, &backoff)
+	}
+}
+
+// pause waits *backoff before a driver tries again, or less when ctx ends or Close starts
+// (the loop's next turn handles both), and doubles it up to 5s.
+func (s *Server) pause(ctx context.Context, backoff *time.Duration) {
+	select {
+	case <-ctx.Done():
+	case <-s.stopping:
+	case <-time.After(*backoff):
+	}
+	*backoff = min(2**backoff, 5*time.Second)
+}
+
+// saveCarried makes a best-effort save of the run's carried move, if it has one, for a
+// driver whose context ended: bounded by leaseTimeout and not by ctx, whose epoch it keeps.
+func (s *Server) saveCarried(ctx context.Context, job *handoffv1.Job) {
+	if !s.carrying(job.GetRunId()) {
+		return
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseTimeout)
+	defer cancel()
+	if err := s.save(sctx, job); err != nil {
+		s.log.Info("driver stopped: the last hop's move was not saved; the next driver repeats the hop", "run_id", job.GetRunId(), "err", err)
 	}
 }
 
@@ -264,16 +289,18 @@ func routeOptions(st *pipeline.Stage) []*handoffv1.RouteOption {
 // answered, and applies next's verdict on it.
 func (s *Server) agentHop(ctx context.Context, job *handoffv1.Job, p *pipeline.Pipeline, st *pipeline.Stage, pkg *handoffv1.HandoffPackage, w stepWallet) error {
 	runner := s.runners[st.Runner]
-	if !s.decl.fresh(st.Runner) {
+	dec, known := s.decl.declared(st.Runner)
+	if !known {
 		// Asking the runner what it accepts is a call that may wait: the carried move is
 		// not left unsaved behind it.
 		if err := s.flush(ctx, job); err != nil {
 			return err
 		}
+		dec = s.decl.describe(ctx, st.Runner, runner, s.opts.HopTimeout)
 	}
 	// The newest version the stage's agent declares, converted from the run's state.
 	request := func() (*handoffv1.DeliverRequest, string) {
-		ver := chooseVersion(s.decl.accepts(ctx, st.Runner, st.AgentName(), runner, s.opts.HopTimeout), job.GetDeadline() != nil)
+		ver := chooseVersion(dec.accepts(st.AgentName()), job.GetDeadline() != nil)
 		req, ver := deliverRequest(pkg, ver, job)
 		req.Agent, req.RequiredTools, req.Routes = st.AgentName(), st.Tools, routeOptions(st)
 		return req, ver
@@ -298,6 +325,7 @@ func (s *Server) agentHop(ctx context.Context, job *handoffv1.Job, p *pipeline.P
 			// The runner no longer takes what it declared (downgraded in place): ask it
 			// again, and resend once in what it declares now, if that is another version.
 			s.decl.forget(st.Runner)
+			dec = s.decl.describe(ctx, st.Runner, runner, s.opts.HopTimeout)
 			if again, v := request(); v != ver {
 				s.log.Info("runner refused the version it declared; resending", "run_id", job.GetRunId(), "stage", st.Name, "sent", ver, "now", v)
 				req, ver = again, v

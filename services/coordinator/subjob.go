@@ -176,6 +176,9 @@ func (s *Server) subJob(ctx context.Context, job *handoffv1.Job, p *pipeline.Pip
 		}
 		if err != nil {
 			child = nil // read it again from the store
+			// As the parent's driver does for its own run (run, launch): the nested step is
+			// repeated from the nested run as saved, and records its events again then.
+			s.dropUnsaved(ref.GetRunId(), err.Error())
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}

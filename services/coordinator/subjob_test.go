@@ -5,9 +5,11 @@ package coordinator_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -253,4 +255,51 @@ func TestSubJobTakeover(t *testing.T) {
 			t.Errorf("%d writes, want 1", len(es))
 		}
 	})
+}
+
+// debitBlip refuses the first Debit of exactly usd µUSD (a store blip at that debit).
+type debitBlip struct {
+	store.Store
+	usd     int64
+	refused atomic.Bool
+}
+
+func (d *debitBlip) Debit(ctx context.Context, id string, db store.Debit) (*handoffv1.Budget, error) {
+	if db.USDMicros == d.usd && d.refused.CompareAndSwap(false, true) {
+		return nil, errors.New("debitBlip: store unreachable for a moment")
+	}
+	return d.Store.Debit(ctx, id, db)
+}
+
+// TestNestedStepFailureDropsItsEvents: a nested run's hop records its ACK for the nested
+// run's next save, then its spend's debit fails and the parent's step ends with the error.
+// The nested hop is repeated from the nested run as saved (answered DUPLICATE), and the
+// nested timeline holds the repeat's outcome only, not the ACCEPTED ack of the attempt that
+// was never saved (as TestFailedSaveDropsItsEvents for a run of its own).
+func TestNestedStepFailureDropsItsEvents(t *testing.T) {
+	bolt, err := store.Open(t.TempDir() + "/n.db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { bolt.Close() })
+	db := &debitBlip{Store: bolt, usd: 7_000} // gather's spend
+	e := startSub(t, db, 5)
+	job, evs := e.submit(t, "outer", "tkt_1", "", e.defaultBudget)
+	if !db.refused.Load() {
+		t.Fatal("the gather spend's debit was never refused")
+	}
+	if job.GetState() != handoffv1.JobState_JOB_STATE_COMPLETED {
+		t.Fatalf("state %s escalation %v; timeline %v", job.GetState(), job.GetEscalation(), kinds(evs))
+	}
+	if len(job.GetChildren()) != 1 {
+		t.Fatalf("children %v", job.GetChildren())
+	}
+	cevs, err := bolt.Events(context.Background(), job.GetChildren()[0].GetRunId(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tl := kinds(cevs)
+	if n := count(tl, "gather:ACK:ACCEPTED"); n != 0 {
+		t.Errorf("the nested timeline holds %d ACCEPTED acks of the gather attempt whose step failed; want none (only the repeat's DUPLICATE)", n)
+	}
 }

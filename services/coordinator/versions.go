@@ -45,41 +45,52 @@ var v1Only = []string{contract.V1}
 // that cannot be asked now is taken as v1 only for this hop and asked again on the next
 // (its Deliver fails the same way and is retried).
 func (d *declarations) accepts(ctx context.Context, addr, agent string, rn handoffv1.AgentRunnerServiceClient, timeout time.Duration) []string {
+	dec, ok := d.declared(addr)
+	if !ok {
+		dec = d.describe(ctx, addr, rn, timeout)
+	}
+	return dec.accepts(agent)
+}
+
+// declared returns the declaration of the runner at addr when it is kept and within the
+// TTL: what accepts answers from without asking the runner.
+func (d *declarations) declared(addr string) (declaration, bool) {
 	d.mu.Lock()
 	dec, ok := d.byRn[addr]
 	d.mu.Unlock()
-	if !ok || d.now().Sub(dec.at) >= d.ttl {
-		cctx, cancel := context.WithTimeout(ctx, timeout)
-		resp, err := rn.Describe(cctx, &handoffv1.DescribeRequest{})
-		cancel()
-		switch {
-		case err == nil:
-			dec = declaration{at: d.now(), agents: map[string][]string{}}
-			for _, a := range resp.GetAgents() {
-				dec.agents[a.GetName()] = a.GetAccepts()
-			}
-		case status.Code(err) == codes.Unimplemented:
-			dec = declaration{at: d.now()}
-		default:
-			return v1Only
+	return dec, ok && d.now().Sub(dec.at) < d.ttl
+}
+
+// describe asks the runner at addr what it declares and keeps the answer. A runner that
+// cannot be asked now declares nothing (v1 only) for this call, and nothing is kept.
+func (d *declarations) describe(ctx context.Context, addr string, rn handoffv1.AgentRunnerServiceClient, timeout time.Duration) declaration {
+	cctx, cancel := context.WithTimeout(ctx, timeout)
+	resp, err := rn.Describe(cctx, &handoffv1.DescribeRequest{})
+	cancel()
+	var dec declaration
+	switch {
+	case err == nil:
+		dec = declaration{at: d.now(), agents: map[string][]string{}}
+		for _, a := range resp.GetAgents() {
+			dec.agents[a.GetName()] = a.GetAccepts()
 		}
-		d.mu.Lock()
-		d.byRn[addr] = dec
-		d.mu.Unlock()
+	case status.Code(err) == codes.Unimplemented:
+		dec = declaration{at: d.now()}
+	default:
+		return declaration{}
 	}
+	d.mu.Lock()
+	d.byRn[addr] = dec
+	d.mu.Unlock()
+	return dec
+}
+
+// accepts is what the declaration says agent accepts: v1 only for an agent it does not name.
+func (dec declaration) accepts(agent string) []string {
 	if acc, ok := dec.agents[agent]; ok {
 		return acc
 	}
 	return v1Only
-}
-
-// fresh reports whether the declaration of the runner at addr is kept and within the TTL:
-// accepts answers from memory, without asking the runner.
-func (d *declarations) fresh(addr string) bool {
-	d.mu.Lock()
-	dec, ok := d.byRn[addr]
-	d.mu.Unlock()
-	return ok && d.now().Sub(dec.at) < d.ttl
 }
 
 // forget drops the runner's declaration, so the next hop asks again.
