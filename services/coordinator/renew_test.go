@@ -49,7 +49,7 @@ func (b *renewBlip) AcquireLease(ctx context.Context, name, owner string, ttl ti
 func carriedAtRenewal(t *testing.T, r *replicas, sticky bool) (string, *renewBlip) {
 	t.Helper()
 	r.draft.questions = []string{"which plan is the account on"}
-	r.opts.LeaseTTL = 3 * time.Second // background renewal every 1s; lost after 1.5s without one
+	r.opts.LeaseTTL = 6 * time.Second // background renewal every 2s; lost after 3s without one: 1s for the draft to answer
 	blip := &renewBlip{Store: r.st.Store, failed: make(chan struct{}), sticky: sticky}
 	a := r.replica(t, "replica-a", blip)
 	id := r.submit(t, a, "tkt_blip")
