@@ -836,7 +836,8 @@ func (s *Server) carrying(runID string) bool {
 }
 
 // flush saves the run when its last move was carried: before a step that does not start
-// with a package of its own (a fan-out, a sub-job), and when the driver stops.
+// with a package of its own (a fan-out, a sub-job), before a call that may wait, and when
+// the driver stops (keepCarried).
 func (s *Server) flush(ctx context.Context, job *handoffv1.Job) error {
 	if !s.carrying(job.GetRunId()) {
 		return nil

@@ -39,17 +39,11 @@ func (s *Server) run(ctx context.Context, runID string, l *lease, start *handoff
 	job := start
 	for {
 		if ctx.Err() != nil {
-			// Cancelled (the lease lost, the drain over): a move still carried gets one last
-			// save, fenced as every save is, so a newer driver refuses it or reads it.
-			s.saveCarried(ctx, job)
+			s.keepCarried(ctx, job)
 			return context.Cause(ctx)
 		}
 		if s.stopped() {
-			// The last hop's move, when it waits for the next package, is kept: the run's next
-			// driver starts after that hop instead of repeating it.
-			if err := s.flush(ctx, job); err != nil {
-				s.log.Warn("stopping: the last hop's move was not saved; the next driver repeats the hop", "run_id", runID, "err", err)
-			}
+			s.keepCarried(ctx, job)
 			return errStopping
 		}
 		held, err := l.renew(ctx)
@@ -95,16 +89,16 @@ func (s *Server) pause(ctx context.Context, backoff *time.Duration) {
 	*backoff = min(2**backoff, 5*time.Second)
 }
 
-// saveCarried makes a best-effort save of the run's carried move, if it has one, for a
-// driver whose context ended: bounded by leaseTimeout and not by ctx, whose epoch it keeps.
-func (s *Server) saveCarried(ctx context.Context, job *handoffv1.Job) {
-	if !s.carrying(job.GetRunId()) {
-		return
-	}
+// keepCarried saves the run's carried move, if it has one, for a driver that stops (Close
+// started, or its context ended: the lease given up, the drain over), so the run's next
+// driver starts after that hop instead of repeating it. The save is fenced as every save
+// is, so a newer driver refuses it or reads it; it is bounded by leaseTimeout and not by
+// ctx, whose epoch it keeps. Best effort: a failure is logged.
+func (s *Server) keepCarried(ctx context.Context, job *handoffv1.Job) {
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseTimeout)
 	defer cancel()
-	if err := s.save(sctx, job); err != nil {
-		s.log.Info("driver stopped: the last hop's move was not saved; the next driver repeats the hop", "run_id", job.GetRunId(), "err", err)
+	if err := s.flush(sctx, job); err != nil {
+		s.log.Warn("driver stopped: the last hop's move was not saved; the next driver repeats the hop", "run_id", job.GetRunId(), "err", err)
 	}
 }
 
