@@ -206,6 +206,7 @@ func OpenRedis(ctx context.Context, o RedisOptions) (*Redis, error) {
 			Addrs:                 o.Cluster,
 			Password:              o.Password,
 			DialTimeout:           orDefault(o.DialTimeout, 2*time.Second),
+			Dialer:                dialRedis(orDefault(o.DialTimeout, 2*time.Second)), // redis_conn.go
 			ReadTimeout:           orDefault(o.ReadTimeout, 3*time.Second),
 			WriteTimeout:          orDefault(o.WriteTimeout, 3*time.Second),
 			ContextTimeoutEnabled: true,
@@ -229,6 +230,7 @@ func OpenRedis(ctx context.Context, o RedisOptions) (*Redis, error) {
 			Password:              o.Password,
 			DB:                    o.DB,
 			DialTimeout:           orDefault(o.DialTimeout, 2*time.Second),
+			Dialer:                dialRedis(orDefault(o.DialTimeout, 2*time.Second)), // redis_conn.go
 			ReadTimeout:           orDefault(o.ReadTimeout, 3*time.Second),
 			WriteTimeout:          orDefault(o.WriteTimeout, 3*time.Second),
 			ContextTimeoutEnabled: true, // a caller's deadline bounds each command too
