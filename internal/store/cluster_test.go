@@ -266,3 +266,100 @@ func TestClusterWait(t *testing.T) {
 		}
 	})
 }
+
+// TestRedisCreateRunLeased: on one Redis, CreateRunLeased keeps the whole RunLeaser contract
+// (storetest.CreateRunLeased) and a run without a request id is one script, one round trip.
+// On a cluster, where no script may span the run's and the lease's slots, it creates the run
+// as CreateRun does and takes no lease, which the caller's AcquireLeaseFence then takes at
+// epoch 1. On both, a retry that finishes the run an earlier attempt reserved under another
+// id takes no lease: the lease named is for the id asked for.
+func TestRedisCreateRunLeased(t *testing.T) {
+	ctx := context.Background()
+	claim := func(runID string) store.LeaseClaim {
+		return store.LeaseClaim{Name: "run:" + runID, Owner: "owner-a", TTL: time.Minute}
+	}
+	submitted := func(runID, requestID string) *handoffv1.Job {
+		return &handoffv1.Job{RunId: runID, JobId: "job-" + runID, RequestId: requestID, Goal: "g",
+			State: handoffv1.JobState_JOB_STATE_RUNNING, Wallet: &handoffv1.Budget{HopsRemaining: 2}}
+	}
+	t.Run("redis", func(t *testing.T) {
+		storetest.CreateRunLeased(t, storetest.OpenRedis(t))
+
+		s := storetest.OpenRedis(t)
+		var calls atomic.Int32
+		store.RedisClientOf(s).AddHook(countHook{&calls})
+		run, created, epoch, err := s.CreateRunLeased(ctx, submitted("rl-one", ""), claim("rl-one"))
+		if err != nil || !created || epoch != 1 || run.GetRunId() != "rl-one" {
+			t.Fatalf("CreateRunLeased = %v, %v, %d, %v; want rl-one created at epoch 1", run.GetRunId(), created, epoch, err)
+		}
+		if n := calls.Load(); n != 1 {
+			t.Fatalf("CreateRunLeased of a run without a request id made %d Redis calls, want 1", n)
+		}
+	})
+	t.Run("cluster", func(t *testing.T) {
+		s := storetest.OpenCluster(t)
+		run, created, epoch, err := s.CreateRunLeased(ctx, submitted("rl-c", ""), claim("rl-c"))
+		if err != nil || !created || epoch != 0 || run.GetRunId() != "rl-c" {
+			t.Fatalf("CreateRunLeased on a cluster = %v, %v, %d, %v; want rl-c created, no epoch", run.GetRunId(), created, epoch, err)
+		}
+		held, epoch, err := s.AcquireLeaseFence(ctx, "run:rl-c", "owner-b", time.Minute, "rl-c")
+		if err != nil || !held || epoch != 1 {
+			t.Fatalf("AcquireLeaseFence after it = %v, %d, %v; want held at epoch 1 (nothing taken before)", held, epoch, err)
+		}
+		if _, _, _, err := s.CreateRunLeased(ctx, submitted("rl-bad", ""), store.LeaseClaim{Name: "run:rl-bad", Owner: "owner-a"}); err == nil {
+			t.Fatal("CreateRunLeased on a cluster with no lease ttl succeeded")
+		}
+		if _, err := s.GetRun(ctx, "rl-bad"); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("a refused lease's run was stored: %v", err)
+		}
+	})
+	for name, open := range map[string]func(t *testing.T) (*store.Redis, redis.Cmdable, string){
+		"redis reserved": func(t *testing.T) (*store.Redis, redis.Cmdable, string) {
+			p := storetest.RedisPrefix(t)
+			return storetest.OpenRedisPrefix(t, p), storetest.RedisClient(t), p
+		},
+		"cluster reserved": func(t *testing.T) (*store.Redis, redis.Cmdable, string) {
+			p := storetest.ClusterPrefix(t)
+			s, err := store.OpenRedis(ctx, store.RedisOptions{Cluster: storetest.ClusterAddrs(t), Prefix: p})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { s.Close() })
+			return s, storetest.ClusterClient(t), p
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			s, rdb, prefix := open(t)
+			job := submitted("run-retry", "req-1")
+			reserved := proto.Clone(job).(*handoffv1.Job)
+			reserved.RunId = "run-lost"
+			if err := errors.Join(rdb.Set(ctx, prefix+"{req-1}:request", "run-lost", 0).Err(),
+				rdb.Set(ctx, prefix+"{req-1}:requestsum", store.RequestDigest(reserved), 0).Err()); err != nil {
+				t.Fatal(err)
+			}
+			run, created, epoch, err := s.CreateRunLeased(ctx, job, claim("run-retry"))
+			if err != nil || !created || epoch != 0 || run.GetRunId() != "run-lost" {
+				t.Fatalf("CreateRunLeased finishing a reserved request = %v, %v, %d, %v; want run-lost created, no epoch", run.GetRunId(), created, epoch, err)
+			}
+			for _, id := range []string{"run-retry", "run-lost"} {
+				held, epoch, err := s.AcquireLeaseFence(ctx, "run:"+id, "owner-b", time.Minute, id)
+				if err != nil || !held || epoch != 1 {
+					t.Fatalf("AcquireLeaseFence(run:%s) = %v, %d, %v; want held at epoch 1 (no lease or epoch taken before)", id, held, epoch, err)
+				}
+			}
+		})
+	}
+}
+
+// countHook counts the commands and pipelines a client sends.
+type countHook struct{ n *atomic.Int32 }
+
+func (h countHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h countHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error { h.n.Add(1); return next(ctx, cmd) }
+}
+
+func (h countHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error { h.n.Add(1); return next(ctx, cmds) }
+}

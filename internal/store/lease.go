@@ -90,11 +90,12 @@ type LeaseClaim struct {
 	TTL         time.Duration
 }
 
-// RunLeaser is implemented by stores that create a run and take its lease and first epoch
-// in one write, where CreateRun then AcquireLeaseFence take two: on bbolt one transaction,
-// so one commit (two fdatasyncs) fewer on every new job's path. Redis does not have it: its
-// CreateRun spans keys in several cluster slots, which no one script can hold together with
-// the lease's and the fence's, so its callers make the two calls.
+// RunLeaser is implemented by stores that can create a run and take its lease and first
+// epoch in one write, where CreateRun then AcquireLeaseFence take two: on bbolt one
+// transaction, so one commit (two fdatasyncs) fewer on every new job's path; on one Redis
+// one script, so one round trip fewer. Redis Cluster holds the run's keys and the lease's in
+// different slots, which no one script may span: there CreateRunLeased takes no lease
+// (epoch 0) and its caller takes it as it would without a RunLeaser.
 type RunLeaser interface {
 	// CreateRunLeased is CreateRun(job, evs...), with the same checks, digests, conflicts
 	// and answers, and, only when it creates the run, AcquireLease(lease) and
@@ -102,7 +103,9 @@ type RunLeaser interface {
 	// epoch is the run's first epoch, held by lease.Owner under lease.Name. It is 0 when
 	// no lease was taken: the run was not created (the request's earlier run: created
 	// false), or it was while another owner held lease.Name (neither lease nor epoch
-	// taken, as AcquireLeaseFence's held false). A run it creates carries job.run_id, the
+	// taken, as AcquireLeaseFence's held false), or the store could not take it in the
+	// same write (see above; on Redis, also a run created under the id an earlier
+	// attempt of the request reserved). A run it creates holding the lease carries job.run_id, the
 	// id the lease and the epoch are for. lease is checked as AcquireLease checks its
 	// arguments, before anything is written.
 	CreateRunLeased(ctx context.Context, job *handoffv1.Job, lease LeaseClaim, evs ...*handoffv1.JobEvent) (run *handoffv1.Job, created bool, epoch uint64, err error)
@@ -112,6 +115,7 @@ var (
 	_ LeaseFencer = (*Bolt)(nil)
 	_ LeaseFencer = (*Redis)(nil)
 	_ RunLeaser   = (*Bolt)(nil)
+	_ RunLeaser   = (*Redis)(nil)
 )
 
 // checkFenceAt checks FenceRunAt's arguments.

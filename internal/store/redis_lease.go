@@ -41,26 +41,54 @@ return 0
 // acquireLeaseIndexedScript is acquireLeaseScript with the lease's index entry written in the
 // same step, and, with ARGV[4] "1", the run's fence INCRed after the lease is held: for one
 // Redis, where the bucket and the fence (other slots) are reachable from one script; a
-// cluster takes the steps apart. The index and the fence are written with pcall, after the
-// lease: a failed index write is no error (as in AcquireLease), a failed fence is reported
-// as epoch -1. KEYS: lease, index bucket, fence (with ARGV[4] "1"). ARGV: owner, ttl in ms,
-// lease name, fence flag. Reply: {expiry, epoch}; expiry 0 when the lease is another's.
-var acquireLeaseIndexedScript = redis.NewScript(`
-local t = redis.call('TIME')
-local exp = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[2])
-local held = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
-if not held then
-  if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {0, 0} end
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-redis.pcall('ZADD', KEYS[2], string.format('%.0f', exp), ARGV[3])
-local epoch = 0
-if ARGV[4] == '1' then
-  epoch = redis.pcall('INCR', KEYS[3])
-  if type(epoch) ~= 'number' then epoch = -1 end
-end
+// cluster takes the steps apart. KEYS: lease, index bucket, fence (with ARGV[4] "1"). ARGV:
+// owner, ttl in ms, lease name, fence flag. Reply: {expiry, epoch}, as takeLease's.
+var acquireLeaseIndexedScript = redis.NewScript(takeLeaseLua + `
+local fence = nil
+if ARGV[4] == '1' then fence = KEYS[3] end
+local exp, epoch = takeLease(KEYS[1], KEYS[2], fence, ARGV[1], ARGV[2], ARGV[3])
 return {exp, epoch}
 `)
+
+// takeLeaseLua defines takeLease(lease, bucket, fence, owner, ttl, name): the lease taken
+// when free or renewed when owner holds it, its index entry written, and then, when fence
+// is not nil, the run's fence INCRed. The index and the fence are written with pcall, after
+// the lease: a failed index write is no error (as in AcquireLease), a failed fence is
+// reported as epoch -1. Returns expiry (server time in ms) and epoch (0 without a fence);
+// 0, 0 when the lease is another's, and then nothing is written.
+const takeLeaseLua = `
+local function takeLease(lease, bucket, fence, owner, ttl, name)
+  local t = redis.call('TIME')
+  local exp = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ttl)
+  if not redis.call('SET', lease, owner, 'NX', 'PX', ttl) then
+    if redis.call('GET', lease) ~= owner then return 0, 0 end
+    redis.call('PEXPIRE', lease, ttl)
+  end
+  redis.pcall('ZADD', bucket, string.format('%.0f', exp), name)
+  local epoch = 0
+  if fence then
+    epoch = redis.pcall('INCR', fence)
+    if type(epoch) ~= 'number' then epoch = -1 end
+  end
+  return exp, epoch
+end
+`
+
+// leasedLua wraps body, the steps of a script that creates a run (replying {"created",
+// timeline length} or a refusal), so that a run it creates is created holding its lease:
+// takeLease on KEYS[1..3] (lease, index bucket, fence) with ARGV[1..3] (owner, ttl in ms,
+// lease name), after the run's steps. Reply: body's, and on {"created", n} the epoch
+// appended (0: another owner holds the lease; -1: the fence's INCR failed).
+func leasedLua(body string) string {
+	return takeLeaseLua + `
+local function create()` + body + `end
+local r = create()
+if r[1] ~= 'created' then return r end
+local _, epoch = takeLease(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3])
+r[3] = tostring(epoch)
+return r
+`
+}
 
 // acquireIndexed is acquireLeaseIndexedScript: held, the run's new epoch when fence (-1
 // when that INCR failed).

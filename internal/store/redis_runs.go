@@ -139,9 +139,24 @@ return {'created', tostring(n)}
 // order, as the separate scripts would. KEYS: jobsum, bucket, run, events, wallet. ARGV:
 // digest ("" when the job has no job_id: not checked), run_id, then createRunScript's ARGV.
 // Reply: {"jobconflict"} or createRunScript's.
-var createRunOneScript = redis.NewScript(jobSumLua + indexRunLua + `
-if ARGV[1] ~= '' and jobSum(KEYS[1], ARGV[1], '1') == 'jobconflict' then return {'jobconflict'} end
-indexRun(KEYS[2], ARGV[2])` + createRunLua(2, 2))
+var createRunOneScript = redis.NewScript(jobSumLua + indexRunLua + createRunOneLua(0, 0))
+
+// createRunOneLua is createRunOneScript's body with its keys from KEYS[k+1] and its
+// arguments from ARGV[a+1].
+func createRunOneLua(k, a int) string {
+	return fmt.Sprintf(`
+if ARGV[%[2]d] ~= '' and jobSum(KEYS[%[1]d], ARGV[%[2]d], '1') == 'jobconflict' then return {'jobconflict'} end
+indexRun(KEYS[%[3]d], ARGV[%[4]d])`, k+1, a+1, k+2, a+2) + createRunLua(k+2, a+2)
+}
+
+// The scripts CreateRunLeased runs on one Redis: createRunScript and createRunOneScript,
+// each creating the run holding its lease at its first epoch (leasedLua). KEYS: lease,
+// lease index bucket, fence, then the script's own. ARGV: owner, ttl in ms, lease name,
+// then the script's own. Reply: the script's, with the epoch appended to {"created", n}.
+var (
+	createRunLeasedScript    = redis.NewScript(leasedLua(createRunLua(3, 3)))
+	createRunOneLeasedScript = redis.NewScript(jobSumLua + indexRunLua + leasedLua(createRunOneLua(3, 3)))
+)
 
 // CreateRun is up to six scripts, each on the keys of one slot, in an order that a crash
 // between any two of them leaves safe to retry:
@@ -166,11 +181,35 @@ indexRun(KEYS[2], ARGV[2])` + createRunLua(2, 2))
 // both behave alike; there a run without a request id is steps 4 to 6 in one script
 // (createRunOneScript), in the same order.
 func (s *Redis) CreateRun(ctx context.Context, job *handoffv1.Job, evs ...*handoffv1.JobEvent) (*handoffv1.Job, bool, error) {
+	run, created, _, err := s.createRun(ctx, job, nil, evs)
+	return run, created, err
+}
+
+// CreateRunLeased is CreateRun, and on one Redis the script that stores the run takes its
+// lease and first epoch after it (leasedLua): one round trip fewer on every new job's path.
+// A cluster holds the run's keys, the lease's and its index's in different slots, which no
+// one script may span: there the run is created as by CreateRun and no lease is taken
+// (epoch 0), and the caller takes it as it would without a RunLeaser. So does a fence whose
+// INCR failed (the lease is then the caller's, and its own AcquireLeaseFence reports that).
+func (s *Redis) CreateRunLeased(ctx context.Context, job *handoffv1.Job, lease LeaseClaim, evs ...*handoffv1.JobEvent) (*handoffv1.Job, bool, uint64, error) {
+	if err := checkLease(lease.Name, lease.Owner, lease.TTL, true); err != nil {
+		return nil, false, 0, err
+	}
+	if s.cluster {
+		run, created, err := s.CreateRun(ctx, job, evs...)
+		return run, created, 0, err
+	}
+	return s.createRun(ctx, job, &lease, evs)
+}
+
+// createRun is CreateRun, creating the run holding lease when it is not nil (one Redis
+// only: see CreateRunLeased).
+func (s *Redis) createRun(ctx context.Context, job *handoffv1.Job, lease *LeaseClaim, evs []*handoffv1.JobEvent) (*handoffv1.Job, bool, uint64, error) {
 	if job.GetRunId() == "" {
-		return nil, false, fmt.Errorf("store: run_id is empty")
+		return nil, false, 0, fmt.Errorf("store: run_id is empty")
 	}
 	if job.GetWallet() != nil && job.GetJobId() == "" {
-		return nil, false, fmt.Errorf("store: run %s has a wallet but no job_id to record in it", job.GetRunId())
+		return nil, false, 0, fmt.Errorf("store: run %s has a wallet but no job_id to record in it", job.GetRunId())
 	}
 	rid, given := job.GetRequestId(), job.GetRunId()
 	jobSum := func(record string) error {
@@ -187,7 +226,7 @@ func (s *Redis) CreateRun(ctx context.Context, job *handoffv1.Job, evs ...*hando
 		return nil
 	}
 	if rid == "" && !s.cluster {
-		return s.createRunOne(ctx, job, evs)
+		return s.createRunOne(ctx, job, lease, evs)
 	}
 	reserved := false
 	unreserve := func() {
@@ -203,55 +242,59 @@ func (s *Redis) CreateRun(ctx context.Context, job *handoffv1.Job, evs ...*hando
 		for _, record := range []string{"0", "1"} {
 			if record == "1" {
 				if err := jobSum("0"); err != nil {
-					return nil, false, err
+					return nil, false, 0, err
 				}
 			}
 			res, err := reserveRequestScript.Run(ctx, s.rdb, []string{s.key("request", rid), s.key("requestsum", rid)},
 				job.GetRunId(), RequestDigest(job), record).StringSlice()
 			if err != nil {
-				return nil, false, s.errf("create run %s: request %s: %w", given, rid, err)
+				return nil, false, 0, s.errf("create run %s: request %s: %w", given, rid, err)
 			}
 			switch {
 			case len(res) == 1 && res[0] == "free":
 			case len(res) == 1 && res[0] == "reserved":
 				reserved = true
 			case len(res) == 1 && res[0] == "reqconflict":
-				return nil, false, s.errf("create run %s: request %s: %w", given, rid, ErrRequestConflict)
+				return nil, false, 0, s.errf("create run %s: request %s: %w", given, rid, ErrRequestConflict)
 			case len(res) == 3 && res[0] == "dup":
 				prev, err := s.GetRun(ctx, res[1])
 				if err == nil {
 					if res[2] == "" && !SameIntake(prev, job) { // recorded before requests had digests
-						return nil, false, s.errf("create run %s: request %s: %w", given, rid, ErrRequestConflict)
+						return nil, false, 0, s.errf("create run %s: request %s: %w", given, rid, ErrRequestConflict)
 					}
-					return prev, false, nil
+					return prev, false, 0, nil
 				}
 				if !errors.Is(err, ErrNotFound) || res[2] == "" {
-					return nil, false, s.errf("create run %s: earlier run %s for request %s: %w", given, res[1], rid, err)
+					return nil, false, 0, s.errf("create run %s: earlier run %s for request %s: %w", given, res[1], rid, err)
 				}
 				// Reserved but not stored: finish that creation, with this request's content
 				// (the same digest) under the reserved run id.
 				job = proto.Clone(job).(*handoffv1.Job)
 				job.RunId = res[1]
 			default:
-				return nil, false, s.errf("create run %s: unexpected script reply %q", given, res)
+				return nil, false, 0, s.errf("create run %s: unexpected script reply %q", given, res)
 			}
 		}
 	}
 	runID := job.GetRunId()
+	if runID != given {
+		lease = nil // the lease is for the run asked for; the caller takes the reserved run's
+	}
 	if err := jobSum("1"); err != nil {
 		unreserve()
-		return nil, false, err
+		return nil, false, 0, err
 	}
 	if err := indexRunScript.Run(ctx, s.rdb, []string{s.bucketKey(runID)}, runID).Err(); err != nil {
-		return nil, false, s.errf("create run %s: index: %w", runID, err)
+		return nil, false, 0, s.errf("create run %s: index: %w", runID, err)
 	}
 	args, err := createRunArgs(nil, job, evs)
 	if err != nil {
-		return nil, false, err
+		return nil, false, 0, err
 	}
-	res, err := createRunScript.Run(ctx, s.rdb, []string{s.key("run", runID), s.key("events", runID), s.key("wallet", runID)}, args...).StringSlice()
+	res, err := s.runCreate(ctx, createRunScript, createRunLeasedScript, lease, runID,
+		[]string{s.key("run", runID), s.key("events", runID), s.key("wallet", runID)}, args)
 	if err != nil {
-		return nil, false, s.errf("create run %s: %w", runID, err)
+		return nil, false, 0, s.errf("create run %s: %w", runID, err)
 	}
 	switch res[0] {
 	case "created":
@@ -259,19 +302,19 @@ func (s *Redis) CreateRun(ctx context.Context, job *handoffv1.Job, evs ...*hando
 	case "exists":
 		// Stored by another caller finishing this same request: the request's run.
 		if prev, err := s.GetRun(ctx, runID); err == nil && rid != "" && prev.GetRequestId() == rid {
-			return prev, false, nil
+			return prev, false, 0, nil
 		}
 		unreserve()
-		return nil, false, s.errf("create run %s: run already exists", runID)
+		return nil, false, 0, s.errf("create run %s: run already exists", runID)
 	case "wrongjob":
 		unreserve()
-		return nil, false, s.errf("create run %s: its wallet id is a wallet of another job: %w", runID, ErrWrongJob)
+		return nil, false, 0, s.errf("create run %s: its wallet id is a wallet of another job: %w", runID, ErrWrongJob)
 	}
-	return nil, false, s.errf("create run %s: unexpected script reply %q", runID, res)
+	return nil, false, 0, s.errf("create run %s: unexpected script reply %q", runID, res)
 }
 
 // createRunOne is CreateRun of a run without a request id on one Redis: createRunOneScript.
-func (s *Redis) createRunOne(ctx context.Context, job *handoffv1.Job, evs []*handoffv1.JobEvent) (*handoffv1.Job, bool, error) {
+func (s *Redis) createRunOne(ctx context.Context, job *handoffv1.Job, lease *LeaseClaim, evs []*handoffv1.JobEvent) (*handoffv1.Job, bool, uint64, error) {
 	runID := job.GetRunId()
 	digest := ""
 	if job.GetJobId() != "" {
@@ -279,24 +322,24 @@ func (s *Redis) createRunOne(ctx context.Context, job *handoffv1.Job, evs []*han
 	}
 	args, err := createRunArgs([]any{digest, runID}, job, evs)
 	if err != nil {
-		return nil, false, err
+		return nil, false, 0, err
 	}
 	keys := []string{s.key("jobsum", job.GetJobId()), s.bucketKey(runID), s.key("run", runID), s.key("events", runID), s.key("wallet", runID)}
-	res, err := createRunOneScript.Run(ctx, s.rdb, keys, args...).StringSlice()
+	res, err := s.runCreate(ctx, createRunOneScript, createRunOneLeasedScript, lease, runID, keys, args)
 	if err != nil {
-		return nil, false, s.errf("create run %s: %w", runID, err)
+		return nil, false, 0, s.errf("create run %s: %w", runID, err)
 	}
 	switch {
 	case len(res) == 1 && res[0] == "jobconflict":
-		return nil, false, s.errf("create run %s: job %s: %w", runID, job.GetJobId(), ErrJobConflict)
+		return nil, false, 0, s.errf("create run %s: job %s: %w", runID, job.GetJobId(), ErrJobConflict)
 	case len(res) == 1 && res[0] == "exists":
-		return nil, false, s.errf("create run %s: run already exists", runID)
+		return nil, false, 0, s.errf("create run %s: run already exists", runID)
 	case len(res) == 1 && res[0] == "wrongjob":
-		return nil, false, s.errf("create run %s: its wallet id is a wallet of another job: %w", runID, ErrWrongJob)
-	case len(res) == 2 && res[0] == "created":
+		return nil, false, 0, s.errf("create run %s: its wallet id is a wallet of another job: %w", runID, ErrWrongJob)
+	case len(res) >= 2 && res[0] == "created":
 		return s.created(job, evs, res)
 	}
-	return nil, false, s.errf("create run %s: unexpected script reply %q", runID, res)
+	return nil, false, 0, s.errf("create run %s: unexpected script reply %q", runID, res)
 }
 
 // createRunArgs is createRunScript's ARGV for job and its first events, after the
@@ -311,17 +354,37 @@ func createRunArgs(before []any, job *handoffv1.Job, evs []*handoffv1.JobEvent) 
 		job.GetJobId()), job.GetRunId(), evs)
 }
 
-// created is CreateRun's answer to createRunScript's {"created", timeline length}: the
-// events numbered by where they landed, and the run as stored.
-func (s *Redis) created(job *handoffv1.Job, evs []*handoffv1.JobEvent, res []string) (*handoffv1.Job, bool, error) {
+// created is CreateRun's answer to createRunScript's {"created", timeline length} (and the
+// run's epoch after them, from a leased script): the events numbered by where they landed,
+// the run as stored, and the epoch (0 for none, or for a fence that failed: -1).
+func (s *Redis) created(job *handoffv1.Job, evs []*handoffv1.JobEvent, res []string) (*handoffv1.Job, bool, uint64, error) {
 	if len(evs) > 0 && len(res) > 1 {
 		last, err := strconv.ParseUint(res[1], 10, 64)
 		if err != nil {
-			return nil, false, s.errf("create run %s: unexpected script reply %q", job.GetRunId(), res)
+			return nil, false, 0, s.errf("create run %s: unexpected script reply %q", job.GetRunId(), res)
 		}
 		numberEvents(evs, last)
 	}
-	return proto.Clone(job).(*handoffv1.Job), true, nil
+	var epoch uint64
+	if len(res) > 2 {
+		e, err := strconv.ParseInt(res[2], 10, 64)
+		if err != nil {
+			return nil, false, 0, s.errf("create run %s: unexpected script reply %q", job.GetRunId(), res)
+		}
+		epoch = uint64(max(e, 0))
+	}
+	return proto.Clone(job).(*handoffv1.Job), true, epoch, nil
+}
+
+// runCreate runs script, or with a lease leased (the same steps, then the lease taken:
+// leasedLua) with the lease's keys and arguments before keys and args.
+func (s *Redis) runCreate(ctx context.Context, script, leased *redis.Script, lease *LeaseClaim, runID string, keys []string, args []any) ([]string, error) {
+	if lease == nil {
+		return script.Run(ctx, s.rdb, keys, args...).StringSlice()
+	}
+	keys = append([]string{s.key("lease", lease.Name), s.leaseBucket(lease.Name), s.key("fence", runID)}, keys...)
+	args = append([]any{lease.Owner, ttlMillis(lease.TTL), lease.Name}, args...)
+	return leased.Run(ctx, s.rdb, keys, args...).StringSlice()
 }
 
 // indexed is one run of an index bucket.

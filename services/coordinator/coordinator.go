@@ -440,7 +440,7 @@ func (s *Server) SubmitJob(ctx context.Context, req *handoffv1.SubmitJobRequest)
 		if started, err = s.driveLeased(ctx, run.GetRunId(), epoch, took, start); err != nil {
 			s.log.Warn("shutting down: could not give back the new run's lease; it lapses and another replica drives the run", "run_id", run.GetRunId(), "err", err)
 		}
-	} else { // no lease taken with the run: the store has no RunLeaser, or another owner held it
+	} else { // no lease taken with the run: no RunLeaser, another owner held it, or the store could not take it with the run
 		if started, err = s.drive(ctx, run.GetRunId(), start); err != nil {
 			s.log.Warn("could not take the new run's lease; the takeover scan will drive it", "run_id", run.GetRunId(), "err", err)
 		}
