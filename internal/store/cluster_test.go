@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/url"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -294,6 +295,31 @@ func TestRedisCreateRunLeased(t *testing.T) {
 		}
 		if n := calls.Load(); n != 1 {
 			t.Fatalf("CreateRunLeased of a run without a request id made %d Redis calls, want 1", n)
+		}
+	})
+	t.Run("redis lease key of another type", func(t *testing.T) {
+		p := storetest.RedisPrefix(t)
+		s, rdb := storetest.OpenRedisPrefix(t, p), storetest.RedisClient(t)
+		for _, rid := range []string{"", "req-wt"} {
+			id := "rl-wt" + rid
+			key := p + "{run:" + id + "}:lease"
+			if err := rdb.HSet(ctx, key, "not", "a lease").Err(); err != nil {
+				t.Fatal(err)
+			}
+			_, created, epoch, err := s.CreateRunLeased(ctx, submitted(id, rid), claim(id))
+			if err == nil || !strings.Contains(err.Error(), "run:"+id) || created || epoch != 0 {
+				t.Fatalf("CreateRunLeased (request %q) with a hash at the lease key = %v, %d, %v; want an error naming the lease", rid, created, epoch, err)
+			}
+			if _, err := s.GetRun(ctx, id); !errors.Is(err, store.ErrNotFound) {
+				t.Fatalf("the refused run %s was stored: %v", id, err)
+			}
+			if err := rdb.Del(ctx, key).Err(); err != nil {
+				t.Fatal(err)
+			}
+			run, created, epoch, err := s.CreateRunLeased(ctx, submitted(id, rid), claim(id))
+			if err != nil || !created || epoch != 1 || run.GetRunId() != id {
+				t.Fatalf("CreateRunLeased (request %q) once the key is gone = %v, %v, %d, %v; want %s created at epoch 1", rid, run.GetRunId(), created, epoch, err, id)
+			}
 		}
 	})
 	t.Run("cluster", func(t *testing.T) {

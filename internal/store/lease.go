@@ -105,7 +105,9 @@ type RunLeaser interface {
 	// false), or it was while another owner held lease.Name (neither lease nor epoch
 	// taken, as AcquireLeaseFence's held false), or the store could not take it in the
 	// same write (see above; on Redis, also a run created under the id an earlier
-	// attempt of the request reserved). A run it creates holding the lease carries job.run_id, the
+	// attempt of the request reserved, and one whose fence could not be raised: its
+	// lease is then held, and the caller's AcquireLeaseFence renews it and reports the
+	// fence's error). A run it creates holding the lease carries job.run_id, the
 	// id the lease and the epoch are for. lease is checked as AcquireLease checks its
 	// arguments, before anything is written.
 	CreateRunLeased(ctx context.Context, job *handoffv1.Job, lease LeaseClaim, evs ...*handoffv1.JobEvent) (run *handoffv1.Job, created bool, epoch uint64, err error)

@@ -26,21 +26,23 @@ func TestRedisPeeksOnlyQuietConnections(t *testing.T) {
 	admin := storetest.RedisClient(t)
 	ctx := context.Background()
 	// kill closes, from the server's side, the connection the store's next command takes
-	// (the pool hands out the one it just got back) and returns its id.
-	kill := func() int64 {
+	// (the pool hands out the one it just got back), and returns its id and when it last
+	// read a reply.
+	kill := func() (int64, time.Time) {
 		t.Helper()
 		id, err := c.ClientID(ctx).Result()
+		heard := time.Now()
 		if err != nil {
 			t.Fatalf("CLIENT ID: %v", err)
 		}
 		if n, err := admin.ClientKillByFilter(ctx, "ID", itoa(id)).Result(); err != nil || n != 1 {
 			t.Fatalf("CLIENT KILL ID %d: %d killed, %v", id, n, err)
 		}
-		return id
+		return id, heard
 	}
 
 	t.Run("closed while quiet: replaced before the command", func(t *testing.T) {
-		old := kill()
+		old, _ := kill()
 		time.Sleep(store.HeardWithin + 100*time.Millisecond)
 		if err := s.Ping(ctx); err != nil {
 			t.Fatalf("Ping after the server closed a connection quiet for %s: %v (want a new connection)", store.HeardWithin, err)
@@ -50,15 +52,29 @@ func TestRedisPeeksOnlyQuietConnections(t *testing.T) {
 		}
 	})
 	t.Run("closed right after a reply: that command fails, the next does not", func(t *testing.T) {
-		old := kill()
-		if err := s.Ping(ctx); err == nil {
-			t.Fatal("Ping on a connection closed just after its last reply succeeded: it was checked, so every command pays the peek")
-		}
-		if err := s.Ping(ctx); err != nil {
-			t.Fatalf("second Ping: %v", err)
-		}
-		if id := c.ClientID(ctx).Val(); id == old {
-			t.Fatalf("the command ran on the killed connection %d", old)
+		// On a loaded machine the kill may take longer than the window; such a try says
+		// nothing, and is made again.
+		for try := 0; ; try++ {
+			old, heard := kill()
+			if time.Since(heard) >= store.HeardWithin {
+				if try == 9 {
+					t.Fatalf("ten tries, each slower than %s between a reply and the next command", store.HeardWithin)
+				}
+				if err := s.Ping(ctx); err != nil { // drop the killed connection, whatever the policy did
+					t.Logf("try %d was late; its Ping: %v", try, err)
+				}
+				continue
+			}
+			if err := s.Ping(ctx); err == nil {
+				t.Fatal("Ping on a connection closed just after its last reply succeeded: it was checked, so every command pays the peek")
+			}
+			if err := s.Ping(ctx); err != nil {
+				t.Fatalf("second Ping: %v", err)
+			}
+			if id := c.ClientID(ctx).Val(); id == old {
+				t.Fatalf("the command ran on the killed connection %d", old)
+			}
+			return
 		}
 	})
 }

@@ -78,9 +78,13 @@ end
 // timeline length} or a refusal), so that a run it creates is created holding its lease:
 // takeLease on KEYS[1..3] (lease, index bucket, fence) with ARGV[1..3] (owner, ttl in ms,
 // lease name), after the run's steps. Reply: body's, and on {"created", n} the epoch
-// appended (0: another owner holds the lease; -1: the fence's INCR failed).
+// appended (0: another owner holds the lease; -1: the fence's INCR failed). A lease key
+// holding something other than a lease is refused first, {"leasetype", its type}, with
+// nothing written: found by takeLease, its error would come after the run was stored.
 func leasedLua(body string) string {
 	return takeLeaseLua + `
+local lt = redis.call('TYPE', KEYS[1])['ok']
+if lt ~= 'none' and lt ~= 'string' then return {'leasetype', lt} end
 local function create()` + body + `end
 local r = create()
 if r[1] ~= 'created' then return r end

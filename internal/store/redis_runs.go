@@ -309,6 +309,9 @@ func (s *Redis) createRun(ctx context.Context, job *handoffv1.Job, lease *LeaseC
 	case "wrongjob":
 		unreserve()
 		return nil, false, 0, s.errf("create run %s: its wallet id is a wallet of another job: %w", runID, ErrWrongJob)
+	case "leasetype":
+		unreserve()
+		return nil, false, 0, s.leaseTypeErr(runID, lease, res)
 	}
 	return nil, false, 0, s.errf("create run %s: unexpected script reply %q", runID, res)
 }
@@ -338,6 +341,8 @@ func (s *Redis) createRunOne(ctx context.Context, job *handoffv1.Job, lease *Lea
 		return nil, false, 0, s.errf("create run %s: its wallet id is a wallet of another job: %w", runID, ErrWrongJob)
 	case len(res) >= 2 && res[0] == "created":
 		return s.created(job, evs, res)
+	case len(res) == 2 && res[0] == "leasetype":
+		return nil, false, 0, s.leaseTypeErr(runID, lease, res)
 	}
 	return nil, false, 0, s.errf("create run %s: unexpected script reply %q", runID, res)
 }
@@ -374,6 +379,15 @@ func (s *Redis) created(job *handoffv1.Job, evs []*handoffv1.JobEvent, res []str
 		epoch = uint64(max(e, 0))
 	}
 	return proto.Clone(job).(*handoffv1.Job), true, epoch, nil
+}
+
+// leaseTypeErr is the error for a leased script's {"leasetype", type}: the lease key holds
+// another kind of value, and nothing was written.
+func (s *Redis) leaseTypeErr(runID string, lease *LeaseClaim, res []string) error {
+	if lease == nil || len(res) < 2 {
+		return s.errf("create run %s: unexpected script reply %q", runID, res)
+	}
+	return s.errf("create run %s: lease %s holds a %s, not a lease; nothing was written", runID, lease.Name, res[1])
 }
 
 // runCreate runs script, or with a lease leased (the same steps, then the lease taken:
