@@ -145,27 +145,32 @@ func TestClusterSpread(t *testing.T) {
 	}
 }
 
+// redisAndCluster opens a store on one Redis ("redis") and on the Redis Cluster
+// ("cluster"), each under a key prefix of its own, and returns it with a raw client of the
+// same server(s) and the prefix, for tests that plant keys the store then finds.
+var redisAndCluster = map[string]func(t *testing.T) (*store.Redis, redis.Cmdable, string){
+	"redis": func(t *testing.T) (*store.Redis, redis.Cmdable, string) {
+		p := storetest.RedisPrefix(t)
+		return storetest.OpenRedisPrefix(t, p), storetest.RedisClient(t), p
+	},
+	"cluster": func(t *testing.T) (*store.Redis, redis.Cmdable, string) {
+		p := storetest.ClusterPrefix(t)
+		s, err := store.OpenRedis(context.Background(), store.RedisOptions{Cluster: storetest.ClusterAddrs(t), Prefix: p})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s, storetest.ClusterClient(t), p
+	},
+}
+
 // TestRedisCreateRunCrashWindows: what a CreateRun that stopped between its scripts leaves
 // (see Redis.CreateRun) is finished or skipped, on one Redis and on the cluster: a request
 // reserved for a run never stored is created by its retry under the reserved run id; a run
 // listed in the index but never stored is skipped by ListRuns; and concurrent creates of
 // one request create one run, which all of them return.
 func TestRedisCreateRunCrashWindows(t *testing.T) {
-	for name, open := range map[string]func(t *testing.T) (*store.Redis, redis.Cmdable, string){
-		"redis": func(t *testing.T) (*store.Redis, redis.Cmdable, string) {
-			p := storetest.RedisPrefix(t)
-			return storetest.OpenRedisPrefix(t, p), storetest.RedisClient(t), p
-		},
-		"cluster": func(t *testing.T) (*store.Redis, redis.Cmdable, string) {
-			p := storetest.ClusterPrefix(t)
-			s, err := store.OpenRedis(context.Background(), store.RedisOptions{Cluster: storetest.ClusterAddrs(t), Prefix: p})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { s.Close() })
-			return s, storetest.ClusterClient(t), p
-		},
-	} {
+	for name, open := range redisAndCluster {
 		t.Run(name, func(t *testing.T) {
 			s, rdb, prefix := open(t)
 			ctx := context.Background()
@@ -339,22 +344,8 @@ func TestRedisCreateRunLeased(t *testing.T) {
 			t.Fatalf("a refused lease's run was stored: %v", err)
 		}
 	})
-	for name, open := range map[string]func(t *testing.T) (*store.Redis, redis.Cmdable, string){
-		"redis reserved": func(t *testing.T) (*store.Redis, redis.Cmdable, string) {
-			p := storetest.RedisPrefix(t)
-			return storetest.OpenRedisPrefix(t, p), storetest.RedisClient(t), p
-		},
-		"cluster reserved": func(t *testing.T) (*store.Redis, redis.Cmdable, string) {
-			p := storetest.ClusterPrefix(t)
-			s, err := store.OpenRedis(ctx, store.RedisOptions{Cluster: storetest.ClusterAddrs(t), Prefix: p})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { s.Close() })
-			return s, storetest.ClusterClient(t), p
-		},
-	} {
-		t.Run(name, func(t *testing.T) {
+	for name, open := range redisAndCluster {
+		t.Run(name+" reserved", func(t *testing.T) {
 			s, rdb, prefix := open(t)
 			job := submitted("run-retry", "req-1")
 			reserved := proto.Clone(job).(*handoffv1.Job)

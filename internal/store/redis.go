@@ -195,6 +195,7 @@ func OpenRedis(ctx context.Context, o RedisOptions) (*Redis, error) {
 		o.Prefix = "handoff:"
 	}
 	s := &Redis{prefix: o.Prefix, now: time.Now, waitReplicas: o.WaitReplicas, waitTimeout: orDefault(o.WaitTimeout, 2*time.Second)}
+	dialTimeout := orDefault(o.DialTimeout, 2*time.Second)
 	switch {
 	case o.Client != nil:
 		s.rdb, s.addr = o.Client, clientAddr(o.Client)
@@ -205,8 +206,8 @@ func OpenRedis(ctx context.Context, o RedisOptions) (*Redis, error) {
 		s.rdb = redis.NewClusterClient(&redis.ClusterOptions{
 			Addrs:                 o.Cluster,
 			Password:              o.Password,
-			DialTimeout:           orDefault(o.DialTimeout, 2*time.Second),
-			Dialer:                dialRedis(orDefault(o.DialTimeout, 2*time.Second)), // redis_conn.go
+			DialTimeout:           dialTimeout,
+			Dialer:                dialRedis(dialTimeout), // redis_conn.go
 			ReadTimeout:           orDefault(o.ReadTimeout, 3*time.Second),
 			WriteTimeout:          orDefault(o.WriteTimeout, 3*time.Second),
 			ContextTimeoutEnabled: true,
@@ -229,8 +230,8 @@ func OpenRedis(ctx context.Context, o RedisOptions) (*Redis, error) {
 			Addr:                  o.Addr,
 			Password:              o.Password,
 			DB:                    o.DB,
-			DialTimeout:           orDefault(o.DialTimeout, 2*time.Second),
-			Dialer:                dialRedis(orDefault(o.DialTimeout, 2*time.Second)), // redis_conn.go
+			DialTimeout:           dialTimeout,
+			Dialer:                dialRedis(dialTimeout), // redis_conn.go
 			ReadTimeout:           orDefault(o.ReadTimeout, 3*time.Second),
 			WriteTimeout:          orDefault(o.WriteTimeout, 3*time.Second),
 			ContextTimeoutEnabled: true, // a caller's deadline bounds each command too
