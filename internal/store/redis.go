@@ -135,6 +135,9 @@ var ErrNotReplicated = errors.New("the write was not acknowledged by enough repl
 type Redis struct {
 	rdb   redis.UniversalClient
 	owned bool // Close closes rdb only when OpenRedis dialled it
+	// run sends the scripts: rdb, or on one server rdb behind a scriptBatcher
+	// (redis_batch.go), which lets concurrent script calls share pipelines.
+	run redis.Cmdable
 	// cluster: keys of different slots may be on different servers (a cluster, or a Ring
 	// of shards: any client but a *redis.Client), so the operations that would touch
 	// several slots in one script run one script per slot (Admit, AppendLedgerComplete,
@@ -154,7 +157,7 @@ type Redis struct {
 // replicas to acknowledge what f wrote. Without WaitReplicas it is f on the shared client.
 func (s *Redis) replicated(ctx context.Context, key string, f func(c redis.Cmdable) error) error {
 	if s.waitReplicas <= 0 {
-		return f(s.rdb)
+		return f(s.run)
 	}
 	var conn *redis.Conn
 	switch c := s.rdb.(type) {
@@ -242,8 +245,12 @@ func OpenRedis(ctx context.Context, o RedisOptions) (*Redis, error) {
 	// Only a client of one server (or of one master, a failover client) may run a script
 	// on keys of several hash tags: a cluster, and a Ring of shards, route each script by
 	// its first key, so every other client gets the per-slot steps.
-	_, single := s.rdb.(*redis.Client)
+	one, single := s.rdb.(*redis.Client)
 	s.cluster = !single
+	s.run = s.rdb
+	if single {
+		s.run = newScriptBatcher(one)
+	}
 	if err := s.Ping(ctx); err != nil {
 		s.Close()
 		return nil, err
@@ -340,7 +347,7 @@ func (s *Redis) PutRun(ctx context.Context, job *handoffv1.Job, evs ...*handoffv
 			return err
 		}
 		var last int64
-		last, err = putRunEventsScript.Run(ctx, s.rdb, []string{s.key("run", job.GetRunId()), s.key("events", job.GetRunId())}, args...).Int64()
+		last, err = putRunEventsScript.Run(ctx, s.run, []string{s.key("run", job.GetRunId()), s.key("events", job.GetRunId())}, args...).Int64()
 		ok = last > 0
 		if ok && err == nil {
 			numberEvents(evs, uint64(last))
@@ -379,7 +386,7 @@ func (s *Redis) AppendEvent(ctx context.Context, runID string, ev *handoffv1.Job
 	if err != nil {
 		return 0, fmt.Errorf("store: encode event for run %s: %w", runID, err)
 	}
-	seq, err := appendEventScript.Run(ctx, s.rdb, []string{s.key("run", runID), s.key("events", runID)}, data).Int64()
+	seq, err := appendEventScript.Run(ctx, s.run, []string{s.key("run", runID), s.key("events", runID)}, data).Int64()
 	if err != nil {
 		return 0, s.errf("append event to run %s: %w", runID, err)
 	}
@@ -530,7 +537,7 @@ func (s *Redis) OpenWallet(ctx context.Context, id, job string, b *handoffv1.Bud
 	if job == "" {
 		return nil, fmt.Errorf("store: open wallet %s: empty job id", id)
 	}
-	res, err := openWalletScript.Run(ctx, s.rdb, []string{s.key("wallet", id)},
+	res, err := openWalletScript.Run(ctx, s.run, []string{s.key("wallet", id)},
 		b.GetUsdRemainingMicros(), b.GetRevisionsRemaining(), b.GetHopsRemaining(), job).StringSlice()
 	if err != nil {
 		return nil, s.errf("open wallet %s: %w", id, err)
@@ -553,7 +560,7 @@ func (s *Redis) Debit(ctx context.Context, id string, d Debit) (*handoffv1.Budge
 	if d.RequireMoney {
 		require = "1"
 	}
-	res, err := debitScript.Run(ctx, s.rdb, []string{s.key("wallet", id)},
+	res, err := debitScript.Run(ctx, s.run, []string{s.key("wallet", id)},
 		d.Hops, d.Revisions, d.USDMicros, require, d.Job).StringSlice()
 	if err != nil {
 		return nil, s.errf("debit wallet %s: %w", id, err)
@@ -604,7 +611,7 @@ func (s *Redis) GrantWallet(ctx context.Context, id, key string, g Grant) (*hand
 	}
 	// room is the most money the wallet may hold before this grant without overflowing.
 	room := strconv.FormatInt(math.MaxInt64-g.USDMicros, 10)
-	res, err := grantScript.Run(ctx, s.rdb, []string{s.key("wallet", id)}, key, g.Hops, g.Revisions, g.USDMicros, room).StringSlice()
+	res, err := grantScript.Run(ctx, s.run, []string{s.key("wallet", id)}, key, g.Hops, g.Revisions, g.USDMicros, room).StringSlice()
 	if err != nil {
 		return nil, s.errf("grant to wallet %s: %w", id, err)
 	}
@@ -838,13 +845,13 @@ func (s *Redis) Admit(ctx context.Context, key string, pendingTTL time.Duration,
 			return err
 		})
 		if err == nil && len(res) == 1 && res[0] == "claimed" {
-			res, err = payScript.Run(ctx, s.rdb, keys[1:], args...).StringSlice()
+			res, err = payScript.Run(ctx, s.run, keys[1:], args...).StringSlice()
 		}
 		if err == nil && d.CheckVerdict && len(res) == 2 && res[0] == "held" && strings.HasPrefix(res[1], idemDone) {
 			// The claim's slot cannot read the wallet's: a stored result is checked in a
 			// script of its own (only on a cluster, only for a re-delivery).
 			var n int
-			if n, err = checkVerdictScript.Run(ctx, s.rdb, keys[1:], int32(d.Verdict), d.Job).Int(); err == nil && n == 1 {
+			if n, err = checkVerdictScript.Run(ctx, s.run, keys[1:], int32(d.Verdict), d.Job).Int(); err == nil && n == 1 {
 				res = append(res, "reset")
 			}
 		}
@@ -944,7 +951,7 @@ func (s *Redis) Release(ctx context.Context, key, owner string) error {
 	if err := checkOwned("release", key, owner); err != nil {
 		return err
 	}
-	n, err := releaseScript.Run(ctx, s.rdb, []string{s.key("idem", key)}, owner).Int64()
+	n, err := releaseScript.Run(ctx, s.run, []string{s.key("idem", key)}, owner).Int64()
 	if err != nil {
 		return s.errf("release %q: %w", key, err)
 	}
@@ -971,7 +978,7 @@ func (s *Redis) RenewClaim(ctx context.Context, key, owner string, pendingTTL ti
 	if err := checkOwned("renew claim", key, owner); err != nil {
 		return false, err
 	}
-	n, err := renewClaimScript.Run(ctx, s.rdb, []string{s.key("idem", key)}, ttlMillis(pendingTTL), owner).Int64()
+	n, err := renewClaimScript.Run(ctx, s.run, []string{s.key("idem", key)}, ttlMillis(pendingTTL), owner).Int64()
 	if err != nil {
 		return false, s.errf("renew claim %q: %w", key, err)
 	}

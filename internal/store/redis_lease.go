@@ -101,7 +101,7 @@ func (s *Redis) acquireIndexed(ctx context.Context, name, owner string, ttl time
 	if fenceKey != "" {
 		keys, flag = append(keys, fenceKey), "1"
 	}
-	res, err := acquireLeaseIndexedScript.Run(ctx, s.rdb, keys, owner, ttlMillis(ttl), name, flag).Int64Slice()
+	res, err := acquireLeaseIndexedScript.Run(ctx, s.run, keys, owner, ttlMillis(ttl), name, flag).Int64Slice()
 	if err != nil {
 		return false, 0, err
 	}
@@ -159,7 +159,7 @@ func (s *Redis) AcquireLease(ctx context.Context, name, owner string, ttl time.D
 		}
 		return held, nil
 	}
-	exp, err := acquireLeaseScript.Run(ctx, s.rdb, []string{s.key("lease", name)}, owner, ttlMillis(ttl)).Int64()
+	exp, err := acquireLeaseScript.Run(ctx, s.run, []string{s.key("lease", name)}, owner, ttlMillis(ttl)).Int64()
 	if err != nil {
 		return false, s.errf("acquire lease %s for %s: %w", name, owner, err)
 	}
@@ -195,7 +195,7 @@ func (s *Redis) AcquireLeaseFence(ctx context.Context, name, owner string, ttl t
 		}
 		return held, uint64(max(epoch, 0)), nil
 	}
-	exp, err := acquireLeaseScript.Run(ctx, s.rdb, []string{s.key("lease", name)}, owner, ttlMillis(ttl)).Int64()
+	exp, err := acquireLeaseScript.Run(ctx, s.run, []string{s.key("lease", name)}, owner, ttlMillis(ttl)).Int64()
 	if err != nil {
 		return false, 0, s.errf("acquire lease %s for %s: %w", name, owner, err)
 	}
@@ -218,12 +218,12 @@ func (s *Redis) ReleaseLease(ctx context.Context, name, owner string) error {
 		return err
 	}
 	if !s.cluster {
-		if err := releaseLeaseIndexedScript.Run(ctx, s.rdb, []string{s.key("lease", name), s.leaseBucket(name)}, owner, name).Err(); err != nil {
+		if err := releaseLeaseIndexedScript.Run(ctx, s.run, []string{s.key("lease", name), s.leaseBucket(name)}, owner, name).Err(); err != nil {
 			return s.errf("release lease %s for %s: %w", name, owner, err)
 		}
 		return nil
 	}
-	n, err := releaseLeaseScript.Run(ctx, s.rdb, []string{s.key("lease", name)}, owner).Int64()
+	n, err := releaseLeaseScript.Run(ctx, s.run, []string{s.key("lease", name)}, owner).Int64()
 	if err != nil {
 		return s.errf("release lease %s for %s: %w", name, owner, err)
 	}
@@ -307,7 +307,7 @@ func (s *Redis) FenceRunAt(ctx context.Context, runID string, epoch uint64) erro
 	if err := checkFenceAt(runID, epoch); err != nil {
 		return err
 	}
-	n, err := fenceAtScript.Run(ctx, s.rdb, []string{s.key("fence", runID)}, strconv.FormatUint(epoch, 10)).Int64()
+	n, err := fenceAtScript.Run(ctx, s.run, []string{s.key("fence", runID)}, strconv.FormatUint(epoch, 10)).Int64()
 	switch {
 	case err != nil:
 		return s.errf("fence run %s at epoch %d: %w", runID, epoch, err)
@@ -327,7 +327,7 @@ func (s *Redis) PutRunFenced(ctx context.Context, job *handoffv1.Job, epoch uint
 		return err
 	}
 	id := job.GetRunId()
-	last, err := putRunFencedScript.Run(ctx, s.rdb, []string{s.key("run", id), s.key("events", id), s.key("fence", id)}, args...).Int64()
+	last, err := putRunFencedScript.Run(ctx, s.run, []string{s.key("run", id), s.key("events", id), s.key("fence", id)}, args...).Int64()
 	switch {
 	case err != nil:
 		return s.errf("put run %s: %w", id, err)

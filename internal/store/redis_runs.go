@@ -216,7 +216,7 @@ func (s *Redis) createRun(ctx context.Context, job *handoffv1.Job, lease *LeaseC
 		if job.GetJobId() == "" {
 			return nil
 		}
-		res, err := jobSumScript.Run(ctx, s.rdb, []string{s.key("jobsum", job.GetJobId())}, JobDigest(job), record).Text()
+		res, err := jobSumScript.Run(ctx, s.run, []string{s.key("jobsum", job.GetJobId())}, JobDigest(job), record).Text()
 		if err != nil {
 			return s.errf("create run %s: job %s: %w", given, job.GetJobId(), err)
 		}
@@ -231,7 +231,7 @@ func (s *Redis) createRun(ctx context.Context, job *handoffv1.Job, lease *LeaseC
 	reserved := false
 	unreserve := func() {
 		if reserved { // best effort: a reservation left names a run never stored, which a retry finishes
-			unreserveScript.Run(context.WithoutCancel(ctx), s.rdb, []string{s.key("request", rid), s.key("requestsum", rid)}, given)
+			unreserveScript.Run(context.WithoutCancel(ctx), s.run, []string{s.key("request", rid), s.key("requestsum", rid)}, given)
 		}
 	}
 	// The request is looked up first (a request id used again is told by it, whatever else
@@ -245,7 +245,7 @@ func (s *Redis) createRun(ctx context.Context, job *handoffv1.Job, lease *LeaseC
 					return nil, false, 0, err
 				}
 			}
-			res, err := reserveRequestScript.Run(ctx, s.rdb, []string{s.key("request", rid), s.key("requestsum", rid)},
+			res, err := reserveRequestScript.Run(ctx, s.run, []string{s.key("request", rid), s.key("requestsum", rid)},
 				job.GetRunId(), RequestDigest(job), record).StringSlice()
 			if err != nil {
 				return nil, false, 0, s.errf("create run %s: request %s: %w", given, rid, err)
@@ -284,7 +284,7 @@ func (s *Redis) createRun(ctx context.Context, job *handoffv1.Job, lease *LeaseC
 		unreserve()
 		return nil, false, 0, err
 	}
-	if err := indexRunScript.Run(ctx, s.rdb, []string{s.bucketKey(runID)}, runID).Err(); err != nil {
+	if err := indexRunScript.Run(ctx, s.run, []string{s.bucketKey(runID)}, runID).Err(); err != nil {
 		return nil, false, 0, s.errf("create run %s: index: %w", runID, err)
 	}
 	args, err := createRunArgs(nil, job, evs)
@@ -394,11 +394,11 @@ func (s *Redis) leaseTypeErr(runID string, lease *LeaseClaim, res []string) erro
 // leasedLua) with the lease's keys and arguments before keys and args.
 func (s *Redis) runCreate(ctx context.Context, script, leased *redis.Script, lease *LeaseClaim, runID string, keys []string, args []any) ([]string, error) {
 	if lease == nil {
-		return script.Run(ctx, s.rdb, keys, args...).StringSlice()
+		return script.Run(ctx, s.run, keys, args...).StringSlice()
 	}
 	keys = append([]string{s.key("lease", lease.Name), s.leaseBucket(lease.Name), s.key("fence", runID)}, keys...)
 	args = append([]any{lease.Owner, ttlMillis(lease.TTL), lease.Name}, args...)
-	return leased.Run(ctx, s.rdb, keys, args...).StringSlice()
+	return leased.Run(ctx, s.run, keys, args...).StringSlice()
 }
 
 // indexed is one run of an index bucket.

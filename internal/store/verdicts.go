@@ -119,7 +119,7 @@ return 0
 `)
 
 func (s *Redis) ResetsVerdict(ctx context.Context, id, job string, claimed handoffv1.Verdict) (bool, error) {
-	n, err := checkVerdictScript.Run(ctx, s.rdb, []string{s.key("wallet", id)}, int32(claimed), job).Int()
+	n, err := checkVerdictScript.Run(ctx, s.run, []string{s.key("wallet", id)}, int32(claimed), job).Int()
 	if err != nil {
 		return false, s.errf("check the verdicts of wallet %s: %w", id, err)
 	}
@@ -127,7 +127,7 @@ func (s *Redis) ResetsVerdict(ctx context.Context, id, job string, claimed hando
 }
 
 func (s *Redis) RecordVerdict(ctx context.Context, id string, v handoffv1.Verdict) error {
-	n, err := recordVerdictScript.Run(ctx, s.rdb, []string{s.key("wallet", id)}, int32(v)).Int()
+	n, err := recordVerdictScript.Run(ctx, s.run, []string{s.key("wallet", id)}, int32(v)).Int()
 	if err != nil {
 		return s.errf("record verdict of wallet %s: %w", id, err)
 	}

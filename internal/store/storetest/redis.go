@@ -10,7 +10,9 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"net"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -147,4 +149,57 @@ func uniquePrefix(t testing.TB) string {
 	b := make([]byte, 6)
 	rand.Read(b)
 	return "handofftest:" + sanitize(t.Name()) + ":" + hex.EncodeToString(b) + ":"
+}
+
+// PrivateRedis starts a redis-server of t's own on a free loopback port (nothing kept on
+// disk) and returns its address; it is stopped when t ends. For tests that must stall or
+// break the server, which would disturb the tests sharing RedisAddr. Without redis-server
+// on PATH: t.Fatal under CI, else t.Skip.
+func PrivateRedis(t testing.TB) string {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		msg := "redis-server not found: apt-get install redis-server"
+		if os.Getenv("CI") != "" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	for try := 0; ; try++ {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := l.Addr().String()
+		l.Close()
+		_, port, _ := net.SplitHostPort(addr)
+		cmd := exec.Command(bin, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", t.TempDir())
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		exited := make(chan error, 1)
+		go func() { exited <- cmd.Wait() }()
+		rdb := redis.NewClient(&redis.Options{Addr: addr, DialTimeout: time.Second, MaxRetries: -1})
+		up, gone := false, false
+		for deadline := time.Now().Add(5 * time.Second); !up && !gone && time.Now().Before(deadline); {
+			select {
+			case <-exited: // the port was taken meanwhile
+				gone = true
+			case <-time.After(20 * time.Millisecond):
+				up = rdb.Ping(context.Background()).Err() == nil
+			}
+		}
+		rdb.Close()
+		if up {
+			t.Cleanup(func() { cmd.Process.Kill(); <-exited })
+			return addr
+		}
+		if !gone {
+			cmd.Process.Kill()
+			<-exited
+		}
+		if try == 4 {
+			t.Fatalf("redis-server did not start on a free port in 5 tries")
+		}
+	}
 }
