@@ -248,7 +248,9 @@ func OpenRedis(ctx context.Context, o RedisOptions) (*Redis, error) {
 	one, single := s.rdb.(*redis.Client)
 	s.cluster = !single
 	s.run = s.rdb
-	if single {
+	if single && one.Options().MaxRetries == 0 { // -1 in Options: retries off
+		// Batched only without retries: go-redis retries a failed pipeline whole, which
+		// would run again the calls of it that had run.
 		s.run = newScriptBatcher(one)
 	}
 	if err := s.Ping(ctx); err != nil {

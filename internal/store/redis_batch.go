@@ -2,8 +2,10 @@ package store
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -21,17 +23,24 @@ import (
 // go out together as soon as a send finishes, from a goroutine of the batcher.
 //
 // The rules of a call stay as they were:
-//   - Its caller's deadline and cancellation bound it. A call cancelled while queued is
-//     taken out and never sent. One cancelled after it was sent returns the context's error
-//     at once, as a command whose deadline passes mid-read does; whether the script ran is
-//     unknown to that caller either way. A pipeline is sent with the latest deadline of its
-//     calls, so no call's deadline cuts another's short.
-//   - Nothing is sent twice: the pipeline goes through the client, whose retries are off.
+//   - Its caller's deadline bounds it, and so does its cancellation once it is queued. A
+//     call whose caller stops waiting before its pipeline writes it is never run: it is
+//     taken out of the queue, or, already taken into a pipeline still waiting for its
+//     connection, written as a PING instead (one reply per command keeps the replies in
+//     step). One whose caller stops waiting after it was written may have run; the caller
+//     gets the context's error at once, as from a command whose deadline passes mid-read.
+//     A call sent alone is go-redis's own: its deadline bounds it, a cancellation without
+//     one does not interrupt the read. A pipeline carries the latest deadline of its calls,
+//     so no call's deadline cuts another's short, and it is abandoned (its connection wait
+//     and dial cancelled) once every one of its callers has stopped waiting.
+//   - Nothing is sent twice: the batcher is used only when the client's retries are off.
 //   - Each call gets its own reply or error (NOSCRIPT included, so Script.Run falls back to
 //     EVAL as before); a broken connection fails every call of its pipeline, as it fails
-//     every command written on it.
+//     every command written on it. A panic in a hook fails the calls it was sending.
 //   - Redis runs each script atomically, and the calls of one caller in order, since a
 //     caller waits for each reply before its next call.
+//   - A caller must not change the keys or arguments it passed until its call returns, and
+//     after an error not before its context is done: a queued call is written later.
 //
 // Only scripts are batched: they are all of a job's hot path. WAIT (RedisOptions.WaitReplicas)
 // needs the writes on its own connection, so replicated writes bypass the batcher.
@@ -97,9 +106,8 @@ func (b *scriptBatcher) do(c *scriptCall) *redis.Cmd {
 	if b.sending < b.maxSending {
 		b.sending++
 		b.mu.Unlock()
-		cmd := c.on(c.ctx, b.Client)
-		b.sent()
-		return cmd
+		defer b.sent()
+		return c.on(c.ctx, b.Client)
 	}
 	c.done = make(chan struct{})
 	b.queue = append(b.queue, c)
@@ -113,7 +121,8 @@ func (b *scriptBatcher) do(c *scriptCall) *redis.Cmd {
 			b.queue = slices.Delete(b.queue, i, i+1)
 		}
 		b.mu.Unlock()
-		// Taken out, it is never sent; already sent, its reply is dropped.
+		// Taken out, it is never sent. Taken into a pipeline, it is written as a PING if
+		// not written yet (unlessGone), and otherwise its reply is dropped.
 		return c.failed(c.ctx.Err())
 	}
 }
@@ -158,41 +167,84 @@ func (b *scriptBatcher) send(batch []*scriptCall) {
 		}
 		live = append(live, c)
 	}
-	switch len(live) {
-	case 0:
+	if len(live) == 0 {
 		return
-	case 1:
+	}
+	defer func() {
+		p := recover() // from a hook: it fails these calls, not the process
+		for _, c := range live {
+			if p != nil {
+				c.cmd = c.failed(fmt.Errorf("store: script pipeline: panic: %v", p))
+			}
+			close(c.done)
+		}
+	}()
+	if len(live) == 1 {
 		c := live[0]
 		c.cmd = c.on(c.ctx, b.Client)
-		close(c.done)
 		return
 	}
 	ctx, cancel := batchContext(live)
 	defer cancel()
-	pipe := b.Client.Pipeline()
+	// The commands are made by one pipeline and written by another, each behind its
+	// caller's context (unlessGone).
+	made, pipe := b.Client.Pipeline(), b.Client.Pipeline()
 	for _, c := range live {
-		c.cmd = c.on(c.ctx, pipe)
+		c.cmd = c.on(c.ctx, made)
+		_ = pipe.Process(ctx, unlessGone{c.cmd, c.ctx})
 	}
 	// Each call's error is on its own command; Exec's is only the first of them.
 	_, _ = pipe.Exec(ctx)
-	for _, c := range live {
-		close(c.done)
+}
+
+// unlessGone is a call's command as its pipeline writes it: go-redis takes a command's
+// arguments when it writes it, after the connection is ready, so a call whose caller has
+// stopped waiting by then is written as a PING.
+type unlessGone struct {
+	*redis.Cmd
+	ctx context.Context
+}
+
+func (g unlessGone) Args() []any {
+	if g.ctx.Err() != nil {
+		return []any{"ping"}
 	}
+	return g.Cmd.Args()
 }
 
 // batchContext bounds a pipeline by the latest deadline among its calls' (none if one of
 // them has none: the client's read and write timeouts still apply). It is not cancelled
-// with any one call, whose caller stops waiting on its own.
+// with any one call, only once all of them are.
 func batchContext(calls []*scriptCall) (context.Context, context.CancelFunc) {
 	var last time.Time
 	for _, c := range calls {
 		d, ok := c.ctx.Deadline()
 		if !ok {
-			return context.Background(), func() {}
+			last = time.Time{}
+			break
 		}
 		if d.After(last) {
 			last = d
 		}
 	}
-	return context.WithDeadline(context.Background(), last)
+	ctx, cancel := context.WithCancel(context.Background())
+	if !last.IsZero() {
+		ctx, cancel = context.WithDeadline(context.Background(), last)
+	}
+	waiting := atomic.Int32{}
+	waiting.Store(int32(len(calls)))
+	stops := make([]func() bool, len(calls))
+	for i, c := range calls {
+		stops[i] = context.AfterFunc(c.ctx, func() {
+			if waiting.Add(-1) == 0 {
+				cancel()
+			}
+		})
+	}
+	return ctx, func() {
+		for _, stop := range stops {
+			stop()
+		}
+		cancel()
+	}
 }

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -91,105 +94,304 @@ func TestRedisScriptBatching(t *testing.T) {
 	})
 
 	t.Run("a script the server does not know falls back to EVAL in a pipeline too", func(t *testing.T) {
-		p := storetest.RedisPrefix(t)
-		s := storetest.OpenRedisPrefix(t, p)
-		echo := redis.NewScript("-- " + p + "\nreturn ARGV[1]")
-		var wg sync.WaitGroup
-		for g := range 32 {
-			wg.Go(func() {
-				want := fmt.Sprint("caller ", g)
-				if got, err := echo.Run(ctx, store.ScriptsOf(s), nil, want).Text(); err != nil || got != want {
-					t.Errorf("unloaded script, caller %d: %q, %v; want %q", g, got, err, want)
-				}
-			})
+		r := newStalled(t, nil)
+		var h sentHook
+		r.client().AddHook(&h)
+		echo := redis.NewScript("-- " + t.Name() + "\nreturn ARGV[1]")
+		r.occupy()
+		var got [4]<-chan result
+		for i := range got {
+			got[i] = r.call(ctx, echo, "k", fmt.Sprint("caller ", i))
+			r.waitFor(fmt.Sprintf("%d queued", i+1), func(_, queued int) bool { return queued == i+1 })
 		}
-		wg.Wait()
+		for i, ch := range got {
+			if r := <-ch; r.err != nil || r.val != fmt.Sprint("caller ", i) {
+				t.Errorf("unloaded script, caller %d: %v, %v; want %q", i, r.val, r.err, fmt.Sprint("caller ", i))
+			}
+		}
+		if h.pipelines.Load() == 0 {
+			t.Errorf("four queued calls of an unloaded script sent no pipeline")
+		}
 	})
 
 	t.Run("a deadline bounds a queued call and a sent one", func(t *testing.T) {
-		// A server of its own: this test stalls it with scripts that run for a while.
-		addr := storetest.PrivateRedis(t)
-		s, err := store.OpenRedis(ctx, store.RedisOptions{Addr: addr})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
-		admin := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
-		t.Cleanup(func() { admin.Close() })
-		// slow holds the server for ARGV[1] ms, then counts a call on KEYS[1]; fast only counts.
-		slow := redis.NewScript(`local t = redis.call('TIME')
-local start = t[1] * 1000000 + t[2]
-repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] - start >= ARGV[1] * 1000
-return redis.call('INCR', KEYS[1])`)
-		fast := redis.NewScript(`return redis.call('INCR', KEYS[1])`)
-		for _, sc := range []*redis.Script{slow, fast} {
-			if err := sc.Load(ctx, admin).Err(); err != nil {
-				t.Fatal(err)
-			}
-		}
-		const hold = 250 // ms each slow script holds the server
-		waitFor := func(what string, ok func(sending, queued int) bool) {
-			t.Helper()
-			for range 500 {
-				if sending, queued, _ := store.Batching(s); ok(sending, queued) {
-					return
-				}
-				time.Sleep(time.Millisecond)
-			}
-			sending, queued, _ := store.Batching(s)
-			t.Fatalf("waiting for %s: %d sends under way, %d queued", what, sending, queued)
-		}
-		run := func(ctx context.Context, sc *redis.Script, key string, args ...any) <-chan error {
-			done := make(chan error, 1)
-			go func() { done <- sc.Run(ctx, store.ScriptsOf(s), []string{key}, args...).Err() }()
-			return done
-		}
-		// a1 and a2 take both sends (the server runs a1, then a2); b, c and d queue.
-		a1 := run(ctx, slow, "a1", hold)
-		a2 := run(ctx, slow, "a2", hold)
-		waitFor("two sends", func(sending, _ int) bool { return sending == 2 })
-		b := run(ctx, slow, "b", hold)
-		waitFor("b queued", func(_, queued int) bool { return queued == 1 })
-		// c is sent with b when a1 ends (at 250 ms) and answered after b (at 750 ms); its
-		// deadline passes in between.
-		cctx, cancel := context.WithTimeout(ctx, 2*hold*time.Millisecond+hold*time.Millisecond/2)
+		r := newStalled(t, nil)
+		a1, a2 := r.occupy()
+		// b and c are sent together when a1 ends (at 1 × hold), and c is answered after b
+		// (at 3 × hold); c's deadline passes in between, b's long after.
+		bctx, cancel := context.WithTimeout(ctx, time.Minute)
 		defer cancel()
-		c := run(cctx, fast, "c")
-		waitFor("c queued", func(_, queued int) bool { return queued == 2 })
+		b := r.call(bctx, slow, "b", hold.Milliseconds())
+		r.waitFor("b queued", func(_, queued int) bool { return queued == 1 })
+		cctx, cancel := context.WithTimeout(ctx, 5*hold/2)
+		defer cancel()
+		c := r.call(cctx, fast, "c")
+		r.waitFor("c queued", func(_, queued int) bool { return queued == 2 })
 		// d's deadline passes while it is queued.
 		dctx, cancel := context.WithTimeout(ctx, 30*time.Millisecond)
 		defer cancel()
-		if err := <-run(dctx, fast, "d"); !errors.Is(err, context.DeadlineExceeded) {
-			t.Fatalf("call whose deadline passed while queued: %v, want %v", err, context.DeadlineExceeded)
+		if res := <-r.call(dctx, fast, "d"); !errors.Is(res.err, context.DeadlineExceeded) {
+			t.Fatalf("call whose deadline passed while queued: %v, want %v", res.err, context.DeadlineExceeded)
 		}
-		if _, queued, _ := store.Batching(s); queued != 2 {
+		if _, queued, _ := store.Batching(r.s); queued != 2 {
 			t.Fatalf("%d calls queued after d's deadline, want 2 (b and c): d should be taken out", queued)
 		}
 		select {
-		case err := <-c:
-			if !errors.Is(err, context.DeadlineExceeded) {
-				t.Fatalf("call whose deadline passed after it was sent: %v, want %v", err, context.DeadlineExceeded)
+		case res := <-c:
+			if !errors.Is(res.err, context.DeadlineExceeded) {
+				t.Fatalf("call whose deadline passed after it was sent: %v, want %v", res.err, context.DeadlineExceeded)
 			}
-		case err := <-b:
-			t.Fatalf("b returned (%v) before c, whose deadline passed while b ran: c waited for the pipeline", err)
+		case res := <-b:
+			t.Fatalf("b returned (%v) before c, whose deadline passed while b ran: c waited for the pipeline", res.err)
 		}
-		for name, ch := range map[string]<-chan error{"a1": a1, "a2": a2, "b": b} {
-			if err := <-ch; err != nil {
-				t.Errorf("%s: %v", name, err)
+		select {
+		case res := <-a1:
+			if res.err != nil {
+				t.Errorf("a1: %v", res.err)
 			}
+		default:
+			t.Errorf("a1 had not returned when c's deadline passed: its caller sent the queued calls' pipeline before returning")
 		}
-		// c was sent, so it ran, though its caller stopped waiting; d was never sent.
-		for key, want := range map[string]int64{"a1": 1, "a2": 1, "b": 1, "c": 1, "d": 0} {
-			n, err := admin.Exists(ctx, key).Result()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if n != want {
-				t.Errorf("key %s: %d, want %d", key, n, want)
+		for name, ch := range map[string]<-chan result{"a2": a2, "b": b} {
+			if res := <-ch; res.err != nil {
+				t.Errorf("%s: %v (a pipeline must carry the latest deadline of its calls)", name, res.err)
 			}
 		}
-		if sending, queued, _ := store.Batching(s); sending != 0 || queued != 0 {
-			t.Errorf("after every call returned: %d sends under way, %d queued; want none", sending, queued)
+		// c was written, so it ran, though its caller stopped waiting; d was never sent.
+		r.wantCounts(map[string]int{"a1": 1, "a2": 1, "b": 1, "c": 1, "d": 0})
+	})
+
+	t.Run("a call whose caller stopped waiting before it was written does not run", func(t *testing.T) {
+		// The pipeline's connection takes a while to dial (a new connection, after a
+		// restart, say); the caller's deadline passes meanwhile.
+		var dials atomic.Int32
+		slowDial := atomic.Bool{}
+		r := newStalled(t, func(ctx context.Context, network, addr string) (net.Conn, error) {
+			if dials.Add(1) > 0 && slowDial.Load() {
+				select {
+				case <-time.After(3 * hold):
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				}
+			}
+			return (&net.Dialer{}).DialContext(ctx, network, addr)
+		})
+		r.warm(2)
+		slowDial.Store(true)
+		a1, a2 := r.occupy()
+		cctx, cancel := context.WithTimeout(ctx, 3*hold/2)
+		defer cancel()
+		c := r.call(cctx, fast, "c")
+		r.waitFor("c queued", func(_, queued int) bool { return queued == 1 })
+		e := r.call(ctx, fast, "e") // no deadline: the pipeline waits for its connection
+		r.waitFor("e queued", func(_, queued int) bool { return queued == 2 })
+		if res := <-c; !errors.Is(res.err, context.DeadlineExceeded) {
+			t.Fatalf("c: %v, want %v", res.err, context.DeadlineExceeded)
+		}
+		for name, ch := range map[string]<-chan result{"a1": a1, "a2": a2, "e": e} {
+			if res := <-ch; res.err != nil {
+				t.Errorf("%s: %v", name, res.err)
+			}
+		}
+		r.wantCounts(map[string]int{"c": 0, "e": 1})
+	})
+
+	t.Run("a panicking hook fails the calls it was sending, not the batcher", func(t *testing.T) {
+		r := newStalled(t, nil)
+		boom := panicHook{}
+		r.client().AddHook(boom)
+		// Alone: the panic reaches its caller, and the send is still counted as ended.
+		for range 3 {
+			func() {
+				defer func() { recover() }()
+				// A send left counted would queue the third call: its deadline ends the wait.
+				ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				defer cancel()
+				fast.Run(ctx, store.ScriptsOf(r.s), []string{"boom"})
+			}()
+		}
+		if sending, _, _ := store.Batching(r.s); sending != 0 {
+			t.Fatalf("%d sends under way after three panicking calls returned, want 0", sending)
+		}
+		// In a pipeline: every call of it fails, and the process lives on.
+		r.occupy()
+		var calls [3]<-chan result
+		for i := range calls {
+			calls[i] = r.call(ctx, fast, "boom")
+			r.waitFor(fmt.Sprintf("%d queued", i+1), func(_, queued int) bool { return queued == i+1 })
+		}
+		for i, ch := range calls {
+			if res := <-ch; res.err == nil || !strings.Contains(res.err.Error(), "panic") {
+				t.Errorf("call %d of a pipeline whose hook panicked: %v, want an error naming the panic", i, res.err)
+			}
+		}
+		if res := <-r.call(ctx, fast, "after"); res.err != nil {
+			t.Errorf("a call after the panics: %v", res.err)
+		}
+		r.waitFor("every send ended", func(sending, queued int) bool { return sending == 0 && queued == 0 })
+	})
+
+	t.Run("closing the store fails the queued calls", func(t *testing.T) {
+		r := newStalled(t, nil)
+		r.occupy()
+		var calls [3]<-chan result
+		for i := range calls {
+			calls[i] = r.call(ctx, fast, fmt.Sprint("q", i))
+			r.waitFor(fmt.Sprintf("%d queued", i+1), func(_, queued int) bool { return queued == i+1 })
+		}
+		r.s.Close()
+		for i, ch := range calls {
+			if res := <-ch; !errors.Is(res.err, redis.ErrClosed) {
+				t.Errorf("queued call %d after Close: %v, want %v", i, res.err, redis.ErrClosed)
+			}
+		}
+		r.waitFor("every send ended", func(sending, queued int) bool { return sending == 0 && queued == 0 })
+	})
+
+	t.Run("a shared client with retries is not batched", func(t *testing.T) {
+		c := redis.NewClient(&redis.Options{Addr: storetest.RedisAddr()})
+		t.Cleanup(func() { c.Close() })
+		s, err := store.OpenRedis(ctx, store.RedisOptions{Client: c, Prefix: storetest.RedisPrefix(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, _, batched := store.Batching(s); batched {
+			t.Fatalf("a client that retries is batched: a retried pipeline would run its calls again")
 		}
 	})
+}
+
+// hold is how long a slow script holds the server.
+const hold = 250 * time.Millisecond
+
+var (
+	// slow holds the server for ARGV[1] ms, then counts a call on KEYS[1]; fast only counts.
+	slow = redis.NewScript(`local t = redis.call('TIME')
+local start = t[1] * 1000000 + t[2]
+repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] - start >= ARGV[1] * 1000
+return redis.call('INCR', KEYS[1])`)
+	fast = redis.NewScript(`return redis.call('INCR', KEYS[1])`)
+)
+
+// stalled is a store on a server of the test's own, which the test stalls with slow
+// scripts to fill the batcher's sends and queue.
+type stalled struct {
+	t     *testing.T
+	s     *store.Redis
+	admin *redis.Client
+}
+
+type result struct {
+	val any
+	err error
+}
+
+// newStalled starts the server and opens a store on it: with dial, on a client of the
+// test's own (retries off) that dials with it.
+func newStalled(t *testing.T, dial func(ctx context.Context, network, addr string) (net.Conn, error)) *stalled {
+	t.Helper()
+	ctx := context.Background()
+	addr := storetest.PrivateRedis(t)
+	o := store.RedisOptions{Addr: addr}
+	if dial != nil {
+		o.Client = redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, ContextTimeoutEnabled: true, Dialer: dial})
+		t.Cleanup(func() { o.Client.Close() })
+	}
+	s, err := store.OpenRedis(ctx, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	admin := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+	t.Cleanup(func() { admin.Close() })
+	for _, sc := range []*redis.Script{slow, fast} {
+		if err := sc.Load(ctx, admin).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return &stalled{t: t, s: s, admin: admin}
+}
+
+func (r *stalled) client() *redis.Client { return store.RedisClientOf(r.s).(*redis.Client) }
+
+// call runs sc through the store's batcher in a goroutine of its own.
+func (r *stalled) call(ctx context.Context, sc *redis.Script, key string, args ...any) <-chan result {
+	done := make(chan result, 1)
+	go func() {
+		v, err := sc.Run(ctx, store.ScriptsOf(r.s), []string{key}, args...).Result()
+		done <- result{v, err}
+	}()
+	return done
+}
+
+// warm opens n pooled connections, so that later calls alone need no dial.
+func (r *stalled) warm(n int) {
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { r.client().Do(context.Background(), "ping", fmt.Sprint(i)) })
+	}
+	wg.Wait()
+	_ = r.client().Del(context.Background(), "warm")
+	time.Sleep(10 * time.Millisecond)
+}
+
+// occupy takes both sends with slow scripts on keys a1 and a2; the server runs a1, then a2.
+func (r *stalled) occupy() (a1, a2 <-chan result) {
+	r.t.Helper()
+	a1 = r.call(context.Background(), slow, "a1", hold.Milliseconds())
+	r.waitFor("a1 sent", func(sending, _ int) bool { return sending == 1 })
+	a2 = r.call(context.Background(), slow, "a2", hold.Milliseconds())
+	r.waitFor("a2 sent", func(sending, _ int) bool { return sending == 2 })
+	return a1, a2
+}
+
+func (r *stalled) waitFor(what string, ok func(sending, queued int) bool) {
+	r.t.Helper()
+	for range 2000 {
+		if sending, queued, _ := store.Batching(r.s); ok(sending, queued) {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+	sending, queued, _ := store.Batching(r.s)
+	r.t.Fatalf("waiting for %s: %d sends under way, %d queued", what, sending, queued)
+}
+
+// wantCounts checks how many times each key's script ran.
+func (r *stalled) wantCounts(want map[string]int) {
+	r.t.Helper()
+	for key, n := range want {
+		got, err := r.admin.Get(context.Background(), key).Int()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			r.t.Fatal(err)
+		}
+		if got != n {
+			r.t.Errorf("key %s: ran %d times, want %d", key, got, n)
+		}
+	}
+}
+
+// panicHook panics on every script for the key "boom".
+type panicHook struct{}
+
+func (panicHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (panicHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if isScript(cmd) && slices.Contains(cmd.Args(), any("boom")) {
+			panic("hook")
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (panicHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			if isScript(cmd) && slices.Contains(cmd.Args(), any("boom")) {
+				panic("hook")
+			}
+		}
+		return next(ctx, cmds)
+	}
 }
