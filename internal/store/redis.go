@@ -154,7 +154,8 @@ type Redis struct {
 
 // replicated runs f on the connection of the master that holds key and, with WaitReplicas,
 // WAITs on that same connection (WAIT counts the writes of its own connection) for the
-// replicas to acknowledge what f wrote. Without WaitReplicas it is f on the shared client.
+// replicas to acknowledge what f wrote. Without WaitReplicas it is f on the client the
+// scripts go through (s.run).
 func (s *Redis) replicated(ctx context.Context, key string, f func(c redis.Cmdable) error) error {
 	if s.waitReplicas <= 0 {
 		return f(s.run)

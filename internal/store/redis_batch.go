@@ -47,8 +47,6 @@ import (
 type scriptBatcher struct {
 	*redis.Client // every other command goes straight to the client
 
-	maxSending int
-
 	mu      sync.Mutex
 	sending int // sends under way: a lone call's, or a goroutine's pipelines
 	queue   []*scriptCall
@@ -59,9 +57,7 @@ type scriptBatcher struct {
 // measured alike, within the VM's drift, at 32 jobs in flight (bench/README.md).
 const maxSending = 2
 
-func newScriptBatcher(c *redis.Client) *scriptBatcher {
-	return &scriptBatcher{Client: c, maxSending: maxSending}
-}
+func newScriptBatcher(c *redis.Client) *scriptBatcher { return &scriptBatcher{Client: c} }
 
 // scriptCall is one queued EVAL or EVALSHA and, once done is closed, its reply.
 type scriptCall struct {
@@ -103,7 +99,7 @@ func (b *scriptBatcher) do(c *scriptCall) *redis.Cmd {
 		return c.failed(err)
 	}
 	b.mu.Lock()
-	if b.sending < b.maxSending {
+	if b.sending < maxSending {
 		b.sending++
 		b.mu.Unlock()
 		defer b.sent()
@@ -130,30 +126,29 @@ func (b *scriptBatcher) do(c *scriptCall) *redis.Cmd {
 // sent ends a send: the calls queued meanwhile go out from a goroutine, so the caller whose
 // send ended returns now rather than after theirs.
 func (b *scriptBatcher) sent() {
-	b.mu.Lock()
-	batch := b.queue
-	b.queue = nil
-	if len(batch) == 0 {
-		b.sending--
-	}
-	b.mu.Unlock()
-	if len(batch) > 0 {
+	if batch := b.next(); len(batch) > 0 {
 		go b.flush(batch)
 	}
 }
 
 // flush sends batch, then whatever queued while it was sent, until the queue is empty.
 func (b *scriptBatcher) flush(batch []*scriptCall) {
-	for len(batch) > 0 {
+	for ; len(batch) > 0; batch = b.next() {
 		b.send(batch)
-		b.mu.Lock()
-		batch = b.queue
-		b.queue = nil
-		if len(batch) == 0 {
-			b.sending--
-		}
-		b.mu.Unlock()
 	}
+}
+
+// next takes the queue for the send that just ended to go on with; an empty queue ends
+// that send.
+func (b *scriptBatcher) next() []*scriptCall {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	batch := b.queue
+	b.queue = nil
+	if len(batch) == 0 {
+		b.sending--
+	}
+	return batch
 }
 
 // send runs the calls of batch whose callers still wait, as one pipeline, and wakes them.
@@ -227,8 +222,11 @@ func batchContext(calls []*scriptCall) (context.Context, context.CancelFunc) {
 			last = d
 		}
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	if !last.IsZero() {
+	var ctx context.Context
+	var cancel context.CancelFunc
+	if last.IsZero() {
+		ctx, cancel = context.WithCancel(context.Background())
+	} else {
 		ctx, cancel = context.WithDeadline(context.Background(), last)
 	}
 	waiting := atomic.Int32{}

@@ -164,10 +164,9 @@ func TestRedisScriptBatching(t *testing.T) {
 	t.Run("a call whose caller stopped waiting before it was written does not run", func(t *testing.T) {
 		// The pipeline's connection takes a while to dial (a new connection, after a
 		// restart, say); the caller's deadline passes meanwhile.
-		var dials atomic.Int32
 		slowDial := atomic.Bool{}
 		r := newStalled(t, func(ctx context.Context, network, addr string) (net.Conn, error) {
-			if dials.Add(1) > 0 && slowDial.Load() {
+			if slowDial.Load() {
 				select {
 				case <-time.After(3 * hold):
 				case <-ctx.Done():
@@ -324,15 +323,20 @@ func (r *stalled) call(ctx context.Context, sc *redis.Script, key string, args .
 	return done
 }
 
-// warm opens n pooled connections, so that later calls alone need no dial.
+// warm leaves n connections in the client's pool, so that later calls alone need no dial:
+// all n are held at once, so none is reused for another.
 func (r *stalled) warm(n int) {
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Go(func() { r.client().Do(context.Background(), "ping", fmt.Sprint(i)) })
+	r.t.Helper()
+	conns := make([]*redis.Conn, n)
+	for i := range conns {
+		conns[i] = r.client().Conn()
+		if err := conns[i].Ping(context.Background()).Err(); err != nil {
+			r.t.Fatal(err)
+		}
 	}
-	wg.Wait()
-	_ = r.client().Del(context.Background(), "warm")
-	time.Sleep(10 * time.Millisecond)
+	for _, c := range conns {
+		c.Close() // back to the pool
+	}
 }
 
 // occupy takes both sends with slow scripts on keys a1 and a2; the server runs a1, then a2.
