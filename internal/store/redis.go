@@ -326,11 +326,11 @@ func (s *Redis) GetRun(ctx context.Context, runID string) (*handoffv1.Job, error
 // putRunEventsScript replaces a run that exists and appends events to its timeline, in one
 // step. KEYS: run, events. ARGV: Job bytes, event bytes... Reply: the timeline's length
 // after the events (the last one's seq), or 0 for no such run.
-var putRunEventsScript = redis.NewScript(`
+var putRunEventsScript = redis.NewScript(pushLua + `
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 redis.call('SET', KEYS[1], ARGV[1])
 local n = 0
-for i = 2, #ARGV do n = redis.call('RPUSH', KEYS[2], ARGV[i]) end
+for i = 2, #ARGV, pushMax do n = redis.call('RPUSH', KEYS[2], unpack(ARGV, i, math.min(i + pushMax - 1, #ARGV))) end
 return n
 `)
 
@@ -364,6 +364,11 @@ func (s *Redis) PutRun(ctx context.Context, job *handoffv1.Job, evs ...*handoffv
 	}
 	return nil
 }
+
+// pushLua sets how many values one RPUSH of a script takes: the script passes them with
+// unpack, whose results Lua 5.1 holds on a stack of at most 8,000 slots. A save's events
+// go in one RPUSH (its reply is the new length) rather than one each.
+const pushLua = "local pushMax = 1000\n"
 
 // appendEncoded appends evs, encoded as the events list stores them, to a script's args.
 func appendEncoded(args []any, runID string, evs []*handoffv1.JobEvent) ([]any, error) {
@@ -476,13 +481,20 @@ return debit(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4])
 // refusal can name the empty part without a second read. jobRefused(wallet key, job) is
 // the job check before it (Debit.Job): nil when job is "" or the wallet records it, else
 // 'notfound' (no wallet) or 'wrongjob' (another job's, or one that records none).
+// debitFrom and refusal are the same rules on fields the caller has read already (pay
+// reads all it needs in one HMGET); the reply's counts are the read ones less the debit,
+// and money, changed by HINCRBY, is read back as a string.
 const debitLua = `
+local function refusal(owner, exists, job)
+  if job == '' or owner == job then return nil end
+  if not exists then return 'notfound' end
+  return 'wrongjob'
+end
 local function jobRefused(wkey, job)
   if job == '' then return nil end
   local owner = redis.call('HGET', wkey, 'job')
   if owner == job then return nil end
-  if redis.call('EXISTS', wkey) == 0 then return 'notfound' end
-  return 'wrongjob'
+  return refusal(owner, redis.call('EXISTS', wkey) == 1, job)
 end
 local function cmp(a, b)
   local na, nb = a:sub(1, 1) == '-', b:sub(1, 1) == '-'
@@ -493,23 +505,29 @@ local function cmp(a, b)
   if a == b then return 0 end
   if a < b then return -sign else return sign end
 end
-local function debit(wkey, hops, revs, usd, requireMoney)
-  local w = redis.call('HMGET', wkey, 'usd', 'revisions', 'hops')
-  if not w[1] then return {'notfound'} end
+local function debitFrom(wkey, usdHeld, revsHeld, hopsHeld, hops, revs, usd, requireMoney)
+  if not usdHeld then return {'notfound'} end
   local dhops, drevs, dusd = tonumber(hops), tonumber(revs), usd
-  if tonumber(w[3]) < dhops or tonumber(w[2]) < drevs or (requireMoney == '1' and cmp(w[1], '0') <= 0) then
-    return {'empty', w[1], w[2], w[3]}
+  local hopsLeft, revsLeft = tonumber(hopsHeld) - dhops, tonumber(revsHeld) - drevs
+  if hopsLeft < 0 or revsLeft < 0 or (requireMoney == '1' and cmp(usdHeld, '0') <= 0) then
+    return {'empty', usdHeld, revsHeld, hopsHeld}
   end
   if dusd:sub(1, 1) == '-' then return {'negative'} end
-  if cmp(w[1], dusd) <= 0 then
+  local usdLeft = usdHeld
+  if cmp(usdHeld, dusd) <= 0 then
     redis.call('HSET', wkey, 'usd', '0')
+    usdLeft = '0'
   elseif dusd ~= '0' then
     redis.call('HINCRBY', wkey, 'usd', '-' .. dusd)
+    usdLeft = redis.call('HGET', wkey, 'usd')
   end
   if drevs > 0 then redis.call('HINCRBY', wkey, 'revisions', -drevs) end
   if dhops > 0 then redis.call('HINCRBY', wkey, 'hops', -dhops) end
-  local r = redis.call('HMGET', wkey, 'usd', 'revisions', 'hops')
-  return {'ok', r[1], r[2], r[3]}
+  return {'ok', usdLeft, string.format('%d', revsLeft), string.format('%d', hopsLeft)}
+end
+local function debit(wkey, hops, revs, usd, requireMoney)
+  local w = redis.call('HMGET', wkey, 'usd', 'revisions', 'hops')
+  return debitFrom(wkey, w[1], w[2], w[3], hops, revs, usd, requireMoney)
 end
 `
 
@@ -797,18 +815,20 @@ return pay(KEYS[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8
 `)
 
 // payLua defines pay(wallet key, hops, revisions, usd, requireMoney, key, job): the job
-// check, the paid mark and the debit of a fresh claim, replying {"claimed", ...}.
+// check, the paid mark and the debit of a fresh claim, replying {"claimed", ...}. It reads
+// every wallet field these rules look at in one HMGET (a wallet always holds usd, so EXISTS
+// is asked only when none came back).
 const payLua = `
 local function pay(wkey, hops, revs, usd, requireMoney, key, job, claimed, check)
-  local refused = jobRefused(wkey, job)
-  if refused then return {'claimed', refused} end
-  if redis.call('EXISTS', wkey) == 1 and resets(wkey, claimed, check) then return {'claimed', 'reset'} end
   local paid = 'paid:' .. key
-  if redis.call('HEXISTS', wkey, paid) == 1 then
-    local w = redis.call('HMGET', wkey, 'usd', 'revisions', 'hops')
-    return {'claimed', 'paid', w[1], w[2], w[3]}
-  end
-  local r = debit(wkey, hops, revs, usd, requireMoney)
+  local f = redis.call('HMGET', wkey, 'usd', 'revisions', 'hops', 'job', 'vfailed', 'vlast', paid)
+  local exists = f[1] or f[2] or f[3] or f[4] or f[5] or f[6] or f[7]
+  if not exists then exists = redis.call('EXISTS', wkey) == 1 end
+  local refused = refusal(f[4], exists, job)
+  if refused then return {'claimed', refused} end
+  if exists and resetsFrom(f[5], f[6], claimed, check) then return {'claimed', 'reset'} end
+  if f[7] then return {'claimed', 'paid', f[1], f[2], f[3]} end
+  local r = debitFrom(wkey, f[1], f[2], f[3], hops, revs, usd, requireMoney)
   if r[1] == 'ok' then redis.call('HSET', wkey, paid, '1') end
   table.insert(r, 1, 'claimed')
   return r

@@ -272,12 +272,13 @@ func (s *Redis) LapsedLeases(ctx context.Context, limit int) ([]string, error) {
 // fence is the save's epoch. KEYS: run, events, fence. ARGV: epoch, Job bytes, event
 // bytes... Reply: the timeline's length after the events, -2 for no such run, -1 (nothing
 // written) for a fence other than the epoch.
-var putRunFencedScript = redis.NewScript(`
+var putRunFencedScript = redis.NewScript(pushLua + `
 if (redis.call('GET', KEYS[3]) or '0') ~= ARGV[1] then return -1 end
 if redis.call('EXISTS', KEYS[1]) == 0 then return -2 end
 redis.call('SET', KEYS[1], ARGV[2])
-local n = redis.call('LLEN', KEYS[2])
-for i = 3, #ARGV do n = redis.call('RPUSH', KEYS[2], ARGV[i]) end
+if #ARGV < 3 then return redis.call('LLEN', KEYS[2]) end
+local n
+for i = 3, #ARGV, pushMax do n = redis.call('RPUSH', KEYS[2], unpack(ARGV, i, math.min(i + pushMax - 1, #ARGV))) end
 return n
 `)
 

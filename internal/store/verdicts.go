@@ -91,13 +91,17 @@ func (s *Bolt) RecordVerdict(_ context.Context, id string, v handoffv1.Verdict) 
 
 // verdictLua defines resets(wallet key, claimed verdict, check): the rule of
 // verdictState.resets on the wallet hash's fields "vfailed" and "vlast"; check "0" means
-// the caller asked for no check.
+// the caller asked for no check. resetsFrom is the rule on fields already read.
 const verdictLua = `
+local function resetsFrom(vfailed, vlast, claimed, check)
+  if check ~= '1' or vfailed ~= '1' then return false end
+  if claimed == '0' then return true end
+  return claimed == '1' and vlast ~= '1'
+end
 local function resets(wkey, claimed, check)
   if check ~= '1' then return false end
-  if redis.call('HGET', wkey, 'vfailed') ~= '1' then return false end
-  if claimed == '0' then return true end
-  return claimed == '1' and redis.call('HGET', wkey, 'vlast') ~= '1'
+  local v = redis.call('HMGET', wkey, 'vfailed', 'vlast')
+  return resetsFrom(v[1], v[2], claimed, check)
 end
 `
 

@@ -109,6 +109,23 @@ func testWalletExactMoney(t *testing.T, s store.Store) {
 	if _, err := s.Wallet(ctx, "missing"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("Wallet(missing) = %v, want ErrNotFound", err)
 	}
+	// Admit's debit is as exact, and reports what is left after it.
+	if _, err := s.OpenWallet(ctx, "rich2", "job-rich2", &handoffv1.Budget{UsdRemainingMicros: big, HopsRemaining: 3, RevisionsRemaining: 2}); err != nil {
+		t.Fatal(err)
+	}
+	a, err := s.Admit(ctx, "rich2-k", time.Minute, "rich2", store.Debit{Hops: 2, Revisions: 1, USDMicros: 3, RequireMoney: true, Job: "job-rich2"})
+	want := &handoffv1.Budget{UsdRemainingMicros: big - 3, HopsRemaining: 1, RevisionsRemaining: 1}
+	if err != nil || !a.Debited || !proto.Equal(a.Wallet, want) {
+		t.Fatalf("Admit debiting 3 from %d = %+v, %v; want %v", int64(big), a, err, want)
+	}
+	if w, err := s.Wallet(ctx, "rich2"); err != nil || !proto.Equal(w, want) {
+		t.Fatalf("wallet after Admit = %v, %v; want %v", w, err, want)
+	}
+	a, err = s.Admit(ctx, "rich2-k2", time.Minute, "rich2", store.Debit{Hops: 1, USDMicros: big, Job: "job-rich2"})
+	want = &handoffv1.Budget{HopsRemaining: 0, RevisionsRemaining: 1}
+	if err != nil || !a.Debited || !proto.Equal(a.Wallet, want) {
+		t.Fatalf("Admit debiting more money than is left = %+v, %v; want %v (money clamped at zero)", a, err, want)
+	}
 }
 
 // testRunEdges: a taken run id is refused (and not listed twice), a caller's seq is ignored,
