@@ -482,8 +482,9 @@ return debit(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4])
 // the job check before it (Debit.Job): nil when job is "" or the wallet records it, else
 // 'notfound' (no wallet) or 'wrongjob' (another job's, or one that records none).
 // debitFrom and refusal are the same rules on fields the caller has read already (pay
-// reads all it needs in one HMGET); the reply's counts are the read ones less the debit,
-// and money, changed by HINCRBY, is read back as a string.
+// reads all it needs in one HMGET); the reply's counts are the read ones less the debit
+// (hops and revisions are uint32, exact as Lua numbers), and money, changed by HINCRBY, is
+// read back as a string.
 const debitLua = `
 local function refusal(owner, exists, job)
   if job == '' or owner == job then return nil end
