@@ -329,9 +329,7 @@ func (s *Redis) GetRun(ctx context.Context, runID string) (*handoffv1.Job, error
 var putRunEventsScript = redis.NewScript(pushLua + `
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 redis.call('SET', KEYS[1], ARGV[1])
-local n = 0
-for i = 2, #ARGV, pushMax do n = redis.call('RPUSH', KEYS[2], unpack(ARGV, i, math.min(i + pushMax - 1, #ARGV))) end
-return n
+return push(KEYS[2], 2) or 0
 `)
 
 // PutRun is SET XX (one command that writes only when the run exists), or, with events, a
@@ -365,10 +363,17 @@ func (s *Redis) PutRun(ctx context.Context, job *handoffv1.Job, evs ...*handoffv
 	return nil
 }
 
-// pushLua sets how many values one RPUSH of a script takes: the script passes them with
-// unpack, whose results Lua 5.1 holds on a stack of at most 8,000 slots. A save's events
-// go in one RPUSH (its reply is the new length) rather than one each.
-const pushLua = "local pushMax = 1000\n"
+// pushLua defines push(key, first): ARGV[first] onwards appended to list key, returning
+// its new length (nil when there is nothing to append). A save's events go in one RPUSH
+// rather than one each; past 1,000 values in several, as unpack puts its results on a Lua
+// 5.1 stack of at most 8,000 slots.
+const pushLua = `
+local function push(key, first)
+  local n
+  for i = first, #ARGV, 1000 do n = redis.call('RPUSH', key, unpack(ARGV, i, math.min(i + 999, #ARGV))) end
+  return n
+end
+`
 
 // appendEncoded appends evs, encoded as the events list stores them, to a script's args.
 func appendEncoded(args []any, runID string, evs []*handoffv1.JobEvent) ([]any, error) {

@@ -276,10 +276,7 @@ var putRunFencedScript = redis.NewScript(pushLua + `
 if (redis.call('GET', KEYS[3]) or '0') ~= ARGV[1] then return -1 end
 if redis.call('EXISTS', KEYS[1]) == 0 then return -2 end
 redis.call('SET', KEYS[1], ARGV[2])
-if #ARGV < 3 then return redis.call('LLEN', KEYS[2]) end
-local n
-for i = 3, #ARGV, pushMax do n = redis.call('RPUSH', KEYS[2], unpack(ARGV, i, math.min(i + pushMax - 1, #ARGV))) end
-return n
+return push(KEYS[2], 3) or redis.call('LLEN', KEYS[2])
 `)
 
 func (s *Redis) FenceRun(ctx context.Context, runID string) (uint64, error) {
