@@ -127,6 +127,8 @@ type report struct {
 	Figures []*peer.Figure `json:"figures"`
 	Ratios  []ratio        `json:"ratios"`
 	Notes   []string       `json:"notes,omitempty"`
+	// Settle is how long each measured phase waited for restate-server to go quiet.
+	Settle peer.SettleLog `json:"peer_settle"`
 }
 
 func main() {
@@ -246,10 +248,22 @@ func run(ctx context.Context, o options) error {
 	for _, s := range stores {
 		handoff[s] = &peer.Figure{Key: "J_" + s, Name: "handoff J_" + s}
 	}
+	// Every measured phase, Restate's and handoff's, starts with the server quiet.
+	settle := func() error {
+		s, err := peer.Settle(ctx, srv.cmd.Process.Pid, peer.DefaultQuiet)
+		if err != nil {
+			return fmt.Errorf("wait for restate-server to go quiet: %w", err)
+		}
+		rep.Settle.Add(s)
+		return nil
+	}
 	for r := range o.rounds {
 		// One at a time: p50, p99.
 		serial := map[string]bench.JobsResult{}
 		for _, p := range peers {
+			if err := settle(); err != nil {
+				return err
+			}
 			lat, _, err := bench.RunN(ctx, o.serial, 1, p.op)
 			if err != nil {
 				return fmt.Errorf("%s serial: %w", p.f.Key, err)
@@ -259,6 +273,9 @@ func run(ctx context.Context, o options) error {
 			progress("round %d: %s serial p50 %v", r+1, p.f.Key, p50)
 		}
 		for _, s := range stores {
+			if err := settle(); err != nil {
+				return err
+			}
 			res, err := bench.RunJobs(ctx, bench.JobsConfig{N: o.serial, Concurrency: 1, Store: s, RedisAddr: o.redis})
 			if err != nil {
 				return fmt.Errorf("handoff J_%s serial: %w", s, err)
@@ -268,6 +285,9 @@ func run(ctx context.Context, o options) error {
 		}
 		// conc in flight: jobs/s.
 		for _, p := range peers {
+			if err := settle(); err != nil {
+				return err
+			}
 			_, el, err := bench.RunN(ctx, o.jobs, o.conc, p.op)
 			if err != nil {
 				return fmt.Errorf("%s concurrent: %w", p.f.Key, err)
@@ -277,6 +297,9 @@ func run(ctx context.Context, o options) error {
 			progress("round %d: %s %.1f jobs/s", r+1, p.f.Key, jps)
 		}
 		for _, s := range stores {
+			if err := settle(); err != nil {
+				return err
+			}
 			res, err := bench.RunJobs(ctx, bench.JobsConfig{N: o.jobs, Concurrency: o.conc, Store: s, RedisAddr: o.redis})
 			if err != nil {
 				return fmt.Errorf("handoff J_%s concurrent: %w", s, err)
@@ -310,7 +333,8 @@ func run(ctx context.Context, o options) error {
 		"one machine: restate-server (its own process), the SDK endpoint and handoff's services (this process) share its CPUs",
 		"Restate: single node, default configuration (RocksDB WAL fsync on), TCP listeners on 127.0.0.1 free ports, data in a fresh temporary folder; jobs through the ingress HTTP API with the SDK's ingress client",
 		"p50 and p99 from --serial jobs one at a time per round (p99 of 15 is their maximum); jobs/s from --jobs jobs with --concurrency in flight; medians over rounds",
-		"handoff's CPU per job: this process's (its services and client; the SDK endpoint idles meanwhile) plus, for J_redis, the Redis server's, over the jobs in flight")
+		"handoff's CPU per job: this process's (its services and client; the SDK endpoint idles meanwhile) plus, for J_redis, the Redis server's, over the jobs in flight",
+		rep.Settle.String())
 
 	if o.jsonOut {
 		enc := json.NewEncoder(os.Stdout)

@@ -130,6 +130,8 @@ type report struct {
 	Figures     []*peer.Figure `json:"figures"`
 	Ratios      []ratio        `json:"ratios"`
 	Notes       []string       `json:"notes,omitempty"`
+	// Settle is how long each measured phase waited for the dev server to go quiet.
+	Settle peer.SettleLog `json:"peer_settle"`
 }
 
 func main() {
@@ -227,9 +229,21 @@ func run(ctx context.Context, o options) error {
 			fmt.Fprintf(os.Stderr, format+"\n", args...)
 		}
 	}
+	// Every measured phase, Temporal's and handoff's, starts with the dev server quiet.
+	settle := func() error {
+		s, err := peer.Settle(ctx, srv.cmd.Process.Pid, peer.DefaultQuiet)
+		if err != nil {
+			return fmt.Errorf("wait for the Temporal dev server to go quiet: %w", err)
+		}
+		rep.Settle.Add(s)
+		return nil
+	}
 	var tP50, tP99 time.Duration
 	for r := range o.rounds {
 		// one at a time: p50
+		if err := settle(); err != nil {
+			return err
+		}
 		lat, _, err := bench.RunN(ctx, o.serial, 1, func(ctx context.Context, _ int) error { return tJob(ctx) })
 		if err != nil {
 			return fmt.Errorf("temporal serial: %w", err)
@@ -238,6 +252,9 @@ func run(ctx context.Context, o options) error {
 		progress("round %d: temporal serial p50 %v", r+1, tP50)
 		hs := map[string]bench.JobsResult{}
 		for _, s := range stores {
+			if err := settle(); err != nil {
+				return err
+			}
 			res, err := bench.RunJobs(ctx, bench.JobsConfig{N: o.serial, Concurrency: 1, Store: s, RedisAddr: o.redis})
 			if err != nil {
 				return fmt.Errorf("handoff J_%s serial: %w", s, err)
@@ -246,6 +263,9 @@ func run(ctx context.Context, o options) error {
 			progress("round %d: handoff J_%s serial p50 %v", r+1, s, res.P50)
 		}
 		// conc in flight: jobs/s
+		if err := settle(); err != nil {
+			return err
+		}
 		_, el, err := bench.RunN(ctx, o.jobs, o.conc, func(ctx context.Context, _ int) error { return tJob(ctx) })
 		if err != nil {
 			return fmt.Errorf("temporal concurrent: %w", err)
@@ -254,6 +274,9 @@ func run(ctx context.Context, o options) error {
 		temporal.Add(tP50, tP99, tJPS)
 		progress("round %d: temporal %.1f jobs/s", r+1, tJPS)
 		for _, s := range stores {
+			if err := settle(); err != nil {
+				return err
+			}
 			res, err := bench.RunJobs(ctx, bench.JobsConfig{N: o.jobs, Concurrency: o.conc, Store: s, RedisAddr: o.redis})
 			if err != nil {
 				return fmt.Errorf("handoff J_%s concurrent: %w", s, err)
@@ -273,7 +296,8 @@ func run(ctx context.Context, o options) error {
 	}
 	rep.Figures = append(rep.Figures, hs...)
 	rep.Ratios = ratios(temporal, hs, rep.NumCPU)
-	rep.Notes = append(rep.Notes, "handoff's CPU per job: this process's (its services and client; the Temporal worker idles meanwhile) plus, for J_redis, the Redis server's, over the jobs in flight")
+	rep.Notes = append(rep.Notes, "handoff's CPU per job: this process's (its services and client; the Temporal worker idles meanwhile) plus, for J_redis, the Redis server's, over the jobs in flight",
+		rep.Settle.String())
 	rep.LoadEnd = peer.Loadavg()
 
 	if o.jsonOut {
