@@ -127,7 +127,8 @@ type report struct {
 	Figures []*peer.Figure `json:"figures"`
 	Ratios  []ratio        `json:"ratios"`
 	Notes   []string       `json:"notes,omitempty"`
-	// Settle is how long each measured phase waited for restate-server to go quiet.
+	// Settle is how long each measured phase waited for restate-server and this process
+	// to go quiet.
 	Settle peer.SettleLog `json:"peer_settle"`
 }
 
@@ -171,7 +172,7 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
-	rep := &report{Header: peer.NewHeader(o.jobs, o.serial, o.conc, o.rounds)}
+	rep := &report{Header: peer.NewHeader(o.jobs, o.serial, o.conc, o.rounds), Settle: peer.NewSettleLog(peer.DefaultQuiet)}
 	if out, err := exec.CommandContext(ctx, bin, "--version").Output(); err == nil {
 		rep.Restate = string(bytes.TrimSpace(out))
 	}
@@ -248,11 +249,12 @@ func run(ctx context.Context, o options) error {
 	for _, s := range stores {
 		handoff[s] = &peer.Figure{Key: "J_" + s, Name: "handoff J_" + s}
 	}
-	// Every measured phase, Restate's and handoff's, starts with the server quiet.
+	// Every measured phase, Restate's and handoff's, starts with the server and this
+	// process (handoff's services, the SDK endpoint) quiet.
 	settle := func() error {
-		s, err := peer.Settle(ctx, srv.cmd.Process.Pid, peer.DefaultQuiet)
+		s, err := peer.Settle(ctx, peer.Sum(peer.Group(srv.cmd.Process.Pid), peer.Self()), peer.DefaultQuiet)
 		if err != nil {
-			return fmt.Errorf("wait for restate-server to go quiet: %w", err)
+			return fmt.Errorf("wait for restate-server and this process to go quiet: %w; its output: %s", err, srv.out.String())
 		}
 		rep.Settle.Add(s)
 		return nil
@@ -334,7 +336,7 @@ func run(ctx context.Context, o options) error {
 		"Restate: single node, default configuration (RocksDB WAL fsync on), TCP listeners on 127.0.0.1 free ports, data in a fresh temporary folder; jobs through the ingress HTTP API with the SDK's ingress client",
 		"p50 and p99 from --serial jobs one at a time per round (p99 of 15 is their maximum); jobs/s from --jobs jobs with --concurrency in flight; medians over rounds",
 		"handoff's CPU per job: this process's (its services and client; the SDK endpoint idles meanwhile) plus, for J_redis, the Redis server's, over the jobs in flight",
-		rep.Settle.String())
+		rep.Settle.Describe("restate-server and this process"))
 
 	if o.jsonOut {
 		enc := json.NewEncoder(os.Stdout)

@@ -130,7 +130,8 @@ type report struct {
 	Figures     []*peer.Figure `json:"figures"`
 	Ratios      []ratio        `json:"ratios"`
 	Notes       []string       `json:"notes,omitempty"`
-	// Settle is how long each measured phase waited for the dev server to go quiet.
+	// Settle is how long each measured phase waited for the dev server and this process
+	// to go quiet.
 	Settle peer.SettleLog `json:"peer_settle"`
 }
 
@@ -168,7 +169,7 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
-	rep := &report{Header: peer.NewHeader(o.jobs, o.serial, o.conc, o.rounds)}
+	rep := &report{Header: peer.NewHeader(o.jobs, o.serial, o.conc, o.rounds), Settle: peer.NewSettleLog(peer.DefaultQuiet)}
 	if out, err := exec.CommandContext(ctx, bin, "--version").Output(); err == nil {
 		rep.TemporalCLI = string(trimNL(out))
 	}
@@ -229,11 +230,12 @@ func run(ctx context.Context, o options) error {
 			fmt.Fprintf(os.Stderr, format+"\n", args...)
 		}
 	}
-	// Every measured phase, Temporal's and handoff's, starts with the dev server quiet.
+	// Every measured phase, Temporal's and handoff's, starts with the dev server and this
+	// process (handoff's services, the worker) quiet.
 	settle := func() error {
-		s, err := peer.Settle(ctx, srv.cmd.Process.Pid, peer.DefaultQuiet)
+		s, err := peer.Settle(ctx, peer.Sum(peer.Group(srv.cmd.Process.Pid), peer.Self()), peer.DefaultQuiet)
 		if err != nil {
-			return fmt.Errorf("wait for the Temporal dev server to go quiet: %w", err)
+			return fmt.Errorf("wait for the Temporal dev server and this process to go quiet: %w; its output: %s", err, srv.stderr.String())
 		}
 		rep.Settle.Add(s)
 		return nil
@@ -297,7 +299,7 @@ func run(ctx context.Context, o options) error {
 	rep.Figures = append(rep.Figures, hs...)
 	rep.Ratios = ratios(temporal, hs, rep.NumCPU)
 	rep.Notes = append(rep.Notes, "handoff's CPU per job: this process's (its services and client; the Temporal worker idles meanwhile) plus, for J_redis, the Redis server's, over the jobs in flight",
-		rep.Settle.String())
+		rep.Settle.Describe("the Temporal dev server and this process"))
 	rep.LoadEnd = peer.Loadavg()
 
 	if o.jsonOut {

@@ -1,8 +1,12 @@
+//go:build linux
+
 package peer
 
 import (
 	"context"
 	"errors"
+	"math"
+	"os"
 	"os/exec"
 	"strings"
 	"syscall"
@@ -13,37 +17,73 @@ import (
 func TestParseStat(t *testing.T) {
 	for _, c := range []struct {
 		name, stat string
-		pgrp       int
-		ticks      int64
+		want       stat
 		err        string
 	}{
-		{"plain", "812 (restate-server) S 800 800 800 0 -1 4194560 1 0 0 0 150 25 0 0 20 0 9 0", 800, 175, ""},
-		{"name with spaces and parens", "9 (a) b (c)) R 1 42 42 0 -1 0 0 0 0 0 7 3 0", 42, 10, ""},
-		{"no name", "812 restate S 800", 0, 0, "no command name"},
-		{"cut short", "812 (x) S 800 800 800 0 -1 0 0 0 0 0 150", 0, 0, "want at least 13"},
-		{"bad group", "812 (x) S 800 abc 800 0 -1 0 0 0 0 0 150 25", 0, 0, "pgrp"},
-		{"bad cpu time", "812 (x) S 800 800 800 0 -1 0 0 0 0 0 1x0 25", 0, 0, "cpu time"},
+		{"plain", "812 (restate-server) S 800 800 800 0 -1 4194560 1 0 0 0 150 25 4 1 20 0 9 0", stat{'S', 800, 180}, ""},
+		{"name with spaces, newline and parens", "9 (a) b\n(c)) R 1 42 42 0 -1 0 0 0 0 0 7 3 0 0 0", stat{'R', 42, 10}, ""},
+		{"zombie", "9 (x) Z 1 42 42 0 -1 0 0 0 0 0 7 3 0 0 0", stat{'Z', 42, 10}, ""},
+		{"no name", "812 restate S 800", stat{}, "no command name"},
+		{"cut short", "812 (x) S 800 800 800 0 -1 0 0 0 0 0 150 25", stat{}, "want at least 15"},
+		{"bad state", "812 (x) SS 800 800 800 0 -1 0 0 0 0 0 150 25 0 0", stat{}, "want one letter"},
+		{"bad group", "812 (x) S 800 abc 800 0 -1 0 0 0 0 0 150 25 0 0", stat{}, "pgrp"},
+		{"bad cpu time", "812 (x) S 800 800 800 0 -1 0 0 0 0 0 1x0 25 0 0", stat{}, `cpu time "1x0"`},
+		{"negative cpu time", "812 (x) S 800 800 800 0 -1 0 0 0 0 0 150 -25 0 0", stat{}, `cpu time "-25"`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			pgrp, ticks, err := parseStat([]byte(c.stat))
+			got, err := parseStat([]byte(c.stat))
 			if c.err != "" {
 				if err == nil || !strings.Contains(err.Error(), c.err) {
 					t.Fatalf("err = %v, want one saying %q", err, c.err)
 				}
 				return
 			}
-			if err != nil || pgrp != c.pgrp || ticks != c.ticks {
-				t.Fatalf("= %d, %d, %v; want %d, %d", pgrp, ticks, err, c.pgrp, c.ticks)
+			if err != nil || got != c.want {
+				t.Fatalf("= %+v, %v; want %+v", got, err, c.want)
 			}
 		})
 	}
 }
 
-// group starts a shell running script in a process group of its own and returns the
-// group's id; the group is killed when the test ends.
+// The test binary is also the workload of the tests below: with childEnv set it spins,
+// sleeps or both, as told, and never runs a test.
+const childEnv = "PEER_SETTLE_CHILD"
+
+func TestMain(m *testing.M) {
+	switch os.Getenv(childEnv) {
+	case "":
+		os.Exit(m.Run())
+	case "spin":
+		spin(time.Hour)
+	case "spin-then-sleep":
+		spin(300 * time.Millisecond)
+		time.Sleep(time.Hour)
+	case "spin-briefly":
+		spin(100 * time.Millisecond)
+	}
+	os.Exit(0)
+}
+
+// spin burns this process's CPU until it has used d of it.
+func spin(d time.Duration) {
+	for {
+		cpu, err := Self()()
+		if err != nil || cpu >= d {
+			return
+		}
+		for i := 0; i < 1e6; i++ {
+			_ = math.Sqrt(float64(i))
+		}
+	}
+}
+
+// group starts, in a process group of its own, the shell script script, in which $CHILD
+// runs this test binary as the workload named after it; it returns the group's id, and the
+// group is killed (and its leader reaped) when the test ends.
 func group(t *testing.T, script string) int {
 	t.Helper()
 	cmd := exec.Command("sh", "-c", script)
+	cmd.Env = append(os.Environ(), "CHILD="+os.Args[0])
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -55,76 +95,129 @@ func group(t *testing.T, script string) int {
 	return cmd.Process.Pid
 }
 
+func run(workload string) string { return childEnv + "=" + workload + ` "$CHILD"` }
+
 func TestGroupCPU(t *testing.T) {
-	busy := group(t, "while :; do :; done")
+	busy := group(t, "exec env "+run("spin"))
 	idle := group(t, "sleep 60")
 	time.Sleep(500 * time.Millisecond)
-	cpu, n, err := GroupCPU(busy)
 	// Loose bounds: other packages' tests share the CPUs.
+	cpu, n, err := GroupCPU(busy)
 	if err != nil || n != 1 || cpu < 50*time.Millisecond {
 		t.Fatalf("spinning group: %v over %d processes, %v; want >= 50ms of CPU in 500ms, one process", cpu, n, err)
 	}
-	// sh may run sleep in a child: the group holds one process or two.
+	// sh may run sleep in a child: the group holds one live process or two.
 	if cpu, n, err := GroupCPU(idle); err != nil || n < 1 || cpu > 50*time.Millisecond {
 		t.Fatalf("sleeping group: %v over %d processes, %v; want about none", cpu, n, err)
 	}
 	if _, _, err := GroupCPU(0); err == nil || !strings.Contains(err.Error(), "process group 0") {
 		t.Fatalf("group 0: err = %v, want one naming it", err)
 	}
-	// A finished group has no process left: nothing to measure is an error, not a quiet 0.
-	done := exec.Command("true")
-	done.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := done.Run(); err != nil {
+
+	// A group whose only process has died but is not reaped yet is no live group: a
+	// zombie is not a quiet server.
+	dead := exec.Command("true")
+	dead.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := dead.Start(); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := GroupCPU(done.Process.Pid); err == nil || !strings.Contains(err.Error(), "has no process") {
-		t.Fatalf("finished group: err = %v, want 'has no process'", err)
+	time.Sleep(200 * time.Millisecond) // exited, not waited for
+	_, _, err = GroupCPU(dead.Process.Pid)
+	dead.Wait()
+	if err == nil || !strings.Contains(err.Error(), "has no live process") {
+		t.Fatalf("zombie group: err = %v, want 'has no live process'", err)
+	}
+	// Reaped, it is gone.
+	if _, _, err := GroupCPU(dead.Process.Pid); err == nil || !strings.Contains(err.Error(), "has no live process") {
+		t.Fatalf("finished group: err = %v, want 'has no live process'", err)
 	}
 }
 
 func TestSettle(t *testing.T) {
-	q := Quiet{Window: 100 * time.Millisecond, Idle: 0.1, Windows: 2, Max: 5 * time.Second}
+	q := Quiet{Window: 100 * time.Millisecond, Idle: 0.1, Windows: 2, Max: 10 * time.Second}
 	ctx := context.Background()
 
-	s, err := Settle(ctx, group(t, "sleep 60"), q)
+	s, err := Settle(ctx, Group(group(t, "sleep 60")), q)
 	if err != nil || !s.Quiet || s.Waited < 200*time.Millisecond || s.Waited >= q.Max {
 		t.Fatalf("idle group: %+v, %v; want quiet after two windows, before max", s, err)
 	}
 
 	short := q
 	short.Max = 700 * time.Millisecond
-	s, err = Settle(ctx, group(t, "while :; do :; done"), short)
-	if err != nil || s.Quiet || s.Waited < short.Max || s.CPU < 100*time.Millisecond {
+	s, err = Settle(ctx, Group(group(t, "exec env "+run("spin"))), short)
+	if err != nil || s.Quiet || s.Waited < short.Max || s.CPU < 50*time.Millisecond {
 		t.Fatalf("spinning group: %+v, %v; want not quiet, given up at max, its CPU counted", s, err)
 	}
 
-	// Busy, then quiet: the wait ends once the work does, and counts it. (The loop is the
-	// shell's own: a short-lived child's CPU leaves the group's live processes with it.)
-	s, err = Settle(ctx, group(t, "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done; sleep 60"), q)
-	if err != nil || !s.Quiet || s.CPU < 100*time.Millisecond {
-		t.Fatalf("busy-then-idle group: %+v, %v; want quiet, with the busy part's CPU", s, err)
+	// Busy, then quiet: the wait ends once the work does, and counts it.
+	s, err = Settle(ctx, Group(group(t, run("spin-then-sleep"))), q)
+	if err != nil || !s.Quiet || s.CPU < 250*time.Millisecond {
+		t.Fatalf("busy-then-idle group: %+v, %v; want quiet, with the 300ms of CPU the work took", s, err)
+	}
+
+	// Work done by short-lived children counts once they are waited for: a group that
+	// spends its time in them is busy, not quiet.
+	s, err = Settle(ctx, Group(group(t, strings.Repeat(run("spin-briefly")+"; ", 3)+"sleep 60")), q)
+	if err != nil || !s.Quiet || s.CPU < 250*time.Millisecond {
+		t.Fatalf("group of short-lived children: %+v, %v; want quiet only after their 300ms of CPU, counted", s, err)
+	}
+
+	// A server that dies while waited for is an error, not a quiet server.
+	dying := group(t, "sleep 0.3")
+	if _, err := Settle(ctx, Group(dying), Quiet{Window: 100 * time.Millisecond, Idle: 0, Windows: 8, Max: 2 * time.Second}); err == nil || !strings.Contains(err.Error(), "has no live process") {
+		t.Fatalf("group that ends: err = %v, want 'has no live process'", err)
 	}
 
 	cancelled, cancel := context.WithCancel(ctx)
 	cancel()
-	if _, err := Settle(cancelled, group(t, "sleep 60"), q); !errors.Is(err, context.Canceled) {
+	if _, err := Settle(cancelled, Group(group(t, "sleep 60")), q); !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled: err = %v", err)
 	}
-	if _, err := Settle(ctx, group(t, "sleep 60"), Quiet{Window: 0, Idle: 0.1, Windows: 2, Max: time.Second}); err == nil || !strings.Contains(err.Error(), "positive window") {
-		t.Fatalf("zero window: err = %v", err)
+}
+
+func TestSettleRefusesRulesItCannotMeet(t *testing.T) {
+	ok := DefaultQuiet
+	for _, c := range []struct {
+		name string
+		edit func(*Quiet)
+		want string
+	}{
+		{"window shorter than /proc can tell", func(q *Quiet) { q.Window = 20 * time.Millisecond }, "quiet.Window = 20ms"},
+		{"negative idle", func(q *Quiet) { q.Idle = -0.1 }, "quiet.Idle = -0.1"},
+		{"NaN idle", func(q *Quiet) { q.Idle = math.NaN() }, "quiet.Idle = NaN"},
+		{"idle beyond the CPUs", func(q *Quiet) { q.Idle = 1e12 }, "quiet.Idle = 1e+12"},
+		{"no windows", func(q *Quiet) { q.Windows = 0 }, "quiet.Windows = 0"},
+		{"max shorter than the windows", func(q *Quiet) { q.Max = 300 * time.Millisecond }, "quiet.Max = 300ms"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			q := ok
+			c.edit(&q)
+			called := false
+			_, err := Settle(context.Background(), func() (time.Duration, error) { called = true; return 0, nil }, q)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("err = %v, want one naming %q", err, c.want)
+			}
+			if called {
+				t.Fatal("the meter was read for a rule that cannot be met")
+			}
+		})
 	}
 }
 
 func TestSettleLog(t *testing.T) {
-	var l SettleLog
+	l := NewSettleLog(DefaultQuiet)
 	l.Add(Settled{Waited: 400 * time.Millisecond, CPU: 30 * time.Millisecond, Quiet: true})
 	l.Add(Settled{Waited: 1500 * time.Millisecond, CPU: 900 * time.Millisecond, Quiet: true})
 	l.Add(Settled{Waited: 20 * time.Second, CPU: 5 * time.Second, Quiet: false})
-	want := SettleLog{Phases: 3, NotQuiet: 1, WaitedMs: 21900, MaxMs: 20000, PeerCPUMs: 5930}
+	want := SettleLog{IdleShare: 0.1, WindowMs: 200, Windows: 2, MaxWaitMs: 20000,
+		Phases: 3, NotQuiet: 1, WaitedMs: 21900, LongestMs: 20000, CPUMs: 5930}
 	if l != want {
 		t.Fatalf("log = %+v, want %+v", l, want)
 	}
-	if s := l.String(); !strings.Contains(s, "3 measured phases") || !strings.Contains(s, "1 phases gave up") || !strings.Contains(s, "5930 ms of CPU") {
-		t.Fatalf("String() = %q", s)
+	s := l.Describe("the server")
+	for _, part := range []string{"3 measured phases the server went quiet", "at most 0.1 of a CPU in each of 2 windows of 200 ms", "1 phases gave up after 20000 ms", "5930 ms of CPU"} {
+		if !strings.Contains(s, part) {
+			t.Fatalf("Describe = %q, want it to say %q", s, part)
+		}
 	}
 }
