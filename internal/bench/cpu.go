@@ -7,7 +7,6 @@ import (
 	"math"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -18,15 +17,11 @@ import (
 // processCPU is the CPU time (user + system) this process has used: every server and
 // client of the figures runs in it.
 func processCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+	cpu, err := peer.Self()()
+	if err != nil {
 		return 0
 	}
-	return tvDuration(ru.Utime) + tvDuration(ru.Stime)
-}
-
-func tvDuration(tv syscall.Timeval) time.Duration {
-	return time.Duration(tv.Sec)*time.Second + time.Duration(tv.Usec)*time.Microsecond
+	return cpu
 }
 
 // parseRedisCPU returns used_cpu_sys + used_cpu_user from the text of Redis's INFO cpu:
