@@ -251,12 +251,11 @@ func run(ctx context.Context, o options) error {
 	}
 	// Every measured phase, Restate's and handoff's, starts with the server and this
 	// process (handoff's services, the SDK endpoint) quiet.
+	quiet := peer.Sum(peer.Group(srv.cmd.Process.Pid), peer.Self())
 	settle := func() error {
-		s, err := peer.Settle(ctx, peer.Sum(peer.Group(srv.cmd.Process.Pid), peer.Self()), peer.DefaultQuiet)
-		if err != nil {
+		if err := rep.Settle.Wait(ctx, quiet); err != nil {
 			return fmt.Errorf("wait for restate-server and this process to go quiet: %w; its output: %s", err, srv.out.String())
 		}
-		rep.Settle.Add(s)
 		return nil
 	}
 	for r := range o.rounds {

@@ -232,12 +232,11 @@ func run(ctx context.Context, o options) error {
 	}
 	// Every measured phase, Temporal's and handoff's, starts with the dev server and this
 	// process (handoff's services, the worker) quiet.
+	quiet := peer.Sum(peer.Group(srv.cmd.Process.Pid), peer.Self())
 	settle := func() error {
-		s, err := peer.Settle(ctx, peer.Sum(peer.Group(srv.cmd.Process.Pid), peer.Self()), peer.DefaultQuiet)
-		if err != nil {
+		if err := rep.Settle.Wait(ctx, quiet); err != nil {
 			return fmt.Errorf("wait for the Temporal dev server and this process to go quiet: %w; its output: %s", err, srv.stderr.String())
 		}
-		rep.Settle.Add(s)
 		return nil
 	}
 	var tP50, tP99 time.Duration

@@ -223,7 +223,9 @@ func Settle(ctx context.Context, m Meter, q Quiet) (Settled, error) {
 
 // SettleLog sums up the Settles of a run, for its report.
 type SettleLog struct {
-	// The rule every phase waited for (NewSettleLog).
+	rule Quiet // what Wait waits for
+
+	// The rule every phase waited for (NewSettleLog), as the report gives it.
 	IdleShare float64 `json:"idle_share"`
 	WindowMs  float64 `json:"window_ms"`
 	Windows   int     `json:"windows"`
@@ -241,7 +243,17 @@ type SettleLog struct {
 
 // NewSettleLog is the log of a run whose phases wait for q.
 func NewSettleLog(q Quiet) SettleLog {
-	return SettleLog{IdleShare: q.Idle, WindowMs: Ms(q.Window), Windows: q.Windows, MaxWaitMs: Ms(q.Max)}
+	return SettleLog{rule: q, IdleShare: q.Idle, WindowMs: Ms(q.Window), Windows: q.Windows, MaxWaitMs: Ms(q.Max)}
+}
+
+// Wait settles m by the log's rule (Settle) and records the wait.
+func (l *SettleLog) Wait(ctx context.Context, m Meter) error {
+	s, err := Settle(ctx, m, l.rule)
+	if err != nil {
+		return err
+	}
+	l.Add(s)
+	return nil
 }
 
 // Add records one Settle.

@@ -209,7 +209,7 @@ func TestSettleLog(t *testing.T) {
 	l.Add(Settled{Waited: 400 * time.Millisecond, CPU: 30 * time.Millisecond, Quiet: true})
 	l.Add(Settled{Waited: 1500 * time.Millisecond, CPU: 900 * time.Millisecond, Quiet: true})
 	l.Add(Settled{Waited: 20 * time.Second, CPU: 5 * time.Second, Quiet: false})
-	want := SettleLog{IdleShare: 0.1, WindowMs: 200, Windows: 2, MaxWaitMs: 20000,
+	want := SettleLog{rule: DefaultQuiet, IdleShare: 0.1, WindowMs: 200, Windows: 2, MaxWaitMs: 20000,
 		Phases: 3, NotQuiet: 1, WaitedMs: 21900, LongestMs: 20000, CPUMs: 5930}
 	if l != want {
 		t.Fatalf("log = %+v, want %+v", l, want)
@@ -219,5 +219,21 @@ func TestSettleLog(t *testing.T) {
 		if !strings.Contains(s, part) {
 			t.Fatalf("Describe = %q, want it to say %q", s, part)
 		}
+	}
+}
+
+// Wait holds to the rule the log was made with, and records what it waited.
+func TestSettleLogWait(t *testing.T) {
+	q := Quiet{Window: 100 * time.Millisecond, Idle: 0.1, Windows: 2, Max: 5 * time.Second}
+	l := NewSettleLog(q)
+	if err := l.Wait(context.Background(), Group(group(t, "sleep 60"))); err != nil {
+		t.Fatal(err)
+	}
+	if l.Phases != 1 || l.NotQuiet != 0 || l.WaitedMs < 200 || l.WaitedMs >= 5000 {
+		t.Fatalf("after one wait for an idle group: %+v", l)
+	}
+	bad := NewSettleLog(Quiet{Window: 20 * time.Millisecond, Idle: 0.1, Windows: 2, Max: time.Second})
+	if err := bad.Wait(context.Background(), Self()); err == nil || !strings.Contains(err.Error(), "quiet.Window = 20ms") || bad.Phases != 0 {
+		t.Fatalf("a rule that cannot be met: err = %v, log %+v", err, bad)
 	}
 }
