@@ -1,11 +1,11 @@
 package contract
 
 import (
-	"fmt"
 	"strings"
 	"testing"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
+	"github.com/handoffhq/handoff/internal/testkit"
 )
 
 // TestCheckV1ReasonsInOrder pins every reason, in order, for one package with faults across
@@ -46,7 +46,5 @@ func TestCheckV1ReasonsInOrder(t *testing.T) {
 		"budget.usd_remaining_micros int64.gte",
 		"trace.traceparent traceparent.nonzero",
 	}
-	if fmt.Sprint(got) != fmt.Sprint(want) {
-		t.Errorf("reasons, in order:\n got  %q\n want %q", got, want)
-	}
+	testkit.Equal(t, got, want, "reasons, in order")
 }
