@@ -52,7 +52,7 @@ write can be lost with its master.
 
 At the end it prints the jobs by state, the faults injected and what the ledger and the
 sink saw, the time from each kill to the resume of the jobs it stalled (p50/p99 per kind
-of kill) and, on a cluster, each failover's duration. Must be 0: jobs lost (not terminal by --deadline), double writes (a job written
+of kill; a job a later kill breaks again counts for that kill) and, on a cluster, each failover's duration. Must be 0: jobs lost (not terminal by --deadline), double writes (a job written
 under a second key or without one), re-sent sink keys with another body, ledger keys
 offered twice (on one Redis; on a cluster re-offers are counted), completed ledger jobs whose receipt names another entry, completed jobs
 without a write; and every asked fault must have been injected.

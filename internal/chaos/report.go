@@ -96,10 +96,14 @@ func (r *Report) WriteText(w io.Writer) {
 	p("  branches re-run after completing %s", mark(r.BranchesRerun))
 	p("wallets")
 	p("  jobs charged extra hops   %d (%d hops beyond those made)", r.OverchargedJobs, r.ExtraHopDebits)
-	p("time to resume (kill to the next progress of each job it stalled)")
+	p("time to resume (from the last kill that broke a job's call to its next progress)")
 	for _, k := range sortedKeys(r.TimeToResume) {
 		st := r.TimeToResume[k]
-		p("  %-25s p50 %5d ms  p99 %5d ms  max %5d ms  (%d jobs)", k, st.P50ms, st.P99ms, st.MaxMs, st.Samples)
+		again := ""
+		if st.Interrupted > 0 {
+			again = fmt.Sprintf("; %d more broken again by a later kill first", st.Interrupted)
+		}
+		p("  %-25s p50 %5d ms  p99 %5d ms  max %5d ms  (%d jobs%s)", k, st.P50ms, st.P99ms, st.MaxMs, st.Samples, again)
 	}
 	p("shutdown (SIGTERM)")
 	for _, k := range sortedKeys(r.Stops) {
