@@ -251,13 +251,7 @@ func run(ctx context.Context, o options) error {
 	}
 	// Every measured phase, Restate's and handoff's, starts with the server and this
 	// process (handoff's services, the SDK endpoint) quiet.
-	quiet := peer.Sum(peer.Group(srv.cmd.Process.Pid), peer.Self())
-	settle := func() error {
-		if err := rep.Settle.Wait(ctx, quiet); err != nil {
-			return fmt.Errorf("wait for restate-server and this process to go quiet: %w; its output: %s", err, srv.out.String())
-		}
-		return nil
-	}
+	settle := rep.Settle.Waiter(ctx, srv.cmd.Process.Pid, "restate-server", srv.out)
 	for r := range o.rounds {
 		// One at a time: p50, p99.
 		serial := map[string]bench.JobsResult{}

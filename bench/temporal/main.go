@@ -232,13 +232,7 @@ func run(ctx context.Context, o options) error {
 	}
 	// Every measured phase, Temporal's and handoff's, starts with the dev server and this
 	// process (handoff's services, the worker) quiet.
-	quiet := peer.Sum(peer.Group(srv.cmd.Process.Pid), peer.Self())
-	settle := func() error {
-		if err := rep.Settle.Wait(ctx, quiet); err != nil {
-			return fmt.Errorf("wait for the Temporal dev server and this process to go quiet: %w; its output: %s", err, srv.stderr.String())
-		}
-		return nil
-	}
+	settle := rep.Settle.Waiter(ctx, srv.cmd.Process.Pid, "the Temporal dev server", srv.stderr)
 	var tP50, tP99 time.Duration
 	for r := range o.rounds {
 		// one at a time: p50

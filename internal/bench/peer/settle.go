@@ -256,6 +256,19 @@ func (l *SettleLog) Wait(ctx context.Context, m Meter) error {
 	return nil
 }
 
+// Waiter is a peer bench's step before each measured phase: wait by the log's rule for
+// the peer's server (process group pgid) and this process to go quiet. A failure names
+// server and carries out, the server's output so far.
+func (l *SettleLog) Waiter(ctx context.Context, pgid int, server string, out *Tail) func() error {
+	m := Sum(Group(pgid), Self())
+	return func() error {
+		if err := l.Wait(ctx, m); err != nil {
+			return fmt.Errorf("wait for %s and this process to go quiet: %w; its output: %s", server, err, out.String())
+		}
+		return nil
+	}
+}
+
 // Add records one Settle.
 func (l *SettleLog) Add(s Settled) {
 	l.Phases++

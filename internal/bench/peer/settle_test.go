@@ -237,3 +237,26 @@ func TestSettleLogWait(t *testing.T) {
 		t.Fatalf("a rule that cannot be met: err = %v, log %+v", err, bad)
 	}
 }
+
+// A bench's Waiter records each wait in the log; when the server is gone, its error names
+// the server and carries the server's last output.
+func TestSettleLogWaiter(t *testing.T) {
+	l := NewSettleLog(Quiet{Window: 100 * time.Millisecond, Idle: 0.1, Windows: 2, Max: 5 * time.Second})
+	var out Tail
+	out.Write([]byte("listening on 127.0.0.1:9070\n"))
+	settle := l.Waiter(context.Background(), group(t, "sleep 60"), "the idle server", &out)
+	if err := settle(); err != nil || l.Phases != 1 || l.NotQuiet != 0 {
+		t.Fatalf("idle server: err = %v, log %+v; want one quiet phase", err, l)
+	}
+	settle = l.Waiter(context.Background(), group(t, "sleep 0.3"), "the dying server", &out)
+	time.Sleep(600 * time.Millisecond)
+	err := settle()
+	for _, part := range []string{"wait for the dying server and this process to go quiet", "has no live process", "its output: listening on 127.0.0.1:9070"} {
+		if err == nil || !strings.Contains(err.Error(), part) {
+			t.Fatalf("dead server: err = %v, want it to say %q", err, part)
+		}
+	}
+	if l.Phases != 1 {
+		t.Fatalf("a failed wait was recorded: %+v", l)
+	}
+}
