@@ -11,9 +11,11 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 
 	handoffv1 "github.com/handoffhq/handoff/gen/handoff/v1"
@@ -174,7 +176,7 @@ type fanEnv struct {
 	merge    *mergeAgent
 }
 
-func startFan(t *testing.T, s store.Store, yaml string, branches []*branchAgent) *fanEnv {
+func startFan(t *testing.T, s store.Store, yaml string, branches []*branchAgent, with ...func(*stack.Config)) *fanEnv {
 	t.Helper()
 	p, problems, err := pipeline.Parse("fan.yaml", []byte(yaml))
 	if err != nil || pipeline.HasErrors(problems) {
@@ -185,7 +187,11 @@ func startFan(t *testing.T, s store.Store, yaml string, branches []*branchAgent)
 	for _, b := range branches {
 		agents = append(agents, b)
 	}
-	e.st, e.client = startStack(t, stack.Config{Store: s, Pipelines: map[string]*pipeline.Pipeline{p.Name: p}, Agents: agents})
+	cfg := stack.Config{Store: s, Pipelines: map[string]*pipeline.Pipeline{p.Name: p}, Agents: agents}
+	for _, f := range with {
+		f(&cfg)
+	}
+	e.st, e.client = startStack(t, cfg)
 	release := make(chan struct{})
 	for _, b := range branches {
 		b.release = release
@@ -211,6 +217,17 @@ func branchStatuses(job *handoffv1.Job) map[string]handoffv1.BranchStatus {
 	return out
 }
 
+// onDeliver is a runner client that calls f as each Deliver goes out.
+type onDeliver struct {
+	handoffv1.AgentRunnerServiceClient
+	f func()
+}
+
+func (c onDeliver) Deliver(ctx context.Context, req *handoffv1.DeliverRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[handoffv1.DeliverResponse], error) {
+	c.f()
+	return c.AgentRunnerServiceClient.Deliver(ctx, req, opts...)
+}
+
 func acksBy(evs []*handoffv1.JobEvent, status handoffv1.AckStatus) int {
 	n := 0
 	for _, ev := range evs {
@@ -226,16 +243,28 @@ func acksBy(evs []*handoffv1.JobEvent, status handoffv1.AckStatus) int {
 // claim), refuses two with REJECTED_BUDGET, and the wallet ends at zero, never below. The
 // three admitted hops are all in flight at once (the barrier lets none go before the third
 // arrives) and finish (on_wallet_empty: finish_in_flight): their results are kept; then the
-// job escalates WALLET_EMPTY and nothing is merged or written.
+// job escalates WALLET_EMPTY and nothing is merged or written. The admitted agents start
+// only once all five hops went out: a branch that reaches its send after the admitted hops
+// came back sees the empty wallet and stops unsent, which is right too, but leaves no
+// refusal for this test to count.
 func TestFanOutOneWallet(t *testing.T) {
 	const n, k = 5, 3
 	eachStore(t, func(t *testing.T, s store.Store) {
 		agents := agentsNamed(n)
-		bar := newBarrier(k)
+		bar, sentAll := newBarrier(k), newGate()
 		for _, a := range agents {
-			a.barrier = bar
+			a.barrier, a.gate = bar, sentAll
 		}
-		e := startFan(t, s, fanYAML(n, "escalate", "finish_in_flight", "1m"), agents)
+		var sent atomic.Int32
+		e := startFan(t, s, fanYAML(n, "escalate", "finish_in_flight", "1m"), agents, func(c *stack.Config) {
+			c.WrapRunner = func(c handoffv1.AgentRunnerServiceClient) handoffv1.AgentRunnerServiceClient {
+				return onDeliver{c, func() {
+					if sent.Add(1) == n {
+						sentAll.release()
+					}
+				}}
+			}
+		})
 		job, evs := e.submit(t, "fan", "tkt_1", "", &handoffv1.Budget{UsdRemainingMicros: 1_000_000, HopsRemaining: k})
 
 		if job.GetState() != handoffv1.JobState_JOB_STATE_ESCALATED || job.GetEscalation().GetCause() != handoffv1.EscalationCause_ESCALATION_CAUSE_WALLET_EMPTY {
