@@ -116,6 +116,10 @@ func TestRedisScriptBatching(t *testing.T) {
 
 	t.Run("a deadline bounds a queued call and a sent one", func(t *testing.T) {
 		r := newStalled(t, nil)
+		// The times count from a1's send: the server runs a1 from then on, a2 after it. c's
+		// deadline is set from there too, so a slow step of the test's own before c is made
+		// (a loaded machine) cannot carry it past c's answer.
+		start := time.Now()
 		a1, a2 := r.occupy()
 		// b and c are sent together when a1 ends (at 1 × hold), and c is answered after b
 		// (at 3 × hold); c's deadline passes in between, b's long after.
@@ -123,7 +127,7 @@ func TestRedisScriptBatching(t *testing.T) {
 		defer cancel()
 		b := r.call(bctx, slow, "b", hold.Milliseconds())
 		r.waitFor("b queued", func(_, queued int) bool { return queued == 1 })
-		cctx, cancel := context.WithTimeout(ctx, 5*hold/2)
+		cctx, cancel := context.WithDeadline(ctx, start.Add(5*hold/2))
 		defer cancel()
 		c := r.call(cctx, fast, "c")
 		r.waitFor("c queued", func(_, queued int) bool { return queued == 2 })
